@@ -1,0 +1,401 @@
+//! The arena: page-aligned batch memory, recycled.
+//!
+//! Batches are written into slabs from here and handed to the user as leases; a released lease
+//! returns its slab to the free list, so after the first few batches no batch maps new memory.
+//! With `pin_memory`, slabs are page-locked (`mlock`) when mapped; if `RLIMIT_MEMLOCK` forbids it
+//! the slab stays pageable and the fallback is counted ([`ArenaCounters::pin_failures`]). A
+//! [`SlabRegistrar`] (the CUDA layer) may register each slab with a driver when it is mapped and
+//! unregister it before it is unmapped.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+
+/// Registers host memory with a device driver (`cuMemHostRegister`), so that copies from it are
+/// DMA transfers. Implemented by the CUDA layer; the arena calls it once per slab.
+pub trait SlabRegistrar: Send + Sync {
+    /// Called after a slab is mapped. An error fails the batch being built.
+    fn register(&self, ptr: *mut u8, len: usize) -> Result<()>;
+    /// Called before a registered slab is unmapped.
+    fn unregister(&self, ptr: *mut u8, len: usize);
+}
+
+/// What the arena has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArenaCounters {
+    /// Slabs mapped (each one a system allocation).
+    pub slabs_mapped: u64,
+    /// Slabs returned to the system because the free list was full.
+    pub slabs_unmapped: u64,
+    /// Slabs page-locked successfully.
+    pub slabs_pinned: u64,
+    /// Slabs that should have been page-locked but `mlock` refused (RLIMIT_MEMLOCK).
+    pub pin_failures: u64,
+    /// Bytes currently mapped.
+    pub bytes_mapped: u64,
+}
+
+/// A cheap handle to shared slab storage; clones share it.
+#[derive(Clone)]
+pub struct Arena {
+    inner: Arc<ArenaInner>,
+}
+
+struct ArenaInner {
+    pin: bool,
+    registrar: Option<Arc<dyn SlabRegistrar>>,
+    /// Most free slabs kept for reuse; more are unmapped when released.
+    max_free: usize,
+    free: Mutex<Vec<Slab>>,
+    slabs_mapped: AtomicU64,
+    slabs_unmapped: AtomicU64,
+    slabs_pinned: AtomicU64,
+    pin_failures: AtomicU64,
+    bytes_mapped: AtomicU64,
+}
+
+/// One anonymous mapping.
+struct Slab {
+    ptr: NonNull<u8>,
+    len: usize,
+    locked: bool,
+    registered: bool,
+}
+
+// SAFETY: a slab is plain memory owned by exactly one `Slab` value (in the free list or in one
+// lease); nothing in it is tied to a thread.
+unsafe impl Send for Slab {}
+
+/// Exclusive use of one slab until dropped, when the slab returns to the arena.
+pub struct SlabLease {
+    slab: Option<Slab>,
+    /// Bytes requested; the slab may be larger.
+    len: usize,
+    arena: Arc<ArenaInner>,
+}
+
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as usize
+    } else {
+        4096
+    }
+}
+
+impl Arena {
+    /// `max_free` bounds the memory kept idle: the pool sets it to its in-flight cap plus the
+    /// batches a consumer typically holds.
+    pub fn new(pin: bool, max_free: usize, registrar: Option<Arc<dyn SlabRegistrar>>) -> Arena {
+        Arena {
+            inner: Arc::new(ArenaInner {
+                pin,
+                registrar,
+                max_free: max_free.max(1),
+                free: Mutex::new(Vec::new()),
+                slabs_mapped: AtomicU64::new(0),
+                slabs_unmapped: AtomicU64::new(0),
+                slabs_pinned: AtomicU64::new(0),
+                pin_failures: AtomicU64::new(0),
+                bytes_mapped: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn pins(&self) -> bool {
+        self.inner.pin
+    }
+
+    /// Whether slabs are registered with a device driver.
+    pub fn registers(&self) -> bool {
+        self.inner.registrar.is_some()
+    }
+
+    /// A zero-filled-on-first-use slab of at least `len` bytes. Reuses the smallest free slab
+    /// that fits without wasting more than half of it; otherwise maps a new one.
+    pub fn acquire(&self, len: usize) -> Result<SlabLease> {
+        let inner = &self.inner;
+        let reused = {
+            let mut free = inner.lock_free();
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.len >= len && s.len / 2 <= len.max(1))
+                .min_by_key(|(_, s)| s.len)
+                .map(|(i, _)| i);
+            best.map(|i| free.swap_remove(i))
+        };
+        let slab = match reused {
+            Some(slab) => slab,
+            None => inner.map(len)?,
+        };
+        Ok(SlabLease {
+            slab: Some(slab),
+            len,
+            arena: Arc::clone(inner),
+        })
+    }
+
+    pub fn counters(&self) -> ArenaCounters {
+        let i = &self.inner;
+        ArenaCounters {
+            slabs_mapped: i.slabs_mapped.load(Ordering::Relaxed),
+            slabs_unmapped: i.slabs_unmapped.load(Ordering::Relaxed),
+            slabs_pinned: i.slabs_pinned.load(Ordering::Relaxed),
+            pin_failures: i.pin_failures.load(Ordering::Relaxed),
+            bytes_mapped: i.bytes_mapped.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl ArenaInner {
+    fn lock_free(&self) -> MutexGuard<'_, Vec<Slab>> {
+        // A panic while holding this lock cannot leave the Vec inconsistent: recover the guard.
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn map(&self, len: usize) -> Result<Slab> {
+        let page = page_size();
+        let len = len.max(1).div_ceil(page) * page;
+        // SAFETY: an anonymous private mapping with no address hint; the result is checked.
+        // MAP_POPULATE pre-faults the pages so the first batch written here does not pay for
+        // page faults inside the workers' copy loops.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::OutOfMemory(format!(
+                "mapping a {len}-byte batch slab: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| Error::Internal("mmap returned NULL".into()))?;
+        let mut slab = Slab {
+            ptr,
+            len,
+            locked: false,
+            registered: false,
+        };
+        self.slabs_mapped.fetch_add(1, Ordering::Relaxed);
+        self.bytes_mapped.fetch_add(len as u64, Ordering::Relaxed);
+        if self.pin {
+            // SAFETY: the range is exactly the mapping just created.
+            if unsafe { libc::mlock(ptr.as_ptr().cast(), len) } == 0 {
+                slab.locked = true;
+                self.slabs_pinned.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.pin_failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if let Some(registrar) = &self.registrar {
+            if let Err(e) = registrar.register(slab.ptr.as_ptr(), len) {
+                self.unmap(slab); // not registered, so no unregister call
+                return Err(e);
+            }
+            slab.registered = true;
+        }
+        Ok(slab)
+    }
+
+    fn unmap(&self, slab: Slab) {
+        if slab.registered {
+            if let Some(registrar) = &self.registrar {
+                registrar.unregister(slab.ptr.as_ptr(), slab.len);
+            }
+        }
+        self.bytes_mapped
+            .fetch_sub(slab.len as u64, Ordering::Relaxed);
+        self.slabs_unmapped.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `slab` owns this mapping and nothing else refers to it: a slab in the free list
+        // or in a dropped lease has no outstanding borrows. munmap also releases any mlock.
+        unsafe {
+            libc::munmap(slab.ptr.as_ptr().cast(), slab.len);
+        }
+    }
+
+    fn release(&self, slab: Slab) {
+        let mut free = self.lock_free();
+        if free.len() < self.max_free {
+            free.push(slab);
+        } else {
+            drop(free);
+            self.unmap(slab);
+        }
+    }
+}
+
+impl Drop for ArenaInner {
+    fn drop(&mut self) {
+        let slabs = std::mem::take(&mut *self.lock_free());
+        for slab in slabs {
+            self.unmap(slab);
+        }
+    }
+}
+
+impl SlabLease {
+    /// The requested length (not the slab's rounded-up size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether this memory is page-locked by `mlock`.
+    pub fn is_locked(&self) -> bool {
+        self.slab.as_ref().is_some_and(|s| s.locked)
+    }
+
+    /// Whether this memory is registered with a device driver.
+    pub fn is_registered(&self) -> bool {
+        self.slab.as_ref().is_some_and(|s| s.registered)
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.slab
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |s| s.ptr.as_ptr())
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.slab {
+            // SAFETY: the slab is at least `len` bytes, mapped read-write, and exclusively ours
+            // for the lease's lifetime; the returned borrow is tied to `&self`.
+            Some(s) => unsafe { std::slice::from_raw_parts(s.ptr.as_ptr(), self.len) },
+            None => &[],
+        }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        match &mut self.slab {
+            // SAFETY: as in `as_slice`, and `&mut self` makes this the only borrow.
+            Some(s) => unsafe { std::slice::from_raw_parts_mut(s.ptr.as_ptr(), self.len) },
+            None => &mut [],
+        }
+    }
+}
+
+impl Drop for SlabLease {
+    fn drop(&mut self) {
+        if let Some(slab) = self.slab.take() {
+            self.arena.release(slab);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn slabs_are_page_aligned_and_recycled() {
+        let arena = Arena::new(false, 4, None);
+        let a = arena.acquire(10_000).unwrap();
+        assert_eq!(a.as_ptr() as usize % page_size(), 0);
+        assert_eq!(a.len(), 10_000);
+        let ptr = a.as_ptr();
+        drop(a);
+        let b = arena.acquire(9_000).unwrap();
+        assert_eq!(b.as_ptr(), ptr, "a fitting free slab is reused");
+        assert_eq!(arena.counters().slabs_mapped, 1);
+        // A much smaller request does not take a much larger slab.
+        drop(b);
+        let small = arena.acquire(100).unwrap();
+        assert_ne!(small.as_ptr(), ptr);
+        assert_eq!(arena.counters().slabs_mapped, 2);
+    }
+
+    #[test]
+    fn free_list_is_bounded() {
+        let arena = Arena::new(false, 2, None);
+        let leases: Vec<_> = (0..5).map(|_| arena.acquire(4096).unwrap()).collect();
+        drop(leases);
+        let c = arena.counters();
+        assert_eq!(c.slabs_mapped, 5);
+        assert_eq!(c.slabs_unmapped, 3);
+        assert_eq!(c.bytes_mapped, 2 * 4096);
+    }
+
+    #[test]
+    fn leases_outlive_the_arena_handle() {
+        let arena = Arena::new(false, 2, None);
+        let mut lease = arena.acquire(64).unwrap();
+        drop(arena);
+        lease.as_mut_slice().fill(7);
+        assert!(lease.as_slice().iter().all(|&b| b == 7));
+    }
+
+    #[test]
+    fn pinning_succeeds_or_falls_back_and_is_counted() {
+        let arena = Arena::new(true, 2, None);
+        // 64 MiB is above the default 8 MiB RLIMIT_MEMLOCK of an unprivileged process.
+        let big = arena.acquire(64 << 20).unwrap();
+        let small = arena.acquire(4096).unwrap();
+        let c = arena.counters();
+        assert_eq!(c.slabs_pinned + c.pin_failures, 2);
+        assert_eq!(
+            big.is_locked() as u64 + small.is_locked() as u64,
+            c.slabs_pinned
+        );
+    }
+
+    struct CountingRegistrar {
+        live: AtomicUsize,
+        fail: bool,
+    }
+
+    impl SlabRegistrar for CountingRegistrar {
+        fn register(&self, _: *mut u8, _: usize) -> Result<()> {
+            if self.fail {
+                return Err(Error::Cuda("register refused".into()));
+            }
+            self.live.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn unregister(&self, _: *mut u8, _: usize) {
+            self.live.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn registrar_sees_every_slab_registered_then_unregistered() {
+        let reg = Arc::new(CountingRegistrar {
+            live: AtomicUsize::new(0),
+            fail: false,
+        });
+        let arena = Arena::new(false, 1, Some(reg.clone()));
+        let a = arena.acquire(100).unwrap();
+        let b = arena.acquire(100).unwrap();
+        assert!(a.is_registered());
+        assert_eq!(reg.live.load(Ordering::SeqCst), 2);
+        drop(a);
+        drop(b); // the free list holds one; the other is unregistered and unmapped
+        assert_eq!(reg.live.load(Ordering::SeqCst), 1);
+        drop(arena);
+        assert_eq!(reg.live.load(Ordering::SeqCst), 0);
+
+        let failing = Arena::new(
+            false,
+            1,
+            Some(Arc::new(CountingRegistrar {
+                live: AtomicUsize::new(0),
+                fail: true,
+            })),
+        );
+        assert!(matches!(failing.acquire(10), Err(Error::Cuda(_))));
+    }
+}

@@ -1,0 +1,97 @@
+//! Element types and image layouts.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Element type of a batch field. The discriminants match `stoker_dtype` of the C ABI.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum DType {
+    U8 = 0,
+    I32 = 1,
+    I64 = 2,
+    F16 = 3,
+    BF16 = 4,
+    F32 = 5,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::U8 => 1,
+            DType::F16 | DType::BF16 => 2,
+            DType::I32 | DType::F32 => 4,
+            DType::I64 => 8,
+        }
+    }
+
+    /// The option-string spelling (`uint8`, `float32`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::U8 => "uint8",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::F32 => "float32",
+        }
+    }
+
+    /// Writes `value` converted to this type into `out` (exactly `self.size()` bytes), native
+    /// endian. Integers saturate; used for pad values, so speed does not matter.
+    pub fn encode(self, value: f64, out: &mut [u8]) {
+        match self {
+            DType::U8 => out[0] = value as u8,
+            DType::I32 => out.copy_from_slice(&(value as i32).to_ne_bytes()),
+            DType::I64 => out.copy_from_slice(&(value as i64).to_ne_bytes()),
+            DType::F16 => out.copy_from_slice(&half::f16::from_f64(value).to_ne_bytes()),
+            DType::BF16 => out.copy_from_slice(&half::bf16::from_f64(value).to_ne_bytes()),
+            DType::F32 => out.copy_from_slice(&(value as f32).to_ne_bytes()),
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "uint8" | "u8" => DType::U8,
+            "int32" | "i32" => DType::I32,
+            "int64" | "i64" => DType::I64,
+            "float16" | "f16" | "half" => DType::F16,
+            "bfloat16" | "bf16" => DType::BF16,
+            "float32" | "f32" | "float" => DType::F32,
+            _ => return Err(format!(
+                "unknown dtype `{s}` (expected uint8, int32, int64, float16, bfloat16 or float32)"
+            )),
+        })
+    }
+}
+
+/// Memory layout of an image batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// `[N, C, H, W]`, PyTorch's convention.
+    #[default]
+    Nchw,
+    /// `[N, H, W, C]`, the decoder's natural order.
+    Nhwc,
+}
+
+impl FromStr for Layout {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "nchw" | "NCHW" => Ok(Layout::Nchw),
+            "nhwc" | "NHWC" => Ok(Layout::Nhwc),
+            _ => Err(format!("unknown layout `{s}` (expected nchw or nhwc)")),
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! The stoker data-loading engine.
+//!
+//! Data flows one way through these modules:
+//!
+//! `sampler` (which indices) → `source` (bytes or views of sample i) → `collate` (each sample
+//! written straight into its slot of the batch buffer) inside the `pool` (worker threads, bounded
+//! in-flight, ordering) on memory from the `arena` (recycled, page-aligned, optionally page-locked
+//! slabs) → `loader` (the public iterator, epochs, resumable state), with `stats` threaded through.
+//!
+//! Everything a user can cause returns an [`Error`] that names the key, file or index involved.
+
+pub mod arena;
+pub mod batch;
+pub mod collate;
+pub mod dtype;
+pub mod error;
+pub mod loader;
+pub mod options;
+pub mod pool;
+pub mod rng;
+pub mod sampler;
+pub mod source;
+pub mod stats;
+
+pub use arena::{Arena, SlabRegistrar};
+pub use batch::{Batch, FieldRef};
+pub use dtype::{DType, Layout};
+pub use error::{Error, ErrorKind, Result};
+pub use loader::{EpochIter, Loader, ResumeState, StatsHandle};
+pub use options::{Device, LoaderOptions, OnError, SourceSpec};
+pub use sampler::{BatchPlan, Sampler, SamplerKind};
+pub use source::{FieldKind, FieldSpec, MemorySource, NpySource, Sample, Source};
+pub use stats::Stats;

@@ -1,0 +1,514 @@
+//! The loader: the public iterator over batches, epoch after epoch.
+//!
+//! It plans each epoch from the sampler, keeps up to `cap` batch tasks in flight on the pool
+//! (running ahead into the next epoch, so there is no stall at the boundary), delivers finished
+//! batches in sampler order (or as they finish, with `in_order=false`), records waits, and can
+//! describe where it is as a [`ResumeState`] string from which a new loader continues exactly.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::arena::Arena;
+use crate::batch::Batch;
+use crate::collate::{BatchKey, Collator, ImageWriter, Scratch};
+use crate::error::{Error, Result};
+use crate::options::{Device, LoaderOptions, OnError, SourceSpec};
+use crate::pool::{Builder, Pool, Task};
+use crate::sampler::{batches_for, BatchPlan, Sampler};
+use crate::source::{FieldKind, NpySource, Source};
+use crate::stats::{Stats, StatsRecorder};
+
+/// A loader's position: everything needed to continue exactly where it stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResumeState {
+    pub seed: u64,
+    pub epoch: u64,
+    /// Batches of `epoch` delivered in sampler order: every position below this one.
+    pub position: usize,
+    /// Positions at or after `position` also delivered (only with `in_order=false`).
+    pub ahead: Vec<usize>,
+    /// Batches per epoch of the loader that saved it, to catch a mismatched resume.
+    pub batches_per_epoch: usize,
+}
+
+impl ResumeState {
+    const PREFIX: &'static str = "stoker-state-v1";
+
+    pub fn parse(s: &str) -> Result<ResumeState> {
+        let bad = |why: &str| Error::option("resume_state", format!("`{s}` {why}"));
+        let mut parts = s.split(';');
+        if parts.next() != Some(Self::PREFIX) {
+            return Err(bad(
+                "is not a stoker state (expected it to start with stoker-state-v1)",
+            ));
+        }
+        let mut fields = BTreeMap::new();
+        for part in parts {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| bad("has a part without `=`"))?;
+            fields.insert(k, v);
+        }
+        let num = |k: &str| -> Result<u64> {
+            fields
+                .get(k)
+                .ok_or_else(|| bad(&format!("lacks `{k}`")))?
+                .parse()
+                .map_err(|_| bad(&format!("has a malformed `{k}`")))
+        };
+        let ahead = match fields.get("ahead") {
+            None | Some(&"") => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .map(|p| p.parse().map_err(|_| bad("has a malformed `ahead`")))
+                .collect::<Result<Vec<usize>>>()?,
+        };
+        Ok(ResumeState {
+            seed: num("seed")?,
+            epoch: num("epoch")?,
+            position: num("position")? as usize,
+            ahead,
+            batches_per_epoch: num("batches")? as usize,
+        })
+    }
+}
+
+impl std::fmt::Display for ResumeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ahead: Vec<String> = self.ahead.iter().map(|p| p.to_string()).collect();
+        write!(
+            f,
+            "{};seed={};epoch={};position={};ahead={};batches={}",
+            Self::PREFIX,
+            self.seed,
+            self.epoch,
+            self.position,
+            ahead.join(","),
+            self.batches_per_epoch
+        )
+    }
+}
+
+/// A shareable view of a loader's counters, readable from any thread while another drives it.
+#[derive(Clone)]
+pub struct StatsHandle {
+    recorder: Arc<StatsRecorder>,
+    arena: Arena,
+}
+
+impl StatsHandle {
+    pub fn snapshot(&self) -> Stats {
+        let mut s = self.recorder.snapshot();
+        let c = self.arena.counters();
+        s.slabs_pinned = c.slabs_pinned;
+        s.pin_failures = c.pin_failures;
+        s
+    }
+}
+
+/// Epoch plans by epoch number; holds the two the loader is working on (delivering and
+/// submitting), so a plan is computed once.
+#[derive(Default)]
+struct Plans {
+    recent: Vec<(u64, Arc<BatchPlan>)>,
+}
+
+impl Plans {
+    fn get(
+        &mut self,
+        sampler: &Sampler,
+        batch_size: usize,
+        drop_last: bool,
+        epoch: u64,
+    ) -> Arc<BatchPlan> {
+        if let Some((_, plan)) = self.recent.iter().find(|(e, _)| *e == epoch) {
+            return Arc::clone(plan);
+        }
+        let plan = Arc::new(BatchPlan::new(
+            sampler.epoch_indices(epoch),
+            batch_size,
+            drop_last,
+        ));
+        if self.recent.len() == 2 {
+            self.recent.remove(0);
+        }
+        self.recent.push((epoch, Arc::clone(&plan)));
+        plan
+    }
+}
+
+pub struct Loader {
+    builder: Arc<Builder>,
+    sampler: Sampler,
+    seed: u64,
+    batch_size: usize,
+    drop_last: bool,
+    batches_per_epoch: usize,
+    plans: Plans,
+    /// `None` when `num_workers` is 0: batches are built in `next()` by the calling thread.
+    pool: Option<Pool>,
+    scratch: Scratch,
+    cap: usize,
+    in_order: bool,
+    timeout: Option<Duration>,
+    /// Tasks submitted and not yet delivered (built, being built, or waiting to be).
+    in_flight: usize,
+    /// Next task to submit.
+    submit_epoch: u64,
+    submit_position: usize,
+    /// The epoch being delivered, and which of its batches have been.
+    epoch: u64,
+    position: usize,
+    ahead: BTreeSet<usize>,
+    /// Finished batches not yet delivered, by (epoch, position).
+    ready: BTreeMap<(u64, usize), Result<Batch>>,
+    stats: Arc<StatsRecorder>,
+}
+
+impl Loader {
+    pub fn new(options: &LoaderOptions) -> Result<Loader> {
+        let source: Arc<dyn Source> = match &options.source {
+            None => {
+                return Err(Error::option(
+                    "source",
+                    "required, e.g. npy:PATH or image_folder:ROOT",
+                ))
+            }
+            Some(SourceSpec::Npy(path)) => {
+                Arc::new(NpySource::open(path, options.labels.as_deref())?)
+            }
+            Some(SourceSpec::ImageFolder(root)) => {
+                return Err(Error::Unsupported(format!(
+                    "image_folder:{}: the image pipeline is not part of this build yet",
+                    root.display()
+                )))
+            }
+            Some(SourceSpec::Custom(source)) => Arc::clone(source),
+        };
+        if options.labels.is_some() && !matches!(options.source, Some(SourceSpec::Npy(_))) {
+            return Err(Error::option(
+                "labels",
+                "labels=npy:PATH applies only to an npy source",
+            ));
+        }
+        if let Device::Cuda(n) = options.device {
+            return Err(Error::Unsupported(format!(
+                "device=cuda:{n}: this build of stoker delivers batches on the CPU only (CUDA prefetch is not built in)"
+            )));
+        }
+        let image = image_writer(options, source.as_ref())?;
+        let collator = Collator::new(
+            Arc::clone(&source),
+            options.pad,
+            image,
+            options.on_error == OnError::Skip,
+        )?;
+
+        let mut seed = options.seed;
+        let resume = options
+            .resume_state
+            .as_deref()
+            .map(ResumeState::parse)
+            .transpose()?;
+        if let Some(state) = &resume {
+            seed = state.seed;
+        }
+        let sampler = Sampler::new(options.sampler_kind(source.len())?, source.len(), seed)?;
+        let batches_per_epoch = batches_for(sampler.len(), options.batch_size, options.drop_last);
+
+        let workers = options.resolved_workers();
+        let cap = options.in_flight_cap();
+        let pin = options
+            .pin_memory
+            .unwrap_or(matches!(options.device, Device::Cuda(_)));
+        // Idle slabs kept: the in-flight cap plus a few the consumer is holding.
+        let arena = Arena::new(pin, cap + 2, None);
+        let stats = Arc::new(StatsRecorder::new(workers));
+        let builder = Arc::new(Builder {
+            collator,
+            arena,
+            stats: Arc::clone(&stats),
+            stop: AtomicBool::new(false),
+        });
+        let pool = if workers > 0 {
+            Some(Pool::start(Arc::clone(&builder), workers, cap)?)
+        } else {
+            None
+        };
+
+        let mut loader = Loader {
+            builder,
+            sampler,
+            seed,
+            batch_size: options.batch_size,
+            drop_last: options.drop_last,
+            batches_per_epoch,
+            plans: Plans::default(),
+            pool,
+            scratch: Scratch::default(),
+            cap,
+            in_order: options.in_order,
+            timeout: (options.timeout_ms > 0).then(|| Duration::from_millis(options.timeout_ms)),
+            in_flight: 0,
+            submit_epoch: 0,
+            submit_position: 0,
+            epoch: 0,
+            position: 0,
+            ahead: BTreeSet::new(),
+            ready: BTreeMap::new(),
+            stats,
+        };
+        if let Some(state) = resume {
+            loader.restore(state)?;
+        }
+        loader.top_up()?;
+        Ok(loader)
+    }
+
+    fn restore(&mut self, state: ResumeState) -> Result<()> {
+        if state.batches_per_epoch != self.batches_per_epoch
+            || state.position > self.batches_per_epoch
+            || state
+                .ahead
+                .iter()
+                .any(|&p| p <= state.position || p >= self.batches_per_epoch)
+        {
+            return Err(Error::option(
+                "resume_state",
+                format!(
+                    "saved by a loader with {} batches per epoch at position {}, but this loader has {} batches per epoch: the source, sampler, batch_size or drop_last differ",
+                    state.batches_per_epoch, state.position, self.batches_per_epoch
+                ),
+            ));
+        }
+        self.epoch = state.epoch;
+        self.position = state.position;
+        self.ahead = state.ahead.into_iter().collect();
+        self.submit_epoch = self.epoch;
+        self.submit_position = self.position;
+        Ok(())
+    }
+
+    /// The next batch of the current epoch, or `Ok(None)` once the epoch is over; the call after
+    /// that starts the next epoch. An error consumes its batch: the next call moves past it.
+    pub fn next(&mut self) -> Result<Option<Batch>> {
+        let start = Instant::now();
+        if self.position == self.batches_per_epoch {
+            self.epoch += 1;
+            self.position = 0;
+            self.ahead.clear();
+            self.top_up()?;
+            return Ok(None);
+        }
+        loop {
+            if let Some((key, outcome)) = self.take_ready() {
+                self.mark_delivered(key.1);
+                self.top_up()?;
+                let batch = outcome?;
+                self.stats
+                    .delivered(batch.len(), batch.skipped(), start.elapsed());
+                return Ok(Some(batch));
+            }
+            match &self.pool {
+                Some(pool) => {
+                    let remaining = match self.timeout {
+                        None => None,
+                        Some(t) => Some(
+                            t.checked_sub(start.elapsed())
+                                .ok_or(Error::Timeout(t.as_millis() as u64))?,
+                        ),
+                    };
+                    let done = pool.recv(remaining).map_err(|e| match (e, self.timeout) {
+                        (Error::Timeout(_), Some(t)) => Error::Timeout(t.as_millis() as u64),
+                        (e, _) => e,
+                    })?;
+                    self.ready
+                        .insert((done.key.epoch, done.key.position), done.outcome);
+                }
+                None => {
+                    // num_workers = 0: build the next batch here, in order.
+                    let plan =
+                        self.plans
+                            .get(&self.sampler, self.batch_size, self.drop_last, self.epoch);
+                    let key = self.key(self.epoch, self.position);
+                    let outcome = self.builder.build(&Task { key, plan }, &mut self.scratch);
+                    self.ready.insert((key.epoch, key.position), outcome);
+                }
+            }
+        }
+    }
+
+    /// A finished batch that may be delivered now: the next in sampler order, or with
+    /// `in_order=false` any of the current epoch.
+    fn take_ready(&mut self) -> Option<((u64, usize), Result<Batch>)> {
+        let key = if self.in_order {
+            (self.epoch, self.position)
+        } else {
+            *self
+                .ready
+                .range((self.epoch, 0)..(self.epoch + 1, 0))
+                .next()?
+                .0
+        };
+        let outcome = self.ready.remove(&key)?;
+        Some((key, outcome))
+    }
+
+    fn mark_delivered(&mut self, position: usize) {
+        if self.pool.is_some() {
+            self.in_flight -= 1;
+        }
+        if position == self.position {
+            self.position += 1;
+            while self.ahead.remove(&self.position) {
+                self.position += 1;
+            }
+        } else {
+            self.ahead.insert(position);
+        }
+    }
+
+    fn key(&self, epoch: u64, position: usize) -> BatchKey {
+        BatchKey {
+            seed: self.seed,
+            epoch,
+            position,
+        }
+    }
+
+    /// Submits tasks until `cap` are in flight, running ahead into later epochs.
+    fn top_up(&mut self) -> Result<()> {
+        let Some(pool) = &self.pool else {
+            return Ok(());
+        };
+        if self.batches_per_epoch == 0 {
+            return Ok(());
+        }
+        while self.in_flight < self.cap {
+            if self.submit_position == self.batches_per_epoch {
+                self.submit_epoch += 1;
+                self.submit_position = 0;
+            }
+            let (epoch, position) = (self.submit_epoch, self.submit_position);
+            self.submit_position += 1;
+            if epoch == self.epoch && self.ahead.contains(&position) {
+                continue; // delivered before a resume
+            }
+            let plan = self
+                .plans
+                .get(&self.sampler, self.batch_size, self.drop_last, epoch);
+            pool.submit(Task {
+                key: BatchKey {
+                    seed: self.seed,
+                    epoch,
+                    position,
+                },
+                plan,
+            })?;
+            self.in_flight += 1;
+        }
+        Ok(())
+    }
+
+    /// The epoch the next batch belongs to; it advances when `next()` reports the end of one.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches of the current epoch delivered so far (in sampler order).
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    pub fn batches_per_epoch(&self) -> usize {
+        self.batches_per_epoch
+    }
+
+    /// Samples per epoch (the sampler's length).
+    pub fn samples_per_epoch(&self) -> usize {
+        self.sampler.len()
+    }
+
+    pub fn source(&self) -> &Arc<dyn Source> {
+        self.builder.collator.source()
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats_handle().snapshot()
+    }
+
+    pub fn stats_handle(&self) -> StatsHandle {
+        StatsHandle {
+            recorder: Arc::clone(&self.stats),
+            arena: self.builder.arena.clone(),
+        }
+    }
+
+    pub fn arena(&self) -> &Arena {
+        &self.builder.arena
+    }
+
+    /// Where this loader is, as a string for `resume_state`.
+    pub fn save_state(&self) -> String {
+        ResumeState {
+            seed: self.seed,
+            epoch: self.epoch,
+            position: self.position,
+            ahead: self.ahead.iter().copied().collect(),
+            batches_per_epoch: self.batches_per_epoch,
+        }
+        .to_string()
+    }
+
+    /// Iterates the rest of the current epoch.
+    pub fn epoch_iter(&mut self) -> EpochIter<'_> {
+        EpochIter {
+            loader: self,
+            done: false,
+        }
+    }
+}
+
+/// The batches of one epoch; ends at the epoch's end (after which the loader is on the next).
+pub struct EpochIter<'a> {
+    loader: &'a mut Loader,
+    done: bool,
+}
+
+impl Iterator for EpochIter<'_> {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.done {
+            return None;
+        }
+        let item = self.loader.next().transpose();
+        self.done = item.is_none();
+        item
+    }
+}
+
+/// The image pipeline for a source with encoded-image fields.
+fn image_writer(
+    options: &LoaderOptions,
+    source: &dyn Source,
+) -> Result<Option<Arc<dyn ImageWriter>>> {
+    let has_images = source
+        .fields()
+        .iter()
+        .any(|f| f.kind == FieldKind::EncodedImage);
+    if !has_images {
+        if options.transform.is_some() {
+            return Err(Error::option(
+                "transform",
+                "applies to image sources only; this source has no image field",
+            ));
+        }
+        return Ok(None);
+    }
+    Err(Error::Unsupported(
+        "decoding encoded images is not part of this build yet".into(),
+    ))
+}

@@ -1,0 +1,524 @@
+//! Loader options: typed fields with the defaults of the C ABI contract, and a string-keyed
+//! setter (`set("batch_size", "64")`) shared by every binding. Values are validated when set;
+//! the error names the key.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::dtype::{DType, Layout};
+use crate::error::{Error, Result};
+use crate::sampler::SamplerKind;
+use crate::source::Source;
+
+/// Where samples come from.
+#[derive(Clone)]
+pub enum SourceSpec {
+    /// `npy:PATH`.
+    Npy(PathBuf),
+    /// `image_folder:ROOT`: one subfolder per class (torchvision's ImageFolder layout).
+    ImageFolder(PathBuf),
+    /// A source built in code (the in-memory source, user callbacks).
+    Custom(Arc<dyn Source>),
+}
+
+impl std::fmt::Debug for SourceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SourceSpec::Npy(p) => write!(f, "npy:{}", p.display()),
+            SourceSpec::ImageFolder(p) => write!(f, "image_folder:{}", p.display()),
+            SourceSpec::Custom(s) => write!(f, "custom source of {} samples", s.len()),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(u32),
+}
+
+/// What a bad sample gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// Fail the batch with an error naming the sample.
+    #[default]
+    Raise,
+    /// Replace the sample with a deterministic other one and count it in stats.
+    Skip,
+}
+
+/// Which sampler, when set explicitly in code; otherwise it follows from the option keys.
+pub type SamplerChoice = Option<SamplerKind>;
+
+/// Every knob of a loader. `LoaderOptions::default()` has the documented defaults.
+#[derive(Clone, Debug)]
+pub struct LoaderOptions {
+    pub source: Option<SourceSpec>,
+    /// Labels for an npy source (`labels=npy:PATH`).
+    pub labels: Option<PathBuf>,
+    pub batch_size: usize,
+    pub shuffle: bool,
+    pub seed: u64,
+    pub drop_last: bool,
+    /// `None` is `auto`: the cores this process may run on.
+    pub num_workers: Option<usize>,
+    pub prefetch_factor: usize,
+    pub in_order: bool,
+    pub rank: usize,
+    pub world_size: usize,
+    /// `DistributedSampler(drop_last=...)`: drop the tail instead of padding the shards.
+    pub shard_drop_last: bool,
+    /// `RandomSampler(replacement=...)`.
+    pub replacement: bool,
+    /// `num_samples` of the random and weighted samplers.
+    pub num_samples: Option<usize>,
+    /// Per-sample weights: selects `WeightedRandomSampler`.
+    pub weights: Option<Vec<f64>>,
+    /// Indices: selects `SubsetRandomSampler`.
+    pub subset: Option<Vec<usize>>,
+    /// Overrides the sampler the keys above select.
+    pub sampler: SamplerChoice,
+    /// Image transform pipeline spec, e.g. `random_resized_crop(224) | hflip | normalize(imagenet)`.
+    pub transform: Option<String>,
+    pub dtype: Option<DType>,
+    pub layout: Layout,
+    /// `None`: page-locked when the device is CUDA.
+    pub pin_memory: Option<bool>,
+    pub device: Device,
+    pub on_error: OnError,
+    /// Longest wait for one batch; 0 waits forever.
+    pub timeout_ms: u64,
+    pub resume_state: Option<String>,
+    /// Pad value for ragged fields.
+    pub pad: Option<f64>,
+    /// Largest image (width × height) a decoder will allocate for; larger ones are bad samples.
+    pub max_image_pixels: u64,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        LoaderOptions {
+            source: None,
+            labels: None,
+            batch_size: 1,
+            shuffle: false,
+            seed: 0,
+            drop_last: false,
+            num_workers: None,
+            prefetch_factor: 2,
+            in_order: true,
+            rank: 0,
+            world_size: 1,
+            shard_drop_last: false,
+            replacement: false,
+            num_samples: None,
+            weights: None,
+            subset: None,
+            sampler: None,
+            transform: None,
+            dtype: None,
+            layout: Layout::Nchw,
+            pin_memory: None,
+            device: Device::Cpu,
+            on_error: OnError::Raise,
+            timeout_ms: 0,
+            resume_state: None,
+            pad: None,
+            // Pillow's MAX_IMAGE_PIXELS: larger images are decompression bombs until proven otherwise.
+            max_image_pixels: 89_478_485,
+        }
+    }
+}
+
+/// Every key `set` accepts, for error messages and documentation.
+pub const KEYS: &[&str] = &[
+    "source",
+    "labels",
+    "batch_size",
+    "shuffle",
+    "seed",
+    "drop_last",
+    "num_workers",
+    "prefetch_factor",
+    "in_order",
+    "rank",
+    "world_size",
+    "shard_drop_last",
+    "replacement",
+    "num_samples",
+    "weights",
+    "subset",
+    "transform",
+    "dtype",
+    "layout",
+    "pin_memory",
+    "device",
+    "on_error",
+    "timeout_ms",
+    "resume_state",
+    "pad",
+    "max_image_pixels",
+];
+
+impl LoaderOptions {
+    pub fn new() -> LoaderOptions {
+        LoaderOptions::default()
+    }
+
+    /// Sets one option from its string form, validating it.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let v = value.trim();
+        match key {
+            "source" => {
+                self.source = Some(if let Some(p) = v.strip_prefix("npy:") {
+                    SourceSpec::Npy(non_empty_path(key, p)?)
+                } else if let Some(p) = v.strip_prefix("image_folder:") {
+                    SourceSpec::ImageFolder(non_empty_path(key, p)?)
+                } else {
+                    return Err(Error::option(
+                        key,
+                        format!("`{v}` is not a source; expected npy:PATH or image_folder:ROOT"),
+                    ));
+                })
+            }
+            "labels" => {
+                let p = v.strip_prefix("npy:").ok_or_else(|| {
+                    Error::option(
+                        key,
+                        format!("`{v}` is not a labels source; expected npy:PATH"),
+                    )
+                })?;
+                self.labels = Some(non_empty_path(key, p)?);
+            }
+            "batch_size" => self.batch_size = parse_int(key, v, 1, 1 << 24)? as usize,
+            "shuffle" => self.shuffle = parse_bool(key, v)?,
+            "seed" => self.seed = parse_int(key, v, 0, u64::MAX)?,
+            "drop_last" => self.drop_last = parse_bool(key, v)?,
+            "num_workers" => {
+                self.num_workers = if v == "auto" {
+                    None
+                } else {
+                    Some(parse_int(key, v, 0, 1024)? as usize)
+                }
+            }
+            "prefetch_factor" => self.prefetch_factor = parse_int(key, v, 1, 1024)? as usize,
+            "in_order" => self.in_order = parse_bool(key, v)?,
+            "rank" => self.rank = parse_int(key, &from_env(key, v, "RANK")?, 0, 1 << 20)? as usize,
+            "world_size" => {
+                self.world_size =
+                    parse_int(key, &from_env(key, v, "WORLD_SIZE")?, 1, 1 << 20)? as usize
+            }
+            "shard_drop_last" => self.shard_drop_last = parse_bool(key, v)?,
+            "replacement" => self.replacement = parse_bool(key, v)?,
+            "num_samples" => self.num_samples = Some(parse_int(key, v, 1, u64::MAX)? as usize),
+            "weights" => {
+                let weights = v
+                    .split(',')
+                    .map(|w| {
+                        w.trim()
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|w| w.is_finite() && *w >= 0.0)
+                            .ok_or_else(|| {
+                                Error::option(key, format!("`{w}` is not a finite weight >= 0"))
+                            })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                self.weights = Some(weights);
+            }
+            "subset" => self.subset = Some(parse_indices(key, v)?),
+            "transform" => {
+                self.transform = if v.is_empty() {
+                    None
+                } else {
+                    Some(v.to_owned())
+                }
+            }
+            "dtype" => self.dtype = Some(v.parse().map_err(|e| Error::option(key, e))?),
+            "layout" => self.layout = v.parse().map_err(|e| Error::option(key, e))?,
+            "pin_memory" => self.pin_memory = Some(parse_bool(key, v)?),
+            "device" => {
+                self.device = match v {
+                    "cpu" => Device::Cpu,
+                    "cuda" => Device::Cuda(0),
+                    _ => match v.strip_prefix("cuda:").map(str::parse::<u32>) {
+                        Some(Ok(n)) => Device::Cuda(n),
+                        _ => {
+                            return Err(Error::option(
+                                key,
+                                format!("`{v}` is not a device; expected cpu, cuda or cuda:N"),
+                            ))
+                        }
+                    },
+                }
+            }
+            "on_error" => {
+                self.on_error = match v {
+                    "raise" => OnError::Raise,
+                    "skip" => OnError::Skip,
+                    _ => {
+                        return Err(Error::option(
+                            key,
+                            format!("`{v}` is not a policy; expected raise or skip"),
+                        ))
+                    }
+                }
+            }
+            "timeout_ms" => self.timeout_ms = parse_int(key, v, 0, u64::MAX / 1_000_000)?,
+            "resume_state" => {
+                crate::loader::ResumeState::parse(v)?;
+                self.resume_state = Some(v.to_owned());
+            }
+            "pad" => {
+                let pad = v.parse::<f64>().ok().filter(|p| p.is_finite());
+                self.pad =
+                    Some(pad.ok_or_else(|| {
+                        Error::option(key, format!("`{v}` is not a finite number"))
+                    })?);
+            }
+            "max_image_pixels" => self.max_image_pixels = parse_int(key, v, 1, u64::MAX)?,
+            _ => {
+                return Err(Error::InvalidOption {
+                    key: key.to_owned(),
+                    reason: format!("unknown option; known options are {}", KEYS.join(", ")),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Workers to start: `num_workers`, or for `auto` the cores this process may run on
+    /// (`std::thread::available_parallelism` honours the affinity mask and cgroup quotas).
+    pub fn resolved_workers(&self) -> usize {
+        self.num_workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+    }
+
+    /// Batches in flight at most: `max(1, num_workers) × prefetch_factor`.
+    pub fn in_flight_cap(&self) -> usize {
+        self.resolved_workers().max(1) * self.prefetch_factor
+    }
+
+    /// The sampler these options select: an explicit one, else weights → weighted, subset →
+    /// subset-random, world_size > 1 → distributed, shuffle → random, otherwise sequential.
+    pub fn sampler_kind(&self, dataset_len: usize) -> Result<SamplerKind> {
+        if let Some(kind) = &self.sampler {
+            return Ok(kind.clone());
+        }
+        let chosen = [
+            self.weights.is_some(),
+            self.subset.is_some(),
+            self.world_size > 1,
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count();
+        if chosen > 1 {
+            return Err(Error::option(
+                "sampler",
+                "weights, subset and world_size > 1 each select a sampler; set only one",
+            ));
+        }
+        Ok(if let Some(weights) = &self.weights {
+            SamplerKind::WeightedRandom {
+                weights: weights.clone(),
+                num_samples: self.num_samples.unwrap_or(dataset_len),
+                replacement: true,
+            }
+        } else if let Some(indices) = &self.subset {
+            SamplerKind::SubsetRandom {
+                indices: indices.clone(),
+            }
+        } else if self.world_size > 1 {
+            SamplerKind::Distributed {
+                rank: self.rank,
+                world_size: self.world_size,
+                shuffle: self.shuffle,
+                drop_last: self.shard_drop_last,
+            }
+        } else if self.shuffle || self.replacement || self.num_samples.is_some() {
+            SamplerKind::Random {
+                replacement: self.replacement,
+                num_samples: self.num_samples,
+            }
+        } else {
+            SamplerKind::Sequential
+        })
+    }
+}
+
+fn non_empty_path(key: &str, p: &str) -> Result<PathBuf> {
+    if p.is_empty() {
+        return Err(Error::option(key, "the path is empty"));
+    }
+    Ok(PathBuf::from(p))
+}
+
+fn parse_bool(key: &str, v: &str) -> Result<bool> {
+    match v {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(Error::option(
+            key,
+            format!("`{v}` is not a boolean; expected true or false"),
+        )),
+    }
+}
+
+fn parse_int(key: &str, v: &str, min: u64, max: u64) -> Result<u64> {
+    let n: u64 = v
+        .parse()
+        .map_err(|_| Error::option(key, format!("`{v}` is not a non-negative integer")))?;
+    if n < min || n > max {
+        return Err(Error::option(
+            key,
+            format!("{n} is out of range [{min}, {max}]"),
+        ));
+    }
+    Ok(n)
+}
+
+/// `env` reads the value from an environment variable, as torchrun sets RANK and WORLD_SIZE.
+fn from_env(key: &str, v: &str, var: &str) -> Result<String> {
+    if v != "env" {
+        return Ok(v.to_owned());
+    }
+    std::env::var(var).map_err(|_| Error::option(key, format!("`env` given but {var} is not set")))
+}
+
+/// `3,5,9` or ranges `0..100` (end exclusive), mixed.
+fn parse_indices(key: &str, v: &str) -> Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in v.split(',').map(str::trim) {
+        let bad = || Error::option(key, format!("`{part}` is not an index or a range a..b"));
+        if let Some((a, b)) = part.split_once("..") {
+            let a: usize = a.trim().parse().map_err(|_| bad())?;
+            let b: usize = b.trim().parse().map_err(|_| bad())?;
+            out.extend(a..b);
+        } else {
+            out.push(part.parse().map_err(|_| bad())?);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let o = LoaderOptions::default();
+        assert_eq!(o.batch_size, 1);
+        assert!(!o.shuffle && !o.drop_last && o.in_order);
+        assert_eq!(o.prefetch_factor, 2);
+        assert_eq!(o.num_workers, None);
+        assert_eq!((o.rank, o.world_size), (0, 1));
+        assert_eq!(o.device, Device::Cpu);
+        assert_eq!(o.on_error, OnError::Raise);
+        assert_eq!(o.timeout_ms, 0);
+    }
+
+    #[test]
+    fn sets_every_documented_key() {
+        let mut o = LoaderOptions::default();
+        for (k, v) in [
+            ("source", "npy:/data/x.npy"),
+            ("labels", "npy:/data/y.npy"),
+            ("batch_size", "64"),
+            ("shuffle", "true"),
+            ("seed", "18446744073709551615"),
+            ("drop_last", "1"),
+            ("num_workers", "3"),
+            ("prefetch_factor", "4"),
+            ("in_order", "false"),
+            ("rank", "1"),
+            ("world_size", "4"),
+            ("transform", "hflip"),
+            ("dtype", "bfloat16"),
+            ("layout", "nhwc"),
+            ("pin_memory", "true"),
+            ("device", "cuda:1"),
+            ("on_error", "skip"),
+            ("timeout_ms", "1500"),
+            ("pad", "-1"),
+        ] {
+            o.set(k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+        }
+        assert_eq!(o.batch_size, 64);
+        assert_eq!(o.seed, u64::MAX);
+        assert_eq!(o.num_workers, Some(3));
+        assert_eq!(o.in_flight_cap(), 12);
+        assert_eq!(o.dtype, Some(DType::BF16));
+        assert_eq!(o.layout, Layout::Nhwc);
+        assert_eq!(o.device, Device::Cuda(1));
+        assert_eq!(o.pad, Some(-1.0));
+        assert!(matches!(
+            o.sampler_kind(10).unwrap(),
+            SamplerKind::Distributed {
+                rank: 1,
+                world_size: 4,
+                shuffle: true,
+                ..
+            }
+        ));
+        o.set("num_workers", "auto").unwrap();
+        assert!(o.resolved_workers() >= 1);
+    }
+
+    #[test]
+    fn bad_keys_and_values_name_the_key() {
+        let mut o = LoaderOptions::default();
+        for (k, v, needle) in [
+            ("batch_sise", "4", "unknown option"),
+            ("batch_size", "0", "out of range"),
+            ("batch_size", "-3", "not a non-negative integer"),
+            ("shuffle", "maybe", "not a boolean"),
+            ("source", "csv:/x", "not a source"),
+            ("source", "npy:", "path is empty"),
+            ("dtype", "float64", "unknown dtype"),
+            ("device", "tpu", "not a device"),
+            ("on_error", "ignore", "not a policy"),
+            ("prefetch_factor", "0", "out of range"),
+            ("weights", "1,-2", "not a finite weight"),
+            ("subset", "1,x", "not an index"),
+            ("pad", "nan", "not a finite number"),
+            ("resume_state", "garbage", "resume_state"),
+        ] {
+            let e = o.set(k, v).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("`{k}`")), "{k}={v}: {msg}");
+            assert!(msg.contains(needle), "{k}={v}: {msg}");
+        }
+        assert_eq!(o.batch_size, 1, "a failed set leaves the old value");
+    }
+
+    #[test]
+    fn sampler_selection() {
+        let mut o = LoaderOptions::default();
+        assert_eq!(o.sampler_kind(5).unwrap(), SamplerKind::Sequential);
+        o.set("subset", "0..3,7").unwrap();
+        assert_eq!(
+            o.sampler_kind(10).unwrap(),
+            SamplerKind::SubsetRandom {
+                indices: vec![0, 1, 2, 7]
+            }
+        );
+        o.set("weights", "1,2").unwrap();
+        assert!(o.sampler_kind(2).is_err(), "two samplers selected");
+        o.subset = None;
+        o.set("num_samples", "5").unwrap();
+        assert!(matches!(
+            o.sampler_kind(2).unwrap(),
+            SamplerKind::WeightedRandom {
+                num_samples: 5,
+                replacement: true,
+                ..
+            }
+        ));
+    }
+}

@@ -1,0 +1,547 @@
+//! Samplers: which dataset indices an epoch visits, in which order.
+//!
+//! Each sampler follows the semantics of its PyTorch namesake (`torch.utils.data.*Sampler`):
+//! the same lengths, the same padding and splitting rules. The random draws come from
+//! [`crate::rng`] rather than torch's Mersenne Twister, so the orders are equally distributed
+//! but not bit-identical to torch's. Every order is a pure function of `(seed, epoch)`.
+
+use crate::error::{Error, Result};
+use crate::rng::{Rng, Stream};
+
+/// Which sampler, with its parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SamplerKind {
+    /// `SequentialSampler`: `0, 1, ..., n-1`.
+    Sequential,
+    /// `RandomSampler(replacement, num_samples)`.
+    ///
+    /// Without replacement: `num_samples / n` full permutations, then the first
+    /// `num_samples % n` of one more (`num_samples` defaults to `n`). With replacement:
+    /// `num_samples` independent uniform draws from `[0, n)`.
+    Random {
+        replacement: bool,
+        num_samples: Option<usize>,
+    },
+    /// `SubsetRandomSampler(indices)`: a fresh permutation of the given indices every epoch.
+    SubsetRandom { indices: Vec<usize> },
+    /// `WeightedRandomSampler(weights, num_samples, replacement)`: index `i` is drawn with
+    /// probability `weights[i] / sum(weights)`; without replacement, drawn indices are removed
+    /// (sequential weighted sampling, as `torch.multinomial(replacement=False)`).
+    WeightedRandom {
+        weights: Vec<f64>,
+        num_samples: usize,
+        replacement: bool,
+    },
+    /// `DistributedSampler(num_replicas=world_size, rank, shuffle, drop_last)`.
+    ///
+    /// With `drop_last` and `n % world_size != 0`: `per_rank = ceil((n - world_size) / world_size)`,
+    /// otherwise `per_rank = ceil(n / world_size)`; `total = per_rank * world_size`. The order
+    /// (a permutation of `(seed, epoch)` when shuffling, identical on every rank) is padded to
+    /// `total` by repeating its head, or truncated to `total` with `drop_last`, and rank `r` takes
+    /// `order[r..total].step_by(world_size)`.
+    Distributed {
+        rank: usize,
+        world_size: usize,
+        shuffle: bool,
+        drop_last: bool,
+    },
+}
+
+/// A validated sampler over a dataset of `dataset_len` samples.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    kind: SamplerKind,
+    dataset_len: usize,
+    seed: u64,
+    /// Prefix sums of the weights, for weighted sampling with replacement.
+    cumulative: Vec<f64>,
+}
+
+impl Sampler {
+    pub fn new(kind: SamplerKind, dataset_len: usize, seed: u64) -> Result<Sampler> {
+        let bad = |reason: String| Err(Error::option("sampler", reason));
+        let mut cumulative = Vec::new();
+        match &kind {
+            SamplerKind::Sequential => {}
+            SamplerKind::Random {
+                replacement,
+                num_samples,
+            } => {
+                if *num_samples == Some(0) {
+                    return bad("num_samples must be a positive integer".into());
+                }
+                if *replacement && dataset_len == 0 {
+                    return bad("cannot sample with replacement from an empty dataset".into());
+                }
+            }
+            SamplerKind::SubsetRandom { indices } => {
+                if let Some(&i) = indices.iter().find(|&&i| i >= dataset_len) {
+                    return bad(format!(
+                        "subset index {i} is out of range for a dataset of {dataset_len} samples"
+                    ));
+                }
+            }
+            SamplerKind::WeightedRandom {
+                weights,
+                num_samples,
+                replacement,
+            } => {
+                if weights.len() != dataset_len {
+                    return bad(format!(
+                        "{} weights given for a dataset of {dataset_len} samples",
+                        weights.len()
+                    ));
+                }
+                if let Some((i, w)) = weights
+                    .iter()
+                    .enumerate()
+                    .find(|(_, w)| !w.is_finite() || **w < 0.0)
+                {
+                    return bad(format!(
+                        "weight {i} is {w}; weights must be finite and >= 0"
+                    ));
+                }
+                let positive = weights.iter().filter(|w| **w > 0.0).count();
+                if positive == 0 {
+                    return bad("weights sum to zero".into());
+                }
+                if *num_samples == 0 {
+                    return bad("num_samples must be a positive integer".into());
+                }
+                if !replacement && *num_samples > positive {
+                    return bad(format!(
+                        "cannot draw {num_samples} samples without replacement: only {positive} have a positive weight"
+                    ));
+                }
+                let mut acc = 0.0;
+                cumulative = weights
+                    .iter()
+                    .map(|w| {
+                        acc += w;
+                        acc
+                    })
+                    .collect();
+            }
+            SamplerKind::Distributed {
+                rank, world_size, ..
+            } => {
+                if *world_size == 0 {
+                    return bad("world_size must be >= 1".into());
+                }
+                if rank >= world_size {
+                    return bad(format!(
+                        "rank {rank} is out of range for world_size {world_size} (need 0 <= rank < world_size)"
+                    ));
+                }
+            }
+        }
+        Ok(Sampler {
+            kind,
+            dataset_len,
+            seed,
+            cumulative,
+        })
+    }
+
+    pub fn kind(&self) -> &SamplerKind {
+        &self.kind
+    }
+
+    pub fn dataset_len(&self) -> usize {
+        self.dataset_len
+    }
+
+    /// Samples one epoch yields (`len(sampler)` in PyTorch).
+    pub fn len(&self) -> usize {
+        let n = self.dataset_len;
+        match &self.kind {
+            SamplerKind::Sequential => n,
+            SamplerKind::Random { num_samples, .. } => num_samples.unwrap_or(n),
+            SamplerKind::SubsetRandom { indices } => indices.len(),
+            SamplerKind::WeightedRandom { num_samples, .. } => *num_samples,
+            SamplerKind::Distributed {
+                world_size,
+                drop_last,
+                ..
+            } => distributed_per_rank(n, *world_size, *drop_last),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The indices epoch `epoch` visits, in order.
+    pub fn epoch_indices(&self, epoch: u64) -> Vec<usize> {
+        let n = self.dataset_len;
+        let mut rng = Rng::for_key(self.seed, Stream::Order, epoch, 0);
+        match &self.kind {
+            SamplerKind::Sequential => (0..n).collect(),
+            SamplerKind::Random {
+                replacement: true,
+                num_samples,
+            } => (0..num_samples.unwrap_or(n))
+                .map(|_| rng.below(n as u64) as usize)
+                .collect(),
+            SamplerKind::Random {
+                replacement: false,
+                num_samples,
+            } => {
+                let total = num_samples.unwrap_or(n);
+                let mut out = Vec::with_capacity(total);
+                while out.len() < total {
+                    let mut perm: Vec<usize> = (0..n).collect();
+                    rng.shuffle(&mut perm);
+                    let take = (total - out.len()).min(n);
+                    out.extend_from_slice(&perm[..take]);
+                }
+                out
+            }
+            SamplerKind::SubsetRandom { indices } => {
+                let mut out = indices.clone();
+                rng.shuffle(&mut out);
+                out
+            }
+            SamplerKind::WeightedRandom {
+                weights,
+                num_samples,
+                replacement: true,
+            } => {
+                let total = *self.cumulative.last().unwrap_or(&0.0);
+                (0..*num_samples)
+                    .map(|_| {
+                        let u = rng.unit_f64() * total;
+                        // First index whose prefix sum exceeds u; zero weights are never chosen.
+                        let i = self.cumulative.partition_point(|&c| c <= u);
+                        i.min(weights.len() - 1)
+                    })
+                    .collect()
+            }
+            SamplerKind::WeightedRandom {
+                weights,
+                num_samples,
+                replacement: false,
+            } => {
+                // Efraimidis–Spirakis: key_i = ln(u_i) / w_i; the largest keys, in decreasing
+                // order, are a sequential weighted draw without replacement.
+                let mut keyed: Vec<(f64, usize)> = weights
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, w)| **w > 0.0)
+                    .map(|(i, w)| {
+                        let u = rng.unit_f64().max(f64::MIN_POSITIVE);
+                        (u.ln() / w, i)
+                    })
+                    .collect();
+                keyed.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                keyed.truncate(*num_samples);
+                keyed.into_iter().map(|(_, i)| i).collect()
+            }
+            SamplerKind::Distributed {
+                rank,
+                world_size,
+                shuffle,
+                drop_last,
+            } => {
+                let mut order: Vec<usize> = (0..n).collect();
+                if *shuffle {
+                    rng.shuffle(&mut order);
+                }
+                let total = distributed_per_rank(n, *world_size, *drop_last) * world_size;
+                if total > n && n > 0 {
+                    // Pad by repeating the head (as often as needed when total > 2n).
+                    let mut i = 0;
+                    while order.len() < total {
+                        order.push(order[i]);
+                        i += 1;
+                    }
+                } else {
+                    order.truncate(total);
+                }
+                order
+                    .iter()
+                    .skip(*rank)
+                    .step_by(*world_size)
+                    .copied()
+                    .collect()
+            }
+        }
+    }
+}
+
+/// `DistributedSampler.num_samples`.
+fn distributed_per_rank(n: usize, world_size: usize, drop_last: bool) -> usize {
+    // With drop_last, torch's `ceil((n - world_size) / world_size)` equals `floor(n / world_size)`
+    // whenever `n % world_size != 0`, and both are `n / world_size` when it divides.
+    if drop_last {
+        n / world_size
+    } else {
+        n.div_ceil(world_size)
+    }
+}
+
+/// One epoch's indices cut into batches (`BatchSampler(sampler, batch_size, drop_last)`):
+/// `n / batch_size` batches with `drop_last`, else `ceil(n / batch_size)`, the last one short.
+#[derive(Clone, Debug)]
+pub struct BatchPlan {
+    indices: Vec<usize>,
+    batch_size: usize,
+    drop_last: bool,
+}
+
+impl BatchPlan {
+    pub fn new(indices: Vec<usize>, batch_size: usize, drop_last: bool) -> BatchPlan {
+        assert!(
+            batch_size > 0,
+            "batch_size is validated before a plan is made"
+        );
+        BatchPlan {
+            indices,
+            batch_size,
+            drop_last,
+        }
+    }
+
+    pub fn num_batches(&self) -> usize {
+        batches_for(self.indices.len(), self.batch_size, self.drop_last)
+    }
+
+    /// The indices of batch `i` (`i < num_batches()`).
+    pub fn batch(&self, i: usize) -> &[usize] {
+        let start = i * self.batch_size;
+        let end = (start + self.batch_size).min(self.indices.len());
+        &self.indices[start..end]
+    }
+}
+
+/// `len(BatchSampler)` for `samples` samples.
+pub fn batches_for(samples: usize, batch_size: usize, drop_last: bool) -> usize {
+    if drop_last {
+        samples / batch_size
+    } else {
+        samples.div_ceil(batch_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn sampler(kind: SamplerKind, n: usize, seed: u64) -> Sampler {
+        Sampler::new(kind, n, seed).unwrap()
+    }
+
+    fn random(replacement: bool, num_samples: Option<usize>) -> SamplerKind {
+        SamplerKind::Random {
+            replacement,
+            num_samples,
+        }
+    }
+
+    #[test]
+    fn sequential_is_identity() {
+        let s = sampler(SamplerKind::Sequential, 5, 0);
+        assert_eq!(s.epoch_indices(3), vec![0, 1, 2, 3, 4]);
+        assert_eq!(s.len(), 5);
+    }
+
+    #[test]
+    fn permutations_cover_every_index_once_and_change_per_epoch() {
+        for n in [0, 1, 2, 7, 100, 1001] {
+            for seed in 0..5 {
+                let s = sampler(random(false, None), n, seed);
+                let e0 = s.epoch_indices(0);
+                let mut sorted = e0.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "n={n} seed={seed}");
+                assert_eq!(s.epoch_indices(0), e0, "pure function of (seed, epoch)");
+                if n > 10 {
+                    assert_ne!(s.epoch_indices(1), e0, "new permutation each epoch");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn random_num_samples_concatenates_permutations() {
+        let s = sampler(random(false, Some(25)), 10, 1);
+        let idx = s.epoch_indices(0);
+        assert_eq!(idx.len(), 25);
+        for chunk in [&idx[0..10], &idx[10..20]] {
+            let set: HashSet<_> = chunk.iter().collect();
+            assert_eq!(set.len(), 10);
+        }
+        let tail: HashSet<_> = idx[20..].iter().collect();
+        assert_eq!(tail.len(), 5);
+    }
+
+    #[test]
+    fn with_replacement_draws_num_samples_in_range() {
+        let s = sampler(random(true, Some(1000)), 7, 3);
+        let idx = s.epoch_indices(0);
+        assert_eq!(idx.len(), 1000);
+        assert!(idx.iter().all(|&i| i < 7));
+        let distinct: HashSet<_> = idx.iter().collect();
+        assert_eq!(distinct.len(), 7);
+        assert!(Sampler::new(random(true, None), 0, 0).is_err());
+        assert!(Sampler::new(random(false, Some(0)), 3, 0).is_err());
+    }
+
+    #[test]
+    fn subset_random_permutes_the_subset() {
+        let subset = vec![9, 3, 5, 1];
+        let s = sampler(
+            SamplerKind::SubsetRandom {
+                indices: subset.clone(),
+            },
+            10,
+            0,
+        );
+        let mut got = s.epoch_indices(2);
+        got.sort_unstable();
+        assert_eq!(got, vec![1, 3, 5, 9]);
+        let err = Sampler::new(SamplerKind::SubsetRandom { indices: vec![10] }, 10, 0);
+        assert!(err.unwrap_err().to_string().contains("subset index 10"));
+    }
+
+    #[test]
+    fn weighted_with_replacement_follows_weights() {
+        let s = sampler(
+            SamplerKind::WeightedRandom {
+                weights: vec![1.0, 0.0, 3.0],
+                num_samples: 40_000,
+                replacement: true,
+            },
+            3,
+            0,
+        );
+        let idx = s.epoch_indices(0);
+        let c0 = idx.iter().filter(|&&i| i == 0).count() as f64;
+        let c2 = idx.iter().filter(|&&i| i == 2).count() as f64;
+        assert!(!idx.contains(&1), "zero weight is never drawn");
+        assert!((c2 / c0 - 3.0).abs() < 0.25, "ratio {}", c2 / c0);
+    }
+
+    #[test]
+    fn weighted_without_replacement_is_distinct_and_favours_heavy() {
+        let mut heavy_first = 0;
+        for epoch in 0..400 {
+            let s = sampler(
+                SamplerKind::WeightedRandom {
+                    weights: vec![1.0, 9.0, 0.0, 1.0],
+                    num_samples: 3,
+                    replacement: false,
+                },
+                4,
+                5,
+            );
+            let idx = s.epoch_indices(epoch);
+            let set: HashSet<_> = idx.iter().collect();
+            assert_eq!(set.len(), 3);
+            assert!(!idx.contains(&2));
+            heavy_first += usize::from(idx[0] == 1);
+        }
+        // P(first draw is index 1) = 9/11 ≈ 0.82.
+        assert!((290..370).contains(&heavy_first), "{heavy_first}");
+        let too_many = Sampler::new(
+            SamplerKind::WeightedRandom {
+                weights: vec![1.0, 0.0],
+                num_samples: 2,
+                replacement: false,
+            },
+            2,
+            0,
+        );
+        assert!(too_many.is_err());
+    }
+
+    fn dist(rank: usize, world_size: usize, shuffle: bool, drop_last: bool) -> SamplerKind {
+        SamplerKind::Distributed {
+            rank,
+            world_size,
+            shuffle,
+            drop_last,
+        }
+    }
+
+    /// PyTorch's `DistributedSampler.__len__`, written as in its source.
+    fn torch_num_samples(n: usize, world: usize, drop_last: bool) -> usize {
+        if drop_last && n % world != 0 {
+            ((n as f64 - world as f64) / world as f64).ceil().max(0.0) as usize
+        } else {
+            (n as f64 / world as f64).ceil() as usize
+        }
+    }
+
+    #[test]
+    fn distributed_shards_are_disjoint_cover_and_match_torch_lengths() {
+        for n in [1, 2, 5, 10, 11, 17, 64, 101] {
+            for world in 1..=6 {
+                for shuffle in [false, true] {
+                    for drop_last in [false, true] {
+                        let shards: Vec<Vec<usize>> = (0..world)
+                            .map(|r| {
+                                sampler(dist(r, world, shuffle, drop_last), n, 9).epoch_indices(4)
+                            })
+                            .collect();
+                        let expect = torch_num_samples(n, world, drop_last);
+                        for s in &shards {
+                            assert_eq!(s.len(), expect, "n={n} world={world} drop={drop_last}");
+                        }
+                        let all: Vec<usize> = shards.iter().flatten().copied().collect();
+                        let distinct: HashSet<_> = all.iter().collect();
+                        if drop_last {
+                            // Disjoint: no index twice, and only a tail of < world dropped.
+                            assert_eq!(distinct.len(), all.len());
+                            assert!(n - all.len() < world);
+                        } else {
+                            // Cover: every index appears; repeats only the padding.
+                            assert_eq!(distinct.len(), n);
+                            assert_eq!(all.len() - n, expect * world - n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn distributed_pads_with_head_and_splits_strided() {
+        // n=5, world=2 → total 6, order [0,1,2,3,4,0]; rank 0 takes 0,2,4 and rank 1 takes 1,3,0.
+        assert_eq!(
+            sampler(dist(0, 2, false, false), 5, 0).epoch_indices(0),
+            vec![0, 2, 4]
+        );
+        assert_eq!(
+            sampler(dist(1, 2, false, false), 5, 0).epoch_indices(0),
+            vec![1, 3, 0]
+        );
+        // drop_last: total 4 → rank 1 takes 1,3.
+        assert_eq!(
+            sampler(dist(1, 2, false, true), 5, 0).epoch_indices(0),
+            vec![1, 3]
+        );
+        // Padding longer than the dataset repeats it: n=2, world=5 → [0,1,0,1,0].
+        assert_eq!(
+            sampler(dist(4, 5, false, false), 2, 0).epoch_indices(0),
+            vec![0]
+        );
+        assert!(Sampler::new(dist(2, 2, false, false), 5, 0).is_err());
+    }
+
+    #[test]
+    fn batch_plan_lengths_match_batch_sampler() {
+        for n in 0..40 {
+            for bs in 1..9 {
+                for drop_last in [false, true] {
+                    let plan = BatchPlan::new((0..n).collect(), bs, drop_last);
+                    let expect = if drop_last { n / bs } else { n.div_ceil(bs) };
+                    assert_eq!(plan.num_batches(), expect);
+                    let total: usize = (0..plan.num_batches()).map(|i| plan.batch(i).len()).sum();
+                    assert_eq!(total, if drop_last { expect * bs } else { n });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! Sources: the bytes (or views) of sample `i`.
+//!
+//! A source is read-only and shared by every worker: it is `Sync`, and a memory-mapped source
+//! hands out views into one mapping instead of copies. Each sample is a fixed list of fields
+//! (`data` and `label`, say) whose kinds the source declares once, up front.
+
+mod memory;
+mod npy;
+
+pub use memory::MemorySource;
+pub use npy::{NpyArray, NpySource};
+
+use crate::dtype::DType;
+use crate::error::Result;
+
+/// The most fields a sample may have.
+pub const MAX_FIELDS: usize = 8;
+
+/// What one field of every sample looks like.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FieldKind {
+    /// The same shape for every sample; stacked into `[N, shape...]`.
+    Tensor { dtype: DType, shape: Vec<usize> },
+    /// A leading dimension that varies per sample (a sequence); padded to the longest in the
+    /// batch, with a `<name>_lengths` field added.
+    Ragged {
+        dtype: DType,
+        inner_shape: Vec<usize>,
+    },
+    /// Encoded image bytes (JPEG or PNG), decoded and transformed into the batch slot.
+    EncodedImage,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FieldSpec {
+    pub name: String,
+    pub kind: FieldKind,
+}
+
+impl FieldSpec {
+    pub fn tensor(name: &str, dtype: DType, shape: &[usize]) -> FieldSpec {
+        FieldSpec {
+            name: name.to_owned(),
+            kind: FieldKind::Tensor {
+                dtype,
+                shape: shape.to_vec(),
+            },
+        }
+    }
+
+    pub fn ragged(name: &str, dtype: DType, inner_shape: &[usize]) -> FieldSpec {
+        FieldSpec {
+            name: name.to_owned(),
+            kind: FieldKind::Ragged {
+                dtype,
+                inner_shape: inner_shape.to_vec(),
+            },
+        }
+    }
+
+    pub fn encoded_image(name: &str) -> FieldSpec {
+        FieldSpec {
+            name: name.to_owned(),
+            kind: FieldKind::EncodedImage,
+        }
+    }
+}
+
+/// The raw bytes of one sample's fields, in the order of [`Source::fields`]. They borrow from
+/// the source or from the worker's scratch buffer; nothing is allocated per sample.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample<'a> {
+    parts: [&'a [u8]; MAX_FIELDS],
+}
+
+impl Default for Sample<'_> {
+    fn default() -> Self {
+        Sample {
+            parts: [&[]; MAX_FIELDS],
+        }
+    }
+}
+
+impl<'a> Sample<'a> {
+    pub fn set(&mut self, field: usize, bytes: &'a [u8]) {
+        self.parts[field] = bytes;
+    }
+
+    pub fn get(&self, field: usize) -> &'a [u8] {
+        self.parts[field]
+    }
+}
+
+/// A map-style dataset (PyTorch's `Dataset.__getitem__`).
+pub trait Source: Send + Sync {
+    /// Number of samples.
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The fields of every sample (at most [`MAX_FIELDS`]).
+    fn fields(&self) -> &[FieldSpec];
+
+    /// Where sample `index` comes from, for error messages: a file path, `data.npy row 7`.
+    fn describe(&self, index: usize) -> String;
+
+    /// Reads sample `index` (`< len()`). Field bytes may borrow from the source (a memory map)
+    /// or from `scratch`, a buffer the calling worker reuses for every sample it reads.
+    fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>>;
+}
