@@ -114,16 +114,17 @@ impl Arena {
         self.inner.registrar.is_some()
     }
 
-    /// A zero-filled-on-first-use slab of at least `len` bytes. Reuses the smallest free slab
-    /// that fits without wasting more than half of it; otherwise maps a new one.
+    /// A slab of at least `len` bytes (contents unspecified). Reuses the smallest free slab that
+    /// fits without wasting more than half of it; otherwise maps a new one.
     pub fn acquire(&self, len: usize) -> Result<SlabLease> {
         let inner = &self.inner;
+        let rounded = len.max(1).div_ceil(page_size()) * page_size();
         let reused = {
             let mut free = inner.lock_free();
             let best = free
                 .iter()
                 .enumerate()
-                .filter(|(_, s)| s.len >= len && s.len / 2 <= len.max(1))
+                .filter(|(_, s)| s.len >= rounded && s.len / 2 <= rounded)
                 .min_by_key(|(_, s)| s.len)
                 .map(|(i, _)| i);
             best.map(|i| free.swap_remove(i))

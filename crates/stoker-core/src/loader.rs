@@ -293,6 +293,10 @@ impl Loader {
 
     /// The next batch of the current epoch, or `Ok(None)` once the epoch is over; the call after
     /// that starts the next epoch. An error consumes its batch: the next call moves past it.
+    ///
+    /// Not `Iterator::next`: the end of an epoch is not the end of the loader (see
+    /// [`Loader::epoch_iter`] for an iterator over one epoch).
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Batch>> {
         let start = Instant::now();
         if self.position == self.batches_per_epoch {

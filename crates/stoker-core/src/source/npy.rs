@@ -106,6 +106,16 @@ impl NpyArray {
     }
 }
 
+impl std::fmt::Debug for NpyArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NpyArray")
+            .field("path", &self.path)
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .finish()
+    }
+}
+
 struct Header {
     dtype: DType,
     shape: Vec<usize>,

@@ -1,0 +1,600 @@
+//! Behaviour of the public loader over in-memory and npy sources.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use stoker_core::{
+    Batch, DType, Error, FieldSpec, Loader, LoaderOptions, MemorySource, OnError, Sample, Source,
+    SourceSpec,
+};
+
+/// `n` samples: field `x` = [i, i+1, i+2] as int64, field `y` = i as uint8.
+fn counting_source(n: usize) -> Arc<dyn Source> {
+    let x: Vec<u8> = (0..n as i64)
+        .flat_map(|i| [i, i + 1, i + 2])
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
+    let y: Vec<u8> = (0..n).map(|i| i as u8).collect();
+    Arc::new(
+        MemorySource::new()
+            .with_tensor("x", DType::I64, &[3], x)
+            .unwrap()
+            .with_tensor("y", DType::U8, &[], y)
+            .unwrap(),
+    )
+}
+
+fn options(source: Arc<dyn Source>, kv: &[(&str, &str)]) -> LoaderOptions {
+    let mut o = LoaderOptions {
+        source: Some(SourceSpec::Custom(source)),
+        ..LoaderOptions::default()
+    };
+    for (k, v) in kv {
+        o.set(k, v).unwrap();
+    }
+    o
+}
+
+/// The sample indices of a batch of `counting_source`.
+fn ids(b: &Batch) -> Vec<u8> {
+    b.field_by_name("y").unwrap().data.to_vec()
+}
+
+/// Every batch of one epoch as its sample indices.
+fn epoch(loader: &mut Loader) -> Vec<Vec<u8>> {
+    loader.epoch_iter().map(|b| ids(&b.unwrap())).collect()
+}
+
+#[test]
+fn stacks_fields_in_sampler_order() {
+    let mut l = Loader::new(&options(
+        counting_source(10),
+        &[("batch_size", "4"), ("num_workers", "2")],
+    ))
+    .unwrap();
+    assert_eq!(l.batches_per_epoch(), 3);
+    let b = l.next().unwrap().unwrap();
+    let x = b.field(0).unwrap();
+    assert_eq!(
+        (x.name, x.dtype, x.shape),
+        ("x", DType::I64, &[4usize, 3][..])
+    );
+    let values: Vec<i64> = x
+        .data
+        .chunks(8)
+        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(values, vec![0, 1, 2, 1, 2, 3, 2, 3, 4, 3, 4, 5]);
+    assert_eq!(b.field(1).unwrap().shape, &[4]);
+    assert_eq!(
+        b.field_ptr(0).unwrap() as usize % 256,
+        0,
+        "fields are 256-byte aligned"
+    );
+    assert_eq!(ids(&l.next().unwrap().unwrap()), vec![4, 5, 6, 7]);
+    let last = l.next().unwrap().unwrap();
+    assert_eq!(
+        (ids(&last), last.len()),
+        (vec![8, 9], 2),
+        "short last batch"
+    );
+    assert!(l.next().unwrap().is_none());
+    assert_eq!(l.epoch(), 1);
+}
+
+#[test]
+fn end_of_epoch_then_next_epoch_with_new_order() {
+    let mut l = Loader::new(&options(
+        counting_source(50),
+        &[
+            ("batch_size", "8"),
+            ("shuffle", "true"),
+            ("drop_last", "true"),
+            ("seed", "3"),
+        ],
+    ))
+    .unwrap();
+    let e0 = epoch(&mut l);
+    assert_eq!(e0.len(), 6);
+    assert_eq!(l.epoch(), 1);
+    let e1 = epoch(&mut l);
+    assert_eq!(e1.len(), 6);
+    assert_ne!(e0, e1, "a new permutation each epoch");
+    let seen: HashSet<u8> = e0.iter().flatten().copied().collect();
+    assert_eq!(seen.len(), 48, "no repeats within an epoch");
+}
+
+#[test]
+fn same_seed_same_batches_for_any_worker_count() {
+    let run = |workers: &str, in_order: &str| {
+        let mut l = Loader::new(&options(
+            counting_source(97),
+            &[
+                ("batch_size", "5"),
+                ("shuffle", "true"),
+                ("seed", "42"),
+                ("num_workers", workers),
+                ("in_order", in_order),
+                ("prefetch_factor", "3"),
+            ],
+        ))
+        .unwrap();
+        (epoch(&mut l), epoch(&mut l))
+    };
+    let reference = run("0", "true");
+    assert_eq!(run("1", "true"), reference);
+    assert_eq!(run("2", "true"), reference);
+    // Out of order: the same batches, possibly permuted, never crossing epochs.
+    let (a, b) = run("2", "false");
+    let sorted = |mut v: Vec<Vec<u8>>| {
+        v.sort();
+        v
+    };
+    assert_eq!(sorted(a), sorted(reference.0.clone()));
+    assert_eq!(sorted(b), sorted(reference.1.clone()));
+}
+
+#[test]
+fn resume_mid_epoch_continues_exactly() {
+    let kv = [
+        ("batch_size", "4"),
+        ("shuffle", "true"),
+        ("seed", "7"),
+        ("num_workers", "2"),
+    ];
+    let mut full = Loader::new(&options(counting_source(30), &kv)).unwrap();
+    let uninterrupted: Vec<Vec<u8>> = [epoch(&mut full), epoch(&mut full)].concat();
+    // 8 batches per epoch; stop after k batches, including at the very end of epoch 0.
+    for stop_after in [0, 1, 5, 8, 11] {
+        let mut first = Loader::new(&options(counting_source(30), &kv)).unwrap();
+        let mut got = Vec::new();
+        while got.len() < stop_after {
+            if let Some(b) = first.next().unwrap() {
+                got.push(ids(&b));
+            }
+        }
+        let state = first.save_state();
+        drop(first);
+        let mut o = options(counting_source(30), &kv);
+        o.seed = 999; // the state's seed wins
+        o.set("resume_state", &state).unwrap();
+        let mut resumed = Loader::new(&o).unwrap();
+        while got.len() < 16 {
+            if let Some(b) = resumed.next().unwrap() {
+                got.push(ids(&b));
+            }
+        }
+        assert_eq!(got, uninterrupted, "stopped after {stop_after}: {state}");
+    }
+}
+
+#[test]
+fn resume_after_out_of_order_delivery_skips_what_was_delivered() {
+    let kv = [
+        ("batch_size", "2"),
+        ("num_workers", "2"),
+        ("in_order", "false"),
+        ("prefetch_factor", "4"),
+    ];
+    let mut l = Loader::new(&options(counting_source(40), &kv)).unwrap();
+    let mut seen: Vec<Vec<u8>> = (0..7).map(|_| ids(&l.next().unwrap().unwrap())).collect();
+    let state = l.save_state();
+    let mut o = options(counting_source(40), &kv);
+    o.set("resume_state", &state).unwrap();
+    let mut resumed = Loader::new(&o).unwrap();
+    seen.extend(epoch(&mut resumed));
+    seen.sort();
+    let expect: Vec<Vec<u8>> = (0..20u8).map(|b| vec![2 * b, 2 * b + 1]).collect();
+    assert_eq!(seen, expect, "{state}");
+}
+
+#[test]
+fn resume_state_from_another_configuration_is_rejected() {
+    let mut l = Loader::new(&options(counting_source(30), &[("batch_size", "4")])).unwrap();
+    l.next().unwrap();
+    let state = l.save_state();
+    let mut o = options(counting_source(30), &[("batch_size", "3")]);
+    o.set("resume_state", &state).unwrap();
+    let err = Loader::new(&o).err().unwrap();
+    assert!(err.to_string().contains("resume_state"), "{err}");
+}
+
+#[test]
+fn after_warm_up_no_batch_maps_memory() {
+    let mut l = Loader::new(&options(
+        counting_source(64),
+        &[
+            ("batch_size", "4"),
+            ("num_workers", "2"),
+            ("prefetch_factor", "2"),
+            ("shuffle", "true"),
+        ],
+    ))
+    .unwrap();
+    for _ in 0..6 {
+        epoch(&mut l);
+    }
+    let c = l.arena().counters();
+    // 96 batches, but at most cap (4) in flight plus the one the consumer holds ever coexist,
+    // and the arena keeps that many idle: every later batch reuses a slab.
+    assert!(
+        c.slabs_mapped <= 5,
+        "mapped {} slabs for 96 batches",
+        c.slabs_mapped
+    );
+    assert_eq!(c.slabs_unmapped, 0);
+}
+
+#[test]
+fn in_flight_batches_are_capped() {
+    struct Counting {
+        inner: Arc<dyn Source>,
+        reads: AtomicUsize,
+    }
+    impl Source for Counting {
+        fn len(&self) -> usize {
+            self.inner.len()
+        }
+        fn fields(&self) -> &[FieldSpec] {
+            self.inner.fields()
+        }
+        fn describe(&self, i: usize) -> String {
+            self.inner.describe(i)
+        }
+        fn read<'a>(&'a self, i: usize, s: &'a mut Vec<u8>) -> stoker_core::Result<Sample<'a>> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            self.inner.read(i, s)
+        }
+    }
+    let src = Arc::new(Counting {
+        inner: counting_source(200),
+        reads: AtomicUsize::new(0),
+    });
+    let l = Loader::new(&options(
+        src.clone(),
+        &[
+            ("batch_size", "2"),
+            ("num_workers", "2"),
+            ("prefetch_factor", "3"),
+        ],
+    ))
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // cap = 2 workers × 3 = 6 batches of 2 samples, none consumed yet.
+    assert_eq!(src.reads.load(Ordering::SeqCst), 12);
+    drop(l);
+}
+
+/// Fails on chosen indices, panics on others, sleeps on others.
+struct Faulty {
+    inner: Arc<dyn Source>,
+    fail: Vec<usize>,
+    panic: Vec<usize>,
+    sleep_ms: u64,
+}
+
+impl Source for Faulty {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn fields(&self) -> &[FieldSpec] {
+        self.inner.fields()
+    }
+    fn describe(&self, i: usize) -> String {
+        format!("faulty/{i}.bin")
+    }
+    fn read<'a>(&'a self, i: usize, s: &'a mut Vec<u8>) -> stoker_core::Result<Sample<'a>> {
+        std::thread::sleep(Duration::from_millis(self.sleep_ms));
+        if self.panic.contains(&i) {
+            panic!("boom at {i}");
+        }
+        if self.fail.contains(&i) {
+            return Err(Error::Sample {
+                index: i as u64,
+                what: self.describe(i),
+                reason: "corrupt".into(),
+            });
+        }
+        self.inner.read(i, s)
+    }
+}
+
+fn faulty(fail: &[usize], panic: &[usize], sleep_ms: u64) -> Arc<dyn Source> {
+    Arc::new(Faulty {
+        inner: counting_source(12),
+        fail: fail.to_vec(),
+        panic: panic.to_vec(),
+        sleep_ms,
+    })
+}
+
+#[test]
+fn a_failing_sample_names_itself_and_the_loader_goes_on() {
+    for workers in ["0", "2"] {
+        let mut l = Loader::new(&options(
+            faulty(&[5], &[], 0),
+            &[("batch_size", "4"), ("num_workers", workers)],
+        ))
+        .unwrap();
+        assert!(l.next().unwrap().is_some());
+        let err = l.next().unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("sample 5") && msg.contains("faulty/5.bin"),
+            "{msg}"
+        );
+        assert_eq!(
+            ids(&l.next().unwrap().unwrap()),
+            vec![8, 9, 10, 11],
+            "moves past the error"
+        );
+        assert!(l.next().unwrap().is_none());
+    }
+}
+
+#[test]
+fn a_panicking_sample_becomes_an_error() {
+    for workers in ["0", "1", "2"] {
+        let mut l = Loader::new(&options(
+            faulty(&[], &[2], 0),
+            &[("batch_size", "4"), ("num_workers", workers)],
+        ))
+        .unwrap();
+        let err = l.next().unwrap_err();
+        assert!(matches!(err, Error::Internal(_)), "{err}");
+        assert!(err.to_string().contains("boom at 2"), "{err}");
+        assert!(l.next().unwrap().is_some(), "the worker survived");
+    }
+}
+
+#[test]
+fn skip_replaces_bad_samples_deterministically_and_counts_them() {
+    let run = |workers: &str| {
+        let mut o = options(
+            faulty(&[1, 6], &[], 0),
+            &[("batch_size", "4"), ("num_workers", workers)],
+        );
+        o.on_error = OnError::Skip;
+        let mut l = Loader::new(&o).unwrap();
+        let batches = epoch(&mut l);
+        (batches, l.stats().samples_skipped)
+    };
+    let (batches, skipped) = run("0");
+    assert_eq!(skipped, 2);
+    assert_eq!(batches.len(), 3);
+    assert!(batches.iter().all(|b| b.len() == 4));
+    let flat: Vec<u8> = batches.concat();
+    assert!(!flat.contains(&1) && !flat.contains(&6));
+    assert_eq!(run("2"), (batches, 2));
+}
+
+#[test]
+fn timeout_reports_and_a_later_call_gets_the_batch() {
+    let mut l = Loader::new(&options(
+        faulty(&[], &[], 150),
+        &[
+            ("batch_size", "2"),
+            ("num_workers", "1"),
+            ("timeout_ms", "30"),
+        ],
+    ))
+    .unwrap();
+    let err = l.next().unwrap_err();
+    assert!(matches!(err, Error::Timeout(30)), "{err}");
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(ids(&l.next().unwrap().unwrap()), vec![0, 1]);
+}
+
+#[test]
+fn dropping_mid_epoch_joins_workers_and_held_batches_stay_valid() {
+    let src = counting_source(1000);
+    let mut l = Loader::new(&options(
+        src.clone(),
+        &[
+            ("batch_size", "10"),
+            ("num_workers", "2"),
+            ("prefetch_factor", "4"),
+        ],
+    ))
+    .unwrap();
+    let held = l.next().unwrap().unwrap();
+    let also = l.next().unwrap().unwrap();
+    drop(l);
+    // Every worker has exited and released its reference to the source.
+    assert_eq!(Arc::strong_count(&src), 1);
+    assert_eq!(ids(&held), (0..10).collect::<Vec<u8>>());
+    assert_eq!(ids(&also), (10..20).collect::<Vec<u8>>());
+}
+
+#[test]
+fn ragged_fields_are_padded_with_lengths() {
+    let rows: Vec<Vec<u8>> = (0..5u8)
+        .map(|i| (0..i).flat_map(|v| (v as f32).to_ne_bytes()).collect())
+        .collect();
+    let src: Arc<dyn Source> = Arc::new(
+        MemorySource::new()
+            .with_ragged("seq", DType::F32, &[], rows)
+            .unwrap(),
+    );
+    let err = Loader::new(&options(src.clone(), &[("batch_size", "3")]))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("pad"), "{err}");
+    let mut l = Loader::new(&options(
+        src,
+        &[("batch_size", "3"), ("pad", "-1"), ("num_workers", "1")],
+    ))
+    .unwrap();
+    let b = l.next().unwrap().unwrap();
+    let seq = b.field_by_name("seq").unwrap();
+    assert_eq!(seq.shape, &[3, 2]);
+    let v: Vec<f32> = seq
+        .data
+        .chunks(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(v, vec![-1.0, -1.0, 0.0, -1.0, 0.0, 1.0]);
+    let lens = b.field_by_name("seq_lengths").unwrap();
+    assert_eq!((lens.dtype, lens.shape), (DType::I64, &[3usize][..]));
+    let lens: Vec<i64> = lens
+        .data
+        .chunks(8)
+        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(lens, vec![0, 1, 2]);
+    let b = l.next().unwrap().unwrap();
+    assert_eq!(
+        b.field_by_name("seq").unwrap().shape,
+        &[2, 4],
+        "padded to this batch's longest"
+    );
+}
+
+#[test]
+fn distributed_ranks_split_the_epoch() {
+    let mut all = Vec::new();
+    for rank in 0..3 {
+        let rank = rank.to_string();
+        let mut l = Loader::new(&options(
+            counting_source(10),
+            &[
+                ("batch_size", "2"),
+                ("world_size", "3"),
+                ("rank", &rank),
+                ("shuffle", "true"),
+            ],
+        ))
+        .unwrap();
+        let got: Vec<u8> = epoch(&mut l).concat();
+        assert_eq!(got.len(), 4, "ceil(10 / 3)");
+        all.extend(got);
+    }
+    let distinct: HashSet<u8> = all.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        10,
+        "every sample on some rank; 2 repeats pad the shards"
+    );
+}
+
+#[test]
+fn stats_count_deliveries_and_waits() {
+    let mut l = Loader::new(&options(
+        counting_source(20),
+        &[("batch_size", "4"), ("num_workers", "2")],
+    ))
+    .unwrap();
+    let handle = l.stats_handle();
+    epoch(&mut l);
+    let s = handle.snapshot();
+    assert_eq!((s.batches, s.samples, s.samples_skipped), (5, 20, 0));
+    assert!(s.wait_ns_p50 <= s.wait_ns_p95 && s.wait_ns_p95 <= s.wait_ns_max);
+    assert!(s.wait_ns_max <= s.wait_ns_total);
+    assert!((0.0..=1.0).contains(&s.readiness) && (0.0..=1.0).contains(&s.worker_busy));
+    assert!(s.elapsed_ns >= s.wait_ns_total);
+}
+
+#[test]
+fn pin_memory_locks_or_reports_the_fallback() {
+    let mut l = Loader::new(&options(
+        counting_source(8),
+        &[
+            ("batch_size", "4"),
+            ("pin_memory", "true"),
+            ("num_workers", "0"),
+        ],
+    ))
+    .unwrap();
+    let b = l.next().unwrap().unwrap();
+    let s = l.stats();
+    assert!(s.slabs_pinned + s.pin_failures >= 1);
+    assert_eq!(b.is_pinned(), s.slabs_pinned >= 1);
+}
+
+fn npy_file(name: &str, descr: &str, shape: &str, data: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("stoker-loader-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+#[test]
+fn npy_source_with_labels_end_to_end() {
+    let data: Vec<u8> = (0..60).map(|i| i as u8).collect();
+    let x = npy_file("x.npy", "|u1", "(10, 2, 3)", &data);
+    let labels: Vec<u8> = (0..10i32).flat_map(|v| (v * 10).to_le_bytes()).collect();
+    let y = npy_file("y.npy", "<i4", "(10,)", &labels);
+    let mut o = LoaderOptions::default();
+    for (k, v) in [
+        ("source", format!("npy:{}", x.display())),
+        ("labels", format!("npy:{}", y.display())),
+        ("batch_size", "4".into()),
+        ("shuffle", "true".into()),
+    ] {
+        o.set(k, &v).unwrap();
+    }
+    let mut l = Loader::new(&o).unwrap();
+    for b in l.epoch_iter() {
+        let b = b.unwrap();
+        assert_eq!(b.num_fields(), 2);
+        let d = b.field(0).unwrap();
+        let lab = b.field(1).unwrap();
+        assert_eq!(d.name, "data");
+        assert_eq!(&d.shape[1..], &[2, 3]);
+        assert_eq!((lab.name, lab.dtype), ("label", DType::I64));
+        for (row, label) in d.data.chunks(6).zip(lab.data.chunks(8)) {
+            let i = row[0] as usize / 6;
+            assert_eq!(row, &data[i * 6..i * 6 + 6]);
+            assert_eq!(i64::from_ne_bytes(label.try_into().unwrap()), i as i64 * 10);
+        }
+    }
+    let mut missing = LoaderOptions::default();
+    missing.set("source", "npy:/nonexistent/x.npy").unwrap();
+    let err = Loader::new(&missing).err().unwrap();
+    assert!(
+        matches!(err, Error::Io { .. }) && err.to_string().contains("/nonexistent/x.npy"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_configurations_are_errors_not_panics() {
+    assert!(Loader::new(&LoaderOptions::default())
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("source"));
+    let mut cuda = options(counting_source(4), &[("device", "cuda")]);
+    let err = Loader::new(&cuda).err().unwrap();
+    assert_eq!(err.kind(), stoker_core::ErrorKind::Unsupported);
+    cuda.set("device", "cpu").unwrap();
+    cuda.set("transform", "hflip").unwrap();
+    assert!(Loader::new(&cuda)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("transform"));
+    let empty = Loader::new(&options(
+        counting_source(3),
+        &[("batch_size", "4"), ("drop_last", "true")],
+    ));
+    let mut empty = empty.unwrap();
+    assert_eq!(empty.batches_per_epoch(), 0);
+    assert!(
+        empty.next().unwrap().is_none(),
+        "an empty epoch ends at once"
+    );
+}
