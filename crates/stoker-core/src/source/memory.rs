@@ -58,7 +58,10 @@ impl MemorySource {
         rows: Vec<Vec<u8>>,
     ) -> Result<MemorySource> {
         let unit = inner_shape.iter().product::<usize>() * dtype.size();
-        if let Some(i) = rows.iter().position(|r| unit == 0 || !r.len().is_multiple_of(unit)) {
+        if let Some(i) = rows
+            .iter()
+            .position(|r| unit == 0 || !r.len().is_multiple_of(unit))
+        {
             return Err(Error::InvalidArgument(format!(
                 "field `{name}`: sample {i} is not a whole number of {unit}-byte rows"
             )));

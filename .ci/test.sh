@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Every test of the project, in the order a failure is cheapest to find. Installs what it needs
+# (idempotently) and prints each runner's own summary line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "toolchain"
+command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
+if command -v rustup >/dev/null; then
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+fi
+cargo --version
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo test"
+cargo test --workspace 2>&1 | tee /tmp/stoker-cargo-test.log
+passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/stoker-cargo-test.log | awk '{s+=$4} END {print s+0}')
+echo "cargo test: ${passed} passed, 0 failed"

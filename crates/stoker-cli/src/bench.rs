@@ -1,0 +1,155 @@
+//! `stoker bench npy`: stoker's shuffled-batch bandwidth beside the machine's memcpy bandwidth,
+//! measured in the same run, with their ratio.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use stoker_core::rng::{Rng, Stream};
+use stoker_core::{Loader, LoaderOptions};
+
+use crate::report::{print_stats, Progress};
+use crate::Args;
+
+/// Bytes of one `[3, 224, 224]` uint8 sample.
+const SAMPLE_BYTES: usize = 3 * 224 * 224;
+
+pub(crate) fn npy(args: &Args) -> Result<(), String> {
+    args.only(&["samples", "batch-size", "epochs", "workers", "path"])?;
+    let samples = args.num("samples", 2048)?;
+    let batch_size = args.num("batch-size", 256)?;
+    let epochs = args.num("epochs", 10)?.max(2);
+    let workers = args.get("workers").unwrap_or("auto");
+    let path = match args.get("path") {
+        Some(p) => PathBuf::from(p),
+        None => generated_npy(samples)?,
+    };
+
+    let memcpy_before = memcpy_gbps(batch_size * SAMPLE_BYTES);
+
+    let mut options = LoaderOptions::default();
+    for (k, v) in [
+        ("source", format!("npy:{}", path.display())),
+        ("batch_size", batch_size.to_string()),
+        ("shuffle", "true".into()),
+        ("drop_last", "true".into()),
+        ("num_workers", workers.into()),
+    ] {
+        options.set(k, &v).map_err(|e| e.to_string())?;
+    }
+    let created = Instant::now();
+    let mut loader = Loader::new(&options).map_err(|e| e.to_string())?;
+    let per_epoch = loader.batches_per_epoch();
+    if per_epoch == 0 {
+        return Err(format!("{samples} samples make no batch of {batch_size}"));
+    }
+    let mut first_batch = None;
+    let mut steady_bytes = 0usize;
+    let mut steady_start = None;
+    let mut progress = Progress::new("bench npy", per_epoch * epochs);
+    for epoch in 0..epochs {
+        // The first epoch warms the page cache and the arena; the rest are measured.
+        if epoch == 1 {
+            steady_start = Some(Instant::now());
+        }
+        while let Some(batch) = loader.next().map_err(|e| e.to_string())? {
+            first_batch.get_or_insert_with(|| created.elapsed());
+            let bytes = batch.field(0).map_or(0, |f| f.data.len());
+            if epoch >= 1 {
+                steady_bytes += bytes;
+            }
+            progress.advance(batch.len());
+        }
+    }
+    let steady_secs = steady_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    let stoker_gbps = steady_bytes as f64 / steady_secs.max(1e-9) / 1e9;
+    let memcpy_after = memcpy_gbps(batch_size * SAMPLE_BYTES);
+    let memcpy = (memcpy_before + memcpy_after) / 2.0;
+
+    println!();
+    println!(
+        "npy {} × [3,224,224] uint8, shuffled batches of {batch_size}, num_workers={workers} ({} threads)",
+        loader.samples_per_epoch(),
+        options.resolved_workers()
+    );
+    println!(
+        "first batch            {:>8.1} ms after construction",
+        first_batch.map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    );
+    println!("stoker                 {stoker_gbps:>8.2} GB/s  (epochs 2..{epochs})");
+    println!(
+        "memcpy, 1 thread       {memcpy:>8.2} GB/s  (before {memcpy_before:.2}, after {memcpy_after:.2})"
+    );
+    println!(
+        "ratio stoker / memcpy  {:>8.2}",
+        stoker_gbps / memcpy.max(1e-9)
+    );
+    println!();
+    print_stats(&loader.stats());
+    Ok(())
+}
+
+/// Single-thread `memcpy` bandwidth between two `bytes`-sized buffers: the median of 7 copies.
+fn memcpy_gbps(bytes: usize) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    dst.copy_from_slice(&src); // fault the pages in
+    let mut rates: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+            bytes as f64 / t.elapsed().as_secs_f64() / 1e9
+        })
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    rates[rates.len() / 2]
+}
+
+/// A random `[samples, 3, 224, 224]` uint8 npy file in the temp directory, made once.
+pub(crate) fn generated_npy(samples: usize) -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join("stoker-bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join(format!("u8-{samples}x3x224x224.npy"));
+    let header = npy_header(samples);
+    let expected = (header.len() + samples * SAMPLE_BYTES) as u64;
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() == expected) {
+        return Ok(path);
+    }
+    eprintln!(
+        "writing {} ({:.0} MB) ...",
+        path.display(),
+        expected as f64 / 1e6
+    );
+    write_npy(&path, &header, samples).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+fn npy_header(samples: usize) -> Vec<u8> {
+    let mut dict =
+        format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({samples}, 3, 224, 224), }}");
+    while (10 + dict.len() + 1) % 64 != 0 {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut header = b"\x93NUMPY\x01\x00".to_vec();
+    header.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    header.extend_from_slice(dict.as_bytes());
+    header
+}
+
+fn write_npy(path: &Path, header: &[u8], samples: usize) -> std::io::Result<()> {
+    let tmp = path.with_extension("partial");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    out.write_all(header)?;
+    let mut rng = Rng::for_key(0, Stream::Order, 0, 0);
+    let mut row = vec![0u8; SAMPLE_BYTES];
+    for _ in 0..samples {
+        for chunk in row.chunks_exact_mut(8) {
+            chunk.copy_from_slice(&rng.next_u64().to_ne_bytes());
+        }
+        out.write_all(&row)?;
+    }
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    std::fs::rename(tmp, path)
+}
