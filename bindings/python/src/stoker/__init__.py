@@ -1,0 +1,46 @@
+"""stoker: a data loader for ML training, over the libstoker C ABI (loaded with ctypes).
+
+``Loader`` yields ``Batch`` objects whose fields are zero-copy NumPy arrays (``batch["data"]``)
+or torch tensors through DLPack (``batch.torch()``); ``stoker.torch.DataLoader`` mimics
+``torch.utils.data.DataLoader`` for porting code.
+"""
+
+from ._ffi import LIBRARY_PATH, LibraryNotFoundError, lib as _lib
+from .batch import Batch, DLPackField
+from .errors import (
+    CallbackError,
+    ClosedError,
+    CudaError,
+    DecodeError,
+    InternalError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    StokerError,
+    StokerIOError,
+    StokerTimeoutError,
+    UnsupportedError,
+)
+from .loader import Loader, Stats
+
+__version__ = _lib.stoker_version().decode()
+"""Version of the loaded library (the package is versioned with it)."""
+
+__all__ = [
+    "LIBRARY_PATH",
+    "Batch",
+    "CallbackError",
+    "ClosedError",
+    "CudaError",
+    "DLPackField",
+    "DecodeError",
+    "InternalError",
+    "InvalidArgumentError",
+    "LibraryNotFoundError",
+    "Loader",
+    "OutOfMemoryError",
+    "Stats",
+    "StokerError",
+    "StokerIOError",
+    "StokerTimeoutError",
+    "UnsupportedError",
+]

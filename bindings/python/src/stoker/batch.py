@@ -1,0 +1,216 @@
+"""Batches as zero-copy NumPy arrays and DLPack exports.
+
+A ``stoker_batch`` is a lease on arena memory. One ``_Lease`` object owns that handle and
+releases it when Python frees the lease; every array made from the batch has the lease in its
+``base`` chain (array -> ``_FieldMemory`` -> ``_Lease``), so the memory stays valid while any
+array lives, whatever happened to the ``Batch`` object or the ``Loader``. DLPack exports hold
+their own share of the batch inside the library and need no Python owner.
+
+bfloat16: NumPy has no such type, so ``batch["x"]`` of a bfloat16 field is the raw bits as a
+``uint16`` array; ``batch.torch()`` gives a proper ``torch.bfloat16`` tensor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping
+from typing import Iterator
+
+import numpy as np
+
+from . import _ffi
+from .errors import check
+
+
+class _Lease:
+    """Owns one ``stoker_batch*`` and releases it exactly once, when the last user is gone."""
+
+    __slots__ = ("ptr",)
+
+    # Bound at class creation so that release still works while the interpreter shuts down.
+    _release = _ffi.lib.stoker_batch_release
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __del__(self):
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            self._release(ptr)
+
+
+class _FieldMemory:
+    """One field's memory as NumPy's ``__array_interface__``; it becomes the array's ``base``
+    and keeps the lease (and so the memory) alive for as long as the array lives."""
+
+    __slots__ = ("__array_interface__", "_lease")
+
+    def __init__(self, lease: _Lease, t: _ffi.Tensor):
+        size = _ffi.DTYPE_ITEMSIZE[t.dtype]
+        self._lease = lease
+        self.__array_interface__ = {
+            "version": 3,
+            "data": (t.data or 0, False),  # writable: the batch belongs to its consumer
+            "typestr": _ffi.DTYPE_NUMPY[t.dtype],
+            "shape": tuple(t.shape[: t.ndim]),
+            "strides": tuple(s * size for s in t.strides[: t.ndim]),
+        }
+
+
+class _NeedsVersionedDLPack(BufferError):
+    """Raised by ``__dlpack__`` for consumers that cannot take a ``dltensor_versioned`` capsule."""
+
+
+_pyapi = ctypes.pythonapi
+_pyapi.PyCapsule_New.restype = ctypes.py_object
+_pyapi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# Destructor arguments are raw pointers: the capsule is being freed (refcount 0), and a
+# py_object argument would resurrect and free it a second time.
+_pyapi.PyCapsule_IsValid.restype = ctypes.c_int
+_pyapi.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_pyapi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_pyapi.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+
+# PyCapsule_New keeps this pointer, so the name must live as long as the module.
+_CAPSULE_NAME = ctypes.c_char_p(b"dltensor_versioned")
+
+
+@ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+def _capsule_destructor(capsule):
+    """DLPack rule: a consumer renames the capsule to ``used_dltensor_versioned`` and becomes
+    responsible for the deleter; a capsule still under its original name was never consumed,
+    so its export is deleted here."""
+    if _pyapi.PyCapsule_IsValid(capsule, _CAPSULE_NAME):
+        ptr = _pyapi.PyCapsule_GetPointer(capsule, _CAPSULE_NAME)
+        managed = ctypes.cast(ptr, ctypes.POINTER(_ffi.DLManagedTensorVersioned))
+        managed.contents.deleter(managed)
+
+
+_DESTRUCTOR_PTR = ctypes.cast(_capsule_destructor, ctypes.c_void_p)
+
+
+class DLPackField:
+    """One field of a batch for any DLPack consumer: ``torch.from_dlpack(batch.dlpack("image"))``.
+
+    Each ``__dlpack__`` call makes a new export (``stoker_batch_to_dlpack``) that shares the
+    batch's memory without a copy and keeps it alive until the consumer's tensor is freed.
+    """
+
+    __slots__ = ("_lease", "_index", "_device")
+
+    def __init__(self, lease: _Lease, index: int, device: tuple[int, int]):
+        self._lease = lease
+        self._index = index
+        self._device = device
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+    def _compatible_devices(self) -> tuple[tuple[int, int], ...]:
+        """Pinned host memory (CUDA host) is also plain CPU memory to a consumer."""
+        if self._device[0] == _ffi.DEVICE_CUDA_HOST:
+            return (self._device, (_ffi.DEVICE_CPU, 0))
+        return (self._device,)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """Returns a ``dltensor_versioned`` capsule (DLPack >= 1.0 consumers only).
+
+        ``stream`` needs no synchronisation: a batch is complete when the loader hands it out.
+        """
+        if max_version is None or tuple(max_version)[0] < 1:
+            raise _NeedsVersionedDLPack(
+                "stoker exports DLPack 1.0 (dltensor_versioned) only; the consumer did not "
+                "pass max_version >= (1, 0)"
+            )
+        if copy:
+            raise BufferError("stoker exports without copying; copy=True is not supported")
+        if dl_device is not None and tuple(dl_device) not in self._compatible_devices():
+            raise BufferError(f"batch lives on DLPack device {self._device}, not {dl_device}")
+        out = ctypes.POINTER(_ffi.DLManagedTensorVersioned)()
+        check(_ffi.lib.stoker_batch_to_dlpack(self._lease.ptr, self._index, ctypes.byref(out)))
+        try:
+            return _pyapi.PyCapsule_New(
+                ctypes.cast(out, ctypes.c_void_p), _CAPSULE_NAME, _DESTRUCTOR_PTR
+            )
+        except BaseException:
+            out.contents.deleter(out)
+            raise
+
+
+class Batch(Mapping):
+    """One batch: a read-only mapping from field name to a zero-copy NumPy array.
+
+    Field order is the library's: ``image``, ``label`` for image sources; ``data`` (then
+    ``label``) for npy sources. ``len(batch)`` is the number of fields; ``batch.size`` the
+    number of samples.
+    """
+
+    __slots__ = ("_lease", "_tensors", "epoch")
+
+    def __init__(self, ptr: int, epoch: int):
+        self._lease = _Lease(ptr)
+        self.epoch = epoch
+        self._tensors: dict[str, tuple[int, _ffi.Tensor]] = {}
+        for i in range(_ffi.lib.stoker_batch_num_fields(ptr)):
+            t = _ffi.Tensor()
+            check(_ffi.lib.stoker_batch_field(ptr, i, ctypes.byref(t)))
+            self._tensors[t.name.decode()] = (i, t)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        t = self._tensors[name][1]
+        if t.device_type == _ffi.DEVICE_CUDA:
+            raise TypeError(
+                f"field {name!r} lives in CUDA memory, which NumPy cannot view; use batch.torch()"
+            )
+        return np.asarray(_FieldMemory(self._lease, t))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{name}: {_ffi.DTYPE_NAMES[t.dtype]}{list(t.shape[: t.ndim])}"
+            for name, (_, t) in self._tensors.items()
+        )
+        return f"<stoker.Batch epoch={self.epoch} {{{fields}}}>"
+
+    @property
+    def size(self) -> int:
+        """Samples in the batch (the leading dimension)."""
+        t = next(iter(self._tensors.values()))[1]
+        return int(t.shape[0]) if t.ndim else 1
+
+    def dtype(self, name: str) -> str:
+        """The field's element type as stoker names it (``bfloat16`` included)."""
+        return _ffi.DTYPE_NAMES[self._tensors[name][1].dtype]
+
+    def fields(self) -> dict[str, np.ndarray]:
+        """Every field as a zero-copy NumPy array."""
+        return {name: self[name] for name in self._tensors}
+
+    def dlpack(self, name: str) -> DLPackField:
+        """The field as a DLPack producer (``__dlpack__`` / ``__dlpack_device__``)."""
+        i, t = self._tensors[name]
+        return DLPackField(self._lease, i, (t.device_type, t.device_id))
+
+    def torch(self) -> dict:
+        """Every field as a torch tensor sharing the batch's memory (no copy).
+
+        Uses versioned DLPack; with a torch that cannot consume it, falls back to
+        ``torch.from_numpy`` on the zero-copy NumPy view (CPU memory only).
+        """
+        import torch
+
+        out = {}
+        for name, (_, t) in self._tensors.items():
+            try:
+                out[name] = torch.from_dlpack(self.dlpack(name))
+            except _NeedsVersionedDLPack:
+                if t.dtype == _ffi.DTYPE_BF16:
+                    out[name] = torch.from_numpy(self[name].view(np.int16)).view(torch.bfloat16)
+                else:
+                    out[name] = torch.from_numpy(self[name])
+        return out

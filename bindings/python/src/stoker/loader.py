@@ -1,0 +1,176 @@
+"""The Python face of ``stoker_loader``: options as keyword arguments, epochs as ``for`` loops."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import threading
+from typing import Any, Iterator
+
+from . import _ffi
+from .batch import Batch
+from .errors import ClosedError, check
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """A snapshot of ``stoker_stats`` (see API.md for the meaning of each field)."""
+
+    batches: int
+    samples: int
+    samples_skipped: int
+    wait_ns_total: int
+    wait_ns_p50: int
+    wait_ns_p95: int
+    wait_ns_max: int
+    elapsed_ns: int
+    readiness: float
+    worker_busy: float
+
+
+def option_value(value: Any) -> str:
+    """The string form the C ABI parses: ``True`` -> ``"true"``, ``[1, 2]`` -> ``"1,2"``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(option_value(v) for v in value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return str(value)
+
+
+def _new_loader(options: dict[str, str]) -> int:
+    opts = _ffi.lib.stoker_options_new()
+    if not opts:
+        raise MemoryError("stoker_options_new returned NULL")
+    try:
+        for key, value in options.items():
+            check(_ffi.lib.stoker_options_set(opts, key.encode(), value.encode()))
+        out = ctypes.c_void_p()
+        check(_ffi.lib.stoker_loader_new(opts, ctypes.byref(out)))
+        return out.value
+    finally:
+        _ffi.lib.stoker_options_free(opts)
+
+
+class Loader:
+    """A stoker loader. Every keyword is an option key of the C ABI (API.md); ``None`` leaves
+    the library's default.
+
+    ``for batch in loader:`` runs to the end of the current epoch; the next ``for`` continues
+    with the next epoch (or with the rest of the epoch, after a ``break``). Batches and the
+    arrays made from them stay valid after the loader is closed.
+
+    >>> with stoker.Loader("npy:x.npy", batch_size=256, shuffle=True, seed=1) as loader:
+    ...     for epoch in range(10):
+    ...         for batch in loader:
+    ...             x = batch["data"]          # NumPy view of the batch, no copy
+    """
+
+    _ptr = None  # so that __del__ of a half-constructed loader has nothing to free
+
+    def __init__(
+        self,
+        source: str | None = None,
+        *,
+        batch_size: int | None = None,
+        shuffle: bool | None = None,
+        transform: str | None = None,
+        num_workers: int | str | None = None,
+        **options: Any,
+    ):
+        options.update(
+            source=source,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            transform=transform,
+            num_workers=num_workers,
+        )
+        self._options = {k: option_value(v) for k, v in options.items() if v is not None}
+        # The C loader is driven by one thread at a time; the lock makes concurrent Python
+        # callers take turns instead of racing (ctypes releases the GIL inside next()).
+        self._lock = threading.Lock()
+        self._ptr = _new_loader(self._options)
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The option keys and string values this loader was built with."""
+        return dict(self._options)
+
+    def _handle(self) -> int:
+        if not self._ptr:
+            raise ClosedError("the loader is closed")
+        return self._ptr
+
+    def next_batch(self) -> Batch | None:
+        """The next batch, or ``None`` at the end of the epoch (then the next call starts the
+        next epoch)."""
+        with self._lock:
+            ptr = self._handle()
+            epoch = _ffi.lib.stoker_loader_epoch(ptr)
+            out = ctypes.c_void_p()
+            if check(_ffi.lib.stoker_loader_next(ptr, ctypes.byref(out))) == _ffi.END_OF_EPOCH:
+                return None
+            return Batch(out.value, epoch)
+
+    def __iter__(self) -> Iterator[Batch]:
+        while (batch := self.next_batch()) is not None:
+            yield batch
+
+    def __len__(self) -> int:
+        n = _ffi.lib.stoker_loader_batches_per_epoch(self._handle())
+        if n < 0:
+            raise TypeError("this loader's source is streaming: batches per epoch are unknown")
+        return n
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return _ffi.lib.stoker_loader_epoch(self._handle())
+
+    def stats(self) -> Stats:
+        raw = _ffi.Stats(size=ctypes.sizeof(_ffi.Stats))
+        check(_ffi.lib.stoker_loader_stats(self._handle(), ctypes.byref(raw)))
+        return Stats(**{f.name: getattr(raw, f.name) for f in dataclasses.fields(Stats)})
+
+    def state_dict(self) -> dict[str, str]:
+        """Where the loader stands: ``{"state": str}``, for ``load_state_dict`` or the
+        ``resume_state`` option. Batches already prefetched but not delivered are not lost."""
+        with self._lock:
+            ptr = self._handle()
+            needed = ctypes.c_size_t()
+            check(_ffi.lib.stoker_loader_save_state(ptr, None, 0, ctypes.byref(needed)))
+            buf = ctypes.create_string_buffer(needed.value)
+            check(_ffi.lib.stoker_loader_save_state(ptr, buf, needed.value, ctypes.byref(needed)))
+        return {"state": buf.value.decode()}
+
+    def load_state_dict(self, state_dict: dict[str, str]) -> None:
+        """Continues exactly where the saved loader stopped: rebuilds this loader with the same
+        options plus ``resume_state``."""
+        options = dict(self._options, resume_state=state_dict["state"])
+        new = _new_loader(options)
+        with self._lock:
+            old, self._ptr, self._options = self._ptr, new, options
+            _ffi.lib.stoker_loader_free(old)
+
+    def close(self) -> None:
+        """Stops and joins the loader's threads. Batches already handed out stay valid."""
+        with self._lock:
+            ptr, self._ptr = self._ptr, None
+            _ffi.lib.stoker_loader_free(ptr)
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        ptr, self._ptr = self._ptr, None
+        if ptr:
+            _ffi.lib.stoker_loader_free(ptr)
+
+    def __repr__(self) -> str:
+        state = "closed" if not self._ptr else f"epoch={self.epoch}"
+        return f"<stoker.Loader {self._options.get('source', '?')} {state}>"
