@@ -21,13 +21,13 @@
 pub mod ffi;
 
 // In this order in the header (cbindgen.toml `sort_by = "None"`).
-pub mod types;
-pub mod version;
-pub mod error;
-pub mod options;
-pub mod loader;
 pub mod batch;
 pub mod dlpack;
+pub mod error;
+pub mod loader;
+pub mod options;
+pub mod types;
+pub mod version;
 
 #[cfg(test)]
 mod tests;

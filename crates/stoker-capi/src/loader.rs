@@ -8,8 +8,8 @@ use stoker_core::Loader;
 
 use crate::error::fail;
 use crate::ffi::{free_raw, into_raw, invalid_argument};
-use crate::types::{stoker_batch, stoker_loader, stoker_options, stoker_stats, stoker_status};
 use crate::types::SharedBatch;
+use crate::types::{stoker_batch, stoker_loader, stoker_options, stoker_stats, stoker_status};
 
 /// Starts a loader (and its worker threads) from options; the options may be freed afterwards.
 /// On failure `*out` is NULL.
