@@ -20,14 +20,21 @@
 #[macro_use]
 pub mod ffi;
 
-// In this order in the header (cbindgen.toml `sort_by = "None"`).
-pub mod batch;
-pub mod dlpack;
-pub mod error;
-pub mod loader;
-pub mod options;
+// The header declares items in this order (cbindgen.toml `sort_by = "None"`); the blank lines
+// keep rustfmt from sorting them.
 pub mod types;
+
 pub mod version;
+
+pub mod error;
+
+pub mod options;
+
+pub mod loader;
+
+pub mod batch;
+
+pub mod dlpack;
 
 #[cfg(test)]
 mod tests;
