@@ -68,9 +68,11 @@ impl FromStr for DType {
             "float16" | "f16" | "half" => DType::F16,
             "bfloat16" | "bf16" => DType::BF16,
             "float32" | "f32" | "float" => DType::F32,
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "unknown dtype `{s}` (expected uint8, int32, int64, float16, bfloat16 or float32)"
-            )),
+            ))
+            }
         })
     }
 }
