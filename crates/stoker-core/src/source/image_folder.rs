@@ -236,3 +236,135 @@ impl Source for ImageFolderSource {
         Ok(sample)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("stoker-if-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn touch(root: &Path, rel: &str) {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, rel.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn follows_torchvision_image_folder_rules() {
+        let root = tmp("rules");
+        for rel in [
+            "dog/b.jpg",
+            "dog/a.JPEG",
+            "dog/notes.txt",
+            "dog/noext",
+            "cat/z.png",
+            "cat/sub/x.Jpg",
+            "cat/sub dir/y.jpeg",
+            "cat/a.jpg",
+            "ant/deep/er/q.PNG",
+        ] {
+            touch(&root, rel);
+        }
+        fs::write(
+            root.join("readme.jpg"),
+            b"a file at the root is not a class",
+        )
+        .unwrap();
+        let src = ImageFolderSource::open(&root).unwrap();
+        assert_eq!(src.classes(), ["ant", "cat", "dog"]);
+        let listed: Vec<(String, i64)> = (0..src.len())
+            .map(|i| {
+                (
+                    src.relative_path(i).to_string_lossy().into_owned(),
+                    src.label(i),
+                )
+            })
+            .collect();
+        // sorted(os.walk("cat")) visits the roots "cat", "cat/sub", "cat/sub dir" (a prefix sorts
+        // first); files are sorted within each root.
+        let expected = [
+            ("ant/deep/er/q.PNG", 0),
+            ("cat/a.jpg", 1),
+            ("cat/z.png", 1),
+            ("cat/sub/x.Jpg", 1),
+            ("cat/sub dir/y.jpeg", 1),
+            ("dog/a.JPEG", 2),
+            ("dog/b.jpg", 2),
+        ];
+        let expected: Vec<(String, i64)> =
+            expected.iter().map(|(p, l)| (p.to_string(), *l)).collect();
+        assert_eq!(listed, expected);
+
+        let mut scratch = vec![1, 2, 3];
+        let s = src.read(3, &mut scratch).unwrap();
+        assert_eq!(s.get(0), b"cat/sub/x.Jpg");
+        assert_eq!(s.get(1), &1i64.to_ne_bytes());
+        assert_eq!(
+            src.fields(),
+            [
+                FieldSpec::encoded_image("image"),
+                FieldSpec::tensor("label", DType::I64, &[])
+            ]
+        );
+        assert!(src.describe(6).ends_with("dog/b.jpg"));
+        assert!(Path::new(&src.describe(6)).starts_with(&root));
+
+        // A file that vanished after indexing: an Io error naming the path and the index.
+        fs::remove_file(root.join("dog/b.jpg")).unwrap();
+        let err = src.read(6, &mut scratch).unwrap_err();
+        assert!(matches!(err, Error::Io { .. }));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("dog/b.jpg") && msg.contains("sample 6"),
+            "{msg}"
+        );
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn missing_or_empty_roots_are_io_errors_naming_them() {
+        let root = tmp("empty");
+        let err = ImageFolderSource::open(&root).err().unwrap();
+        assert!(matches!(err, Error::Io { .. }));
+        assert!(err.to_string().contains("stoker-if-") && err.to_string().contains("no class"));
+
+        let missing = root.join("nope");
+        let err = ImageFolderSource::open(&missing).err().unwrap();
+        assert!(matches!(err, Error::Io { .. }));
+        assert!(err.to_string().contains("nope"), "{err}");
+
+        touch(&root, "full/a.jpg");
+        touch(&root, "hollow/readme.txt");
+        let err = ImageFolderSource::open(&root).err().unwrap().to_string();
+        assert!(err.contains("hollow"), "{err}");
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Indexing lists directories only; 20k files in 100 classes takes well under a second
+    /// (a smoke test of the approach, not a benchmark).
+    #[test]
+    fn indexes_many_files_quickly() {
+        let root = tmp("many");
+        for c in 0..100 {
+            let dir = root.join(format!("n{c:08}"));
+            fs::create_dir_all(&dir).unwrap();
+            for i in 0..200 {
+                fs::File::create(dir.join(format!("{i:05}.JPEG"))).unwrap();
+            }
+        }
+        let start = std::time::Instant::now();
+        let src = ImageFolderSource::open(&root).unwrap();
+        let took = start.elapsed();
+        assert_eq!(src.len(), 20_000);
+        assert_eq!(src.label(19_999), 99);
+        assert!(src.relative_path(201).ends_with("n00000001/00001.JPEG"));
+        eprintln!("indexed 20000 files in {took:?}");
+        assert!(took.as_secs_f64() < 5.0, "{took:?}");
+        fs::remove_dir_all(&root).unwrap();
+    }
+}
