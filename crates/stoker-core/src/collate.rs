@@ -273,7 +273,7 @@ impl Collator {
                     got == shape.iter().product::<usize>() * dtype.size()
                 }
                 Output::Pad { dtype, inner, .. } => {
-                    got % (inner.iter().product::<usize>() * dtype.size()).max(1) == 0
+                    got.is_multiple_of((inner.iter().product::<usize>() * dtype.size()).max(1))
                 }
                 Output::Image(_) => got > 0,
             };

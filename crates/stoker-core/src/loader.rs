@@ -290,6 +290,7 @@ impl Loader {
 
     /// The next batch of the current epoch, or `Ok(None)` once the epoch is over; the call after
     /// that starts the next epoch. An error consumes its batch: the next call moves past it.
+    #[allow(clippy::should_implement_trait)] // fallible, and Ok(None) ends only an epoch
     pub fn next(&mut self) -> Result<Option<Batch>> {
         let start = Instant::now();
         if self.position == self.batches_per_epoch {

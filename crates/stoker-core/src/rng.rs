@@ -10,7 +10,7 @@
 #[repr(u64)]
 pub enum Stream {
     /// Sample order (permutations, with-replacement draws).
-    Order = 0x6f72_6465_72,
+    Order = 0x006f_7264_6572,
     /// Per-sample augmentation (crop boxes, flips).
     Augment = 0x6175_676d,
     /// Replacement choices under `on_error=skip`.

@@ -467,7 +467,7 @@ mod tests {
 
     /// PyTorch's `DistributedSampler.__len__`, written as in its source.
     fn torch_num_samples(n: usize, world: usize, drop_last: bool) -> usize {
-        if drop_last && n % world != 0 {
+        if drop_last && !n.is_multiple_of(world) {
             ((n as f64 - world as f64) / world as f64).ceil().max(0.0) as usize
         } else {
             (n as f64 / world as f64).ceil() as usize

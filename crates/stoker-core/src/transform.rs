@@ -279,7 +279,7 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
             args.check(0, &["mean", "std"])?;
             let mean = triple(args.named("mean").ok_or("needs mean=... and std=..., or imagenet")?, "mean")?;
             let std = triple(args.named("std").ok_or("needs mean=... and std=..., or imagenet")?, "std")?;
-            if std.iter().any(|s| *s == 0.0) {
+            if std.contains(&0.0) {
                 return Err("std must not be 0".into());
             }
             Ok(Op::Normalize { mean, std })

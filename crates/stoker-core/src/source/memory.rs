@@ -35,7 +35,7 @@ impl MemorySource {
         bytes: Vec<u8>,
     ) -> Result<MemorySource> {
         let row = shape.iter().product::<usize>() * dtype.size();
-        if row == 0 || bytes.len() % row != 0 {
+        if row == 0 || !bytes.len().is_multiple_of(row) {
             return Err(Error::InvalidArgument(format!(
                 "field `{name}`: {} bytes is not a whole number of {row}-byte samples",
                 bytes.len()
