@@ -13,12 +13,14 @@ use std::time::{Duration, Instant};
 use crate::arena::Arena;
 use crate::batch::Batch;
 use crate::collate::{BatchKey, Collator, ImageWriter, Scratch};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::options::{Device, LoaderOptions, OnError, SourceSpec};
 use crate::pool::{Builder, Pool, Task};
 use crate::sampler::{batches_for, BatchPlan, Sampler};
-use crate::source::{FieldKind, NpySource, Source};
+use crate::source::{FieldKind, ImageFolderSource, NpySource, Source};
 use crate::stats::{Stats, StatsRecorder};
+use crate::transform::Pipeline;
 
 /// A loader's position: everything needed to continue exactly where it stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,12 +181,7 @@ impl Loader {
             Some(SourceSpec::Npy(path)) => {
                 Arc::new(NpySource::open(path, options.labels.as_deref())?)
             }
-            Some(SourceSpec::ImageFolder(root)) => {
-                return Err(Error::Unsupported(format!(
-                    "image_folder:{}: the image pipeline is not part of this build yet",
-                    root.display()
-                )))
-            }
+            Some(SourceSpec::ImageFolder(root)) => Arc::new(ImageFolderSource::open(root)?),
             Some(SourceSpec::Custom(source)) => Arc::clone(source),
         };
         if options.labels.is_some() && !matches!(options.source, Some(SourceSpec::Npy(_))) {
@@ -512,7 +509,18 @@ fn image_writer(
         }
         return Ok(None);
     }
-    Err(Error::Unsupported(
-        "decoding encoded images is not part of this build yet".into(),
-    ))
+    if let Some(dtype @ (DType::I32 | DType::I64)) = options.dtype {
+        return Err(Error::option(
+            "dtype",
+            format!("images can be uint8, float32, float16 or bfloat16, not {dtype}"),
+        ));
+    }
+    let pipeline = Pipeline::new(
+        options.transform.as_deref(),
+        options.dtype,
+        options.layout,
+        options.max_image_pixels,
+    )
+    .map_err(|reason| Error::option("transform", reason))?;
+    Ok(Some(Arc::new(pipeline)))
 }

@@ -11,6 +11,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// A C-order `.npy` array mapped read-only.
+#[derive(Debug)]
 pub struct NpyArray {
     path: PathBuf,
     map: Mmap,
