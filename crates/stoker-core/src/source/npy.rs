@@ -11,7 +11,6 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// A C-order `.npy` array mapped read-only.
-#[derive(Debug)]
 pub struct NpyArray {
     path: PathBuf,
     map: Mmap,
