@@ -1,0 +1,153 @@
+"""image_folder batches against Pillow's decode of the same files.
+
+These need a library built with the image pipeline; one without it says so with
+UnsupportedError, and then the tests skip with that reason.
+"""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import stoker
+
+W, H = 40, 30
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float64)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float64)
+# stoker batches only fixed-size outputs; a resize to the files' own size is the identity.
+SAME_SIZE = f"resize({H}, {W})"
+
+
+def smooth_image(rng):
+    """A photo-like image (smooth gradients plus a little noise), so JPEG stays near lossless."""
+    y, x = np.mgrid[0:H, 0:W]
+    channels = [np.sin(x / rng.uniform(3, 9) + rng.uniform(0, 6)) + np.cos(y / rng.uniform(3, 9))]
+    channels += [x / W + rng.uniform(-0.2, 0.2), y / H * rng.uniform(0.5, 1)]
+    rgb = np.stack(channels, -1)
+    rgb = (rgb - rgb.min()) / (np.ptp(rgb) + 1e-9) * 230 + rng.uniform(0, 12, rgb.shape)
+    return Image.fromarray(rgb.astype(np.uint8), "RGB")
+
+
+def make_folder(root, ext, **save):
+    """ROOT/{cat,dog}/img_k.<ext>: three images per class; returns the files in label order."""
+    rng = np.random.default_rng(3)
+    files = []
+    for cls in ("cat", "dog"):
+        (root / cls).mkdir(parents=True)
+        for k in range(3):
+            path = root / cls / f"img_{k}.{ext}"
+            smooth_image(rng).save(path, **save)
+            files.append(path)
+    return files
+
+
+def pillow_rgb(path):
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+@pytest.fixture
+def png_folder(tmp_path):
+    files = make_folder(tmp_path / "png", "png")
+    try:
+        stoker.Loader(f"image_folder:{tmp_path / 'png'}", transform=SAME_SIZE).close()
+    except stoker.UnsupportedError as e:
+        pytest.skip(f"library without the image pipeline: {e}")
+    return tmp_path / "png", files
+
+
+def one_batch(root, **options):
+    with stoker.Loader(f"image_folder:{root}", batch_size=6, **options) as loader:
+        return next(iter(loader))
+
+
+def test_png_decode_equals_pillow_and_labels_follow_sorted_classes(png_folder):
+    root, files = png_folder
+    batch = one_batch(root, transform=SAME_SIZE)
+    assert list(batch) == ["image", "label"]
+    image = batch["image"]
+    assert image.dtype == np.uint8 and image.shape == (6, 3, H, W)
+    for i, path in enumerate(files):
+        np.testing.assert_array_equal(image[i], pillow_rgb(path).transpose(2, 0, 1))
+    np.testing.assert_array_equal(batch["label"], [0, 0, 0, 1, 1, 1])
+
+
+def test_jpeg_decode_close_to_pillow(png_folder, tmp_path):
+    files = make_folder(tmp_path / "jpeg", "JPEG", quality=95)
+    image = one_batch(tmp_path / "jpeg", transform=SAME_SIZE, layout="nhwc")["image"]
+    assert image.shape == (6, H, W, 3)
+    for i, path in enumerate(files):
+        diff = np.abs(image[i].astype(int) - pillow_rgb(path).astype(int))
+        assert diff.mean() <= 1.0 and diff.max() <= 8, (path, diff.mean(), diff.max())
+
+
+def test_center_crop_and_normalize_equal_numpy(png_folder):
+    root, files = png_folder
+    image = one_batch(root, transform="center_crop(16) | normalize(imagenet)")["image"]
+    assert image.dtype == np.float32 and image.shape == (6, 3, 16, 16)
+    top, left = round((H - 16) / 2), round((W - 16) / 2)
+    for i, path in enumerate(files):
+        crop = pillow_rgb(path)[top : top + 16, left : left + 16] / 255.0
+        want = ((crop - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)
+        np.testing.assert_allclose(image[i], want, atol=1e-5)
+
+
+def test_resize_close_to_pillow_bilinear(png_folder):
+    root, files = png_folder
+    image = one_batch(root, transform="resize(15, 20)")["image"]
+    assert image.shape == (6, 3, 15, 20)
+    for i, path in enumerate(files):
+        want = np.asarray(Image.open(path).convert("RGB").resize((20, 15), Image.BILINEAR))
+        diff = np.abs(image[i].transpose(1, 2, 0).astype(int) - want.astype(int))
+        assert diff.mean() <= 1.0 and diff.max() <= 4, (path, diff.mean(), diff.max())
+
+
+def bfloat16_bits_to_float32(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_outputs(png_folder, dtype):
+    root, _ = png_folder
+    spec = "center_crop(16) | normalize(imagenet)"
+    reference = one_batch(root, transform=spec)["image"]
+    batch = one_batch(root, transform=spec, dtype=dtype)
+    image = batch["image"]
+    assert batch.dtype("image") == dtype
+    if dtype == "float16":
+        assert image.dtype == np.float16
+        np.testing.assert_allclose(image.astype(np.float32), reference, rtol=2**-10, atol=1e-3)
+    else:  # NumPy has no bfloat16: the raw bits, as uint16
+        assert image.dtype == np.uint16
+        values = bfloat16_bits_to_float32(image)
+        np.testing.assert_allclose(values, reference, rtol=2**-7, atol=1e-2)
+
+
+def test_bfloat16_is_a_real_bfloat16_tensor_in_torch(png_folder):
+    torch = pytest.importorskip("torch")
+    root, _ = png_folder
+    batch = one_batch(root, transform=f"{SAME_SIZE} | normalize(imagenet)", dtype="bfloat16")
+    tensor = batch.torch()["image"]
+    assert tensor.dtype == torch.bfloat16
+    assert tensor.data_ptr() == batch["image"].ctypes.data
+    np.testing.assert_array_equal(tensor.float().numpy(), bfloat16_bits_to_float32(batch["image"]))
+
+
+def test_random_resized_crop_and_flip_are_a_function_of_seed_and_epoch(png_folder):
+    root, _ = png_folder
+    spec = "random_resized_crop(24) | hflip | normalize(imagenet)"
+
+    def two_epochs(seed):
+        with stoker.Loader(f"image_folder:{root}", batch_size=6, transform=spec, seed=seed) as lo:
+            return [b["image"].copy() for _ in range(2) for b in lo]
+
+    a = two_epochs(1)
+    assert a[0].shape == (6, 3, 24, 24) and a[0].dtype == np.float32
+    np.testing.assert_array_equal(a[0], two_epochs(1)[0])
+    assert not np.array_equal(a[0], a[1]), "new augmentation every epoch"
+    assert not np.array_equal(a[0], two_epochs(2)[0])
+
+
+def test_corrupt_file_is_a_decode_error_naming_it(png_folder):
+    root, files = png_folder
+    files[1].write_bytes(files[1].read_bytes()[:100])
+    with pytest.raises(stoker.DecodeError, match="img_1.png"):
+        one_batch(root, transform=SAME_SIZE)
