@@ -1,0 +1,429 @@
+#!/usr/bin/env python3
+"""stoker side by side with its peers, in one run, on the same data (see bench/run.sh).
+
+Workloads
+  images  bench/.data/imagenet_like (real photos, ~500x375 JPEG) -> random_resized_crop(224)
+          + hflip + normalize(imagenet), float32 NCHW, shuffled batches of 64
+  npy     uint8 [2048, 3, 224, 224] .npy with int64 labels, shuffled batches of 256
+
+Every loader runs in its own subprocess (so memory is attributable and no loader warms
+another's caches in-process), with 2 workers / threads and, where the peer has the knob, the
+same number of batches in flight as stoker. Each child imports torch first, as a training job
+would, so every row carries the same framework baseline.
+
+Measured per loader
+  samples/s    steady state: epochs after one warm-up epoch (which includes the first batch)
+  first batch  from constructing the dataset and loader to holding the first batch
+  peak RSS     sum of VmRSS over the child and all its descendants (the workers), sampled from
+               /proc every 20 ms by a thread of the child; pages shared between processes
+               (torch's libraries in forked workers, a shared mmap) count once per process,
+               as `ps` would show them
+Ratios are stoker's: speed = stoker samples/s / peer's (higher is better); first batch and
+RSS = stoker / peer (lower is better).
+
+Limits, same run: memcpy bandwidth (NumPy copy of one npy batch, one thread) for the npy
+workload, decode-only throughput (Pillow/libjpeg-turbo, 2 processes) for the images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / ".data"
+IMAGES = DATA / "imagenet_like"
+NPY, NPY_LABELS = DATA / "npy" / "data.npy", DATA / "npy" / "labels.npy"
+NPY_SHAPE = (2048, 3, 224, 224)
+
+WORKERS = 2
+IMAGE_BATCH, IMAGE_PREFETCH, IMAGE_EPOCHS = 64, 4, 3
+NPY_BATCH, NPY_PREFETCH, NPY_EPOCHS = 256, 2, 5
+SPEC = "random_resized_crop(224) | hflip | normalize(imagenet)"
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+# RSS of a child that only imports torch: the floor under every row's peak RSS.
+BASELINE = "python + torch, no loader"
+
+# (workload, loader) pairs, stoker first in each workload.
+RUNS = [
+    ("images", "stoker"),
+    ("images", "torch DataLoader (PIL)"),
+    ("images", "torchvision decode_jpeg + v2"),
+    ("images", "DALI CPU"),
+    ("npy", "stoker"),
+    ("npy", "torch DataLoader (mmap)"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Child side: build one loader, run it, report JSON.
+
+
+class RssSampler(threading.Thread):
+    """Peak of the summed VmRSS of this process and all its descendants."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        import psutil
+
+        self.me = psutil.Process()
+        self.peak = 0
+        self.stop_event = threading.Event()
+
+    @staticmethod
+    def vmrss(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:  # the process ended between listing and reading
+            pass
+        return 0
+
+    def sample(self) -> None:
+        pids = [self.me.pid] + [c.pid for c in self.me.children(recursive=True)]
+        self.peak = max(self.peak, sum(self.vmrss(p) for p in pids))
+
+    def run(self) -> None:
+        while not self.stop_event.wait(0.02):
+            self.sample()
+
+    def stop(self) -> int:
+        self.stop_event.set()
+        self.join()
+        self.sample()
+        return self.peak
+
+
+def measure(make_epoch, batch_len, epochs: int) -> dict:
+    """make_epoch() constructs the loader and returns a function giving one epoch's iterator."""
+    sampler = RssSampler()
+    sampler.start()
+    t0 = time.perf_counter()
+    epoch = make_epoch()
+    it = epoch()
+    n = batch_len(next(it))
+    first_batch = time.perf_counter() - t0
+    for b in it:  # the rest of the warm-up epoch
+        n += batch_len(b)
+    samples_per_epoch = n
+    t1 = time.perf_counter()
+    for _ in range(epochs):
+        n = sum(batch_len(b) for b in epoch())
+        assert n == samples_per_epoch, (n, samples_per_epoch)
+    elapsed = time.perf_counter() - t1
+    return {
+        "samples_per_s": epochs * samples_per_epoch / elapsed,
+        "first_batch_s": first_batch,
+        "peak_rss": sampler.stop(),
+        "samples_per_epoch": samples_per_epoch,
+        "epochs": epochs,
+    }
+
+
+def stoker_images():
+    import stoker
+
+    def make():
+        loader = stoker.Loader(
+            f"image_folder:{IMAGES}",
+            batch_size=IMAGE_BATCH,
+            shuffle=True,
+            transform=SPEC,
+            num_workers=WORKERS,
+            prefetch_factor=IMAGE_PREFETCH,
+        )
+        return lambda: iter(loader)
+
+    # The trainer gets torch tensors, as from the torch peers (DLPack, no copy).
+    return measure(make, lambda b: b.torch()["image"].shape[0], IMAGE_EPOCHS)
+
+
+def torch_pil_images():
+    import torch
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    def make():
+        transform = T.Compose(
+            [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
+        )
+        loader = torch.utils.data.DataLoader(
+            ImageFolder(str(IMAGES), transform=transform),
+            batch_size=IMAGE_BATCH,
+            shuffle=True,
+            num_workers=WORKERS,
+            persistent_workers=True,
+            prefetch_factor=IMAGE_PREFETCH,
+        )
+        return lambda: iter(loader)
+
+    return measure(make, lambda b: b[0].shape[0], IMAGE_EPOCHS)
+
+
+def decode_jpeg_file(path: str):
+    """torchvision's own JPEG path (libjpeg-turbo into a uint8 CHW tensor), no PIL."""
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+
+    return decode_jpeg(read_file(path), mode=ImageReadMode.RGB)
+
+
+def torchvision_v2_images():
+    import torch
+    from torchvision.datasets import ImageFolder
+    from torchvision.transforms import v2
+
+    def make():
+        transform = v2.Compose(
+            [
+                v2.RandomResizedCrop(224, antialias=True),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(MEAN, STD),
+            ]
+        )
+        loader = torch.utils.data.DataLoader(
+            ImageFolder(str(IMAGES), loader=decode_jpeg_file, transform=transform),
+            batch_size=IMAGE_BATCH,
+            shuffle=True,
+            num_workers=WORKERS,
+            persistent_workers=True,
+            prefetch_factor=IMAGE_PREFETCH,
+        )
+        return lambda: iter(loader)
+
+    return measure(make, lambda b: b[0].shape[0], IMAGE_EPOCHS)
+
+
+def dali_images():
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=IMAGE_BATCH, num_threads=WORKERS, device_id=None)
+    def pipeline():
+        jpegs, labels = fn.readers.file(file_root=str(IMAGES), random_shuffle=True, name="Reader")
+        images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.random_resized_crop(images, size=224)
+        # The flip is fused into crop_mirror_normalize (its `mirror`), as DALI's own ResNet
+        # example does: the fastest way DALI offers, rather than a separate fn.flip pass.
+        images = fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mean=[m * 255 for m in MEAN],
+            std=[s * 255 for s in STD],
+            mirror=fn.random.coin_flip(),
+        )
+        return images, labels
+
+    def make():
+        pipe = pipeline(prefetch_queue_depth=IMAGE_PREFETCH)
+        pipe.build()
+        batches = -(-pipe.epoch_size("Reader") // IMAGE_BATCH)
+        # One contiguous float32 NCHW batch, like the other loaders deliver.
+        return lambda: (pipe.run()[0].as_tensor() for _ in range(batches))
+
+    return measure(make, lambda b: b.shape()[0], IMAGE_EPOCHS)
+
+
+def stoker_npy():
+    import stoker
+
+    def make():
+        loader = stoker.Loader(
+            f"npy:{NPY}",
+            labels=f"npy:{NPY_LABELS}",
+            batch_size=NPY_BATCH,
+            shuffle=True,
+            num_workers=WORKERS,
+            prefetch_factor=NPY_PREFETCH,
+        )
+        return lambda: iter(loader)
+
+    return measure(make, lambda b: b.torch()["data"].shape[0], NPY_EPOCHS)
+
+
+class MmapNpy:
+    """Map-style dataset over np.load(mmap_mode='r'): the usual way to serve a big .npy."""
+
+    def __init__(self):
+        import numpy as np
+
+        self.data = np.load(NPY, mmap_mode="r")
+        self.labels = np.load(NPY_LABELS, mmap_mode="r")
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.data[i], self.labels[i]
+
+
+def torch_npy():
+    import torch
+
+    def make():
+        loader = torch.utils.data.DataLoader(
+            MmapNpy(),
+            batch_size=NPY_BATCH,
+            shuffle=True,
+            num_workers=WORKERS,
+            persistent_workers=True,
+            prefetch_factor=NPY_PREFETCH,
+        )
+        return lambda: iter(loader)
+
+    return measure(make, lambda b: b[0].shape[0], NPY_EPOCHS)
+
+
+CHILDREN = {
+    ("images", "stoker"): stoker_images,
+    ("images", "torch DataLoader (PIL)"): torch_pil_images,
+    ("images", "torchvision decode_jpeg + v2"): torchvision_v2_images,
+    ("images", "DALI CPU"): dali_images,
+    ("npy", "stoker"): stoker_npy,
+    ("npy", "torch DataLoader (mmap)"): torch_npy,
+}
+
+
+def child(workload: str, name: str) -> None:
+    import torch  # noqa: F401  (the framework every row's process has loaded)
+
+    if name == BASELINE:
+        print(json.dumps({"peak_rss": RssSampler().stop()}))
+    else:
+        print(json.dumps(CHILDREN[(workload, name)]()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent side: data, limits, one subprocess per loader, the table.
+
+
+def make_npy() -> None:
+    """The npy workload's arrays (random pixels, labels 0..999); kept across runs."""
+    import numpy as np
+
+    if NPY.exists() and NPY_LABELS.exists():
+        return
+    NPY.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    data = np.lib.format.open_memmap(NPY, mode="w+", dtype=np.uint8, shape=NPY_SHAPE)
+    for i in range(0, NPY_SHAPE[0], 256):
+        data[i : i + 256] = rng.integers(0, 256, (min(256, NPY_SHAPE[0] - i), *NPY_SHAPE[1:]), np.uint8)
+    data.flush()
+    del data
+    np.save(NPY_LABELS, rng.integers(0, 1000, NPY_SHAPE[0]).astype(np.int64))
+
+
+def memcpy_samples_per_s() -> float:
+    """One thread copying npy batches: the bandwidth a gather of samples is bounded by."""
+    import numpy as np
+
+    src = np.load(NPY, mmap_mode="r")[:NPY_BATCH]
+    src = np.ascontiguousarray(src)  # in memory, as the page cache holds the file
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(10):
+            np.copyto(dst, src)
+        best = min(best, (time.perf_counter() - t) / 10)
+    return NPY_BATCH / best
+
+
+def decode_file(path: str) -> int:
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return img.convert("RGB").size[0]
+
+
+def decode_only_images_per_s() -> float:
+    """Pillow (libjpeg-turbo) decoding every file on 2 processes: what decoding alone costs."""
+    from multiprocessing import Pool
+
+    files = sorted(str(p) for p in IMAGES.rglob("*.JPEG"))
+    with Pool(WORKERS) as pool:
+        pool.map(decode_file, files, chunksize=16)  # warm-up
+        t = time.perf_counter()
+        for _ in range(2):
+            pool.map(decode_file, files, chunksize=16)
+        return 2 * len(files) / (time.perf_counter() - t)
+
+
+def run_child(workload: str, name: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", workload, name]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": " | ".join(tail)}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def table(results: dict, limits: dict) -> str:
+    mib = 1024 * 1024
+    head = f"{'workload':<8} {'loader':<30} {'samples/s':>10} {'first batch':>12} {'peak RSS':>10}   stoker: speed  first batch  RSS"
+    lines = [head, "-" * len(head)]
+    for workload in ("images", "npy"):
+        rows = [(n, r) for (w, n), r in results.items() if w == workload]
+        ours = results.get((workload, "stoker"), {})
+        for name, r in rows:
+            if "error" in r:
+                lines.append(f"{workload:<8} {name:<30} failed: {r['error']}")
+                continue
+            ratio = ""
+            if name != "stoker" and "error" not in ours:
+                ratio = (
+                    f"   {ours['samples_per_s'] / r['samples_per_s']:>12.2f}x"
+                    f" {ours['first_batch_s'] / r['first_batch_s']:>12.2f}"
+                    f" {ours['peak_rss'] / r['peak_rss']:>5.2f}"
+                )
+            lines.append(
+                f"{workload:<8} {name:<30} {r['samples_per_s']:>10.0f}"
+                f" {r['first_batch_s'] * 1000:>9.0f} ms {r['peak_rss'] / mib:>6.0f} MiB{ratio}"
+            )
+        name, value = limits[workload]
+        ratio = f"   stoker = {ours['samples_per_s'] / value:.2f} of it" if "error" not in ours else ""
+        lines.append(f"{workload:<8} {'limit: ' + name:<30} {value:>10.0f}{ratio}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "LOADER"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    if not (IMAGES / ".complete").exists():
+        raise SystemExit(f"{IMAGES} is missing: run bash bench/run.sh, which builds it")
+    make_npy()
+    print(f"{os.cpu_count()} cores; images: {sum(1 for _ in IMAGES.rglob('*.JPEG'))} JPEGs in {IMAGES}; "
+          f"npy: {NPY_SHAPE} uint8", flush=True)
+    results = {}
+    baseline = run_child("-", BASELINE)
+    for workload, name in RUNS:
+        print(f"running {workload}: {name} ...", flush=True)
+        results[(workload, name)] = run_child(workload, name)
+    limits = {
+        "npy": ("memcpy, 1 thread", memcpy_samples_per_s()),
+        "images": ("decode only, Pillow, 2 procs", decode_only_images_per_s()),
+    }
+    print()
+    print(table(results, limits))
+    if "peak_rss" in baseline:
+        print(f"baseline: a Python process that imported torch alone has {baseline['peak_rss'] / 2**20:.0f} MiB RSS")
+    out = DATA / "results.json"
+    out.write_text(json.dumps({f"{w}/{n}": r for (w, n), r in results.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
