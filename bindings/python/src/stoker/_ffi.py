@@ -177,16 +177,19 @@ def _load() -> ctypes.CDLL:
         except OSError as e:
             errors.append(f"{path}: {e}")
             continue
-        for name, (restype, argtypes) in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.restype = restype
-            fn.argtypes = argtypes
+        # The version first: a library of another ABI version may lack the other symbols.
+        lib.stoker_abi_version.restype = ctypes.c_uint32
+        lib.stoker_abi_version.argtypes = []
         version = lib.stoker_abi_version()
         if version != ABI_VERSION:
             raise LibraryNotFoundError(
                 f"{path} has stoker C ABI version {version}, but this package needs "
                 f"{ABI_VERSION}; install matching versions of the library and the package"
             )
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
         return lib
     raise LibraryNotFoundError("could not load libstoker.so: " + "; ".join(errors))
 
