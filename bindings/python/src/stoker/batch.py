@@ -61,7 +61,9 @@ class _NeedsVersionedDLPack(BufferError):
     """Raised by ``__dlpack__`` for consumers that cannot take a ``dltensor_versioned`` capsule."""
 
 
-_pyapi = ctypes.pythonapi
+# Our own handle on the C API (not the shared ctypes.pythonapi), so that the signatures set
+# here cannot clash with another library's.
+_pyapi = ctypes.PyDLL(None)
 _pyapi.PyCapsule_New.restype = ctypes.py_object
 _pyapi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 # Destructor arguments are raw pointers: the capsule is being freed (refcount 0), and a
