@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::options::{Device, LoaderOptions, OnError, SourceSpec};
 use crate::pool::{Builder, Pool, Task};
 use crate::sampler::{batches_for, BatchPlan, Sampler};
-use crate::source::{FieldKind, NpySource, Source};
+use crate::source::{CallbackSource, FieldKind, NpySource, Source};
 use crate::stats::{Stats, StatsRecorder};
 
 /// A loader's position: everything needed to continue exactly where it stopped.
@@ -186,6 +186,11 @@ impl Loader {
                 )))
             }
             Some(SourceSpec::Custom(source)) => Arc::clone(source),
+            Some(SourceSpec::Callback { len, read }) => Arc::new(CallbackSource::new(
+                *len,
+                Arc::clone(read),
+                options.pad.is_some(),
+            )?),
         };
         if options.labels.is_some() && !matches!(options.source, Some(SourceSpec::Npy(_))) {
             return Err(Error::option(

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::sampler::SamplerKind;
-use crate::source::Source;
+use crate::source::{ReadFn, Source};
 
 /// Where samples come from.
 #[derive(Clone)]
@@ -17,8 +17,11 @@ pub enum SourceSpec {
     Npy(PathBuf),
     /// `image_folder:ROOT`: one subfolder per class (torchvision's ImageFolder layout).
     ImageFolder(PathBuf),
-    /// A source built in code (the in-memory source, user callbacks).
+    /// A source built in code (the in-memory source, say).
     Custom(Arc<dyn Source>),
+    /// The user's dataset through a read function (see [`crate::source::CallbackSource`]); the
+    /// fields are learnt from sample 0 when the loader is made.
+    Callback { len: usize, read: Arc<ReadFn> },
 }
 
 impl std::fmt::Debug for SourceSpec {
@@ -27,6 +30,7 @@ impl std::fmt::Debug for SourceSpec {
             SourceSpec::Npy(p) => write!(f, "npy:{}", p.display()),
             SourceSpec::ImageFolder(p) => write!(f, "image_folder:{}", p.display()),
             SourceSpec::Custom(s) => write!(f, "custom source of {} samples", s.len()),
+            SourceSpec::Callback { len, .. } => write!(f, "callback source of {len} samples"),
         }
     }
 }

@@ -4,9 +4,11 @@
 //! hands out views into one mapping instead of copies. Each sample is a fixed list of fields
 //! (`data` and `label`, say) whose kinds the source declares once, up front.
 
+mod callback;
 mod memory;
 mod npy;
 
+pub use callback::{CallbackSource, ReadFn, SampleWriter, IMAGE_FIELD, LABEL_FIELD};
 pub use memory::MemorySource;
 pub use npy::{NpyArray, NpySource};
 
