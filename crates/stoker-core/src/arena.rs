@@ -67,6 +67,10 @@ struct Slab {
 // SAFETY: a slab is plain memory owned by exactly one `Slab` value (in the free list or in one
 // lease); nothing in it is tied to a thread.
 unsafe impl Send for Slab {}
+// SAFETY: `&Slab` gives out only the pointer and length; writing through the pointer needs
+// `&mut SlabLease` (or a caller who holds the batch exclusively, as in zero-copy exports), so
+// shared references across threads cannot race through this type.
+unsafe impl Sync for Slab {}
 
 /// Exclusive use of one slab until dropped, when the slab returns to the arena.
 pub struct SlabLease {

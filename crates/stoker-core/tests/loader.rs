@@ -645,3 +645,12 @@ fn callback_source_feeds_a_loader_and_pads() {
         "{e}"
     );
 }
+
+#[test]
+fn batches_can_be_shared_and_sent_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Batch>();
+    send_sync::<stoker_core::StatsHandle>();
+    fn send<T: Send>() {}
+    send::<Loader>();
+}
