@@ -73,6 +73,7 @@ int main(void) {
   l = t_loader(source, NULL, "batch_size", "12", NULL);
   stoker_batch *b = NULL;
   CHECK_STATUS(stoker_loader_next(l, &b), STOKER_OK);
+  stoker_batch_release(b);
   CHECK_STATUS(stoker_loader_next(l, &b), STOKER_END_OF_EPOCH);
   CHECK(b == NULL);
   stoker_loader_free(l);

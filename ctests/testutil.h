@@ -87,7 +87,14 @@ static inline const char *t_tmp_path(t_tmp *t, const char *name) {
     exit(2);
   }
   char *p = t->files[t->nfiles++];
-  snprintf(p, sizeof t->files[0], "%s/%s", t->dir, name);
+  size_t dl = strlen(t->dir), nl = strlen(name);
+  if (dl + 1 + nl + 1 > sizeof t->files[0]) {
+    fprintf(stderr, "t_tmp_path: path too long\n");
+    exit(2);
+  }
+  memcpy(p, t->dir, dl);
+  p[dl] = '/';
+  memcpy(p + dl + 1, name, nl + 1);
   return p;
 }
 
