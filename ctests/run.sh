@@ -37,11 +37,24 @@ if [[ "$(cbindgen --version 2>/dev/null || true)" != "cbindgen $CBINDGEN_VERSION
   cargo install cbindgen --version "$CBINDGEN_VERSION" --locked
 fi
 
+work="$(mktemp -d "${TMPDIR:-/tmp}/stoker-ctests.XXXXXX")"
+if [[ "${STOKER_KEEP:-0}" == 1 ]]; then
+  echo "work dir: $work (kept)"
+else
+  trap 'rm -rf "$work"' EXIT
+fi
+prefix="$work/prefix"
+
 # --- header -------------------------------------------------------------------------------
+# cbindgen --verify rewrites the file it checks when it differs, so it checks a copy: the working
+# tree is never modified.
 step "include/stoker.h is fresh (cbindgen $CBINDGEN_VERSION --verify)"
+cp include/stoker.h "$work/stoker.h"
 if ! cbindgen --config crates/stoker-capi/cbindgen.toml --crate stoker-capi \
-    --output include/stoker.h --verify 2>/dev/null; then
-  die "include/stoker.h is stale: regenerate it with
+    --output "$work/stoker.h" --verify 2>"$work/cbindgen.log"; then
+  diff -u include/stoker.h "$work/stoker.h" || true
+  grep -v '^WARN' "$work/cbindgen.log" || true
+  die "include/stoker.h is stale (diff above): regenerate it with
   cbindgen --config crates/stoker-capi/cbindgen.toml --crate stoker-capi --output include/stoker.h
 and commit it."
 fi
@@ -50,14 +63,6 @@ if command -v c++ >/dev/null; then
   c++ -std=c++17 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c++ include/stoker.h
 fi
 echo "header: fresh, C11 (and C++17) clean"
-
-work="$(mktemp -d "${TMPDIR:-/tmp}/stoker-ctests.XXXXXX")"
-if [[ "${STOKER_KEEP:-0}" == 1 ]]; then
-  echo "work dir: $work (kept)"
-else
-  trap 'rm -rf "$work"' EXIT
-fi
-prefix="$work/prefix"
 
 passed=0
 failed=0

@@ -166,3 +166,14 @@ impl SharedBatch {
         SharedBatch { batch, names }
     }
 }
+
+// What the C contract relies on: a loader may be freed, and a batch released, on a thread other
+// than the one that made it; a batch's shared part is dropped by whichever thread lets go last.
+const _: () = {
+    const fn send<T: Send>() {}
+    const fn send_sync<T: Send + Sync>() {}
+    send::<Loader>();
+    send::<LoaderOptions>();
+    send_sync::<SharedBatch>();
+    send_sync::<StatsHandle>();
+};
