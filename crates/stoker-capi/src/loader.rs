@@ -1,0 +1,191 @@
+//! `stoker_loader`: create, iterate, inspect, save, free.
+
+use std::cell::UnsafeCell;
+use std::ffi::c_char;
+use std::sync::Arc;
+
+use stoker_core::Loader;
+
+use crate::error::fail;
+use crate::ffi::{free_raw, into_raw, invalid_argument};
+use crate::types::SharedBatch;
+use crate::types::{stoker_batch, stoker_loader, stoker_options, stoker_stats, stoker_status};
+
+/// Starts a loader (and its worker threads) from options; the options may be freed afterwards.
+/// On failure `*out` is NULL.
+#[no_mangle]
+pub extern "C" fn stoker_loader_new(
+    o: *const stoker_options,
+    out: *mut *mut stoker_loader,
+) -> stoker_status {
+    ffi_boundary!(stoker_loader_new => {
+        clear_out!(out);
+        let o = try_ref!(o);
+        match Loader::new(&o.inner) {
+            Ok(loader) => {
+                let handle = stoker_loader {
+                    stats: loader.stats_handle(),
+                    batches_per_epoch: i64::try_from(loader.batches_per_epoch()).unwrap_or(-1),
+                    loader: UnsafeCell::new(loader),
+                };
+                // SAFETY: `out` was checked non-NULL and writable by `clear_out!`.
+                unsafe { out.write(into_raw(handle)) };
+                stoker_status::STOKER_OK
+            }
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// The next batch: `STOKER_OK` and `*out` set, or `STOKER_END_OF_EPOCH` and `*out` NULL (the
+/// call after that starts the next epoch). On an error `*out` is NULL and the failed batch is
+/// consumed: the next call moves past it.
+#[no_mangle]
+pub extern "C" fn stoker_loader_next(
+    l: *mut stoker_loader,
+    out: *mut *mut stoker_batch,
+) -> stoker_status {
+    ffi_boundary!(stoker_loader_next => {
+        clear_out!(out);
+        let l = try_ref!(l);
+        // SAFETY: the C contract lets one thread at a time drive a loader, so no other reference
+        // to the `Loader` exists now; `stoker_loader_stats` reads only fields outside the cell.
+        let loader = unsafe { &mut *l.loader.get() };
+        match loader.next() {
+            Ok(Some(batch)) => {
+                let handle = stoker_batch {
+                    shared: Arc::new(SharedBatch::new(batch)),
+                };
+                // SAFETY: `out` was checked non-NULL and writable by `clear_out!`.
+                unsafe { out.write(into_raw(handle)) };
+                stoker_status::STOKER_OK
+            }
+            Ok(None) => stoker_status::STOKER_END_OF_EPOCH,
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Batches per epoch, or -1 when unknown (a streaming source) or `l` is NULL.
+#[no_mangle]
+pub extern "C" fn stoker_loader_batches_per_epoch(l: *const stoker_loader) -> i64 {
+    ffi_boundary!(stoker_loader_batches_per_epoch => {
+        try_ref!(l).batches_per_epoch
+    })
+}
+
+/// The epoch the next batch belongs to (0 for NULL).
+#[no_mangle]
+pub extern "C" fn stoker_loader_epoch(l: *const stoker_loader) -> u64 {
+    ffi_boundary!(stoker_loader_epoch => {
+        let l = try_ref!(l);
+        // SAFETY: not called while another thread is inside `stoker_loader_next` (one thread at a
+        // time drives a loader), so only shared references to the `Loader` exist.
+        unsafe { &*l.loader.get() }.epoch()
+    })
+}
+
+/// The loader's counters, safe to call from any thread. The caller sets `out->size` to
+/// `sizeof(stoker_stats)`; only the fields that fit in `size` bytes are written.
+#[no_mangle]
+pub extern "C" fn stoker_loader_stats(
+    l: *const stoker_loader,
+    out: *mut stoker_stats,
+) -> stoker_status {
+    ffi_boundary!(stoker_loader_stats => {
+        non_null!(out);
+        // SAFETY: `out` is non-NULL; by the size protocol it is valid for at least its first
+        // field, `size`, which the caller set. An unaligned pointer is tolerated.
+        let size = unsafe { out.cast::<u64>().read_unaligned() };
+        if size < std::mem::size_of::<u64>() as u64 {
+            return invalid_argument(
+                FFI_FN,
+                format_args!("out->size is {size}; set it to sizeof(stoker_stats)"),
+            );
+        }
+        let l = try_ref!(l);
+        let s = l.stats.snapshot();
+        let full = stoker_stats {
+            size,
+            batches: s.batches,
+            samples: s.samples,
+            samples_skipped: s.samples_skipped,
+            wait_ns_total: s.wait_ns_total,
+            wait_ns_p50: s.wait_ns_p50,
+            wait_ns_p95: s.wait_ns_p95,
+            wait_ns_max: s.wait_ns_max,
+            elapsed_ns: s.elapsed_ns,
+            readiness: s.readiness,
+            worker_busy: s.worker_busy,
+        };
+        // Every field is 8 bytes, so the fields that fit end at `size` rounded down to 8.
+        let fit = (size.min(std::mem::size_of::<stoker_stats>() as u64) as usize) & !7;
+        let start = std::mem::size_of::<u64>(); // `size` itself is the caller's
+        // SAFETY: the caller's struct is valid for `size` bytes and `fit <= size`; `full` is a
+        // local `stoker_stats`, at least `fit` bytes long, that cannot overlap it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&full as *const stoker_stats).cast::<u8>().add(start),
+                out.cast::<u8>().add(start),
+                fit - start,
+            );
+        }
+        stoker_status::STOKER_OK
+    })
+}
+
+/// Writes the loader's position as a NUL-terminated string for the `resume_state` option and sets
+/// `*needed` to its size including the NUL. With `buf == NULL, len == 0` it only sets `*needed`;
+/// a non-NULL `buf` shorter than `*needed` gets nothing written and gives
+/// `STOKER_ERR_INVALID_ARGUMENT`.
+#[no_mangle]
+pub extern "C" fn stoker_loader_save_state(
+    l: *const stoker_loader,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> stoker_status {
+    ffi_boundary!(stoker_loader_save_state => {
+        non_null!(needed);
+        let l = try_ref!(l);
+        // SAFETY: not called while another thread is inside `stoker_loader_next` (one thread at a
+        // time drives a loader), so only shared references to the `Loader` exist.
+        let state = unsafe { &*l.loader.get() }.save_state();
+        let size = state.len() + 1;
+        // SAFETY: `needed` is non-NULL (checked above) and writable by the C contract.
+        unsafe { needed.write(size) };
+        if buf.is_null() {
+            if len == 0 {
+                return stoker_status::STOKER_OK;
+            }
+            return invalid_argument(
+                FFI_FN,
+                format_args!("argument `buf` is NULL but `len` is {len}"),
+            );
+        }
+        if len < size {
+            return invalid_argument(
+                FFI_FN,
+                format_args!("buffer of {len} bytes is too short: the state needs {size}"),
+            );
+        }
+        // SAFETY: `buf` is non-NULL and writable for `len >= size` bytes by the C contract; the
+        // state is a Rust string that cannot overlap it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(state.as_ptr(), buf.cast::<u8>(), state.len());
+            buf.add(state.len()).write(0);
+        }
+        stoker_status::STOKER_OK
+    })
+}
+
+/// Stops the loader: joins every thread it started and frees it. Batches and DLPack exports it
+/// delivered stay valid until released. NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn stoker_loader_free(l: *mut stoker_loader) {
+    ffi_boundary!(stoker_loader_free => {
+        // SAFETY: by the C contract `l` is NULL or came from `stoker_loader_new`, is freed once,
+        // and no other thread uses it now.
+        unsafe { free_raw(l) }
+    })
+}

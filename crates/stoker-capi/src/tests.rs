@@ -1,0 +1,215 @@
+//! Rust-side tests of the boundary and the header; the C suite under `ctests/` tests the ABI as C
+//! programs use it.
+
+use std::ffi::{c_char, CStr, CString};
+use std::ptr::{null, null_mut};
+
+use crate::batch::*;
+use crate::dlpack::DLManagedTensorVersioned;
+use crate::error::stoker_last_error;
+use crate::ffi::boundary;
+use crate::loader::*;
+use crate::options::*;
+use crate::types::stoker_status::*;
+use crate::types::*;
+use crate::version::*;
+
+fn last_error() -> String {
+    let mut buf = vec![0u8; 1024];
+    let n = stoker_last_error(buf.as_mut_ptr().cast(), buf.len());
+    buf.truncate(n.min(1023));
+    String::from_utf8(buf).unwrap()
+}
+
+#[test]
+fn header_version_macros_match_cargo_toml() {
+    let header = include_str!("../../../include/stoker.h");
+    let define = |name: &str| -> String {
+        let prefix = format!("#define {name} ");
+        header
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("stoker.h lacks {name}"))
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(define("STOKER_ABI_VERSION"), ABI_VERSION.to_string());
+    assert_eq!(
+        define("STOKER_VERSION"),
+        format!("\"{}\"", env!("CARGO_PKG_VERSION"))
+    );
+    assert_eq!(
+        define("STOKER_VERSION_MAJOR"),
+        env!("CARGO_PKG_VERSION_MAJOR")
+    );
+    assert_eq!(
+        define("STOKER_VERSION_MINOR"),
+        env!("CARGO_PKG_VERSION_MINOR")
+    );
+    assert_eq!(
+        define("STOKER_VERSION_PATCH"),
+        env!("CARGO_PKG_VERSION_PATCH")
+    );
+    assert_eq!(define("STOKER_MAX_DIMS"), STOKER_MAX_DIMS.to_string());
+}
+
+#[test]
+fn versions() {
+    assert_eq!(stoker_abi_version(), 1);
+    // SAFETY: stoker_version returns a static NUL-terminated string.
+    let v = unsafe { CStr::from_ptr(stoker_version()) };
+    assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn a_panic_becomes_internal_with_its_message() {
+    let status = boundary("stoker_test", || -> stoker_status { panic!("boom {}", 7) });
+    assert_eq!(status, STOKER_ERR_INTERNAL);
+    let msg = last_error();
+    assert!(
+        msg.contains("stoker_test") && msg.contains("boom 7"),
+        "{msg}"
+    );
+    let p = boundary("stoker_test", || -> *mut u8 { panic!("again") });
+    assert!(p.is_null());
+}
+
+#[test]
+fn last_error_copies_and_reports_the_full_length() {
+    let o = stoker_options_new();
+    let key = CString::new("batch_size").unwrap();
+    let value = CString::new("0").unwrap();
+    assert_eq!(
+        stoker_options_set(o, key.as_ptr(), value.as_ptr()),
+        STOKER_ERR_INVALID_ARGUMENT
+    );
+    let full = stoker_last_error(null_mut(), 0);
+    assert!(full > 10);
+    let mut small = [0x55u8; 5];
+    assert_eq!(stoker_last_error(small.as_mut_ptr().cast(), 5), full);
+    assert_eq!(small[4], 0);
+    assert_eq!(&small[..4], b"opti");
+    assert!(last_error().contains("`batch_size`"));
+    stoker_options_free(o);
+    // Another thread has no error.
+    std::thread::spawn(|| assert_eq!(stoker_last_error(null_mut(), 0), 0))
+        .join()
+        .unwrap();
+}
+
+#[test]
+fn null_arguments_are_invalid_never_a_crash() {
+    let key = CString::new("seed").unwrap();
+    assert_eq!(
+        stoker_options_set(null_mut(), key.as_ptr(), key.as_ptr()),
+        STOKER_ERR_INVALID_ARGUMENT
+    );
+    assert!(last_error().contains("stoker_options_set: argument `o` is NULL"));
+    let mut loader = std::ptr::dangling_mut::<stoker_loader>();
+    assert_eq!(
+        stoker_loader_new(null(), &mut loader),
+        STOKER_ERR_INVALID_ARGUMENT
+    );
+    assert!(loader.is_null(), "out-pointer cleared on failure");
+    assert_eq!(stoker_loader_batches_per_epoch(null()), -1);
+    assert_eq!(stoker_loader_epoch(null()), 0);
+    assert_eq!(stoker_batch_num_fields(null()), 0);
+    stoker_loader_free(null_mut());
+    stoker_batch_release(null_mut());
+    stoker_options_free(null_mut());
+}
+
+/// Writes a uint8 `.npy` of shape (rows, cols) where element (r, c) = r.
+fn write_npy(path: &std::path::Path, rows: usize, cols: usize) {
+    let mut header =
+        format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for r in 0..rows {
+        bytes.extend(std::iter::repeat_n(r as u8, cols));
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn set(o: *mut stoker_options, k: &str, v: &str) {
+    let (k, v) = (CString::new(k).unwrap(), CString::new(v).unwrap());
+    assert_eq!(stoker_options_set(o, k.as_ptr(), v.as_ptr()), STOKER_OK);
+}
+
+#[test]
+fn batches_dlpack_exports_and_stats() {
+    let dir = std::env::temp_dir().join(format!("stoker-capi-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("x.npy");
+    write_npy(&path, 10, 3);
+    let o = stoker_options_new();
+    set(o, "source", &format!("npy:{}", path.display()));
+    set(o, "batch_size", "4");
+    set(o, "num_workers", "1");
+    let mut l = null_mut();
+    assert_eq!(stoker_loader_new(o, &mut l), STOKER_OK, "{}", last_error());
+    stoker_options_free(o);
+    assert_eq!(stoker_loader_batches_per_epoch(l), 3);
+
+    let mut b = null_mut();
+    assert_eq!(stoker_loader_next(l, &mut b), STOKER_OK);
+    let mut t = stoker_tensor::EMPTY;
+    assert_eq!(stoker_batch_field(b, 0, &mut t), STOKER_OK);
+    // SAFETY: name is a NUL-terminated string valid while `b` lives.
+    assert_eq!(unsafe { CStr::from_ptr(t.name) }.to_str().unwrap(), "data");
+    assert_eq!((t.ndim, t.shape[0], t.shape[1]), (2, 4, 3));
+    assert_eq!((t.strides[0], t.strides[1]), (3, 1));
+    assert_eq!(t.device_type, 1);
+    assert_eq!(
+        stoker_batch_field(b, 1, &mut t),
+        STOKER_ERR_INVALID_ARGUMENT
+    );
+    assert!(t.data.is_null());
+
+    let mut d: *mut DLManagedTensorVersioned = null_mut();
+    assert_eq!(stoker_batch_to_dlpack(b, 0, &mut d), STOKER_OK);
+    stoker_batch_release(b);
+    // SAFETY: the export is live until its deleter runs; the batch memory stays with it.
+    unsafe {
+        let dl = &(*d).dl_tensor;
+        assert_eq!((*d).version.major, 1);
+        assert_eq!(*dl.shape.add(1), 3);
+        let data = std::slice::from_raw_parts(dl.data as *const u8, 12);
+        assert_eq!(data, &[0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]);
+        ((*d).deleter.unwrap())(d);
+    }
+
+    let mut stats = stoker_stats {
+        size: 16, // an old caller that knows only `batches`
+        samples: 99,
+        ..Default::default()
+    };
+    assert_eq!(stoker_loader_stats(l, &mut stats), STOKER_OK);
+    assert_eq!((stats.size, stats.batches, stats.samples), (16, 1, 99));
+
+    let mut needed = 0usize;
+    assert_eq!(
+        stoker_loader_save_state(l, null_mut(), 0, &mut needed),
+        STOKER_OK
+    );
+    let mut buf = vec![b'#' as c_char; needed];
+    assert_eq!(
+        stoker_loader_save_state(l, buf.as_mut_ptr(), needed - 1, &mut needed),
+        STOKER_ERR_INVALID_ARGUMENT
+    );
+    assert!(buf.iter().all(|&c| c == b'#' as c_char), "nothing written");
+    assert_eq!(
+        stoker_loader_save_state(l, buf.as_mut_ptr(), needed, &mut needed),
+        STOKER_OK
+    );
+    // SAFETY: NUL-terminated by the call above.
+    let state = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
+    assert!(state.contains("position=1"), "{state}");
+    stoker_loader_free(l);
+    std::fs::remove_dir_all(dir).unwrap();
+}
