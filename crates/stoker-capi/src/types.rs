@@ -147,13 +147,6 @@ pub struct SharedBatch {
     pub(crate) names: Vec<CString>,
 }
 
-// SAFETY: after construction a `SharedBatch` is only read: field metadata, names and raw data
-// pointers (which C may write through; the contract makes that the caller's business, as with any
-// DLPack tensor). `Batch` is `!Sync` only because its slab holds a raw pointer; no `&self` method
-// of `Batch` mutates anything, and the slab is returned to the arena by `Drop`, which runs once,
-// on whichever thread drops the last `Arc`.
-unsafe impl Sync for SharedBatch {}
-
 impl SharedBatch {
     pub(crate) fn new(batch: Batch) -> SharedBatch {
         let names = batch
