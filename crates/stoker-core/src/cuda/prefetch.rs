@@ -497,6 +497,16 @@ struct Worker<M> {
     stop: Receiver<()>,
 }
 
+impl<M> Drop for Worker<M> {
+    fn drop(&mut self) {
+        // Free the idle buffers now. A channel's messages are otherwise dropped only when its
+        // last sender goes, and every batch the user still holds keeps a sender to the ring.
+        while let Ok(slot) = self.ring_rx.try_recv() {
+            drop(slot);
+        }
+    }
+}
+
 impl<M: Send + 'static> Worker<M> {
     fn run<F: HostBatches<Mark = M>>(self, mut feed: F) {
         let outcome = catch_unwind(AssertUnwindSafe(|| self.pump(&mut feed)));
