@@ -197,10 +197,6 @@ fn host_slabs_are_recycled_once_copied_while_device_batches_are_held() {
     // Both device batches are held; their host slabs are not: once both copies are done, only
     // the batch built next (waiting for a buffer) keeps a slab.
     eventually("both copies done", || fake.counters().copies_done == 4);
-    assert!(
-        a.is_ready().unwrap() && b.is_ready().unwrap(),
-        "both copies completed"
-    );
     eventually("host slabs of held device batches recycled", || {
         l.arena().counters().slabs_leased == 1
     });
