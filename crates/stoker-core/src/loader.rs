@@ -331,7 +331,9 @@ impl Loader {
             ));
         };
         let (item, cursor) = prefetcher.next(self.timeout)?;
-        *delivered = cursor;
+        if let Some(cursor) = cursor {
+            *delivered = cursor;
+        }
         let batch = item?;
         if let Some(b) = &batch {
             self.stats

@@ -451,6 +451,18 @@ mod tests {
     }
 
     #[test]
+    fn cuda_stream_takes_a_decimal_or_hex_address() {
+        let mut o = LoaderOptions::new();
+        o.set("cuda_stream", "0x7f00aa").unwrap();
+        assert_eq!(o.cuda_stream, Some(0x7f00aa));
+        o.set("cuda_stream", "0").unwrap();
+        assert_eq!(o.cuda_stream, Some(0));
+        let err = o.set("cuda_stream", "stream").unwrap_err();
+        assert!(err.to_string().starts_with("option `cuda_stream`"), "{err}");
+        assert_eq!(Device::Cuda(2).to_string(), "cuda:2");
+    }
+
+    #[test]
     fn sets_every_documented_key() {
         let mut o = LoaderOptions::default();
         for (k, v) in [

@@ -40,7 +40,7 @@ fn options(source: Arc<dyn Source>, kv: &[(&str, &str)]) -> LoaderOptions {
 }
 
 fn fake(delay_ms: u64) -> Arc<FakeDevice> {
-    let f = FakeDevice::new(0);
+    let f = FakeDevice::new(0).unwrap();
     f.set_copy_delay(Duration::from_millis(delay_ms));
     f
 }
@@ -473,4 +473,22 @@ fn a_consumer_timeout_consumes_nothing() {
         "the batch arrives later",
         || matches!(l.next_device(), Ok(Some(b)) if b.position() == 0),
     );
+}
+
+#[test]
+fn loaders_and_device_batches_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<DeviceBatch>();
+    send::<Loader>();
+    // A batch released on another thread than the one that received it.
+    let fake = fake(0);
+    let o = options(
+        counting_source(8),
+        &[("batch_size", "4"), ("num_workers", "1")],
+    );
+    let mut l = device_loader(&fake, &o);
+    let b = l.next_device().unwrap().unwrap();
+    std::thread::spawn(move || drop(b)).join().unwrap();
+    assert_eq!(l.next_device().unwrap().unwrap().position(), 1);
 }

@@ -106,7 +106,7 @@ pub struct FakeDevice {
 }
 
 impl FakeDevice {
-    pub fn new(ordinal: u32) -> Arc<FakeDevice> {
+    pub fn new(ordinal: u32) -> Result<Arc<FakeDevice>> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 next_handle: 1,
@@ -119,13 +119,13 @@ impl FakeDevice {
             std::thread::Builder::new()
                 .name("stoker-fake-device".into())
                 .spawn(move || run(&shared))
-                .ok()
+                .map_err(|e| Error::Internal(format!("starting the fake device's thread: {e}")))?
         };
-        Arc::new(FakeDevice {
+        Ok(Arc::new(FakeDevice {
             ordinal,
             shared,
-            worker: Mutex::new(worker),
-        })
+            worker: Mutex::new(Some(worker)),
+        }))
     }
 
     /// Each copy takes at least this long (0 by default); makes asynchrony observable.

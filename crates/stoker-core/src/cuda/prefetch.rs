@@ -159,7 +159,8 @@ impl Drop for Slot {
 /// What travels from the thread to the consumer.
 struct Delivery<M> {
     item: Result<Option<DeviceBatch>>,
-    mark: M,
+    /// `None` for an error of the prefetcher itself, which moves no position.
+    mark: Option<M>,
 }
 
 /// A batch in device memory. Its fields have the host batch's layout, at a device address.
@@ -429,10 +430,14 @@ impl<M: Send + 'static> Prefetcher<M> {
         })
     }
 
-    /// The next device batch (`Ok(None)` at an epoch's end) with the feed's mark after it.
-    /// Waits at most `timeout`. Fails instead of waiting forever when the caller holds every
+    /// The next device batch (`Ok(None)` at an epoch's end) with the feed's mark after it (none
+    /// for a failure of the prefetcher itself). Waits at most `timeout`. Fails instead of waiting forever when the caller holds every
     /// buffer of the ring, since then nothing could arrive.
-    pub fn next(&mut self, timeout: Option<Duration>) -> Result<(Result<Option<DeviceBatch>>, M)> {
+    #[allow(clippy::type_complexity)]
+    pub fn next(
+        &mut self,
+        timeout: Option<Duration>,
+    ) -> Result<(Result<Option<DeviceBatch>>, Option<M>)> {
         let delivery = match self.out.try_recv() {
             Ok(d) => d,
             Err(TryRecvError::Disconnected) => return Err(self.exited()),
@@ -511,12 +516,14 @@ impl<M: Send + 'static> Worker<M> {
     fn run<F: HostBatches<Mark = M>>(self, mut feed: F) {
         let outcome = catch_unwind(AssertUnwindSafe(|| self.pump(&mut feed)));
         if let Err(panic) = outcome {
-            // Reported by the consumer's next call as "the prefetch thread has exited": the
-            // output channel disconnects when `self` drops. Keep the message for debugging.
-            eprintln!(
-                "stoker: prefetch thread panicked: {}",
-                crate::pool::panic_message(&*panic)
-            );
+            // The consumer's next call reports it; the calls after that find the thread gone.
+            self.send(Delivery {
+                item: Err(Error::Internal(format!(
+                    "panic in the prefetch thread: {}",
+                    crate::pool::panic_message(&*panic)
+                ))),
+                mark: None,
+            });
         }
         // The feed (the host loader and its pool) drops here, on this thread, joining its workers.
         drop(feed);
@@ -546,17 +553,13 @@ impl<M: Send + 'static> Worker<M> {
             };
             let host = match item {
                 Ok(Some(batch)) => batch,
-                Ok(None) => {
+                // An epoch's end or a host-side error passes through in its place.
+                other => {
+                    let item = other.map(|_| None);
                     if !self.send(Delivery {
-                        item: Ok(None),
-                        mark,
+                        item,
+                        mark: Some(mark),
                     }) {
-                        return;
-                    }
-                    continue;
-                }
-                Err(e) => {
-                    if !self.send(Delivery { item: Err(e), mark }) {
                         return;
                     }
                     continue;
@@ -573,7 +576,10 @@ impl<M: Send + 'static> Worker<M> {
             let (item, host) = self.copy(host, slot);
             // Hand the batch out before the copy completes: the consumer's stream waits on the
             // event, not the CPU.
-            let delivered = self.send(Delivery { item, mark });
+            let delivered = self.send(Delivery {
+                item,
+                mark: Some(mark),
+            });
             // Then wait for the copy so the host slab goes back to the arena now, not when the
             // trainer releases the device batch. Dropping it earlier would let a worker overwrite
             // memory the DMA engine is still reading. A failure here is reported to the consumer
