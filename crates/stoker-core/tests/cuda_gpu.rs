@@ -73,7 +73,7 @@ fn device_cuda_without_a_driver_or_device_is_unsupported_never_a_panic() {
 #[cfg(feature = "cuda")]
 #[test]
 fn real_device_batches_hold_the_host_data() {
-    use cudarc::driver::result;
+    use stoker_core::cuda::{CudaDevice, DeviceBackend};
 
     if let Some(why) = unavailable() {
         eprintln!("SKIPPED: no CUDA driver/device ({why})");
@@ -88,6 +88,8 @@ fn real_device_batches_hold_the_host_data() {
     dev_options.set("device", "cuda:0").unwrap();
     let mut dev = Loader::new(&dev_options).unwrap();
     let mut cpu = Loader::new(&options(&kv)).unwrap();
+    // A second handle on the same primary context, to read device memory back.
+    let reader = CudaDevice::open(0).unwrap();
     let mut batches = 0;
     while let Some(d) = dev.next_device().unwrap() {
         let h = cpu.next().unwrap().unwrap();
@@ -97,9 +99,8 @@ fn real_device_batches_hold_the_host_data() {
         for i in 0..d.num_fields() {
             let expected = h.field(i).unwrap().data;
             let mut back = vec![0u8; expected.len()];
-            // SAFETY: the field's device range holds `back.len()` bytes and its copy completed;
-            // the loader's context is current on this thread after `synchronize`.
-            unsafe { result::memcpy_dtoh_sync(&mut back, d.field_ptr(i).unwrap()) }.unwrap();
+            // SAFETY: the field's device range holds `back.len()` bytes and its copy completed.
+            unsafe { reader.copy_to_host(&mut back, d.field_ptr(i).unwrap()) }.unwrap();
             assert_eq!(back, expected, "batch {} field {i}", d.position());
         }
         batches += 1;

@@ -74,6 +74,13 @@ pub trait DeviceBackend: SlabRegistrar {
         stream: Stream,
     ) -> Result<()>;
 
+    /// Copies device memory back to the host, blocking until done (tests and diagnostics; the
+    /// loader never copies back).
+    ///
+    /// # Safety
+    /// `src..src+dst.len()` is allocated device memory whose writes have completed.
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()>;
+
     /// Records `event` on `stream`: it completes when the work queued there so far has.
     fn record_event(&self, event: Event, stream: Stream) -> Result<()>;
 

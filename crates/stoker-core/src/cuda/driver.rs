@@ -33,6 +33,7 @@ const SYMBOLS: &[&str] = &[
     "cuMemAlloc_v2",
     "cuMemFree_v2",
     "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoH_v2",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamWaitEvent",
@@ -299,6 +300,13 @@ impl DeviceBackend for CudaDevice {
         // SAFETY: the caller keeps both ranges valid until the copy completes.
         self.call("copying to the device", || unsafe {
             sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream.0 as sys::CUstream)
+        })
+    }
+
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        // SAFETY: `dst` is a live host buffer of `dst.len()` bytes; the caller vouches for `src`.
+        self.call("copying to the host", || unsafe {
+            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
         })
     }
 

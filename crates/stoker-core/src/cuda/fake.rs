@@ -356,6 +356,14 @@ impl DeviceBackend for FakeDevice {
         Ok(())
     }
 
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        let bytes = self
+            .read(src, dst.len())
+            .ok_or_else(|| Error::Cuda(format!("copy from invalid device address {src:#x}")))?;
+        dst.copy_from_slice(&bytes);
+        Ok(())
+    }
+
     fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
         let mut s = self.shared.lock();
         let Some(e) = s.events.get_mut(&event) else {
