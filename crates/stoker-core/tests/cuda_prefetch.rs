@@ -179,6 +179,29 @@ fn holding_every_buffer_blocks_the_prefetcher_and_releasing_one_unblocks_it() {
 }
 
 #[test]
+fn holding_the_whole_ring_still_sees_the_end_of_the_epoch() {
+    let fake = fake(0);
+    // A ring of 2 and an epoch of 2 batches: both held, the end of the epoch still arrives.
+    let o = options(
+        counting_source(4),
+        &[
+            ("batch_size", "2"),
+            ("num_workers", "1"),
+            ("prefetch_factor", "1"),
+        ],
+    );
+    let mut l = device_loader(&fake, &o);
+    for _ in 0..20 {
+        let a = l.next_device().unwrap().unwrap();
+        let b = l.next_device().unwrap().unwrap();
+        assert!(l.next_device().unwrap().is_none());
+        let err = l.next_device().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        drop((a, b));
+    }
+}
+
+#[test]
 fn host_slabs_are_recycled_once_copied_while_device_batches_are_held() {
     let fake = fake(20);
     // num_workers 0: host batches are built on the prefetch thread, so every leased slab is one

@@ -15,10 +15,10 @@
 //! whoever drops it last (the ring, the thread, or a batch the user still holds).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
@@ -374,6 +374,8 @@ pub struct Prefetcher<M: Send + 'static> {
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
     held: Arc<AtomicUsize>,
+    /// True while the thread waits for a free buffer.
+    starved: Arc<AtomicBool>,
     slots: usize,
     device_id: u32,
 }
@@ -407,8 +409,10 @@ impl<M: Send + 'static> Prefetcher<M> {
         let (out_tx, out_rx) = crossbeam_channel::bounded(slots);
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
         let held = Arc::new(AtomicUsize::new(0));
+        let starved = Arc::new(AtomicBool::new(false));
         let device_id = backend.ordinal();
         let worker = Worker {
+            starved: Arc::clone(&starved),
             backend,
             stream,
             ring_tx,
@@ -425,37 +429,62 @@ impl<M: Send + 'static> Prefetcher<M> {
             stop: Some(stop_tx),
             thread: Some(thread),
             held,
+            starved,
             slots,
             device_id,
         })
     }
 
     /// The next device batch (`Ok(None)` at an epoch's end) with the feed's mark after it (none
-    /// for a failure of the prefetcher itself). Waits at most `timeout`. Fails instead of waiting forever when the caller holds every
-    /// buffer of the ring, since then nothing could arrive.
+    /// for a failure of the prefetcher itself). Waits at most `timeout`. Fails instead of waiting
+    /// forever when the caller holds every buffer of the ring and the thread waits for one, since
+    /// then nothing could arrive.
     #[allow(clippy::type_complexity)]
     pub fn next(
         &mut self,
         timeout: Option<Duration>,
     ) -> Result<(Result<Option<DeviceBatch>>, Option<M>)> {
-        let delivery = match self.out.try_recv() {
-            Ok(d) => d,
-            Err(TryRecvError::Disconnected) => return Err(self.exited()),
-            Err(TryRecvError::Empty) => {
-                let held = self.held.load(Ordering::Acquire);
-                if held >= self.slots {
-                    return Err(Error::InvalidArgument(format!(
-                        "all {held} device buffers of cuda:{} are held by batches not yet released; \
-                         release one before asking for the next (prefetch_factor sets how many there are)",
-                        self.device_id
-                    )));
-                }
-                match timeout {
-                    None => self.out.recv().map_err(|_| self.exited())?,
-                    Some(t) => self.out.recv_timeout(t).map_err(|e| match e {
-                        RecvTimeoutError::Timeout => Error::Timeout(t.as_millis() as u64),
-                        RecvTimeoutError::Disconnected => self.exited(),
-                    })?,
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let delivery = loop {
+            // While the caller holds the whole ring, wake up now and then to see whether the
+            // thread got stuck waiting for a buffer; otherwise just wait.
+            let ring_held = self.held.load(Ordering::Acquire) >= self.slots;
+            let wait = match (deadline, ring_held) {
+                (None, false) => None,
+                (None, true) => Some(Duration::from_millis(5)),
+                (Some(d), false) => Some(d.saturating_duration_since(Instant::now())),
+                (Some(d), true) => Some(
+                    d.saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(5)),
+                ),
+            };
+            let got = match wait {
+                None => self.out.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(w) => self.out.recv_timeout(w),
+            };
+            match got {
+                Ok(d) => break d,
+                Err(RecvTimeoutError::Disconnected) => return Err(self.exited()),
+                Err(RecvTimeoutError::Timeout) => {
+                    // Order matters: the thread sets `starved` only after sending everything
+                    // that came before the batch it needs a buffer for.
+                    if self.starved.load(Ordering::Acquire)
+                        && self.out.is_empty()
+                        && self.held.load(Ordering::Acquire) >= self.slots
+                    {
+                        return Err(Error::InvalidArgument(format!(
+                            "all {} device buffers of cuda:{} are held by batches not yet \
+                             released; release one before asking for the next (prefetch_factor \
+                             sets how many there are)",
+                            self.slots, self.device_id
+                        )));
+                    }
+                    if let Some(d) = deadline {
+                        if Instant::now() >= d {
+                            let t = timeout.unwrap_or_default();
+                            return Err(Error::Timeout(t.as_millis() as u64));
+                        }
+                    }
                 }
             }
         };
@@ -500,6 +529,7 @@ struct Worker<M> {
     ring_rx: Receiver<Slot>,
     out: Sender<Delivery<M>>,
     stop: Receiver<()>,
+    starved: Arc<AtomicBool>,
 }
 
 impl<M> Drop for Worker<M> {
@@ -566,12 +596,20 @@ impl<M: Send + 'static> Worker<M> {
                 }
             };
             // Backpressure: wait for a free buffer.
-            let slot = crossbeam_channel::select! {
-                recv(self.ring_rx) -> slot => match slot {
-                    Ok(slot) => slot,
-                    Err(_) => return,
-                },
-                recv(self.stop) -> _ => return,
+            let slot = match self.ring_rx.try_recv() {
+                Ok(slot) => slot,
+                Err(_) => {
+                    self.starved.store(true, Ordering::Release);
+                    let slot = crossbeam_channel::select! {
+                        recv(self.ring_rx) -> slot => slot.ok(),
+                        recv(self.stop) -> _ => None,
+                    };
+                    self.starved.store(false, Ordering::Release);
+                    match slot {
+                        Some(slot) => slot,
+                        None => return,
+                    }
+                }
             };
             let (item, host) = self.copy(host, slot);
             // Hand the batch out before the copy completes: the consumer's stream waits on the
