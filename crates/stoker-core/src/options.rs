@@ -42,6 +42,15 @@ pub enum Device {
     Cuda(u32),
 }
 
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
 /// What a bad sample gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum OnError {
@@ -90,6 +99,10 @@ pub struct LoaderOptions {
     /// `None`: page-locked when the device is CUDA.
     pub pin_memory: Option<bool>,
     pub device: Device,
+    /// With `device=cuda`: the caller's `CUstream` (as an address) to queue the copies on,
+    /// instead of a stream of the loader's own. Borrowed: it must outlive the loader and every
+    /// batch, and is never destroyed. `Some(0)` is the legacy default stream.
+    pub cuda_stream: Option<usize>,
     pub on_error: OnError,
     /// Longest wait for one batch; 0 waits forever.
     pub timeout_ms: u64,
@@ -125,6 +138,7 @@ impl Default for LoaderOptions {
             layout: Layout::Nchw,
             pin_memory: None,
             device: Device::Cpu,
+            cuda_stream: None,
             on_error: OnError::Raise,
             timeout_ms: 0,
             resume_state: None,
@@ -158,6 +172,7 @@ pub const KEYS: &[&str] = &[
     "layout",
     "pin_memory",
     "device",
+    "cuda_stream",
     "on_error",
     "timeout_ms",
     "resume_state",
@@ -256,6 +271,18 @@ impl LoaderOptions {
                         }
                     },
                 }
+            }
+            "cuda_stream" => {
+                let parsed = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+                    Some(hex) => usize::from_str_radix(hex, 16),
+                    None => v.parse::<usize>(),
+                };
+                self.cuda_stream = Some(parsed.map_err(|_| {
+                    Error::option(
+                        key,
+                        format!("`{v}` is not a stream address; expected a CUstream as decimal or 0x-prefixed hex"),
+                    )
+                })?);
             }
             "on_error" => {
                 self.on_error = match v {
@@ -425,6 +452,18 @@ mod tests {
         assert_eq!(o.device, Device::Cpu);
         assert_eq!(o.on_error, OnError::Raise);
         assert_eq!(o.timeout_ms, 0);
+    }
+
+    #[test]
+    fn cuda_stream_takes_a_decimal_or_hex_address() {
+        let mut o = LoaderOptions::new();
+        o.set("cuda_stream", "0x7f00aa").unwrap();
+        assert_eq!(o.cuda_stream, Some(0x7f00aa));
+        o.set("cuda_stream", "0").unwrap();
+        assert_eq!(o.cuda_stream, Some(0));
+        let err = o.set("cuda_stream", "stream").unwrap_err();
+        assert!(err.to_string().starts_with("option `cuda_stream`"), "{err}");
+        assert_eq!(Device::Cuda(2).to_string(), "cuda:2");
     }
 
     #[test]
