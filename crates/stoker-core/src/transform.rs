@@ -456,6 +456,9 @@ struct Scratch {
     resizer: Resizer,
 }
 
+/// Decode buffers larger than this are released after use instead of kept for the next image.
+const KEEP_SCRATCH_BYTES: usize = 64 << 20;
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
@@ -662,7 +665,7 @@ impl Pipeline {
             resized,
             resizer,
         } = scratch;
-        self.apply(
+        let result = self.apply(
             &decode.rgb,
             dims.width,
             dims.height,
@@ -670,7 +673,12 @@ impl Pipeline {
             out,
             resized,
             resizer,
-        )
+        );
+        // Do not keep a rare huge image's buffers for the thread's lifetime.
+        if decode.rgb.capacity() > KEEP_SCRATCH_BYTES {
+            *decode = DecodeBuffers::default();
+        }
+        result
     }
 
     /// Transforms an already decoded RGB8 image (`width * height * 3` bytes) into `out`.
