@@ -391,6 +391,12 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn grayscale_jpeg_is_replicated_to_rgb() {
+        let (_, rgb) = decode(&fixture("photo_gray.jpg")).unwrap();
+        assert!(rgb.chunks_exact(3).all(|p| p[0] == p[1] && p[1] == p[2]));
+    }
+
+    #[test]
     fn tiny_jpeg_decodes() {
         let (dims, rgb) = decode(&fixture("tiny_1x1.jpg")).unwrap();
         assert_eq!((dims.width, dims.height), (1, 1));

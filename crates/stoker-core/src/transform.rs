@@ -1037,6 +1037,45 @@ mod tests {
         }
     }
 
+    /// Random specs built from the grammar's characters never panic the parser.
+    #[test]
+    fn parser_survives_random_specs() {
+        let alphabet: Vec<char> = "resizcntop_dmlhfgwa(),|=:/.0123456789 -e".chars().collect();
+        let words = [
+            "resize(",
+            "center_crop(",
+            "random_resized_crop(",
+            "hflip",
+            "normalize(",
+            "imagenet",
+            "scale=",
+            "ratio=",
+            "p=",
+            "mean=",
+            "std=",
+            ")",
+            "|",
+            ",",
+            "1e308",
+            "0",
+        ];
+        let mut r = rng(7);
+        for _ in 0..20_000 {
+            let mut spec = String::new();
+            for _ in 0..r.below(12) {
+                if r.below(2) == 0 {
+                    spec.push_str(words[r.below(words.len() as u64) as usize]);
+                } else {
+                    spec.push(alphabet[r.below(alphabet.len() as u64) as usize]);
+                }
+            }
+            if let Ok(ops) = parse(&spec) {
+                let _ = Pipeline::new(Some(&spec), None, Layout::Nchw, 1 << 20);
+                assert!(!ops.is_empty());
+            }
+        }
+    }
+
     #[test]
     fn pipeline_needs_a_fixed_size_and_a_sensible_dtype() {
         for spec in [
