@@ -70,6 +70,21 @@ fn main() {
     ] {
         let p = Pipeline::new(Some(spec), Some(dtype), layout, u64::MAX).unwrap();
         let mut out = vec![0u8; p.output_bytes()];
+        let decoded: Vec<(Vec<u8>, usize, usize)> = files
+            .iter()
+            .map(|f| {
+                let d = decode_rgb(f, u64::MAX, &mut bufs).unwrap();
+                (bufs.rgb.clone(), d.width, d.height)
+            })
+            .collect();
+        let r = rate(budget / 2, |i| {
+            let mut rng = Rng::for_key(0, Stream::Augment, 0, i as u64);
+            let (rgb, w, h) = &decoded[i % decoded.len()];
+            p.apply_rgb(rgb, *w, *h, &mut rng, &mut out).unwrap();
+        });
+        println!(
+            "transform only (decoded input), 1 core, `{spec}` {dtype} {layout:?}: {r:.0} images/s"
+        );
         let r = rate(budget, |i| {
             let mut rng = Rng::for_key(0, Stream::Augment, 0, i as u64);
             p.run(&files[i % files.len()], &mut rng, &mut out).unwrap();
