@@ -2,8 +2,9 @@
 //!
 //! Data flows one way through these modules:
 //!
-//! `sampler` (which indices) → `source` (bytes or views of sample i) → `collate` (each sample
-//! written straight into its slot of the batch buffer) inside the `pool` (worker threads, bounded
+//! `sampler` (which indices) → `source` (bytes or views of sample i) → `decode` (JPEG/PNG to
+//! RGB8) → `transform` (fused crop/resize/flip/normalize) → `collate` (each sample written
+//! straight into its slot of the batch buffer) inside the `pool` (worker threads, bounded
 //! in-flight, ordering) on memory from the `arena` (recycled, page-aligned, optionally page-locked
 //! slabs) → optional `cuda` prefetch (a thread copying finished batches to
 //! device memory) → `loader` (the public iterator, epochs, resumable state), with `stats` threaded through.
@@ -14,6 +15,7 @@ pub mod arena;
 pub mod batch;
 pub mod collate;
 pub mod cuda;
+pub mod decode;
 pub mod dtype;
 pub mod error;
 pub mod loader;
@@ -23,6 +25,7 @@ pub mod rng;
 pub mod sampler;
 pub mod source;
 pub mod stats;
+pub mod transform;
 
 pub use arena::{Arena, SlabRegistrar};
 pub use batch::{Batch, DeviceType, FieldRef};
@@ -32,5 +35,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use loader::{EpochIter, Loader, ResumeState, StatsHandle};
 pub use options::{Device, LoaderOptions, OnError, SourceSpec};
 pub use sampler::{BatchPlan, Sampler, SamplerKind};
-pub use source::{FieldKind, FieldSpec, MemorySource, NpySource, Sample, Source};
+pub use source::{
+    FieldKind, FieldSpec, ImageFolderSource, MemorySource, NpySource, Sample, Source,
+};
 pub use stats::Stats;
+pub use transform::Pipeline;

@@ -14,12 +14,14 @@ use crate::arena::{Arena, SlabRegistrar};
 use crate::batch::Batch;
 use crate::collate::{BatchKey, Collator, ImageWriter, Scratch};
 use crate::cuda::{DeviceBackend, DeviceBatch, PrefetchConfig, Prefetcher, Pulled, Stream};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::options::{Device, LoaderOptions, OnError, SourceSpec};
 use crate::pool::{Builder, Pool, Task};
 use crate::sampler::{batches_for, BatchPlan, Sampler};
-use crate::source::{CallbackSource, FieldKind, NpySource, Source};
+use crate::source::{CallbackSource, FieldKind, ImageFolderSource, NpySource, Source};
 use crate::stats::{Stats, StatsRecorder};
+use crate::transform::Pipeline;
 
 /// A loader's position: everything needed to continue exactly where it stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -443,12 +445,7 @@ impl HostLoader {
             Some(SourceSpec::Npy(path)) => {
                 Arc::new(NpySource::open(path, options.labels.as_deref())?)
             }
-            Some(SourceSpec::ImageFolder(root)) => {
-                return Err(Error::Unsupported(format!(
-                    "image_folder:{}: the image pipeline is not part of this build yet",
-                    root.display()
-                )))
-            }
+            Some(SourceSpec::ImageFolder(root)) => Arc::new(ImageFolderSource::open(root)?),
             Some(SourceSpec::Custom(source)) => Arc::clone(source),
             Some(SourceSpec::Callback { len, read }) => Arc::new(CallbackSource::new(
                 *len,
@@ -733,7 +730,18 @@ fn image_writer(
         }
         return Ok(None);
     }
-    Err(Error::Unsupported(
-        "decoding encoded images is not part of this build yet".into(),
-    ))
+    if let Some(dtype @ (DType::I32 | DType::I64)) = options.dtype {
+        return Err(Error::option(
+            "dtype",
+            format!("images can be uint8, float32, float16 or bfloat16, not {dtype}"),
+        ));
+    }
+    let pipeline = Pipeline::new(
+        options.transform.as_deref(),
+        options.dtype,
+        options.layout,
+        options.max_image_pixels,
+    )
+    .map_err(|reason| Error::option("transform", reason))?;
+    Ok(Some(Arc::new(pipeline)))
 }
