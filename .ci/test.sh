@@ -25,5 +25,16 @@ cargo test --workspace 2>&1 | tee /tmp/stoker-cargo-test.log
 passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/stoker-cargo-test.log | awk '{s+=$4} END {print s+0}')
 echo "cargo test: ${passed} passed, 0 failed"
 
+step "stoker-core without its default cuda feature"
+# The CUDA prefetcher's logic (tested against the fake device) must build and pass without
+# cudarc too.
+cargo clippy -p stoker-core --all-targets --no-default-features -- -D warnings
+cargo test -p stoker-core --no-default-features 2>&1 | tee /tmp/stoker-cargo-test-nocuda.log
+passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/stoker-cargo-test-nocuda.log | awk '{s+=$4} END {print s+0}')
+echo "cargo test (no cuda feature): ${passed} passed, 0 failed"
+
+step "C ABI: header freshness, CTest, find_package consumer, ASan/UBSan, valgrind"
+bash ctests/run.sh
+
 step "python bindings (pip install ./bindings/python, pytest)"
 bash bindings/python/run_tests.sh

@@ -133,6 +133,35 @@ typedef struct stoker_loader stoker_loader;
 typedef struct stoker_options stoker_options;
 
 /**
+ * One sample being given by a `read` callback (opaque); valid only during that call.
+ */
+typedef struct stoker_sample stoker_sample;
+
+/**
+ * The caller's dataset (PyTorch's map-style `Dataset`). `read` is called concurrently from
+ * worker threads and must be thread-safe; `drop` (may be NULL) runs once, when the last loader
+ * (or options object) using the callbacks is freed.
+ */
+typedef struct stoker_source_callbacks {
+  /**
+   * Passed back to every call.
+   */
+  void *user;
+  /**
+   * Number of samples.
+   */
+  uint64_t (*len)(void *user);
+  /**
+   * Gives sample `index` through the `stoker_sample_put_*` functions; 0 = ok.
+   */
+  int32_t (*read)(void *user, uint64_t index, struct stoker_sample *out);
+  /**
+   * Releases `user`; may be NULL.
+   */
+  void (*drop)(void *user);
+} stoker_source_callbacks;
+
+/**
  * A loader's counters. Fields may be appended, never reordered or removed: the caller sets
  * `size` to `sizeof(stoker_stats)` and the library fills only the fields that fit.
  */
@@ -298,6 +327,46 @@ enum stoker_status stoker_options_set(struct stoker_options *o, const char *key,
  * Frees options; NULL is a no-op. Loaders made from them are not affected.
  */
 void stoker_options_free(struct stoker_options *o);
+
+/**
+ * Makes the options' source the caller's callbacks (`len` and `read` required). The structure is
+ * copied; `len` is called now. The fields of every sample are learnt from sample 0 when a loader
+ * is made.
+ */
+enum stoker_status stoker_options_set_source_callbacks(struct stoker_options *o,
+                                                       const struct stoker_source_callbacks *cb);
+
+/**
+ * Gives encoded JPEG or PNG bytes, decoded and transformed into field `image` like an
+ * `image_folder` file. The bytes are copied before the call returns.
+ */
+enum stoker_status stoker_sample_put_encoded(struct stoker_sample *s,
+                                             const void *bytes,
+                                             size_t len);
+
+/**
+ * Gives a C-contiguous tensor for `field`: `ndim` (0 to STOKER_MAX_DIMS) dimensions of `shape`,
+ * elements of `dtype` (a `stoker_dtype` value) at `data`, copied before the call returns. The
+ * dtype is taken as an integer so that an out-of-range value is an error, not undefined
+ * behaviour.
+ */
+enum stoker_status stoker_sample_put_tensor(struct stoker_sample *s,
+                                            const char *field,
+                                            int32_t dtype,
+                                            int32_t ndim,
+                                            const int64_t *shape,
+                                            const void *data);
+
+/**
+ * Gives the sample's label: field `label`, int64.
+ */
+enum stoker_status stoker_sample_put_label(struct stoker_sample *s, int64_t label);
+
+/**
+ * Records why this sample failed; then return non-zero from `read`. The loader reports
+ * STOKER_ERR_CALLBACK with this message (or, under on_error=skip, replaces the sample).
+ */
+enum stoker_status stoker_sample_fail(struct stoker_sample *s, const char *message);
 
 /**
  * Starts a loader (and its worker threads) from options; the options may be freed afterwards.

@@ -7,8 +7,8 @@
 //! core errors become `stoker_status` in [`error::status_of`] only.
 //!
 //! Layout: [`types`] holds the C-visible types, [`dlpack`] the DLPack 1.0 structs and exports,
-//! and one module per handle holds its functions ([`version`], [`options`], [`loader`],
-//! [`batch`]).
+//! and one module per handle holds its functions ([`version`], [`options`], [`source`],
+//! [`loader`], [`batch`]).
 
 // The C names (`stoker_status`, `STOKER_OK`, ...) are the contract, spelled as C spells them.
 #![allow(non_camel_case_types)]
@@ -29,6 +29,8 @@ pub mod version;
 pub mod error;
 
 pub mod options;
+
+pub mod source;
 
 pub mod loader;
 

@@ -147,13 +147,6 @@ pub struct SharedBatch {
     pub(crate) names: Vec<CString>,
 }
 
-// SAFETY: after construction a `SharedBatch` is only read: field metadata, names and raw data
-// pointers (which C may write through; the contract makes that the caller's business, as with any
-// DLPack tensor). `Batch` is `!Sync` only because its slab holds a raw pointer; no `&self` method
-// of `Batch` mutates anything, and the slab is returned to the arena by `Drop`, which runs once,
-// on whichever thread drops the last `Arc`.
-unsafe impl Sync for SharedBatch {}
-
 impl SharedBatch {
     pub(crate) fn new(batch: Batch) -> SharedBatch {
         let names = batch
@@ -166,3 +159,14 @@ impl SharedBatch {
         SharedBatch { batch, names }
     }
 }
+
+// What the C contract relies on: a loader may be freed, and a batch released, on a thread other
+// than the one that made it; a batch's shared part is dropped by whichever thread lets go last.
+const _: () = {
+    const fn send<T: Send>() {}
+    const fn send_sync<T: Send + Sync>() {}
+    send::<Loader>();
+    send::<LoaderOptions>();
+    send_sync::<SharedBatch>();
+    send_sync::<StatsHandle>();
+};

@@ -47,12 +47,28 @@ pub(crate) fn npy(args: &Args) -> Result<(), String> {
     let mut steady_bytes = 0usize;
     let mut steady_start = None;
     let mut progress = Progress::new("bench npy", per_epoch * epochs);
+    // Waits in next() of the measured epochs: each epoch's first batch, and the others.
+    // (Workers finish in pairs, so single waits alternate between ~0 and two build times: compare
+    // means, not medians.)
+    let (mut boundary_waits, mut other_waits) = (Vec::new(), Vec::new());
     for epoch in 0..epochs {
         // The first epoch warms the page cache and the arena; the rest are measured.
         if epoch == 1 {
             steady_start = Some(Instant::now());
         }
-        while let Some(batch) = loader.next().map_err(|e| e.to_string())? {
+        for position in 0.. {
+            let asked = Instant::now();
+            let Some(batch) = loader.next().map_err(|e| e.to_string())? else {
+                break;
+            };
+            if epoch >= 1 {
+                let waits = if position == 0 {
+                    &mut boundary_waits
+                } else {
+                    &mut other_waits
+                };
+                waits.push(asked.elapsed().as_secs_f64() * 1e3);
+            }
             first_batch.get_or_insert_with(|| created.elapsed());
             let bytes = batch.field(0).map_or(0, |f| f.data.len());
             if epoch >= 1 {
@@ -84,9 +100,18 @@ pub(crate) fn npy(args: &Args) -> Result<(), String> {
         "ratio stoker / memcpy  {:>8.2}",
         stoker_gbps / memcpy.max(1e-9)
     );
+    println!(
+        "epoch boundary         {:>8.3} ms mean wait for an epoch's first batch, {:.3} ms for the others",
+        mean(&boundary_waits),
+        mean(&other_waits)
+    );
     println!();
     print_stats(&loader.stats());
     Ok(())
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
 }
 
 /// Single-thread `memcpy` bandwidth between two `bytes`-sized buffers: the median of 7 copies.

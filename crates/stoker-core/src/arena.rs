@@ -35,6 +35,8 @@ pub struct ArenaCounters {
     pub pin_failures: u64,
     /// Bytes currently mapped.
     pub bytes_mapped: u64,
+    /// Slabs currently leased (held by a batch being built, delivered, or being copied).
+    pub slabs_leased: u64,
 }
 
 /// A cheap handle to shared slab storage; clones share it.
@@ -54,6 +56,7 @@ struct ArenaInner {
     slabs_pinned: AtomicU64,
     pin_failures: AtomicU64,
     bytes_mapped: AtomicU64,
+    slabs_leased: AtomicU64,
 }
 
 /// One anonymous mapping.
@@ -67,6 +70,10 @@ struct Slab {
 // SAFETY: a slab is plain memory owned by exactly one `Slab` value (in the free list or in one
 // lease); nothing in it is tied to a thread.
 unsafe impl Send for Slab {}
+// SAFETY: `&Slab` gives out only the pointer and length; writing through the pointer needs
+// `&mut SlabLease` (or a caller who holds the batch exclusively, as in zero-copy exports), so
+// shared references across threads cannot race through this type.
+unsafe impl Sync for Slab {}
 
 /// Exclusive use of one slab until dropped, when the slab returns to the arena.
 pub struct SlabLease {
@@ -101,6 +108,7 @@ impl Arena {
                 slabs_pinned: AtomicU64::new(0),
                 pin_failures: AtomicU64::new(0),
                 bytes_mapped: AtomicU64::new(0),
+                slabs_leased: AtomicU64::new(0),
             }),
         }
     }
@@ -133,6 +141,7 @@ impl Arena {
             Some(slab) => slab,
             None => inner.map(len)?,
         };
+        inner.slabs_leased.fetch_add(1, Ordering::Relaxed);
         Ok(SlabLease {
             slab: Some(slab),
             len,
@@ -148,6 +157,7 @@ impl Arena {
             slabs_pinned: i.slabs_pinned.load(Ordering::Relaxed),
             pin_failures: i.pin_failures.load(Ordering::Relaxed),
             bytes_mapped: i.bytes_mapped.load(Ordering::Relaxed),
+            slabs_leased: i.slabs_leased.load(Ordering::Relaxed),
         }
     }
 }
@@ -292,6 +302,7 @@ impl SlabLease {
 impl Drop for SlabLease {
     fn drop(&mut self) {
         if let Some(slab) = self.slab.take() {
+            self.arena.slabs_leased.fetch_sub(1, Ordering::Relaxed);
             self.arena.release(slab);
         }
     }

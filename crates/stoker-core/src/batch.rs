@@ -19,6 +19,25 @@ impl FieldMeta {
     }
 }
 
+/// Where a batch's memory lives, as DLPack device codes (`stoker_tensor.device_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum DeviceType {
+    /// Ordinary (possibly `mlock`ed) host memory: `kDLCPU`.
+    Cpu = 1,
+    /// Device memory: `kDLCUDA`.
+    Cuda = 2,
+    /// Host memory registered with the CUDA driver (page-locked for DMA): `kDLCUDAHost`.
+    CudaHost = 3,
+}
+
+impl DeviceType {
+    /// The DLPack `DLDeviceType` code.
+    pub fn dlpack_code(self) -> i32 {
+        self as i32
+    }
+}
+
 /// A borrowed view of one field.
 #[derive(Clone, Copy, Debug)]
 pub struct FieldRef<'a> {
@@ -127,6 +146,25 @@ impl Batch {
     /// Whether the memory is registered with a device driver (CUDA host memory).
     pub fn is_device_registered(&self) -> bool {
         self.memory.is_registered()
+    }
+
+    /// `CudaHost` when the memory is registered with the CUDA driver, else `Cpu`.
+    pub fn device_type(&self) -> DeviceType {
+        if self.is_device_registered() {
+            DeviceType::CudaHost
+        } else {
+            DeviceType::Cpu
+        }
+    }
+
+    /// Every field's layout, in field order.
+    pub fn field_metas(&self) -> &[FieldMeta] {
+        &self.fields
+    }
+
+    /// Bytes of the slab the fields are laid out in (every field's `offset + num_bytes` fits).
+    pub fn byte_len(&self) -> usize {
+        self.memory.len()
     }
 }
 

@@ -246,7 +246,8 @@ pub(crate) fn walk_jpeg_header(data: &[u8], mut f: impl FnMut(u8, usize)) -> Opt
 /// segment before the first scan, which the header walk skips.
 fn jpeg_has_eoi(data: &[u8]) -> bool {
     walk_jpeg_header(data, |_, _| {})
-        .is_some_and(|scan| data[scan..].windows(2).any(|w| w == [0xFF, 0xD9]))
+        // Searched from the end: the EOI is normally the last two bytes.
+        .is_some_and(|scan| data[scan..].windows(2).rev().any(|w| w == [0xFF, 0xD9]))
 }
 
 fn decode_png(encoded: &[u8], max_pixels: u64, bufs: &mut DecodeBuffers) -> Result<Dims, String> {
@@ -387,6 +388,12 @@ pub(crate) mod tests {
             assert_eq!(rgb.len(), dims.width * dims.height * 3);
             assert!(rgb == reference, "{name}: pixels differ from Pillow");
         }
+    }
+
+    #[test]
+    fn grayscale_jpeg_is_replicated_to_rgb() {
+        let (_, rgb) = decode(&fixture("photo_gray.jpg")).unwrap();
+        assert!(rgb.chunks_exact(3).all(|p| p[0] == p[1] && p[1] == p[2]));
     }
 
     #[test]

@@ -6,13 +6,15 @@
 //! RGB8) → `transform` (fused crop/resize/flip/normalize) → `collate` (each sample written
 //! straight into its slot of the batch buffer) inside the `pool` (worker threads, bounded
 //! in-flight, ordering) on memory from the `arena` (recycled, page-aligned, optionally page-locked
-//! slabs) → `loader` (the public iterator, epochs, resumable state), with `stats` threaded through.
+//! slabs) → optional `cuda` prefetch (a thread copying finished batches to
+//! device memory) → `loader` (the public iterator, epochs, resumable state), with `stats` threaded through.
 //!
 //! Everything a user can cause returns an [`Error`] that names the key, file or index involved.
 
 pub mod arena;
 pub mod batch;
 pub mod collate;
+pub mod cuda;
 pub mod decode;
 pub mod dtype;
 pub mod error;
@@ -26,7 +28,8 @@ pub mod stats;
 pub mod transform;
 
 pub use arena::{Arena, SlabRegistrar};
-pub use batch::{Batch, FieldRef};
+pub use batch::{Batch, DeviceType, FieldRef};
+pub use cuda::{DeviceBackend, DeviceBatch, DeviceFieldRef};
 pub use dtype::{DType, Layout};
 pub use error::{Error, ErrorKind, Result};
 pub use loader::{EpochIter, Loader, ResumeState, StatsHandle};

@@ -10,15 +10,16 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::arena::Arena;
+use crate::arena::{Arena, SlabRegistrar};
 use crate::batch::Batch;
 use crate::collate::{BatchKey, Collator, ImageWriter, Scratch};
+use crate::cuda::{DeviceBackend, DeviceBatch, PrefetchConfig, Prefetcher, Pulled, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::options::{Device, LoaderOptions, OnError, SourceSpec};
 use crate::pool::{Builder, Pool, Task};
 use crate::sampler::{batches_for, BatchPlan, Sampler};
-use crate::source::{FieldKind, ImageFolderSource, NpySource, Source};
+use crate::source::{CallbackSource, FieldKind, ImageFolderSource, NpySource, Source};
 use crate::stats::{Stats, StatsRecorder};
 use crate::transform::Pipeline;
 
@@ -141,7 +142,55 @@ impl Plans {
     }
 }
 
+/// The public loader: host batches from `next()` with `device=cpu`, device batches from
+/// `next_device()` with `device=cuda[:N]`.
+///
+/// With a device, the host loader below runs on the prefetch thread, which copies each batch to
+/// the device; this side keeps what the consumer needs without reaching that thread: the facts of
+/// the dataset, the stats handle, and the position of the last batch *delivered to the consumer*
+/// (the thread runs ahead), which is what `epoch()`, `position()` and `save_state()` report.
 pub struct Loader {
+    engine: Engine,
+    device: Device,
+    seed: u64,
+    batches_per_epoch: usize,
+    samples_per_epoch: usize,
+    source: Arc<dyn Source>,
+    stats: StatsHandle,
+    timeout: Option<Duration>,
+}
+
+enum Engine {
+    Host(Box<HostLoader>),
+    Device {
+        prefetcher: Prefetcher<Cursor>,
+        delivered: Cursor,
+    },
+}
+
+/// Where delivery stands: the batches of `epoch` below `position`, and those in `ahead`, are
+/// delivered.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Cursor {
+    epoch: u64,
+    position: usize,
+    ahead: Vec<usize>,
+}
+
+/// How the host loader is used.
+enum Mode {
+    /// Batches go straight to the consumer.
+    Host,
+    /// Batches go to the prefetch thread; slabs are registered with the device (`pin_memory`).
+    Feed {
+        registrar: Option<Arc<dyn SlabRegistrar>>,
+    },
+}
+
+/// The host pipeline: sampler → pool → in-order delivery of host batches.
+pub(crate) struct HostLoader {
+    /// Whether deliveries count in stats here (off when the prefetcher's consumer counts them).
+    record_delivery: bool,
     builder: Arc<Builder>,
     sampler: Sampler,
     seed: u64,
@@ -170,7 +219,222 @@ pub struct Loader {
 }
 
 impl Loader {
+    /// A loader for `options`. With `device=cuda[:N]` this opens the CUDA driver (loaded at run
+    /// time) and fails with `Unsupported` saying why when there is no driver or no device.
     pub fn new(options: &LoaderOptions) -> Result<Loader> {
+        match options.device {
+            Device::Cpu => {
+                Loader::assemble(HostLoader::new(options, Mode::Host)?, options, |host| {
+                    Ok((Device::Cpu, Engine::Host(Box::new(host))))
+                })
+            }
+            Device::Cuda(n) => {
+                let backend = crate::cuda::open(n).map_err(|e| match e {
+                    Error::Unsupported(m) => Error::Unsupported(format!("device=cuda:{n}: {m}")),
+                    other => other,
+                })?;
+                Loader::with_device_backend(options, backend)
+            }
+        }
+    }
+
+    /// A loader that delivers device batches through `backend`, whatever `options.device` says:
+    /// the real driver ([`crate::cuda::CudaDevice`]), or [`crate::cuda::FakeDevice`] in tests.
+    ///
+    /// `pin_memory` (default true here) registers the arena's slabs with the device, so copies
+    /// are DMA transfers. `prefetch_factor + 1` device buffers form the ring: that many batches
+    /// copied ahead, plus the one the trainer is using. `cuda_stream`, when set, is the
+    /// caller's stream to copy on (borrowed, never destroyed).
+    pub fn with_device_backend(
+        options: &LoaderOptions,
+        backend: Arc<dyn DeviceBackend>,
+    ) -> Result<Loader> {
+        let registrar: Option<Arc<dyn SlabRegistrar>> = if options.pin_memory.unwrap_or(true) {
+            Some(backend.clone())
+        } else {
+            None
+        };
+        let host = HostLoader::new(options, Mode::Feed { registrar })?;
+        let config = PrefetchConfig {
+            slots: options.prefetch_factor + 1,
+            stream: options.cuda_stream.map(Stream),
+        };
+        Loader::assemble(host, options, |host| {
+            let device = Device::Cuda(backend.ordinal());
+            let delivered = host.cursor();
+            let prefetcher = Prefetcher::start(host, backend, config)?;
+            Ok((
+                device,
+                Engine::Device {
+                    prefetcher,
+                    delivered,
+                },
+            ))
+        })
+    }
+
+    /// Takes the facts the consumer's side needs from `host`, then hands it to `engine`.
+    fn assemble(
+        host: HostLoader,
+        options: &LoaderOptions,
+        engine: impl FnOnce(HostLoader) -> Result<(Device, Engine)>,
+    ) -> Result<Loader> {
+        let seed = host.seed;
+        let batches_per_epoch = host.batches_per_epoch;
+        let samples_per_epoch = host.sampler.len();
+        let source = Arc::clone(host.builder.collator.source());
+        let stats = StatsHandle {
+            recorder: Arc::clone(&host.stats),
+            arena: host.builder.arena.clone(),
+        };
+        let (device, engine) = engine(host)?;
+        Ok(Loader {
+            engine,
+            device,
+            seed,
+            batches_per_epoch,
+            samples_per_epoch,
+            source,
+            stats,
+            timeout: (options.timeout_ms > 0).then(|| Duration::from_millis(options.timeout_ms)),
+        })
+    }
+
+    /// The next batch of the current epoch, or `Ok(None)` once the epoch is over; the call after
+    /// that starts the next epoch. An error consumes its batch: the next call moves past it.
+    ///
+    /// Not `Iterator::next`: the end of an epoch is not the end of the loader (see
+    /// [`Loader::epoch_iter`] for an iterator over one epoch). A loader with `device=cuda`
+    /// delivers through [`Loader::next_device`] instead.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Result<Option<Batch>> {
+        match &mut self.engine {
+            Engine::Host(host) => host.next(),
+            Engine::Device { .. } => Err(Error::InvalidArgument(format!(
+                "device={}: this loader delivers device batches; call next_device()",
+                self.device
+            ))),
+        }
+    }
+
+    /// The next device batch of the current epoch, or `Ok(None)` once the epoch is over, with the
+    /// same epoch and error semantics as [`Loader::next`]. Its copy may still be running: order
+    /// a stream after it with [`DeviceBatch::wait`] (or block with `synchronize`).
+    pub fn next_device(&mut self) -> Result<Option<DeviceBatch>> {
+        let start = Instant::now();
+        let Engine::Device {
+            prefetcher,
+            delivered,
+        } = &mut self.engine
+        else {
+            return Err(Error::InvalidArgument(
+                "device=cpu: this loader delivers host batches; call next() (or set device=cuda)"
+                    .into(),
+            ));
+        };
+        let (item, cursor) = prefetcher.next(self.timeout)?;
+        if let Some(cursor) = cursor {
+            *delivered = cursor;
+        }
+        let batch = item?;
+        if let Some(b) = &batch {
+            self.stats
+                .recorder
+                .delivered(b.len(), b.skipped(), start.elapsed());
+        }
+        Ok(batch)
+    }
+
+    /// Where batches are delivered.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    fn cursor(&self) -> Cursor {
+        match &self.engine {
+            Engine::Host(host) => host.cursor(),
+            Engine::Device { delivered, .. } => delivered.clone(),
+        }
+    }
+
+    /// The epoch the next batch belongs to; it advances when `next()` reports the end of one.
+    pub fn epoch(&self) -> u64 {
+        match &self.engine {
+            Engine::Host(host) => host.epoch,
+            Engine::Device { delivered, .. } => delivered.epoch,
+        }
+    }
+
+    /// Batches of the current epoch delivered so far (in sampler order).
+    pub fn position(&self) -> usize {
+        match &self.engine {
+            Engine::Host(host) => host.position,
+            Engine::Device { delivered, .. } => delivered.position,
+        }
+    }
+
+    pub fn batches_per_epoch(&self) -> usize {
+        self.batches_per_epoch
+    }
+
+    /// Samples per epoch (the sampler's length).
+    pub fn samples_per_epoch(&self) -> usize {
+        self.samples_per_epoch
+    }
+
+    pub fn source(&self) -> &Arc<dyn Source> {
+        &self.source
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats.snapshot()
+    }
+
+    pub fn stats_handle(&self) -> StatsHandle {
+        self.stats.clone()
+    }
+
+    pub fn arena(&self) -> &Arena {
+        &self.stats.arena
+    }
+
+    /// Where this loader is, as a string for `resume_state`. With a device, the position of the
+    /// last batch handed to the consumer (batches copied ahead are not counted).
+    pub fn save_state(&self) -> String {
+        let cursor = self.cursor();
+        ResumeState {
+            seed: self.seed,
+            epoch: cursor.epoch,
+            position: cursor.position,
+            ahead: cursor.ahead,
+            batches_per_epoch: self.batches_per_epoch,
+        }
+        .to_string()
+    }
+
+    /// Iterates the rest of the current epoch.
+    pub fn epoch_iter(&mut self) -> EpochIter<'_> {
+        EpochIter {
+            loader: self,
+            done: false,
+        }
+    }
+}
+
+impl crate::cuda::HostBatches for HostLoader {
+    type Mark = Cursor;
+
+    fn pull(&mut self, poll: Duration) -> Pulled<Cursor> {
+        match self.next_within(Some(poll)) {
+            // The poll interval passed; nothing was consumed.
+            Err(Error::Timeout(_)) => Pulled::Idle,
+            item => Pulled::Item(item, self.cursor()),
+        }
+    }
+}
+
+impl HostLoader {
+    fn new(options: &LoaderOptions, mode: Mode) -> Result<HostLoader> {
         let source: Arc<dyn Source> = match &options.source {
             None => {
                 return Err(Error::option(
@@ -183,17 +447,17 @@ impl Loader {
             }
             Some(SourceSpec::ImageFolder(root)) => Arc::new(ImageFolderSource::open(root)?),
             Some(SourceSpec::Custom(source)) => Arc::clone(source),
+            Some(SourceSpec::Callback { len, read }) => Arc::new(CallbackSource::new(
+                *len,
+                Arc::clone(read),
+                options.pad.is_some(),
+            )?),
         };
         if options.labels.is_some() && !matches!(options.source, Some(SourceSpec::Npy(_))) {
             return Err(Error::option(
                 "labels",
                 "labels=npy:PATH applies only to an npy source",
             ));
-        }
-        if let Device::Cuda(n) = options.device {
-            return Err(Error::Unsupported(format!(
-                "device=cuda:{n}: this build of stoker delivers batches on the CPU only (CUDA prefetch is not built in)"
-            )));
         }
         let image = image_writer(options, source.as_ref())?;
         let collator = Collator::new(
@@ -217,11 +481,14 @@ impl Loader {
 
         let workers = options.resolved_workers();
         let cap = options.in_flight_cap();
-        let pin = options
-            .pin_memory
-            .unwrap_or(matches!(options.device, Device::Cuda(_)));
+        // For a device, `pin_memory` means registration with its driver (which page-locks the
+        // slab itself), not mlock.
+        let (pin, registrar, feed) = match mode {
+            Mode::Host => (options.pin_memory.unwrap_or(false), None, false),
+            Mode::Feed { registrar } => (false, registrar, true),
+        };
         // Idle slabs kept: the in-flight cap plus a few the consumer is holding.
-        let arena = Arena::new(pin, cap + 2, None);
+        let arena = Arena::new(pin, cap + 2, registrar);
         let stats = Arc::new(StatsRecorder::new(workers));
         let builder = Arc::new(Builder {
             collator,
@@ -235,7 +502,8 @@ impl Loader {
             None
         };
 
-        let mut loader = Loader {
+        let mut loader = HostLoader {
+            record_delivery: !feed,
             builder,
             sampler,
             seed,
@@ -247,7 +515,9 @@ impl Loader {
             scratch: Scratch::default(),
             cap,
             in_order: options.in_order,
-            timeout: (options.timeout_ms > 0).then(|| Duration::from_millis(options.timeout_ms)),
+            // Fed to a prefetch thread, the consumer's timeout applies on the consumer's side.
+            timeout: (options.timeout_ms > 0 && !feed)
+                .then(|| Duration::from_millis(options.timeout_ms)),
             in_flight: 0,
             submit_epoch: 0,
             submit_position: 0,
@@ -288,13 +558,20 @@ impl Loader {
         Ok(())
     }
 
-    /// The next batch of the current epoch, or `Ok(None)` once the epoch is over; the call after
-    /// that starts the next epoch. An error consumes its batch: the next call moves past it.
-    ///
-    /// Not `Iterator::next`: the end of an epoch is not the end of the loader (see
-    /// [`Loader::epoch_iter`] for an iterator over one epoch).
-    #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> Result<Option<Batch>> {
+    fn cursor(&self) -> Cursor {
+        Cursor {
+            epoch: self.epoch,
+            position: self.position,
+            ahead: self.ahead.iter().copied().collect(),
+        }
+    }
+
+    fn next(&mut self) -> Result<Option<Batch>> {
+        self.next_within(self.timeout)
+    }
+
+    /// The next batch, waiting at most `timeout` for the pool (`Err(Timeout)` consumes nothing).
+    fn next_within(&mut self, timeout: Option<Duration>) -> Result<Option<Batch>> {
         let start = Instant::now();
         if self.position == self.batches_per_epoch {
             self.epoch += 1;
@@ -308,20 +585,22 @@ impl Loader {
                 self.mark_delivered(key.1);
                 self.top_up()?;
                 let batch = outcome?;
-                self.stats
-                    .delivered(batch.len(), batch.skipped(), start.elapsed());
+                if self.record_delivery {
+                    self.stats
+                        .delivered(batch.len(), batch.skipped(), start.elapsed());
+                }
                 return Ok(Some(batch));
             }
             match &self.pool {
                 Some(pool) => {
-                    let remaining = match self.timeout {
+                    let remaining = match timeout {
                         None => None,
                         Some(t) => Some(
                             t.checked_sub(start.elapsed())
                                 .ok_or(Error::Timeout(t.as_millis() as u64))?,
                         ),
                     };
-                    let done = pool.recv(remaining).map_err(|e| match (e, self.timeout) {
+                    let done = pool.recv(remaining).map_err(|e| match (e, timeout) {
                         (Error::Timeout(_), Some(t)) => Error::Timeout(t.as_millis() as u64),
                         (e, _) => e,
                     })?;
@@ -411,64 +690,6 @@ impl Loader {
             self.in_flight += 1;
         }
         Ok(())
-    }
-
-    /// The epoch the next batch belongs to; it advances when `next()` reports the end of one.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// Batches of the current epoch delivered so far (in sampler order).
-    pub fn position(&self) -> usize {
-        self.position
-    }
-
-    pub fn batches_per_epoch(&self) -> usize {
-        self.batches_per_epoch
-    }
-
-    /// Samples per epoch (the sampler's length).
-    pub fn samples_per_epoch(&self) -> usize {
-        self.sampler.len()
-    }
-
-    pub fn source(&self) -> &Arc<dyn Source> {
-        self.builder.collator.source()
-    }
-
-    pub fn stats(&self) -> Stats {
-        self.stats_handle().snapshot()
-    }
-
-    pub fn stats_handle(&self) -> StatsHandle {
-        StatsHandle {
-            recorder: Arc::clone(&self.stats),
-            arena: self.builder.arena.clone(),
-        }
-    }
-
-    pub fn arena(&self) -> &Arena {
-        &self.builder.arena
-    }
-
-    /// Where this loader is, as a string for `resume_state`.
-    pub fn save_state(&self) -> String {
-        ResumeState {
-            seed: self.seed,
-            epoch: self.epoch,
-            position: self.position,
-            ahead: self.ahead.iter().copied().collect(),
-            batches_per_epoch: self.batches_per_epoch,
-        }
-        .to_string()
-    }
-
-    /// Iterates the rest of the current epoch.
-    pub fn epoch_iter(&mut self) -> EpochIter<'_> {
-        EpochIter {
-            loader: self,
-            done: false,
-        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::sampler::SamplerKind;
-use crate::source::Source;
+use crate::source::{ReadFn, Source};
 
 /// Where samples come from.
 #[derive(Clone)]
@@ -17,8 +17,11 @@ pub enum SourceSpec {
     Npy(PathBuf),
     /// `image_folder:ROOT`: one subfolder per class (torchvision's ImageFolder layout).
     ImageFolder(PathBuf),
-    /// A source built in code (the in-memory source, user callbacks).
+    /// A source built in code (the in-memory source, say).
     Custom(Arc<dyn Source>),
+    /// The user's dataset through a read function (see [`crate::source::CallbackSource`]); the
+    /// fields are learnt from sample 0 when the loader is made.
+    Callback { len: usize, read: Arc<ReadFn> },
 }
 
 impl std::fmt::Debug for SourceSpec {
@@ -27,6 +30,7 @@ impl std::fmt::Debug for SourceSpec {
             SourceSpec::Npy(p) => write!(f, "npy:{}", p.display()),
             SourceSpec::ImageFolder(p) => write!(f, "image_folder:{}", p.display()),
             SourceSpec::Custom(s) => write!(f, "custom source of {} samples", s.len()),
+            SourceSpec::Callback { len, .. } => write!(f, "callback source of {len} samples"),
         }
     }
 }
@@ -36,6 +40,15 @@ pub enum Device {
     #[default]
     Cpu,
     Cuda(u32),
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
 }
 
 /// What a bad sample gets.
@@ -86,6 +99,10 @@ pub struct LoaderOptions {
     /// `None`: page-locked when the device is CUDA.
     pub pin_memory: Option<bool>,
     pub device: Device,
+    /// With `device=cuda`: the caller's `CUstream` (as an address) to queue the copies on,
+    /// instead of a stream of the loader's own. Borrowed: it must outlive the loader and every
+    /// batch, and is never destroyed. `Some(0)` is the legacy default stream.
+    pub cuda_stream: Option<usize>,
     pub on_error: OnError,
     /// Longest wait for one batch; 0 waits forever.
     pub timeout_ms: u64,
@@ -121,6 +138,7 @@ impl Default for LoaderOptions {
             layout: Layout::Nchw,
             pin_memory: None,
             device: Device::Cpu,
+            cuda_stream: None,
             on_error: OnError::Raise,
             timeout_ms: 0,
             resume_state: None,
@@ -154,6 +172,7 @@ pub const KEYS: &[&str] = &[
     "layout",
     "pin_memory",
     "device",
+    "cuda_stream",
     "on_error",
     "timeout_ms",
     "resume_state",
@@ -252,6 +271,18 @@ impl LoaderOptions {
                         }
                     },
                 }
+            }
+            "cuda_stream" => {
+                let parsed = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+                    Some(hex) => usize::from_str_radix(hex, 16),
+                    None => v.parse::<usize>(),
+                };
+                self.cuda_stream = Some(parsed.map_err(|_| {
+                    Error::option(
+                        key,
+                        format!("`{v}` is not a stream address; expected a CUstream as decimal or 0x-prefixed hex"),
+                    )
+                })?);
             }
             "on_error" => {
                 self.on_error = match v {
@@ -421,6 +452,18 @@ mod tests {
         assert_eq!(o.device, Device::Cpu);
         assert_eq!(o.on_error, OnError::Raise);
         assert_eq!(o.timeout_ms, 0);
+    }
+
+    #[test]
+    fn cuda_stream_takes_a_decimal_or_hex_address() {
+        let mut o = LoaderOptions::new();
+        o.set("cuda_stream", "0x7f00aa").unwrap();
+        assert_eq!(o.cuda_stream, Some(0x7f00aa));
+        o.set("cuda_stream", "0").unwrap();
+        assert_eq!(o.cuda_stream, Some(0));
+        let err = o.set("cuda_stream", "stream").unwrap_err();
+        assert!(err.to_string().starts_with("option `cuda_stream`"), "{err}");
+        assert_eq!(Device::Cuda(2).to_string(), "cuda:2");
     }
 
     #[test]

@@ -456,6 +456,9 @@ struct Scratch {
     resizer: Resizer,
 }
 
+/// Decode buffers larger than this are released after use instead of kept for the next image.
+const KEEP_SCRATCH_BYTES: usize = 64 << 20;
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
@@ -662,7 +665,7 @@ impl Pipeline {
             resized,
             resizer,
         } = scratch;
-        self.apply(
+        let result = self.apply(
             &decode.rgb,
             dims.width,
             dims.height,
@@ -670,7 +673,12 @@ impl Pipeline {
             out,
             resized,
             resizer,
-        )
+        );
+        // Do not keep a rare huge image's buffers for the thread's lifetime.
+        if decode.rgb.capacity() > KEEP_SCRATCH_BYTES {
+            *decode = DecodeBuffers::default();
+        }
+        result
     }
 
     /// Transforms an already decoded RGB8 image (`width * height * 3` bytes) into `out`.
@@ -1026,6 +1034,45 @@ mod tests {
         ] {
             let err = parse(bad).unwrap_err();
             assert!(err.contains(needle), "{bad}: {err}");
+        }
+    }
+
+    /// Random specs built from the grammar's characters never panic the parser.
+    #[test]
+    fn parser_survives_random_specs() {
+        let alphabet: Vec<char> = "resizcntop_dmlhfgwa(),|=:/.0123456789 -e".chars().collect();
+        let words = [
+            "resize(",
+            "center_crop(",
+            "random_resized_crop(",
+            "hflip",
+            "normalize(",
+            "imagenet",
+            "scale=",
+            "ratio=",
+            "p=",
+            "mean=",
+            "std=",
+            ")",
+            "|",
+            ",",
+            "1e308",
+            "0",
+        ];
+        let mut r = rng(7);
+        for _ in 0..20_000 {
+            let mut spec = String::new();
+            for _ in 0..r.below(12) {
+                if r.below(2) == 0 {
+                    spec.push_str(words[r.below(words.len() as u64) as usize]);
+                } else {
+                    spec.push(alphabet[r.below(alphabet.len() as u64) as usize]);
+                }
+            }
+            if let Ok(ops) = parse(&spec) {
+                let _ = Pipeline::new(Some(&spec), None, Layout::Nchw, 1 << 20);
+                assert!(!ops.is_empty());
+            }
         }
     }
 

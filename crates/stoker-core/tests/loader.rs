@@ -598,3 +598,59 @@ fn bad_configurations_are_errors_not_panics() {
         "an empty epoch ends at once"
     );
 }
+
+#[test]
+fn callback_source_feeds_a_loader_and_pads() {
+    use stoker_core::source::ReadFn;
+    let read: Arc<ReadFn> = Arc::new(|i, w| {
+        if i == 7 {
+            return Err(format!("no sample {i} today"));
+        }
+        let seq: Vec<u8> = (0..i as i32 % 4).flat_map(|v| v.to_ne_bytes()).collect();
+        w.put_tensor("tokens", DType::I32, &[i % 4], &seq)?;
+        w.put_label(i as i64)
+    });
+    let mut o = LoaderOptions {
+        source: Some(SourceSpec::Callback { len: 10, read }),
+        ..LoaderOptions::default()
+    };
+    o.set("batch_size", "4").unwrap();
+    // Sample 0 has an empty sequence; others differ: without pad the shapes mismatch.
+    let mut l = Loader::new(&o).unwrap();
+    let e = l.next().unwrap_err().to_string();
+    assert!(
+        e.contains("sample 1") && e.contains("`tokens`") && e.contains("pad"),
+        "{e}"
+    );
+
+    o.set("pad", "0").unwrap();
+    o.set("num_workers", "2").unwrap();
+    let mut l = Loader::new(&o).unwrap();
+    let b = l.next().unwrap().unwrap();
+    let names: Vec<&str> = b.fields().map(|f| f.name).collect();
+    assert_eq!(names, ["tokens", "label", "tokens_lengths"]);
+    assert_eq!(b.field(0).unwrap().shape, &[4, 3]);
+    let lens = b.field(2).unwrap().data;
+    assert_eq!(
+        lens,
+        [0i64, 1, 2, 3]
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect::<Vec<u8>>()
+    );
+    let e = l.next().unwrap_err();
+    assert!(
+        matches!(e, Error::Callback { index: 7, .. })
+            && e.to_string().contains("no sample 7 today"),
+        "{e}"
+    );
+}
+
+#[test]
+fn batches_can_be_shared_and_sent_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Batch>();
+    send_sync::<stoker_core::StatsHandle>();
+    fn send<T: Send>() {}
+    send::<Loader>();
+}

@@ -4,10 +4,12 @@
 //! hands out views into one mapping instead of copies. Each sample is a fixed list of fields
 //! (`data` and `label`, say) whose kinds the source declares once, up front.
 
+mod callback;
 mod image_folder;
 mod memory;
 mod npy;
 
+pub use callback::{CallbackSource, ReadFn, SampleWriter, IMAGE_FIELD, LABEL_FIELD};
 pub use image_folder::{ImageFolderSource, IMAGE_EXTENSIONS};
 pub use memory::MemorySource;
 pub use npy::{NpyArray, NpySource};

@@ -1,0 +1,343 @@
+//! The real device: the CUDA driver API through cudarc, loaded with `dlopen` at run time.
+//!
+//! This is the only module that calls cudarc. cudarc panics when `libcuda` or one of its symbols
+//! is missing, so [`CudaDevice::open`] first asks whether the library is present, then whether
+//! every symbol stoker uses is exported, and only then makes its first driver call. Every later
+//! call goes through a `CudaDevice`, which exists only once those checks passed.
+//!
+//! Arena slabs are page-locked with `cuMemHostRegister` (not `cuMemAllocHost`/`alloc_pinned`,
+//! whose write-combined memory is slow for the CPU to read back), which is why `CudaDevice` is a
+//! [`SlabRegistrar`].
+
+use std::ffi::{c_void, CStr};
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::device::{DeviceBackend, DevicePtr, Event, Stream};
+use crate::arena::SlabRegistrar;
+use crate::error::{Error, Result};
+
+/// Every driver entry point stoker calls. Checked before the first call, because cudarc resolves
+/// a symbol on first use and panics if it is missing (an old or partial driver install).
+const SYMBOLS: &[&str] = &[
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuInit",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoH_v2",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+];
+
+/// Why no CUDA device can be used here, or `Ok` with the device count. Never panics and never
+/// calls into a driver that is absent.
+pub fn probe() -> Result<usize> {
+    // SAFETY: only tries to dlopen libcuda under its usual names; no symbol is called.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::Unsupported(
+            "no CUDA driver (libcuda.so) found".into(),
+        ));
+    }
+    // SAFETY: the library is present (checked above), so `culib()` opens it instead of
+    // panicking; looking a symbol up does not call it.
+    let lib = unsafe { sys::culib() };
+    for name in SYMBOLS {
+        // SAFETY: a lookup only; the pointer type is irrelevant because it is never called here.
+        if unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err() {
+            return Err(Error::Unsupported(format!(
+                "CUDA driver present but too old: it lacks {name}"
+            )));
+        }
+    }
+    // SAFETY: every symbol used below was found above.
+    match unsafe { sys::cuInit(0) } {
+        sys::CUresult::CUDA_SUCCESS => {}
+        sys::CUresult::CUDA_ERROR_NO_DEVICE => {
+            return Err(Error::Unsupported(
+                "CUDA driver present but no device".into(),
+            ))
+        }
+        other => {
+            return Err(Error::Unsupported(format!(
+                "CUDA driver present but it failed to initialize: {}",
+                describe(other)
+            )))
+        }
+    }
+    let mut count = 0;
+    // SAFETY: the driver is initialized; `count` is a valid out-pointer.
+    check(
+        unsafe { sys::cuDeviceGetCount(&mut count) },
+        "counting devices",
+    )?;
+    if count <= 0 {
+        return Err(Error::Unsupported(
+            "CUDA driver present but no device".into(),
+        ));
+    }
+    Ok(count as usize)
+}
+
+/// `CUDA_ERROR_NAME: description` for a driver status.
+fn describe(status: sys::CUresult) -> String {
+    let text = |f: unsafe fn(sys::CUresult, *mut *const std::ffi::c_char) -> sys::CUresult| {
+        let mut ptr = std::ptr::null();
+        // SAFETY: the driver writes a pointer to a static string, or fails and leaves it NULL.
+        let ok = unsafe { f(status, &mut ptr) } == sys::CUresult::CUDA_SUCCESS;
+        if ok && !ptr.is_null() {
+            // SAFETY: a NUL-terminated string in the driver's static storage.
+            Some(
+                unsafe { CStr::from_ptr(ptr) }
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        } else {
+            None
+        }
+    };
+    match (text(sys::cuGetErrorName), text(sys::cuGetErrorString)) {
+        (Some(name), Some(msg)) => format!("{name}: {msg}"),
+        _ => format!("CUDA error {}", status as u32),
+    }
+}
+
+fn check(status: sys::CUresult, what: &str) -> Result<()> {
+    match status {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+            Err(Error::OutOfMemory(format!("{what}: {}", describe(status))))
+        }
+        other => Err(Error::Cuda(format!("{what}: {}", describe(other)))),
+    }
+}
+
+/// One CUDA device through its primary context (the context the CUDA runtime, and so PyTorch and
+/// LibTorch, use: pointers and streams are shared with the trainer).
+pub struct CudaDevice {
+    ordinal: u32,
+    device: sys::CUdevice,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: a CUcontext handle may be used from any thread (each thread makes it current before
+// use, see `bind`); the driver synchronizes access internally.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above; no method mutates the struct.
+unsafe impl Sync for CudaDevice {}
+
+impl CudaDevice {
+    /// Opens `cuda:ordinal`, or says why not: `Unsupported` without a driver or a device,
+    /// `InvalidOption` for an ordinal past the device count.
+    pub fn open(ordinal: u32) -> Result<Arc<CudaDevice>> {
+        let count = probe()?;
+        if ordinal as usize >= count {
+            return Err(Error::option(
+                "device",
+                format!(
+                    "cuda:{ordinal}, but this machine has {count} CUDA device{}",
+                    if count == 1 { "" } else { "s" }
+                ),
+            ));
+        }
+        let mut device = 0;
+        // SAFETY: probe() initialized the driver; the ordinal is below the device count.
+        check(
+            unsafe { sys::cuDeviceGet(&mut device, ordinal as i32) },
+            "getting the device",
+        )?;
+        let mut ctx = MaybeUninit::uninit();
+        // SAFETY: `device` came from cuDeviceGet; `ctx` is a valid out-pointer.
+        check(
+            unsafe { sys::cuDevicePrimaryCtxRetain(ctx.as_mut_ptr(), device) },
+            "retaining the primary context",
+        )?;
+        // SAFETY: written by the successful call above.
+        let ctx = unsafe { ctx.assume_init() };
+        Ok(Arc::new(CudaDevice {
+            ordinal,
+            device,
+            ctx,
+        }))
+    }
+
+    /// Makes this device's context current on the calling thread. Cheap (a thread-local store),
+    /// and needed because the prefetch thread, pool workers (slab registration) and whichever
+    /// thread drops a batch all call the driver.
+    fn bind(&self) -> Result<()> {
+        // SAFETY: `ctx` is retained until `self` drops.
+        check(
+            unsafe { sys::cuCtxSetCurrent(self.ctx) },
+            "making the context current",
+        )
+    }
+
+    fn call(&self, what: &str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
+        self.bind()?;
+        check(f(), what)
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in `open`; nothing of this device is used afterwards (every
+        // buffer, stream and event holds an Arc to it).
+        unsafe {
+            sys::cuDevicePrimaryCtxRelease_v2(self.device);
+        }
+    }
+}
+
+impl SlabRegistrar for CudaDevice {
+    fn register(&self, ptr: *mut u8, len: usize) -> Result<()> {
+        self.call("registering a batch slab (cuMemHostRegister)", || {
+            // SAFETY: the arena passes a live mapping of `len` bytes that it unregisters before
+            // unmapping. PORTABLE: the memory counts as pinned in every context.
+            unsafe {
+                sys::cuMemHostRegister_v2(
+                    ptr.cast::<c_void>(),
+                    len,
+                    sys::CU_MEMHOSTREGISTER_PORTABLE,
+                )
+            }
+        })
+    }
+
+    fn unregister(&self, ptr: *mut u8, _len: usize) {
+        // Nothing to do on failure: the arena unmaps the slab next, which also ends the pinning.
+        // SAFETY: `ptr` was registered by `register`; no copy from it is pending (the prefetcher
+        // drops a host batch only after its copy completed).
+        let _ = self.call("unregistering a batch slab", || unsafe {
+            sys::cuMemHostUnregister(ptr.cast::<c_void>())
+        });
+    }
+}
+
+impl DeviceBackend for CudaDevice {
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out-pointer.
+        self.call(
+            &format!("allocating {bytes} bytes on cuda:{}", self.ordinal),
+            || unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) },
+        )?;
+        Ok(ptr)
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr) {
+        // A failure here means the context is already broken; there is nothing left to release.
+        // SAFETY: the caller guarantees `ptr` is a live allocation with no queued work.
+        let _ = self.call("freeing device memory", || unsafe {
+            sys::cuMemFree_v2(ptr)
+        });
+    }
+
+    fn create_stream(&self) -> Result<Stream> {
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: `stream` is a valid out-pointer.
+        self.call("creating a stream", || unsafe {
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        })?;
+        Ok(Stream(stream as usize))
+    }
+
+    unsafe fn destroy_stream(&self, stream: Stream) {
+        // SAFETY: the caller owns the stream; pending work finishes before it is released.
+        let _ = self.call("destroying a stream", || unsafe {
+            sys::cuStreamDestroy_v2(stream.0 as sys::CUstream)
+        });
+    }
+
+    fn create_event(&self) -> Result<Event> {
+        let mut event = std::ptr::null_mut();
+        // SAFETY: `event` is a valid out-pointer.
+        self.call("creating an event", || unsafe {
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+        })?;
+        Ok(Event(event as usize))
+    }
+
+    unsafe fn destroy_event(&self, event: Event) {
+        // SAFETY: the caller owns the event.
+        let _ = self.call("destroying an event", || unsafe {
+            sys::cuEventDestroy_v2(event.0 as sys::CUevent)
+        });
+    }
+
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        // SAFETY: the caller keeps both ranges valid until the copy completes.
+        self.call("copying to the device", || unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream.0 as sys::CUstream)
+        })
+    }
+
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        // SAFETY: `dst` is a live host buffer of `dst.len()` bytes; the caller vouches for `src`.
+        self.call("copying to the host", || unsafe {
+            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
+        })
+    }
+
+    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
+        // SAFETY: handles come from this device (or a caller-owned stream in its context).
+        self.call("recording an event", || unsafe {
+            sys::cuEventRecord(event.0 as sys::CUevent, stream.0 as sys::CUstream)
+        })
+    }
+
+    fn query_event(&self, event: Event) -> Result<bool> {
+        self.bind()?;
+        // SAFETY: `event` was created on this device and is live.
+        match unsafe { sys::cuEventQuery(event.0 as sys::CUevent) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => check(other, "querying an event").map(|_| false),
+        }
+    }
+
+    fn synchronize_event(&self, event: Event) -> Result<()> {
+        // SAFETY: `event` was created on this device and is live.
+        self.call("waiting for an event", || unsafe {
+            sys::cuEventSynchronize(event.0 as sys::CUevent)
+        })
+    }
+
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
+        // SAFETY: both handles are live; flags must be 0 (CU_EVENT_WAIT_DEFAULT).
+        self.call("making a stream wait for an event", || unsafe {
+            sys::cuStreamWaitEvent(stream.0 as sys::CUstream, event.0 as sys::CUevent, 0)
+        })
+    }
+}

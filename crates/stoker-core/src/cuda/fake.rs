@@ -1,0 +1,426 @@
+//! A device made of host memory, for testing the prefetcher without a GPU.
+//!
+//! It behaves like a stream-ordered device where it matters for bugs: copies run later, on the
+//! fake's own thread (after an optional delay), so a prefetcher that reads a device buffer, frees
+//! it or recycles the host source before the copy's event completed produces wrong data or an
+//! "invalid device pointer" error instead of passing by luck. It counts live buffers (leaks,
+//! ring bound), can fail a chosen copy when it is queued or when it runs (an asynchronous error,
+//! reported by the next event recorded on that stream), and checks every pointer it is given.
+//!
+//! All streams share one FIFO queue processed in order: a legal schedule of stream semantics
+//! (work on one stream runs in order; an event wait is satisfied because the recorded work was
+//! queued, and therefore runs, earlier).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::device::{DeviceBackend, DevicePtr, Event, Stream};
+use crate::arena::SlabRegistrar;
+use crate::error::{Error, Result};
+
+/// When an injected copy failure shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailAt {
+    /// `copy_to_device_async` itself returns the error (a bad argument, say).
+    Enqueue,
+    /// The copy fails while running; the next event recorded on its stream reports it.
+    Complete,
+}
+
+/// Counters of a [`FakeDevice`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FakeCounters {
+    pub live_buffers: usize,
+    /// Most device buffers alive at once.
+    pub max_live_buffers: usize,
+    pub allocations: u64,
+    pub live_streams: usize,
+    pub live_events: usize,
+    pub live_registrations: usize,
+    pub copies_done: u64,
+}
+
+enum Op {
+    Copy {
+        dst: DevicePtr,
+        src: usize,
+        bytes: usize,
+        stream: Stream,
+        fail: bool,
+    },
+    Record {
+        event: Event,
+        stream: Stream,
+    },
+}
+
+#[derive(Default)]
+struct EventState {
+    /// Records queued and not yet processed: the event is complete at 0.
+    pending: usize,
+    error: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Op>,
+    /// Device memory: address → bytes. Boxed slices never move, so the address is stable.
+    buffers: BTreeMap<DevicePtr, Box<[u8]>>,
+    max_live: usize,
+    allocations: u64,
+    streams: HashSet<Stream>,
+    events: HashMap<Event, EventState>,
+    /// An asynchronous failure waiting for the next event recorded on its stream.
+    stream_errors: HashMap<Stream, String>,
+    registered: HashMap<usize, usize>,
+    next_handle: usize,
+    copies_queued: u64,
+    copies_done: u64,
+    fail: Option<(u64, FailAt)>,
+    delay: Duration,
+    /// Misuse seen (double free, free with a copy queued): tests assert there is none.
+    violations: Vec<String>,
+    shutdown: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when work is queued and when work completes.
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A test that panicked while holding the lock leaves consistent maps; keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// See the module documentation. Dropping it finishes the queued work and joins its thread.
+pub struct FakeDevice {
+    ordinal: u32,
+    shared: Arc<Shared>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl FakeDevice {
+    pub fn new(ordinal: u32) -> Result<Arc<FakeDevice>> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                next_handle: 1,
+                ..State::default()
+            }),
+            changed: Condvar::new(),
+        });
+        let worker = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("stoker-fake-device".into())
+                .spawn(move || run(&shared))
+                .map_err(|e| Error::Internal(format!("starting the fake device's thread: {e}")))?
+        };
+        Ok(Arc::new(FakeDevice {
+            ordinal,
+            shared,
+            worker: Mutex::new(Some(worker)),
+        }))
+    }
+
+    /// Each copy takes at least this long (0 by default); makes asynchrony observable.
+    pub fn set_copy_delay(&self, delay: Duration) {
+        self.shared.lock().delay = delay;
+    }
+
+    /// Fails the copy with 0-based sequence number `copy` (counting every copy queued so far).
+    pub fn fail_copy(&self, copy: u64, at: FailAt) {
+        self.shared.lock().fail = Some((copy, at));
+    }
+
+    pub fn counters(&self) -> FakeCounters {
+        let s = self.shared.lock();
+        FakeCounters {
+            live_buffers: s.buffers.len(),
+            max_live_buffers: s.max_live,
+            allocations: s.allocations,
+            live_streams: s.streams.len(),
+            live_events: s.events.len(),
+            live_registrations: s.registered.len(),
+            copies_done: s.copies_done,
+        }
+    }
+
+    /// Misuse of the device seen so far (double free, free while a copy is queued).
+    pub fn violations(&self) -> Vec<String> {
+        self.shared.lock().violations.clone()
+    }
+
+    /// The bytes at `ptr..ptr+len`, if they lie within one live buffer. Call after the copy's
+    /// event completed.
+    pub fn read(&self, ptr: DevicePtr, len: usize) -> Option<Vec<u8>> {
+        let s = self.shared.lock();
+        let (base, buf) = s.buffers.range(..=ptr).next_back()?;
+        let start = (ptr - base) as usize;
+        buf.get(start..start.checked_add(len)?).map(<[u8]>::to_vec)
+    }
+
+    fn handle(s: &mut State) -> usize {
+        s.next_handle += 1;
+        s.next_handle
+    }
+}
+
+fn run(shared: &Shared) {
+    loop {
+        let (op, delay) = {
+            let mut s = shared.lock();
+            loop {
+                if let Some(op) = s.queue.pop_front() {
+                    break (op, s.delay);
+                }
+                if s.shutdown {
+                    return;
+                }
+                s = shared.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        if let Op::Copy { .. } = op {
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
+        }
+        let mut s = shared.lock();
+        match op {
+            Op::Copy {
+                dst,
+                src,
+                bytes,
+                stream,
+                fail,
+            } => {
+                s.copies_done += 1;
+                if fail {
+                    s.stream_errors
+                        .insert(stream, "injected asynchronous copy failure".into());
+                } else {
+                    let target = s
+                        .buffers
+                        .range_mut(..=dst)
+                        .next_back()
+                        .and_then(|(base, buf)| {
+                            let start = (dst - base) as usize;
+                            buf.get_mut(start..start.checked_add(bytes)?)
+                        });
+                    match target {
+                        // SAFETY: the contract of `copy_to_device_async` keeps the host range
+                        // valid and unmodified until an event recorded after the copy completes,
+                        // which cannot happen before this copy is done.
+                        Some(t) => t.copy_from_slice(unsafe {
+                            std::slice::from_raw_parts(src as *const u8, bytes)
+                        }),
+                        None => {
+                            s.stream_errors.insert(
+                                stream,
+                                format!("copy to freed or out-of-range device address {dst:#x}"),
+                            );
+                        }
+                    }
+                }
+            }
+            Op::Record { event, stream } => {
+                let error = s.stream_errors.remove(&stream);
+                if let Some(e) = s.events.get_mut(&event) {
+                    e.pending = e.pending.saturating_sub(1);
+                    if error.is_some() {
+                        e.error = error;
+                    }
+                }
+            }
+        }
+        drop(s);
+        shared.changed.notify_all();
+    }
+}
+
+impl Drop for FakeDevice {
+    fn drop(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.changed.notify_all();
+        let worker = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(worker) = worker {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl SlabRegistrar for FakeDevice {
+    fn register(&self, ptr: *mut u8, len: usize) -> Result<()> {
+        let mut s = self.shared.lock();
+        if s.registered.insert(ptr as usize, len).is_some() {
+            return Err(Error::Cuda(format!("host memory {ptr:p} registered twice")));
+        }
+        Ok(())
+    }
+
+    fn unregister(&self, ptr: *mut u8, _len: usize) {
+        self.shared.lock().registered.remove(&(ptr as usize));
+    }
+}
+
+impl DeviceBackend for FakeDevice {
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        let buf = vec![0u8; bytes.max(1)].into_boxed_slice();
+        let ptr = buf.as_ptr() as DevicePtr;
+        let mut s = self.shared.lock();
+        s.buffers.insert(ptr, buf);
+        s.allocations += 1;
+        s.max_live = s.max_live.max(s.buffers.len());
+        Ok(ptr)
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr) {
+        let mut s = self.shared.lock();
+        let Some(buf) = s.buffers.remove(&ptr) else {
+            s.violations
+                .push(format!("freed {ptr:#x}, which is not a live allocation"));
+            return;
+        };
+        let end = ptr + buf.len() as u64;
+        // Freeing memory that queued work still writes is a bug this fake exists to catch.
+        let busy = s
+            .queue
+            .iter()
+            .any(|op| matches!(op, Op::Copy { dst, .. } if (ptr..end).contains(dst)));
+        if busy {
+            s.violations
+                .push(format!("freed {ptr:#x} while a copy to it is queued"));
+        }
+    }
+
+    fn create_stream(&self) -> Result<Stream> {
+        let mut s = self.shared.lock();
+        let stream = Stream(Self::handle(&mut s));
+        s.streams.insert(stream);
+        Ok(stream)
+    }
+
+    unsafe fn destroy_stream(&self, stream: Stream) {
+        self.shared.lock().streams.remove(&stream);
+    }
+
+    fn create_event(&self) -> Result<Event> {
+        let mut s = self.shared.lock();
+        let event = Event(Self::handle(&mut s));
+        s.events.insert(event, EventState::default());
+        Ok(event)
+    }
+
+    unsafe fn destroy_event(&self, event: Event) {
+        self.shared.lock().events.remove(&event);
+    }
+
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        let mut s = self.shared.lock();
+        let seq = s.copies_queued;
+        s.copies_queued += 1;
+        let fail = match s.fail {
+            Some((n, FailAt::Enqueue)) if n == seq => {
+                return Err(Error::Cuda("injected copy failure".into()));
+            }
+            Some((n, FailAt::Complete)) => n == seq,
+            _ => false,
+        };
+        if stream != Stream::DEFAULT && !s.streams.contains(&stream) {
+            return Err(Error::Cuda(format!("copy on unknown stream {stream:?}")));
+        }
+        s.queue.push_back(Op::Copy {
+            dst,
+            src: src as usize,
+            bytes,
+            stream,
+            fail,
+        });
+        drop(s);
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        let bytes = self
+            .read(src, dst.len())
+            .ok_or_else(|| Error::Cuda(format!("copy from invalid device address {src:#x}")))?;
+        dst.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
+        let mut s = self.shared.lock();
+        let Some(e) = s.events.get_mut(&event) else {
+            return Err(Error::Cuda(format!("record of unknown event {event:?}")));
+        };
+        e.pending += 1;
+        // Re-recording resets what the event reports, as in CUDA.
+        e.error = None;
+        s.queue.push_back(Op::Record { event, stream });
+        drop(s);
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    fn query_event(&self, event: Event) -> Result<bool> {
+        let s = self.shared.lock();
+        match s.events.get(&event) {
+            None => Err(Error::Cuda(format!("query of unknown event {event:?}"))),
+            Some(e) if e.pending > 0 => Ok(false),
+            Some(EventState {
+                error: Some(err), ..
+            }) => Err(Error::Cuda(err.clone())),
+            Some(_) => Ok(true),
+        }
+    }
+
+    fn synchronize_event(&self, event: Event) -> Result<()> {
+        let mut s = self.shared.lock();
+        loop {
+            match s.events.get(&event) {
+                None => return Err(Error::Cuda(format!("wait on unknown event {event:?}"))),
+                Some(e) if e.pending == 0 => {
+                    return match &e.error {
+                        Some(err) => Err(Error::Cuda(err.clone())),
+                        None => Ok(()),
+                    }
+                }
+                Some(_) => {
+                    s = self
+                        .shared
+                        .changed
+                        .wait(s)
+                        .unwrap_or_else(|p| p.into_inner())
+                }
+            }
+        }
+    }
+
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
+        let s = self.shared.lock();
+        if !s.events.contains_key(&event) {
+            return Err(Error::Cuda(format!("wait on unknown event {event:?}")));
+        }
+        if stream != Stream::DEFAULT && !s.streams.contains(&stream) {
+            return Err(Error::Cuda(format!("wait on unknown stream {stream:?}")));
+        }
+        // One FIFO queue: everything the event covers was queued earlier and so runs first.
+        Ok(())
+    }
+}

@@ -1,0 +1,37 @@
+//! CUDA prefetch: host batches copied to device memory on their own stream, ahead of the trainer.
+//!
+//! - [`device`]: the operations the prefetcher needs ([`DeviceBackend`]), with handle types.
+//! - [`driver`] (feature `cuda`): [`CudaDevice`], the real driver loaded at run time through
+//!   cudarc, and [`probe`], which says why CUDA cannot be used without ever panicking.
+//! - [`fake`]: [`FakeDevice`], host memory posing as a device, for tests on machines without GPU.
+//! - [`prefetch`]: the prefetch thread, the ring of device buffers and [`DeviceBatch`].
+//!
+//! Everything but `driver` builds without the `cuda` feature, so the prefetcher's logic is tested
+//! in every configuration.
+
+pub mod device;
+#[cfg(feature = "cuda")]
+pub mod driver;
+pub mod fake;
+pub mod prefetch;
+
+pub use device::{DeviceBackend, DevicePtr, Event, Stream};
+#[cfg(feature = "cuda")]
+pub use driver::{probe, CudaDevice};
+pub use fake::{FailAt, FakeCounters, FakeDevice};
+pub use prefetch::{DeviceBatch, DeviceFieldRef, HostBatches, PrefetchConfig, Prefetcher, Pulled};
+
+/// Opens `cuda:ordinal` with the real driver, or says why it cannot be used.
+pub fn open(ordinal: u32) -> crate::Result<std::sync::Arc<dyn DeviceBackend>> {
+    #[cfg(feature = "cuda")]
+    {
+        let device: std::sync::Arc<dyn DeviceBackend> = CudaDevice::open(ordinal)?;
+        Ok(device)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(crate::Error::Unsupported(format!(
+            "device=cuda:{ordinal}: this build of stoker has no CUDA support (stoker-core was built without its `cuda` feature)"
+        )))
+    }
+}

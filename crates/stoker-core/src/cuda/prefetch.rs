@@ -1,0 +1,742 @@
+//! The prefetcher: a dedicated thread that copies finished host batches to the device.
+//!
+//! It pulls host batches in delivery order from a [`HostBatches`] feed (the loader), copies each
+//! field on a non-blocking stream into one of a ring of `slots` device buffers, records an event
+//! and hands out a [`DeviceBatch`] at once: the consumer orders its own stream after the copy with
+//! [`DeviceBatch::wait`] instead of blocking the CPU. The thread then waits for the copy and drops
+//! the host batch, so its arena slab is recycled as soon as the copy is done, however long the
+//! trainer keeps the device batch.
+//!
+//! A device buffer returns to the ring when its `DeviceBatch` is dropped. Before the ring reuses
+//! it, the copy stream waits (on the device, not the CPU) for an event recorded at release on each
+//! stream the consumer passed to `wait`, so new data never overwrites memory a queued kernel still
+//! reads. When every buffer is taken the thread blocks (backpressure), and the host pool behind it
+//! stays within its own bound. Dropping the prefetcher joins the thread; every buffer is freed by
+//! whoever drops it last (the ring, the thread, or a batch the user still holds).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+
+use super::device::{DeviceBackend, DevicePtr, Event, Stream};
+use crate::batch::{Batch, DeviceType, FieldMeta};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// How long the thread waits for a host batch before checking for shutdown. The host loader's
+/// wait cannot be interrupted otherwise; 20 ms bounds how long dropping a loader takes.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Device buffers are allocated in these steps, so that ragged batches whose size wobbles do not
+/// reallocate every time.
+const ALLOC_GRANULE: usize = 64 << 10;
+
+/// What one pull from the feed gave.
+pub enum Pulled<M> {
+    /// A batch, an error, or `Ok(None)` for the end of an epoch, in delivery order, with the
+    /// feed's mark after it (the loader's resume position).
+    Item(Result<Option<Batch>>, M),
+    /// Nothing within the poll interval; the thread checks for shutdown and asks again.
+    Idle,
+}
+
+/// Where the prefetch thread gets host batches from; it is moved onto that thread.
+pub trait HostBatches: Send + 'static {
+    type Mark: Send + 'static;
+    /// The next item, waiting at most about `poll` before returning [`Pulled::Idle`].
+    fn pull(&mut self, poll: Duration) -> Pulled<Self::Mark>;
+}
+
+/// Prefetcher settings.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefetchConfig {
+    /// Device buffers in the ring: the most device batches alive at once.
+    pub slots: usize,
+    /// Copy on this caller-owned stream instead of a new non-blocking one. It is borrowed: never
+    /// destroyed, and it must outlive the prefetcher and its batches.
+    pub stream: Option<Stream>,
+}
+
+/// The copy stream, destroyed after the last batch that names it (unless borrowed).
+struct CopyStream {
+    backend: Arc<dyn DeviceBackend>,
+    stream: Stream,
+    owned: bool,
+}
+
+impl Drop for CopyStream {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: created by this prefetcher, destroyed once, here; pending work still
+            // completes (the driver releases the stream afterwards).
+            unsafe { self.backend.destroy_stream(self.stream) }
+        }
+    }
+}
+
+/// One device buffer of the ring, with its events. Dropping it (wherever that happens) waits
+/// for the work that uses it and frees it.
+struct Slot {
+    backend: Arc<dyn DeviceBackend>,
+    buffer: Option<(DevicePtr, usize)>,
+    /// Recorded after this buffer's copies.
+    copied: Event,
+    /// Events recorded at release on the consumer's streams, not yet waited for by the ring.
+    released: Vec<Event>,
+    /// Spare events for `released`, kept to avoid creating one per batch.
+    spare: Vec<Event>,
+}
+
+impl Slot {
+    fn new(backend: &Arc<dyn DeviceBackend>) -> Result<Slot> {
+        Ok(Slot {
+            backend: Arc::clone(backend),
+            buffer: None,
+            copied: backend.create_event()?,
+            released: Vec::new(),
+            spare: Vec::new(),
+        })
+    }
+
+    /// Blocks until nothing queued uses the buffer: its copy and the consumer's released work.
+    fn quiesce(&mut self) {
+        // Errors mean the context is broken; the work is over either way.
+        let _ = self.backend.synchronize_event(self.copied);
+        for e in self.released.drain(..) {
+            let _ = self.backend.synchronize_event(e);
+            self.spare.push(e);
+        }
+    }
+
+    /// A buffer of at least `bytes`, ordered on `stream` after the consumer's use of the last
+    /// contents.
+    fn prepare(&mut self, bytes: usize, stream: Stream) -> Result<DevicePtr> {
+        match self.buffer {
+            Some((ptr, cap)) if cap >= bytes => {
+                for e in self.released.drain(..) {
+                    self.backend.stream_wait_event(stream, e)?;
+                    self.spare.push(e);
+                }
+                Ok(ptr)
+            }
+            old => {
+                if let Some((ptr, _)) = old {
+                    self.quiesce();
+                    self.buffer = None;
+                    // SAFETY: allocated by this slot; `quiesce` waited for every use.
+                    unsafe { self.backend.free(ptr) };
+                }
+                let cap = bytes.max(1).div_ceil(ALLOC_GRANULE) * ALLOC_GRANULE;
+                let ptr = self.backend.alloc(cap)?;
+                self.buffer = Some((ptr, cap));
+                Ok(ptr)
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.quiesce();
+        if let Some((ptr, _)) = self.buffer.take() {
+            // SAFETY: allocated by this slot; `quiesce` waited for the copy and the consumer.
+            unsafe { self.backend.free(ptr) };
+        }
+        // SAFETY: every event below was created by this slot and is destroyed once, here.
+        unsafe {
+            self.backend.destroy_event(self.copied);
+            for e in self.spare.drain(..) {
+                self.backend.destroy_event(e);
+            }
+        }
+    }
+}
+
+/// What travels from the thread to the consumer.
+struct Delivery<M> {
+    item: Result<Option<DeviceBatch>>,
+    /// `None` for an error of the prefetcher itself, which moves no position.
+    mark: Option<M>,
+}
+
+/// A batch in device memory. Its fields have the host batch's layout, at a device address.
+/// Dropping it returns the buffer to the ring (after the work queued by [`wait`](Self::wait)ed
+/// streams); it may outlive the loader.
+pub struct DeviceBatch {
+    fields: Vec<FieldMeta>,
+    epoch: u64,
+    position: usize,
+    samples: usize,
+    skipped: usize,
+    ptr: DevicePtr,
+    device_id: u32,
+    stream: Arc<CopyStream>,
+    slot: Option<Slot>,
+    /// Streams passed to `wait`: at release an event is recorded on each.
+    waited: Mutex<Vec<Stream>>,
+    ring: Sender<Slot>,
+    /// Set when the consumer receives the batch: counts batches the consumer holds.
+    held: Option<Arc<AtomicUsize>>,
+}
+
+/// A borrowed view of one device field.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceFieldRef<'a> {
+    pub name: &'a str,
+    pub dtype: DType,
+    pub shape: &'a [usize],
+    /// Device address of the first element; C-contiguous.
+    pub ptr: DevicePtr,
+}
+
+impl DeviceBatch {
+    /// Samples in this batch.
+    pub fn len(&self) -> usize {
+        self.samples
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples == 0
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    pub fn skipped(&self) -> usize {
+        self.skipped
+    }
+
+    pub fn num_fields(&self) -> usize {
+        self.fields.len()
+    }
+
+    pub fn field(&self, i: usize) -> Option<DeviceFieldRef<'_>> {
+        let meta = self.fields.get(i)?;
+        Some(DeviceFieldRef {
+            name: &meta.name,
+            dtype: meta.dtype,
+            shape: &meta.shape,
+            ptr: self.ptr + meta.offset as u64,
+        })
+    }
+
+    pub fn fields(&self) -> impl Iterator<Item = DeviceFieldRef<'_>> {
+        (0..self.fields.len()).filter_map(|i| self.field(i))
+    }
+
+    pub fn field_index(&self, name: &str) -> Option<usize> {
+        self.fields.iter().position(|f| f.name == name)
+    }
+
+    pub fn field_by_name(&self, name: &str) -> Option<DeviceFieldRef<'_>> {
+        self.field(self.field_index(name)?)
+    }
+
+    pub fn field_meta(&self, i: usize) -> Option<&FieldMeta> {
+        self.fields.get(i)
+    }
+
+    /// Device address of field `i` (valid until this batch is dropped).
+    pub fn field_ptr(&self, i: usize) -> Option<DevicePtr> {
+        Some(self.ptr + self.fields.get(i)?.offset as u64)
+    }
+
+    pub fn device_type(&self) -> DeviceType {
+        DeviceType::Cuda
+    }
+
+    /// The device ordinal (`N` of `cuda:N`).
+    pub fn device_id(&self) -> u32 {
+        self.device_id
+    }
+
+    /// The stream the copies were queued on.
+    pub fn stream(&self) -> Stream {
+        self.stream.stream
+    }
+
+    /// Completes when every field is on the device (a `CUevent`). Valid while the batch lives.
+    pub fn event(&self) -> Event {
+        self.slot_ref().copied
+    }
+
+    fn slot_ref(&self) -> &Slot {
+        // The slot is taken only in Drop.
+        self.slot
+            .as_ref()
+            .expect("a live DeviceBatch holds its slot")
+    }
+
+    fn named(&self, e: Error) -> Error {
+        in_batch(e, self.epoch, self.position, None)
+    }
+
+    /// Whether the copy has completed; an error if it failed.
+    pub fn is_ready(&self) -> Result<bool> {
+        let slot = self.slot_ref();
+        slot.backend
+            .query_event(slot.copied)
+            .map_err(|e| self.named(e))
+    }
+
+    /// Blocks the calling thread until the copy has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        let slot = self.slot_ref();
+        slot.backend
+            .synchronize_event(slot.copied)
+            .map_err(|e| self.named(e))
+    }
+
+    /// Orders work queued on `stream` after the copy, without blocking the CPU, and makes the
+    /// buffer's reuse wait for work queued on `stream` before the batch is dropped. Call it for
+    /// every stream that reads the batch. Reports a copy that already failed.
+    pub fn wait(&self, stream: Stream) -> Result<()> {
+        let slot = self.slot_ref();
+        slot.backend
+            .query_event(slot.copied)
+            .and_then(|_| slot.backend.stream_wait_event(stream, slot.copied))
+            .map_err(|e| self.named(e))?;
+        let mut waited = self.waited.lock().unwrap_or_else(|p| p.into_inner());
+        if !waited.contains(&stream) {
+            waited.push(stream);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DeviceBatch {
+    fn drop(&mut self) {
+        if let Some(held) = &self.held {
+            held.fetch_sub(1, Ordering::AcqRel);
+        }
+        let Some(mut slot) = self.slot.take() else {
+            return;
+        };
+        let waited = std::mem::take(self.waited.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for stream in waited {
+            let event = match slot.spare.pop() {
+                Some(e) => e,
+                None => match slot.backend.create_event() {
+                    Ok(e) => e,
+                    // Nothing to order on: the context is broken and no queued work will run.
+                    Err(_) => continue,
+                },
+            };
+            match slot.backend.record_event(event, stream) {
+                Ok(()) => slot.released.push(event),
+                Err(_) => slot.spare.push(event),
+            }
+        }
+        // With the ring gone (loader dropped) the slot comes back here and frees itself.
+        let _ = self.ring.send(slot);
+    }
+}
+
+impl std::fmt::Debug for DeviceBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBatch")
+            .field("epoch", &self.epoch)
+            .field("position", &self.position)
+            .field("samples", &self.samples)
+            .field("device_id", &self.device_id)
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("fields", &self.fields)
+            .finish()
+    }
+}
+
+/// Adds which batch (and field) an error concerns, keeping its kind.
+fn in_batch(e: Error, epoch: u64, position: usize, field: Option<&str>) -> Error {
+    let at = match field {
+        Some(f) => format!("batch {position} of epoch {epoch}, field `{f}`"),
+        None => format!("batch {position} of epoch {epoch}"),
+    };
+    match e {
+        Error::Cuda(m) => Error::Cuda(format!("{at}: {m}")),
+        Error::OutOfMemory(m) => Error::OutOfMemory(format!("{at}: {m}")),
+        other => other,
+    }
+}
+
+/// The consumer's end. Dropping it stops and joins the thread.
+pub struct Prefetcher<M: Send + 'static> {
+    out: Receiver<Delivery<M>>,
+    /// Dropped to tell the thread to stop (its receivers see the disconnection at once).
+    stop: Option<Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    held: Arc<AtomicUsize>,
+    /// True while the thread waits for a free buffer.
+    starved: Arc<AtomicBool>,
+    slots: usize,
+    device_id: u32,
+}
+
+impl<M: Send + 'static> Prefetcher<M> {
+    /// Starts the thread. The ring's events are created here, so a broken device fails now;
+    /// buffers are allocated on first use, at the size the batches need.
+    pub fn start<F: HostBatches<Mark = M>>(
+        feed: F,
+        backend: Arc<dyn DeviceBackend>,
+        config: PrefetchConfig,
+    ) -> Result<Prefetcher<M>> {
+        let slots = config.slots.max(1);
+        let (ring_tx, ring_rx) = crossbeam_channel::bounded::<Slot>(slots);
+        for _ in 0..slots {
+            // Cannot fail: the channel holds exactly `slots`.
+            let _ = ring_tx.send(Slot::new(&backend)?);
+        }
+        let stream = Arc::new(match config.stream {
+            Some(stream) => CopyStream {
+                backend: Arc::clone(&backend),
+                stream,
+                owned: false,
+            },
+            None => CopyStream {
+                backend: Arc::clone(&backend),
+                stream: backend.create_stream()?,
+                owned: true,
+            },
+        });
+        let (out_tx, out_rx) = crossbeam_channel::bounded(slots);
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let held = Arc::new(AtomicUsize::new(0));
+        let starved = Arc::new(AtomicBool::new(false));
+        let device_id = backend.ordinal();
+        let worker = Worker {
+            starved: Arc::clone(&starved),
+            backend,
+            stream,
+            ring_tx,
+            ring_rx,
+            out: out_tx,
+            stop: stop_rx,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("stoker-prefetch-cuda{device_id}"))
+            .spawn(move || worker.run(feed))
+            .map_err(|e| Error::Internal(format!("starting the prefetch thread: {e}")))?;
+        Ok(Prefetcher {
+            out: out_rx,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+            held,
+            starved,
+            slots,
+            device_id,
+        })
+    }
+
+    /// The next device batch (`Ok(None)` at an epoch's end) with the feed's mark after it (none
+    /// for a failure of the prefetcher itself). Waits at most `timeout`. Fails instead of waiting
+    /// forever when the caller holds every buffer of the ring and the thread waits for one, since
+    /// then nothing could arrive.
+    #[allow(clippy::type_complexity)]
+    pub fn next(
+        &mut self,
+        timeout: Option<Duration>,
+    ) -> Result<(Result<Option<DeviceBatch>>, Option<M>)> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let delivery = loop {
+            // While the caller holds the whole ring, wake up now and then to see whether the
+            // thread got stuck waiting for a buffer; otherwise just wait.
+            let ring_held = self.held.load(Ordering::Acquire) >= self.slots;
+            let wait = match (deadline, ring_held) {
+                (None, false) => None,
+                (None, true) => Some(Duration::from_millis(5)),
+                (Some(d), false) => Some(d.saturating_duration_since(Instant::now())),
+                (Some(d), true) => Some(
+                    d.saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(5)),
+                ),
+            };
+            let got = match wait {
+                None => self.out.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(w) => self.out.recv_timeout(w),
+            };
+            match got {
+                Ok(d) => break d,
+                Err(RecvTimeoutError::Disconnected) => return Err(self.exited()),
+                Err(RecvTimeoutError::Timeout) => {
+                    // Order matters: the thread sets `starved` only after sending everything
+                    // that came before the batch it needs a buffer for.
+                    if self.starved.load(Ordering::Acquire)
+                        && self.out.is_empty()
+                        && self.held.load(Ordering::Acquire) >= self.slots
+                    {
+                        return Err(Error::InvalidArgument(format!(
+                            "all {} device buffers of cuda:{} are held by batches not yet \
+                             released; release one before asking for the next (prefetch_factor \
+                             sets how many there are)",
+                            self.slots, self.device_id
+                        )));
+                    }
+                    if let Some(d) = deadline {
+                        if Instant::now() >= d {
+                            let t = timeout.unwrap_or_default();
+                            return Err(Error::Timeout(t.as_millis() as u64));
+                        }
+                    }
+                }
+            }
+        };
+        let mut item = delivery.item;
+        if let Ok(Some(batch)) = &mut item {
+            self.held.fetch_add(1, Ordering::AcqRel);
+            batch.held = Some(Arc::clone(&self.held));
+        }
+        Ok((item, delivery.mark))
+    }
+
+    fn exited(&self) -> Error {
+        Error::Internal(format!(
+            "the prefetch thread of cuda:{} has exited",
+            self.device_id
+        ))
+    }
+
+    /// Device batches handed out and not yet dropped.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
+impl<M: Send + 'static> Drop for Prefetcher<M> {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            // The thread catches panics itself; a join error adds nothing.
+            let _ = thread.join();
+        }
+        // Batches delivered but not received drop with `out`: their slots find the ring gone and
+        // free themselves.
+    }
+}
+
+/// The thread's side.
+struct Worker<M> {
+    backend: Arc<dyn DeviceBackend>,
+    stream: Arc<CopyStream>,
+    ring_tx: Sender<Slot>,
+    ring_rx: Receiver<Slot>,
+    out: Sender<Delivery<M>>,
+    stop: Receiver<()>,
+    starved: Arc<AtomicBool>,
+}
+
+impl<M> Drop for Worker<M> {
+    fn drop(&mut self) {
+        // Free the idle buffers now. A channel's messages are otherwise dropped only when its
+        // last sender goes, and every batch the user still holds keeps a sender to the ring.
+        while let Ok(slot) = self.ring_rx.try_recv() {
+            drop(slot);
+        }
+    }
+}
+
+impl<M: Send + 'static> Worker<M> {
+    fn run<F: HostBatches<Mark = M>>(self, mut feed: F) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.pump(&mut feed)));
+        if let Err(panic) = outcome {
+            // The consumer's next call reports it; the calls after that find the thread gone.
+            self.send(Delivery {
+                item: Err(Error::Internal(format!(
+                    "panic in the prefetch thread: {}",
+                    crate::pool::panic_message(&*panic)
+                ))),
+                mark: None,
+            });
+        }
+        // The feed (the host loader and its pool) drops here, on this thread, joining its workers.
+        drop(feed);
+    }
+
+    fn stopped(&self) -> bool {
+        matches!(self.stop.try_recv(), Err(TryRecvError::Disconnected))
+    }
+
+    /// Sends unless stopped; false when the consumer is gone.
+    fn send(&self, d: Delivery<M>) -> bool {
+        crossbeam_channel::select! {
+            send(self.out, d) -> r => r.is_ok(),
+            recv(self.stop) -> _ => false,
+        }
+    }
+
+    fn pump<F: HostBatches<Mark = M>>(&self, feed: &mut F) {
+        loop {
+            let (item, mark) = loop {
+                if self.stopped() {
+                    return;
+                }
+                if let Pulled::Item(item, mark) = feed.pull(POLL) {
+                    break (item, mark);
+                }
+            };
+            let host = match item {
+                Ok(Some(batch)) => batch,
+                // An epoch's end or a host-side error passes through in its place.
+                other => {
+                    let item = other.map(|_| None);
+                    if !self.send(Delivery {
+                        item,
+                        mark: Some(mark),
+                    }) {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            // Backpressure: wait for a free buffer.
+            let slot = match self.ring_rx.try_recv() {
+                Ok(slot) => slot,
+                Err(_) => {
+                    self.starved.store(true, Ordering::Release);
+                    let slot = crossbeam_channel::select! {
+                        recv(self.ring_rx) -> slot => slot.ok(),
+                        recv(self.stop) -> _ => None,
+                    };
+                    self.starved.store(false, Ordering::Release);
+                    match slot {
+                        Some(slot) => slot,
+                        None => return,
+                    }
+                }
+            };
+            let (item, host) = self.copy(host, slot);
+            // Hand the batch out before the copy completes: the consumer's stream waits on the
+            // event, not the CPU.
+            let delivered = self.send(Delivery {
+                item,
+                mark: Some(mark),
+            });
+            // Then wait for the copy so the host slab goes back to the arena now, not when the
+            // trainer releases the device batch. Dropping it earlier would let a worker overwrite
+            // memory the DMA engine is still reading. A failure here is reported to the consumer
+            // by the batch's own event (`wait`, `synchronize`, `is_ready`).
+            if let Some((host, copied)) = host {
+                let _ = self.backend.synchronize_event(copied);
+                drop(host);
+            }
+            if !delivered {
+                return;
+            }
+        }
+    }
+
+    /// Queues the copies of `host` into `slot` and records the slot's event. Returns the item to
+    /// deliver, and the host batch with the event to wait for before dropping it.
+    #[allow(clippy::type_complexity)]
+    fn copy(
+        &self,
+        host: Batch,
+        mut slot: Slot,
+    ) -> (Result<Option<DeviceBatch>>, Option<(Batch, Event)>) {
+        let (epoch, position) = (host.epoch(), host.position());
+        let stream = self.stream.stream;
+        let queued = (|| -> Result<DevicePtr> {
+            let dst = slot
+                .prepare(host.byte_len(), stream)
+                .map_err(|e| in_batch(e, epoch, position, None))?;
+            for i in 0..host.num_fields() {
+                let (Some(meta), Some(src)) = (host.field_meta(i), host.field_ptr(i)) else {
+                    continue;
+                };
+                // SAFETY: `src` is valid for `num_bytes` while `host` lives, and `host` is dropped
+                // only after an event recorded below has completed; `dst + offset` lies within the
+                // buffer `prepare` sized to the whole host layout.
+                unsafe {
+                    self.backend.copy_to_device_async(
+                        dst + meta.offset as u64,
+                        src,
+                        meta.num_bytes(),
+                        stream,
+                    )
+                }
+                .map_err(|e| in_batch(e, epoch, position, Some(&meta.name)))?;
+            }
+            self.backend
+                .record_event(slot.copied, stream)
+                .map_err(|e| in_batch(e, epoch, position, None))?;
+            Ok(dst)
+        })();
+        match queued {
+            Ok(ptr) => {
+                let event = slot.copied;
+                let batch = DeviceBatch {
+                    fields: host.field_metas().to_vec(),
+                    epoch,
+                    position,
+                    samples: host.len(),
+                    skipped: host.skipped(),
+                    ptr,
+                    device_id: self.backend.ordinal(),
+                    stream: Arc::clone(&self.stream),
+                    slot: Some(slot),
+                    waited: Mutex::new(Vec::new()),
+                    ring: self.ring_tx.clone(),
+                    held: None,
+                };
+                (Ok(Some(batch)), Some((host, event)))
+            }
+            Err(e) => {
+                // Some fields may have been queued before the failure: wait for them before the
+                // host memory or the slot can be reused.
+                if self.backend.record_event(slot.copied, stream).is_ok() {
+                    let _ = self.backend.synchronize_event(slot.copied);
+                }
+                let _ = self.ring_tx.send(slot);
+                drop(host);
+                (Err(e), None)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::FakeDevice;
+
+    /// Ends the epoch once, then panics.
+    struct Panicking(bool);
+
+    impl HostBatches for Panicking {
+        type Mark = u32;
+        fn pull(&mut self, _: Duration) -> Pulled<u32> {
+            if std::mem::replace(&mut self.0, true) {
+                panic!("feed exploded");
+            }
+            Pulled::Item(Ok(None), 7)
+        }
+    }
+
+    #[test]
+    fn a_panicking_feed_becomes_an_error_then_the_thread_is_gone() {
+        let fake = FakeDevice::new(0).unwrap();
+        let config = PrefetchConfig {
+            slots: 2,
+            stream: None,
+        };
+        let mut p = Prefetcher::start(Panicking(false), fake.clone(), config).unwrap();
+        let (item, mark) = p.next(None).unwrap();
+        assert!(matches!(item, Ok(None)) && mark == Some(7));
+        let (item, mark) = p.next(None).unwrap();
+        let err = item.unwrap_err();
+        assert!(err.to_string().contains("feed exploded"), "{err}");
+        assert!(mark.is_none());
+        let err = p.next(None).unwrap_err();
+        assert!(err.to_string().contains("has exited"), "{err}");
+        drop(p);
+        let c = fake.counters();
+        assert_eq!((c.live_streams, c.live_events), (0, 0), "{c:?}");
+    }
+}

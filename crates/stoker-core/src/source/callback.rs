@@ -1,0 +1,339 @@
+//! A source backed by a user's read function: the trainer's own dataset (PyTorch's
+//! `Dataset.__getitem__`), called concurrently from worker threads.
+//!
+//! The read function fills a [`SampleWriter`] with the sample's fields: encoded image bytes
+//! (decoded and transformed like an `image_folder` file), raw tensors, a label. The fields, their
+//! types and shapes are fixed by sample 0, which is read once when the source is made. With
+//! padding on, tensors of one or more dimensions may vary in their leading dimension (they become
+//! ragged fields that collate pads); otherwise every sample must match sample 0 exactly.
+
+use std::sync::Arc;
+
+use super::{FieldKind, FieldSpec, Sample, Source, MAX_FIELDS};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Reads sample `index` into the writer; an `Err` carries the user's message.
+pub type ReadFn =
+    dyn Fn(usize, &mut SampleWriter<'_>) -> std::result::Result<(), String> + Send + Sync;
+
+/// The field an encoded image goes to, and the field a label goes to.
+pub const IMAGE_FIELD: &str = "image";
+pub const LABEL_FIELD: &str = "label";
+
+pub struct CallbackSource {
+    len: usize,
+    read: Arc<ReadFn>,
+    fields: Vec<FieldSpec>,
+}
+
+impl CallbackSource {
+    /// Makes the source, reading sample 0 to learn its fields. `pad` allows ragged tensors.
+    pub fn new(len: usize, read: Arc<ReadFn>, pad: bool) -> Result<CallbackSource> {
+        let mut source = CallbackSource {
+            len,
+            read,
+            fields: Vec::new(),
+        };
+        if len > 0 {
+            let mut fields = Vec::new();
+            let mut scratch = Vec::new();
+            let mut writer = SampleWriter::new(
+                &mut scratch,
+                Mode::Probe {
+                    fields: &mut fields,
+                    pad,
+                },
+            );
+            source.call(0, &mut writer)?;
+            if fields.is_empty() {
+                return Err(Error::Callback {
+                    index: 0,
+                    message: "read() returned success but put no field".into(),
+                });
+            }
+            source.fields = fields;
+        }
+        Ok(source)
+    }
+
+    fn call(&self, index: usize, writer: &mut SampleWriter<'_>) -> Result<()> {
+        let outcome = (self.read)(index, writer);
+        if let Some(reason) = writer.misuse.take() {
+            return Err(Error::Sample {
+                index: index as u64,
+                what: self.describe(index),
+                reason,
+            });
+        }
+        outcome.map_err(|message| Error::Callback {
+            index: index as u64,
+            message,
+        })
+    }
+}
+
+impl Source for CallbackSource {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn fields(&self) -> &[FieldSpec] {
+        &self.fields
+    }
+
+    fn describe(&self, index: usize) -> String {
+        format!("callback sample {index}")
+    }
+
+    fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+        let ranges = {
+            let mut writer = SampleWriter::new(
+                scratch,
+                Mode::Check {
+                    fields: &self.fields,
+                },
+            );
+            self.call(index, &mut writer)?;
+            if let Some(missing) = (0..self.fields.len()).find(|&f| writer.ranges[f].is_none()) {
+                return Err(Error::Sample {
+                    index: index as u64,
+                    what: self.describe(index),
+                    reason: format!(
+                        "field `{}` was not given (sample 0 had it)",
+                        self.fields[missing].name
+                    ),
+                });
+            }
+            writer.ranges
+        };
+        let mut sample = Sample::default();
+        for (f, range) in ranges.iter().enumerate().take(self.fields.len()) {
+            if let Some((start, len)) = range {
+                sample.set(f, &scratch[*start..start + len]);
+            }
+        }
+        Ok(sample)
+    }
+}
+
+enum Mode<'a> {
+    /// Sample 0: each put declares a field.
+    Probe {
+        fields: &'a mut Vec<FieldSpec>,
+        pad: bool,
+    },
+    /// Later samples: each put must match a declared field.
+    Check { fields: &'a [FieldSpec] },
+}
+
+/// What a read function fills for one sample. Data is copied into the worker's buffer before
+/// `put_*` returns, so the caller's memory may be reused at once.
+pub struct SampleWriter<'a> {
+    buf: &'a mut Vec<u8>,
+    mode: Mode<'a>,
+    /// Byte range in `buf` of each field given so far.
+    ranges: [Option<(usize, usize)>; MAX_FIELDS],
+    /// The first misuse (a field not declared by sample 0, a wrong shape), reported even if the
+    /// read function ignores the error `put_*` returned.
+    misuse: Option<String>,
+}
+
+impl<'a> SampleWriter<'a> {
+    fn new(buf: &'a mut Vec<u8>, mode: Mode<'a>) -> SampleWriter<'a> {
+        buf.clear();
+        SampleWriter {
+            buf,
+            mode,
+            ranges: [None; MAX_FIELDS],
+            misuse: None,
+        }
+    }
+
+    /// Encoded JPEG or PNG bytes, decoded and transformed into field `image`.
+    pub fn put_encoded(&mut self, bytes: &[u8]) -> std::result::Result<(), String> {
+        self.put(IMAGE_FIELD, None, &[], bytes)
+    }
+
+    /// The sample's label, field `label` (int64).
+    pub fn put_label(&mut self, label: i64) -> std::result::Result<(), String> {
+        self.put(LABEL_FIELD, Some(DType::I64), &[], &label.to_ne_bytes())
+    }
+
+    /// A C-contiguous tensor of `shape` for `field`; `data` must hold exactly its bytes.
+    pub fn put_tensor(
+        &mut self,
+        field: &str,
+        dtype: DType,
+        shape: &[usize],
+        data: &[u8],
+    ) -> std::result::Result<(), String> {
+        let expected = shape
+            .iter()
+            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d));
+        if expected != Some(data.len()) {
+            return self.fail(format!(
+                "field `{field}`: {} bytes given for {dtype} {shape:?}",
+                data.len()
+            ));
+        }
+        self.put(field, Some(dtype), shape, data)
+    }
+
+    fn fail(&mut self, reason: String) -> std::result::Result<(), String> {
+        self.misuse.get_or_insert_with(|| reason.clone());
+        Err(reason)
+    }
+
+    /// Declares (sample 0) or checks (later samples) field `name` — an encoded image when
+    /// `dtype` is `None`, else a tensor of `shape` — then copies its bytes.
+    fn put(
+        &mut self,
+        name: &str,
+        dtype: Option<DType>,
+        shape: &[usize],
+        data: &[u8],
+    ) -> std::result::Result<(), String> {
+        let index = match &mut self.mode {
+            Mode::Probe { fields, pad } => {
+                if fields.iter().any(|f| f.name == name) {
+                    return self.fail(format!("field `{name}` given twice"));
+                }
+                if fields.len() == MAX_FIELDS {
+                    return self.fail(format!("more than {MAX_FIELDS} fields"));
+                }
+                fields.push(match dtype {
+                    None => FieldSpec::encoded_image(name),
+                    Some(dtype) if *pad && !shape.is_empty() => {
+                        FieldSpec::ragged(name, dtype, &shape[1..])
+                    }
+                    Some(dtype) => FieldSpec::tensor(name, dtype, shape),
+                });
+                fields.len() - 1
+            }
+            Mode::Check { fields } => {
+                let Some(index) = fields.iter().position(|f| f.name == name) else {
+                    return self.fail(format!("field `{name}` was not in sample 0"));
+                };
+                if let Some(reason) = mismatch(name, &fields[index].kind, dtype, shape) {
+                    return self.fail(reason);
+                }
+                index
+            }
+        };
+        if self.ranges[index].is_some() {
+            return self.fail(format!("field `{name}` given twice"));
+        }
+        let start = self.buf.len();
+        self.buf.extend_from_slice(data);
+        self.ranges[index] = Some((start, data.len()));
+        Ok(())
+    }
+}
+
+/// Why a put of `dtype`/`shape` does not fit the field sample 0 declared, if it does not.
+fn mismatch(
+    name: &str,
+    declared: &FieldKind,
+    dtype: Option<DType>,
+    shape: &[usize],
+) -> Option<String> {
+    match (declared, dtype) {
+        (FieldKind::EncodedImage, None) => None,
+        (FieldKind::Tensor { dtype: d0, shape: s0 }, Some(dtype)) => {
+            (*d0 != dtype || s0.as_slice() != shape).then(|| {
+                format!(
+                    "field `{name}` is {dtype} {shape:?} but sample 0 had {d0} {s0:?}; set pad=VALUE to pad a varying leading dimension"
+                )
+            })
+        }
+        (FieldKind::Ragged { dtype: d0, inner_shape }, Some(dtype)) => {
+            let fits = *d0 == dtype && shape.len() == inner_shape.len() + 1 && shape[1..] == inner_shape[..];
+            (!fits).then(|| format!("field `{name}` is {dtype} {shape:?} but sample 0 had {d0} [n, ...{inner_shape:?}]"))
+        }
+        _ => Some(format!("field `{name}` changed kind since sample 0")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes_f32(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    #[test]
+    fn fields_come_from_sample_zero_and_values_round_trip() {
+        let read: Arc<ReadFn> = Arc::new(|i, w| {
+            w.put_tensor("x", DType::F32, &[2], &bytes_f32(&[i as f32, -(i as f32)]))?;
+            w.put_label(i as i64 * 3)
+        });
+        let src = CallbackSource::new(5, read, false).unwrap();
+        assert_eq!(
+            src.fields(),
+            &[
+                FieldSpec::tensor("x", DType::F32, &[2]),
+                FieldSpec::tensor("label", DType::I64, &[])
+            ]
+        );
+        let mut scratch = Vec::new();
+        let s = src.read(4, &mut scratch).unwrap();
+        assert_eq!(s.get(0), &bytes_f32(&[4.0, -4.0])[..]);
+        assert_eq!(s.get(1), &12i64.to_ne_bytes());
+    }
+
+    #[test]
+    fn mismatches_name_the_index_and_field() {
+        let read: Arc<ReadFn> = Arc::new(|i, w| {
+            let n = if i == 3 { 3 } else { 2 };
+            w.put_tensor("x", DType::F32, &[n], &vec![0u8; 4 * n])?;
+            if i != 4 {
+                w.put_label(0)?;
+            }
+            Ok(())
+        });
+        let src = CallbackSource::new(5, read.clone(), false).unwrap();
+        let mut scratch = Vec::new();
+        let e = src.read(3, &mut scratch).unwrap_err().to_string();
+        assert!(
+            e.contains("sample 3") && e.contains("field `x`") && e.contains("pad"),
+            "{e}"
+        );
+        let e = src.read(4, &mut scratch).unwrap_err().to_string();
+        assert!(
+            e.contains("sample 4") && e.contains("`label` was not given"),
+            "{e}"
+        );
+
+        let padded = CallbackSource::new(5, read, true).unwrap();
+        assert_eq!(padded.fields()[0], FieldSpec::ragged("x", DType::F32, &[]));
+        assert_eq!(padded.read(3, &mut scratch).unwrap().get(0).len(), 12);
+    }
+
+    #[test]
+    fn user_failures_and_misuse_are_errors() {
+        let read: Arc<ReadFn> = Arc::new(|i, w| {
+            if i == 1 {
+                return Err("disk on fire".into());
+            }
+            if i == 2 {
+                // Ignores the error put_tensor returns; the misuse is still reported.
+                let _ = w.put_tensor("x", DType::U8, &[4], &[1, 2]);
+                return Ok(());
+            }
+            w.put_tensor("x", DType::U8, &[4], &[1, 2, 3, 4])
+        });
+        let src = CallbackSource::new(3, read, false).unwrap();
+        let mut scratch = Vec::new();
+        let e = src.read(1, &mut scratch).unwrap_err();
+        assert!(
+            matches!(e, Error::Callback { index: 1, .. }) && e.to_string().contains("disk on fire")
+        );
+        let e = src.read(2, &mut scratch).unwrap_err().to_string();
+        assert!(e.contains("2 bytes given for uint8 [4]"), "{e}");
+
+        let nothing: Arc<ReadFn> = Arc::new(|_, _| Ok(()));
+        assert!(CallbackSource::new(1, nothing, false).is_err());
+    }
+}

@@ -1,0 +1,517 @@
+//! The CUDA prefetch path against the host-memory fake device: ordering, the ring bound,
+//! backpressure, early recycling of host slabs, copy errors, shutdown. The fake runs copies later
+//! on its own thread, so a prefetcher that frees, reuses or reads too early fails these tests.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stoker_core::cuda::{FailAt, FakeDevice, Stream};
+use stoker_core::{
+    DType, DeviceBatch, DeviceType, Error, ErrorKind, Loader, LoaderOptions, MemorySource, Source,
+    SourceSpec,
+};
+
+/// `n` samples: field `x` = [i, i+1, i+2] as int64, field `y` = i as uint8.
+fn counting_source(n: usize) -> Arc<dyn Source> {
+    let x: Vec<u8> = (0..n as i64)
+        .flat_map(|i| [i, i + 1, i + 2])
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
+    let y: Vec<u8> = (0..n).map(|i| i as u8).collect();
+    Arc::new(
+        MemorySource::new()
+            .with_tensor("x", DType::I64, &[3], x)
+            .unwrap()
+            .with_tensor("y", DType::U8, &[], y)
+            .unwrap(),
+    )
+}
+
+fn options(source: Arc<dyn Source>, kv: &[(&str, &str)]) -> LoaderOptions {
+    let mut o = LoaderOptions {
+        source: Some(SourceSpec::Custom(source)),
+        ..LoaderOptions::default()
+    };
+    o.set("device", "cuda").unwrap();
+    for (k, v) in kv {
+        o.set(k, v).unwrap();
+    }
+    o
+}
+
+fn fake(delay_ms: u64) -> Arc<FakeDevice> {
+    let f = FakeDevice::new(0).unwrap();
+    f.set_copy_delay(Duration::from_millis(delay_ms));
+    f
+}
+
+fn device_loader(fake: &Arc<FakeDevice>, o: &LoaderOptions) -> Loader {
+    Loader::with_device_backend(o, fake.clone()).unwrap()
+}
+
+/// Every field of a device batch as bytes, read back from the fake once the copy completed.
+fn contents(fake: &FakeDevice, b: &DeviceBatch) -> Vec<Vec<u8>> {
+    b.synchronize().unwrap();
+    (0..b.num_fields())
+        .map(|i| {
+            let meta = b.field_meta(i).unwrap();
+            fake.read(b.field_ptr(i).unwrap(), meta.num_bytes())
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Waits until `cond` holds (the prefetch thread works concurrently), failing after 5 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn device_batches_match_host_batches_in_order_across_epochs() {
+    let kv = [
+        ("batch_size", "4"),
+        ("num_workers", "2"),
+        ("shuffle", "true"),
+        ("seed", "7"),
+    ];
+    let fake = fake(1);
+    let mut dev = device_loader(&fake, &options(counting_source(10), &kv));
+    let mut cpu_options = options(counting_source(10), &kv);
+    cpu_options.set("device", "cpu").unwrap();
+    let mut cpu = Loader::new(&cpu_options).unwrap();
+    assert_eq!(dev.device().to_string(), "cuda:0");
+    for epoch in 0..2 {
+        for position in 0..3 {
+            let h = cpu.next().unwrap().unwrap();
+            let d = dev.next_device().unwrap().unwrap();
+            assert_eq!(
+                (d.epoch(), d.position(), d.len()),
+                (epoch, position, h.len())
+            );
+            assert_eq!(d.device_type(), DeviceType::Cuda);
+            assert_eq!(d.device_id(), 0);
+            let host: Vec<Vec<u8>> = h.fields().map(|f| f.data.to_vec()).collect();
+            assert_eq!(contents(&fake, &d), host, "epoch {epoch} batch {position}");
+            let field = d.field_by_name("x").unwrap();
+            assert_eq!((field.dtype, field.shape), (DType::I64, &[h.len(), 3][..]));
+            assert_eq!(dev.position(), position + 1);
+        }
+        assert!(cpu.next().unwrap().is_none());
+        assert!(dev.next_device().unwrap().is_none(), "end of epoch {epoch}");
+        assert_eq!(dev.epoch(), epoch + 1);
+    }
+    assert_eq!(dev.stats().batches, 6);
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
+fn the_ring_bounds_live_device_buffers_and_reuses_them() {
+    let fake = fake(0);
+    // prefetch_factor 2: a ring of 3 buffers.
+    let o = options(
+        counting_source(64),
+        &[
+            ("batch_size", "4"),
+            ("num_workers", "2"),
+            ("prefetch_factor", "2"),
+        ],
+    );
+    let mut l = device_loader(&fake, &o);
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let b = l.next_device().unwrap().unwrap();
+        held.push(b);
+        if held.len() == 2 {
+            held.remove(0); // the trainer keeps the previous batch while using the next
+        }
+        assert!(fake.counters().live_buffers <= 3);
+    }
+    let c = fake.counters();
+    assert!(c.max_live_buffers <= 3, "{c:?}");
+    assert_eq!(
+        c.allocations, c.max_live_buffers as u64,
+        "buffers are reused, not reallocated"
+    );
+    drop(held);
+    drop(l);
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
+fn holding_every_buffer_blocks_the_prefetcher_and_releasing_one_unblocks_it() {
+    let fake = fake(0);
+    // prefetch_factor 1: a ring of 2 buffers; 2 fields, so 2 copies per batch.
+    let o = options(
+        counting_source(40),
+        &[
+            ("batch_size", "2"),
+            ("num_workers", "1"),
+            ("prefetch_factor", "1"),
+        ],
+    );
+    let mut l = device_loader(&fake, &o);
+    let first = l.next_device().unwrap().unwrap();
+    let second = l.next_device().unwrap().unwrap();
+    eventually("two batches copied", || fake.counters().copies_done == 4);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        fake.counters().copies_done,
+        4,
+        "the prefetcher waits for a free buffer"
+    );
+    // Asking for a third while holding the whole ring fails at once instead of hanging.
+    let err = l.next_device().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        err.to_string().contains("held by batches not yet released"),
+        "{err}"
+    );
+    drop(first);
+    let third = l.next_device().unwrap().unwrap();
+    assert_eq!(third.position(), 2, "the failed call consumed nothing");
+    assert_eq!(contents(&fake, &third)[1], vec![4, 5]);
+    drop((second, third));
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
+fn holding_the_whole_ring_still_sees_the_end_of_the_epoch() {
+    let fake = fake(0);
+    // A ring of 2 and an epoch of 2 batches: both held, the end of the epoch still arrives.
+    let o = options(
+        counting_source(4),
+        &[
+            ("batch_size", "2"),
+            ("num_workers", "1"),
+            ("prefetch_factor", "1"),
+        ],
+    );
+    let mut l = device_loader(&fake, &o);
+    for _ in 0..20 {
+        let a = l.next_device().unwrap().unwrap();
+        let b = l.next_device().unwrap().unwrap();
+        assert!(l.next_device().unwrap().is_none());
+        let err = l.next_device().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        drop((a, b));
+    }
+}
+
+#[test]
+fn host_slabs_are_recycled_once_copied_while_device_batches_are_held() {
+    let fake = fake(20);
+    // num_workers 0: host batches are built on the prefetch thread, so every leased slab is one
+    // the prefetcher holds (at most one waiting for a buffer, one being copied).
+    let o = options(
+        counting_source(40),
+        &[
+            ("batch_size", "4"),
+            ("num_workers", "0"),
+            ("prefetch_factor", "1"),
+        ],
+    );
+    let mut l = device_loader(&fake, &o);
+    let a = l.next_device().unwrap().unwrap();
+    let b = l.next_device().unwrap().unwrap();
+    // Both device batches are held; their host slabs are not: once both copies are done, only
+    // the batch built next (waiting for a buffer) keeps a slab.
+    eventually("both copies done", || fake.counters().copies_done == 4);
+    eventually("host slabs of held device batches recycled", || {
+        l.arena().counters().slabs_leased == 1
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        l.arena().counters().slabs_leased,
+        1,
+        "not 3: held device batches keep no slab"
+    );
+    assert!(
+        a.is_ready().unwrap() && b.is_ready().unwrap(),
+        "both copies completed"
+    );
+    drop((a, b));
+    // A whole epoch while always holding the previous batch maps no more than the pipeline needs.
+    let mut prev = None;
+    while let Some(batch) = l.next_device().unwrap() {
+        prev = Some(batch);
+    }
+    drop(prev);
+    let c = l.arena().counters();
+    assert!(c.slabs_mapped <= 2, "slabs are reused: {c:?}");
+    assert!(
+        fake.counters().live_registrations >= 1,
+        "pin_memory registers slabs"
+    );
+    drop(l);
+    assert_eq!(
+        fake.counters().live_registrations,
+        0,
+        "unregistered before unmap"
+    );
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
+fn a_copy_failing_when_queued_names_its_batch_and_the_loader_goes_on() {
+    let fake = fake(0);
+    // Copies are numbered from 0, two per batch: copy 3 is field `y` of batch 1.
+    fake.fail_copy(3, FailAt::Enqueue);
+    let o = options(
+        counting_source(12),
+        &[("batch_size", "4"), ("num_workers", "1")],
+    );
+    let mut l = device_loader(&fake, &o);
+    assert_eq!(l.next_device().unwrap().unwrap().position(), 0);
+    let err = l.next_device().unwrap_err();
+    assert!(matches!(err, Error::Cuda(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("batch 1 of epoch 0") && msg.contains("field `y`"),
+        "{msg}"
+    );
+    let next = l.next_device().unwrap().unwrap();
+    assert_eq!(next.position(), 2);
+    assert_eq!(contents(&fake, &next)[1], vec![8, 9, 10, 11]);
+    assert!(l.next_device().unwrap().is_none());
+    drop((next, l));
+    assert_eq!(fake.counters().live_buffers, 0);
+}
+
+#[test]
+fn a_copy_failing_on_the_device_is_reported_by_its_batch() {
+    let fake = fake(5);
+    fake.fail_copy(2, FailAt::Complete); // field `x` of batch 1
+    let o = options(
+        counting_source(12),
+        &[("batch_size", "4"), ("num_workers", "1")],
+    );
+    let mut l = device_loader(&fake, &o);
+    let first = l.next_device().unwrap().unwrap();
+    first.synchronize().unwrap();
+    let second = l.next_device().unwrap().unwrap();
+    let err = second.synchronize().unwrap_err();
+    assert!(matches!(err, Error::Cuda(_)), "{err:?}");
+    assert!(err.to_string().contains("batch 1 of epoch 0"), "{err}");
+    assert!(second.wait(Stream::DEFAULT).is_err(), "wait reports it too");
+    drop((first, second, l));
+    assert_eq!(fake.counters().live_buffers, 0);
+}
+
+#[test]
+fn dropping_mid_epoch_joins_and_frees_every_buffer_after_held_batches_go() {
+    let fake = fake(2);
+    let o = options(
+        counting_source(400),
+        &[
+            ("batch_size", "4"),
+            ("num_workers", "2"),
+            ("prefetch_factor", "3"),
+        ],
+    );
+    let mut l = device_loader(&fake, &o);
+    let held = l.next_device().unwrap().unwrap();
+    held.wait(Stream::DEFAULT).unwrap();
+    let _ = l.next_device().unwrap().unwrap(); // released at once
+    eventually("the prefetcher filled the ring", || {
+        fake.counters().live_buffers >= 3
+    });
+    drop(l); // returns only once the prefetch thread and the pool are joined
+    let c = fake.counters();
+    assert_eq!(
+        c.live_buffers, 1,
+        "only the held batch's buffer is left: {c:?}"
+    );
+    // The held batch stays valid after its loader is gone.
+    assert_eq!(contents(&fake, &held)[1], vec![0, 1, 2, 3]);
+    drop(held);
+    let c = fake.counters();
+    assert_eq!(
+        (
+            c.live_buffers,
+            c.live_events,
+            c.live_streams,
+            c.live_registrations
+        ),
+        (0, 0, 0, 0),
+        "{c:?}"
+    );
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
+fn a_borrowed_stream_is_copied_on_and_never_destroyed() {
+    let fake = fake(0);
+    use stoker_core::DeviceBackend;
+    let mine = fake.create_stream().unwrap();
+    let mut o = options(
+        counting_source(8),
+        &[("batch_size", "4"), ("num_workers", "1")],
+    );
+    o.set("cuda_stream", &format!("{:#x}", mine.0)).unwrap();
+    let mut l = device_loader(&fake, &o);
+    let b = l.next_device().unwrap().unwrap();
+    assert_eq!(b.stream(), mine);
+    drop((b, l));
+    assert_eq!(
+        fake.counters().live_streams,
+        1,
+        "the caller's stream is left alone"
+    );
+}
+
+#[test]
+fn release_after_wait_orders_reuse_after_the_consumer_stream() {
+    let fake = fake(1);
+    use stoker_core::DeviceBackend;
+    let consumer = fake.create_stream().unwrap();
+    let o = options(
+        counting_source(40),
+        &[
+            ("batch_size", "2"),
+            ("num_workers", "1"),
+            ("prefetch_factor", "1"),
+        ],
+    );
+    let mut l = device_loader(&fake, &o);
+    let mut seen = Vec::new();
+    while let Some(b) = l.next_device().unwrap() {
+        b.wait(consumer).unwrap();
+        b.wait(consumer).unwrap(); // idempotent
+        seen.push(b.position());
+        assert_eq!(
+            contents(&fake, &b)[1],
+            vec![2 * b.position() as u8, 2 * b.position() as u8 + 1]
+        );
+    }
+    assert_eq!(seen, (0..20).collect::<Vec<_>>());
+    drop(l);
+    let c = fake.counters();
+    assert_eq!(
+        (c.live_buffers, c.live_events, c.live_streams),
+        (0, 0, 1),
+        "{c:?}"
+    );
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
+fn save_state_counts_delivered_batches_not_prefetched_ones() {
+    let fake = fake(0);
+    let kv = [
+        ("batch_size", "2"),
+        ("num_workers", "2"),
+        ("shuffle", "true"),
+    ];
+    let mut l = device_loader(&fake, &options(counting_source(20), &kv));
+    let b0 = l.next_device().unwrap().unwrap();
+    let b1 = l.next_device().unwrap().unwrap();
+    eventually("the prefetcher ran ahead", || {
+        fake.counters().copies_done >= 6
+    });
+    assert_eq!(l.position(), 2);
+    let state = l.save_state();
+    assert!(state.contains("position=2"), "{state}");
+    let expected = l.next_device().unwrap().unwrap();
+    let mut resumed_options = options(counting_source(20), &kv);
+    resumed_options.set("device", "cpu").unwrap();
+    resumed_options.set("resume_state", &state).unwrap();
+    let mut resumed = Loader::new(&resumed_options).unwrap();
+    let host = resumed.next().unwrap().unwrap();
+    assert_eq!(contents(&fake, &expected)[1], host.field(1).unwrap().data);
+    drop((b0, b1));
+}
+
+#[test]
+fn each_loader_kind_points_to_its_own_next() {
+    let fake = fake(0);
+    let o = options(counting_source(4), &[("num_workers", "1")]);
+    let mut dev = device_loader(&fake, &o);
+    let err = dev.next().unwrap_err();
+    assert!(err.to_string().contains("next_device"), "{err}");
+    let mut cpu_options = o.clone();
+    cpu_options.set("device", "cpu").unwrap();
+    let mut cpu = Loader::new(&cpu_options).unwrap();
+    let err = cpu.next_device().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    let host = cpu.next().unwrap().unwrap();
+    assert_eq!(host.device_type(), DeviceType::Cpu);
+}
+
+#[test]
+fn without_pin_memory_slabs_are_not_registered() {
+    let fake = fake(0);
+    let o = options(
+        counting_source(8),
+        &[
+            ("batch_size", "4"),
+            ("num_workers", "1"),
+            ("pin_memory", "false"),
+        ],
+    );
+    let mut l = device_loader(&fake, &o);
+    let b = l.next_device().unwrap().unwrap();
+    assert_eq!(contents(&fake, &b)[1], vec![0, 1, 2, 3]);
+    assert_eq!(fake.counters().live_registrations, 0);
+}
+
+#[test]
+fn a_consumer_timeout_consumes_nothing() {
+    struct Slow(Arc<dyn Source>);
+    impl Source for Slow {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn fields(&self) -> &[stoker_core::FieldSpec] {
+            self.0.fields()
+        }
+        fn describe(&self, i: usize) -> String {
+            self.0.describe(i)
+        }
+        fn read<'a>(
+            &'a self,
+            i: usize,
+            s: &'a mut Vec<u8>,
+        ) -> stoker_core::Result<stoker_core::Sample<'a>> {
+            std::thread::sleep(Duration::from_millis(150));
+            self.0.read(i, s)
+        }
+    }
+    let fake = fake(0);
+    let o = options(
+        Arc::new(Slow(counting_source(4))),
+        &[
+            ("batch_size", "1"),
+            ("num_workers", "1"),
+            ("timeout_ms", "30"),
+        ],
+    );
+    let mut l = device_loader(&fake, &o);
+    let err = l.next_device().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    eventually(
+        "the batch arrives later",
+        || matches!(l.next_device(), Ok(Some(b)) if b.position() == 0),
+    );
+}
+
+#[test]
+fn loaders_and_device_batches_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<DeviceBatch>();
+    send::<Loader>();
+    // A batch released on another thread than the one that received it.
+    let fake = fake(0);
+    let o = options(
+        counting_source(8),
+        &[("batch_size", "4"), ("num_workers", "1")],
+    );
+    let mut l = device_loader(&fake, &o);
+    let b = l.next_device().unwrap().unwrap();
+    std::thread::spawn(move || drop(b)).join().unwrap();
+    assert_eq!(l.next_device().unwrap().unwrap().position(), 1);
+}

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# The C suite, end to end: header freshness, CMake build + install, CTest against the build tree,
+# a find_package consumer (shared and static) and pkg-config against the install, then the tests
+# again against the install under AddressSanitizer + UBSan and under valgrind.
+#
+#   bash ctests/run.sh            (from anywhere; idempotent: every run works in a fresh temp dir)
+#
+# Environment: CARGO_TARGET_DIR (default <repo>/target, shared with cargo), CARGO_BUILD_JOBS and
+# STOKER_JOBS (default 2), STOKER_KEEP=1 keeps the temp dir.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+jobs="${STOKER_JOBS:-2}"
+export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-$jobs}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+export PATH="$HOME/.cargo/bin:$PATH"
+CBINDGEN_VERSION=0.29.4
+start=$SECONDS
+
+step() { printf '\n==> %s (%ds)\n' "$*" $((SECONDS - start)); }
+die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }
+
+# --- tools --------------------------------------------------------------------------------
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v valgrind >/dev/null || need_apt+=(valgrind)
+command -v cc >/dev/null || need_apt+=(gcc)
+if ((${#need_apt[@]})); then
+  step "installing ${need_apt[*]}"
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo apt-get install -y "${need_apt[@]}" || { $sudo apt-get update && $sudo apt-get install -y "${need_apt[@]}"; }
+fi
+if [[ "$(cbindgen --version 2>/dev/null || true)" != "cbindgen $CBINDGEN_VERSION" ]]; then
+  step "installing cbindgen $CBINDGEN_VERSION"
+  cargo install cbindgen --version "$CBINDGEN_VERSION" --locked
+fi
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/stoker-ctests.XXXXXX")"
+if [[ "${STOKER_KEEP:-0}" == 1 ]]; then
+  echo "work dir: $work (kept)"
+else
+  trap 'rm -rf "$work"' EXIT
+fi
+prefix="$work/prefix"
+
+# --- header -------------------------------------------------------------------------------
+# cbindgen --verify rewrites the file it checks when it differs, so it checks a copy: the working
+# tree is never modified.
+step "include/stoker.h is fresh (cbindgen $CBINDGEN_VERSION --verify)"
+cp include/stoker.h "$work/stoker.h"
+if ! cbindgen --config crates/stoker-capi/cbindgen.toml --crate stoker-capi \
+    --output "$work/stoker.h" --verify 2>"$work/cbindgen.log"; then
+  diff -u include/stoker.h "$work/stoker.h" || true
+  grep -v '^WARN' "$work/cbindgen.log" || true
+  die "include/stoker.h is stale (diff above): regenerate it with
+  cbindgen --config crates/stoker-capi/cbindgen.toml --crate stoker-capi --output include/stoker.h
+and commit it."
+fi
+cc -std=c11 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c include/stoker.h
+if command -v c++ >/dev/null; then
+  c++ -std=c++17 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c++ include/stoker.h
+fi
+echo "header: fresh, C11 (and C++17) clean"
+
+passed=0
+failed=0
+failures=()
+# ctest_run DIR LABEL [ENV...]: runs ctest in DIR, adds its counts to the totals.
+ctest_run() {
+  local dir=$1 label=$2
+  shift 2
+  local log="$work/ctest-$label.log" rc=0
+  (cd "$dir" && env "$@" ctest --output-on-failure -j "$jobs") 2>&1 | tee "$log" || rc=$?
+  local line total bad
+  line="$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1 || true)"
+  if [[ -z "$line" ]]; then
+    failed=$((failed + 1))
+    failures+=("$label: ctest gave no summary")
+    return
+  fi
+  bad="$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")"
+  total="$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")"
+  passed=$((passed + total - bad))
+  failed=$((failed + bad))
+  if ((bad)) || ((rc)); then failures+=("$label: $line"); fi
+}
+# run_prog LABEL CMD...: one program outside CTest.
+run_prog() {
+  local label=$1
+  shift
+  if "$@"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    failures+=("$label")
+  fi
+}
+
+# --- build, install, test the build tree ----------------------------------------------------
+step "configure + build (cargo release build of libstoker, C tests)"
+cmake -S . -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
+cmake --build "$work/build" -j "$jobs"
+step "install to $prefix"
+cmake --install "$work/build" >/dev/null
+find "$prefix" \( -type f -o -type l \) | sed "s|^$prefix/|  |" | sort
+
+step "exported symbols"
+bad_syms="$(nm -D --defined-only "$prefix/lib/libstoker.so" | awk '$2 ~ /[TDBRW]/ {print $3}' | grep -v '^stoker_' || true)"
+if [[ -n "$bad_syms" ]]; then
+  failed=$((failed + 1))
+  failures+=("symbols outside stoker_*: $bad_syms")
+else
+  passed=$((passed + 1))
+fi
+nm -D --defined-only "$prefix/lib/libstoker.so" | awk '{print "  " $3}'
+soname="$(readelf -d "$prefix/lib/libstoker.so" | sed -nE 's/.*SONAME.*\[(.*)\]/\1/p')"
+echo "SONAME: $soname"
+run_prog "SONAME is libstoker.so.0" test "$soname" = libstoker.so.0
+
+step "CTest: the suite against the build tree"
+ctest_run "$work/build" build
+
+# --- consumers of the install ----------------------------------------------------------------
+step "consumer project: find_package(stoker) against the install, shared and static"
+cmake -S ctests/consumer -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$work/consumer" -j "$jobs"
+run_prog consumer "$work/consumer/consumer"
+run_prog consumer_static "$work/consumer/consumer_static"
+"$work/build/ctests/make_npy" "$work/example.npy" 10
+run_prog consumer_example "$work/consumer/consumer_example" "$work/example.npy"
+if ldd "$work/consumer/consumer_static" | grep -q libstoker; then
+  failed=$((failed + 1))
+  failures+=("consumer_static links libstoker.so")
+fi
+
+if command -v pkg-config >/dev/null; then
+  step "pkg-config: the README example built with \$(pkg-config --cflags --libs stoker)"
+  export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+  # shellcheck disable=SC2046
+  cc -std=c11 -Wall -Wextra -Werror -pedantic ctests/example.c -o "$work/example_pc" \
+    $(pkg-config --cflags --libs stoker)
+  run_prog example_pkg_config env LD_LIBRARY_PATH="$prefix/lib" "$work/example_pc" "$work/example.npy"
+fi
+
+# --- sanitizers -------------------------------------------------------------------------------
+# The tests link the installed shared library; the Rust code in it is not instrumented, but ASan
+# intercepts every malloc/free, so leaks and bad frees across the boundary are caught, and the C
+# side is fully checked. LeakSanitizer needs no suppressions: Rust's thread-locals of the main
+# thread stay reachable through its TLS block, which LSan scans.
+step "AddressSanitizer + UndefinedBehaviorSanitizer (tests against the install)"
+cmake -S ctests -B "$work/asan" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Debug \
+  -DSTOKER_SANITIZE=ON >/dev/null
+cmake --build "$work/asan" -j "$jobs" >/dev/null
+ctest_run "$work/asan" asan ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+step "valgrind memcheck (tests against the install)"
+vg="valgrind;--error-exitcode=1;--leak-check=full;--errors-for-leak-kinds=definite,possible"
+vg+=";--track-fds=no;--quiet;--suppressions=$root/ctests/valgrind.supp"
+cmake -S ctests -B "$work/valgrind" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Debug \
+  "-DSTOKER_TEST_WRAPPER=$vg" >/dev/null
+cmake --build "$work/valgrind" -j "$jobs" >/dev/null
+ctest_run "$work/valgrind" valgrind
+
+# --- verdict ----------------------------------------------------------------------------------
+echo
+for f in "${failures[@]+"${failures[@]}"}"; do echo "FAILED: $f"; done
+echo "C suite: $passed passed, $failed failed ($((SECONDS - start))s)"
+((failed == 0))

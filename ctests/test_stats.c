@@ -1,0 +1,79 @@
+/* stoker_loader_stats: the caller-set size protocol (old and new callers) and the values. */
+#include "testutil.h"
+
+/* A caller built against a future header with two more fields. */
+typedef struct newer_stats {
+  stoker_stats known;
+  uint64_t future_a, future_b;
+} newer_stats;
+
+int main(void) {
+  t_tmp tmp;
+  t_tmp_init(&tmp);
+  char source[600];
+  t_write_dataset(&tmp, 10, source, NULL, sizeof source);
+  stoker_loader *l = t_loader(source, NULL, "batch_size", "4", "num_workers", "1", NULL);
+  stoker_batch *b = NULL;
+  int batches = 0;
+  while (stoker_loader_next(l, &b) == STOKER_OK) {
+    batches++;
+    stoker_batch_release(b);
+  }
+  CHECK(batches == 3);
+
+  /* The current size: every field. */
+  stoker_stats s;
+  memset(&s, 0xAB, sizeof s);
+  s.size = sizeof s;
+  CHECK_STATUS(stoker_loader_stats(l, &s), STOKER_OK);
+  CHECK(s.size == sizeof s);
+  CHECK(s.batches == 3 && s.samples == 10 && s.samples_skipped == 0);
+  CHECK(s.wait_ns_max >= s.wait_ns_p95 && s.wait_ns_p95 >= s.wait_ns_p50);
+  CHECK(s.wait_ns_total >= s.wait_ns_max);
+  CHECK(s.elapsed_ns > 0 && s.elapsed_ns >= s.wait_ns_total);
+  CHECK(s.readiness >= 0.0 && s.readiness <= 1.0);
+  CHECK(s.worker_busy >= 0.0 && s.worker_busy <= 1.0);
+
+  /* An old caller that knew only size, batches and samples: nothing past them is written. */
+  unsigned char raw[sizeof(stoker_stats)];
+  memset(raw, 0xAB, sizeof raw);
+  uint64_t old_size = 3 * sizeof(uint64_t);
+  memcpy(raw, &old_size, sizeof old_size);
+  CHECK_STATUS(stoker_loader_stats(l, (stoker_stats *)(void *)raw), STOKER_OK);
+  uint64_t got[3];
+  memcpy(got, raw, sizeof got);
+  CHECK(got[0] == old_size && got[1] == 3 && got[2] == 10);
+  for (size_t i = old_size; i < sizeof raw; i++) CHECK(raw[i] == 0xAB);
+
+  /* A size that ends inside a field: only whole fields are written. */
+  memset(raw, 0xAB, sizeof raw);
+  old_size = 2 * sizeof(uint64_t) + 4;
+  memcpy(raw, &old_size, sizeof old_size);
+  CHECK_STATUS(stoker_loader_stats(l, (stoker_stats *)(void *)raw), STOKER_OK);
+  memcpy(got, raw, 2 * sizeof(uint64_t));
+  CHECK(got[1] == 3);
+  for (size_t i = 2 * sizeof(uint64_t); i < sizeof raw; i++) CHECK(raw[i] == 0xAB);
+
+  /* Just the size field: nothing to fill, still OK. */
+  uint64_t only_size = sizeof(uint64_t);
+  CHECK_STATUS(stoker_loader_stats(l, (stoker_stats *)(void *)&only_size), STOKER_OK);
+  CHECK(only_size == sizeof(uint64_t));
+
+  /* A newer caller: the known fields are filled, the unknown ones untouched. */
+  newer_stats n;
+  memset(&n, 0xAB, sizeof n);
+  n.known.size = sizeof n;
+  CHECK_STATUS(stoker_loader_stats(l, (stoker_stats *)&n), STOKER_OK);
+  CHECK(n.known.size == sizeof n && n.known.batches == 3 && n.known.samples == 10);
+  CHECK(n.known.readiness >= 0.0 && n.known.readiness <= 1.0);
+  CHECK(n.future_a == 0xABABABABABABABABull && n.future_b == 0xABABABABABABABABull);
+
+  /* A size that was never set. */
+  s.size = 0;
+  CHECK_STATUS(stoker_loader_stats(l, &s), STOKER_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("sizeof(stoker_stats)");
+
+  stoker_loader_free(l);
+  t_tmp_cleanup(&tmp);
+  return t_finish("test_stats");
+}

@@ -1,0 +1,31 @@
+/* Versions: the library's ABI and release versions match the header's macros. */
+#include "testutil.h"
+
+int main(void) {
+  CHECK(stoker_abi_version() == STOKER_ABI_VERSION);
+  CHECK(STOKER_ABI_VERSION == 1);
+  const char *v = stoker_version();
+  CHECK(v != NULL);
+  if (v) {
+    CHECK(strcmp(v, STOKER_VERSION) == 0);
+    char want[64];
+    snprintf(want, sizeof want, "%d.%d.%d", STOKER_VERSION_MAJOR, STOKER_VERSION_MINOR,
+             STOKER_VERSION_PATCH);
+    CHECK(strcmp(v, want) == 0);
+    CHECK(v == stoker_version()); /* static storage */
+  }
+  CHECK(STOKER_MAX_DIMS == 8);
+  /* Status values are the contract's. */
+  CHECK(STOKER_OK == 0 && STOKER_END_OF_EPOCH == 1);
+  CHECK(STOKER_ERR_INVALID_ARGUMENT == -1 && STOKER_ERR_IO == -2 && STOKER_ERR_DECODE == -3);
+  CHECK(STOKER_ERR_UNSUPPORTED == -4 && STOKER_ERR_TIMEOUT == -5 && STOKER_ERR_CALLBACK == -6);
+  CHECK(STOKER_ERR_CLOSED == -7 && STOKER_ERR_INTERNAL == -8);
+  CHECK(STOKER_ERR_OUT_OF_MEMORY == -9 && STOKER_ERR_CUDA == -10);
+  CHECK(STOKER_DTYPE_U8 == 0 && STOKER_DTYPE_I32 == 1 && STOKER_DTYPE_I64 == 2);
+  CHECK(STOKER_DTYPE_F16 == 3 && STOKER_DTYPE_BF16 == 4 && STOKER_DTYPE_F32 == 5);
+  /* Layout of the public structs (fields are only ever appended). */
+  CHECK(sizeof(stoker_stats) == 11 * 8);
+  CHECK(sizeof(stoker_tensor) == 2 * sizeof(void *) + 4 * 4 + 2 * 8 * STOKER_MAX_DIMS);
+  CHECK(sizeof(DLManagedTensorVersioned) == 8 + 2 * sizeof(void *) + 8 + sizeof(DLTensor));
+  return t_finish("test_version");
+}
