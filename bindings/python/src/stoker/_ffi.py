@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import sys
 from pathlib import Path
 
 ABI_VERSION = 1
@@ -28,13 +29,14 @@ DTYPE_NAMES = {
     DTYPE_BF16: "bfloat16",
     DTYPE_F32: "float32",
 }
+_NATIVE = "<" if sys.byteorder == "little" else ">"  # the library writes native byte order
 DTYPE_NUMPY = {
     DTYPE_U8: "|u1",
-    DTYPE_I32: "<i4",
-    DTYPE_I64: "<i8",
-    DTYPE_F16: "<f2",
-    DTYPE_BF16: "<u2",
-    DTYPE_F32: "<f4",
+    DTYPE_I32: _NATIVE + "i4",
+    DTYPE_I64: _NATIVE + "i8",
+    DTYPE_F16: _NATIVE + "f2",
+    DTYPE_BF16: _NATIVE + "u2",
+    DTYPE_F32: _NATIVE + "f4",
 }
 DTYPE_ITEMSIZE = {DTYPE_U8: 1, DTYPE_I32: 4, DTYPE_I64: 8, DTYPE_F16: 2, DTYPE_BF16: 2, DTYPE_F32: 4}
 

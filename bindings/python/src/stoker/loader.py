@@ -72,7 +72,7 @@ class Loader:
 
     def __init__(
         self,
-        source: str | None = None,
+        source: str,
         *,
         batch_size: int | None = None,
         shuffle: bool | None = None,
