@@ -1,8 +1,9 @@
 """stoker: a data loader for ML training, over the libstoker C ABI (loaded with ctypes).
 
-``Loader`` yields ``Batch`` objects whose fields are zero-copy NumPy arrays (``batch["data"]``)
-or torch tensors through DLPack (``batch.torch()``); ``stoker.torch.DataLoader`` mimics
-``torch.utils.data.DataLoader`` for porting code.
+``Loader`` reads a source spec (``npy:PATH``, ``image_folder:ROOT``) or a map-style Python
+dataset and yields ``Batch`` objects whose fields are zero-copy NumPy arrays
+(``batch["data"]``) or torch tensors through DLPack (``batch.torch()``);
+``stoker.torch.DataLoader`` mimics ``torch.utils.data.DataLoader`` for porting code.
 """
 
 from ._ffi import LIBRARY_PATH, LibraryNotFoundError, lib as _lib

@@ -114,8 +114,18 @@ DLManagedTensorVersioned._fields_ = [
     ("dl_tensor", DLTensor),
 ]
 
-_P = ctypes.c_void_p  # opaque handles: stoker_options*, stoker_loader*, stoker_batch*
+_P = ctypes.c_void_p  # opaque handles: stoker_options*, stoker_loader*, stoker_batch*, stoker_sample*
 _STATUS = ctypes.c_int
+
+# stoker_source_callbacks: the caller's map-style dataset.
+LenFn = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p)
+ReadFn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p)
+DropFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class SourceCallbacks(ctypes.Structure):
+    _fields_ = [("user", ctypes.c_void_p), ("len", LenFn), ("read", ReadFn), ("drop", DropFn)]
+
 
 _SIGNATURES = {
     "stoker_abi_version": (ctypes.c_uint32, []),
@@ -124,6 +134,14 @@ _SIGNATURES = {
     "stoker_options_new": (_P, []),
     "stoker_options_set": (_STATUS, [_P, ctypes.c_char_p, ctypes.c_char_p]),
     "stoker_options_free": (None, [_P]),
+    "stoker_options_set_source_callbacks": (_STATUS, [_P, ctypes.POINTER(SourceCallbacks)]),
+    "stoker_sample_put_encoded": (_STATUS, [_P, ctypes.c_void_p, ctypes.c_size_t]),
+    "stoker_sample_put_tensor": (
+        _STATUS,
+        [_P, ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_int64), _P],
+    ),
+    "stoker_sample_put_label": (_STATUS, [_P, ctypes.c_int64]),
+    "stoker_sample_fail": (_STATUS, [_P, ctypes.c_char_p]),
     "stoker_loader_new": (_STATUS, [_P, ctypes.POINTER(_P)]),
     "stoker_loader_next": (_STATUS, [_P, ctypes.POINTER(_P)]),
     "stoker_loader_batches_per_epoch": (ctypes.c_int64, [_P]),

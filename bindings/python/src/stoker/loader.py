@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 from . import _ffi
 from .batch import Batch
+from .dataset import set_source
 from .errors import ClosedError, check
 
 
@@ -40,11 +41,13 @@ def option_value(value: Any) -> str:
     return str(value)
 
 
-def _new_loader(options: dict[str, str]) -> int:
+def _new_loader(options: dict[str, str], dataset: Any = None) -> int:
     opts = _ffi.lib.stoker_options_new()
     if not opts:
         raise MemoryError("stoker_options_new returned NULL")
     try:
+        if dataset is not None:
+            set_source(opts, dataset)
         for key, value in options.items():
             check(_ffi.lib.stoker_options_set(opts, key.encode(), value.encode()))
         out = ctypes.c_void_p()
@@ -55,8 +58,9 @@ def _new_loader(options: dict[str, str]) -> int:
 
 
 class Loader:
-    """A stoker loader. Every keyword is an option key of the C ABI (API.md); ``None`` leaves
-    the library's default.
+    """A stoker loader. ``source`` is a source spec (``"npy:PATH"``, ``"image_folder:ROOT"``)
+    or a map-style Python dataset (see ``stoker.dataset``). Every keyword is an option key of
+    the C ABI (API.md); ``None`` leaves the library's default.
 
     ``for batch in loader:`` runs to the end of the current epoch; the next ``for`` continues
     with the next epoch (or with the rest of the epoch, after a ``break``). Batches and the
@@ -72,7 +76,7 @@ class Loader:
 
     def __init__(
         self,
-        source: str,
+        source: str | os.PathLike | Any,
         *,
         batch_size: int | None = None,
         shuffle: bool | None = None,
@@ -80,8 +84,15 @@ class Loader:
         num_workers: int | str | None = None,
         **options: Any,
     ):
+        is_spec = isinstance(source, (str, os.PathLike))
+        if not is_spec and not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+            raise TypeError(
+                f"source must be a spec such as 'npy:PATH' or a map-style dataset "
+                f"(__len__ and __getitem__), not {type(source).__name__}"
+            )
+        self._dataset = None if is_spec else source
         options.update(
-            source=source,
+            source=source if is_spec else None,
             batch_size=batch_size,
             shuffle=shuffle,
             transform=transform,
@@ -91,11 +102,12 @@ class Loader:
         # The C loader is driven by one thread at a time; the lock makes concurrent Python
         # callers take turns instead of racing (ctypes releases the GIL inside next()).
         self._lock = threading.Lock()
-        self._ptr = _new_loader(self._options)
+        self._ptr = _new_loader(self._options, self._dataset)
 
     @property
     def options(self) -> dict[str, str]:
-        """The option keys and string values this loader was built with."""
+        """The option keys and string values this loader was built with (a Python dataset
+        source is not among them)."""
         return dict(self._options)
 
     def _handle(self) -> int:
@@ -149,7 +161,7 @@ class Loader:
         """Continues exactly where the saved loader stopped: rebuilds this loader with the same
         options plus ``resume_state``."""
         options = dict(self._options, resume_state=state_dict["state"])
-        new = _new_loader(options)
+        new = _new_loader(options, self._dataset)
         with self._lock:
             old, self._ptr, self._options = self._ptr, new, options
             _ffi.lib.stoker_loader_free(old)
@@ -173,4 +185,5 @@ class Loader:
 
     def __repr__(self) -> str:
         state = "closed" if not self._ptr else f"epoch={self.epoch}"
-        return f"<stoker.Loader {self._options.get('source', '?')} {state}>"
+        source = self._options.get("source") or type(self._dataset).__name__
+        return f"<stoker.Loader {source} {state}>"

@@ -8,8 +8,9 @@
             ...
 
 Differences from torch that porting code may notice:
-* the dataset is a stoker source spec (``image_folder:ROOT``, ``npy:PATH``), and augmentation
-  is a ``transform`` spec run inside stoker, not Python callables;
+* the dataset is a stoker source spec (``image_folder:ROOT``, ``npy:PATH``) or a map-style
+  dataset whose items stoker can take (see ``stoker.dataset``: arrays, labels, encoded image
+  bytes), and augmentation is a ``transform`` spec run inside stoker, not Python callables;
 * workers are threads and always persist across epochs: ``persistent_workers`` is accepted
   and has nothing to change;
 * ``shuffle`` draws its seed from torch's global RNG once, at construction, as torch's
@@ -32,7 +33,7 @@ class DataLoader:
 
     def __init__(
         self,
-        dataset: str,
+        dataset: Any,
         batch_size: int = 1,
         shuffle: bool = False,
         num_workers: int = 0,

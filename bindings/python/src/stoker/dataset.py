@@ -1,0 +1,113 @@
+"""A Python map-style dataset (``__len__`` + ``__getitem__``, like torch's ``Dataset``) as a
+stoker source, through the C ABI's ``stoker_source_callbacks``.
+
+``dataset[i]`` may return
+* a dict ``{field: value}``;
+* a pair ``(x, label)``, as torchvision datasets do;
+* a single ``x``.
+A value that is ``bytes`` (a JPEG or PNG file) goes to field ``image`` and is decoded and
+transformed like an ``image_folder`` file; an int ``label`` becomes the int64 ``label`` field;
+anything else is taken as an array (NumPy, or anything ``np.asarray`` accepts, such as a CPU
+torch tensor) of uint8, int32, int64, float16 or float32, for field ``data`` when it is unnamed.
+
+stoker calls ``__getitem__`` from its worker threads, which take turns on the GIL: decoding and
+transforms still run in parallel inside stoker, but the Python part of reading does not. An
+exception in ``__getitem__`` fails the batch with a ``CallbackError`` naming the index and the
+exception (or, under ``on_error="skip"``, replaces the sample and is counted).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+from typing import Any
+
+import numpy as np
+
+from . import _ffi
+from .errors import check
+
+_STOKER_DTYPE = {
+    np.dtype(np.uint8): _ffi.DTYPE_U8,
+    np.dtype(np.int32): _ffi.DTYPE_I32,
+    np.dtype(np.int64): _ffi.DTYPE_I64,
+    np.dtype(np.float16): _ffi.DTYPE_F16,
+    np.dtype(np.float32): _ffi.DTYPE_F32,
+}
+
+# The datasets the library holds, by the `user` key it passes back; an entry lives until the
+# library calls drop (when the last loader or options object using it is freed).
+_datasets: dict[int, Any] = {}
+_keys = itertools.count(1)
+
+
+def _fields(item: Any):
+    if isinstance(item, dict):
+        return item.items()
+    if isinstance(item, tuple) and len(item) == 2:
+        x, label = item
+        return [(_unnamed(x), x), ("label", label)]
+    return [(_unnamed(item), item)]
+
+
+def _unnamed(value: Any) -> str:
+    return "image" if isinstance(value, (bytes, bytearray, memoryview)) else "data"
+
+
+def _put(sample: int, item: Any) -> None:
+    for name, value in _fields(item):
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            if name != "image":
+                raise TypeError(f"encoded image bytes go to field 'image', not {name!r}")
+            data = bytes(value)
+            check(_ffi.lib.stoker_sample_put_encoded(sample, data, len(data)))
+        elif name == "label" and isinstance(value, (int, np.integer)):
+            check(_ffi.lib.stoker_sample_put_label(sample, int(value)))
+        else:
+            array = np.ascontiguousarray(value)
+            dtype = _STOKER_DTYPE.get(array.dtype)
+            if dtype is None:
+                raise TypeError(
+                    f"field {name!r} has dtype {array.dtype}; stoker takes "
+                    + ", ".join(str(d) for d in _STOKER_DTYPE)
+                )
+            shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
+            check(
+                _ffi.lib.stoker_sample_put_tensor(
+                    sample, name.encode(), dtype, array.ndim, shape, array.ctypes.data
+                )
+            )
+
+
+def _len(user: int) -> int:
+    try:
+        return len(_datasets[user])
+    except Exception:  # nothing can be raised through C; an empty source is reported instead
+        return 0
+
+
+def _read(user: int, index: int, sample: int) -> int:
+    try:
+        _put(sample, _datasets[user][index])
+        return 0
+    except BaseException as e:
+        message = f"dataset[{index}] raised {type(e).__name__}: {e}"
+        _ffi.lib.stoker_sample_fail(sample, message.encode("utf-8", "replace"))
+        return 1
+
+
+def _drop(user: int) -> None:
+    _datasets.pop(user, None)
+
+
+# Module-lifetime thunks: the library may call them from any thread until it calls drop.
+_LEN, _READ, _DROP = _ffi.LenFn(_len), _ffi.ReadFn(_read), _ffi.DropFn(_drop)
+
+
+def set_source(options: int, dataset: Any) -> None:
+    """Makes ``dataset`` the source of the ``stoker_options*`` ``options``."""
+    key = next(_keys)
+    _datasets[key] = dataset
+    callbacks = _ffi.SourceCallbacks(key, _LEN, _READ, _DROP)
+    # From here the library owns the entry: it calls drop on failure too.
+    check(_ffi.lib.stoker_options_set_source_callbacks(options, ctypes.byref(callbacks)))

@@ -1,0 +1,135 @@
+"""A Python map-style dataset as the source (the C ABI's source callbacks)."""
+
+import gc
+import io
+import weakref
+
+import numpy as np
+import pytest
+
+import stoker
+
+
+class Arrays:
+    """Dataset of dicts: a float32 vector, an int32 matrix and a label."""
+
+    def __init__(self, n=37):
+        rng = np.random.default_rng(1)
+        self.x = rng.standard_normal((n, 5)).astype(np.float32)
+        self.m = rng.integers(-9, 9, (n, 2, 3), dtype=np.int32)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "m": self.m[i], "label": i * 10}
+
+
+def test_dict_samples_collate_into_fields(tmp_path):
+    ds = Arrays()
+    loader = stoker.Loader(ds, batch_size=8, shuffle=True, seed=4, num_workers=2)
+    assert len(loader) == 5
+    seen = []
+    for batch in loader:
+        assert list(batch) == ["x", "m", "label"]
+        rows = batch["label"] // 10
+        np.testing.assert_array_equal(batch["x"], ds.x[rows])
+        np.testing.assert_array_equal(batch["m"], ds.m[rows])
+        seen += rows.tolist()
+    assert sorted(seen) == list(range(len(ds)))
+
+
+def test_pairs_of_array_and_label():
+    data = np.arange(20 * 4, dtype=np.uint8).reshape(20, 4)
+
+    class Pairs:
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return data[i], int(i % 3)
+
+    batch = next(iter(stoker.Loader(Pairs(), batch_size=20)))
+    assert list(batch) == ["data", "label"]
+    np.testing.assert_array_equal(batch["data"], data)
+    np.testing.assert_array_equal(batch["label"], np.arange(20) % 3)
+
+
+def test_encoded_images_are_decoded_and_transformed():
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(0)
+    pixels = [rng.integers(0, 256, (12, 16, 3), dtype=np.uint8) for _ in range(4)]
+
+    class Pngs:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            buf = io.BytesIO()
+            Image.fromarray(pixels[i]).save(buf, format="PNG")
+            return buf.getvalue(), i
+
+    batch = next(iter(stoker.Loader(Pngs(), batch_size=4, transform="resize(12, 16)")))
+    assert batch["image"].shape == (4, 3, 12, 16)
+    for i in range(4):
+        np.testing.assert_array_equal(batch["image"][i], pixels[i].transpose(2, 0, 1))
+    np.testing.assert_array_equal(batch["label"], [0, 1, 2, 3])
+
+
+def test_exception_in_getitem_is_a_callback_error_naming_index_and_cause():
+    class Broken(Arrays):
+        def __getitem__(self, i):
+            if i == 13:
+                raise KeyError("sample thirteen is missing")
+            return super().__getitem__(i)
+
+    loader = stoker.Loader(Broken(), batch_size=8, num_workers=2)
+    with pytest.raises(stoker.CallbackError, match=r"dataset\[13\].*thirteen"):
+        for _ in loader:
+            pass
+
+
+def test_skip_replaces_failing_samples_and_counts_them():
+    class Broken(Arrays):
+        def __getitem__(self, i):
+            if i % 10 == 5:
+                raise ValueError("bad")
+            return super().__getitem__(i)
+
+    loader = stoker.Loader(Broken(), batch_size=8, on_error="skip")
+    labels = np.concatenate([b["label"] for b in loader])
+    assert len(labels) == 37 and not any(label // 10 % 10 == 5 for label in labels)
+    assert loader.stats().samples_skipped == 4
+
+
+def test_unsupported_dtype_is_reported():
+    class Complex:
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return {"z": np.zeros(3, np.complex64)}
+
+    with pytest.raises(stoker.StokerError, match="complex64"):
+        stoker.Loader(Complex(), batch_size=2)
+
+
+def test_not_a_dataset_is_a_type_error():
+    with pytest.raises(TypeError, match="map-style dataset"):
+        stoker.Loader(42)
+
+
+def test_dataset_is_released_when_the_loader_is_freed():
+    ds = Arrays()
+    ref = weakref.ref(ds)
+    loader = stoker.Loader(ds, batch_size=8, num_workers=2)
+    state = None
+    for k, _ in enumerate(loader):
+        if k == 1:
+            state = loader.state_dict()
+            break
+    loader.load_state_dict(state)  # rebuilt over the same dataset
+    assert next(iter(loader))["label"][0] == 160
+    del ds, loader
+    gc.collect()
+    assert ref() is None
