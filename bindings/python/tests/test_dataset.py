@@ -133,3 +133,30 @@ def test_dataset_is_released_when_the_loader_is_freed():
     del ds, loader
     gc.collect()
     assert ref() is None
+
+
+def test_interpreter_exits_cleanly_with_a_dataset_loader_mid_epoch():
+    """Workers must not call into a finalizing interpreter (that aborts the process)."""
+    import subprocess
+    import sys
+
+    code = """
+import time
+import numpy as np
+import stoker
+
+class Slow:
+    def __len__(self):
+        return 10000
+    def __getitem__(self, i):
+        time.sleep(0.001)
+        return {"x": np.full(100, i, np.float32)}
+
+loader = stoker.Loader(Slow(), batch_size=32, num_workers=2, prefetch_factor=4)
+it = iter(loader)
+next(it)
+print("ok")
+"""
+    for _ in range(3):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert (result.returncode, result.stdout.strip()) == (0, "ok"), result.stderr

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import dataclasses
 import os
 import threading
+import weakref
 from typing import Any, Iterator
 
 from . import _ffi
@@ -57,6 +59,18 @@ def _new_loader(options: dict[str, str], dataset: Any = None) -> int:
         _ffi.lib.stoker_options_free(opts)
 
 
+# Loaders whose workers call into Python (a dataset source). They are closed before the
+# interpreter finalizes: a worker thread entering Python after that is killed by the
+# interpreter in a way that aborts the process.
+_python_source_loaders: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_python_source_loaders() -> None:
+    for loader in list(_python_source_loaders):
+        loader.close()
+
+
 class Loader:
     """A stoker loader. ``source`` is a source spec (``"npy:PATH"``, ``"image_folder:ROOT"``)
     or a map-style Python dataset (see ``stoker.dataset``). Every keyword is an option key of
@@ -103,6 +117,8 @@ class Loader:
         # callers take turns instead of racing (ctypes releases the GIL inside next()).
         self._lock = threading.Lock()
         self._ptr = _new_loader(self._options, self._dataset)
+        if self._dataset is not None:
+            _python_source_loaders.add(self)
 
     @property
     def options(self) -> dict[str, str]:
