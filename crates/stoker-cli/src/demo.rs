@@ -1,21 +1,33 @@
-//! `stoker demo`: the loader on a generated npy dataset, two epochs with a progress bar, then
-//! throughput and wait statistics.
+//! `stoker demo`: the standard ImageNet training pipeline on a folder of real photographs — two
+//! epochs with a progress bar, then throughput and wait statistics.
+
+use std::path::PathBuf;
 
 use stoker_core::{Loader, LoaderOptions};
 
 use crate::report::{print_stats, Progress};
 use crate::Args;
 
+/// torchvision's ImageNet training transform, fused.
+pub(crate) const STANDARD_TRANSFORM: &str =
+    "random_resized_crop(224) | hflip | normalize(imagenet)";
+
 pub(crate) fn run(args: &Args) -> Result<(), String> {
-    args.only(&["epochs", "samples", "workers"])?;
+    args.only(&["images", "epochs", "batch-size", "workers", "per-class"])?;
     let epochs = args.num("epochs", 2)?;
-    let samples = args.num("samples", 2048)?;
+    let batch_size = args.num("batch-size", 64)?;
     let workers = args.get("workers").unwrap_or("auto");
-    let path = crate::bench::generated_npy(samples)?;
+    let root = match args.get("images") {
+        Some(root) => PathBuf::from(root),
+        None => {
+            crate::photos::imagenet_like(&crate::photos::cache_dir(), args.num("per-class", 100)?)?
+        }
+    };
     let mut options = LoaderOptions::default();
     for (k, v) in [
-        ("source", format!("npy:{}", path.display())),
-        ("batch_size", "256".into()),
+        ("source", format!("image_folder:{}", root.display())),
+        ("transform", STANDARD_TRANSFORM.into()),
+        ("batch_size", batch_size.to_string()),
         ("shuffle", "true".into()),
         ("num_workers", workers.into()),
     ] {
@@ -23,9 +35,12 @@ pub(crate) fn run(args: &Args) -> Result<(), String> {
     }
     let mut loader = Loader::new(&options).map_err(|e| e.to_string())?;
     println!(
-        "stoker demo: {} samples of uint8 [3,224,224] from {}, batch 256, shuffled, {} worker threads",
+        "stoker demo: {} images from {}",
         loader.samples_per_epoch(),
-        path.display(),
+        root.display()
+    );
+    println!(
+        "  transform {STANDARD_TRANSFORM} → float32 [{batch_size}, 3, 224, 224], shuffled, {} worker threads",
         options.resolved_workers()
     );
     for _ in 0..epochs {
