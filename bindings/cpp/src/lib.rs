@@ -13,8 +13,11 @@
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
-use stoker_core::{Batch, DType, Error, ErrorKind, Loader, LoaderOptions};
+use cxx::UniquePtr;
+use stoker_core::source::SampleWriter;
+use stoker_core::{Batch, DType, Error, ErrorKind, Loader, LoaderOptions, SourceSpec};
 
 #[cxx::bridge(namespace = "stoker::ffi")]
 mod ffi {
@@ -75,10 +78,35 @@ mod ffi {
         fn epoch(self: &BatchHandle) -> u64;
         fn position(self: &BatchHandle) -> usize;
         fn fields(self: &BatchHandle) -> Vec<FieldInfo>;
+
+        /// The sample a custom source is filling, valid during one `SourceBridge::get` call.
+        type SampleHandle<'a, 'b>;
+        fn put_encoded(self: &mut SampleHandle, bytes: &[u8]) -> Result<()>;
+        fn put_tensor(
+            self: &mut SampleHandle,
+            field: &[u8],
+            dtype: u32,
+            shape: &[i64],
+            data: &[u8],
+        ) -> Result<()>;
+        fn put_label(self: &mut SampleHandle, label: i64) -> Result<()>;
+
+        /// Makes `source` (a C++ `stoker::Source`) the options' source.
+        fn set_source(self: &mut OptionsHandle, source: UniquePtr<SourceBridge>) -> Result<()>;
+    }
+
+    unsafe extern "C++" {
+        include!("stoker/source_bridge.hpp");
+
+        /// Owns the user's `stoker::Source`.
+        type SourceBridge;
+        fn size(self: &SourceBridge) -> usize;
+        /// A C++ exception thrown by the user's `get` arrives as `Err`, carrying its `what()`.
+        fn get(self: &SourceBridge, index: usize, sample: &mut SampleHandle) -> Result<()>;
     }
 }
 
-use ffi::{FieldInfo, StatsInfo};
+use ffi::{FieldInfo, SourceBridge, StatsInfo};
 
 /// An error on its way to C++: `"<status>|<message>"` (see the module docs).
 #[derive(Debug)]
@@ -170,6 +198,79 @@ impl OptionsHandle {
         let value = std::str::from_utf8(value)
             .map_err(|_| invalid_argument(format!("option `{key}`: value is not UTF-8")))?;
         guard(|| self.0.set(key, value))
+    }
+
+    fn set_source(&mut self, source: UniquePtr<SourceBridge>) -> Result<(), BridgeError> {
+        let source = Arc::new(CxxSource(source));
+        let len = match source.0.as_ref() {
+            Some(bridge) => bridge.size(),
+            None => return Err(invalid_argument("source: null stoker::Source".into())),
+        };
+        let read = move |index: usize, writer: &mut SampleWriter<'_>| {
+            let Some(bridge) = source.0.as_ref() else {
+                return Err("null stoker::Source".to_string());
+            };
+            let mut sample = SampleHandle { writer };
+            bridge
+                .get(index, &mut sample)
+                .map_err(|e| e.what().to_string())
+        };
+        self.0.source = Some(SourceSpec::Callback {
+            len,
+            read: Arc::new(read),
+        });
+        Ok(())
+    }
+}
+
+/// The user's C++ source, shared by the worker threads.
+struct CxxSource(UniquePtr<SourceBridge>);
+
+// SAFETY: `stoker::Source` documents that `size()` and `get()` are const and may be called
+// concurrently from several threads, and that the object may be destroyed on any thread; the
+// bridge only ever calls those const methods and never mutates the pointer.
+unsafe impl Send for CxxSource {}
+// SAFETY: as above: shared access only calls thread-safe const methods.
+unsafe impl Sync for CxxSource {}
+
+/// The sample being filled, handed to C++ for the duration of one `get` call.
+pub struct SampleHandle<'a, 'b> {
+    writer: &'a mut SampleWriter<'b>,
+}
+
+impl SampleHandle<'_, '_> {
+    fn put_encoded(&mut self, bytes: &[u8]) -> Result<(), BridgeError> {
+        self.writer.put_encoded(bytes).map_err(invalid_argument)
+    }
+
+    fn put_tensor(
+        &mut self,
+        field: &[u8],
+        dtype: u32,
+        shape: &[i64],
+        data: &[u8],
+    ) -> Result<(), BridgeError> {
+        let field = std::str::from_utf8(field)
+            .map_err(|_| invalid_argument("put_tensor: field name is not UTF-8".into()))?;
+        let dtype = dtype_from_code(dtype).ok_or_else(|| {
+            invalid_argument(format!("put_tensor `{field}`: unknown dtype code {dtype}"))
+        })?;
+        let shape = shape
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<Result<Vec<usize>, _>>()
+            .map_err(|_| {
+                invalid_argument(format!(
+                    "put_tensor `{field}`: negative dimension in {shape:?}"
+                ))
+            })?;
+        self.writer
+            .put_tensor(field, dtype, &shape, data)
+            .map_err(invalid_argument)
+    }
+
+    fn put_label(&mut self, label: i64) -> Result<(), BridgeError> {
+        self.writer.put_label(label).map_err(invalid_argument)
     }
 }
 
@@ -264,6 +365,19 @@ fn dtype_code(dtype: DType) -> u32 {
     dtype as u32
 }
 
+fn dtype_from_code(code: u32) -> Option<DType> {
+    [
+        DType::U8,
+        DType::I32,
+        DType::I64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+    ]
+    .into_iter()
+    .find(|&d| dtype_code(d) == code)
+}
+
 /// C-order strides, in elements.
 fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
     let mut strides = vec![1i64; shape.len()];
@@ -282,6 +396,14 @@ mod tests {
         assert_eq!(contiguous_strides(&[4, 3, 2]), vec![6, 2, 1]);
         assert_eq!(contiguous_strides(&[5]), vec![1]);
         assert!(contiguous_strides(&[]).is_empty());
+    }
+
+    #[test]
+    fn dtype_codes_round_trip() {
+        for code in 0..6 {
+            assert_eq!(dtype_from_code(code).map(dtype_code), Some(code));
+        }
+        assert_eq!(dtype_from_code(6), None);
     }
 
     #[test]

@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
+#include <stdexcept>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -399,6 +402,114 @@ TEST_F(LoaderTest, DeviceCudaIsUnsupportedHere) {
   } catch (const stoker::Error& e) {
     EXPECT_EQ(e.status(), stoker::Status::Unsupported) << e.what();
   }
+}
+
+// A C++ dataset: sample i is x = {i, i+0.5, i+0.25} (float32 [3]) and label 2*i; `get` throws for
+// the indices in `bad`, and puts a wrong shape for `misshapen`.
+class Squares : public stoker::Source {
+ public:
+  explicit Squares(uint64_t n, std::set<uint64_t> bad = {}, int64_t misshapen = -1)
+      : n_(n), bad_(std::move(bad)), misshapen_(misshapen) {}
+  uint64_t size() const override { return n_; }
+  void get(uint64_t index, stoker::Sample& out) const override {
+    calls.fetch_add(1);
+    if (bad_.count(index)) throw std::runtime_error("cannot read record " + std::to_string(index));
+    const float i = static_cast<float>(index);
+    const float x[4] = {i, i + 0.5f, i + 0.25f, 0};
+    const int64_t len = static_cast<int64_t>(index) == misshapen_ ? 4 : 3;
+    try {
+      out.put_tensor("x", stoker::DType::F32, {len}, x);
+    } catch (const stoker::Error&) {
+      put_errors.fetch_add(1);
+      throw;
+    }
+    out.put_label(2 * static_cast<int64_t>(index));
+  }
+  mutable std::atomic<int> calls{0};
+  mutable std::atomic<int> put_errors{0};
+
+ private:
+  uint64_t n_;
+  std::set<uint64_t> bad_;
+  int64_t misshapen_;
+};
+
+TEST(CustomSource, FeedsTheLoaderFromWorkerThreads) {
+  auto source = std::make_shared<Squares>(30);
+  stoker::Loader loader(stoker::Options().source(source).batch_size(8).shuffle(true).num_workers(2));
+  EXPECT_EQ(loader.batches_per_epoch(), 4);
+  std::set<int64_t> seen;
+  for (auto& batch : loader.epoch()) {
+    ASSERT_EQ(batch.num_fields(), 2u);
+    const stoker::TensorView& x = batch.field("x");
+    const stoker::TensorView& label = batch.field("label");
+    EXPECT_EQ(x.dtype, stoker::DType::F32);
+    EXPECT_EQ(x.shape[1], 3);
+    for (int64_t r = 0; r < x.shape[0]; ++r) {
+      const float* row = x.data_as<float>() + r * 3;
+      const int64_t i = static_cast<int64_t>(row[0]);
+      EXPECT_EQ(row[1], row[0] + 0.5f);
+      EXPECT_EQ(row[2], row[0] + 0.25f);
+      EXPECT_EQ(label.data_as<int64_t>()[r], 2 * i);
+      seen.insert(i);
+    }
+  }
+  EXPECT_EQ(seen.size(), 30u);
+  EXPECT_GE(source->calls.load(), 30);
+}
+
+TEST(CustomSource, AnExceptionInGetBecomesACallbackErrorWithItsMessage) {
+  auto source = std::make_shared<Squares>(20, std::set<uint64_t>{13});
+  stoker::Loader loader(stoker::Options().source(source).batch_size(5).num_workers(2));
+  int good = 0, failed = 0;
+  for (int b = 0; b < 4; ++b) {
+    try {
+      std::optional<stoker::Batch> batch = loader.next();
+      ASSERT_TRUE(batch.has_value());
+      ++good;
+    } catch (const stoker::Error& e) {
+      ++failed;
+      EXPECT_EQ(e.status(), stoker::Status::Callback) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cannot read record 13"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(good, 3);
+  EXPECT_EQ(failed, 1);
+  EXPECT_FALSE(loader.next().has_value()) << "the failed batch was consumed; the epoch ends";
+}
+
+TEST(CustomSource, FailingSampleZeroFailsTheLoaderConstruction) {
+  try {
+    stoker::Loader loader(stoker::Options().source(std::make_shared<Squares>(5, std::set<uint64_t>{0})));
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Callback);
+    EXPECT_NE(std::string(e.what()).find("cannot read record 0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CustomSource, SkipReplacesBadSamplesAndCountsThem) {
+  auto source = std::make_shared<Squares>(20, std::set<uint64_t>{3, 11});
+  stoker::Loader loader(stoker::Options().source(source).batch_size(5).num_workers(2).on_error("skip"));
+  int batches = 0;
+  for (auto& batch : loader.epoch()) batches += batch.valid() ? 1 : 0;
+  EXPECT_EQ(batches, 4);
+  EXPECT_EQ(loader.stats().samples_skipped, 2u);
+  EXPECT_EQ(loader.stats().samples, 20u);
+}
+
+TEST(CustomSource, AWrongShapeIsRefusedByPutAndFailsTheSample) {
+  auto source = std::make_shared<Squares>(10, std::set<uint64_t>{}, 6);
+  stoker::Loader loader(stoker::Options().source(source).batch_size(5).num_workers(0));
+  EXPECT_TRUE(loader.next().has_value());
+  try {
+    loader.next();
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Decode) << e.what();  // a malformed sample
+    EXPECT_NE(std::string(e.what()).find("sample 6"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(source->put_errors.load(), 1);
 }
 
 TEST(Version, IsSemver) {

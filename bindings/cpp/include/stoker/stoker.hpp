@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -141,6 +142,53 @@ inline rust::Slice<const uint8_t> bytes(std::string_view s) noexcept {
 
 inline std::string version() { return std::string(ffi::version()); }
 
+// The sample a custom Source is filling, valid only during one `Source::get` call. Data is
+// copied before each put_* returns. Fields, their dtypes and shapes are fixed by sample 0; every
+// put_* throws `stoker::Error` (INVALID_ARGUMENT) on misuse.
+class Sample {
+ public:
+  explicit Sample(ffi::SampleHandle& handle) noexcept : handle_(handle) {}
+  Sample(const Sample&) = delete;
+  Sample& operator=(const Sample&) = delete;
+
+  // Encoded JPEG or PNG bytes, decoded and transformed into the field `image`.
+  void put_encoded(const void* bytes, std::size_t len) {
+    detail::call([&] { handle_.put_encoded({static_cast<const uint8_t*>(bytes), len}); });
+  }
+  // A C-contiguous tensor of `shape` for `field`; `data` holds its bytes.
+  void put_tensor(std::string_view field, DType dtype, const std::vector<int64_t>& shape, const void* data) {
+    std::size_t bytes = dtype_size(dtype);
+    for (int64_t d : shape) {
+      if (d < 0) throw Error(Status::InvalidArgument, "put_tensor `" + std::string(field) + "`: negative dimension");
+      bytes *= static_cast<std::size_t>(d);
+    }
+    detail::call([&] {
+      handle_.put_tensor(detail::bytes(field), static_cast<uint32_t>(dtype), {shape.data(), shape.size()},
+                         {static_cast<const uint8_t*>(data), bytes});
+    });
+  }
+  // The sample's label: the int64 field `label`.
+  void put_label(int64_t label) {
+    detail::call([&] { handle_.put_label(label); });
+  }
+
+ private:
+  ffi::SampleHandle& handle_;
+};
+
+// The trainer's own dataset, map-style (PyTorch's Dataset.__getitem__): stoker calls `get` from
+// its worker threads, concurrently, and does the rest (transforms, collate, prefetch).
+// Both methods must be thread-safe. An exception thrown by `get` fails that sample with status
+// CALLBACK and the exception's what() (or, with on_error=skip, replaces it and counts it).
+class Source {
+ public:
+  virtual ~Source() = default;
+  // Number of samples; read once, when the source is given to Options.
+  virtual uint64_t size() const = 0;
+  // Fills `out` with sample `index` (< size()).
+  virtual void get(uint64_t index, Sample& out) const = 0;
+};
+
 // Loader options: string keys of the C ABI contract (API.md), validated when set. Every setter
 // throws `stoker::Error` (INVALID_ARGUMENT, naming the key) on an unknown key or a bad value, and
 // returns *this for chaining.
@@ -161,6 +209,13 @@ class Options {
 
   // `npy:PATH` or `image_folder:ROOT`.
   Options& source(std::string_view spec) { return set("source", spec); }
+  // A custom source; the options (and every loader made from them) share it.
+  Options& source(std::shared_ptr<const Source> source) {
+    if (!source) throw Error(Status::InvalidArgument, "source: null stoker::Source");
+    auto bridge = std::make_unique<ffi::SourceBridge>(std::move(source));
+    detail::call([&] { handle_->set_source(std::move(bridge)); });
+    return *this;
+  }
   // `npy:PATH`: per-sample labels for an npy source.
   Options& labels(std::string_view spec) { return set("labels", spec); }
   Options& batch_size(std::size_t n) { return set("batch_size", std::to_string(n)); }
