@@ -24,3 +24,6 @@ step "cargo test"
 cargo test --workspace 2>&1 | tee /tmp/stoker-cargo-test.log
 passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/stoker-cargo-test.log | awk '{s+=$4} END {print s+0}')
 echo "cargo test: ${passed} passed, 0 failed"
+
+step "C++ API: GoogleTest suite, LibTorch adapter, install consumer, example trainer"
+bash bindings/cpp/run_tests.sh

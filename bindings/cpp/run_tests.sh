@@ -69,6 +69,12 @@ else
   TORCH_ARGS+=(-DSTOKER_TORCH_DIR=)
 fi
 
+# ---- the README's example is examples/readme.cpp (less its first comment line) ----
+step "README example is examples/readme.cpp"
+diff <(awk '/^```cpp$/{on=1; next} /^```$/{if (on) exit} on' bindings/cpp/README.md) \
+     <(tail -n +2 bindings/cpp/examples/readme.cpp)
+echo "in sync"
+
 # ---- configure, build, test ----
 step "configure ($BUILD_DIR)"
 cmake -S bindings/cpp -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \

@@ -95,12 +95,14 @@ mod ffi {
         fn set_source(self: &mut OptionsHandle, source: UniquePtr<SourceBridge>) -> Result<()>;
     }
 
+    // SAFETY: the signatures below match `include/stoker/source_bridge.hpp` (cxx checks them at
+    // compile time of the generated C++); both methods are const and thread-safe by contract.
     unsafe extern "C++" {
         include!("stoker/source_bridge.hpp");
 
         /// Owns the user's `stoker::Source`.
         type SourceBridge;
-        fn size(self: &SourceBridge) -> usize;
+        fn size(self: &SourceBridge) -> Result<usize>;
         /// A C++ exception thrown by the user's `get` arrives as `Err`, carrying its `what()`.
         fn get(self: &SourceBridge, index: usize, sample: &mut SampleHandle) -> Result<()>;
     }
@@ -203,7 +205,10 @@ impl OptionsHandle {
     fn set_source(&mut self, source: UniquePtr<SourceBridge>) -> Result<(), BridgeError> {
         let source = Arc::new(CxxSource(source));
         let len = match source.0.as_ref() {
-            Some(bridge) => bridge.size(),
+            Some(bridge) => bridge.size().map_err(|e| BridgeError {
+                status: status_of(ErrorKind::Callback),
+                message: format!("source: stoker::Source::size() failed: {}", e.what()),
+            })?,
             None => return Err(invalid_argument("source: null stoker::Source".into())),
         };
         let read = move |index: usize, writer: &mut SampleWriter<'_>| {

@@ -488,6 +488,26 @@ TEST(CustomSource, FailingSampleZeroFailsTheLoaderConstruction) {
   }
 }
 
+class Throws : public stoker::Source {
+ public:
+  uint64_t size() const override { return 4; }
+  void get(uint64_t index, stoker::Sample& out) const override {
+    if (index == 2) throw 42;  // not a std::exception
+    out.put_label(static_cast<int64_t>(index));
+  }
+};
+
+TEST(CustomSource, ANonStdExceptionIsStillAnError) {
+  stoker::Loader loader(stoker::Options().source(std::make_shared<Throws>()).batch_size(4).num_workers(0));
+  try {
+    loader.next();
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Callback);
+    EXPECT_NE(std::string(e.what()).find("not derived from std::exception"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CustomSource, SkipReplacesBadSamplesAndCountsThem) {
   auto source = std::make_shared<Squares>(20, std::set<uint64_t>{3, 11});
   stoker::Loader loader(stoker::Options().source(source).batch_size(5).num_workers(2).on_error("skip"));
