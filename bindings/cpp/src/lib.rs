@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use cxx::UniquePtr;
 use stoker_core::source::SampleWriter;
-use stoker_core::{Batch, DType, Error, ErrorKind, Loader, LoaderOptions, SourceSpec};
+use stoker_core::{Batch, DType, Error, ErrorKind, Loader, LoaderOptions, SourceSpec, StatsHandle};
 
 #[cxx::bridge(namespace = "stoker::ffi")]
 mod ffi {
@@ -56,6 +56,7 @@ mod ffi {
         type OptionsHandle;
         type LoaderHandle;
         type BatchHandle;
+        type StatsReader;
 
         fn version() -> &'static str;
 
@@ -71,7 +72,9 @@ mod ffi {
         fn epoch(self: &LoaderHandle) -> u64;
         fn batches_per_epoch(self: &LoaderHandle) -> i64;
         fn save_state(self: &LoaderHandle) -> String;
-        fn stats(self: &LoaderHandle) -> StatsInfo;
+        /// A reader of this loader's counters, usable from any thread while another drives it.
+        fn stats_reader(self: &LoaderHandle) -> Box<StatsReader>;
+        fn snapshot(self: &StatsReader) -> StatsInfo;
 
         fn is_end(self: &BatchHandle) -> bool;
         fn len(self: &BatchHandle) -> usize;
@@ -302,8 +305,18 @@ impl LoaderHandle {
         self.0.save_state()
     }
 
-    fn stats(&self) -> StatsInfo {
-        let s = self.0.stats();
+    fn stats_reader(&self) -> Box<StatsReader> {
+        Box::new(StatsReader(self.0.stats_handle()))
+    }
+}
+
+/// A loader's counters, shared with the loader: a separate object so that reading them from one
+/// thread never aliases the loader another thread is driving.
+pub struct StatsReader(StatsHandle);
+
+impl StatsReader {
+    fn snapshot(&self) -> StatsInfo {
+        let s = self.0.snapshot();
         StatsInfo {
             batches: s.batches,
             samples: s.samples,

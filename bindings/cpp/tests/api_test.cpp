@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -383,10 +384,30 @@ TEST_F(LoaderTest, StatsCountWhatWasDelivered) {
   EXPECT_LE(s.worker_busy, 1.0);
 }
 
+TEST_F(LoaderTest, StatsReadFromAnotherThreadWhileTraining) {
+  stoker::Loader loader(options(2).num_workers(2));
+  std::atomic<bool> done{false};
+  uint64_t last_seen = 0;
+  std::thread reader([&] {
+    while (!done.load()) {
+      const stoker::Stats s = loader.stats();
+      EXPECT_GE(s.batches, last_seen);  // monotonic
+      last_seen = s.batches;
+    }
+  });
+  for (int e = 0; e < 3; ++e) {
+    for (auto& batch : loader.epoch()) (void)batch;
+  }
+  done.store(true);
+  reader.join();
+  EXPECT_EQ(loader.stats().batches, 75u);
+}
+
 TEST_F(LoaderTest, MovedFromLoaderThrowsClosed) {
   stoker::Loader a(options(8));
   stoker::Loader b(std::move(a));
   EXPECT_TRUE(b.next().has_value());
+  EXPECT_THROW(a.stats(), stoker::Error);
   try {
     a.next();
     FAIL() << "no exception";

@@ -403,20 +403,26 @@ class EpochRange {
   Loader* loader_;
 };
 
-// The loader: worker threads, prefetch, epochs. Driven by one thread at a time; destroying it
-// stops and joins its threads (batches already handed out stay valid).
+// The loader: worker threads, prefetch, epochs. Driven by one thread at a time (stats() may be
+// read from any thread); destroying it stops and joins its threads (batches already handed out
+// stay valid).
 class Loader {
  public:
   // Throws `stoker::Error`: INVALID_ARGUMENT (missing source, bad combination), IO (missing file),
   // DECODE (malformed file), UNSUPPORTED, ...
   explicit Loader(const Options& options)
-      : handle_(detail::call([&] { return ffi::loader_new(options.handle()); })) {}
+      : handle_(detail::call([&] { return ffi::loader_new(options.handle()); })),
+        stats_((*handle_)->stats_reader()) {}
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
   // Movable; a moved-from Loader throws CLOSED from every call.
-  Loader(Loader&& other) noexcept : handle_(std::exchange(other.handle_, std::nullopt)) {}
+  Loader(Loader&& other) noexcept
+      : handle_(std::exchange(other.handle_, std::nullopt)), stats_(std::exchange(other.stats_, std::nullopt)) {}
   Loader& operator=(Loader&& other) noexcept {
-    if (this != &other) handle_ = std::exchange(other.handle_, std::nullopt);
+    if (this != &other) {
+      handle_ = std::exchange(other.handle_, std::nullopt);
+      stats_ = std::exchange(other.stats_, std::nullopt);
+    }
     return *this;
   }
 
@@ -438,8 +444,10 @@ class Loader {
   // Where the loader is, for `Options::resume_state` of a new loader.
   std::string save_state() const { return std::string(h().save_state()); }
 
+  // May be called from any thread, also while another thread is in next().
   Stats stats() const {
-    ffi::StatsInfo s = h().stats();
+    if (!stats_) throw Error(Status::Closed, "this stoker::Loader was moved from");
+    ffi::StatsInfo s = (*stats_)->snapshot();
     Stats out;
     out.batches = s.batches;
     out.samples = s.samples;
@@ -466,6 +474,7 @@ class Loader {
     return **handle_;
   }
   std::optional<rust::Box<ffi::LoaderHandle>> handle_;
+  std::optional<rust::Box<ffi::StatsReader>> stats_;
 };
 
 inline EpochRange::iterator::iterator(Loader* loader) : loader_(loader), current_(loader->next()) {}
