@@ -153,6 +153,7 @@ class Sample {
 
   // Encoded JPEG or PNG bytes, decoded and transformed into the field `image`.
   void put_encoded(const void* bytes, std::size_t len) {
+    if (bytes == nullptr && len != 0) throw Error(Status::InvalidArgument, "put_encoded: null bytes");
     detail::call([&] { handle_.put_encoded({static_cast<const uint8_t*>(bytes), len}); });
   }
   // A C-contiguous tensor of `shape` for `field`; `data` holds its bytes.
@@ -161,6 +162,9 @@ class Sample {
     for (int64_t d : shape) {
       if (d < 0) throw Error(Status::InvalidArgument, "put_tensor `" + std::string(field) + "`: negative dimension");
       bytes *= static_cast<std::size_t>(d);
+    }
+    if (data == nullptr && bytes != 0) {
+      throw Error(Status::InvalidArgument, "put_tensor `" + std::string(field) + "`: null data");
     }
     detail::call([&] {
       handle_.put_tensor(detail::bytes(field), static_cast<uint32_t>(dtype), {shape.data(), shape.size()},
