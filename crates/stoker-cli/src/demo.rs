@@ -13,8 +13,18 @@ pub(crate) const STANDARD_TRANSFORM: &str =
     "random_resized_crop(224) | hflip | normalize(imagenet)";
 
 pub(crate) fn run(args: &Args) -> Result<(), String> {
-    args.only(&["images", "epochs", "batch-size", "workers", "per-class"])?;
+    args.only(&[
+        "images",
+        "epochs",
+        "batch-size",
+        "workers",
+        "per-class",
+        "step-ms",
+    ])?;
     let epochs = args.num("epochs", 2)?;
+    // The consumer stands in for a training step of this long per batch, so that the wait
+    // statistics read as a trainer's would: readiness 1 means the GPU never waited for data.
+    let step = std::time::Duration::from_millis(args.num("step-ms", 30)? as u64);
     let batch_size = args.num("batch-size", 64)?;
     let workers = args.get("workers").unwrap_or("auto");
     let root = match args.get("images") {
@@ -43,10 +53,15 @@ pub(crate) fn run(args: &Args) -> Result<(), String> {
         "  transform {STANDARD_TRANSFORM} → float32 [{batch_size}, 3, 224, 224], shuffled, {} worker threads",
         options.resolved_workers()
     );
+    println!(
+        "  each batch is held for a simulated {} ms training step (--step-ms)",
+        step.as_millis()
+    );
     for _ in 0..epochs {
         let epoch = loader.epoch();
         let mut progress = Progress::new(format!("epoch {epoch}"), loader.batches_per_epoch());
         while let Some(batch) = loader.next().map_err(|e| e.to_string())? {
+            std::thread::sleep(step);
             progress.advance(batch.len());
         }
     }

@@ -10,9 +10,11 @@ use std::process::ExitCode;
 const USAGE: &str = "\
 usage:
   stoker demo [--images ROOT] [--epochs N] [--batch-size N] [--workers N|auto] [--per-class N]
+              [--step-ms N]
       The ImageNet training pipeline (random_resized_crop(224) | hflip | normalize) on a folder
-      of class subfolders of JPEGs: two epochs with a progress bar, then throughput and wait
-      statistics. Without --images it builds an ImageNet-like folder from real photographs.
+      of class subfolders of JPEGs: two epochs with a progress bar, each batch held for a
+      simulated training step (default 30 ms), then throughput and wait statistics. Without
+      --images it builds an ImageNet-like folder from real photographs.
   stoker bench images [ROOT] [--epochs N] [--batch-size N] [--workers N|auto] [--per-class N]
       That pipeline beside decode-only throughput on the same files, measured in the same run.
   stoker bench npy [--samples N] [--batch-size N] [--epochs N] [--workers N|auto] [--path FILE]
