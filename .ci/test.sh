@@ -36,5 +36,8 @@ echo "cargo test (no cuda feature): ${passed} passed, 0 failed"
 step "C ABI: header freshness, CTest, find_package consumer, ASan/UBSan, valgrind"
 bash ctests/run.sh
 
+step "C++ API: GoogleTest suite, LibTorch adapter, install consumer, example trainer"
+bash bindings/cpp/run_tests.sh
+
 step "python bindings (pip install ./bindings/python, pytest)"
 bash bindings/python/run_tests.sh

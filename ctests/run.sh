@@ -135,6 +135,12 @@ if ldd "$work/consumer/consumer_static" | grep -q libstoker; then
   failures+=("consumer_static links libstoker.so")
 fi
 
+step "C++ consumer: find_package(stoker) gives stoker::cxx from the same install"
+cmake -S bindings/cpp/tests/consumer -B "$work/consumer_cxx" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$work/consumer_cxx" -j "$jobs"
+run_prog consumer_cxx env -C "$work/consumer_cxx" ./consumer
+
 if command -v pkg-config >/dev/null; then
   step "pkg-config: the README example built with \$(pkg-config --cflags --libs stoker)"
   export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"

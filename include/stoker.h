@@ -117,7 +117,8 @@ typedef enum DLDataTypeCode {
 #endif
 
 /**
- * A batch (opaque): a lease on arena memory, shared with its DLPack exports.
+ * A batch (opaque): a lease on arena memory (a host batch) or on a device buffer of the
+ * prefetch ring (a CUDA batch), shared with its DLPack exports.
  */
 typedef struct stoker_batch stoker_batch;
 
@@ -208,7 +209,8 @@ typedef struct stoker_stats {
 
 /**
  * One field of a batch, described like a DLPack tensor. `data` and `name` stay valid until the
- * batch is released.
+ * batch is released. With `device_type` 2 (CUDA), `data` is a device address (`CUdeviceptr`)
+ * on device `device_id`, readable on a stream once `stoker_batch_wait` ordered it after the copy.
  */
 typedef struct stoker_tensor {
   const char *name;
@@ -324,6 +326,15 @@ struct stoker_options *stoker_options_new(void);
 enum stoker_status stoker_options_set(struct stoker_options *o, const char *key, const char *value);
 
 /**
+ * Makes a `device=cuda[:N]` loader copy its batches on the caller's `cuda_stream` (a `CUstream`
+ * / `cudaStream_t` of that device's primary context; NULL is the legacy default stream) instead
+ * of a stream of its own. The stream is borrowed, never destroyed: it must outlive the loader and
+ * every batch it delivers. The same as the option `cuda_stream` set to the stream's address.
+ * Loaders on the CPU ignore it.
+ */
+enum stoker_status stoker_options_set_cuda_stream(struct stoker_options *o, void *cuda_stream);
+
+/**
  * Frees options; NULL is a no-op. Loaders made from them are not affected.
  */
 void stoker_options_free(struct stoker_options *o);
@@ -370,7 +381,8 @@ enum stoker_status stoker_sample_fail(struct stoker_sample *s, const char *messa
 
 /**
  * Starts a loader (and its worker threads) from options; the options may be freed afterwards.
- * On failure `*out` is NULL.
+ * On failure `*out` is NULL. With `device=cuda[:N]` this loads the CUDA driver and fails with
+ * `STOKER_ERR_UNSUPPORTED`, saying why, when there is no driver or no such device.
  */
 enum stoker_status stoker_loader_new(const struct stoker_options *o, struct stoker_loader **out);
 
@@ -378,6 +390,12 @@ enum stoker_status stoker_loader_new(const struct stoker_options *o, struct stok
  * The next batch: `STOKER_OK` and `*out` set, or `STOKER_END_OF_EPOCH` and `*out` NULL (the
  * call after that starts the next epoch). On an error `*out` is NULL and the failed batch is
  * consumed: the next call moves past it.
+ *
+ * With `device=cuda[:N]` the batch's fields are in device memory (`device_type` 2) and its copy
+ * may still be running: call `stoker_batch_wait` with every stream that reads it (or
+ * `stoker_batch_synchronize`) before using it, and before releasing it. When the caller holds
+ * every device buffer of the ring (`prefetch_factor + 1`) this fails with
+ * `STOKER_ERR_INVALID_ARGUMENT` instead of waiting forever: release a batch first.
  */
 enum stoker_status stoker_loader_next(struct stoker_loader *l, struct stoker_batch **out);
 
@@ -422,6 +440,10 @@ size_t stoker_batch_num_fields(const struct stoker_batch *b);
 /**
  * Describes field `i`. Valid until the batch is released. An index out of range gives
  * `STOKER_ERR_INVALID_ARGUMENT`; on failure `*out` is zeroed (NULL pointers).
+ *
+ * `device_type` is 1 (CPU) or 3 (CUDA host: page-locked memory registered with the driver) for
+ * a host batch, and 2 (CUDA) for a batch of a `device=cuda[:N]` loader, whose `data` is then a
+ * device address on device `device_id`.
  */
 enum stoker_status stoker_batch_field(const struct stoker_batch *b,
                                       size_t i,
@@ -436,16 +458,60 @@ enum stoker_status stoker_batch_field_by_name(const struct stoker_batch *b,
 
 /**
  * Exports field `i` as a DLPack 1.0 tensor sharing the batch's memory. The consumer calls its
- * deleter once; the memory returns to the arena when the batch is released and every export's
- * deleter has run, in any order. On failure `*out` is NULL.
+ * deleter once; the memory returns to the arena (a device batch's buffer to the ring) when the
+ * batch is released and every export's deleter has run, in any order. On failure `*out` is NULL.
+ *
+ * A device batch's export has device `{kDLCUDA, N}`. Order the streams that read it after the
+ * copy with `stoker_batch_wait` before releasing the batch: that also keeps the ring from reusing
+ * the buffer before the work queued on those streams so far has run.
  */
 enum stoker_status stoker_batch_to_dlpack(struct stoker_batch *b,
                                           size_t i,
                                           struct DLManagedTensorVersioned **out);
 
 /**
+ * The CUDA event (`CUevent`) of a device batch: it completes when every field is on the device.
+ * Owned by the batch and valid until the batch is released (and its DLPack exports deleted):
+ * do not destroy it. `*event_out` is NULL for a host batch, and on failure.
+ */
+enum stoker_status stoker_batch_cuda_event(const struct stoker_batch *b, void **event_out);
+
+/**
+ * The CUDA stream (`CUstream`) a device batch was copied on: the loader's own stream, or the one
+ * given with `stoker_options_set_cuda_stream`. Valid while the batch lives; do not destroy it.
+ * `*stream_out` is NULL for a host batch, and on failure.
+ */
+enum stoker_status stoker_batch_cuda_stream(const struct stoker_batch *b, void **stream_out);
+
+/**
+ * Makes the caller's `cuda_stream` (a `CUstream` / `cudaStream_t`; NULL is the legacy default
+ * stream) wait for the batch's copy, on the GPU, without blocking the calling thread: kernels
+ * queued on it afterwards see the batch's data.
+ *
+ * It also orders the reuse of the batch's device buffer after the work queued on `cuda_stream`
+ * until the batch is released. **Call it for every stream that reads the batch (or one of its
+ * DLPack exports) before releasing the batch**; otherwise the ring may overwrite the buffer while
+ * a kernel on that stream still reads it. Calling it again for the same stream is harmless.
+ *
+ * A no-op returning `STOKER_OK` for a host batch. `STOKER_ERR_CUDA` if the copy failed (the
+ * message names the batch) or the driver rejected the wait.
+ */
+enum stoker_status stoker_batch_wait(struct stoker_batch *b, void *cuda_stream);
+
+/**
+ * Blocks the calling thread until the batch's copy to the device has completed (for callers
+ * that read it outside CUDA streams). A no-op for a host batch; `STOKER_ERR_CUDA` if the copy
+ * failed. It does not replace `stoker_batch_wait` for streams that read the batch.
+ */
+enum stoker_status stoker_batch_synchronize(struct stoker_batch *b);
+
+/**
  * Releases a batch, from any thread. Its memory returns to the arena once every DLPack export's
  * deleter has also run. NULL is a no-op.
+ *
+ * A device batch's buffer returns to the ring of the loader that made it; the ring reuses it
+ * only after the work queued so far on every stream passed to `stoker_batch_wait`. Call
+ * `stoker_batch_wait` for every stream that reads the batch before releasing it.
  */
 void stoker_batch_release(struct stoker_batch *b);
 

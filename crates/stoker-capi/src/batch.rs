@@ -1,10 +1,12 @@
-//! `stoker_batch`: fields as `stoker_tensor` views or DLPack exports, and release.
+//! `stoker_batch`: fields as `stoker_tensor` views or DLPack exports, the CUDA copy's stream and
+//! event of a device batch, and release.
 
 use std::ffi::{c_char, c_void};
 
+use stoker_core::cuda::Stream;
 use stoker_core::Error;
 
-use crate::dlpack::{contiguous_strides, device_type, export, DLManagedTensorVersioned};
+use crate::dlpack::{contiguous_strides, device, export, DLManagedTensorVersioned};
 use crate::error::fail;
 use crate::ffi::free_raw;
 use crate::types::{stoker_batch, stoker_status, stoker_tensor, SharedBatch, STOKER_MAX_DIMS};
@@ -18,11 +20,7 @@ fn no_field(batch: &SharedBatch, i: usize) -> Error {
 
 /// Describes field `i` as a `stoker_tensor`.
 fn tensor(batch: &SharedBatch, i: usize) -> Result<stoker_tensor, Error> {
-    let (Some(field), Some(data), Some(name)) = (
-        batch.batch.field(i),
-        batch.batch.field_ptr(i),
-        batch.names.get(i),
-    ) else {
+    let (Some(field), Some(name)) = (batch.batch.field(i), batch.names.get(i)) else {
         return Err(no_field(batch, i));
     };
     let ndim = field.shape.len();
@@ -32,12 +30,13 @@ fn tensor(batch: &SharedBatch, i: usize) -> Result<stoker_tensor, Error> {
             field.name
         )));
     }
+    let device = device(batch);
     let mut t = stoker_tensor {
         name: name.as_ptr(),
-        data: data.cast::<c_void>(),
+        data: field.data,
         dtype: field.dtype.into(),
-        device_type: device_type(batch) as i32,
-        device_id: 0,
+        device_type: device.device_type as i32,
+        device_id: device.device_id,
         ndim: ndim as i32,
         ..stoker_tensor::EMPTY
     };
@@ -75,6 +74,10 @@ pub extern "C" fn stoker_batch_num_fields(b: *const stoker_batch) -> usize {
 
 /// Describes field `i`. Valid until the batch is released. An index out of range gives
 /// `STOKER_ERR_INVALID_ARGUMENT`; on failure `*out` is zeroed (NULL pointers).
+///
+/// `device_type` is 1 (CPU) or 3 (CUDA host: page-locked memory registered with the driver) for
+/// a host batch, and 2 (CUDA) for a batch of a `device=cuda[:N]` loader, whose `data` is then a
+/// device address on device `device_id`.
 #[no_mangle]
 pub extern "C" fn stoker_batch_field(
     b: *const stoker_batch,
@@ -106,7 +109,7 @@ pub extern "C" fn stoker_batch_field_by_name(
         match b.shared.batch.field_index(name) {
             Some(i) => write_field(b, i, out),
             None => {
-                let known: Vec<_> = b.shared.batch.fields().map(|f| f.name).collect();
+                let known = b.shared.batch.field_names();
                 fail(&Error::InvalidArgument(format!(
                     "the batch has no field `{name}` (its fields: {})",
                     known.join(", ")
@@ -117,8 +120,12 @@ pub extern "C" fn stoker_batch_field_by_name(
 }
 
 /// Exports field `i` as a DLPack 1.0 tensor sharing the batch's memory. The consumer calls its
-/// deleter once; the memory returns to the arena when the batch is released and every export's
-/// deleter has run, in any order. On failure `*out` is NULL.
+/// deleter once; the memory returns to the arena (a device batch's buffer to the ring) when the
+/// batch is released and every export's deleter has run, in any order. On failure `*out` is NULL.
+///
+/// A device batch's export has device `{kDLCUDA, N}`. Order the streams that read it after the
+/// copy with `stoker_batch_wait` before releasing the batch: that also keeps the ring from reusing
+/// the buffer before the work queued on those streams so far has run.
 #[no_mangle]
 pub extern "C" fn stoker_batch_to_dlpack(
     b: *mut stoker_batch,
@@ -139,8 +146,95 @@ pub extern "C" fn stoker_batch_to_dlpack(
     })
 }
 
+/// The CUDA event (`CUevent`) of a device batch: it completes when every field is on the device.
+/// Owned by the batch and valid until the batch is released (and its DLPack exports deleted):
+/// do not destroy it. `*event_out` is NULL for a host batch, and on failure.
+#[no_mangle]
+pub extern "C" fn stoker_batch_cuda_event(
+    b: *const stoker_batch,
+    event_out: *mut *mut c_void,
+) -> stoker_status {
+    ffi_boundary!(stoker_batch_cuda_event => {
+        clear_out!(event_out);
+        let b = try_ref!(b);
+        if let Some(d) = b.shared.batch.device_batch() {
+            // SAFETY: `event_out` was checked non-NULL and writable by `clear_out!`.
+            unsafe { event_out.write(d.event().0 as *mut c_void) };
+        }
+        stoker_status::STOKER_OK
+    })
+}
+
+/// The CUDA stream (`CUstream`) a device batch was copied on: the loader's own stream, or the one
+/// given with `stoker_options_set_cuda_stream`. Valid while the batch lives; do not destroy it.
+/// `*stream_out` is NULL for a host batch, and on failure.
+#[no_mangle]
+pub extern "C" fn stoker_batch_cuda_stream(
+    b: *const stoker_batch,
+    stream_out: *mut *mut c_void,
+) -> stoker_status {
+    ffi_boundary!(stoker_batch_cuda_stream => {
+        clear_out!(stream_out);
+        let b = try_ref!(b);
+        if let Some(d) = b.shared.batch.device_batch() {
+            // SAFETY: `stream_out` was checked non-NULL and writable by `clear_out!`.
+            unsafe { stream_out.write(d.stream().0 as *mut c_void) };
+        }
+        stoker_status::STOKER_OK
+    })
+}
+
+/// Makes the caller's `cuda_stream` (a `CUstream` / `cudaStream_t`; NULL is the legacy default
+/// stream) wait for the batch's copy, on the GPU, without blocking the calling thread: kernels
+/// queued on it afterwards see the batch's data.
+///
+/// It also orders the reuse of the batch's device buffer after the work queued on `cuda_stream`
+/// until the batch is released. **Call it for every stream that reads the batch (or one of its
+/// DLPack exports) before releasing the batch**; otherwise the ring may overwrite the buffer while
+/// a kernel on that stream still reads it. Calling it again for the same stream is harmless.
+///
+/// A no-op returning `STOKER_OK` for a host batch. `STOKER_ERR_CUDA` if the copy failed (the
+/// message names the batch) or the driver rejected the wait.
+#[no_mangle]
+pub extern "C" fn stoker_batch_wait(
+    b: *mut stoker_batch,
+    cuda_stream: *mut c_void,
+) -> stoker_status {
+    ffi_boundary!(stoker_batch_wait => {
+        let b = try_ref!(b);
+        match b.shared.batch.device_batch() {
+            None => stoker_status::STOKER_OK,
+            Some(d) => match d.wait(Stream(cuda_stream as usize)) {
+                Ok(()) => stoker_status::STOKER_OK,
+                Err(e) => fail(&e),
+            },
+        }
+    })
+}
+
+/// Blocks the calling thread until the batch's copy to the device has completed (for callers
+/// that read it outside CUDA streams). A no-op for a host batch; `STOKER_ERR_CUDA` if the copy
+/// failed. It does not replace `stoker_batch_wait` for streams that read the batch.
+#[no_mangle]
+pub extern "C" fn stoker_batch_synchronize(b: *mut stoker_batch) -> stoker_status {
+    ffi_boundary!(stoker_batch_synchronize => {
+        let b = try_ref!(b);
+        match b.shared.batch.device_batch() {
+            None => stoker_status::STOKER_OK,
+            Some(d) => match d.synchronize() {
+                Ok(()) => stoker_status::STOKER_OK,
+                Err(e) => fail(&e),
+            },
+        }
+    })
+}
+
 /// Releases a batch, from any thread. Its memory returns to the arena once every DLPack export's
 /// deleter has also run. NULL is a no-op.
+///
+/// A device batch's buffer returns to the ring of the loader that made it; the ring reuses it
+/// only after the work queued so far on every stream passed to `stoker_batch_wait`. Call
+/// `stoker_batch_wait` for every stream that reads the batch before releasing it.
 #[no_mangle]
 pub extern "C" fn stoker_batch_release(b: *mut stoker_batch) {
     ffi_boundary!(stoker_batch_release => {

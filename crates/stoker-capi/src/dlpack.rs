@@ -5,13 +5,14 @@
 //! (`#if !defined(DLPACK_DLPACK_H_)`, from the never-set `cfg(stoker_dlpack_external)` below):
 //! a C++ file that uses both includes `dlpack.h` (or ATen's copy) first.
 //!
-//! Each export owns a clone of its batch's `Arc`: the batch's memory returns to the arena only
-//! when the batch is released and every export's deleter has run, in any order.
+//! Each export owns a clone of its batch's `Arc`: the batch's memory returns to the arena (a
+//! device batch's buffer to the ring) only when the batch is released and every export's deleter
+//! has run, in any order.
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use stoker_core::DType;
+use stoker_core::{DType, DeviceType};
 
 use crate::types::SharedBatch;
 
@@ -141,12 +142,17 @@ pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
     strides
 }
 
-/// DLPack device code of a batch's memory: CUDA host when registered with the driver, else CPU.
-pub(crate) fn device_type(batch: &SharedBatch) -> DLDeviceType {
-    if batch.batch.is_device_registered() {
-        DLDeviceType::kDLCUDAHost
-    } else {
-        DLDeviceType::kDLCPU
+/// DLPack device of a batch's memory: CUDA for a device batch; for a host batch CUDA host when
+/// registered with the driver, else CPU.
+pub(crate) fn device(batch: &SharedBatch) -> DLDevice {
+    let device_type = match batch.batch.device_type() {
+        DeviceType::Cpu => DLDeviceType::kDLCPU,
+        DeviceType::Cuda => DLDeviceType::kDLCUDA,
+        DeviceType::CudaHost => DLDeviceType::kDLCUDAHost,
+    };
+    DLDevice {
+        device_type,
+        device_id: batch.batch.device_id(),
     }
 }
 
@@ -154,7 +160,6 @@ pub(crate) fn device_type(batch: &SharedBatch) -> DLDeviceType {
 /// and frees it through its deleter.
 pub(crate) fn export(batch: &Arc<SharedBatch>, i: usize) -> Option<*mut DLManagedTensorVersioned> {
     let field = batch.batch.field(i)?;
-    let data = batch.batch.field_ptr(i)?;
     let shape: Vec<i64> = field.shape.iter().map(|&d| d as i64).collect();
     let strides = contiguous_strides(field.shape);
     let mut export = Box::new(Export {
@@ -164,11 +169,8 @@ pub(crate) fn export(batch: &Arc<SharedBatch>, i: usize) -> Option<*mut DLManage
             deleter: Some(delete_export),
             flags: 0,
             dl_tensor: DLTensor {
-                data: data.cast::<c_void>(),
-                device: DLDevice {
-                    device_type: device_type(batch),
-                    device_id: 0,
-                },
+                data: field.data,
+                device: device(batch),
                 ndim: field.shape.len() as i32,
                 dtype: dl_dtype(field.dtype),
                 shape: std::ptr::null_mut(),

@@ -40,3 +40,6 @@ pub mod dlpack;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cuda_tests;

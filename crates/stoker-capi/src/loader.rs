@@ -1,18 +1,18 @@
 //! `stoker_loader`: create, iterate, inspect, save, free.
 
-use std::cell::UnsafeCell;
 use std::ffi::c_char;
 use std::sync::Arc;
 
-use stoker_core::Loader;
+use stoker_core::{Device, Loader};
 
 use crate::error::fail;
 use crate::ffi::{free_raw, into_raw, invalid_argument};
-use crate::types::SharedBatch;
 use crate::types::{stoker_batch, stoker_loader, stoker_options, stoker_stats, stoker_status};
+use crate::types::{AnyBatch, SharedBatch};
 
 /// Starts a loader (and its worker threads) from options; the options may be freed afterwards.
-/// On failure `*out` is NULL.
+/// On failure `*out` is NULL. With `device=cuda[:N]` this loads the CUDA driver and fails with
+/// `STOKER_ERR_UNSUPPORTED`, saying why, when there is no driver or no such device.
 #[no_mangle]
 pub extern "C" fn stoker_loader_new(
     o: *const stoker_options,
@@ -23,11 +23,7 @@ pub extern "C" fn stoker_loader_new(
         let o = try_ref!(o);
         match Loader::new(&o.inner) {
             Ok(loader) => {
-                let handle = stoker_loader {
-                    stats: loader.stats_handle(),
-                    batches_per_epoch: i64::try_from(loader.batches_per_epoch()).unwrap_or(-1),
-                    loader: UnsafeCell::new(loader),
-                };
+                let handle = stoker_loader::from_loader(loader);
                 // SAFETY: `out` was checked non-NULL and writable by `clear_out!`.
                 unsafe { out.write(into_raw(handle)) };
                 stoker_status::STOKER_OK
@@ -40,6 +36,12 @@ pub extern "C" fn stoker_loader_new(
 /// The next batch: `STOKER_OK` and `*out` set, or `STOKER_END_OF_EPOCH` and `*out` NULL (the
 /// call after that starts the next epoch). On an error `*out` is NULL and the failed batch is
 /// consumed: the next call moves past it.
+///
+/// With `device=cuda[:N]` the batch's fields are in device memory (`device_type` 2) and its copy
+/// may still be running: call `stoker_batch_wait` with every stream that reads it (or
+/// `stoker_batch_synchronize`) before using it, and before releasing it. When the caller holds
+/// every device buffer of the ring (`prefetch_factor + 1`) this fails with
+/// `STOKER_ERR_INVALID_ARGUMENT` instead of waiting forever: release a batch first.
 #[no_mangle]
 pub extern "C" fn stoker_loader_next(
     l: *mut stoker_loader,
@@ -51,7 +53,11 @@ pub extern "C" fn stoker_loader_next(
         // SAFETY: the C contract lets one thread at a time drive a loader, so no other reference
         // to the `Loader` exists now; `stoker_loader_stats` reads only fields outside the cell.
         let loader = unsafe { &mut *l.loader.get() };
-        match loader.next() {
+        let next = match loader.device() {
+            Device::Cpu => loader.next().map(|b| b.map(AnyBatch::Host)),
+            Device::Cuda(_) => loader.next_device().map(|b| b.map(AnyBatch::Device)),
+        };
+        match next {
             Ok(Some(batch)) => {
                 let handle = stoker_batch {
                     shared: Arc::new(SharedBatch::new(batch)),

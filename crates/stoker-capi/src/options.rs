@@ -35,6 +35,23 @@ pub extern "C" fn stoker_options_set(
     })
 }
 
+/// Makes a `device=cuda[:N]` loader copy its batches on the caller's `cuda_stream` (a `CUstream`
+/// / `cudaStream_t` of that device's primary context; NULL is the legacy default stream) instead
+/// of a stream of its own. The stream is borrowed, never destroyed: it must outlive the loader and
+/// every batch it delivers. The same as the option `cuda_stream` set to the stream's address.
+/// Loaders on the CPU ignore it.
+#[no_mangle]
+pub extern "C" fn stoker_options_set_cuda_stream(
+    o: *mut stoker_options,
+    cuda_stream: *mut std::ffi::c_void,
+) -> stoker_status {
+    ffi_boundary!(stoker_options_set_cuda_stream => {
+        let o = try_mut!(o);
+        o.inner.cuda_stream = Some(cuda_stream as usize);
+        stoker_status::STOKER_OK
+    })
+}
+
 /// Frees options; NULL is a no-op. Loaders made from them are not affected.
 #[no_mangle]
 pub extern "C" fn stoker_options_free(o: *mut stoker_options) {

@@ -14,7 +14,7 @@ use crate::types::stoker_status::*;
 use crate::types::*;
 use crate::version::*;
 
-fn last_error() -> String {
+pub(crate) fn last_error() -> String {
     let mut buf = vec![0u8; 1024];
     let n = stoker_last_error(buf.as_mut_ptr().cast(), buf.len());
     buf.truncate(n.min(1023));

@@ -5,7 +5,7 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::Arc;
 
-use stoker_core::{Batch, DType, Loader, LoaderOptions, StatsHandle};
+use stoker_core::{Batch, DType, DeviceBatch, DeviceType, Loader, LoaderOptions, StatsHandle};
 
 /// Most dimensions a `stoker_tensor` describes. DLPack exports have no such limit.
 pub const STOKER_MAX_DIMS: usize = 8;
@@ -62,7 +62,8 @@ impl From<DType> for stoker_dtype {
 }
 
 /// One field of a batch, described like a DLPack tensor. `data` and `name` stay valid until the
-/// batch is released.
+/// batch is released. With `device_type` 2 (CUDA), `data` is a device address (`CUdeviceptr`)
+/// on device `device_id`, readable on a stream once `stoker_batch_wait` ordered it after the copy.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct stoker_tensor {
@@ -134,26 +135,124 @@ pub struct stoker_loader {
     pub(crate) loader: UnsafeCell<Loader>,
 }
 
-/// A batch (opaque): a lease on arena memory, shared with its DLPack exports.
+impl stoker_loader {
+    /// The handle around a started loader (host or device).
+    pub(crate) fn from_loader(loader: Loader) -> stoker_loader {
+        stoker_loader {
+            stats: loader.stats_handle(),
+            batches_per_epoch: i64::try_from(loader.batches_per_epoch()).unwrap_or(-1),
+            loader: UnsafeCell::new(loader),
+        }
+    }
+}
+
+/// A batch (opaque): a lease on arena memory (a host batch) or on a device buffer of the
+/// prefetch ring (a CUDA batch), shared with its DLPack exports.
 pub struct stoker_batch {
     pub(crate) shared: Arc<SharedBatch>,
 }
 
-/// What a batch handle and its DLPack exports hold: the memory returns to the arena when the last
-/// of them lets go.
+/// What a batch handle holds: host memory from the arena, or device memory from the ring.
+pub enum AnyBatch {
+    Host(Batch),
+    Device(DeviceBatch),
+}
+
+/// One field of either kind of batch, as the C views need it.
+pub(crate) struct FieldView<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) dtype: DType,
+    pub(crate) shape: &'a [usize],
+    /// Host address, or device address for a device batch.
+    pub(crate) data: *mut c_void,
+}
+
+impl AnyBatch {
+    pub(crate) fn num_fields(&self) -> usize {
+        match self {
+            AnyBatch::Host(b) => b.num_fields(),
+            AnyBatch::Device(b) => b.num_fields(),
+        }
+    }
+
+    pub(crate) fn field(&self, i: usize) -> Option<FieldView<'_>> {
+        match self {
+            AnyBatch::Host(b) => {
+                let f = b.field(i)?;
+                Some(FieldView {
+                    name: f.name,
+                    dtype: f.dtype,
+                    shape: f.shape,
+                    data: b.field_ptr(i)?.cast::<c_void>(),
+                })
+            }
+            AnyBatch::Device(b) => {
+                let f = b.field(i)?;
+                Some(FieldView {
+                    name: f.name,
+                    dtype: f.dtype,
+                    shape: f.shape,
+                    // A device address as C holds it (`CUdeviceptr` in a `void *`).
+                    data: f.ptr as usize as *mut c_void,
+                })
+            }
+        }
+    }
+
+    pub(crate) fn field_index(&self, name: &str) -> Option<usize> {
+        match self {
+            AnyBatch::Host(b) => b.field_index(name),
+            AnyBatch::Device(b) => b.field_index(name),
+        }
+    }
+
+    pub(crate) fn field_names(&self) -> Vec<&str> {
+        (0..self.num_fields())
+            .filter_map(|i| self.field(i).map(|f| f.name))
+            .collect()
+    }
+
+    /// Where the memory lives: CPU or CUDA host (registered) for a host batch, CUDA for a device
+    /// batch.
+    pub(crate) fn device_type(&self) -> DeviceType {
+        match self {
+            AnyBatch::Host(b) => b.device_type(),
+            AnyBatch::Device(b) => b.device_type(),
+        }
+    }
+
+    /// The DLPack `device_id`: the CUDA ordinal of a device batch, 0 for host memory.
+    pub(crate) fn device_id(&self) -> i32 {
+        match self {
+            AnyBatch::Host(_) => 0,
+            AnyBatch::Device(b) => i32::try_from(b.device_id()).unwrap_or(i32::MAX),
+        }
+    }
+
+    pub(crate) fn device_batch(&self) -> Option<&DeviceBatch> {
+        match self {
+            AnyBatch::Host(_) => None,
+            AnyBatch::Device(b) => Some(b),
+        }
+    }
+}
+
+/// What a batch handle and its DLPack exports hold: the memory returns to the arena (or the
+/// device buffer to the ring) when the last of them lets go.
 pub struct SharedBatch {
-    pub(crate) batch: Batch,
+    pub(crate) batch: AnyBatch,
     /// NUL-terminated field names for `stoker_tensor::name`.
     pub(crate) names: Vec<CString>,
 }
 
 impl SharedBatch {
-    pub(crate) fn new(batch: Batch) -> SharedBatch {
+    pub(crate) fn new(batch: AnyBatch) -> SharedBatch {
         let names = batch
-            .fields()
-            .map(|f| {
+            .field_names()
+            .into_iter()
+            .map(|name| {
                 // Field names come from sources; one with a NUL byte loses it rather than failing.
-                CString::new(f.name.replace('\0', "")).unwrap_or_default()
+                CString::new(name.replace('\0', "")).unwrap_or_default()
             })
             .collect();
         SharedBatch { batch, names }
@@ -167,6 +266,7 @@ const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send::<Loader>();
     send::<LoaderOptions>();
+    send_sync::<DeviceBatch>();
     send_sync::<SharedBatch>();
     send_sync::<StatsHandle>();
 };

@@ -1,21 +1,43 @@
-//! `stoker demo`: the loader on a generated npy dataset, two epochs with a progress bar, then
-//! throughput and wait statistics.
+//! `stoker demo`: the standard ImageNet training pipeline on a folder of real photographs — two
+//! epochs with a progress bar, then throughput and wait statistics.
+
+use std::path::PathBuf;
 
 use stoker_core::{Loader, LoaderOptions};
 
 use crate::report::{print_stats, Progress};
 use crate::Args;
 
+/// torchvision's ImageNet training transform, fused.
+pub(crate) const STANDARD_TRANSFORM: &str =
+    "random_resized_crop(224) | hflip | normalize(imagenet)";
+
 pub(crate) fn run(args: &Args) -> Result<(), String> {
-    args.only(&["epochs", "samples", "workers"])?;
+    args.only(&[
+        "images",
+        "epochs",
+        "batch-size",
+        "workers",
+        "per-class",
+        "step-ms",
+    ])?;
     let epochs = args.num("epochs", 2)?;
-    let samples = args.num("samples", 2048)?;
+    // The consumer stands in for a training step of this long per batch, so that the wait
+    // statistics read as a trainer's would: readiness 1 means the GPU never waited for data.
+    let step = std::time::Duration::from_millis(args.num("step-ms", 30)? as u64);
+    let batch_size = args.num("batch-size", 64)?;
     let workers = args.get("workers").unwrap_or("auto");
-    let path = crate::bench::generated_npy(samples)?;
+    let root = match args.get("images") {
+        Some(root) => PathBuf::from(root),
+        None => {
+            crate::photos::imagenet_like(&crate::photos::cache_dir(), args.num("per-class", 100)?)?
+        }
+    };
     let mut options = LoaderOptions::default();
     for (k, v) in [
-        ("source", format!("npy:{}", path.display())),
-        ("batch_size", "256".into()),
+        ("source", format!("image_folder:{}", root.display())),
+        ("transform", STANDARD_TRANSFORM.into()),
+        ("batch_size", batch_size.to_string()),
         ("shuffle", "true".into()),
         ("num_workers", workers.into()),
     ] {
@@ -23,15 +45,23 @@ pub(crate) fn run(args: &Args) -> Result<(), String> {
     }
     let mut loader = Loader::new(&options).map_err(|e| e.to_string())?;
     println!(
-        "stoker demo: {} samples of uint8 [3,224,224] from {}, batch 256, shuffled, {} worker threads",
+        "stoker demo: {} images from {}",
         loader.samples_per_epoch(),
-        path.display(),
+        root.display()
+    );
+    println!(
+        "  transform {STANDARD_TRANSFORM} → float32 [{batch_size}, 3, 224, 224], shuffled, {} worker threads",
         options.resolved_workers()
+    );
+    println!(
+        "  each batch is held for a simulated {} ms training step (--step-ms)",
+        step.as_millis()
     );
     for _ in 0..epochs {
         let epoch = loader.epoch();
         let mut progress = Progress::new(format!("epoch {epoch}"), loader.batches_per_epoch());
         while let Some(batch) = loader.next().map_err(|e| e.to_string())? {
+            std::thread::sleep(step);
             progress.advance(batch.len());
         }
     }

@@ -2,14 +2,21 @@
 
 mod bench;
 mod demo;
+mod photos;
 mod report;
 
 use std::process::ExitCode;
 
 const USAGE: &str = "\
 usage:
-  stoker demo [--epochs N] [--samples N] [--workers N|auto]
-      Two epochs of shuffled batches with a progress bar, then throughput and wait statistics.
+  stoker demo [--images ROOT] [--epochs N] [--batch-size N] [--workers N|auto] [--per-class N]
+              [--step-ms N]
+      The ImageNet training pipeline (random_resized_crop(224) | hflip | normalize) on a folder
+      of class subfolders of JPEGs: two epochs with a progress bar, each batch held for a
+      simulated training step (default 30 ms), then throughput and wait statistics. Without
+      --images it builds an ImageNet-like folder from real photographs.
+  stoker bench images [ROOT] [--epochs N] [--batch-size N] [--workers N|auto] [--per-class N]
+      That pipeline beside decode-only throughput on the same files, measured in the same run.
   stoker bench npy [--samples N] [--batch-size N] [--epochs N] [--workers N|auto] [--path FILE]
       Shuffled uint8 [N,3,224,224] batches from an npy file beside single-thread memcpy
       bandwidth, measured in the same run.
@@ -69,6 +76,14 @@ fn run(argv: &[String]) -> Result<(), String> {
         [cmd, rest @ ..] if cmd == "demo" => demo::run(&Args::parse(rest)?),
         [cmd, what, rest @ ..] if cmd == "bench" && what == "npy" => {
             bench::npy(&Args::parse(rest)?)
+        }
+        [cmd, what, root, rest @ ..]
+            if cmd == "bench" && what == "images" && !root.starts_with("--") =>
+        {
+            bench::images(Some(root), &Args::parse(rest)?)
+        }
+        [cmd, what, rest @ ..] if cmd == "bench" && what == "images" => {
+            bench::images(None, &Args::parse(rest)?)
         }
         [cmd, ..] if cmd == "-h" || cmd == "--help" || cmd == "help" => {
             print!("{USAGE}");

@@ -285,3 +285,45 @@ fn transform_errors_name_the_option() {
     );
     fs::remove_dir_all(&root).unwrap();
 }
+
+#[test]
+fn encoded_samples_from_callbacks_match_image_folder_pixels() {
+    use std::sync::Arc;
+    use stoker_core::source::ReadFn;
+    use stoker_core::{ImageFolderSource, Source, SourceSpec};
+
+    let root = folder("callbacks", &[]);
+    let spec = [
+        (
+            "transform",
+            "random_resized_crop(64) | hflip | normalize(imagenet)",
+        ),
+        ("batch_size", "3"),
+        ("shuffle", "true"),
+        ("seed", "5"),
+        ("num_workers", "2"),
+    ];
+    let mut direct = loader(&root, &spec).unwrap();
+    let expected = drain(&mut direct, 2);
+
+    // The same files, in the same index order, through the user's read function.
+    let index = Arc::new(ImageFolderSource::open(&root).unwrap());
+    let files = Arc::clone(&index);
+    let read: Arc<ReadFn> = Arc::new(move |i, w| {
+        let bytes = fs::read(files.path(i)).map_err(|e| e.to_string())?;
+        w.put_encoded(&bytes)?;
+        w.put_label(files.label(i))
+    });
+    let mut o = LoaderOptions {
+        source: Some(SourceSpec::Callback {
+            len: index.len(),
+            read,
+        }),
+        ..LoaderOptions::default()
+    };
+    for (k, v) in spec {
+        o.set(k, v).unwrap();
+    }
+    let mut through_callbacks = Loader::new(&o).unwrap();
+    assert_eq!(drain(&mut through_callbacks, 2), expected);
+}

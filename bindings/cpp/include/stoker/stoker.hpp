@@ -1,0 +1,492 @@
+// stoker: a data loader for ML training — the C++17 API.
+//
+//   stoker::Loader loader(stoker::Options()
+//                             .source("npy:images.npy")
+//                             .labels("npy:labels.npy")
+//                             .batch_size(64)
+//                             .shuffle(true));
+//   for (auto& batch : loader.epoch()) {
+//     const stoker::TensorView& images = batch.field("data");
+//     ...
+//   }
+//
+// Linking: use the CMake target `stoker::cxx`. It is one Rust static library (libstoker_cxx.a)
+// that already contains the whole engine (stoker-core) and Rust's standard library. A binary may
+// contain only one Rust staticlib: do NOT also link the C ABI's `libstoker.a` (target
+// `stoker::stoker_static`) into the same program. C++ programs use `stoker::cxx`; C programs
+// (and runtimes that dlopen) use the C ABI library `libstoker`.
+//
+// Errors are thrown as `stoker::Error` (a `std::runtime_error`) carrying a `stoker::Status` with
+// the values of the C ABI's `stoker_status`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "rust/cxx.h"
+#include "stoker-cxx/src/lib.rs.h"
+
+namespace stoker {
+
+// The C ABI's `stoker_status` values.
+enum class Status : int32_t {
+  Ok = 0,
+  EndOfEpoch = 1,
+  InvalidArgument = -1,
+  Io = -2,
+  Decode = -3,
+  Unsupported = -4,
+  Timeout = -5,
+  Callback = -6,
+  Closed = -7,
+  Internal = -8,
+  OutOfMemory = -9,
+  Cuda = -10,
+};
+
+inline const char* to_string(Status s) noexcept {
+  switch (s) {
+    case Status::Ok: return "OK";
+    case Status::EndOfEpoch: return "END_OF_EPOCH";
+    case Status::InvalidArgument: return "INVALID_ARGUMENT";
+    case Status::Io: return "IO";
+    case Status::Decode: return "DECODE";
+    case Status::Unsupported: return "UNSUPPORTED";
+    case Status::Timeout: return "TIMEOUT";
+    case Status::Callback: return "CALLBACK";
+    case Status::Closed: return "CLOSED";
+    case Status::Internal: return "INTERNAL";
+    case Status::OutOfMemory: return "OUT_OF_MEMORY";
+    case Status::Cuda: return "CUDA";
+  }
+  return "UNKNOWN";
+}
+
+// Everything stoker reports: the status and a message naming the key, file or sample index.
+class Error : public std::runtime_error {
+ public:
+  Error(Status status, const std::string& message) : std::runtime_error(message), status_(status) {}
+  Status status() const noexcept { return status_; }
+
+ private:
+  Status status_;
+};
+
+// The C ABI's `stoker_dtype` values.
+enum class DType : uint32_t { U8 = 0, I32 = 1, I64 = 2, F16 = 3, BF16 = 4, F32 = 5 };
+
+inline std::size_t dtype_size(DType d) noexcept {
+  switch (d) {
+    case DType::U8: return 1;
+    case DType::F16:
+    case DType::BF16: return 2;
+    case DType::I32:
+    case DType::F32: return 4;
+    case DType::I64: return 8;
+  }
+  return 0;
+}
+
+inline const char* to_string(DType d) noexcept {
+  switch (d) {
+    case DType::U8: return "uint8";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+    case DType::F16: return "float16";
+    case DType::BF16: return "bfloat16";
+    case DType::F32: return "float32";
+  }
+  return "unknown";
+}
+
+namespace detail {
+
+// Turns the bridge's `rust::Error` ("<status>|<message>") into a `stoker::Error`.
+[[noreturn]] inline void rethrow(const rust::Error& e) {
+  std::string what = e.what();
+  std::size_t bar = what.find('|');
+  if (bar != std::string::npos && bar > 0) {
+    const std::string code = what.substr(0, bar);
+    char* end = nullptr;
+    long value = std::strtol(code.c_str(), &end, 10);
+    if (end != nullptr && *end == '\0' && value >= -10 && value <= -1) {
+      throw Error(static_cast<Status>(value), what.substr(bar + 1));
+    }
+  }
+  throw Error(Status::Internal, what);
+}
+
+// Calls into the bridge, translating its errors.
+template <class F>
+auto call(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const rust::Error& e) {
+    rethrow(e);
+  }
+}
+
+inline rust::Slice<const uint8_t> bytes(std::string_view s) noexcept {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+}  // namespace detail
+
+inline std::string version() { return std::string(ffi::version()); }
+
+// The sample a custom Source is filling, valid only during one `Source::get` call. Data is
+// copied before each put_* returns. Fields, their dtypes and shapes are fixed by sample 0; every
+// put_* throws `stoker::Error` (INVALID_ARGUMENT) on misuse.
+class Sample {
+ public:
+  explicit Sample(ffi::SampleHandle& handle) noexcept : handle_(handle) {}
+  Sample(const Sample&) = delete;
+  Sample& operator=(const Sample&) = delete;
+
+  // Encoded JPEG or PNG bytes, decoded and transformed into the field `image`.
+  void put_encoded(const void* bytes, std::size_t len) {
+    if (bytes == nullptr && len != 0) throw Error(Status::InvalidArgument, "put_encoded: null bytes");
+    detail::call([&] { handle_.put_encoded({static_cast<const uint8_t*>(bytes), len}); });
+  }
+  // A C-contiguous tensor of `shape` for `field`; `data` holds its bytes.
+  void put_tensor(std::string_view field, DType dtype, const std::vector<int64_t>& shape, const void* data) {
+    std::size_t bytes = dtype_size(dtype);
+    for (int64_t d : shape) {
+      if (d < 0) throw Error(Status::InvalidArgument, "put_tensor `" + std::string(field) + "`: negative dimension");
+      bytes *= static_cast<std::size_t>(d);
+    }
+    if (data == nullptr && bytes != 0) {
+      throw Error(Status::InvalidArgument, "put_tensor `" + std::string(field) + "`: null data");
+    }
+    detail::call([&] {
+      handle_.put_tensor(detail::bytes(field), static_cast<uint32_t>(dtype), {shape.data(), shape.size()},
+                         {static_cast<const uint8_t*>(data), bytes});
+    });
+  }
+  // The sample's label: the int64 field `label`.
+  void put_label(int64_t label) {
+    detail::call([&] { handle_.put_label(label); });
+  }
+
+ private:
+  ffi::SampleHandle& handle_;
+};
+
+// The trainer's own dataset, map-style (PyTorch's Dataset.__getitem__): stoker calls `get` from
+// its worker threads, concurrently, and does the rest (transforms, collate, prefetch).
+// Both methods must be thread-safe. An exception thrown by `get` fails that sample with status
+// CALLBACK and the exception's what() (or, with on_error=skip, replaces it and counts it).
+class Source {
+ public:
+  virtual ~Source() = default;
+  // Number of samples; read once, when the source is given to Options.
+  virtual uint64_t size() const = 0;
+  // Fills `out` with sample `index` (< size()).
+  virtual void get(uint64_t index, Sample& out) const = 0;
+};
+
+// Loader options: string keys of the C ABI contract (API.md), validated when set. Every setter
+// throws `stoker::Error` (INVALID_ARGUMENT, naming the key) on an unknown key or a bad value, and
+// returns *this for chaining.
+class Options {
+ public:
+  Options() : handle_(ffi::options_new()) {}
+  Options(const Options& other) : handle_(ffi::options_clone(*other.handle_)) {}
+  Options& operator=(const Options& other) {
+    if (this != &other) handle_ = ffi::options_clone(*other.handle_);
+    return *this;
+  }
+  // No move operations: a moved-from rust::Box would be null, so moving copies (cheaply).
+
+  Options& set(std::string_view key, std::string_view value) {
+    detail::call([&] { handle_->set(detail::bytes(key), detail::bytes(value)); });
+    return *this;
+  }
+
+  // `npy:PATH` or `image_folder:ROOT`.
+  Options& source(std::string_view spec) { return set("source", spec); }
+  // A custom source; the options (and every loader made from them) share it.
+  Options& source(std::shared_ptr<const Source> source) {
+    if (!source) throw Error(Status::InvalidArgument, "source: null stoker::Source");
+    auto bridge = std::make_unique<ffi::SourceBridge>(std::move(source));
+    detail::call([&] { handle_->set_source(std::move(bridge)); });
+    return *this;
+  }
+  // `npy:PATH`: per-sample labels for an npy source.
+  Options& labels(std::string_view spec) { return set("labels", spec); }
+  Options& batch_size(std::size_t n) { return set("batch_size", std::to_string(n)); }
+  Options& shuffle(bool on) { return set("shuffle", flag(on)); }
+  Options& seed(uint64_t seed) { return set("seed", std::to_string(seed)); }
+  Options& drop_last(bool on) { return set("drop_last", flag(on)); }
+  // 0 = work in the calling thread; `num_workers_auto()` = one per usable core (the default).
+  Options& num_workers(std::size_t n) { return set("num_workers", std::to_string(n)); }
+  Options& num_workers_auto() { return set("num_workers", "auto"); }
+  Options& prefetch_factor(std::size_t n) { return set("prefetch_factor", std::to_string(n)); }
+  Options& in_order(bool on) { return set("in_order", flag(on)); }
+  Options& rank(std::size_t r) { return set("rank", std::to_string(r)); }
+  Options& world_size(std::size_t n) { return set("world_size", std::to_string(n)); }
+  // e.g. "random_resized_crop(224) | hflip | normalize(imagenet)".
+  Options& transform(std::string_view spec) { return set("transform", spec); }
+  // "uint8", "float32", "float16" or "bfloat16".
+  Options& dtype(std::string_view name) { return set("dtype", name); }
+  // "nchw" or "nhwc".
+  Options& layout(std::string_view name) { return set("layout", name); }
+  Options& pin_memory(bool on) { return set("pin_memory", flag(on)); }
+  // "cpu", "cuda" or "cuda:N".
+  Options& device(std::string_view name) { return set("device", name); }
+  // "raise" or "skip".
+  Options& on_error(std::string_view policy) { return set("on_error", policy); }
+  Options& timeout_ms(uint64_t ms) { return set("timeout_ms", std::to_string(ms)); }
+  // A string from `Loader::save_state()`.
+  Options& resume_state(std::string_view state) { return set("resume_state", state); }
+
+  const ffi::OptionsHandle& handle() const noexcept { return *handle_; }
+
+ private:
+  static const char* flag(bool on) noexcept { return on ? "true" : "false"; }
+  rust::Box<ffi::OptionsHandle> handle_;
+};
+
+// One field of a batch: a C-contiguous tensor in the batch's memory. Its `data` pointer stays
+// valid as long as the Batch it came from (or any shared owner of it) is alive.
+struct TensorView {
+  std::string name;
+  void* data = nullptr;
+  DType dtype = DType::U8;
+  int32_t device_type = 1;  // DLPack codes: 1 CPU, 2 CUDA, 3 CUDA host (page-locked)
+  int32_t device_id = 0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // in elements
+
+  std::size_t ndim() const noexcept { return shape.size(); }
+  int64_t numel() const noexcept {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  std::size_t nbytes() const noexcept { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
+  // The data as `T*`; the caller picks T to match `dtype`.
+  template <class T>
+  T* data_as() const noexcept {
+    return static_cast<T*>(data);
+  }
+};
+
+// A batch: named tensors in one block of loader memory, held as a lease. Movable, not copyable;
+// the memory returns to the loader's arena when the Batch is destroyed (or `release()`d), and a
+// Batch may outlive the Loader that made it. A moved-from Batch is empty.
+class Batch {
+ public:
+  explicit Batch(rust::Box<ffi::BatchHandle> handle) : handle_(std::move(handle)) {
+    for (auto& f : (*handle_)->fields()) {
+      TensorView v;
+      v.name = std::string(f.name);
+      v.data = reinterpret_cast<void*>(f.data);
+      v.dtype = static_cast<DType>(f.dtype);
+      v.device_type = f.device_type;
+      v.device_id = f.device_id;
+      v.shape.assign(f.shape.begin(), f.shape.end());
+      v.strides.assign(f.strides.begin(), f.strides.end());
+      fields_.push_back(std::move(v));
+    }
+  }
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+  Batch(Batch&& other) noexcept
+      : handle_(std::exchange(other.handle_, std::nullopt)), fields_(std::move(other.fields_)) {
+    other.fields_.clear();
+  }
+  Batch& operator=(Batch&& other) noexcept {
+    if (this != &other) {
+      handle_ = std::exchange(other.handle_, std::nullopt);
+      fields_ = std::move(other.fields_);
+      other.fields_.clear();
+    }
+    return *this;
+  }
+  ~Batch() = default;
+
+  // False for a moved-from or released batch.
+  bool valid() const noexcept { return handle_.has_value(); }
+  explicit operator bool() const noexcept { return valid(); }
+
+  // Returns the memory now; the batch becomes empty.
+  void release() noexcept {
+    handle_.reset();
+    fields_.clear();
+  }
+
+  std::size_t num_fields() const noexcept { return fields_.size(); }
+  const std::vector<TensorView>& fields() const noexcept { return fields_; }
+
+  // Field `i`; throws INVALID_ARGUMENT when out of range.
+  const TensorView& field(std::size_t i) const {
+    if (i >= fields_.size()) {
+      throw Error(Status::InvalidArgument, "field index " + std::to_string(i) + " out of range (batch has " +
+                                               std::to_string(fields_.size()) + " fields)");
+    }
+    return fields_[i];
+  }
+
+  // The field called `name` ("data", "label", "image"); throws INVALID_ARGUMENT when absent.
+  const TensorView& field(std::string_view name) const {
+    for (const auto& f : fields_) {
+      if (f.name == name) return f;
+    }
+    throw Error(Status::InvalidArgument, "no field `" + std::string(name) + "` in this batch");
+  }
+
+  // Samples in the batch (the leading dimension of every field); 0 when empty.
+  std::size_t size() const noexcept { return valid() ? (*handle_)->len() : 0; }
+  // The epoch the batch belongs to, and its position within it in sampler order.
+  uint64_t epoch() const noexcept { return valid() ? (*handle_)->epoch() : 0; }
+  std::size_t position() const noexcept { return valid() ? (*handle_)->position() : 0; }
+
+ private:
+  std::optional<rust::Box<ffi::BatchHandle>> handle_;
+  std::vector<TensorView> fields_;
+};
+
+// A snapshot of a loader's counters (`stoker_stats`).
+struct Stats {
+  uint64_t batches = 0;          // delivered to the consumer
+  uint64_t samples = 0;          // delivered, replacements included
+  uint64_t samples_skipped = 0;  // bad samples replaced under on_error=skip
+  uint64_t wait_ns_total = 0;    // time the consumer spent blocked in next()
+  uint64_t wait_ns_p50 = 0, wait_ns_p95 = 0, wait_ns_max = 0;  // per batch
+  uint64_t elapsed_ns = 0;       // since the loader was created
+  double readiness = 0;          // 1 - wait_ns_total / elapsed_ns, in [0, 1]
+  double worker_busy = 0;        // fraction of worker thread time spent working
+  uint64_t slabs_pinned = 0, pin_failures = 0;
+};
+
+class Loader;
+
+// The rest of the current epoch as an input range: `for (auto& batch : loader.epoch())`.
+// Each batch is owned by the iterator until the next step; move it out to keep it.
+class EpochRange {
+ public:
+  class iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using pointer = Batch*;
+    using reference = Batch&;
+
+    iterator() = default;
+    Batch& operator*() { return *current_; }
+    Batch* operator->() { return &*current_; }
+    iterator& operator++();
+    bool operator==(const iterator& other) const noexcept {
+      return !current_.has_value() && !other.current_.has_value();
+    }
+    bool operator!=(const iterator& other) const noexcept { return !(*this == other); }
+
+   private:
+    friend class EpochRange;
+    explicit iterator(Loader* loader);
+    Loader* loader_ = nullptr;
+    std::optional<Batch> current_;
+  };
+
+  iterator begin() { return iterator(loader_); }
+  iterator end() { return iterator(); }
+
+ private:
+  friend class Loader;
+  explicit EpochRange(Loader* loader) : loader_(loader) {}
+  Loader* loader_;
+};
+
+// The loader: worker threads, prefetch, epochs. Driven by one thread at a time (stats() may be
+// read from any thread); destroying it stops and joins its threads (batches already handed out
+// stay valid).
+class Loader {
+ public:
+  // Throws `stoker::Error`: INVALID_ARGUMENT (missing source, bad combination), IO (missing file),
+  // DECODE (malformed file), UNSUPPORTED, ...
+  explicit Loader(const Options& options)
+      : handle_(detail::call([&] { return ffi::loader_new(options.handle()); })),
+        stats_((*handle_)->stats_reader()) {}
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+  // Movable; a moved-from Loader throws CLOSED from every call.
+  Loader(Loader&& other) noexcept
+      : handle_(std::exchange(other.handle_, std::nullopt)), stats_(std::exchange(other.stats_, std::nullopt)) {}
+  Loader& operator=(Loader&& other) noexcept {
+    if (this != &other) {
+      handle_ = std::exchange(other.handle_, std::nullopt);
+      stats_ = std::exchange(other.stats_, std::nullopt);
+    }
+    return *this;
+  }
+
+  // The next batch of the current epoch, or std::nullopt once the epoch is over; the call after
+  // that starts the next epoch. A failed batch throws and is consumed: the next call moves past it.
+  std::optional<Batch> next() {
+    rust::Box<ffi::BatchHandle> b = detail::call([&] { return h().next(); });
+    if (b->is_end()) return std::nullopt;
+    return Batch(std::move(b));
+  }
+
+  // The rest of the current epoch, as a range.
+  EpochRange epoch() { return EpochRange(this); }
+
+  // The epoch the next batch belongs to; it advances when next() reports the end of one.
+  uint64_t current_epoch() const { return h().epoch(); }
+  int64_t batches_per_epoch() const { return h().batches_per_epoch(); }
+
+  // Where the loader is, for `Options::resume_state` of a new loader.
+  std::string save_state() const { return std::string(h().save_state()); }
+
+  // May be called from any thread, also while another thread is in next().
+  Stats stats() const {
+    if (!stats_) throw Error(Status::Closed, "this stoker::Loader was moved from");
+    ffi::StatsInfo s = (*stats_)->snapshot();
+    Stats out;
+    out.batches = s.batches;
+    out.samples = s.samples;
+    out.samples_skipped = s.samples_skipped;
+    out.wait_ns_total = s.wait_ns_total;
+    out.wait_ns_p50 = s.wait_ns_p50;
+    out.wait_ns_p95 = s.wait_ns_p95;
+    out.wait_ns_max = s.wait_ns_max;
+    out.elapsed_ns = s.elapsed_ns;
+    out.readiness = s.readiness;
+    out.worker_busy = s.worker_busy;
+    out.slabs_pinned = s.slabs_pinned;
+    out.pin_failures = s.pin_failures;
+    return out;
+  }
+
+ private:
+  ffi::LoaderHandle& h() {
+    if (!handle_) throw Error(Status::Closed, "this stoker::Loader was moved from");
+    return **handle_;
+  }
+  const ffi::LoaderHandle& h() const {
+    if (!handle_) throw Error(Status::Closed, "this stoker::Loader was moved from");
+    return **handle_;
+  }
+  std::optional<rust::Box<ffi::LoaderHandle>> handle_;
+  std::optional<rust::Box<ffi::StatsReader>> stats_;
+};
+
+inline EpochRange::iterator::iterator(Loader* loader) : loader_(loader), current_(loader->next()) {}
+
+inline EpochRange::iterator& EpochRange::iterator::operator++() {
+  current_.reset();  // release the previous batch before waiting for the next
+  current_ = loader_->next();
+  return *this;
+}
+
+}  // namespace stoker

@@ -1,0 +1,76 @@
+// stoker ↔ LibTorch: batch fields as torch::Tensor, with zero copies.
+//
+//   auto batch = std::make_shared<stoker::Batch>(std::move(*loader.next()));
+//   torch::Tensor images = stoker::to_tensor(batch, "data");   // views the batch memory
+//   torch::Tensor labels = stoker::to_tensor(batch, "label");
+//
+// The tensor's deleter holds a std::shared_ptr to the batch: the batch memory stays leased until
+// the last tensor (or view of one) that uses it is destroyed, even after the Batch object, its
+// shared_ptr and the Loader are gone. The memory is writable: the batch owns it exclusively, so an
+// in-place op (images.div_(255) on a float field, say) is fine.
+//
+// LibTorch's headers need C++20; this header is the only part of stoker's C++ API that does.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "stoker/stoker.hpp"
+
+namespace stoker {
+
+inline c10::ScalarType scalar_type(DType d) {
+  switch (d) {
+    case DType::U8: return torch::kUInt8;
+    case DType::I32: return torch::kInt32;
+    case DType::I64: return torch::kInt64;
+    case DType::F16: return torch::kFloat16;
+    case DType::BF16: return torch::kBFloat16;
+    case DType::F32: return torch::kFloat32;
+  }
+  throw Error(Status::InvalidArgument, "unknown stoker dtype " + std::to_string(static_cast<uint32_t>(d)));
+}
+
+// A tensor over `view`'s memory that keeps `batch` alive until the tensor's storage is freed.
+// `view` must be one of `batch`'s fields.
+inline torch::Tensor to_tensor(std::shared_ptr<const Batch> batch, const TensorView& view) {
+  // DLPack device codes: 1 CPU, 3 CUDA host (page-locked, still CPU-addressable).
+  if (view.device_type != 1 && view.device_type != 3) {
+    // CUDA device tensors go here once CUDA prefetch lands: the field's memory will then be on
+    // device `view.device_id`, and the options below become torch::Device(torch::kCUDA, id).
+    throw Error(Status::Unsupported, "field `" + view.name + "` is on DLPack device type " +
+                                         std::to_string(view.device_type) +
+                                         "; stoker/torch.hpp wraps CPU memory only");
+  }
+  auto options = torch::TensorOptions().dtype(scalar_type(view.dtype)).device(torch::kCPU);
+  return torch::from_blob(
+      view.data, view.shape, view.strides,
+      // The deleter owns a reference to the batch: the lease ends when the tensor storage dies.
+      [keep = std::move(batch)](void*) mutable { keep.reset(); }, options);
+}
+
+// Field `i` of `batch` as a tensor (zero copy); throws INVALID_ARGUMENT when out of range.
+inline torch::Tensor to_tensor(const std::shared_ptr<const Batch>& batch, std::size_t i) {
+  return to_tensor(batch, batch->field(i));
+}
+
+// The field called `name` as a tensor (zero copy); throws INVALID_ARGUMENT when absent.
+inline torch::Tensor to_tensor(const std::shared_ptr<const Batch>& batch, std::string_view name) {
+  return to_tensor(batch, batch->field(name));
+}
+
+// Every field of `batch`, in field order, as (name, tensor) pairs; the batch moves into shared
+// ownership of the tensors.
+inline std::vector<std::pair<std::string, torch::Tensor>> to_tensors(Batch&& batch) {
+  auto shared = std::make_shared<const Batch>(std::move(batch));
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const TensorView& view : shared->fields()) out.emplace_back(view.name, to_tensor(shared, view));
+  return out;
+}
+
+}  // namespace stoker

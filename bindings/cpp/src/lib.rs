@@ -1,0 +1,435 @@
+//! The Rust half of stoker's C++ API: a `cxx` bridge over stoker-core.
+//!
+//! The bridge is deliberately low level (namespace `stoker::ffi`); the C++ API that users see is
+//! the hand-written `include/stoker/stoker.hpp` on top of it.
+//!
+//! Errors cross as `rust::Error` exceptions whose message is `"<status>|<message>"`, where
+//! `<status>` is the C ABI's `stoker_status` value; `stoker.hpp` parses it back into a
+//! `stoker::Error` carrying a `stoker::Status`. No panic crosses: each call that can reach the
+//! engine runs under `catch_unwind` and a panic becomes `STOKER_ERR_INTERNAL`.
+//!
+//! One Rust staticlib per link: this crate's archive contains stoker-core and Rust's standard
+//! library. Link it (CMake target `stoker::cxx`) or the C ABI's `libstoker.a`, never both.
+
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use cxx::UniquePtr;
+use stoker_core::source::SampleWriter;
+use stoker_core::{Batch, DType, Error, ErrorKind, Loader, LoaderOptions, SourceSpec, StatsHandle};
+
+#[cxx::bridge(namespace = "stoker::ffi")]
+mod ffi {
+    /// One field of a batch, as `stoker_tensor` of the C ABI.
+    struct FieldInfo {
+        name: String,
+        /// Address of the first element; valid while the batch lives.
+        data: usize,
+        /// `stoker_dtype` value.
+        dtype: u32,
+        /// DLPack device codes: 1 CPU, 3 CUDA host (page-locked).
+        device_type: i32,
+        device_id: i32,
+        shape: Vec<i64>,
+        /// In elements.
+        strides: Vec<i64>,
+    }
+
+    /// A snapshot of a loader's counters, as `stoker_stats`.
+    struct StatsInfo {
+        batches: u64,
+        samples: u64,
+        samples_skipped: u64,
+        wait_ns_total: u64,
+        wait_ns_p50: u64,
+        wait_ns_p95: u64,
+        wait_ns_max: u64,
+        elapsed_ns: u64,
+        readiness: f64,
+        worker_busy: f64,
+        slabs_pinned: u64,
+        pin_failures: u64,
+    }
+
+    extern "Rust" {
+        type OptionsHandle;
+        type LoaderHandle;
+        type BatchHandle;
+        type StatsReader;
+
+        fn version() -> &'static str;
+
+        fn options_new() -> Box<OptionsHandle>;
+        fn options_clone(options: &OptionsHandle) -> Box<OptionsHandle>;
+        /// Key and value as bytes: invalid UTF-8 is an INVALID_ARGUMENT error, not a C++
+        /// `std::invalid_argument` from `rust::Str`.
+        fn set(self: &mut OptionsHandle, key: &[u8], value: &[u8]) -> Result<()>;
+
+        fn loader_new(options: &OptionsHandle) -> Result<Box<LoaderHandle>>;
+        /// The next batch; at the end of an epoch a handle with `is_end()` true.
+        fn next(self: &mut LoaderHandle) -> Result<Box<BatchHandle>>;
+        fn epoch(self: &LoaderHandle) -> u64;
+        fn batches_per_epoch(self: &LoaderHandle) -> i64;
+        fn save_state(self: &LoaderHandle) -> String;
+        /// A reader of this loader's counters, usable from any thread while another drives it.
+        fn stats_reader(self: &LoaderHandle) -> Box<StatsReader>;
+        fn snapshot(self: &StatsReader) -> StatsInfo;
+
+        fn is_end(self: &BatchHandle) -> bool;
+        fn len(self: &BatchHandle) -> usize;
+        fn epoch(self: &BatchHandle) -> u64;
+        fn position(self: &BatchHandle) -> usize;
+        fn fields(self: &BatchHandle) -> Vec<FieldInfo>;
+
+        /// The sample a custom source is filling, valid during one `SourceBridge::get` call.
+        type SampleHandle<'a, 'b>;
+        fn put_encoded(self: &mut SampleHandle, bytes: &[u8]) -> Result<()>;
+        fn put_tensor(
+            self: &mut SampleHandle,
+            field: &[u8],
+            dtype: u32,
+            shape: &[i64],
+            data: &[u8],
+        ) -> Result<()>;
+        fn put_label(self: &mut SampleHandle, label: i64) -> Result<()>;
+
+        /// Makes `source` (a C++ `stoker::Source`) the options' source.
+        fn set_source(self: &mut OptionsHandle, source: UniquePtr<SourceBridge>) -> Result<()>;
+    }
+
+    // SAFETY: the signatures below match `include/stoker/source_bridge.hpp` (cxx checks them at
+    // compile time of the generated C++); both methods are const and thread-safe by contract.
+    unsafe extern "C++" {
+        include!("stoker/source_bridge.hpp");
+
+        /// Owns the user's `stoker::Source`.
+        type SourceBridge;
+        fn size(self: &SourceBridge) -> Result<usize>;
+        /// A C++ exception thrown by the user's `get` arrives as `Err`, carrying its `what()`.
+        fn get(self: &SourceBridge, index: usize, sample: &mut SampleHandle) -> Result<()>;
+    }
+}
+
+use ffi::{FieldInfo, SourceBridge, StatsInfo};
+
+/// An error on its way to C++: `"<status>|<message>"` (see the module docs).
+#[derive(Debug)]
+pub struct BridgeError {
+    status: i32,
+    message: String,
+}
+
+impl fmt::Display for BridgeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}|{}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for BridgeError {}
+
+/// `stoker_status` of the C ABI for each kind (API.md).
+fn status_of(kind: ErrorKind) -> i32 {
+    match kind {
+        ErrorKind::InvalidArgument => -1,
+        ErrorKind::Io => -2,
+        ErrorKind::Decode => -3,
+        ErrorKind::Unsupported => -4,
+        ErrorKind::Timeout => -5,
+        ErrorKind::Callback => -6,
+        ErrorKind::Closed => -7,
+        ErrorKind::Internal => -8,
+        ErrorKind::OutOfMemory => -9,
+        ErrorKind::Cuda => -10,
+    }
+}
+
+impl From<Error> for BridgeError {
+    fn from(e: Error) -> BridgeError {
+        BridgeError {
+            status: status_of(e.kind()),
+            message: e.to_string(),
+        }
+    }
+}
+
+fn invalid_argument(message: String) -> BridgeError {
+    BridgeError {
+        status: status_of(ErrorKind::InvalidArgument),
+        message,
+    }
+}
+
+/// Runs `f`, turning a panic into an INTERNAL error instead of an abort at the boundary.
+fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, BridgeError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(result) => result.map_err(BridgeError::from),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(BridgeError {
+                status: status_of(ErrorKind::Internal),
+                message: format!("internal error: panic: {what}"),
+            })
+        }
+    }
+}
+
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+pub struct OptionsHandle(LoaderOptions);
+
+fn options_new() -> Box<OptionsHandle> {
+    Box::new(OptionsHandle(LoaderOptions::new()))
+}
+
+fn options_clone(options: &OptionsHandle) -> Box<OptionsHandle> {
+    Box::new(OptionsHandle(options.0.clone()))
+}
+
+impl OptionsHandle {
+    fn set(&mut self, key: &[u8], value: &[u8]) -> Result<(), BridgeError> {
+        let key = std::str::from_utf8(key).map_err(|_| {
+            invalid_argument(format!(
+                "option key {} is not UTF-8",
+                String::from_utf8_lossy(key)
+            ))
+        })?;
+        let value = std::str::from_utf8(value)
+            .map_err(|_| invalid_argument(format!("option `{key}`: value is not UTF-8")))?;
+        guard(|| self.0.set(key, value))
+    }
+
+    fn set_source(&mut self, source: UniquePtr<SourceBridge>) -> Result<(), BridgeError> {
+        let source = Arc::new(CxxSource(source));
+        let len = match source.0.as_ref() {
+            Some(bridge) => bridge.size().map_err(|e| BridgeError {
+                status: status_of(ErrorKind::Callback),
+                message: format!("source: stoker::Source::size() failed: {}", e.what()),
+            })?,
+            None => return Err(invalid_argument("source: null stoker::Source".into())),
+        };
+        let read = move |index: usize, writer: &mut SampleWriter<'_>| {
+            let Some(bridge) = source.0.as_ref() else {
+                return Err("null stoker::Source".to_string());
+            };
+            let mut sample = SampleHandle { writer };
+            bridge
+                .get(index, &mut sample)
+                .map_err(|e| e.what().to_string())
+        };
+        self.0.source = Some(SourceSpec::Callback {
+            len,
+            read: Arc::new(read),
+        });
+        Ok(())
+    }
+}
+
+/// The user's C++ source, shared by the worker threads.
+struct CxxSource(UniquePtr<SourceBridge>);
+
+// SAFETY: `stoker::Source` documents that `size()` and `get()` are const and may be called
+// concurrently from several threads, and that the object may be destroyed on any thread; the
+// bridge only ever calls those const methods and never mutates the pointer.
+unsafe impl Send for CxxSource {}
+// SAFETY: as above: shared access only calls thread-safe const methods.
+unsafe impl Sync for CxxSource {}
+
+/// The sample being filled, handed to C++ for the duration of one `get` call.
+pub struct SampleHandle<'a, 'b> {
+    writer: &'a mut SampleWriter<'b>,
+}
+
+impl SampleHandle<'_, '_> {
+    fn put_encoded(&mut self, bytes: &[u8]) -> Result<(), BridgeError> {
+        self.writer.put_encoded(bytes).map_err(invalid_argument)
+    }
+
+    fn put_tensor(
+        &mut self,
+        field: &[u8],
+        dtype: u32,
+        shape: &[i64],
+        data: &[u8],
+    ) -> Result<(), BridgeError> {
+        let field = std::str::from_utf8(field)
+            .map_err(|_| invalid_argument("put_tensor: field name is not UTF-8".into()))?;
+        let dtype = dtype_from_code(dtype).ok_or_else(|| {
+            invalid_argument(format!("put_tensor `{field}`: unknown dtype code {dtype}"))
+        })?;
+        let shape = shape
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<Result<Vec<usize>, _>>()
+            .map_err(|_| {
+                invalid_argument(format!(
+                    "put_tensor `{field}`: negative dimension in {shape:?}"
+                ))
+            })?;
+        self.writer
+            .put_tensor(field, dtype, &shape, data)
+            .map_err(invalid_argument)
+    }
+
+    fn put_label(&mut self, label: i64) -> Result<(), BridgeError> {
+        self.writer.put_label(label).map_err(invalid_argument)
+    }
+}
+
+pub struct LoaderHandle(Loader);
+
+fn loader_new(options: &OptionsHandle) -> Result<Box<LoaderHandle>, BridgeError> {
+    guard(|| Loader::new(&options.0)).map(|l| Box::new(LoaderHandle(l)))
+}
+
+impl LoaderHandle {
+    fn next(&mut self) -> Result<Box<BatchHandle>, BridgeError> {
+        guard(|| self.0.next()).map(|b| Box::new(BatchHandle(b)))
+    }
+
+    fn epoch(&self) -> u64 {
+        self.0.epoch()
+    }
+
+    fn batches_per_epoch(&self) -> i64 {
+        i64::try_from(self.0.batches_per_epoch()).unwrap_or(i64::MAX)
+    }
+
+    fn save_state(&self) -> String {
+        self.0.save_state()
+    }
+
+    fn stats_reader(&self) -> Box<StatsReader> {
+        Box::new(StatsReader(self.0.stats_handle()))
+    }
+}
+
+/// A loader's counters, shared with the loader: a separate object so that reading them from one
+/// thread never aliases the loader another thread is driving.
+pub struct StatsReader(StatsHandle);
+
+impl StatsReader {
+    fn snapshot(&self) -> StatsInfo {
+        let s = self.0.snapshot();
+        StatsInfo {
+            batches: s.batches,
+            samples: s.samples,
+            samples_skipped: s.samples_skipped,
+            wait_ns_total: s.wait_ns_total,
+            wait_ns_p50: s.wait_ns_p50,
+            wait_ns_p95: s.wait_ns_p95,
+            wait_ns_max: s.wait_ns_max,
+            elapsed_ns: s.elapsed_ns,
+            readiness: s.readiness,
+            worker_busy: s.worker_busy,
+            slabs_pinned: s.slabs_pinned,
+            pin_failures: s.pin_failures,
+        }
+    }
+}
+
+/// A delivered batch, or (`None`) the end of an epoch. Dropping it returns its memory to the
+/// arena; it may outlive the loader.
+pub struct BatchHandle(Option<Batch>);
+
+impl BatchHandle {
+    fn is_end(&self) -> bool {
+        self.0.is_none()
+    }
+
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, Batch::len)
+    }
+
+    fn epoch(&self) -> u64 {
+        self.0.as_ref().map_or(0, Batch::epoch)
+    }
+
+    fn position(&self) -> usize {
+        self.0.as_ref().map_or(0, Batch::position)
+    }
+
+    fn fields(&self) -> Vec<FieldInfo> {
+        let Some(batch) = &self.0 else {
+            return Vec::new();
+        };
+        let device_type = if batch.is_device_registered() { 3 } else { 1 };
+        (0..batch.num_fields())
+            .filter_map(|i| {
+                let field = batch.field(i)?;
+                let data = batch.field_ptr(i)? as usize;
+                let shape: Vec<i64> = field.shape.iter().map(|&d| d as i64).collect();
+                Some(FieldInfo {
+                    name: field.name.to_owned(),
+                    data,
+                    dtype: dtype_code(field.dtype),
+                    device_type,
+                    device_id: 0,
+                    strides: contiguous_strides(&shape),
+                    shape,
+                })
+            })
+            .collect()
+    }
+}
+
+fn dtype_code(dtype: DType) -> u32 {
+    dtype as u32
+}
+
+fn dtype_from_code(code: u32) -> Option<DType> {
+    [
+        DType::U8,
+        DType::I32,
+        DType::I64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+    ]
+    .into_iter()
+    .find(|&d| dtype_code(d) == code)
+}
+
+/// C-order strides, in elements.
+fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
+    let mut strides = vec![1i64; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1].max(1);
+    }
+    strides
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strides_are_c_order() {
+        assert_eq!(contiguous_strides(&[4, 3, 2]), vec![6, 2, 1]);
+        assert_eq!(contiguous_strides(&[5]), vec![1]);
+        assert!(contiguous_strides(&[]).is_empty());
+    }
+
+    #[test]
+    fn dtype_codes_round_trip() {
+        for code in 0..6 {
+            assert_eq!(dtype_from_code(code).map(dtype_code), Some(code));
+        }
+        assert_eq!(dtype_from_code(6), None);
+    }
+
+    #[test]
+    fn errors_carry_the_c_status() {
+        let mut o = options_new();
+        let e = o.set(b"no_such_key", b"1").unwrap_err();
+        assert!(e.to_string().starts_with("-1|option `no_such_key`"), "{e}");
+        let e = o.set(b"\xff", b"1").unwrap_err();
+        assert!(e.to_string().starts_with("-1|"), "{e}");
+    }
+}

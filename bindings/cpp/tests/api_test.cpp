@@ -1,0 +1,561 @@
+// GoogleTest suite of stoker's C++ API (stoker/stoker.hpp), C++17.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <stdexcept>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <stoker/stoker.hpp>
+
+#include "npy.hpp"
+
+namespace {
+
+static_assert(!std::is_copy_constructible_v<stoker::Batch>, "Batch is a lease: not copyable");
+static_assert(std::is_nothrow_move_constructible_v<stoker::Batch>, "Batch moves");
+static_assert(std::is_base_of_v<std::runtime_error, stoker::Error>, "Error is a runtime_error");
+
+constexpr int64_t kRows = 50;
+constexpr int64_t kCols = 6;
+
+// data.npy: int32 [kRows, kCols], row i = {i*1000 + j}; labels.npy: int64 [kRows], label i = 7*i.
+class LoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = ::testing::TempDir() + "stoker_cxx_" + info->name() + "_";
+    std::vector<int32_t> data(static_cast<std::size_t>(kRows * kCols));
+    std::vector<int64_t> labels(static_cast<std::size_t>(kRows));
+    for (int64_t i = 0; i < kRows; ++i) {
+      for (int64_t j = 0; j < kCols; ++j) data[static_cast<std::size_t>(i * kCols + j)] = static_cast<int32_t>(i * 1000 + j);
+      labels[static_cast<std::size_t>(i)] = 7 * i;
+    }
+    stoker_test::write_npy(data_path(), "<i4", {kRows, kCols}, data);
+    stoker_test::write_npy(labels_path(), "<i8", {kRows}, labels);
+  }
+
+  std::string data_path() const { return dir_ + "data.npy"; }
+  std::string labels_path() const { return dir_ + "labels.npy"; }
+
+  stoker::Options options(std::size_t batch_size = 8) const {
+    return stoker::Options()
+        .source("npy:" + data_path())
+        .labels("npy:" + labels_path())
+        .batch_size(batch_size)
+        .num_workers(2);
+  }
+
+  // The sample indices of a batch, checking every row against its label.
+  static std::vector<int64_t> indices(const stoker::Batch& batch) {
+    const stoker::TensorView& data = batch.field("data");
+    const stoker::TensorView& label = batch.field("label");
+    std::vector<int64_t> out;
+    for (int64_t r = 0; r < data.shape[0]; ++r) {
+      const int32_t* row = data.data_as<int32_t>() + r * kCols;
+      const int64_t i = row[0] / 1000;
+      for (int64_t j = 0; j < kCols; ++j) EXPECT_EQ(row[j], i * 1000 + j);
+      EXPECT_EQ(label.data_as<int64_t>()[r], 7 * i);
+      out.push_back(i);
+    }
+    return out;
+  }
+
+  std::string dir_;
+};
+
+TEST(Options, ChainedSettersAcceptTheContractKeys) {
+  EXPECT_NO_THROW(stoker::Options()
+                      .source("npy:x.npy")
+                      .labels("npy:y.npy")
+                      .batch_size(64)
+                      .shuffle(true)
+                      .seed(42)
+                      .drop_last(true)
+                      .num_workers(2)
+                      .num_workers_auto()
+                      .prefetch_factor(4)
+                      .in_order(false)
+                      .rank(0)
+                      .world_size(1)
+                      .dtype("float32")
+                      .layout("nhwc")
+                      .pin_memory(false)
+                      .device("cpu")
+                      .on_error("skip")
+                      .timeout_ms(1000)
+                      .set("pad", "0"));
+}
+
+TEST(Options, UnknownKeyThrowsInvalidArgumentNamingTheKey) {
+  try {
+    stoker::Options().set("batch_sise", "4");
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("batch_sise"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Options, BadValuesThrowInvalidArgumentNamingTheKey) {
+  struct Case {
+    const char* key;
+    const char* value;
+  };
+  for (const Case& c : {Case{"batch_size", "0"}, Case{"batch_size", "many"}, Case{"shuffle", "maybe"},
+                        Case{"source", "csv:x"}, Case{"device", "tpu"}, Case{"resume_state", "garbage"}}) {
+    try {
+      stoker::Options().set(c.key, c.value);
+      ADD_FAILURE() << c.key << "=" << c.value << " was accepted";
+    } catch (const stoker::Error& e) {
+      EXPECT_EQ(e.status(), stoker::Status::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.key), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Options, InvalidUtf8IsAnInvalidArgument) {
+  try {
+    stoker::Options().set(std::string("\xff\xfe", 2), "1");
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::InvalidArgument);
+  }
+}
+
+TEST(Options, CopiesAreIndependent) {
+  stoker::Options a;
+  a.batch_size(4);
+  stoker::Options b = a;
+  b.set("source", "npy:/nonexistent/b.npy");
+  // `a` has no source: making a loader from it fails on `source`, not on b's missing file.
+  try {
+    stoker::Loader loader(a);
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("source"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Errors, MissingFileThrowsIoNamingTheFile) {
+  const std::string path = ::testing::TempDir() + "stoker_cxx_no_such_file.npy";
+  try {
+    stoker::Loader loader(stoker::Options().source("npy:" + path));
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Io);
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+}
+
+TEST(Errors, MalformedFileThrowsDecode) {
+  const std::string path = ::testing::TempDir() + "stoker_cxx_not_npy.npy";
+  std::vector<uint8_t> junk(64, 'x');
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(junk.data()), static_cast<std::streamsize>(junk.size()));
+  }
+  try {
+    stoker::Loader loader(stoker::Options().source("npy:" + path));
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Decode) << e.what();
+  }
+}
+
+TEST(Errors, CaughtAsStdRuntimeError) {
+  EXPECT_THROW(stoker::Options().set("nope", "1"), std::runtime_error);
+  EXPECT_STREQ(stoker::to_string(stoker::Status::InvalidArgument), "INVALID_ARGUMENT");
+  EXPECT_EQ(static_cast<int>(stoker::Status::Cuda), -10);
+}
+
+TEST_F(LoaderTest, FullEpochDeliversEverySampleOnceWithMatchingValues) {
+  stoker::Loader loader(options(8).shuffle(true).seed(3));
+  EXPECT_EQ(loader.batches_per_epoch(), 7);  // 50 = 6 * 8 + 2
+  std::vector<int64_t> seen;
+  std::size_t batches = 0;
+  for (auto& batch : loader.epoch()) {
+    ASSERT_EQ(batch.num_fields(), 2u);
+    const stoker::TensorView& data = batch.field(0);
+    EXPECT_EQ(data.name, "data");
+    EXPECT_EQ(data.dtype, stoker::DType::I32);
+    EXPECT_EQ(data.shape, (std::vector<int64_t>{batches < 6 ? 8 : 2, kCols}));
+    EXPECT_EQ(data.strides, (std::vector<int64_t>{kCols, 1}));
+    EXPECT_EQ(data.device_type, 1);
+    EXPECT_EQ(batch.field(1).name, "label");
+    EXPECT_EQ(batch.field(1).dtype, stoker::DType::I64);
+    EXPECT_EQ(batch.field("data").data, data.data);
+    EXPECT_EQ(batch.size(), static_cast<std::size_t>(data.shape[0]));
+    EXPECT_EQ(batch.position(), batches);
+    for (int64_t i : indices(batch)) seen.push_back(i);
+    ++batches;
+  }
+  EXPECT_EQ(batches, 7u);
+  std::vector<int64_t> sorted = seen;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < kRows; ++i) ASSERT_EQ(sorted[static_cast<std::size_t>(i)], i);
+  std::vector<int64_t> in_order(seen.size());
+  for (std::size_t i = 0; i < in_order.size(); ++i) in_order[i] = static_cast<int64_t>(i);
+  EXPECT_NE(seen, in_order) << "shuffle=true left the order unchanged";
+}
+
+TEST_F(LoaderTest, EndOfEpochThenTheNextEpoch) {
+  stoker::Loader loader(options(10).shuffle(true));
+  EXPECT_EQ(loader.current_epoch(), 0u);
+  std::vector<std::vector<int64_t>> orders(2);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (int b = 0; b < 5; ++b) {
+      std::optional<stoker::Batch> batch = loader.next();
+      ASSERT_TRUE(batch.has_value()) << "epoch " << epoch << " batch " << b;
+      EXPECT_EQ(batch->epoch(), static_cast<uint64_t>(epoch));
+      for (int64_t i : indices(*batch)) orders[static_cast<std::size_t>(epoch)].push_back(i);
+    }
+    EXPECT_FALSE(loader.next().has_value()) << "no END after epoch " << epoch;
+    EXPECT_EQ(loader.current_epoch(), static_cast<uint64_t>(epoch + 1));
+  }
+  EXPECT_NE(orders[0], orders[1]) << "each epoch has its own permutation";
+}
+
+TEST_F(LoaderTest, RangeForCoversOneEpochAndStopsAtItsEnd) {
+  stoker::Loader loader(options(25));
+  int n = 0;
+  for (auto& batch : loader.epoch()) {
+    EXPECT_TRUE(batch.valid());
+    ++n;
+  }
+  EXPECT_EQ(n, 2);
+  EXPECT_EQ(loader.current_epoch(), 1u);
+  n = 0;
+  for (auto& batch : loader.epoch()) n += static_cast<int>(batch.size());
+  EXPECT_EQ(n, kRows);
+}
+
+TEST_F(LoaderTest, SameBatchesForAnyNumberOfWorkers) {
+  auto run = [&](std::size_t workers) {
+    stoker::Loader loader(options(8).shuffle(true).seed(11).num_workers(workers));
+    std::vector<int64_t> order;
+    for (auto& batch : loader.epoch()) {
+      for (int64_t i : indices(batch)) order.push_back(i);
+    }
+    return order;
+  };
+  EXPECT_EQ(run(0), run(2));
+}
+
+TEST_F(LoaderTest, BatchesOutliveTheirLoader) {
+  std::vector<stoker::Batch> kept;
+  {
+    stoker::Loader loader(options(8).shuffle(true));
+    for (auto& batch : loader.epoch()) kept.push_back(std::move(batch));
+  }  // the loader's threads are joined here; the batches still hold their memory
+  ASSERT_EQ(kept.size(), 7u);
+  std::set<int64_t> seen;
+  for (const stoker::Batch& batch : kept) {
+    ASSERT_TRUE(batch.valid());
+    for (int64_t i : indices(batch)) seen.insert(i);
+  }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(kRows));
+}
+
+TEST_F(LoaderTest, MovedFromBatchIsEmptyAndReleasesOnce) {
+  stoker::Loader loader(options(8));
+  std::optional<stoker::Batch> first = loader.next();
+  ASSERT_TRUE(first.has_value());
+  const void* data = first->field("data").data;
+
+  stoker::Batch moved(std::move(*first));
+  EXPECT_FALSE(first->valid());
+  EXPECT_FALSE(static_cast<bool>(*first));
+  EXPECT_EQ(first->num_fields(), 0u);
+  EXPECT_EQ(first->size(), 0u);
+  EXPECT_THROW(first->field(0), stoker::Error);
+  EXPECT_TRUE(moved.valid());
+  EXPECT_EQ(moved.field("data").data, data);
+
+  std::optional<stoker::Batch> second = loader.next();
+  ASSERT_TRUE(second.has_value());
+  moved = std::move(*second);  // releases the first batch, takes the second
+  EXPECT_FALSE(second->valid());
+  EXPECT_EQ(moved.position(), 1u);
+  indices(moved);
+
+  moved.release();
+  EXPECT_FALSE(moved.valid());
+  moved.release();  // releasing twice is harmless
+  first.reset();    // destroying moved-from batches releases nothing
+  second.reset();
+  // The loader still works after all that.
+  int rest = 0;
+  for (auto& batch : loader.epoch()) rest += static_cast<int>(batch.valid());
+  EXPECT_EQ(rest, 5);
+}
+
+TEST_F(LoaderTest, FieldLookupErrors) {
+  stoker::Loader loader(options(8));
+  std::optional<stoker::Batch> batch = loader.next();
+  ASSERT_TRUE(batch.has_value());
+  try {
+    batch->field("image");
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("image"), std::string::npos);
+  }
+  EXPECT_THROW(batch->field(2), stoker::Error);
+}
+
+TEST_F(LoaderTest, SaveStateAndResumeReproduceTheSequence) {
+  auto opts = options(6).shuffle(true).seed(5);
+  std::vector<int64_t> reference;  // epochs 0 and 1 in full
+  {
+    stoker::Loader loader(opts);
+    for (int e = 0; e < 2; ++e) {
+      for (auto& batch : loader.epoch()) {
+        for (int64_t i : indices(batch)) reference.push_back(i);
+      }
+    }
+  }
+  std::vector<int64_t> resumed;
+  std::string state;
+  {
+    stoker::Loader loader(opts);
+    for (int b = 0; b < 3; ++b) {
+      std::optional<stoker::Batch> batch = loader.next();
+      ASSERT_TRUE(batch.has_value());
+      for (int64_t i : indices(*batch)) resumed.push_back(i);
+    }
+    state = loader.save_state();
+  }
+  EXPECT_EQ(state.rfind("stoker-state-v1", 0), 0u) << state;
+  {
+    stoker::Options again = opts;
+    stoker::Loader loader(again.resume_state(state));
+    EXPECT_EQ(loader.current_epoch(), 0u);
+    for (int e = 0; e < 2; ++e) {
+      for (auto& batch : loader.epoch()) {
+        for (int64_t i : indices(batch)) resumed.push_back(i);
+      }
+    }
+  }
+  EXPECT_EQ(resumed, reference);
+}
+
+TEST_F(LoaderTest, ResumeStateFromADifferentLoaderIsRejected) {
+  std::string state;
+  {
+    stoker::Loader loader(options(6));
+    loader.next();
+    state = loader.save_state();
+  }
+  try {
+    stoker::Loader loader(options(7).resume_state(state));
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("resume_state"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LoaderTest, StatsCountWhatWasDelivered) {
+  stoker::Loader loader(options(8));
+  stoker::Stats before = loader.stats();
+  EXPECT_EQ(before.batches, 0u);
+  for (auto& batch : loader.epoch()) (void)batch;
+  stoker::Stats s = loader.stats();
+  EXPECT_EQ(s.batches, 7u);
+  EXPECT_EQ(s.samples, static_cast<uint64_t>(kRows));
+  EXPECT_EQ(s.samples_skipped, 0u);
+  EXPECT_GT(s.elapsed_ns, 0u);
+  EXPECT_LE(s.wait_ns_p50, s.wait_ns_p95);
+  EXPECT_LE(s.wait_ns_p95, s.wait_ns_max);
+  EXPECT_LE(s.wait_ns_max, s.wait_ns_total);
+  EXPECT_GE(s.readiness, 0.0);
+  EXPECT_LE(s.readiness, 1.0);
+  EXPECT_GE(s.worker_busy, 0.0);
+  EXPECT_LE(s.worker_busy, 1.0);
+}
+
+TEST_F(LoaderTest, StatsReadFromAnotherThreadWhileTraining) {
+  stoker::Loader loader(options(2).num_workers(2));
+  std::atomic<bool> done{false};
+  uint64_t last_seen = 0;
+  std::thread reader([&] {
+    while (!done.load()) {
+      const stoker::Stats s = loader.stats();
+      EXPECT_GE(s.batches, last_seen);  // monotonic
+      last_seen = s.batches;
+    }
+  });
+  for (int e = 0; e < 3; ++e) {
+    for (auto& batch : loader.epoch()) (void)batch;
+  }
+  done.store(true);
+  reader.join();
+  EXPECT_EQ(loader.stats().batches, 75u);
+}
+
+TEST_F(LoaderTest, MovedFromLoaderThrowsClosed) {
+  stoker::Loader a(options(8));
+  stoker::Loader b(std::move(a));
+  EXPECT_TRUE(b.next().has_value());
+  EXPECT_THROW(a.stats(), stoker::Error);
+  try {
+    a.next();
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Closed);
+  }
+}
+
+TEST_F(LoaderTest, DeviceCudaIsUnsupportedHere) {
+  try {
+    stoker::Loader loader(options(8).device("cuda"));
+    SUCCEED() << "a CUDA build";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Unsupported) << e.what();
+  }
+}
+
+// A C++ dataset: sample i is x = {i, i+0.5, i+0.25} (float32 [3]) and label 2*i; `get` throws for
+// the indices in `bad`, and puts a wrong shape for `misshapen`.
+class Squares : public stoker::Source {
+ public:
+  explicit Squares(uint64_t n, std::set<uint64_t> bad = {}, int64_t misshapen = -1)
+      : n_(n), bad_(std::move(bad)), misshapen_(misshapen) {}
+  uint64_t size() const override { return n_; }
+  void get(uint64_t index, stoker::Sample& out) const override {
+    calls.fetch_add(1);
+    if (bad_.count(index)) throw std::runtime_error("cannot read record " + std::to_string(index));
+    const float i = static_cast<float>(index);
+    const float x[4] = {i, i + 0.5f, i + 0.25f, 0};
+    const int64_t len = static_cast<int64_t>(index) == misshapen_ ? 4 : 3;
+    try {
+      out.put_tensor("x", stoker::DType::F32, {len}, x);
+    } catch (const stoker::Error&) {
+      put_errors.fetch_add(1);
+      throw;
+    }
+    out.put_label(2 * static_cast<int64_t>(index));
+  }
+  mutable std::atomic<int> calls{0};
+  mutable std::atomic<int> put_errors{0};
+
+ private:
+  uint64_t n_;
+  std::set<uint64_t> bad_;
+  int64_t misshapen_;
+};
+
+TEST(CustomSource, FeedsTheLoaderFromWorkerThreads) {
+  auto source = std::make_shared<Squares>(30);
+  stoker::Loader loader(stoker::Options().source(source).batch_size(8).shuffle(true).num_workers(2));
+  EXPECT_EQ(loader.batches_per_epoch(), 4);
+  std::set<int64_t> seen;
+  for (auto& batch : loader.epoch()) {
+    ASSERT_EQ(batch.num_fields(), 2u);
+    const stoker::TensorView& x = batch.field("x");
+    const stoker::TensorView& label = batch.field("label");
+    EXPECT_EQ(x.dtype, stoker::DType::F32);
+    EXPECT_EQ(x.shape[1], 3);
+    for (int64_t r = 0; r < x.shape[0]; ++r) {
+      const float* row = x.data_as<float>() + r * 3;
+      const int64_t i = static_cast<int64_t>(row[0]);
+      EXPECT_EQ(row[1], row[0] + 0.5f);
+      EXPECT_EQ(row[2], row[0] + 0.25f);
+      EXPECT_EQ(label.data_as<int64_t>()[r], 2 * i);
+      seen.insert(i);
+    }
+  }
+  EXPECT_EQ(seen.size(), 30u);
+  EXPECT_GE(source->calls.load(), 30);
+}
+
+TEST(CustomSource, AnExceptionInGetBecomesACallbackErrorWithItsMessage) {
+  auto source = std::make_shared<Squares>(20, std::set<uint64_t>{13});
+  stoker::Loader loader(stoker::Options().source(source).batch_size(5).num_workers(2));
+  int good = 0, failed = 0;
+  for (int b = 0; b < 4; ++b) {
+    try {
+      std::optional<stoker::Batch> batch = loader.next();
+      ASSERT_TRUE(batch.has_value());
+      ++good;
+    } catch (const stoker::Error& e) {
+      ++failed;
+      EXPECT_EQ(e.status(), stoker::Status::Callback) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cannot read record 13"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(good, 3);
+  EXPECT_EQ(failed, 1);
+  EXPECT_FALSE(loader.next().has_value()) << "the failed batch was consumed; the epoch ends";
+}
+
+TEST(CustomSource, FailingSampleZeroFailsTheLoaderConstruction) {
+  try {
+    stoker::Loader loader(stoker::Options().source(std::make_shared<Squares>(5, std::set<uint64_t>{0})));
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Callback);
+    EXPECT_NE(std::string(e.what()).find("cannot read record 0"), std::string::npos) << e.what();
+  }
+}
+
+class Throws : public stoker::Source {
+ public:
+  uint64_t size() const override { return 4; }
+  void get(uint64_t index, stoker::Sample& out) const override {
+    if (index == 2) throw 42;  // not a std::exception
+    out.put_label(static_cast<int64_t>(index));
+  }
+};
+
+TEST(CustomSource, ANonStdExceptionIsStillAnError) {
+  stoker::Loader loader(stoker::Options().source(std::make_shared<Throws>()).batch_size(4).num_workers(0));
+  try {
+    loader.next();
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Callback);
+    EXPECT_NE(std::string(e.what()).find("not derived from std::exception"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CustomSource, SkipReplacesBadSamplesAndCountsThem) {
+  auto source = std::make_shared<Squares>(20, std::set<uint64_t>{3, 11});
+  stoker::Loader loader(stoker::Options().source(source).batch_size(5).num_workers(2).on_error("skip"));
+  int batches = 0;
+  for (auto& batch : loader.epoch()) batches += batch.valid() ? 1 : 0;
+  EXPECT_EQ(batches, 4);
+  EXPECT_EQ(loader.stats().samples_skipped, 2u);
+  EXPECT_EQ(loader.stats().samples, 20u);
+}
+
+TEST(CustomSource, AWrongShapeIsRefusedByPutAndFailsTheSample) {
+  auto source = std::make_shared<Squares>(10, std::set<uint64_t>{}, 6);
+  stoker::Loader loader(stoker::Options().source(source).batch_size(5).num_workers(0));
+  EXPECT_TRUE(loader.next().has_value());
+  try {
+    loader.next();
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Decode) << e.what();  // a malformed sample
+    EXPECT_NE(std::string(e.what()).find("sample 6"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(source->put_errors.load(), 1);
+}
+
+TEST(Version, IsSemver) {
+  const std::string v = stoker::version();
+  EXPECT_EQ(std::count(v.begin(), v.end(), '.'), 2) << v;
+}
+
+}  // namespace

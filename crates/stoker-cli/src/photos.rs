@@ -1,0 +1,163 @@
+//! An ImageNet-like folder of real photographs for the demo and the image benchmark.
+//!
+//! The photographs are the camera pictures of Debian's `mate-backgrounds` package (fetched with
+//! `apt-get download` when they are not installed). Each photo becomes one class; each image of
+//! the class is a different random crop of it, resized to ImageNet's typical 500×375 (or 375×500)
+//! and re-encoded as JPEG quality 90, 4:2:0, like ImageNet's files. As in real datasets, a few
+//! are progressive and a few grayscale.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use jpeg_encoder::{ColorType, Encoder};
+use stoker_core::decode::{decode_rgb, DecodeBuffers};
+use stoker_core::rng::{Rng, Stream};
+use stoker_core::{DType, Layout, Pipeline};
+
+/// Where the photographs are when the package is installed, and inside the package.
+const PHOTO_DIR: &str = "usr/share/backgrounds/mate/nature";
+
+/// The folder under `cache`, built once: `per_class` images for each photograph.
+pub(crate) fn imagenet_like(cache: &Path, per_class: usize) -> Result<PathBuf, String> {
+    let root = cache.join(format!("imagenet-like-{per_class}"));
+    let done = root.join(".complete");
+    if done.exists() {
+        return Ok(root);
+    }
+    let photos = photographs(cache)?;
+    eprintln!(
+        "building {} from {} photographs ({} images each) ...",
+        root.display(),
+        photos.len(),
+        per_class
+    );
+    let _ = std::fs::remove_dir_all(&root);
+    // Two threads: the classes are independent.
+    let (first, second) = photos.split_at(photos.len() / 2);
+    std::thread::scope(|s| {
+        let a = s.spawn(|| build_classes(first, &root, per_class));
+        let b = build_classes(second, &root, per_class);
+        a.join()
+            .map_err(|_| "a worker thread panicked".to_string())??;
+        b
+    })?;
+    std::fs::write(&done, b"").map_err(|e| format!("{}: {e}", done.display()))?;
+    Ok(root)
+}
+
+/// The default cache directory: `$XDG_CACHE_HOME/stoker` or `~/.cache/stoker`.
+pub(crate) fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("stoker")
+}
+
+/// The `.jpg` photographs, installed or unpacked from the downloaded package into `cache`.
+fn photographs(cache: &Path) -> Result<Vec<PathBuf>, String> {
+    let installed = Path::new("/").join(PHOTO_DIR);
+    let unpacked = cache.join("mate-backgrounds").join(PHOTO_DIR);
+    let dir = if installed.is_dir() {
+        installed
+    } else {
+        if !unpacked.is_dir() {
+            fetch_package(&cache.join("mate-backgrounds"))?;
+        }
+        unpacked
+    };
+    let mut photos: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x.eq_ignore_ascii_case("jpg")))
+        .collect();
+    photos.sort();
+    if photos.is_empty() {
+        return Err(format!("no photographs (*.jpg) in {}", dir.display()));
+    }
+    Ok(photos)
+}
+
+/// `apt-get download mate-backgrounds` and `dpkg -x` it into `dir`.
+fn fetch_package(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    eprintln!("fetching Debian's mate-backgrounds photographs with apt-get download ...");
+    let run = |cmd: &mut Command| -> Result<(), String> {
+        let status = cmd
+            .current_dir(dir)
+            .status()
+            .map_err(|e| format!("running {cmd:?}: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{cmd:?} failed ({status}); on a machine without Debian's archive, pass a folder \
+                 of class subfolders of JPEGs with --images ROOT"
+            ))
+        }
+    };
+    run(Command::new("apt-get").args(["download", "mate-backgrounds"]))?;
+    let deb = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or("apt-get download left no .deb file")?;
+    run(Command::new("dpkg").arg("-x").arg(&deb).arg("."))
+}
+
+fn build_classes(photos: &[PathBuf], root: &Path, per_class: usize) -> Result<(), String> {
+    let landscape = crop_pipeline("random_resized_crop(375, 500, scale=0.15:0.6, ratio=1.2:1.45)")?;
+    let portrait = crop_pipeline("random_resized_crop(500, 375, scale=0.15:0.6, ratio=0.69:0.83)")?;
+    let mut bufs = DecodeBuffers::default();
+    for photo in photos {
+        let class = photo
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_lowercase())
+            .unwrap_or_default();
+        let bytes = std::fs::read(photo).map_err(|e| format!("{}: {e}", photo.display()))?;
+        let dims = decode_rgb(&bytes, u64::MAX, &mut bufs)
+            .map_err(|e| format!("{}: {e}", photo.display()))?;
+        let dir = root.join(&class);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for k in 0..per_class {
+            let mut rng = Rng::for_key(fnv1a(class.as_bytes()), Stream::Augment, 0, k as u64);
+            // Roughly ImageNet's mix: mostly landscape, some portrait, a few progressive or gray.
+            let (pipeline, w, h) = if k % 5 == 4 {
+                (&portrait, 375, 500)
+            } else {
+                (&landscape, 500, 375)
+            };
+            let mut rgb = vec![0u8; w * h * 3];
+            pipeline.apply_rgb(&bufs.rgb, dims.width, dims.height, &mut rng, &mut rgb)?;
+            let mut jpeg = Vec::new();
+            let mut encoder = Encoder::new(&mut jpeg, 90);
+            encoder.set_progressive(k % 20 == 7);
+            let encoded = if k % 25 == 11 {
+                let gray: Vec<u8> = rgb
+                    .chunks_exact(3)
+                    .map(|p| {
+                        ((p[0] as u32 * 299 + p[1] as u32 * 587 + p[2] as u32 * 114) / 1000) as u8
+                    })
+                    .collect();
+                encoder.encode(&gray, w as u16, h as u16, ColorType::Luma)
+            } else {
+                encoder.encode(&rgb, w as u16, h as u16, ColorType::Rgb)
+            };
+            encoded.map_err(|e| format!("encoding a crop of {}: {e}", photo.display()))?;
+            let path = dir.join(format!("{class}_{k:05}.JPEG"));
+            std::fs::write(&path, &jpeg).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// A stable hash of the class name, so each class gets its own crops.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn crop_pipeline(spec: &str) -> Result<Pipeline, String> {
+    Pipeline::new(Some(spec), Some(DType::U8), Layout::Nhwc, u64::MAX)
+}
