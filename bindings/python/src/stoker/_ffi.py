@@ -159,6 +159,7 @@ _SIGNATURES = {
         _STATUS,
         [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.POINTER(DLManagedTensorVersioned))],
     ),
+    "stoker_batch_wait": (_STATUS, [_P, ctypes.c_void_p]),
     "stoker_batch_release": (None, [_P]),
 }
 

@@ -117,7 +117,10 @@ class DLPackField:
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """Returns a ``dltensor_versioned`` capsule (DLPack >= 1.0 consumers only).
 
-        ``stream`` needs no synchronisation: a batch is complete when the loader hands it out.
+        Host batches are complete when the loader hands them out. For a CUDA batch the
+        consumer's ``stream`` is made to wait for the batch's copy (``stoker_batch_wait``),
+        with DLPack's stream codes: ``None`` or 1 the legacy default stream, 2 the per-thread
+        default stream, -1 no synchronisation, anything else a ``cudaStream_t`` address.
         """
         if max_version is None or tuple(max_version)[0] < 1:
             raise _NeedsVersionedDLPack(
@@ -128,6 +131,9 @@ class DLPackField:
             raise BufferError("stoker exports without copying; copy=True is not supported")
         if dl_device is not None and tuple(dl_device) not in self._compatible_devices():
             raise BufferError(f"batch lives on DLPack device {self._device}, not {dl_device}")
+        if self._device[0] == _ffi.DEVICE_CUDA and stream != -1:
+            # DLPack's codes 1 and 2 are CUDA's CU_STREAM_LEGACY and CU_STREAM_PER_THREAD.
+            check(_ffi.lib.stoker_batch_wait(self._lease.ptr, 1 if stream is None else stream))
         out = ctypes.POINTER(_ffi.DLManagedTensorVersioned)()
         check(_ffi.lib.stoker_batch_to_dlpack(self._lease.ptr, self._index, ctypes.byref(out)))
         try:
@@ -201,8 +207,9 @@ class Batch(Mapping):
     def torch(self) -> dict:
         """Every field as a torch tensor sharing the batch's memory (no copy).
 
-        Uses versioned DLPack; with a torch that cannot consume it, falls back to
-        ``torch.from_numpy`` on the zero-copy NumPy view (CPU memory only).
+        Uses versioned DLPack, through which torch makes its current stream wait for a CUDA
+        batch's copy; with a torch that cannot consume versioned DLPack, falls back to
+        ``torch.from_numpy`` on the zero-copy NumPy view (host memory only).
         """
         import torch
 
