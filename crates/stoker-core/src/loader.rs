@@ -14,7 +14,7 @@ use crate::arena::{Arena, SlabRegistrar};
 use crate::batch::Batch;
 use crate::collate::{BatchKey, Collator, ImageWriter, Scratch};
 use crate::cuda::{DeviceBackend, DeviceBatch, PrefetchConfig, Prefetcher, Pulled, Stream};
-use crate::dtype::DType;
+use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::options::{Device, LoaderOptions, OnError, SourceSpec};
 use crate::pool::{Builder, Pool, Task};
@@ -722,11 +722,19 @@ fn image_writer(
         .iter()
         .any(|f| f.kind == FieldKind::EncodedImage);
     if !has_images {
-        if options.transform.is_some() {
-            return Err(Error::option(
-                "transform",
-                "applies to image sources only; this source has no image field",
-            ));
+        // Tensors are delivered as stored: a conversion here would be a second copy that a
+        // caller asking for one should see, not get silently.
+        for (key, set) in [
+            ("transform", options.transform.is_some()),
+            ("dtype", options.dtype.is_some()),
+            ("layout", options.layout != Layout::Nchw),
+        ] {
+            if set {
+                return Err(Error::option(
+                    key,
+                    "applies to image sources only; tensor fields are delivered as stored",
+                ));
+            }
         }
         return Ok(None);
     }
