@@ -25,7 +25,7 @@ int main(void) {
       {"shuffle", "true"}, {"seed", "18446744073709551615"}, {"drop_last", "false"},
       {"num_workers", "auto"}, {"num_workers", "2"}, {"prefetch_factor", "3"},
       {"in_order", "false"}, {"rank", "0"},         {"world_size", "1"},
-      {"dtype", "uint8"},   {"layout", "nhwc"},     {"pin_memory", "false"},
+      {"pin_memory", "false"},
       {"device", "cpu"},    {"on_error", "skip"},   {"timeout_ms", "0"},
   };
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
@@ -64,6 +64,18 @@ int main(void) {
   CHECK_STATUS(stoker_loader_new(o, &l), STOKER_OK);
   stoker_options_free(o);
   stoker_loader_free(l);
+
+  /* dtype and layout are valid values, but shape image outputs only: on an npy source they are
+   * an error at loader creation rather than silently ignored. */
+  const char *image_only[][2] = {{"dtype", "uint8"}, {"layout", "nhwc"}};
+  for (size_t i = 0; i < 2; i++) {
+    o = stoker_options_new();
+    CHECK_STATUS(stoker_options_set(o, "source", source), STOKER_OK);
+    CHECK_STATUS(stoker_options_set(o, image_only[i][0], image_only[i][1]), STOKER_OK);
+    char key[64];
+    snprintf(key, sizeof key, "`%s`", image_only[i][0]);
+    expect_new_fails(o, STOKER_ERR_INVALID_ARGUMENT, key);
+  }
 
   /* No source. */
   expect_new_fails(stoker_options_new(), STOKER_ERR_INVALID_ARGUMENT, "`source`");
