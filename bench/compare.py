@@ -6,6 +6,13 @@ Workloads
           + hflip + normalize(imagenet), float32 NCHW, shuffled batches of 64
   npy     uint8 [2048, 3, 224, 224] .npy with int64 labels, shuffled batches of 256
 
+Each workload has a second stoker row, "stoker, Python dataset": the same loader fed by a
+map-style Python object instead of a built-in source (images: __getitem__ opens and reads the
+ImageFolder file in Python and returns (jpeg_bytes, label); npy: the MmapNpy dataset torch
+DataLoader gets, returning (array_row, label)). Decoding and transforms still run in stoker's
+threads, but every sample goes through a Python callback that holds the GIL, so those callbacks
+run one at a time whatever num_workers is.
+
 Every loader runs in its own subprocess (so memory is attributable and no loader warms
 another's caches in-process), with 2 workers / threads and, where the peer has the knob, the
 same number of batches in flight as stoker. Each child imports torch first, as a training job
@@ -22,8 +29,11 @@ Measured per loader
                divided between the processes sharing them, i.e. the memory the job occupies
 Every loader and limit runs ROUNDS times, interleaved, and each metric keeps its best round:
 on a shared machine other jobs only ever make a loader slower or bigger.
-Ratios are stoker's: speed = stoker samples/s / peer's (higher is better); first batch and
-RSS = stoker / peer (lower is better).
+Ratios are the built-in stoker row's: speed = stoker samples/s / peer's (higher is better);
+first batch and RSS = stoker / peer (lower is better). On the "stoker, Python dataset" row they
+compare the built-in source with the Python one (speed 1.50x: the Python dataset delivers 2/3 of
+the built-in source's samples/s); the line marked * under each workload gives that row's own
+ratios: its fraction of the built-in row's samples/s and its speed / each peer's.
 
 Limits, same run: memcpy bandwidth (NumPy copy of one npy batch, one thread) for the npy
 workload, decode-only throughput (Pillow/libjpeg-turbo, 2 processes) for the images.
@@ -56,13 +66,18 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # RSS of a child that only imports torch: the floor under every row's peak RSS.
 BASELINE = "python + torch, no loader"
 
+# The stoker rows fed by a Python dataset (map-style, callbacks under the GIL).
+PY_DATASET = "stoker, Python dataset"
+
 # (workload, loader) pairs, stoker first in each workload.
 RUNS = [
     ("images", "stoker"),
+    ("images", PY_DATASET),
     ("images", "torch DataLoader (PIL)"),
     ("images", "torchvision decode_jpeg + v2"),
     ("images", "DALI CPU"),
     ("npy", "stoker"),
+    ("npy", PY_DATASET),
     ("npy", "torch DataLoader (mmap)"),
 ]
 
@@ -146,12 +161,12 @@ def measure(make_epoch, batch_len, epochs: int) -> dict:
     }
 
 
-def stoker_images():
+def stoker_images(source=None):
     import stoker
 
     def make():
         loader = stoker.Loader(
-            f"image_folder:{IMAGES}",
+            f"image_folder:{IMAGES}" if source is None else source(),
             batch_size=IMAGE_BATCH,
             shuffle=True,
             transform=SPEC,
@@ -162,6 +177,33 @@ def stoker_images():
 
     # The trainer gets torch tensors, as from the torch peers (DLPack, no copy).
     return measure(make, lambda b: b.torch()["image"].shape[0], IMAGE_EPOCHS)
+
+
+class JpegFiles:
+    """Map-style dataset over the ImageFolder tree (classes = sorted subfolders) whose
+    __getitem__ reads the file in Python and returns (jpeg_bytes, label): stoker decodes and
+    transforms, but every sample passes through a Python callback under the GIL."""
+
+    def __init__(self):
+        classes = sorted(d.name for d in IMAGES.iterdir() if d.is_dir())
+        self.samples = [
+            (str(f), label)
+            for label, c in enumerate(classes)
+            for f in sorted((IMAGES / c).iterdir())
+            if f.suffix == ".JPEG"
+        ]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        with open(path, "rb") as f:
+            return f.read(), label
+
+
+def stoker_py_images():
+    return stoker_images(JpegFiles)
 
 
 def torch_pil_images():
@@ -250,13 +292,17 @@ def dali_images():
     return measure(make, lambda b: b.shape()[0], IMAGE_EPOCHS)
 
 
-def stoker_npy():
+def stoker_npy(python_dataset: bool = False):
     import stoker
 
     def make():
+        # The Python dataset is the very MmapNpy object torch DataLoader gets.
+        if python_dataset:
+            source = dict(source=MmapNpy())
+        else:
+            source = dict(source=f"npy:{NPY}", labels=f"npy:{NPY_LABELS}")
         loader = stoker.Loader(
-            f"npy:{NPY}",
-            labels=f"npy:{NPY_LABELS}",
+            **source,
             batch_size=NPY_BATCH,
             shuffle=True,
             num_workers=WORKERS,
@@ -283,6 +329,10 @@ class MmapNpy:
         return self.data[i], self.labels[i]
 
 
+def stoker_py_npy():
+    return stoker_npy(python_dataset=True)
+
+
 def torch_npy():
     import torch
 
@@ -302,10 +352,12 @@ def torch_npy():
 
 CHILDREN = {
     ("images", "stoker"): stoker_images,
+    ("images", PY_DATASET): stoker_py_images,
     ("images", "torch DataLoader (PIL)"): torch_pil_images,
     ("images", "torchvision decode_jpeg + v2"): torchvision_v2_images,
     ("images", "DALI CPU"): dali_images,
     ("npy", "stoker"): stoker_npy,
+    ("npy", PY_DATASET): stoker_py_npy,
     ("npy", "torch DataLoader (mmap)"): torch_npy,
 }
 
@@ -433,6 +485,21 @@ def table(results: dict, limits: dict) -> str:
         name, value = limits[workload]
         ratio = f"   stoker = {ours['samples_per_s'] / value:.2f} of it" if "error" not in ours else ""
         lines.append(f"{workload:<8} {'limit: ' + name:<30} {value:>10.0f}{ratio}")
+        py = results.get((workload, PY_DATASET))
+        if py and "error" not in py:
+            # The Python-dataset row's own ratios: against the built-in source and the peers.
+            builtin = {"images": "image_folder", "npy": "npy"}[workload]
+            own = (
+                f"{py['samples_per_s'] / ours['samples_per_s']:.2f} of stoker ({builtin})'s samples/s"
+                if "error" not in ours
+                else f"stoker ({builtin}) failed"
+            )
+            peers = [
+                f"{py['samples_per_s'] / r['samples_per_s']:.2f}x {n}"
+                for (w, n), r in results.items()
+                if w == workload and n not in ("stoker", PY_DATASET) and "error" not in r
+            ]
+            lines.append(f"{workload:<8} * {PY_DATASET} = {own}; speed: " + (", ".join(peers) or "no peer"))
     return "\n".join(lines)
 
 
