@@ -16,8 +16,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use cxx::UniquePtr;
+use stoker_core::cuda::Stream;
 use stoker_core::source::SampleWriter;
-use stoker_core::{Batch, DType, Error, ErrorKind, Loader, LoaderOptions, SourceSpec, StatsHandle};
+use stoker_core::{
+    Batch, DType, Device, DeviceBatch, Error, ErrorKind, Loader, LoaderOptions, SourceSpec,
+    StatsHandle,
+};
 
 #[cxx::bridge(namespace = "stoker::ffi")]
 mod ffi {
@@ -28,8 +32,9 @@ mod ffi {
         data: usize,
         /// `stoker_dtype` value.
         dtype: u32,
-        /// DLPack device codes: 1 CPU, 3 CUDA host (page-locked).
+        /// DLPack device codes: 1 CPU, 2 CUDA (device memory), 3 CUDA host (page-locked).
         device_type: i32,
+        /// The CUDA ordinal for device batches; 0 otherwise.
         device_id: i32,
         shape: Vec<i64>,
         /// In elements.
@@ -67,7 +72,8 @@ mod ffi {
         fn set(self: &mut OptionsHandle, key: &[u8], value: &[u8]) -> Result<()>;
 
         fn loader_new(options: &OptionsHandle) -> Result<Box<LoaderHandle>>;
-        /// The next batch; at the end of an epoch a handle with `is_end()` true.
+        /// The next batch (a device batch for `device=cuda[:N]`); at the end of an epoch a handle
+        /// with `is_end()` true.
         fn next(self: &mut LoaderHandle) -> Result<Box<BatchHandle>>;
         fn epoch(self: &LoaderHandle) -> u64;
         fn batches_per_epoch(self: &LoaderHandle) -> i64;
@@ -81,6 +87,14 @@ mod ffi {
         fn epoch(self: &BatchHandle) -> u64;
         fn position(self: &BatchHandle) -> usize;
         fn fields(self: &BatchHandle) -> Vec<FieldInfo>;
+        /// The copy's `CUstream` / `CUevent` as an address; 0 for host batches.
+        fn cuda_stream(self: &BatchHandle) -> usize;
+        fn cuda_event(self: &BatchHandle) -> usize;
+        /// `DeviceBatch::wait` on the `CUstream` at `stream` (0: the legacy default stream);
+        /// nothing for host batches.
+        fn wait(self: &BatchHandle, stream: usize) -> Result<()>;
+        /// `DeviceBatch::synchronize`; nothing for host batches.
+        fn synchronize(self: &BatchHandle) -> Result<()>;
 
         /// The sample a custom source is filling, valid during one `SourceBridge::get` call.
         type SampleHandle<'a, 'b>;
@@ -290,7 +304,12 @@ fn loader_new(options: &OptionsHandle) -> Result<Box<LoaderHandle>, BridgeError>
 
 impl LoaderHandle {
     fn next(&mut self) -> Result<Box<BatchHandle>, BridgeError> {
-        guard(|| self.0.next()).map(|b| Box::new(BatchHandle(b)))
+        let loader = &mut self.0;
+        guard(|| match loader.device() {
+            Device::Cpu => loader.next().map(|b| b.map(AnyBatch::Host)),
+            Device::Cuda(_) => loader.next_device().map(|b| b.map(AnyBatch::Device)),
+        })
+        .map(|b| Box::new(BatchHandle(b)))
     }
 
     fn epoch(&self) -> u64 {
@@ -334,9 +353,39 @@ impl StatsReader {
     }
 }
 
+/// A delivered batch: host memory, or device memory for a `device=cuda[:N]` loader (one handle
+/// type, so `stoker::Batch` stays one C++ type).
+enum AnyBatch {
+    Host(Batch),
+    Device(DeviceBatch),
+}
+
+impl AnyBatch {
+    fn len(&self) -> usize {
+        match self {
+            AnyBatch::Host(b) => b.len(),
+            AnyBatch::Device(b) => b.len(),
+        }
+    }
+
+    fn epoch(&self) -> u64 {
+        match self {
+            AnyBatch::Host(b) => b.epoch(),
+            AnyBatch::Device(b) => b.epoch(),
+        }
+    }
+
+    fn position(&self) -> usize {
+        match self {
+            AnyBatch::Host(b) => b.position(),
+            AnyBatch::Device(b) => b.position(),
+        }
+    }
+}
+
 /// A delivered batch, or (`None`) the end of an epoch. Dropping it returns its memory to the
-/// arena; it may outlive the loader.
-pub struct BatchHandle(Option<Batch>);
+/// arena (a device batch: its buffer to the ring); it may outlive the loader.
+pub struct BatchHandle(Option<AnyBatch>);
 
 impl BatchHandle {
     fn is_end(&self) -> bool {
@@ -344,38 +393,106 @@ impl BatchHandle {
     }
 
     fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, Batch::len)
+        self.0.as_ref().map_or(0, AnyBatch::len)
     }
 
     fn epoch(&self) -> u64 {
-        self.0.as_ref().map_or(0, Batch::epoch)
+        self.0.as_ref().map_or(0, AnyBatch::epoch)
     }
 
     fn position(&self) -> usize {
-        self.0.as_ref().map_or(0, Batch::position)
+        self.0.as_ref().map_or(0, AnyBatch::position)
     }
 
     fn fields(&self) -> Vec<FieldInfo> {
-        let Some(batch) = &self.0 else {
-            return Vec::new();
-        };
-        let device_type = if batch.is_device_registered() { 3 } else { 1 };
-        (0..batch.num_fields())
-            .filter_map(|i| {
-                let field = batch.field(i)?;
-                let data = batch.field_ptr(i)? as usize;
-                let shape: Vec<i64> = field.shape.iter().map(|&d| d as i64).collect();
-                Some(FieldInfo {
-                    name: field.name.to_owned(),
-                    data,
-                    dtype: dtype_code(field.dtype),
-                    device_type,
-                    device_id: 0,
-                    strides: contiguous_strides(&shape),
-                    shape,
-                })
-            })
-            .collect()
+        match &self.0 {
+            None => Vec::new(),
+            Some(AnyBatch::Host(batch)) => {
+                let device_type = if batch.is_device_registered() { 3 } else { 1 };
+                (0..batch.num_fields())
+                    .filter_map(|i| {
+                        let field = batch.field(i)?;
+                        let data = batch.field_ptr(i)? as usize;
+                        Some(field_info(
+                            field.name,
+                            data,
+                            field.dtype,
+                            field.shape,
+                            device_type,
+                            0,
+                        ))
+                    })
+                    .collect()
+            }
+            Some(AnyBatch::Device(batch)) => {
+                let device_id = i32::try_from(batch.device_id()).unwrap_or(i32::MAX);
+                batch
+                    .fields()
+                    .map(|f| {
+                        // A device address fits the host's pointer width: CUDA's unified virtual
+                        // addressing shares it with host pointers.
+                        let data = usize::try_from(f.ptr).unwrap_or(usize::MAX);
+                        field_info(
+                            f.name,
+                            data,
+                            f.dtype,
+                            f.shape,
+                            batch.device_type().dlpack_code(),
+                            device_id,
+                        )
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    fn device_batch(&self) -> Option<&DeviceBatch> {
+        match &self.0 {
+            Some(AnyBatch::Device(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    fn cuda_stream(&self) -> usize {
+        self.device_batch().map_or(0, |b| b.stream().0)
+    }
+
+    fn cuda_event(&self) -> usize {
+        self.device_batch().map_or(0, |b| b.event().0)
+    }
+
+    fn wait(&self, stream: usize) -> Result<(), BridgeError> {
+        match self.device_batch() {
+            Some(b) => guard(|| b.wait(Stream(stream))),
+            None => Ok(()),
+        }
+    }
+
+    fn synchronize(&self) -> Result<(), BridgeError> {
+        match self.device_batch() {
+            Some(b) => guard(|| b.synchronize()),
+            None => Ok(()),
+        }
+    }
+}
+
+fn field_info(
+    name: &str,
+    data: usize,
+    dtype: DType,
+    shape: &[usize],
+    device_type: i32,
+    device_id: i32,
+) -> FieldInfo {
+    let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    FieldInfo {
+        name: name.to_owned(),
+        data,
+        dtype: dtype_code(dtype),
+        device_type,
+        device_id,
+        strides: contiguous_strides(&shape),
+        shape,
     }
 }
 
@@ -404,6 +521,9 @@ fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
     }
     strides
 }
+
+#[cfg(test)]
+mod cuda_tests;
 
 #[cfg(test)]
 mod tests {

@@ -416,12 +416,68 @@ TEST_F(LoaderTest, MovedFromLoaderThrowsClosed) {
   }
 }
 
+// On a machine without a GPU a CUDA loader fails at construction, saying what is missing. (With a
+// driver and a device it is made; device batches are tested in Rust against the fake device:
+// `cargo test -p stoker-cxx`, src/cuda_tests.rs.)
 TEST_F(LoaderTest, DeviceCudaIsUnsupportedHere) {
+  for (const char* device : {"cuda", "cuda:1"}) {
+    try {
+      stoker::Loader loader(options(8).device(device).cuda_stream(nullptr));
+      GTEST_SKIP() << "this machine has a CUDA driver and device";
+    } catch (const stoker::Error& e) {
+      EXPECT_EQ(e.status(), stoker::Status::Unsupported) << e.what();
+      const std::string what = e.what();
+      // "no CUDA driver (libcuda.so) found", or "CUDA driver present but ..." (no device, too old).
+      EXPECT_NE(what.find("CUDA driver"), std::string::npos) << what;
+      if (what.find("no CUDA driver") != std::string::npos) {
+        EXPECT_NE(what.find("libcuda"), std::string::npos) << what;
+      }
+    }
+  }
+}
+
+TEST_F(LoaderTest, HostBatchesHaveNoCudaStreamAndWaitIsANoOp) {
+  stoker::Loader loader(options(8));
+  stoker::Batch batch = loader.next().value();
+  EXPECT_FALSE(batch.is_cuda());
+  EXPECT_EQ(batch.cuda_stream(), nullptr);
+  EXPECT_EQ(batch.cuda_event(), nullptr);
+  for (const auto& f : batch.fields()) {
+    EXPECT_NE(f.device_type, 2) << f.name;
+    EXPECT_EQ(f.device_id, 0) << f.name;
+  }
+  EXPECT_NO_THROW(batch.wait(nullptr));
+  EXPECT_NO_THROW(batch.wait(reinterpret_cast<void*>(std::uintptr_t{0x1234})));
+  EXPECT_NO_THROW(batch.synchronize());
+  // Still readable afterwards: nothing was released.
+  EXPECT_EQ(indices(batch).size(), 8u);
+
+  stoker::Batch moved = std::move(batch);
+  EXPECT_FALSE(batch.is_cuda());
+  EXPECT_EQ(batch.cuda_stream(), nullptr);
+  EXPECT_EQ(batch.cuda_event(), nullptr);
+  EXPECT_NO_THROW(batch.wait(nullptr));
+  EXPECT_NO_THROW(batch.synchronize());
+  moved.release();
+  EXPECT_EQ(moved.cuda_event(), nullptr);
+  EXPECT_NO_THROW(moved.synchronize());
+}
+
+TEST_F(LoaderTest, CudaStreamOptionIsAccepted) {
+  stoker::Options o = options(8);
+  EXPECT_NO_THROW(o.cuda_stream(reinterpret_cast<void*>(std::uintptr_t{0x7f00aa})));
+  EXPECT_NO_THROW(o.cuda_stream(nullptr));
+  EXPECT_NO_THROW(o.cuda_stream(reinterpret_cast<void*>(~std::uintptr_t{0})));
+  // It is the `cuda_stream` key, as a decimal address; a host loader ignores it.
+  EXPECT_NO_THROW(o.set("cuda_stream", std::to_string(std::uintptr_t{0x7f00aa})));
+  stoker::Loader loader(o);
+  EXPECT_TRUE(loader.next().has_value());
   try {
-    stoker::Loader loader(options(8).device("cuda"));
-    SUCCEED() << "a CUDA build";
+    o.set("cuda_stream", "not a stream");
+    FAIL() << "no exception";
   } catch (const stoker::Error& e) {
-    EXPECT_EQ(e.status(), stoker::Status::Unsupported) << e.what();
+    EXPECT_EQ(e.status(), stoker::Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("cuda_stream"), std::string::npos) << e.what();
   }
 }
 

@@ -125,4 +125,29 @@ TEST(TorchDType, EveryStokerDTypeHasATorchType) {
   EXPECT_EQ(stoker::scalar_type(stoker::DType::I32), torch::kInt32);
 }
 
+// A CUDA field (device_type 2) with the CPU-only LibTorch of the tests: UNSUPPORTED, saying so,
+// and never a CPU tensor over a device pointer. (A real CUDA batch needs a GPU; this fakes the
+// view's device on a host batch to reach the device branch.)
+TEST_F(TorchTest, CudaFieldNeedsCudaLibTorch) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this LibTorch has CUDA";
+  stoker::Loader loader(options());
+  auto batch = std::make_shared<const stoker::Batch>(std::move(loader.next().value()));
+  stoker::TensorView view = batch->field("data");
+  view.device_type = 2;
+  view.device_id = 1;
+  try {
+    stoker::to_tensor(batch, view);
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Unsupported);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("CUDA memory (device 1)"), std::string::npos) << what;
+  }
+  view.device_type = 7;  // not a device stoker makes
+  EXPECT_THROW(stoker::to_tensor(batch, view), stoker::Error);
+  // A host batch has no CUDA stream, and waiting on one is a no-op.
+  EXPECT_EQ(batch->cuda_stream(), nullptr);
+  EXPECT_NO_THROW(batch->wait(nullptr));
+}
+
 }  // namespace

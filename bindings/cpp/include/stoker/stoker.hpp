@@ -10,6 +10,11 @@
 //     ...
 //   }
 //
+// With `.device("cuda")` (or "cuda:N") the batches are in device memory: each field's `data` is a
+// device pointer (`device_type` 2, `device_id` N), and its copy may still be running. Before
+// reading a batch on a CUDA stream call `batch.wait(stream)` (the stream waits, the CPU does
+// not), or `batch.synchronize()` to block. See `Batch::wait`.
+//
 // Linking: use the CMake target `stoker::cxx`. It is one Rust static library (libstoker_cxx.a)
 // that already contains the whole engine (stoker-core) and Rust's standard library. A binary may
 // contain only one Rust staticlib: do NOT also link the C ABI's `libstoker.a` (target
@@ -240,8 +245,14 @@ class Options {
   // "nchw" or "nhwc".
   Options& layout(std::string_view name) { return set("layout", name); }
   Options& pin_memory(bool on) { return set("pin_memory", flag(on)); }
-  // "cpu", "cuda" or "cuda:N".
+  // "cpu", "cuda" or "cuda:N". A CUDA device fails at Loader construction with UNSUPPORTED (saying
+  // why) when there is no driver or no such device.
   Options& device(std::string_view name) { return set("device", name); }
+  // The CUstream (cudaStream_t) the loader queues its host-to-device copies on, borrowed: it
+  // must outlive the loader. Unset, the loader makes its own non-blocking stream.
+  Options& cuda_stream(void* stream) {
+    return set("cuda_stream", std::to_string(reinterpret_cast<std::uintptr_t>(stream)));
+  }
   // "raise" or "skip".
   Options& on_error(std::string_view policy) { return set("on_error", policy); }
   Options& timeout_ms(uint64_t ms) { return set("timeout_ms", std::to_string(ms)); }
@@ -256,7 +267,9 @@ class Options {
 };
 
 // One field of a batch: a C-contiguous tensor in the batch's memory. Its `data` pointer stays
-// valid as long as the Batch it came from (or any shared owner of it) is alive.
+// valid as long as the Batch it came from (or any shared owner of it) is alive. For a batch of a
+// `device("cuda")` loader `data` is a device pointer (device_type 2, device_id the ordinal): do
+// not dereference it on the CPU.
 struct TensorView {
   std::string name;
   void* data = nullptr;
@@ -350,6 +363,34 @@ class Batch {
   uint64_t epoch() const noexcept { return valid() ? (*handle_)->epoch() : 0; }
   std::size_t position() const noexcept { return valid() ? (*handle_)->position() : 0; }
 
+  // --- device batches (a `device("cuda")` loader); for host batches these are no-ops ---
+
+  // True when the fields are in CUDA device memory.
+  bool is_cuda() const noexcept { return cuda_event() != nullptr; }
+  // The CUstream the batch was copied on, and the CUevent that completes when every field is on
+  // the device; valid while the batch lives. nullptr for a host (or empty) batch (the stream is
+  // also nullptr for a device batch copied on the legacy default stream, `cuda_stream(nullptr)`).
+  void* cuda_stream() const noexcept {
+    return valid() ? reinterpret_cast<void*>((*handle_)->cuda_stream()) : nullptr;
+  }
+  void* cuda_event() const noexcept {
+    return valid() ? reinterpret_cast<void*>((*handle_)->cuda_event()) : nullptr;
+  }
+  // Makes work queued on `cuda_stream` (a CUstream / cudaStream_t; nullptr is the legacy default
+  // stream) wait for the batch's copy, without blocking the CPU, and keeps the batch's buffer
+  // from being reused before the work queued there by the time the batch is released. Call it
+  // with every stream that reads the batch, before queuing that work (with LibTorch:
+  // `batch.wait(at::cuda::getCurrentCUDAStream().stream())`). Throws CUDA when the copy failed.
+  // No-op for a host batch.
+  void wait(void* cuda_stream) const {
+    if (valid()) detail::call([&] { (*handle_)->wait(reinterpret_cast<std::uintptr_t>(cuda_stream)); });
+  }
+  // Blocks the calling thread until the copy has completed; throws CUDA when it failed. No-op for
+  // a host batch.
+  void synchronize() const {
+    if (valid()) detail::call([&] { (*handle_)->synchronize(); });
+  }
+
  private:
   std::optional<rust::Box<ffi::BatchHandle>> handle_;
   std::vector<TensorView> fields_;
@@ -432,6 +473,9 @@ class Loader {
 
   // The next batch of the current epoch, or std::nullopt once the epoch is over; the call after
   // that starts the next epoch. A failed batch throws and is consumed: the next call moves past it.
+  // With `device("cuda")` the batch is in device memory and its copy may still be running (see
+  // Batch::wait); holding every device buffer (prefetch_factor + 1 batches) makes this throw
+  // INVALID_ARGUMENT at once instead of waiting forever: release a batch first.
   std::optional<Batch> next() {
     rust::Box<ffi::BatchHandle> b = detail::call([&] { return h().next(); });
     if (b->is_end()) return std::nullopt;
