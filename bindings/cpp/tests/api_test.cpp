@@ -1,5 +1,6 @@
 // GoogleTest suite of stoker's C++ API (stoker/stoker.hpp), C++17.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -7,6 +8,9 @@
 #include <stdexcept>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <string>
@@ -615,3 +619,104 @@ TEST(Version, IsSemver) {
 }
 
 }  // namespace
+
+// Variable-length int32 sequences: sample i has i % 4 tokens, 100 * i + k.
+class Ragged : public stoker::Source {
+ public:
+  uint64_t size() const override { return 17; }
+  void get(uint64_t index, stoker::Sample& out) const override {
+    std::vector<int32_t> tokens(index % 4);
+    for (std::size_t k = 0; k < tokens.size(); ++k) tokens[k] = static_cast<int32_t>(100 * index + k);
+    out.put_tensor("tokens", stoker::DType::I32, {static_cast<int64_t>(tokens.size())}, tokens.data());
+    out.put_label(static_cast<int64_t>(index));
+  }
+};
+
+TEST(CustomSource, RaggedTensorsArePaddedWithLengths) {
+  stoker::Loader loader(stoker::Options().source(std::make_shared<Ragged>()).batch_size(5).set("pad", "-1")
+                            .shuffle(true).num_workers(2));
+  std::set<int64_t> seen;
+  for (auto& batch : loader.epoch()) {
+    ASSERT_EQ(batch.num_fields(), 3u);
+    const stoker::TensorView& tokens = batch.field("tokens");
+    const stoker::TensorView& labels = batch.field("label");
+    const stoker::TensorView& lengths = batch.field("tokens_lengths");
+    int64_t longest = 0;
+    for (int64_t r = 0; r < tokens.shape[0]; ++r) {
+      const int64_t i = labels.data_as<int64_t>()[r], n = lengths.data_as<int64_t>()[r];
+      EXPECT_EQ(n, i % 4);
+      longest = std::max(longest, n);
+      const int32_t* row = tokens.data_as<int32_t>() + r * tokens.shape[1];
+      for (int64_t k = 0; k < tokens.shape[1]; ++k) EXPECT_EQ(row[k], k < n ? 100 * i + k : -1);
+      seen.insert(i);
+    }
+    EXPECT_EQ(tokens.shape[1], longest);  // padded to this batch's longest
+  }
+  EXPECT_EQ(seen.size(), 17u);
+}
+
+TEST(CustomSource, SameBatchesForAnyNumberOfWorkers) {
+  auto labels_of = [](int workers) {
+    stoker::Loader loader(stoker::Options().source(std::make_shared<Ragged>()).batch_size(4).set("pad", "0")
+                              .shuffle(true).seed(11).num_workers(workers));
+    std::vector<int64_t> out;
+    for (int epoch = 0; epoch < 2; ++epoch)
+      for (auto& batch : loader.epoch()) {
+        const stoker::TensorView& l = batch.field("label");
+        out.insert(out.end(), l.data_as<int64_t>(), l.data_as<int64_t>() + l.shape[0]);
+      }
+    return out;
+  };
+  const std::vector<int64_t> reference = labels_of(0);
+  EXPECT_EQ(labels_of(1), reference);
+  EXPECT_EQ(labels_of(2), reference);
+}
+
+// The same JPEG files through a Source and through image_folder.
+class JpegFiles : public stoker::Source {
+ public:
+  explicit JpegFiles(std::vector<std::filesystem::path> paths) : paths_(std::move(paths)) {}
+  uint64_t size() const override { return paths_.size(); }
+  void get(uint64_t index, stoker::Sample& out) const override {
+    std::ifstream in(paths_[index], std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    out.put_encoded(bytes.data(), bytes.size());
+    out.put_label(paths_[index].parent_path().filename() == "b" ? 1 : 0);
+  }
+
+ private:
+  std::vector<std::filesystem::path> paths_;
+};
+
+TEST(CustomSource, EncodedJpegsGiveThePixelsOfImageFolder) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("stoker-cxx-jpegs-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  // image_folder's order: class folders sorted, then file names sorted.
+  std::vector<fs::path> paths = {root / "a" / "photo_baseline.jpg", root / "a" / "photo_gray.jpg",
+                                 root / "b" / "photo_cmyk.jpg", root / "b" / "photo_progressive.jpg"};
+  for (const fs::path& p : paths) {
+    fs::create_directories(p.parent_path());
+    fs::copy_file(fs::path(STOKER_IMAGE_FIXTURES) / p.filename(), p);
+  }
+  auto options = [] {
+    return stoker::Options().transform("random_resized_crop(40) | hflip | normalize(imagenet)").batch_size(2)
+        .shuffle(true).seed(3).num_workers(2);
+  };
+  stoker::Loader direct(options().source("image_folder:" + root.string()));
+  stoker::Loader through(options().source(std::make_shared<JpegFiles>(paths)));
+  int batches = 0;
+  while (std::optional<stoker::Batch> a = direct.next()) {
+    std::optional<stoker::Batch> b = through.next();
+    ASSERT_TRUE(b.has_value());
+    for (const char* name : {"image", "label"}) {
+      const stoker::TensorView& x = a->field(name);
+      const stoker::TensorView& y = b->field(name);
+      ASSERT_EQ(x.shape, y.shape);
+      EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes()), 0) << name;
+    }
+    ++batches;
+  }
+  EXPECT_EQ(batches, 2);
+  fs::remove_all(root);
+}
