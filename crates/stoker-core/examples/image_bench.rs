@@ -68,7 +68,8 @@ fn main() {
             Layout::Nchw,
         ),
     ] {
-        let p = Pipeline::new(Some(spec), Some(dtype), layout, u64::MAX).unwrap();
+        let p = Pipeline::new(Some(spec), Some(dtype), layout).unwrap();
+        let mut scratch = stoker_core::transform::Scratch::default();
         let mut out = vec![0u8; p.output_bytes()];
         let decoded: Vec<(Vec<u8>, usize, usize)> = files
             .iter()
@@ -80,14 +81,17 @@ fn main() {
         let r = rate(budget / 2, |i| {
             let mut rng = Rng::for_key(0, Stream::Augment, 0, i as u64);
             let (rgb, w, h) = &decoded[i % decoded.len()];
-            p.apply_rgb(rgb, *w, *h, &mut rng, &mut out).unwrap();
+            p.apply(rgb, *w, *h, &mut rng, &mut out, &mut scratch)
+                .unwrap();
         });
         println!(
             "transform only (decoded input), 1 core, `{spec}` {dtype} {layout:?}: {r:.0} images/s"
         );
         let r = rate(budget, |i| {
             let mut rng = Rng::for_key(0, Stream::Augment, 0, i as u64);
-            p.run(&files[i % files.len()], &mut rng, &mut out).unwrap();
+            let d = decode_rgb(&files[i % files.len()], u64::MAX, &mut bufs).unwrap();
+            p.apply(&bufs.rgb, d.width, d.height, &mut rng, &mut out, &mut scratch)
+                .unwrap();
         });
         println!("full pipeline, 1 core, `{spec}` {dtype} {layout:?}: {r:.0} images/s");
     }

@@ -1,10 +1,17 @@
-//! A batch: named, typed tensors laid out in one arena slab, held as a lease. Dropping the batch
-//! returns the slab to the arena; batches may outlive the loader that made them.
+//! A batch: named, typed tensors laid out in one block of memory, held as a lease.
+//!
+//! There is one batch type for every loader. A host batch's memory is an arena slab; a device
+//! batch's (`device=cuda[:N]`) is a buffer of the CUDA prefetcher's ring. The header — fields,
+//! epoch, position, counts — is the same for both, so every face handles one type. Dropping the
+//! batch returns its memory (the slab to the arena, the buffer to the ring); batches may outlive
+//! the loader that made them.
 
 use crate::arena::SlabLease;
+use crate::cuda::{DevicePtr, Event, Stream};
 use crate::dtype::DType;
+use crate::error::{Error, Result};
 
-/// Where one field lives inside the batch's slab. Fields are C-contiguous.
+/// Where one field lives inside the batch's memory. Fields are C-contiguous.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FieldMeta {
     pub name: String,
@@ -44,20 +51,46 @@ pub struct FieldRef<'a> {
     pub name: &'a str,
     pub dtype: DType,
     pub shape: &'a [usize],
-    pub data: &'a [u8],
+    /// Address of the first element: a host address, or for a device batch a device address
+    /// (`CUdeviceptr`). Valid as long as the batch lives; the batch owns the memory exclusively,
+    /// so a consumer may write through it (a training step normalizing in place, say).
+    pub address: u64,
+    /// The field's bytes when they are in host memory; `None` for a device batch.
+    pub data: Option<&'a [u8]>,
+}
+
+/// Device memory holding a batch (one buffer of the CUDA prefetcher's ring), with the copy that
+/// fills it. Implemented in [`crate::cuda`].
+pub(crate) trait DeviceMemory: Send + Sync {
+    fn address(&self) -> DevicePtr;
+    /// The device ordinal (`N` of `cuda:N`).
+    fn device_id(&self) -> u32;
+    /// The stream the copy was queued on.
+    fn stream(&self) -> Stream;
+    /// Completes when the copy has.
+    fn event(&self) -> Event;
+    fn is_ready(&self) -> Result<bool>;
+    fn synchronize(&self) -> Result<()>;
+    fn wait(&self, stream: Stream) -> Result<()>;
+}
+
+enum Memory {
+    Host(SlabLease),
+    Device(Box<dyn DeviceMemory>),
 }
 
 pub struct Batch {
     fields: Vec<FieldMeta>,
-    memory: SlabLease,
     epoch: u64,
     position: usize,
     samples: usize,
     skipped: usize,
+    memory: Memory,
 }
 
 impl Batch {
-    pub(crate) fn new(
+    /// A host batch laid out in `memory`.
+    pub(crate) fn host(
         fields: Vec<FieldMeta>,
         memory: SlabLease,
         epoch: u64,
@@ -67,11 +100,23 @@ impl Batch {
     ) -> Batch {
         Batch {
             fields,
-            memory,
             epoch,
             position,
             samples,
             skipped,
+            memory: Memory::Host(memory),
+        }
+    }
+
+    /// A device batch with this batch's header, in `memory`.
+    pub(crate) fn on_device(&self, memory: Box<dyn DeviceMemory>) -> Batch {
+        Batch {
+            fields: self.fields.clone(),
+            epoch: self.epoch,
+            position: self.position,
+            samples: self.samples,
+            skipped: self.skipped,
+            memory: Memory::Device(memory),
         }
     }
 
@@ -109,11 +154,19 @@ impl Batch {
 
     pub fn field(&self, i: usize) -> Option<FieldRef<'_>> {
         let meta = self.fields.get(i)?;
+        let (address, data) = match &self.memory {
+            Memory::Host(lease) => {
+                let bytes = &lease.as_slice()[meta.offset..meta.offset + meta.num_bytes()];
+                (bytes.as_ptr() as u64, Some(bytes))
+            }
+            Memory::Device(memory) => (memory.address() + meta.offset as u64, None),
+        };
         Some(FieldRef {
             name: &meta.name,
             dtype: meta.dtype,
             shape: &meta.shape,
-            data: &self.memory.as_slice()[meta.offset..meta.offset + meta.num_bytes()],
+            address,
+            data,
         })
     }
 
@@ -125,36 +178,13 @@ impl Batch {
         self.field(self.field_index(name)?)
     }
 
+    /// The field names, in field order.
+    pub fn field_names(&self) -> Vec<&str> {
+        self.fields.iter().map(|f| f.name.as_str()).collect()
+    }
+
     pub fn field_meta(&self, i: usize) -> Option<&FieldMeta> {
         self.fields.get(i)
-    }
-
-    /// A raw pointer to field `i`'s first element, for zero-copy export (DLPack, NumPy). It is
-    /// valid for `num_bytes()` bytes as long as this batch lives. Consumers may write through it
-    /// (a training step normalizing in place, say): the batch owns the memory exclusively.
-    pub fn field_ptr(&self, i: usize) -> Option<*mut u8> {
-        let meta = self.fields.get(i)?;
-        // SAFETY: `offset` lies within the lease (checked when the layout was made).
-        Some(unsafe { self.memory.as_ptr().add(meta.offset) })
-    }
-
-    /// Whether the memory is page-locked (`mlock`).
-    pub fn is_pinned(&self) -> bool {
-        self.memory.is_locked()
-    }
-
-    /// Whether the memory is registered with a device driver (CUDA host memory).
-    pub fn is_device_registered(&self) -> bool {
-        self.memory.is_registered()
-    }
-
-    /// `CudaHost` when the memory is registered with the CUDA driver, else `Cpu`.
-    pub fn device_type(&self) -> DeviceType {
-        if self.is_device_registered() {
-            DeviceType::CudaHost
-        } else {
-            DeviceType::Cpu
-        }
     }
 
     /// Every field's layout, in field order.
@@ -162,9 +192,110 @@ impl Batch {
         &self.fields
     }
 
-    /// Bytes of the slab the fields are laid out in (every field's `offset + num_bytes` fits).
+    /// A raw pointer to field `i`'s first element in host memory, for zero-copy export
+    /// (DLPack, NumPy); `None` for a device batch. Valid for `num_bytes()` bytes while the
+    /// batch lives; writable (the batch owns the memory exclusively).
+    pub fn host_ptr(&self, i: usize) -> Option<*mut u8> {
+        let meta = self.fields.get(i)?;
+        match &self.memory {
+            // SAFETY: `offset` lies within the lease (checked when the layout was made).
+            Memory::Host(lease) => Some(unsafe { lease.as_ptr().add(meta.offset) }),
+            Memory::Device(_) => None,
+        }
+    }
+
+    /// Bytes of the memory the fields are laid out in (every field's `offset + num_bytes` fits).
     pub fn byte_len(&self) -> usize {
-        self.memory.len()
+        match &self.memory {
+            Memory::Host(lease) => lease.len(),
+            Memory::Device(_) => self
+                .fields
+                .iter()
+                .map(|f| f.offset + f.num_bytes())
+                .max()
+                .unwrap_or(0),
+        }
+    }
+
+    /// Whether the fields are in device memory (a `device=cuda[:N]` loader).
+    pub fn is_device(&self) -> bool {
+        matches!(self.memory, Memory::Device(_))
+    }
+
+    /// Whether host memory is page-locked (`mlock`); false for a device batch.
+    pub fn is_pinned(&self) -> bool {
+        matches!(&self.memory, Memory::Host(lease) if lease.is_locked())
+    }
+
+    /// Whether host memory is registered with a device driver (CUDA host memory).
+    pub fn is_device_registered(&self) -> bool {
+        matches!(&self.memory, Memory::Host(lease) if lease.is_registered())
+    }
+
+    /// `Cuda` for a device batch; `CudaHost` for host memory registered with the CUDA driver;
+    /// else `Cpu`.
+    pub fn device_type(&self) -> DeviceType {
+        match &self.memory {
+            Memory::Device(_) => DeviceType::Cuda,
+            Memory::Host(lease) if lease.is_registered() => DeviceType::CudaHost,
+            Memory::Host(_) => DeviceType::Cpu,
+        }
+    }
+
+    /// The DLPack `device_id`: the CUDA ordinal of a device batch, 0 for host memory.
+    pub fn device_id(&self) -> u32 {
+        match &self.memory {
+            Memory::Device(memory) => memory.device_id(),
+            Memory::Host(_) => 0,
+        }
+    }
+
+    fn device(&self) -> Option<&dyn DeviceMemory> {
+        match &self.memory {
+            Memory::Device(memory) => Some(memory.as_ref()),
+            Memory::Host(_) => None,
+        }
+    }
+
+    /// The stream a device batch's copy was queued on; `None` for a host batch.
+    pub fn cuda_stream(&self) -> Option<Stream> {
+        self.device().map(|m| m.stream())
+    }
+
+    /// Completes when a device batch's copy has (a `CUevent`); `None` for a host batch.
+    pub fn cuda_event(&self) -> Option<Event> {
+        self.device().map(|m| m.event())
+    }
+
+    /// Whether the batch's data is in place: a device batch's copy has completed (an error if
+    /// it failed); always true for a host batch.
+    pub fn is_ready(&self) -> Result<bool> {
+        self.device()
+            .map_or(Ok(true), |m| m.is_ready().map_err(|e| self.named(e)))
+    }
+
+    /// Blocks until a device batch's copy has completed; nothing for a host batch.
+    pub fn synchronize(&self) -> Result<()> {
+        self.device()
+            .map_or(Ok(()), |m| m.synchronize().map_err(|e| self.named(e)))
+    }
+
+    /// Orders work queued on `stream` after a device batch's copy, without blocking the CPU,
+    /// and makes the buffer's reuse wait for work queued on `stream` before the batch is
+    /// dropped. Call it for every stream that reads the batch. Nothing for a host batch.
+    pub fn wait(&self, stream: Stream) -> Result<()> {
+        self.device()
+            .map_or(Ok(()), |m| m.wait(stream).map_err(|e| self.named(e)))
+    }
+
+    /// Adds which batch an error concerns, keeping its kind.
+    fn named(&self, e: Error) -> Error {
+        let at = format!("batch {} of epoch {}", self.position, self.epoch);
+        match e {
+            Error::Cuda(m) => Error::Cuda(format!("{at}: {m}")),
+            Error::OutOfMemory(m) => Error::OutOfMemory(format!("{at}: {m}")),
+            other => other,
+        }
     }
 }
 
@@ -174,6 +305,7 @@ impl std::fmt::Debug for Batch {
             .field("epoch", &self.epoch)
             .field("position", &self.position)
             .field("samples", &self.samples)
+            .field("device_type", &self.device_type())
             .field("fields", &self.fields)
             .finish()
     }

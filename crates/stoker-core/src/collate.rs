@@ -3,8 +3,9 @@
 //! Each sample is written straight into its slot of the batch's arena slab: a fixed-shape field
 //! is one `memcpy` from the source's view, a ragged field is copied and padded to the longest
 //! sample of the batch (PyTorch's `pad_sequence`) with a `<name>_lengths` int64 field added, an
-//! encoded image is decoded and transformed by an [`ImageWriter`] directly into its slot. There
-//! is no per-sample allocation and no second copy.
+//! encoded image is decoded ([`crate::decode`]) into the worker's reused buffer and transformed
+//! ([`crate::transform`]) directly into its slot. There is no per-sample allocation and no second
+//! copy.
 //!
 //! Building happens in two phases: every sample of the batch is read first (views into a memory
 //! map cost nothing; file bytes land in per-worker buffers that are reused), which fixes the
@@ -14,10 +15,12 @@ use std::sync::Arc;
 
 use crate::arena::Arena;
 use crate::batch::{Batch, FieldMeta};
+use crate::decode::{decode_rgb, DecodeBuffers};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::source::{FieldKind, Sample, Source};
+use crate::transform::{Pipeline, Scratch as TransformScratch};
 
 /// Alignment of every field inside a slab (DLPack recommends 256 bytes for device copies).
 const FIELD_ALIGN: usize = 256;
@@ -25,22 +28,15 @@ const FIELD_ALIGN: usize = 256;
 /// How many replacements `on_error=skip` tries for one bad sample before giving up.
 pub const MAX_REPLACEMENTS: usize = 16;
 
-/// Decodes an encoded image and writes it, transformed, into one batch slot. Implemented by the
-/// image pipeline; the output shape and type are the same for every sample.
-pub trait ImageWriter: Send + Sync {
-    fn dtype(&self) -> DType;
-    /// Shape of one sample's output, e.g. `[3, 224, 224]`.
-    fn shape(&self) -> Vec<usize>;
-    /// Decodes `encoded` and writes the result into `out` (exactly the slot's bytes). `rng` is the
-    /// sample's augmentation stream. Errors are reasons ("truncated JPEG"), without the file name,
-    /// which the caller adds.
-    fn write(
-        &self,
-        encoded: &[u8],
-        rng: &mut Rng,
-        out: &mut [u8],
-    ) -> std::result::Result<(), String>;
+/// How encoded-image fields become slots: decoded (refusing images over `max_pixels` before
+/// allocating), then transformed by `pipeline` straight into the slot.
+pub struct ImageStages {
+    pub max_pixels: u64,
+    pub pipeline: Pipeline,
 }
+
+/// Decode buffers larger than this are released after use instead of kept for the next image.
+const KEEP_DECODE_BYTES: usize = 64 << 20;
 
 /// What collate writes for one source field.
 enum Output {
@@ -53,7 +49,7 @@ enum Output {
         inner: Vec<usize>,
         pad: Vec<u8>,
     },
-    Image(Arc<dyn ImageWriter>),
+    Image(Arc<ImageStages>),
 }
 
 /// Per-worker scratch memory, reused for every batch the worker builds.
@@ -63,6 +59,15 @@ pub struct Scratch {
     reads: Vec<Vec<u8>>,
     /// For a replacement sample read while writing.
     spare: Vec<u8>,
+    /// The decoded image and the transform's buffers.
+    pixels: Pixels,
+}
+
+/// A worker's image buffers: the decoder's output and the transform's scratch.
+#[derive(Default)]
+struct Pixels {
+    decode: DecodeBuffers,
+    transform: TransformScratch,
 }
 
 /// Identifies the batch being built, for randomness and messages.
@@ -86,7 +91,7 @@ impl Collator {
     pub fn new(
         source: Arc<dyn Source>,
         pad: Option<f64>,
-        image: Option<Arc<dyn ImageWriter>>,
+        image: Option<Arc<ImageStages>>,
         skip_bad: bool,
     ) -> Result<Collator> {
         let mut outputs = Vec::new();
@@ -146,7 +151,11 @@ impl Collator {
         scratch: &mut Scratch,
     ) -> Result<Batch> {
         let n = indices.len();
-        let Scratch { reads, spare } = scratch;
+        let Scratch {
+            reads,
+            spare,
+            pixels,
+        } = scratch;
         if reads.len() < n {
             reads.resize_with(n, Vec::new);
         }
@@ -175,15 +184,20 @@ impl Collator {
 
         // Phase 2: write every slot.
         for (slot, (index, sample)) in samples.iter().enumerate() {
-            if let Err(err) = self.write(key, slot, *index, sample, &metas, slab) {
+            if let Err(err) = self.write(key, slot, *index, sample, &metas, slab, pixels) {
                 if !(self.skip_bad && err.is_sample_error()) {
                     return Err(err);
                 }
-                self.write_replacement(key, slot, *index, &metas, &max_len, spare, slab, err)?;
+                let target = Target {
+                    metas: &metas,
+                    max_len: &max_len,
+                    slab,
+                };
+                self.write_replacement(key, slot, *index, target, spare, pixels, err)?;
                 skipped += 1;
             }
         }
-        Ok(Batch::new(
+        Ok(Batch::host(
             metas,
             lease,
             key.epoch,
@@ -237,12 +251,16 @@ impl Collator {
         key: BatchKey,
         slot: usize,
         index: usize,
-        metas: &[FieldMeta],
-        max_len: &[usize],
+        target: Target<'_>,
         spare: &mut Vec<u8>,
-        slab: &mut [u8],
+        pixels: &mut Pixels,
         err: Error,
     ) -> Result<()> {
+        let Target {
+            metas,
+            max_len,
+            slab,
+        } = target;
         let mut rng = replacement_rng(key, index);
         for _ in 0..MAX_REPLACEMENTS {
             let candidate = rng.below(self.source.len() as u64) as usize;
@@ -255,7 +273,7 @@ impl Collator {
                 });
             if fits
                 && self
-                    .write(key, slot, candidate, &sample, metas, slab)
+                    .write(key, slot, candidate, &sample, metas, slab, pixels)
                     .is_ok()
             {
                 return Ok(());
@@ -329,7 +347,7 @@ impl Collator {
                         .chain(inner.iter().copied())
                         .collect(),
                 ),
-                Output::Image(w) => (w.dtype(), w.shape()),
+                Output::Image(stages) => (stages.pipeline.dtype(), stages.pipeline.shape()),
             };
             push(
                 self.names[f].clone(),
@@ -346,6 +364,7 @@ impl Collator {
     }
 
     /// Writes `sample` (dataset index `index`) into slot `slot` of every field.
+    #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
         key: BatchKey,
@@ -354,6 +373,7 @@ impl Collator {
         sample: &Sample<'_>,
         metas: &[FieldMeta],
         slab: &mut [u8],
+        pixels: &mut Pixels,
     ) -> Result<()> {
         let mut ragged_seen = 0;
         for (f, out) in self.outputs.iter().enumerate() {
@@ -373,10 +393,9 @@ impl Collator {
                     let len = self.ragged_len(f, sample) as i64;
                     slab[len_meta.offset + slot * 8..][..8].copy_from_slice(&len.to_ne_bytes());
                 }
-                Output::Image(writer) => {
+                Output::Image(stages) => {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, index as u64);
-                    writer
-                        .write(src, &mut rng, dst)
+                    write_image(stages, src, &mut rng, dst, pixels)
                         .map_err(|reason| self.sample_error(index, reason))?;
                 }
             }
@@ -391,6 +410,34 @@ impl Collator {
             reason,
         }
     }
+}
+
+/// Where a batch's slots are written: its field layout, the padded length of each ragged field,
+/// and the slab.
+struct Target<'a> {
+    metas: &'a [FieldMeta],
+    max_len: &'a [usize],
+    slab: &'a mut [u8],
+}
+
+/// Decodes one encoded image into the worker's buffer, then transforms it into `out`.
+fn write_image(
+    stages: &ImageStages,
+    encoded: &[u8],
+    rng: &mut Rng,
+    out: &mut [u8],
+    pixels: &mut Pixels,
+) -> std::result::Result<(), String> {
+    let Pixels { decode, transform } = pixels;
+    let dims = decode_rgb(encoded, stages.max_pixels, decode)?;
+    let result = stages
+        .pipeline
+        .apply(&decode.rgb, dims.width, dims.height, rng, out, transform);
+    // Do not keep a rare huge image's buffers for the worker's lifetime.
+    if decode.rgb.capacity() > KEEP_DECODE_BYTES {
+        *decode = DecodeBuffers::default();
+    }
+    result
 }
 
 fn replacement_rng(key: BatchKey, index: usize) -> Rng {

@@ -16,6 +16,26 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every element type, in code order.
+    pub const ALL: [DType; 6] = [
+        DType::U8,
+        DType::I32,
+        DType::I64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+    ];
+
+    /// The `stoker_dtype` code every face uses for this type (C, C++, Python).
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The type of a `stoker_dtype` code; `None` for an unknown code.
+    pub fn from_code(code: u32) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.code() == code)
+    }
+
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {

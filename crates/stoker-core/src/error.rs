@@ -70,6 +70,56 @@ pub enum Error {
     Cuda(String),
 }
 
+impl ErrorKind {
+    /// The status code every face reports for this kind: `stoker_status` in C, `stoker::Status`
+    /// in C++, the exception classes of the Python package. Defined here once; the faces map
+    /// these numbers, never their own.
+    pub const fn code(self) -> i32 {
+        match self {
+            ErrorKind::InvalidArgument => -1,
+            ErrorKind::Io => -2,
+            ErrorKind::Decode => -3,
+            ErrorKind::Unsupported => -4,
+            ErrorKind::Timeout => -5,
+            ErrorKind::Callback => -6,
+            ErrorKind::Closed => -7,
+            ErrorKind::Internal => -8,
+            ErrorKind::OutOfMemory => -9,
+            ErrorKind::Cuda => -10,
+        }
+    }
+
+    /// Every kind, in code order.
+    pub const ALL: [ErrorKind; 10] = [
+        ErrorKind::InvalidArgument,
+        ErrorKind::Io,
+        ErrorKind::Decode,
+        ErrorKind::Unsupported,
+        ErrorKind::Timeout,
+        ErrorKind::Callback,
+        ErrorKind::Closed,
+        ErrorKind::Internal,
+        ErrorKind::OutOfMemory,
+        ErrorKind::Cuda,
+    ];
+}
+
+/// Status code of a successful call.
+pub const STATUS_OK: i32 = 0;
+/// Status code of a `next` that found the epoch over (not an error).
+pub const STATUS_END_OF_EPOCH: i32 = 1;
+
+/// The message of a caught panic's payload (a `&str` or `String`, as `panic!` makes them).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic payload".to_owned()
+    }
+}
+
 impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
@@ -86,7 +136,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn option(key: &str, reason: impl Into<String>) -> Error {
+    /// An invalid value for option `key`.
+    pub fn option(key: &str, reason: impl Into<String>) -> Error {
         Error::InvalidOption {
             key: key.to_owned(),
             reason: reason.into(),

@@ -21,22 +21,26 @@ pub mod error;
 pub mod loader;
 pub mod options;
 pub mod pool;
+pub mod resume;
 pub mod rng;
 pub mod sampler;
 pub mod source;
 pub mod stats;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod transform;
 
 pub use arena::{Arena, SlabRegistrar};
-pub use batch::{Batch, DeviceType, FieldRef};
-pub use cuda::{DeviceBackend, DeviceBatch, DeviceFieldRef};
+pub use batch::{Batch, DeviceType, FieldMeta, FieldRef};
+pub use cuda::{DeviceBackend, Event, Stream};
 pub use dtype::{DType, Layout};
-pub use error::{Error, ErrorKind, Result};
-pub use loader::{EpochIter, Loader, ResumeState, StatsHandle};
-pub use options::{Device, LoaderOptions, OnError, SourceSpec};
+pub use error::{panic_message, Error, ErrorKind, Result};
+pub use loader::{EpochIter, Loader};
+pub use options::{Device, LoaderOptions, OnError};
+pub use resume::ResumeState;
 pub use sampler::{BatchPlan, Sampler, SamplerKind};
 pub use source::{
-    FieldKind, FieldSpec, ImageFolderSource, MemorySource, NpySource, Sample, Source,
+    FieldKind, FieldSpec, ImageFolderSource, MemorySource, NpySource, Sample, Source, SourceSpec,
 };
-pub use stats::Stats;
+pub use stats::{Stats, StatsHandle};
 pub use transform::Pipeline;

@@ -1,39 +1,18 @@
-//! Loader options: typed fields with the defaults of the C ABI contract, and a string-keyed
-//! setter (`set("batch_size", "64")`) shared by every binding. Values are validated when set;
-//! the error names the key.
+//! Loader options: the knobs of a loader with the defaults of the C contract, set through a
+//! string-keyed setter (`set("batch_size", "64")`) shared by every face, or typed setters from
+//! Rust. Fields are private and every setter validates, so a `LoaderOptions` is never invalid;
+//! errors name the key. [`OPTIONS`] documents every key once: the header, the README and the
+//! unknown-key message all come from it.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
+use crate::collate::ImageStages;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::sampler::SamplerKind;
-use crate::source::{ReadFn, Source};
-
-/// Where samples come from.
-#[derive(Clone)]
-pub enum SourceSpec {
-    /// `npy:PATH`.
-    Npy(PathBuf),
-    /// `image_folder:ROOT`: one subfolder per class (torchvision's ImageFolder layout).
-    ImageFolder(PathBuf),
-    /// A source built in code (the in-memory source, say).
-    Custom(Arc<dyn Source>),
-    /// The user's dataset through a read function (see [`crate::source::CallbackSource`]); the
-    /// fields are learnt from sample 0 when the loader is made.
-    Callback { len: usize, read: Arc<ReadFn> },
-}
-
-impl std::fmt::Debug for SourceSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SourceSpec::Npy(p) => write!(f, "npy:{}", p.display()),
-            SourceSpec::ImageFolder(p) => write!(f, "image_folder:{}", p.display()),
-            SourceSpec::Custom(s) => write!(f, "custom source of {} samples", s.len()),
-            SourceSpec::Callback { len, .. } => write!(f, "callback source of {len} samples"),
-        }
-    }
-}
+pub use crate::source::SourceSpec;
+use crate::source::{FieldKind, Source};
+use crate::transform::Pipeline;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Device {
@@ -64,53 +43,55 @@ pub enum OnError {
 /// Which sampler, when set explicitly in code; otherwise it follows from the option keys.
 pub type SamplerChoice = Option<SamplerKind>;
 
-/// Every knob of a loader. `LoaderOptions::default()` has the documented defaults.
+/// Every knob of a loader. `LoaderOptions::default()` has the documented defaults; set others
+/// with [`set`](Self::set) (string keys, as every face does) or the typed setters.
 #[derive(Clone, Debug)]
 pub struct LoaderOptions {
-    pub source: Option<SourceSpec>,
+    pub(crate) source: Option<SourceSpec>,
     /// Labels for an npy source (`labels=npy:PATH`).
-    pub labels: Option<PathBuf>,
-    pub batch_size: usize,
-    pub shuffle: bool,
-    pub seed: u64,
-    pub drop_last: bool,
+    pub(crate) labels: Option<PathBuf>,
+    pub(crate) batch_size: usize,
+    pub(crate) shuffle: bool,
+    pub(crate) seed: u64,
+    pub(crate) drop_last: bool,
     /// `None` is `auto`: the cores this process may run on.
-    pub num_workers: Option<usize>,
-    pub prefetch_factor: usize,
-    pub in_order: bool,
-    pub rank: usize,
-    pub world_size: usize,
+    pub(crate) num_workers: Option<usize>,
+    pub(crate) prefetch_factor: usize,
+    pub(crate) in_order: bool,
+    pub(crate) rank: usize,
+    pub(crate) world_size: usize,
     /// `DistributedSampler(drop_last=...)`: drop the tail instead of padding the shards.
-    pub shard_drop_last: bool,
+    pub(crate) shard_drop_last: bool,
     /// `RandomSampler(replacement=...)`.
-    pub replacement: bool,
+    pub(crate) replacement: bool,
     /// `num_samples` of the random and weighted samplers.
-    pub num_samples: Option<usize>,
+    pub(crate) num_samples: Option<usize>,
     /// Per-sample weights: selects `WeightedRandomSampler`.
-    pub weights: Option<Vec<f64>>,
-    /// Indices: selects `SubsetRandomSampler`.
-    pub subset: Option<Vec<usize>>,
+    pub(crate) weights: Option<Vec<f64>>,
+    /// Indices as ranges (a single index is a range of one): selects `SubsetRandomSampler`.
+    /// Kept as ranges so that `0..1000000000000` costs nothing until checked against the dataset.
+    pub(crate) subset: Option<Vec<std::ops::Range<usize>>>,
     /// Overrides the sampler the keys above select.
-    pub sampler: SamplerChoice,
+    pub(crate) sampler: SamplerChoice,
     /// Image transform pipeline spec, e.g. `random_resized_crop(224) | hflip | normalize(imagenet)`.
-    pub transform: Option<String>,
-    pub dtype: Option<DType>,
-    pub layout: Layout,
+    pub(crate) transform: Option<String>,
+    pub(crate) dtype: Option<DType>,
+    pub(crate) layout: Layout,
     /// `None`: page-locked when the device is CUDA.
-    pub pin_memory: Option<bool>,
-    pub device: Device,
+    pub(crate) pin_memory: Option<bool>,
+    pub(crate) device: Device,
     /// With `device=cuda`: the caller's `CUstream` (as an address) to queue the copies on,
     /// instead of a stream of the loader's own. Borrowed: it must outlive the loader and every
     /// batch, and is never destroyed. `Some(0)` is the legacy default stream.
-    pub cuda_stream: Option<usize>,
-    pub on_error: OnError,
+    pub(crate) cuda_stream: Option<usize>,
+    pub(crate) on_error: OnError,
     /// Longest wait for one batch; 0 waits forever.
-    pub timeout_ms: u64,
-    pub resume_state: Option<String>,
+    pub(crate) timeout_ms: u64,
+    pub(crate) resume_state: Option<String>,
     /// Pad value for ragged fields.
-    pub pad: Option<f64>,
+    pub(crate) pad: Option<f64>,
     /// Largest image (width × height) a decoder will allocate for; larger ones are bad samples.
-    pub max_image_pixels: u64,
+    pub(crate) max_image_pixels: u64,
 }
 
 impl Default for LoaderOptions {
@@ -149,40 +130,126 @@ impl Default for LoaderOptions {
     }
 }
 
-/// Every key `set` accepts, for error messages and documentation.
-pub const KEYS: &[&str] = &[
-    "source",
-    "labels",
-    "batch_size",
-    "shuffle",
-    "seed",
-    "drop_last",
-    "num_workers",
-    "prefetch_factor",
-    "in_order",
-    "rank",
-    "world_size",
-    "shard_drop_last",
-    "replacement",
-    "num_samples",
-    "weights",
-    "subset",
-    "transform",
-    "dtype",
-    "layout",
-    "pin_memory",
-    "device",
-    "cuda_stream",
-    "on_error",
-    "timeout_ms",
-    "resume_state",
-    "pad",
-    "max_image_pixels",
+/// One option key, documented: the single source of the option tables in `include/stoker.h`
+/// and the README (tests check both against this table).
+#[derive(Clone, Copy, Debug)]
+pub struct OptionDoc {
+    pub key: &'static str,
+    /// Accepted values.
+    pub values: &'static str,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+/// Every key [`LoaderOptions::set`] accepts.
+#[rustfmt::skip]
+pub const OPTIONS: &[OptionDoc] = &[
+    OptionDoc { key: "source", values: "`npy:PATH`, `image_folder:ROOT`", default: "required", meaning: "where samples come from (or a callback source set in code)" },
+    OptionDoc { key: "labels", values: "`npy:PATH`", default: "none", meaning: "per-sample labels for an npy source" },
+    OptionDoc { key: "batch_size", values: "integer 1..=16777216", default: "1", meaning: "samples per batch" },
+    OptionDoc { key: "shuffle", values: "`true`, `false`", default: "false", meaning: "a new order every epoch, a function of (seed, epoch) only" },
+    OptionDoc { key: "seed", values: "u64", default: "0", meaning: "all randomness (order and augmentation) derives from it" },
+    OptionDoc { key: "drop_last", values: "`true`, `false`", default: "false", meaning: "drop the incomplete final batch" },
+    OptionDoc { key: "num_workers", values: "integer 0..=1024, `auto`", default: "auto", meaning: "worker threads; auto = usable cores; 0 = work in the calling thread" },
+    OptionDoc { key: "prefetch_factor", values: "integer 1..=1024", default: "2", meaning: "batches in flight = max(1, num_workers) x prefetch_factor" },
+    OptionDoc { key: "in_order", values: "`true`, `false`", default: "true", meaning: "deliver in sampler order; false lets ready batches overtake" },
+    OptionDoc { key: "rank", values: "integer, `env` (RANK)", default: "0", meaning: "this process's rank (DistributedSampler)" },
+    OptionDoc { key: "world_size", values: "integer >= 1, `env` (WORLD_SIZE)", default: "1", meaning: "number of ranks (DistributedSampler)" },
+    OptionDoc { key: "shard_drop_last", values: "`true`, `false`", default: "false", meaning: "distributed: drop the tail instead of padding every rank to equal length" },
+    OptionDoc { key: "replacement", values: "`true`, `false`", default: "false", meaning: "random sampling with replacement (RandomSampler)" },
+    OptionDoc { key: "num_samples", values: "integer >= 1", default: "dataset length", meaning: "samples per epoch of the random and weighted samplers" },
+    OptionDoc { key: "weights", values: "comma-separated finite numbers >= 0", default: "none", meaning: "one weight per sample: WeightedRandomSampler" },
+    OptionDoc { key: "subset", values: "indices and ranges `a..b`, comma-separated", default: "none", meaning: "sample only these indices, shuffled each epoch (SubsetRandomSampler)" },
+    OptionDoc { key: "transform", values: "pipeline spec, e.g. `random_resized_crop(224) | hflip | normalize(imagenet)`", default: "none", meaning: "image transforms, run fused into the batch slot" },
+    OptionDoc { key: "dtype", values: "`uint8`, `float32`, `float16`, `bfloat16`", default: "float32 after normalize, else uint8", meaning: "image output element type" },
+    OptionDoc { key: "layout", values: "`nchw`, `nhwc`", default: "nchw", meaning: "image batch layout" },
+    OptionDoc { key: "pin_memory", values: "`true`, `false`", default: "true when device is cuda", meaning: "page-locked batch memory" },
+    OptionDoc { key: "device", values: "`cpu`, `cuda`, `cuda:N`", default: "cpu", meaning: "where batches are delivered" },
+    OptionDoc { key: "cuda_stream", values: "a CUstream address, decimal or 0x-hex", default: "a stream of the loader's own", meaning: "device=cuda: copy on the caller's stream (borrowed)" },
+    OptionDoc { key: "on_error", values: "`raise`, `skip`", default: "raise", meaning: "bad sample: fail naming it, or replace it and count it" },
+    OptionDoc { key: "timeout_ms", values: "integer >= 0", default: "0 (none)", meaning: "longest wait for one batch" },
+    OptionDoc { key: "resume_state", values: "a string from save_state", default: "none", meaning: "continue exactly where a saved loader stopped" },
+    OptionDoc { key: "pad", values: "a finite number", default: "none", meaning: "pad value for fields whose length varies per sample" },
+    OptionDoc { key: "max_image_pixels", values: "integer >= 1", default: "89478485", meaning: "larger images are bad samples (decompression bombs)" },
 ];
+
+/// Every key [`LoaderOptions::set`] accepts, in [`OPTIONS`] order.
+pub fn keys() -> impl Iterator<Item = &'static str> {
+    OPTIONS.iter().map(|o| o.key)
+}
+
+/// [`OPTIONS`] as a Markdown table, as the README shows it.
+pub fn options_markdown() -> String {
+    let mut out = String::from("| key | values | default | meaning |\n|---|---|---|---|\n");
+    for o in OPTIONS {
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            o.key, o.values, o.default, o.meaning
+        ));
+    }
+    out
+}
 
 impl LoaderOptions {
     pub fn new() -> LoaderOptions {
         LoaderOptions::default()
+    }
+
+    /// [`set`](Self::set) for chaining: `LoaderOptions::new().with("batch_size", "64")?`.
+    pub fn with(mut self, key: &str, value: &str) -> Result<LoaderOptions> {
+        self.set(key, value)?;
+        Ok(self)
+    }
+
+    /// The source, when it is made in code: a [`Source`] of your own or a callback source.
+    pub fn set_source(&mut self, source: SourceSpec) {
+        self.source = Some(source);
+    }
+
+    /// [`set_source`](Self::set_source) for chaining.
+    pub fn with_source(mut self, source: SourceSpec) -> LoaderOptions {
+        self.set_source(source);
+        self
+    }
+
+    /// With `device=cuda`: the caller's `CUstream` (as an address) to copy on (the option
+    /// `cuda_stream`).
+    pub fn set_cuda_stream(&mut self, stream: usize) {
+        self.cuda_stream = Some(stream);
+    }
+
+    /// Chooses the sampler explicitly instead of from the keys; checked against the dataset
+    /// when the loader is made.
+    pub fn set_sampler(&mut self, kind: SamplerKind) {
+        self.sampler = Some(kind);
+    }
+
+    pub fn source(&self) -> Option<&SourceSpec> {
+        self.source.as_ref()
+    }
+
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn on_error(&self) -> OnError {
+        self.on_error
+    }
+
+    pub fn prefetch_factor(&self) -> usize {
+        self.prefetch_factor
+    }
+
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ms
     }
 
     /// Sets one option from its string form, validating it.
@@ -298,7 +365,7 @@ impl LoaderOptions {
             }
             "timeout_ms" => self.timeout_ms = parse_int(key, v, 0, u64::MAX / 1_000_000)?,
             "resume_state" => {
-                crate::loader::ResumeState::parse(v)?;
+                crate::resume::ResumeState::parse(v)?;
                 self.resume_state = Some(v.to_owned());
             }
             "pad" => {
@@ -312,7 +379,10 @@ impl LoaderOptions {
             _ => {
                 return Err(Error::InvalidOption {
                     key: key.to_owned(),
-                    reason: format!("unknown option; known options are {}", KEYS.join(", ")),
+                    reason: format!(
+                        "unknown option; known options are {}",
+                        keys().collect::<Vec<_>>().join(", ")
+                    ),
                 })
             }
         }
@@ -360,9 +430,9 @@ impl LoaderOptions {
                 num_samples: self.num_samples.unwrap_or(dataset_len),
                 replacement: true,
             }
-        } else if let Some(indices) = &self.subset {
+        } else if let Some(ranges) = &self.subset {
             SamplerKind::SubsetRandom {
-                indices: indices.clone(),
+                indices: materialize_subset(ranges, dataset_len)?,
             }
         } else if self.world_size > 1 {
             SamplerKind::Distributed {
@@ -379,6 +449,47 @@ impl LoaderOptions {
         } else {
             SamplerKind::Sequential
         })
+    }
+}
+
+impl LoaderOptions {
+    /// The image stages (decode limits and transform) for `source`: `None` for a source with
+    /// no encoded-image field, where `transform`, `dtype` and `layout` are errors.
+    pub fn image_stages(&self, source: &dyn Source) -> Result<Option<ImageStages>> {
+        let options = self;
+    let has_images = source
+        .fields()
+        .iter()
+        .any(|f| f.kind == FieldKind::EncodedImage);
+    if !has_images {
+        // Tensors are delivered as stored: a conversion here would be a second copy that a
+        // caller asking for one should see, not get silently.
+        for (key, set) in [
+            ("transform", options.transform.is_some()),
+            ("dtype", options.dtype.is_some()),
+            ("layout", options.layout != Layout::Nchw),
+        ] {
+            if set {
+                return Err(Error::option(
+                    key,
+                    "applies to image sources only; tensor fields are delivered as stored",
+                ));
+            }
+        }
+        return Ok(None);
+    }
+    if let Some(dtype @ (DType::I32 | DType::I64)) = options.dtype {
+        return Err(Error::option(
+            "dtype",
+            format!("images can be uint8, float32, float16 or bfloat16, not {dtype}"),
+        ));
+    }
+    let pipeline = Pipeline::new(options.transform.as_deref(), options.dtype, options.layout)
+        .map_err(|reason| Error::option("transform", reason))?;
+    Ok(Some(ImageStages {
+        max_pixels: options.max_image_pixels,
+        pipeline,
+    }))
     }
 }
 
@@ -421,20 +532,42 @@ fn from_env(key: &str, v: &str, var: &str) -> Result<String> {
     std::env::var(var).map_err(|_| Error::option(key, format!("`env` given but {var} is not set")))
 }
 
-/// `3,5,9` or ranges `0..100` (end exclusive), mixed.
-fn parse_indices(key: &str, v: &str) -> Result<Vec<usize>> {
+/// `3,5,9` or ranges `0..100` (end exclusive), mixed; kept as ranges (see `subset`).
+fn parse_indices(key: &str, v: &str) -> Result<Vec<std::ops::Range<usize>>> {
     let mut out = Vec::new();
     for part in v.split(',').map(str::trim) {
         let bad = || Error::option(key, format!("`{part}` is not an index or a range a..b"));
         if let Some((a, b)) = part.split_once("..") {
             let a: usize = a.trim().parse().map_err(|_| bad())?;
             let b: usize = b.trim().parse().map_err(|_| bad())?;
-            out.extend(a..b);
+            if b < a {
+                return Err(Error::option(key, format!("`{part}` is an empty range (end < start)")));
+            }
+            out.push(a..b);
         } else {
-            out.push(part.parse().map_err(|_| bad())?);
+            let i: usize = part.parse().map_err(|_| bad())?;
+            out.push(i..i.saturating_add(1));
         }
     }
     Ok(out)
+}
+
+/// The subset's indices, once every one is known to be inside the dataset and the list fits
+/// in memory.
+fn materialize_subset(ranges: &[std::ops::Range<usize>], dataset_len: usize) -> Result<Vec<usize>> {
+    if let Some(r) = ranges.iter().find(|r| r.end > dataset_len) {
+        let i = if r.end - r.start == 1 { r.start } else { r.end - 1 };
+        return Err(Error::option(
+            "subset",
+            format!("index {i} is out of range for a dataset of {dataset_len} samples"),
+        ));
+    }
+    let count = ranges
+        .iter()
+        .try_fold(0usize, |n, r| n.checked_add(r.len()))
+        .unwrap_or(usize::MAX);
+    crate::sampler::check_order_size("subset", count)?;
+    Ok(ranges.iter().flat_map(|r| r.clone()).collect())
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crate::arena::Arena;
 use crate::batch::Batch;
 use crate::collate::{BatchKey, Collator, Scratch};
-use crate::error::{Error, Result};
+use crate::error::{panic_message, Error, Result};
 use crate::sampler::BatchPlan;
 use crate::stats::StatsRecorder;
 
@@ -61,16 +61,6 @@ impl Builder {
         });
         self.stats.add_busy(start.elapsed());
         outcome
-    }
-}
-
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic payload".to_owned()
     }
 }
 

@@ -47,6 +47,36 @@ pub enum SamplerKind {
     },
 }
 
+/// Bytes of one entry of an epoch's order. The loader keeps the orders of two epochs (the one
+/// being delivered and the one being submitted).
+const ORDER_ENTRY_BYTES: u64 = 2 * std::mem::size_of::<usize>() as u64;
+
+/// Fails with `OutOfMemory`, naming `key` and the numbers, when an epoch order of `count`
+/// entries would take more than a quarter of physical memory: a typo such as
+/// `num_samples=1000000000000000` must be an error, not an abort.
+pub fn check_order_size(key: &str, count: usize) -> Result<()> {
+    let need = (count as u64).saturating_mul(ORDER_ENTRY_BYTES);
+    let limit = physical_memory() / 4;
+    if need > limit {
+        return Err(Error::OutOfMemory(format!(
+            "option `{key}`: an epoch of {count} samples needs {need} bytes for its order, more \
+             than a quarter of this machine's {} bytes of memory",
+            limit * 4
+        )));
+    }
+    Ok(())
+}
+
+/// Physical memory in bytes (`u64::MAX` if the system will not say).
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf reads system constants; no pointers involved.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    if pages <= 0 || size <= 0 {
+        return u64::MAX;
+    }
+    (pages as u64).saturating_mul(size as u64)
+}
+
 /// A validated sampler over a dataset of `dataset_len` samples.
 #[derive(Clone, Debug)]
 pub struct Sampler {
@@ -135,12 +165,19 @@ impl Sampler {
                 }
             }
         }
-        Ok(Sampler {
+        let sampler = Sampler {
             kind,
             dataset_len,
             seed,
             cumulative,
-        })
+        };
+        let key = match &sampler.kind {
+            SamplerKind::Random { .. } | SamplerKind::WeightedRandom { .. } => "num_samples",
+            SamplerKind::SubsetRandom { .. } => "subset",
+            _ => "source",
+        };
+        check_order_size(key, sampler.len())?;
+        Ok(sampler)
     }
 
     pub fn kind(&self) -> &SamplerKind {

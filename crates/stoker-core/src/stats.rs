@@ -4,8 +4,10 @@
 //! that percentiles cost fixed memory however long training runs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::arena::Arena;
 
 /// A snapshot of a loader's counters, as `stoker_stats` in the C ABI.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -30,6 +32,23 @@ pub struct Stats {
     /// Arena slabs page-locked, and those `mlock` refused (RLIMIT_MEMLOCK).
     pub slabs_pinned: u64,
     pub pin_failures: u64,
+}
+
+/// A shareable view of a loader's counters, readable from any thread while another drives it.
+#[derive(Clone)]
+pub struct StatsHandle {
+    pub(crate) recorder: Arc<StatsRecorder>,
+    pub(crate) arena: Arena,
+}
+
+impl StatsHandle {
+    pub fn snapshot(&self) -> Stats {
+        let mut s = self.recorder.snapshot();
+        let c = self.arena.counters();
+        s.slabs_pinned = c.slabs_pinned;
+        s.pin_failures = c.pin_failures;
+        s
+    }
 }
 
 const SUB_BUCKETS: usize = 16;

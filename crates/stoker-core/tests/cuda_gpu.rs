@@ -22,10 +22,7 @@ fn source(n: usize) -> Arc<dyn Source> {
 }
 
 fn options(kv: &[(&str, &str)]) -> LoaderOptions {
-    let mut o = LoaderOptions {
-        source: Some(SourceSpec::Custom(source(100))),
-        ..LoaderOptions::default()
-    };
+    let mut o = LoaderOptions::new().with_source(SourceSpec::Custom(source(100)));
     for (k, v) in kv {
         o.set(k, v).unwrap();
     }
@@ -91,16 +88,16 @@ fn real_device_batches_hold_the_host_data() {
     // A second handle on the same primary context, to read device memory back.
     let reader = CudaDevice::open(0).unwrap();
     let mut batches = 0;
-    while let Some(d) = dev.next_device().unwrap() {
+    while let Some(d) = dev.next().unwrap() {
         let h = cpu.next().unwrap().unwrap();
         assert_eq!(d.device_type(), stoker_core::DeviceType::Cuda);
         d.wait(stoker_core::cuda::Stream::DEFAULT).unwrap();
         d.synchronize().unwrap();
         for i in 0..d.num_fields() {
-            let expected = h.field(i).unwrap().data;
+            let expected = h.field(i).unwrap().data.unwrap();
             let mut back = vec![0u8; expected.len()];
             // SAFETY: the field's device range holds `back.len()` bytes and its copy completed.
-            unsafe { reader.copy_to_host(&mut back, d.field_ptr(i).unwrap()) }.unwrap();
+            unsafe { reader.copy_to_host(&mut back, d.field(i).unwrap().address) }.unwrap();
             assert_eq!(back, expected, "batch {} field {i}", d.position());
         }
         batches += 1;
@@ -126,8 +123,8 @@ fn real_device_dropping_mid_epoch_with_held_batches() {
     ]);
     o.set("prefetch_factor", "3").unwrap();
     let mut l = Loader::new(&o).unwrap();
-    let held = l.next_device().unwrap().unwrap();
-    let _ = l.next_device().unwrap().unwrap();
+    let held = l.next().unwrap().unwrap();
+    let _ = l.next().unwrap().unwrap();
     drop(l);
     held.synchronize().unwrap();
     drop(held);

@@ -5,9 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stoker_core::cuda::{FailAt, FakeDevice, Stream};
+use stoker_core::testing::{FailAt, FakeDevice};
+use stoker_core::Stream;
 use stoker_core::{
-    DType, DeviceBatch, DeviceType, Error, ErrorKind, Loader, LoaderOptions, Source,
+    DType, Batch, DeviceType, Error, ErrorKind, Loader, LoaderOptions, Source,
 };
 
 mod common;
@@ -33,12 +34,12 @@ fn device_loader(fake: &Arc<FakeDevice>, o: &LoaderOptions) -> Loader {
 }
 
 /// Every field of a device batch as bytes, read back from the fake once the copy completed.
-fn contents(fake: &FakeDevice, b: &DeviceBatch) -> Vec<Vec<u8>> {
+fn contents(fake: &FakeDevice, b: &Batch) -> Vec<Vec<u8>> {
     b.synchronize().unwrap();
     (0..b.num_fields())
         .map(|i| {
             let meta = b.field_meta(i).unwrap();
-            fake.read(b.field_ptr(i).unwrap(), meta.num_bytes())
+            fake.read(b.field(i).unwrap().address, meta.num_bytes())
                 .unwrap()
         })
         .collect()
@@ -70,21 +71,21 @@ fn device_batches_match_host_batches_in_order_across_epochs() {
     for epoch in 0..2 {
         for position in 0..3 {
             let h = cpu.next().unwrap().unwrap();
-            let d = dev.next_device().unwrap().unwrap();
+            let d = dev.next().unwrap().unwrap();
             assert_eq!(
                 (d.epoch(), d.position(), d.len()),
                 (epoch, position, h.len())
             );
             assert_eq!(d.device_type(), DeviceType::Cuda);
             assert_eq!(d.device_id(), 0);
-            let host: Vec<Vec<u8>> = h.fields().map(|f| f.data.to_vec()).collect();
+            let host: Vec<Vec<u8>> = h.fields().map(|f| f.data.unwrap().to_vec()).collect();
             assert_eq!(contents(&fake, &d), host, "epoch {epoch} batch {position}");
             let field = d.field_by_name("x").unwrap();
             assert_eq!((field.dtype, field.shape), (DType::I64, &[h.len(), 3][..]));
             assert_eq!(dev.position(), position + 1);
         }
         assert!(cpu.next().unwrap().is_none());
-        assert!(dev.next_device().unwrap().is_none(), "end of epoch {epoch}");
+        assert!(dev.next().unwrap().is_none(), "end of epoch {epoch}");
         assert_eq!(dev.epoch(), epoch + 1);
     }
     assert_eq!(dev.stats().batches, 6);
@@ -106,7 +107,7 @@ fn the_ring_bounds_live_device_buffers_and_reuses_them() {
     let mut l = device_loader(&fake, &o);
     let mut held = Vec::new();
     for _ in 0..16 {
-        let b = l.next_device().unwrap().unwrap();
+        let b = l.next().unwrap().unwrap();
         held.push(b);
         if held.len() == 2 {
             held.remove(0); // the trainer keeps the previous batch while using the next
@@ -137,8 +138,8 @@ fn holding_every_buffer_blocks_the_prefetcher_and_releasing_one_unblocks_it() {
         ],
     );
     let mut l = device_loader(&fake, &o);
-    let first = l.next_device().unwrap().unwrap();
-    let second = l.next_device().unwrap().unwrap();
+    let first = l.next().unwrap().unwrap();
+    let second = l.next().unwrap().unwrap();
     eventually("two batches copied", || fake.counters().copies_done == 4);
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(
@@ -147,14 +148,14 @@ fn holding_every_buffer_blocks_the_prefetcher_and_releasing_one_unblocks_it() {
         "the prefetcher waits for a free buffer"
     );
     // Asking for a third while holding the whole ring fails at once instead of hanging.
-    let err = l.next_device().unwrap_err();
+    let err = l.next().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert!(
         err.to_string().contains("held by batches not yet released"),
         "{err}"
     );
     drop(first);
-    let third = l.next_device().unwrap().unwrap();
+    let third = l.next().unwrap().unwrap();
     assert_eq!(third.position(), 2, "the failed call consumed nothing");
     assert_eq!(contents(&fake, &third)[1], vec![4, 5]);
     drop((second, third));
@@ -175,10 +176,10 @@ fn holding_the_whole_ring_still_sees_the_end_of_the_epoch() {
     );
     let mut l = device_loader(&fake, &o);
     for _ in 0..20 {
-        let a = l.next_device().unwrap().unwrap();
-        let b = l.next_device().unwrap().unwrap();
-        assert!(l.next_device().unwrap().is_none());
-        let err = l.next_device().unwrap_err();
+        let a = l.next().unwrap().unwrap();
+        let b = l.next().unwrap().unwrap();
+        assert!(l.next().unwrap().is_none());
+        let err = l.next().unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
         drop((a, b));
     }
@@ -198,8 +199,8 @@ fn host_slabs_are_recycled_once_copied_while_device_batches_are_held() {
         ],
     );
     let mut l = device_loader(&fake, &o);
-    let a = l.next_device().unwrap().unwrap();
-    let b = l.next_device().unwrap().unwrap();
+    let a = l.next().unwrap().unwrap();
+    let b = l.next().unwrap().unwrap();
     // Both device batches are held; their host slabs are not: once both copies are done, only
     // the batch built next (waiting for a buffer) keeps a slab.
     eventually("both copies done", || fake.counters().copies_done == 4);
@@ -219,7 +220,7 @@ fn host_slabs_are_recycled_once_copied_while_device_batches_are_held() {
     drop((a, b));
     // A whole epoch while always holding the previous batch maps no more than the pipeline needs.
     let mut prev = None;
-    while let Some(batch) = l.next_device().unwrap() {
+    while let Some(batch) = l.next().unwrap() {
         prev = Some(batch);
     }
     drop(prev);
@@ -248,18 +249,18 @@ fn a_copy_failing_when_queued_names_its_batch_and_the_loader_goes_on() {
         &[("batch_size", "4"), ("num_workers", "1")],
     );
     let mut l = device_loader(&fake, &o);
-    assert_eq!(l.next_device().unwrap().unwrap().position(), 0);
-    let err = l.next_device().unwrap_err();
+    assert_eq!(l.next().unwrap().unwrap().position(), 0);
+    let err = l.next().unwrap_err();
     assert!(matches!(err, Error::Cuda(_)), "{err:?}");
     let msg = err.to_string();
     assert!(
         msg.contains("batch 1 of epoch 0") && msg.contains("field `y`"),
         "{msg}"
     );
-    let next = l.next_device().unwrap().unwrap();
+    let next = l.next().unwrap().unwrap();
     assert_eq!(next.position(), 2);
     assert_eq!(contents(&fake, &next)[1], vec![8, 9, 10, 11]);
-    assert!(l.next_device().unwrap().is_none());
+    assert!(l.next().unwrap().is_none());
     drop((next, l));
     assert_eq!(fake.counters().live_buffers, 0);
 }
@@ -273,9 +274,9 @@ fn a_copy_failing_on_the_device_is_reported_by_its_batch() {
         &[("batch_size", "4"), ("num_workers", "1")],
     );
     let mut l = device_loader(&fake, &o);
-    let first = l.next_device().unwrap().unwrap();
+    let first = l.next().unwrap().unwrap();
     first.synchronize().unwrap();
-    let second = l.next_device().unwrap().unwrap();
+    let second = l.next().unwrap().unwrap();
     let err = second.synchronize().unwrap_err();
     assert!(matches!(err, Error::Cuda(_)), "{err:?}");
     assert!(err.to_string().contains("batch 1 of epoch 0"), "{err}");
@@ -296,9 +297,9 @@ fn dropping_mid_epoch_joins_and_frees_every_buffer_after_held_batches_go() {
         ],
     );
     let mut l = device_loader(&fake, &o);
-    let held = l.next_device().unwrap().unwrap();
+    let held = l.next().unwrap().unwrap();
     held.wait(Stream::DEFAULT).unwrap();
-    let _ = l.next_device().unwrap().unwrap(); // released at once
+    let _ = l.next().unwrap().unwrap(); // released at once
     eventually("the prefetcher filled the ring", || {
         fake.counters().live_buffers >= 3
     });
@@ -336,8 +337,8 @@ fn a_borrowed_stream_is_copied_on_and_never_destroyed() {
     );
     o.set("cuda_stream", &format!("{:#x}", mine.0)).unwrap();
     let mut l = device_loader(&fake, &o);
-    let b = l.next_device().unwrap().unwrap();
-    assert_eq!(b.stream(), mine);
+    let b = l.next().unwrap().unwrap();
+    assert_eq!(b.cuda_stream(), Some(mine));
     drop((b, l));
     assert_eq!(
         fake.counters().live_streams,
@@ -361,7 +362,7 @@ fn release_after_wait_orders_reuse_after_the_consumer_stream() {
     );
     let mut l = device_loader(&fake, &o);
     let mut seen = Vec::new();
-    while let Some(b) = l.next_device().unwrap() {
+    while let Some(b) = l.next().unwrap() {
         b.wait(consumer).unwrap();
         b.wait(consumer).unwrap(); // idempotent
         seen.push(b.position());
@@ -390,38 +391,49 @@ fn save_state_counts_delivered_batches_not_prefetched_ones() {
         ("shuffle", "true"),
     ];
     let mut l = device_loader(&fake, &options(counting_source(20), &kv));
-    let b0 = l.next_device().unwrap().unwrap();
-    let b1 = l.next_device().unwrap().unwrap();
+    let b0 = l.next().unwrap().unwrap();
+    let b1 = l.next().unwrap().unwrap();
     eventually("the prefetcher ran ahead", || {
         fake.counters().copies_done >= 6
     });
     assert_eq!(l.position(), 2);
     let state = l.save_state();
     assert!(state.contains("position=2"), "{state}");
-    let expected = l.next_device().unwrap().unwrap();
+    let expected = l.next().unwrap().unwrap();
     let mut resumed_options = options(counting_source(20), &kv);
     resumed_options.set("device", "cpu").unwrap();
     resumed_options.set("resume_state", &state).unwrap();
     let mut resumed = Loader::new(&resumed_options).unwrap();
     let host = resumed.next().unwrap().unwrap();
-    assert_eq!(contents(&fake, &expected)[1], host.field(1).unwrap().data);
+    assert_eq!(contents(&fake, &expected)[1], host.field(1).unwrap().data.unwrap());
     drop((b0, b1));
 }
 
 #[test]
-fn each_loader_kind_points_to_its_own_next() {
+fn one_next_delivers_both_kinds_of_batch() {
     let fake = fake(0);
     let o = options(counting_source(4), &[("num_workers", "1")]);
     let mut dev = device_loader(&fake, &o);
-    let err = dev.next().unwrap_err();
-    assert!(err.to_string().contains("next_device"), "{err}");
+    let d = dev.next().unwrap().unwrap();
+    assert!(d.is_device());
+    assert_eq!(d.device_type(), DeviceType::Cuda);
+    assert!(d.field(0).unwrap().data.is_none(), "device bytes are not host slices");
+    assert!(d.cuda_stream().is_some() && d.cuda_event().is_some());
     let mut cpu_options = o.clone();
     cpu_options.set("device", "cpu").unwrap();
     let mut cpu = Loader::new(&cpu_options).unwrap();
-    let err = cpu.next_device().unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     let host = cpu.next().unwrap().unwrap();
+    assert!(!host.is_device());
     assert_eq!(host.device_type(), DeviceType::Cpu);
+    assert_eq!((host.cuda_stream(), host.cuda_event()), (None, None));
+    host.wait(stoker_core::Stream(0)).unwrap();
+    host.synchronize().unwrap();
+    assert_eq!(
+        contents(&fake, &d),
+        host.fields()
+            .map(|f| f.data.unwrap().to_vec())
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -436,7 +448,7 @@ fn without_pin_memory_slabs_are_not_registered() {
         ],
     );
     let mut l = device_loader(&fake, &o);
-    let b = l.next_device().unwrap().unwrap();
+    let b = l.next().unwrap().unwrap();
     assert_eq!(contents(&fake, &b)[1], vec![0, 1, 2, 3]);
     assert_eq!(fake.counters().live_registrations, 0);
 }
@@ -473,11 +485,11 @@ fn a_consumer_timeout_consumes_nothing() {
         ],
     );
     let mut l = device_loader(&fake, &o);
-    let err = l.next_device().unwrap_err();
+    let err = l.next().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout);
     eventually(
         "the batch arrives later",
-        || matches!(l.next_device(), Ok(Some(b)) if b.position() == 0),
+        || matches!(l.next(), Ok(Some(b)) if b.position() == 0),
     );
 }
 
@@ -485,7 +497,7 @@ fn a_consumer_timeout_consumes_nothing() {
 fn loaders_and_device_batches_move_between_threads() {
     fn send_sync<T: Send + Sync>() {}
     fn send<T: Send>() {}
-    send_sync::<DeviceBatch>();
+    send_sync::<Batch>();
     send::<Loader>();
     // A batch released on another thread than the one that received it.
     let fake = fake(0);
@@ -494,7 +506,7 @@ fn loaders_and_device_batches_move_between_threads() {
         &[("batch_size", "4"), ("num_workers", "1")],
     );
     let mut l = device_loader(&fake, &o);
-    let b = l.next_device().unwrap().unwrap();
+    let b = l.next().unwrap().unwrap();
     std::thread::spawn(move || drop(b)).join().unwrap();
-    assert_eq!(l.next_device().unwrap().unwrap().position(), 1);
+    assert_eq!(l.next().unwrap().unwrap().position(), 1);
 }

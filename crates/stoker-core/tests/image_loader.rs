@@ -56,11 +56,11 @@ fn drain(l: &mut Loader, epochs: usize) -> Vec<(Vec<u8>, Vec<i64>)> {
     let mut out = Vec::new();
     for _ in 0..epochs {
         while let Some(b) = l.next().unwrap() {
-            let image = b.field_by_name("image").unwrap().data.to_vec();
+            let image = b.field_by_name("image").unwrap().data.unwrap().to_vec();
             let labels = b
                 .field_by_name("label")
                 .unwrap()
-                .data
+                .data.unwrap()
                 .chunks_exact(8)
                 .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
                 .collect();
@@ -94,7 +94,7 @@ fn image_folder_nchw_float32_batches() {
         assert_eq!(image.dtype, DType::F32);
         assert_eq!(image.shape, [4, 3, 224, 224]);
         // Normalized ImageNet values stay within [-2.2, 2.7].
-        for c in image.data.chunks_exact(4).step_by(97) {
+        for c in image.data.unwrap().chunks_exact(4).step_by(97) {
             let v = f32::from_ne_bytes(c.try_into().unwrap());
             assert!((-2.2..=2.7).contains(&v), "{v}");
         }
@@ -102,7 +102,7 @@ fn image_folder_nchw_float32_batches() {
         assert_eq!((label.dtype, label.shape), (DType::I64, &[4usize][..]));
         labels.extend(
             label
-                .data
+                .data.unwrap()
                 .chunks_exact(8)
                 .map(|c| i64::from_ne_bytes(c.try_into().unwrap())),
         );
@@ -314,13 +314,10 @@ fn encoded_samples_from_callbacks_match_image_folder_pixels() {
         w.put_encoded(&bytes)?;
         w.put_label(files.label(i))
     });
-    let mut o = LoaderOptions {
-        source: Some(SourceSpec::Callback {
-            len: index.len(),
-            read,
-        }),
-        ..LoaderOptions::default()
-    };
+    let mut o = LoaderOptions::new().with_source(SourceSpec::Callback {
+        len: index.len(),
+        read,
+    });
     for (k, v) in spec {
         o.set(k, v).unwrap();
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stoker_core::{
-    Batch, DType, Error, FieldSpec, Loader, LoaderOptions, MemorySource, OnError, Sample, Source,
+    Batch, DType, Error, FieldSpec, Loader, LoaderOptions, MemorySource, Sample, Source,
     SourceSpec,
 };
 
@@ -16,7 +16,7 @@ use common::{counting_source, options};
 
 /// The sample indices of a batch of `counting_source`.
 fn ids(b: &Batch) -> Vec<u8> {
-    b.field_by_name("y").unwrap().data.to_vec()
+    b.field_by_name("y").unwrap().data.unwrap().to_vec()
 }
 
 /// Every batch of one epoch as its sample indices.
@@ -39,14 +39,14 @@ fn stacks_fields_in_sampler_order() {
         ("x", DType::I64, &[4usize, 3][..])
     );
     let values: Vec<i64> = x
-        .data
+        .data.unwrap()
         .chunks(8)
         .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
         .collect();
     assert_eq!(values, vec![0, 1, 2, 1, 2, 3, 2, 3, 4, 3, 4, 5]);
     assert_eq!(b.field(1).unwrap().shape, &[4]);
     assert_eq!(
-        b.field_ptr(0).unwrap() as usize % 256,
+        b.field(0).unwrap().address % 256,
         0,
         "fields are 256-byte aligned"
     );
@@ -135,7 +135,7 @@ fn resume_mid_epoch_continues_exactly() {
         let state = first.save_state();
         drop(first);
         let mut o = options(counting_source(30), &kv);
-        o.seed = 999; // the state's seed wins
+        o.set("seed", "999").unwrap(); // the state's seed wins
         o.set("resume_state", &state).unwrap();
         let mut resumed = Loader::new(&o).unwrap();
         while got.len() < 16 {
@@ -333,7 +333,7 @@ fn skip_replaces_bad_samples_deterministically_and_counts_them() {
             faulty(&[1, 6], &[], 0),
             &[("batch_size", "4"), ("num_workers", workers)],
         );
-        o.on_error = OnError::Skip;
+        o.set("on_error", "skip").unwrap();
         let mut l = Loader::new(&o).unwrap();
         let batches = epoch(&mut l);
         (batches, l.stats().samples_skipped)
@@ -408,7 +408,7 @@ fn ragged_fields_are_padded_with_lengths() {
     let seq = b.field_by_name("seq").unwrap();
     assert_eq!(seq.shape, &[3, 2]);
     let v: Vec<f32> = seq
-        .data
+        .data.unwrap()
         .chunks(4)
         .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
         .collect();
@@ -416,7 +416,7 @@ fn ragged_fields_are_padded_with_lengths() {
     let lens = b.field_by_name("seq_lengths").unwrap();
     assert_eq!((lens.dtype, lens.shape), (DType::I64, &[3usize][..]));
     let lens: Vec<i64> = lens
-        .data
+        .data.unwrap()
         .chunks(8)
         .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
         .collect();
@@ -531,7 +531,7 @@ fn npy_source_with_labels_end_to_end() {
         assert_eq!(d.name, "data");
         assert_eq!(&d.shape[1..], &[2, 3]);
         assert_eq!((lab.name, lab.dtype), ("label", DType::I64));
-        for (row, label) in d.data.chunks(6).zip(lab.data.chunks(8)) {
+        for (row, label) in d.data.unwrap().chunks(6).zip(lab.data.unwrap().chunks(8)) {
             let i = row[0] as usize / 6;
             assert_eq!(row, &data[i * 6..i * 6 + 6]);
             assert_eq!(i64::from_ne_bytes(label.try_into().unwrap()), i as i64 * 10);
@@ -586,10 +586,7 @@ fn callback_source_feeds_a_loader_and_pads() {
         w.put_tensor("tokens", DType::I32, &[i % 4], &seq)?;
         w.put_label(i as i64)
     });
-    let mut o = LoaderOptions {
-        source: Some(SourceSpec::Callback { len: 10, read }),
-        ..LoaderOptions::default()
-    };
+    let mut o = LoaderOptions::new().with_source(SourceSpec::Callback { len: 10, read });
     o.set("batch_size", "4").unwrap();
     // Sample 0 has an empty sequence; others differ: without pad the shapes mismatch.
     let mut l = Loader::new(&o).unwrap();
@@ -606,7 +603,7 @@ fn callback_source_feeds_a_loader_and_pads() {
     let names: Vec<&str> = b.fields().map(|f| f.name).collect();
     assert_eq!(names, ["tokens", "label", "tokens_lengths"]);
     assert_eq!(b.field(0).unwrap().shape, &[4, 3]);
-    let lens = b.field(2).unwrap().data;
+    let lens = b.field(2).unwrap().data.unwrap();
     assert_eq!(
         lens,
         [0i64, 1, 2, 3]

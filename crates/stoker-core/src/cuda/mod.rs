@@ -3,8 +3,9 @@
 //! - [`device`]: the operations the prefetcher needs ([`DeviceBackend`]), with handle types.
 //! - [`driver`] (feature `cuda`): [`CudaDevice`], the real driver loaded at run time through
 //!   cudarc, and [`probe`], which says why CUDA cannot be used without ever panicking.
-//! - [`fake`]: [`FakeDevice`], host memory posing as a device, for tests on machines without GPU.
-//! - [`prefetch`]: the prefetch thread, the ring of device buffers and [`DeviceBatch`].
+//! - `fake` (tests, and feature `testing`): `FakeDevice`, host memory posing as a device, for
+//!   tests on machines without a GPU. It is a test double and is not part of a normal build.
+//! - [`prefetch`]: the prefetch thread and the ring of device buffers behind device batches.
 //!
 //! Everything but `driver` builds without the `cuda` feature, so the prefetcher's logic is tested
 //! in every configuration.
@@ -12,14 +13,16 @@
 pub mod device;
 #[cfg(feature = "cuda")]
 pub mod driver;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod prefetch;
 
 pub use device::{DeviceBackend, DevicePtr, Event, Stream};
 #[cfg(feature = "cuda")]
 pub use driver::{probe, CudaDevice};
+#[cfg(any(test, feature = "testing"))]
 pub use fake::{FailAt, FakeCounters, FakeDevice};
-pub use prefetch::{DeviceBatch, DeviceFieldRef, HostBatches, PrefetchConfig, Prefetcher, Pulled};
+pub use prefetch::{HostBatches, PrefetchConfig, Prefetcher, Pulled};
 
 /// Opens `cuda:ordinal` with the real driver, or says why it cannot be used.
 pub fn open(ordinal: u32) -> crate::Result<std::sync::Arc<dyn DeviceBackend>> {

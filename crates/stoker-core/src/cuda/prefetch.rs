@@ -2,12 +2,12 @@
 //!
 //! It pulls host batches in delivery order from a [`HostBatches`] feed (the loader), copies each
 //! field on a non-blocking stream into one of a ring of `slots` device buffers, records an event
-//! and hands out a [`DeviceBatch`] at once: the consumer orders its own stream after the copy with
-//! [`DeviceBatch::wait`] instead of blocking the CPU. The thread then waits for the copy and drops
+//! and hands out a device [`Batch`] at once: the consumer orders its own stream after the copy with
+//! [`Batch::wait`] instead of blocking the CPU. The thread then waits for the copy and drops
 //! the host batch, so its arena slab is recycled as soon as the copy is done, however long the
 //! trainer keeps the device batch.
 //!
-//! A device buffer returns to the ring when its `DeviceBatch` is dropped. Before the ring reuses
+//! A device buffer returns to the ring when its batch is dropped. Before the ring reuses
 //! it, the copy stream waits (on the device, not the CPU) for an event recorded at release on each
 //! stream the consumer passed to `wait`, so new data never overwrites memory a queued kernel still
 //! reads. When every buffer is taken the thread blocks (backpressure), and the host pool behind it
@@ -23,8 +23,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::device::{DeviceBackend, DevicePtr, Event, Stream};
-use crate::batch::{Batch, DeviceType, FieldMeta};
-use crate::dtype::DType;
+use crate::batch::{Batch, DeviceMemory};
 use crate::error::{Error, Result};
 
 /// How long the thread waits for a host batch before checking for shutdown. The host loader's
@@ -158,20 +157,14 @@ impl Drop for Slot {
 
 /// What travels from the thread to the consumer.
 struct Delivery<M> {
-    item: Result<Option<DeviceBatch>>,
+    item: Result<Option<Batch>>,
     /// `None` for an error of the prefetcher itself, which moves no position.
     mark: Option<M>,
 }
 
-/// A batch in device memory. Its fields have the host batch's layout, at a device address.
-/// Dropping it returns the buffer to the ring (after the work queued by [`wait`](Self::wait)ed
-/// streams); it may outlive the loader.
-pub struct DeviceBatch {
-    fields: Vec<FieldMeta>,
-    epoch: u64,
-    position: usize,
-    samples: usize,
-    skipped: usize,
+/// The device memory of one delivered batch: a buffer of the ring, returned to it when the
+/// batch is dropped (after the work queued by [`wait`](DeviceMemory::wait)ed streams).
+struct RingBuffer {
     ptr: DevicePtr,
     device_id: u32,
     stream: Arc<CopyStream>,
@@ -179,132 +172,51 @@ pub struct DeviceBatch {
     /// Streams passed to `wait`: at release an event is recorded on each.
     waited: Mutex<Vec<Stream>>,
     ring: Sender<Slot>,
-    /// Set when the consumer receives the batch: counts batches the consumer holds.
-    held: Option<Arc<AtomicUsize>>,
+    /// Device batches delivered and not yet dropped (see [`Prefetcher::next`]).
+    held: Arc<AtomicUsize>,
 }
 
-/// A borrowed view of one device field.
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceFieldRef<'a> {
-    pub name: &'a str,
-    pub dtype: DType,
-    pub shape: &'a [usize],
-    /// Device address of the first element; C-contiguous.
-    pub ptr: DevicePtr,
-}
-
-impl DeviceBatch {
-    /// Samples in this batch.
-    pub fn len(&self) -> usize {
-        self.samples
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.samples == 0
-    }
-
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    pub fn position(&self) -> usize {
-        self.position
-    }
-
-    pub fn skipped(&self) -> usize {
-        self.skipped
-    }
-
-    pub fn num_fields(&self) -> usize {
-        self.fields.len()
-    }
-
-    pub fn field(&self, i: usize) -> Option<DeviceFieldRef<'_>> {
-        let meta = self.fields.get(i)?;
-        Some(DeviceFieldRef {
-            name: &meta.name,
-            dtype: meta.dtype,
-            shape: &meta.shape,
-            ptr: self.ptr + meta.offset as u64,
-        })
-    }
-
-    pub fn fields(&self) -> impl Iterator<Item = DeviceFieldRef<'_>> {
-        (0..self.fields.len()).filter_map(|i| self.field(i))
-    }
-
-    pub fn field_index(&self, name: &str) -> Option<usize> {
-        self.fields.iter().position(|f| f.name == name)
-    }
-
-    pub fn field_by_name(&self, name: &str) -> Option<DeviceFieldRef<'_>> {
-        self.field(self.field_index(name)?)
-    }
-
-    pub fn field_meta(&self, i: usize) -> Option<&FieldMeta> {
-        self.fields.get(i)
-    }
-
-    /// Device address of field `i` (valid until this batch is dropped).
-    pub fn field_ptr(&self, i: usize) -> Option<DevicePtr> {
-        Some(self.ptr + self.fields.get(i)?.offset as u64)
-    }
-
-    pub fn device_type(&self) -> DeviceType {
-        DeviceType::Cuda
-    }
-
-    /// The device ordinal (`N` of `cuda:N`).
-    pub fn device_id(&self) -> u32 {
-        self.device_id
-    }
-
-    /// The stream the copies were queued on.
-    pub fn stream(&self) -> Stream {
-        self.stream.stream
-    }
-
-    /// Completes when every field is on the device (a `CUevent`). Valid while the batch lives.
-    pub fn event(&self) -> Event {
-        self.slot_ref().copied
-    }
-
-    fn slot_ref(&self) -> &Slot {
+impl RingBuffer {
+    fn slot(&self) -> Result<&Slot> {
         // The slot is taken only in Drop.
         self.slot
             .as_ref()
-            .expect("a live DeviceBatch holds its slot")
+            .ok_or_else(|| Error::Internal("a live device batch lost its buffer".into()))
+    }
+}
+
+impl DeviceMemory for RingBuffer {
+    fn address(&self) -> DevicePtr {
+        self.ptr
     }
 
-    fn named(&self, e: Error) -> Error {
-        in_batch(e, self.epoch, self.position, None)
+    fn device_id(&self) -> u32 {
+        self.device_id
     }
 
-    /// Whether the copy has completed; an error if it failed.
-    pub fn is_ready(&self) -> Result<bool> {
-        let slot = self.slot_ref();
+    fn stream(&self) -> Stream {
+        self.stream.stream
+    }
+
+    fn event(&self) -> Event {
+        self.slot().map_or(Event(0), |s| s.copied)
+    }
+
+    fn is_ready(&self) -> Result<bool> {
+        let slot = self.slot()?;
+        slot.backend.query_event(slot.copied)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let slot = self.slot()?;
+        slot.backend.synchronize_event(slot.copied)
+    }
+
+    fn wait(&self, stream: Stream) -> Result<()> {
+        let slot = self.slot()?;
         slot.backend
             .query_event(slot.copied)
-            .map_err(|e| self.named(e))
-    }
-
-    /// Blocks the calling thread until the copy has completed.
-    pub fn synchronize(&self) -> Result<()> {
-        let slot = self.slot_ref();
-        slot.backend
-            .synchronize_event(slot.copied)
-            .map_err(|e| self.named(e))
-    }
-
-    /// Orders work queued on `stream` after the copy, without blocking the CPU, and makes the
-    /// buffer's reuse wait for work queued on `stream` before the batch is dropped. Call it for
-    /// every stream that reads the batch. Reports a copy that already failed.
-    pub fn wait(&self, stream: Stream) -> Result<()> {
-        let slot = self.slot_ref();
-        slot.backend
-            .query_event(slot.copied)
-            .and_then(|_| slot.backend.stream_wait_event(stream, slot.copied))
-            .map_err(|e| self.named(e))?;
+            .and_then(|_| slot.backend.stream_wait_event(stream, slot.copied))?;
         let mut waited = self.waited.lock().unwrap_or_else(|p| p.into_inner());
         if !waited.contains(&stream) {
             waited.push(stream);
@@ -313,11 +225,9 @@ impl DeviceBatch {
     }
 }
 
-impl Drop for DeviceBatch {
+impl Drop for RingBuffer {
     fn drop(&mut self) {
-        if let Some(held) = &self.held {
-            held.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.held.fetch_sub(1, Ordering::AcqRel);
         let Some(mut slot) = self.slot.take() else {
             return;
         };
@@ -338,19 +248,6 @@ impl Drop for DeviceBatch {
         }
         // With the ring gone (loader dropped) the slot comes back here and frees itself.
         let _ = self.ring.send(slot);
-    }
-}
-
-impl std::fmt::Debug for DeviceBatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceBatch")
-            .field("epoch", &self.epoch)
-            .field("position", &self.position)
-            .field("samples", &self.samples)
-            .field("device_id", &self.device_id)
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("fields", &self.fields)
-            .finish()
     }
 }
 
@@ -412,6 +309,7 @@ impl<M: Send + 'static> Prefetcher<M> {
         let starved = Arc::new(AtomicBool::new(false));
         let device_id = backend.ordinal();
         let worker = Worker {
+            held: Arc::clone(&held),
             starved: Arc::clone(&starved),
             backend,
             stream,
@@ -443,7 +341,7 @@ impl<M: Send + 'static> Prefetcher<M> {
     pub fn next(
         &mut self,
         timeout: Option<Duration>,
-    ) -> Result<(Result<Option<DeviceBatch>>, Option<M>)> {
+    ) -> Result<(Result<Option<Batch>>, Option<M>)> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let delivery = loop {
             // While the caller holds the whole ring, wake up now and then to see whether the
@@ -488,12 +386,7 @@ impl<M: Send + 'static> Prefetcher<M> {
                 }
             }
         };
-        let mut item = delivery.item;
-        if let Ok(Some(batch)) = &mut item {
-            self.held.fetch_add(1, Ordering::AcqRel);
-            batch.held = Some(Arc::clone(&self.held));
-        }
-        Ok((item, delivery.mark))
+        Ok((delivery.item, delivery.mark))
     }
 
     fn exited(&self) -> Error {
@@ -503,7 +396,9 @@ impl<M: Send + 'static> Prefetcher<M> {
         ))
     }
 
-    /// Device batches handed out and not yet dropped.
+    /// Device batches delivered (to the consumer, or queued for it) and not yet dropped. A batch
+    /// counts from its creation: when the thread waits for a buffer it has sent every batch it
+    /// made, so with nothing queued this is exactly what the consumer holds.
     pub fn held(&self) -> usize {
         self.held.load(Ordering::Acquire)
     }
@@ -529,6 +424,7 @@ struct Worker<M> {
     ring_rx: Receiver<Slot>,
     out: Sender<Delivery<M>>,
     stop: Receiver<()>,
+    held: Arc<AtomicUsize>,
     starved: Arc<AtomicBool>,
 }
 
@@ -550,7 +446,7 @@ impl<M: Send + 'static> Worker<M> {
             self.send(Delivery {
                 item: Err(Error::Internal(format!(
                     "panic in the prefetch thread: {}",
-                    crate::pool::panic_message(&*panic)
+                    crate::error::panic_message(&*panic)
                 ))),
                 mark: None,
             });
@@ -639,7 +535,7 @@ impl<M: Send + 'static> Worker<M> {
         &self,
         host: Batch,
         mut slot: Slot,
-    ) -> (Result<Option<DeviceBatch>>, Option<(Batch, Event)>) {
+    ) -> (Result<Option<Batch>>, Option<(Batch, Event)>) {
         let (epoch, position) = (host.epoch(), host.position());
         let stream = self.stream.stream;
         let queued = (|| -> Result<DevicePtr> {
@@ -647,7 +543,7 @@ impl<M: Send + 'static> Worker<M> {
                 .prepare(host.byte_len(), stream)
                 .map_err(|e| in_batch(e, epoch, position, None))?;
             for i in 0..host.num_fields() {
-                let (Some(meta), Some(src)) = (host.field_meta(i), host.field_ptr(i)) else {
+                let (Some(meta), Some(src)) = (host.field_meta(i), host.host_ptr(i)) else {
                     continue;
                 };
                 // SAFETY: `src` is valid for `num_bytes` while `host` lives, and `host` is dropped
@@ -671,20 +567,16 @@ impl<M: Send + 'static> Worker<M> {
         match queued {
             Ok(ptr) => {
                 let event = slot.copied;
-                let batch = DeviceBatch {
-                    fields: host.field_metas().to_vec(),
-                    epoch,
-                    position,
-                    samples: host.len(),
-                    skipped: host.skipped(),
+                self.held.fetch_add(1, Ordering::AcqRel);
+                let batch = host.on_device(Box::new(RingBuffer {
                     ptr,
                     device_id: self.backend.ordinal(),
                     stream: Arc::clone(&self.stream),
                     slot: Some(slot),
                     waited: Mutex::new(Vec::new()),
                     ring: self.ring_tx.clone(),
-                    held: None,
-                };
+                    held: Arc::clone(&self.held),
+                }));
                 (Ok(Some(batch)), Some((host, event)))
             }
             Err(e) => {

@@ -12,10 +12,13 @@ mod npy;
 pub use callback::{CallbackSource, ReadFn, SampleWriter, IMAGE_FIELD, LABEL_FIELD};
 pub use image_folder::{ImageFolderSource, IMAGE_EXTENSIONS};
 pub use memory::MemorySource;
-pub use npy::{NpyArray, NpySource};
+pub use npy::{npy_descr, write_npy, NpyArray, NpySource};
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The most fields a sample may have.
 pub const MAX_FIELDS: usize = 8;
@@ -113,4 +116,51 @@ pub trait Source: Send + Sync {
     /// Reads sample `index` (`< len()`). Field bytes may borrow from the source (a memory map)
     /// or from `scratch`, a buffer the calling worker reuses for every sample it reads.
     fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>>;
+}
+
+/// Where samples come from.
+#[derive(Clone)]
+pub enum SourceSpec {
+    /// `npy:PATH`.
+    Npy(PathBuf),
+    /// `image_folder:ROOT`: one subfolder per class (torchvision's ImageFolder layout).
+    ImageFolder(PathBuf),
+    /// A source built in code (the in-memory source, say).
+    Custom(Arc<dyn Source>),
+    /// The user's dataset through a read function (see [`crate::source::CallbackSource`]); the
+    /// fields are learnt from sample 0 when the loader is made.
+    Callback { len: usize, read: Arc<ReadFn> },
+}
+
+impl std::fmt::Debug for SourceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SourceSpec::Npy(p) => write!(f, "npy:{}", p.display()),
+            SourceSpec::ImageFolder(p) => write!(f, "image_folder:{}", p.display()),
+            SourceSpec::Custom(s) => write!(f, "custom source of {} samples", s.len()),
+            SourceSpec::Callback { len, .. } => write!(f, "callback source of {len} samples"),
+        }
+    }
+}
+
+impl SourceSpec {
+    /// Opens the source: maps the npy file, scans the image folder, or learns a callback
+    /// source's fields from sample 0. `labels` is an npy of per-sample labels (npy sources
+    /// only); `pad` says whether ragged callback fields may be padded.
+    pub fn open(&self, labels: Option<&Path>, pad: bool) -> Result<Arc<dyn Source>> {
+        if labels.is_some() && !matches!(self, SourceSpec::Npy(_)) {
+            return Err(Error::option(
+                "labels",
+                "labels=npy:PATH applies only to an npy source",
+            ));
+        }
+        Ok(match self {
+            SourceSpec::Npy(path) => Arc::new(NpySource::open(path, labels)?),
+            SourceSpec::ImageFolder(root) => Arc::new(ImageFolderSource::open(root)?),
+            SourceSpec::Custom(source) => Arc::clone(source),
+            SourceSpec::Callback { len, read } => {
+                Arc::new(CallbackSource::new(*len, Arc::clone(read), pad)?)
+            }
+        })
+    }
 }

@@ -275,34 +275,67 @@ impl Source for NpySource {
     }
 }
 
+/// The `.npy` type string of `dtype` (little-endian, as the reader accepts); `None` for
+/// bfloat16, which NumPy has no type for.
+pub fn npy_descr(dtype: DType) -> Option<&'static str> {
+    match dtype {
+        DType::U8 => Some("|u1"),
+        DType::I32 => Some("<i4"),
+        DType::I64 => Some("<i8"),
+        DType::F16 => Some("<f2"),
+        DType::BF16 => None,
+        DType::F32 => Some("<f4"),
+    }
+}
+
+/// Writes `data` (C order, native little-endian elements) as a version-1.0 `.npy` file of
+/// `dtype` and `shape` that NumPy and [`NpySource`] read.
+pub fn write_npy(path: &Path, dtype: DType, shape: &[usize], data: &[u8]) -> std::io::Result<()> {
+    let descr = npy_descr(dtype).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "bfloat16 has no .npy type",
+        )
+    })?;
+    write_npy_descr(path, descr, shape, data)
+}
+
+fn write_npy_descr(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> std::io::Result<()> {
+    let shape_text = match shape {
+        [n] => format!("({n},)"),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
+    // Pad so the data starts 64-byte aligned, as NumPy does.
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let header_len = u16::try_from(header.len()).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "npy header over 64 KiB")
+    })?;
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&header_len.to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    std::fs::write(path, out)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
 
-    /// Writes a version-1.0 `.npy` file.
+    /// Test files with any `descr`, including ones the reader refuses.
     pub(crate) fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) {
-        let shape_text = match shape {
-            [n] => format!("({n},)"),
-            _ => format!(
-                "({})",
-                shape
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
-        let mut header =
-            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
-        while (10 + header.len() + 1) % 64 != 0 {
-            header.push(' ');
-        }
-        header.push('\n');
-        let mut out = b"\x93NUMPY\x01\x00".to_vec();
-        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        out.extend_from_slice(header.as_bytes());
-        out.extend_from_slice(data);
-        std::fs::write(path, out).unwrap();
+        write_npy_descr(path, descr, shape, data).unwrap();
     }
 
     fn tmp(name: &str) -> PathBuf {

@@ -1,0 +1,258 @@
+//! The loader: the public iterator over batches, epoch after epoch.
+//!
+//! [`Loader`] is the facade every face drives: one `next()` for host and device batches, the
+//! epoch and position, stats, and the resume state. Behind it, [`host`] is the scheduler that
+//! plans each epoch from the sampler, keeps up to `cap` batch tasks in flight on the pool
+//! (running ahead into the next epoch, so there is no stall at the boundary) and delivers them in
+//! sampler order (or as they finish, with `in_order=false`); with a device, that scheduler runs
+//! on the CUDA prefetch thread instead of the caller's.
+
+mod host;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::arena::{Arena, SlabRegistrar};
+use crate::batch::Batch;
+use crate::cuda::{DeviceBackend, PrefetchConfig, Prefetcher, Stream};
+use crate::error::{Error, Result};
+use crate::options::{Device, LoaderOptions};
+use crate::resume::ResumeState;
+use crate::source::Source;
+use crate::stats::{Stats, StatsHandle};
+
+use host::{Cursor, HostLoader, Mode};
+
+/// The public loader: `next()` gives host batches with `device=cpu` and device batches with
+/// `device=cuda[:N]` (one [`Batch`] type for both).
+///
+/// With a device, the host loader below runs on the prefetch thread, which copies each batch to
+/// the device; this side keeps what the consumer needs without reaching that thread: the facts of
+/// the dataset, the stats handle, and the position of the last batch *delivered to the consumer*
+/// (the thread runs ahead), which is what `epoch()`, `position()` and `save_state()` report.
+pub struct Loader {
+    engine: Engine,
+    device: Device,
+    seed: u64,
+    batches_per_epoch: usize,
+    samples_per_epoch: usize,
+    source: Arc<dyn Source>,
+    stats: StatsHandle,
+    timeout: Option<Duration>,
+}
+
+enum Engine {
+    Host(Box<HostLoader>),
+    Device {
+        prefetcher: Prefetcher<Cursor>,
+        delivered: Cursor,
+    },
+}
+
+impl Loader {
+    /// A loader for `options`. With `device=cuda[:N]` this opens the CUDA driver (loaded at run
+    /// time) and fails with `Unsupported` saying why when there is no driver or no device.
+    pub fn new(options: &LoaderOptions) -> Result<Loader> {
+        match options.device {
+            Device::Cpu => {
+                Loader::assemble(HostLoader::new(options, Mode::Host)?, options, |host| {
+                    Ok((Device::Cpu, Engine::Host(Box::new(host))))
+                })
+            }
+            Device::Cuda(n) => {
+                let backend = crate::cuda::open(n).map_err(|e| match e {
+                    Error::Unsupported(m) => Error::Unsupported(format!("device=cuda:{n}: {m}")),
+                    other => other,
+                })?;
+                Loader::with_device_backend(options, backend)
+            }
+        }
+    }
+
+    /// A loader that delivers device batches through `backend`, whatever `options.device` says:
+    /// the real driver (`crate::cuda::CudaDevice`), or the fake device of the `testing` feature.
+    ///
+    /// `pin_memory` (default true here) registers the arena's slabs with the device, so copies
+    /// are DMA transfers. `prefetch_factor + 1` device buffers form the ring: that many batches
+    /// copied ahead, plus the one the trainer is using. `cuda_stream`, when set, is the
+    /// caller's stream to copy on (borrowed, never destroyed).
+    pub fn with_device_backend(
+        options: &LoaderOptions,
+        backend: Arc<dyn DeviceBackend>,
+    ) -> Result<Loader> {
+        let registrar: Option<Arc<dyn SlabRegistrar>> = if options.pin_memory.unwrap_or(true) {
+            Some(backend.clone())
+        } else {
+            None
+        };
+        let host = HostLoader::new(options, Mode::Feed { registrar })?;
+        let config = PrefetchConfig {
+            slots: options.prefetch_factor + 1,
+            stream: options.cuda_stream.map(Stream),
+        };
+        Loader::assemble(host, options, |host| {
+            let device = Device::Cuda(backend.ordinal());
+            let delivered = host.cursor();
+            let prefetcher = Prefetcher::start(host, backend, config)?;
+            Ok((
+                device,
+                Engine::Device {
+                    prefetcher,
+                    delivered,
+                },
+            ))
+        })
+    }
+
+    /// Takes the facts the consumer's side needs from `host`, then hands it to `engine`.
+    fn assemble(
+        host: HostLoader,
+        options: &LoaderOptions,
+        engine: impl FnOnce(HostLoader) -> Result<(Device, Engine)>,
+    ) -> Result<Loader> {
+        let seed = host.seed();
+        let batches_per_epoch = host.batches_per_epoch();
+        let samples_per_epoch = host.samples_per_epoch();
+        let source = Arc::clone(host.source());
+        let stats = host.stats_handle();
+        let (device, engine) = engine(host)?;
+        Ok(Loader {
+            engine,
+            device,
+            seed,
+            batches_per_epoch,
+            samples_per_epoch,
+            source,
+            stats,
+            timeout: (options.timeout_ms > 0).then(|| Duration::from_millis(options.timeout_ms)),
+        })
+    }
+
+    /// The next batch of the current epoch, or `Ok(None)` once the epoch is over; the call after
+    /// that starts the next epoch. An error consumes its batch: the next call moves past it.
+    ///
+    /// With `device=cuda[:N]` the batch is in device memory and its copy may still be running:
+    /// order a stream after it with [`Batch::wait`] (or block with [`Batch::synchronize`]).
+    ///
+    /// Not `Iterator::next`: the end of an epoch is not the end of the loader (see
+    /// [`Loader::epoch_iter`] for an iterator over one epoch).
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Result<Option<Batch>> {
+        match &mut self.engine {
+            Engine::Host(host) => host.next(),
+            Engine::Device {
+                prefetcher,
+                delivered,
+            } => {
+                let start = Instant::now();
+                let (item, cursor) = prefetcher.next(self.timeout)?;
+                if let Some(cursor) = cursor {
+                    *delivered = cursor;
+                }
+                let batch = item?;
+                if let Some(b) = &batch {
+                    self.stats
+                        .recorder
+                        .delivered(b.len(), b.skipped(), start.elapsed());
+                }
+                Ok(batch)
+            }
+        }
+    }
+
+    /// Where batches are delivered.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    fn cursor(&self) -> Cursor {
+        match &self.engine {
+            Engine::Host(host) => host.cursor(),
+            Engine::Device { delivered, .. } => delivered.clone(),
+        }
+    }
+
+    /// The epoch the next batch belongs to; it advances when `next()` reports the end of one.
+    pub fn epoch(&self) -> u64 {
+        match &self.engine {
+            Engine::Host(host) => host.epoch(),
+            Engine::Device { delivered, .. } => delivered.epoch,
+        }
+    }
+
+    /// Batches of the current epoch delivered so far (in sampler order).
+    pub fn position(&self) -> usize {
+        match &self.engine {
+            Engine::Host(host) => host.position(),
+            Engine::Device { delivered, .. } => delivered.position,
+        }
+    }
+
+    /// Batches per epoch.
+    pub fn batches_per_epoch(&self) -> usize {
+        self.batches_per_epoch
+    }
+
+    /// Samples per epoch (the sampler's length).
+    pub fn samples_per_epoch(&self) -> usize {
+        self.samples_per_epoch
+    }
+
+    pub fn source(&self) -> &Arc<dyn Source> {
+        &self.source
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats.snapshot()
+    }
+
+    pub fn stats_handle(&self) -> StatsHandle {
+        self.stats.clone()
+    }
+
+    pub fn arena(&self) -> &Arena {
+        &self.stats.arena
+    }
+
+    /// Where this loader is, as a string for `resume_state`. With a device, the position of the
+    /// last batch handed to the consumer (batches copied ahead are not counted).
+    pub fn save_state(&self) -> String {
+        let cursor = self.cursor();
+        ResumeState {
+            seed: self.seed,
+            epoch: cursor.epoch,
+            position: cursor.position,
+            ahead: cursor.ahead,
+            batches_per_epoch: self.batches_per_epoch,
+        }
+        .to_string()
+    }
+
+    /// Iterates the rest of the current epoch.
+    pub fn epoch_iter(&mut self) -> EpochIter<'_> {
+        EpochIter {
+            loader: self,
+            done: false,
+        }
+    }
+}
+
+/// The batches of one epoch; ends at the epoch's end (after which the loader is on the next).
+pub struct EpochIter<'a> {
+    loader: &'a mut Loader,
+    done: bool,
+}
+
+impl Iterator for EpochIter<'_> {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.done {
+            return None;
+        }
+        let item = self.loader.next().transpose();
+        self.done = item.is_none();
+        item
+    }
+}
+

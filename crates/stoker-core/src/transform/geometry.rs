@@ -1,0 +1,197 @@
+//! Geometry planning: the geometric ops of a pipeline folded, per sample, into one [`Plan`] —
+//! an affine map from the output grid to the decoded image, a clip rectangle and a flip flag
+//! (see the module docs of [`crate::transform`]).
+
+use super::spec::Op;
+use crate::rng::Rng;
+
+/// Where one sample's output pixels come from in its decoded image, after the random choices.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Plan {
+    /// Source pixels the filter may read: `[x0, y0, x1, y1)`.
+    pub clip: [usize; 4],
+    /// Source rectangle (left, top, width, height) mapped onto the output, in pixel-edge
+    /// coordinates of the decoded image.
+    pub rect: [f64; 4],
+    /// Output size.
+    pub width: usize,
+    pub height: usize,
+    pub flip: bool,
+}
+
+impl Plan {
+    /// Whether the output is a plain copy of source pixels (no resampling needed).
+    pub(super) fn is_copy(&self) -> bool {
+        let [left, top, w, h] = self.rect;
+        left.fract() == 0.0
+            && top.fract() == 0.0
+            && w == self.width as f64
+            && h == self.height as f64
+            && left >= self.clip[0] as f64
+            && top >= self.clip[1] as f64
+            && left + w <= self.clip[2] as f64
+            && top + h <= self.clip[3] as f64
+    }
+}
+
+/// The virtual image while the geometric ops are folded (see the module docs).
+pub(super) struct View {
+    pub(super) clip: [usize; 4],
+    pub(super) ox: f64,
+    pub(super) oy: f64,
+    pub(super) kx: f64,
+    pub(super) ky: f64,
+    pub(super) w: usize,
+    pub(super) h: usize,
+    pub(super) flip: bool,
+}
+
+impl View {
+    pub(super) fn resize(&mut self, width: usize, height: usize) {
+        self.kx *= self.w as f64 / width as f64;
+        self.ky *= self.h as f64 / height as f64;
+        self.w = width;
+        self.h = height;
+    }
+
+    /// Crops `(top, left, height, width)` of the current (possibly flipped) view; the box must
+    /// lie inside it.
+    pub(super) fn crop(&mut self, top: usize, left: usize, height: usize, width: usize) {
+        let left = if self.flip {
+            self.w - left - width
+        } else {
+            left
+        };
+        self.ox += left as f64 * self.kx;
+        self.oy += top as f64 * self.ky;
+        if self.kx == 1.0 && self.ky == 1.0 && self.ox.fract() == 0.0 && self.oy.fract() == 0.0 {
+            // An integer crop of the decoded image: the filter must not read outside it.
+            let (x0, y0) = (self.ox as usize, self.oy as usize);
+            self.clip = [
+                self.clip[0].max(x0),
+                self.clip[1].max(y0),
+                self.clip[2].min(x0 + width),
+                self.clip[3].min(y0 + height),
+            ];
+        }
+        self.w = width;
+        self.h = height;
+    }
+}
+
+/// torchvision's `Resize(S)` output size for a `w`x`h` image: the shorter side becomes `s`, the
+/// longer `int(s * long / short)` (floor, as Python's `int()` of the float quotient).
+pub fn resize_shorter(w: usize, h: usize, s: usize) -> (usize, usize) {
+    if w <= h {
+        (s, ((s as f64 * h as f64 / w as f64) as usize).max(1))
+    } else {
+        (((s as f64 * w as f64 / h as f64) as usize).max(1), s)
+    }
+}
+
+/// torchvision's `RandomResizedCrop.get_params` for a `width`x`height` image; returns
+/// `(top, left, h, w)`. Ten attempts: `target_area = area * U(scale)`,
+/// `aspect = exp(U(ln ratio.0, ln ratio.1))`, `w = round(sqrt(target_area * aspect))`,
+/// `h = round(sqrt(target_area / aspect))` (round half to even, like Python's `round`); the first
+/// box that fits is placed uniformly (`top = randint(0, height - h)`, then `left`). Otherwise the
+/// central fallback: the whole image, clamped to the ratio range (`w = width,
+/// h = round(w / min(ratio))` if too tall, `h = height, w = round(h * max(ratio))` if too wide),
+/// centred with floor division.
+pub fn random_resized_crop_params(
+    width: usize,
+    height: usize,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+    rng: &mut Rng,
+) -> (usize, usize, usize, usize) {
+    let area = width as f64 * height as f64;
+    let (log_lo, log_hi) = (ratio.0.ln(), ratio.1.ln());
+    for _ in 0..10 {
+        let target_area = area * rng.uniform(scale.0, scale.1);
+        let aspect = rng.uniform(log_lo, log_hi).exp();
+        let w = (target_area * aspect).sqrt().round_ties_even();
+        let h = (target_area / aspect).sqrt().round_ties_even();
+        if w >= 1.0 && w <= width as f64 && h >= 1.0 && h <= height as f64 {
+            let (w, h) = (w as usize, h as usize);
+            let top = rng.below((height - h + 1) as u64) as usize;
+            let left = rng.below((width - w + 1) as u64) as usize;
+            return (top, left, h, w);
+        }
+    }
+    let in_ratio = width as f64 / height as f64;
+    let (w, h) = if in_ratio < ratio.0 {
+        let h = (width as f64 / ratio.0).round_ties_even() as usize;
+        (width, h.clamp(1, height))
+    } else if in_ratio > ratio.1 {
+        let w = (height as f64 * ratio.1).round_ties_even() as usize;
+        (w.clamp(1, width), height)
+    } else {
+        (width, height)
+    };
+    ((height - h) / 2, (width - w) / 2, h, w)
+}
+
+/// Folds `ops` for a `width`x`height` decoded image, drawing the random choices from `rng` in op
+/// order.
+pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Plan, String> {
+    let mut v = View {
+        clip: [0, 0, width, height],
+        ox: 0.0,
+        oy: 0.0,
+        kx: 1.0,
+        ky: 1.0,
+        w: width,
+        h: height,
+        flip: false,
+    };
+    for op in ops {
+        match *op {
+            Op::ResizeShorter(s) => {
+                let (w, h) = resize_shorter(v.w, v.h, s);
+                v.resize(w, h);
+            }
+            Op::Resize { height, width } => v.resize(width, height),
+            Op::CenterCrop { height, width } => {
+                if height > v.h || width > v.w {
+                    return Err(format!(
+                        "image is {}x{} at center_crop({height}, {width}), smaller than the \
+                         crop; put a resize before it",
+                        v.w, v.h
+                    ));
+                }
+                // torchvision: int(round((h - ch) / 2.0)), Python's round (half to even).
+                let top = ((v.h - height) as f64 / 2.0).round_ties_even() as usize;
+                let left = ((v.w - width) as f64 / 2.0).round_ties_even() as usize;
+                v.crop(top, left, height, width);
+            }
+            Op::RandomResizedCrop {
+                height,
+                width,
+                scale,
+                ratio,
+            } => {
+                let (top, left, h, w) = random_resized_crop_params(v.w, v.h, scale, ratio, rng);
+                v.crop(top, left, h, w);
+                v.resize(width, height);
+            }
+            Op::HFlip { p } => {
+                if rng.unit_f64() < p {
+                    v.flip = !v.flip;
+                }
+            }
+            Op::Normalize { .. } => {}
+        }
+    }
+    // Keep the source rectangle inside the image despite float rounding.
+    let left = v.ox.clamp(0.0, width as f64);
+    let top = v.oy.clamp(0.0, height as f64);
+    let rw = (v.w as f64 * v.kx).min(width as f64 - left);
+    let rh = (v.h as f64 * v.ky).min(height as f64 - top);
+    Ok(Plan {
+        clip: v.clip,
+        rect: [left, top, rw, rh],
+        width: v.w,
+        height: v.h,
+        flip: v.flip,
+    })
+}

@@ -1,0 +1,157 @@
+//! The pixel loops: the antialiased resample (fast_image_resize) and the one output pass that
+//! flips, normalizes, converts and lays out straight into the batch slot.
+
+use fast_image_resize::images::{CroppedImage, Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+
+use super::geometry::Plan;
+use crate::dtype::Layout;
+
+/// Resamples `plan.rect` of the clip region of `rgb` into `resized` (`plan.width` x
+/// `plan.height` RGB8) with antialiased bilinear filtering (Pillow's algorithm: the filter
+/// support widens by the downscale factor; taps are clamped at the clip borders).
+pub(super) fn resample(
+    rgb: &[u8],
+    width: usize,
+    height: usize,
+    plan: &Plan,
+    resized: &mut Vec<u8>,
+    resizer: &mut Resizer,
+) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Debug| format!("resize failed: {e:?}");
+    let src =
+        ImageRef::new(width as u32, height as u32, rgb, PixelType::U8x3).map_err(|e| err(&e))?;
+    let [cx0, cy0, cx1, cy1] = plan.clip;
+    let clip = CroppedImage::new(
+        &src,
+        cx0 as u32,
+        cy0 as u32,
+        (cx1 - cx0) as u32,
+        (cy1 - cy0) as u32,
+    )
+    .map_err(|e| err(&e))?;
+    let [left, top, rw, rh] = plan.rect;
+    let left = (left - cx0 as f64).max(0.0);
+    let top = (top - cy0 as f64).max(0.0);
+    let rw = rw.min((cx1 - cx0) as f64 - left);
+    let rh = rh.min((cy1 - cy0) as f64 - top);
+    resized.resize(plan.width * plan.height * 3, 0);
+    let mut dst = Image::from_slice_u8(
+        plan.width as u32,
+        plan.height as u32,
+        resized.as_mut_slice(),
+        PixelType::U8x3,
+    )
+    .map_err(|e| err(&e))?;
+    let options = ResizeOptions::new()
+        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+        .crop(left, top, rw, rh);
+    resizer
+        .resize(&clip, &mut dst, &options)
+        .map_err(|e| err(&e))
+}
+
+/// The final RGB8 pixels: `width` x `height` starting at `(x0, y0)` of `data` (row stride
+/// `stride` bytes), read mirrored when `flip`.
+pub(super) struct SrcView<'a> {
+    pub(super) data: &'a [u8],
+    pub(super) stride: usize,
+    pub(super) x0: usize,
+    pub(super) y0: usize,
+    pub(super) width: usize,
+    pub(super) height: usize,
+    pub(super) flip: bool,
+}
+
+impl SrcView<'_> {
+    /// The `width * 3` bytes of output row `y`.
+    #[inline]
+    fn row(&self, y: usize) -> &[u8] {
+        let start = (self.y0 + y) * self.stride + self.x0 * 3;
+        &self.data[start..start + self.width * 3]
+    }
+
+    /// Source pixel of output column `x`.
+    #[inline]
+    fn col(&self, x: usize) -> usize {
+        if self.flip {
+            self.width - 1 - x
+        } else {
+            x
+        }
+    }
+}
+
+/// The one output pass for uint8: flip and layout.
+pub(super) fn write_u8(img: &SrcView<'_>, layout: Layout, out: &mut [u8]) {
+    let (w, h) = (img.width, img.height);
+    match layout {
+        Layout::Nhwc => {
+            for (y, dst) in out.chunks_exact_mut(w * 3).enumerate().take(h) {
+                let row = img.row(y);
+                if img.flip {
+                    for (x, px) in dst.chunks_exact_mut(3).enumerate() {
+                        let s = img.col(x) * 3;
+                        px.copy_from_slice(&row[s..s + 3]);
+                    }
+                } else {
+                    dst.copy_from_slice(row);
+                }
+            }
+        }
+        Layout::Nchw => {
+            for (c, plane) in out.chunks_exact_mut(w * h).enumerate().take(3) {
+                for (y, dst) in plane.chunks_exact_mut(w).enumerate() {
+                    let row = img.row(y);
+                    for (x, v) in dst.iter_mut().enumerate() {
+                        *v = row[img.col(x) * 3 + c];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The one output pass for float types: `lut[c][value]` per element (normalisation and type
+/// conversion folded in), flip and layout; elements written native-endian.
+pub(super) fn write_lut<T: Copy, const N: usize>(
+    img: &SrcView<'_>,
+    layout: Layout,
+    lut: &[[T; 256]; 3],
+    out: &mut [u8],
+    to_bytes: fn(T) -> [u8; N],
+) {
+    let (w, h) = (img.width, img.height);
+    match layout {
+        Layout::Nhwc => {
+            for (y, dst) in out.chunks_exact_mut(w * 3 * N).enumerate().take(h) {
+                let row = img.row(y);
+                for (x, px) in dst.chunks_exact_mut(3 * N).enumerate() {
+                    let s = img.col(x) * 3;
+                    for c in 0..3 {
+                        px[c * N..(c + 1) * N]
+                            .copy_from_slice(&to_bytes(lut[c][row[s + c] as usize]));
+                    }
+                }
+            }
+        }
+        Layout::Nchw => {
+            for (c, plane) in out.chunks_exact_mut(w * h * N).enumerate().take(3) {
+                let table = &lut[c];
+                for (y, dst) in plane.chunks_exact_mut(w * N).enumerate() {
+                    let row = img.row(y);
+                    if img.flip {
+                        for (x, e) in dst.chunks_exact_mut(N).enumerate() {
+                            e.copy_from_slice(&to_bytes(table[row[(w - 1 - x) * 3 + c] as usize]));
+                        }
+                    } else {
+                        for (e, px) in dst.chunks_exact_mut(N).zip(row.chunks_exact(3)) {
+                            e.copy_from_slice(&to_bytes(table[px[c] as usize]));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+

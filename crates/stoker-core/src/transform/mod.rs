@@ -1,0 +1,64 @@
+//! Transform: the fused image pipeline, from encoded bytes to one batch slot.
+//!
+//! A pipeline is parsed from a spec such as
+//! `random_resized_crop(224) | hflip | normalize(imagenet)`. Its operations:
+//!
+//! | op | meaning (torchvision's) |
+//! |---|---|
+//! | `resize(S)` | shorter side to `S`, longer to `int(S * long / short)` (`Resize(S)`) |
+//! | `resize(H, W)` | to exactly `H`x`W` |
+//! | `center_crop(S)`, `center_crop(H, W)` | top = `round((h - H) / 2)`, left = `round((w - W) / 2)` (`CenterCrop`) |
+//! | `random_resized_crop(S, scale=a:b, ratio=a:b)` | `RandomResizedCrop`: defaults scale `0.08:1`, ratio `3/4:4/3`; `S` or `H, W` |
+//! | `hflip`, `hflip(p=0.5)` | flip left-right with probability `p` (`RandomHorizontalFlip`) |
+//! | `normalize(mean=a,b,c, std=a,b,c)`, `normalize(imagenet)` | `(x / 255 - mean) / std` per channel |
+//!
+//! Resizing is antialiased bilinear (Pillow's `BILINEAR`, torchvision's `antialias=True`) through
+//! fast_image_resize. The output type is `uint8`, `float32`, `float16` or `bfloat16` (default
+//! `float32` when the pipeline normalizes, else `uint8`); a float output without `normalize` is
+//! scaled to `[0, 1]` (`ToDtype(float32, scale=True)`). Layout is `nchw` or `nhwc`.
+//!
+//! # Fusion
+//!
+//! No intermediate image is materialised per operation. The geometric operations are folded,
+//! per sample, into one affine map from the final output grid to the decoded image
+//! (`src = offset + out * scale` on each axis, pixel edges at integers), plus a clip rectangle of
+//! source pixels the resampling filter may read and a flip flag:
+//!
+//! * a resize multiplies the scale by `old_size / new_size`;
+//! * a crop `(top, left, h, w)` adds `left * scale` to the offset; while no resize precedes it
+//!   (scale 1) it is an integer crop of the decoded image and also narrows the clip rectangle,
+//!   so the filter never reads outside it — exactly torchvision's crop-then-resize. A crop after a
+//!   resize selects output pixels of that resize, which is also exact: the filter support stays
+//!   that of the resize and is clamped at the borders of the image, as in resize-then-crop;
+//! * a flip toggles the flag, and a later crop box is mirrored (`left' = w - left - width`) so
+//!   that crop-after-flip picks the same pixels torchvision would.
+//!
+//! Then one resample (or none, when the map is the identity) writes RGB8 pixels of exactly the
+//! output size into a per-thread scratch buffer, and ONE pass reads them, mirrored if flipped,
+//! and writes `lut[c][value]` — normalisation and type conversion precomputed per channel and
+//! value — in the requested layout straight into the batch slot. Two resizes in a row are
+//! composed into one (torchvision would resample twice; the result differs slightly).
+//! `normalize` is applied last wherever it is written.
+//!
+//! All randomness comes from the sample's [`Rng`], so the output is a pure function of
+//! (seed, epoch, index).
+//!
+//! Decoding is not done here: [`crate::decode`] turns bytes into RGB8 and [`crate::collate`]
+//! hands the decoded image to [`Pipeline::apply`].
+//!
+//! Layout: [`spec`] parses the spec language, [`geometry`] folds the geometric ops into one
+//! [`Plan`] per sample, [`pipeline`] is the validated [`Pipeline`] that runs a plan, and
+//! `kernels` holds the pixel loops (the resample and the one output pass).
+
+
+pub mod geometry;
+mod kernels;
+pub mod pipeline;
+pub mod spec;
+
+pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
+pub use pipeline::{Pipeline, Scratch};
+pub use spec::{parse, Op, IMAGENET_MEAN, IMAGENET_STD};
+
+#[cfg(test)]
+mod tests;
