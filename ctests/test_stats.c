@@ -33,6 +33,8 @@ int main(void) {
   CHECK(s.elapsed_ns > 0 && s.elapsed_ns >= s.wait_ns_total);
   CHECK(s.readiness >= 0.0 && s.readiness <= 1.0);
   CHECK(s.worker_busy >= 0.0 && s.worker_busy <= 1.0);
+  /* pin_memory is off by default: nothing pinned, nothing refused. */
+  CHECK(s.slabs_pinned == 0 && s.pin_failures == 0);
 
   /* An old caller that knew only size, batches and samples: nothing past them is written. */
   unsigned char raw[sizeof(stoker_stats)];

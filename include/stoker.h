@@ -1,4 +1,5 @@
-/* stoker: a data loader for ML training. C ABI, see API.md.
+/* stoker: a data loader for ML training. The C ABI: this header documents every export and
+ * option key (see stoker_options_set).
  * SPDX-License-Identifier: MIT OR Apache-2.0 */
 
 #ifndef STOKER_H
@@ -205,6 +206,14 @@ typedef struct stoker_stats {
    * Fraction of worker thread time spent working.
    */
   double worker_busy;
+  /**
+   * Arena slabs page-locked (`pin_memory`).
+   */
+  uint64_t slabs_pinned;
+  /**
+   * Slabs `mlock` refused (RLIMIT_MEMLOCK): they are delivered unpinned.
+   */
+  uint64_t pin_failures;
 } stoker_stats;
 
 /**
@@ -322,8 +331,43 @@ struct stoker_options *stoker_options_new(void);
 /**
  * Sets option `key` to `value`. An unknown key or a malformed value gives
  * `STOKER_ERR_INVALID_ARGUMENT` with a message naming the key, and leaves the options unchanged.
+ *
+ * Option keys (generated from the core's key table, `stoker_core::options::OPTIONS`):
+ * <!-- options:begin -->
+ * | key | values | default | meaning |
+ * |---|---|---|---|
+ * | `source` | `npy:PATH`, `image_folder:ROOT` | required | an npy array (memory-mapped; uint8, int32, int64, float16, float32), or one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules); custom and callback sources are set in code |
+ * | `labels` | `npy:PATH` | none | integer labels for an npy source (field `label`, int64) |
+ * | `batch_size` | integer 1..=16777216 | 1 | samples per batch |
+ * | `shuffle` | bool | false | a new permutation every epoch, a function of (seed, epoch) only |
+ * | `seed` | u64 | 0 | all randomness (order and augmentation) derives from it |
+ * | `drop_last` | bool | false | drop the incomplete final batch |
+ * | `num_workers` | integer 0..=1024, `auto` | `auto` | worker threads (`auto`: the cores this process may use; 0: the calling thread) |
+ * | `prefetch_factor` | integer 1..=1024 | 2 | batches in flight = max(1, num_workers) × prefetch_factor |
+ * | `in_order` | bool | true | false lets ready batches overtake (never across epochs) |
+ * | `rank` | integer, `env` (RANK) | 0 | this process's rank: `DistributedSampler` pads by repeating the head and takes `indices[rank::world_size]` |
+ * | `world_size` | integer ≥ 1, `env` (WORLD_SIZE) | 1 | number of ranks (`DistributedSampler`) |
+ * | `shard_drop_last` | bool | false | distributed: drop the tail instead of padding every rank to the same length |
+ * | `replacement` | bool | false | `RandomSampler(replacement=True)` |
+ * | `num_samples` | integer ≥ 1 | dataset size | samples per epoch of the random and weighted samplers |
+ * | `weights` | `w0,w1,...` (finite, ≥ 0) | none | `WeightedRandomSampler` (with replacement) |
+ * | `subset` | `3,5,9` or `0..1000`, mixed | none | `SubsetRandomSampler`: these indices, shuffled every epoch |
+ * | `transform` | e.g. `random_resized_crop(224) \| hflip \| normalize(imagenet)` | none | `resize(S)`, `resize(H,W)`, `center_crop(S)`, `random_resized_crop(S, scale=a:b, ratio=a:b)`, `hflip(p=0.5)`, `normalize(mean=…, std=…)`, run fused into the batch slot |
+ * | `dtype` | `uint8`, `float32`, `float16`, `bfloat16` | float32 after normalize, else uint8 | image output element type (tensor sources deliver data as stored) |
+ * | `layout` | `nchw`, `nhwc` | nchw | image batch layout |
+ * | `pin_memory` | bool | true with cuda | page-locked batch memory (`mlock`, or driver registration on cuda) |
+ * | `device` | `cpu`, `cuda`, `cuda:N` | cpu | where batches are delivered (CUDA prefetch) |
+ * | `cuda_stream` | a CUstream, decimal or `0x` hex | the loader's own | device=cuda: copy on the caller's stream (borrowed, never destroyed) |
+ * | `on_error` | `raise`, `skip` | raise | bad sample: an error naming it, or a deterministic replacement counted in stats |
+ * | `timeout_ms` | integer ≥ 0 | 0 (none) | longest wait for one batch |
+ * | `resume_state` | a string from `save_state` | none | continue exactly where a saved loader stopped |
+ * | `pad` | a finite number | none | pad ragged fields to the batch's longest, with a `<name>_lengths` field |
+ * | `max_image_pixels` | integer ≥ 1 | 89478485 | larger images are bad samples (decompression bombs), refused before allocating |
+ * <!-- options:end -->
  */
-enum stoker_status stoker_options_set(struct stoker_options *o, const char *key, const char *value);
+enum stoker_status stoker_options_set(struct stoker_options *o,
+                                      const char *key,
+                                      const char *value);
 
 /**
  * Makes a `device=cuda[:N]` loader copy its batches on the caller's `cuda_stream` (a `CUstream`

@@ -7,26 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use stoker_core::cuda::{DeviceBackend, FailAt, FakeDevice};
-use stoker_core::{DType, Loader, LoaderOptions, MemorySource, Source, SourceSpec};
+use stoker_core::testing::{counting_source, FailAt, FakeDevice};
+use stoker_core::{DeviceBackend, Loader, LoaderOptions, SourceSpec};
 
 use super::*;
-
-/// `n` samples: field `x` = [i, i+1, i+2] as int64, field `y` = i as uint8.
-fn counting_source(n: usize) -> Arc<dyn Source> {
-    let x: Vec<u8> = (0..n as i64)
-        .flat_map(|i| [i, i + 1, i + 2])
-        .flat_map(|v| v.to_ne_bytes())
-        .collect();
-    let y: Vec<u8> = (0..n).map(|i| i as u8).collect();
-    Arc::new(
-        MemorySource::new()
-            .with_tensor("x", DType::I64, &[3], x)
-            .unwrap()
-            .with_tensor("y", DType::U8, &[], y)
-            .unwrap(),
-    )
-}
 
 fn x_bytes(rows: std::ops::Range<i64>) -> Vec<u8> {
     rows.flat_map(|i| [i, i + 1, i + 2])
@@ -37,7 +21,7 @@ fn x_bytes(rows: std::ops::Range<i64>) -> Vec<u8> {
 /// Options as the C++ `stoker::Options` would build them, through the bridge's `set`.
 fn options(n: usize, kv: &[(&str, &str)]) -> LoaderOptions {
     let mut o = options_new();
-    o.0.source = Some(SourceSpec::Custom(counting_source(n)));
+    o.0.set_source(SourceSpec::Custom(counting_source(n)));
     o.set(b"num_workers", b"1").unwrap();
     for (k, v) in kv {
         o.set(k.as_bytes(), v.as_bytes()).unwrap();

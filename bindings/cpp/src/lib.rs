@@ -16,11 +16,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use cxx::UniquePtr;
-use stoker_core::cuda::Stream;
 use stoker_core::source::SampleWriter;
 use stoker_core::{
-    Batch, DType, Device, DeviceBatch, Error, ErrorKind, Loader, LoaderOptions, SourceSpec,
-    StatsHandle,
+    panic_message, Batch, DType, Error, ErrorKind, Loader, LoaderOptions, SourceSpec, StatsHandle,
+    Stream,
 };
 
 #[cxx::bridge(namespace = "stoker::ffi")]
@@ -142,26 +141,10 @@ impl fmt::Display for BridgeError {
 
 impl std::error::Error for BridgeError {}
 
-/// `stoker_status` of the C ABI for each kind (API.md).
-fn status_of(kind: ErrorKind) -> i32 {
-    match kind {
-        ErrorKind::InvalidArgument => -1,
-        ErrorKind::Io => -2,
-        ErrorKind::Decode => -3,
-        ErrorKind::Unsupported => -4,
-        ErrorKind::Timeout => -5,
-        ErrorKind::Callback => -6,
-        ErrorKind::Closed => -7,
-        ErrorKind::Internal => -8,
-        ErrorKind::OutOfMemory => -9,
-        ErrorKind::Cuda => -10,
-    }
-}
-
 impl From<Error> for BridgeError {
     fn from(e: Error) -> BridgeError {
         BridgeError {
-            status: status_of(e.kind()),
+            status: e.kind().code(),
             message: e.to_string(),
         }
     }
@@ -169,7 +152,7 @@ impl From<Error> for BridgeError {
 
 fn invalid_argument(message: String) -> BridgeError {
     BridgeError {
-        status: status_of(ErrorKind::InvalidArgument),
+        status: ErrorKind::InvalidArgument.code(),
         message,
     }
 }
@@ -178,17 +161,10 @@ fn invalid_argument(message: String) -> BridgeError {
 fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, BridgeError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(result) => result.map_err(BridgeError::from),
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(BridgeError {
-                status: status_of(ErrorKind::Internal),
-                message: format!("internal error: panic: {what}"),
-            })
-        }
+        Err(panic) => Err(BridgeError {
+            status: ErrorKind::Internal.code(),
+            message: format!("internal error: panic: {}", panic_message(&*panic)),
+        }),
     }
 }
 
@@ -223,7 +199,7 @@ impl OptionsHandle {
         let source = Arc::new(CxxSource(source));
         let len = match source.0.as_ref() {
             Some(bridge) => bridge.size().map_err(|e| BridgeError {
-                status: status_of(ErrorKind::Callback),
+                status: ErrorKind::Callback.code(),
                 message: format!("source: stoker::Source::size() failed: {}", e.what()),
             })?,
             None => return Err(invalid_argument("source: null stoker::Source".into())),
@@ -237,7 +213,7 @@ impl OptionsHandle {
                 .get(index, &mut sample)
                 .map_err(|e| e.what().to_string())
         };
-        self.0.source = Some(SourceSpec::Callback {
+        self.0.set_source(SourceSpec::Callback {
             len,
             read: Arc::new(read),
         });
@@ -274,7 +250,7 @@ impl SampleHandle<'_, '_> {
     ) -> Result<(), BridgeError> {
         let field = std::str::from_utf8(field)
             .map_err(|_| invalid_argument("put_tensor: field name is not UTF-8".into()))?;
-        let dtype = dtype_from_code(dtype).ok_or_else(|| {
+        let dtype = DType::from_code(dtype).ok_or_else(|| {
             invalid_argument(format!("put_tensor `{field}`: unknown dtype code {dtype}"))
         })?;
         let shape = shape
@@ -305,11 +281,7 @@ fn loader_new(options: &OptionsHandle) -> Result<Box<LoaderHandle>, BridgeError>
 impl LoaderHandle {
     fn next(&mut self) -> Result<Box<BatchHandle>, BridgeError> {
         let loader = &mut self.0;
-        guard(|| match loader.device() {
-            Device::Cpu => loader.next().map(|b| b.map(AnyBatch::Host)),
-            Device::Cuda(_) => loader.next_device().map(|b| b.map(AnyBatch::Device)),
-        })
-        .map(|b| Box::new(BatchHandle(b)))
+        guard(|| loader.next()).map(|b| Box::new(BatchHandle(b)))
     }
 
     fn epoch(&self) -> u64 {
@@ -317,7 +289,7 @@ impl LoaderHandle {
     }
 
     fn batches_per_epoch(&self) -> i64 {
-        i64::try_from(self.0.batches_per_epoch()).unwrap_or(i64::MAX)
+        self.0.batches_per_epoch_i64()
     }
 
     fn save_state(&self) -> String {
@@ -353,39 +325,9 @@ impl StatsReader {
     }
 }
 
-/// A delivered batch: host memory, or device memory for a `device=cuda[:N]` loader (one handle
-/// type, so `stoker::Batch` stays one C++ type).
-enum AnyBatch {
-    Host(Batch),
-    Device(DeviceBatch),
-}
-
-impl AnyBatch {
-    fn len(&self) -> usize {
-        match self {
-            AnyBatch::Host(b) => b.len(),
-            AnyBatch::Device(b) => b.len(),
-        }
-    }
-
-    fn epoch(&self) -> u64 {
-        match self {
-            AnyBatch::Host(b) => b.epoch(),
-            AnyBatch::Device(b) => b.epoch(),
-        }
-    }
-
-    fn position(&self) -> usize {
-        match self {
-            AnyBatch::Host(b) => b.position(),
-            AnyBatch::Device(b) => b.position(),
-        }
-    }
-}
-
 /// A delivered batch, or (`None`) the end of an epoch. Dropping it returns its memory to the
 /// arena (a device batch: its buffer to the ring); it may outlive the loader.
-pub struct BatchHandle(Option<AnyBatch>);
+pub struct BatchHandle(Option<Batch>);
 
 impl BatchHandle {
     fn is_end(&self) -> bool {
@@ -393,83 +335,57 @@ impl BatchHandle {
     }
 
     fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, AnyBatch::len)
+        self.0.as_ref().map_or(0, Batch::len)
     }
 
     fn epoch(&self) -> u64 {
-        self.0.as_ref().map_or(0, AnyBatch::epoch)
+        self.0.as_ref().map_or(0, Batch::epoch)
     }
 
     fn position(&self) -> usize {
-        self.0.as_ref().map_or(0, AnyBatch::position)
+        self.0.as_ref().map_or(0, Batch::position)
     }
 
     fn fields(&self) -> Vec<FieldInfo> {
-        match &self.0 {
-            None => Vec::new(),
-            Some(AnyBatch::Host(batch)) => {
-                let device_type = if batch.is_device_registered() { 3 } else { 1 };
-                (0..batch.num_fields())
-                    .filter_map(|i| {
-                        let field = batch.field(i)?;
-                        let data = batch.field_ptr(i)? as usize;
-                        Some(field_info(
-                            field.name,
-                            data,
-                            field.dtype,
-                            field.shape,
-                            device_type,
-                            0,
-                        ))
-                    })
-                    .collect()
-            }
-            Some(AnyBatch::Device(batch)) => {
-                let device_id = i32::try_from(batch.device_id()).unwrap_or(i32::MAX);
-                batch
-                    .fields()
-                    .map(|f| {
-                        // A device address fits the host's pointer width: CUDA's unified virtual
-                        // addressing shares it with host pointers.
-                        let data = usize::try_from(f.ptr).unwrap_or(usize::MAX);
-                        field_info(
-                            f.name,
-                            data,
-                            f.dtype,
-                            f.shape,
-                            batch.device_type().dlpack_code(),
-                            device_id,
-                        )
-                    })
-                    .collect()
-            }
-        }
-    }
-
-    fn device_batch(&self) -> Option<&DeviceBatch> {
-        match &self.0 {
-            Some(AnyBatch::Device(b)) => Some(b),
-            _ => None,
-        }
+        let Some(batch) = &self.0 else {
+            return Vec::new();
+        };
+        let device_type = batch.device_type().dlpack_code();
+        let device_id = i32::try_from(batch.device_id()).unwrap_or(i32::MAX);
+        batch
+            .fields()
+            .map(|f| {
+                // A device address fits the host's pointer width: CUDA's unified virtual
+                // addressing shares it with host pointers.
+                let data = usize::try_from(f.address).unwrap_or(usize::MAX);
+                field_info(f.name, data, f.dtype, f.shape, device_type, device_id)
+            })
+            .collect()
     }
 
     fn cuda_stream(&self) -> usize {
-        self.device_batch().map_or(0, |b| b.stream().0)
+        self.0
+            .as_ref()
+            .and_then(Batch::cuda_stream)
+            .map_or(0, |s| s.0)
     }
 
     fn cuda_event(&self) -> usize {
-        self.device_batch().map_or(0, |b| b.event().0)
+        self.0
+            .as_ref()
+            .and_then(Batch::cuda_event)
+            .map_or(0, |e| e.0)
     }
 
     fn wait(&self, stream: usize) -> Result<(), BridgeError> {
-        match self.device_batch() {
+        match &self.0 {
             Some(b) => guard(|| b.wait(Stream(stream))),
             None => Ok(()),
         }
     }
 
     fn synchronize(&self) -> Result<(), BridgeError> {
-        match self.device_batch() {
+        match &self.0 {
             Some(b) => guard(|| b.synchronize()),
             None => Ok(()),
         }
@@ -488,29 +404,12 @@ fn field_info(
     FieldInfo {
         name: name.to_owned(),
         data,
-        dtype: dtype_code(dtype),
+        dtype: dtype.code(),
         device_type,
         device_id,
         strides: contiguous_strides(&shape),
         shape,
     }
-}
-
-fn dtype_code(dtype: DType) -> u32 {
-    dtype as u32
-}
-
-fn dtype_from_code(code: u32) -> Option<DType> {
-    [
-        DType::U8,
-        DType::I32,
-        DType::I64,
-        DType::F16,
-        DType::BF16,
-        DType::F32,
-    ]
-    .into_iter()
-    .find(|&d| dtype_code(d) == code)
 }
 
 /// C-order strides, in elements.
@@ -534,14 +433,6 @@ mod tests {
         assert_eq!(contiguous_strides(&[4, 3, 2]), vec![6, 2, 1]);
         assert_eq!(contiguous_strides(&[5]), vec![1]);
         assert!(contiguous_strides(&[]).is_empty());
-    }
-
-    #[test]
-    fn dtype_codes_round_trip() {
-        for code in 0..6 {
-            assert_eq!(dtype_from_code(code).map(dtype_code), Some(code));
-        }
-        assert_eq!(dtype_from_code(6), None);
     }
 
     #[test]

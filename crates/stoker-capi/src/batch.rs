@@ -3,8 +3,7 @@
 
 use std::ffi::{c_char, c_void};
 
-use stoker_core::cuda::Stream;
-use stoker_core::Error;
+use stoker_core::{Error, Stream};
 
 use crate::dlpack::{contiguous_strides, device, export, DLManagedTensorVersioned};
 use crate::error::fail;
@@ -33,7 +32,9 @@ fn tensor(batch: &SharedBatch, i: usize) -> Result<stoker_tensor, Error> {
     let device = device(batch);
     let mut t = stoker_tensor {
         name: name.as_ptr(),
-        data: field.data,
+        // A device address as C holds it (`CUdeviceptr` in a `void *`): CUDA's unified virtual
+        // addressing shares the host's pointer width.
+        data: field.address as usize as *mut c_void,
         dtype: field.dtype.into(),
         device_type: device.device_type as i32,
         device_id: device.device_id,
@@ -157,9 +158,9 @@ pub extern "C" fn stoker_batch_cuda_event(
     ffi_boundary!(stoker_batch_cuda_event => {
         clear_out!(event_out);
         let b = try_ref!(b);
-        if let Some(d) = b.shared.batch.device_batch() {
+        if let Some(event) = b.shared.batch.cuda_event() {
             // SAFETY: `event_out` was checked non-NULL and writable by `clear_out!`.
-            unsafe { event_out.write(d.event().0 as *mut c_void) };
+            unsafe { event_out.write(event.0 as *mut c_void) };
         }
         stoker_status::STOKER_OK
     })
@@ -176,9 +177,9 @@ pub extern "C" fn stoker_batch_cuda_stream(
     ffi_boundary!(stoker_batch_cuda_stream => {
         clear_out!(stream_out);
         let b = try_ref!(b);
-        if let Some(d) = b.shared.batch.device_batch() {
+        if let Some(stream) = b.shared.batch.cuda_stream() {
             // SAFETY: `stream_out` was checked non-NULL and writable by `clear_out!`.
-            unsafe { stream_out.write(d.stream().0 as *mut c_void) };
+            unsafe { stream_out.write(stream.0 as *mut c_void) };
         }
         stoker_status::STOKER_OK
     })
@@ -202,12 +203,9 @@ pub extern "C" fn stoker_batch_wait(
 ) -> stoker_status {
     ffi_boundary!(stoker_batch_wait => {
         let b = try_ref!(b);
-        match b.shared.batch.device_batch() {
-            None => stoker_status::STOKER_OK,
-            Some(d) => match d.wait(Stream(cuda_stream as usize)) {
-                Ok(()) => stoker_status::STOKER_OK,
-                Err(e) => fail(&e),
-            },
+        match b.shared.batch.wait(Stream(cuda_stream as usize)) {
+            Ok(()) => stoker_status::STOKER_OK,
+            Err(e) => fail(&e),
         }
     })
 }
@@ -219,12 +217,9 @@ pub extern "C" fn stoker_batch_wait(
 pub extern "C" fn stoker_batch_synchronize(b: *mut stoker_batch) -> stoker_status {
     ffi_boundary!(stoker_batch_synchronize => {
         let b = try_ref!(b);
-        match b.shared.batch.device_batch() {
-            None => stoker_status::STOKER_OK,
-            Some(d) => match d.synchronize() {
-                Ok(()) => stoker_status::STOKER_OK,
-                Err(e) => fail(&e),
-            },
+        match b.shared.batch.synchronize() {
+            Ok(()) => stoker_status::STOKER_OK,
+            Err(e) => fail(&e),
         }
     })
 }

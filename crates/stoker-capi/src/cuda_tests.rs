@@ -9,8 +9,8 @@ use std::ptr::{null, null_mut};
 use std::sync::Arc;
 use std::time::Duration;
 
-use stoker_core::cuda::{DeviceBackend, FailAt, FakeDevice, Stream};
-use stoker_core::{DType, Loader, LoaderOptions, MemorySource, Source, SourceSpec};
+use stoker_core::testing::{counting_source, FailAt, FakeDevice};
+use stoker_core::{DeviceBackend, Loader, LoaderOptions, SourceSpec, Stream};
 
 use crate::batch::*;
 use crate::dlpack::{DLDeviceType, DLManagedTensorVersioned};
@@ -21,22 +21,6 @@ use crate::tests::last_error;
 use crate::types::stoker_status::*;
 use crate::types::*;
 
-/// `n` samples: field `x` = [i, i+1, i+2] as int64, field `y` = i as uint8.
-fn counting_source(n: usize) -> Arc<dyn Source> {
-    let x: Vec<u8> = (0..n as i64)
-        .flat_map(|i| [i, i + 1, i + 2])
-        .flat_map(|v| v.to_ne_bytes())
-        .collect();
-    let y: Vec<u8> = (0..n).map(|i| i as u8).collect();
-    Arc::new(
-        MemorySource::new()
-            .with_tensor("x", DType::I64, &[3], x)
-            .unwrap()
-            .with_tensor("y", DType::U8, &[], y)
-            .unwrap(),
-    )
-}
-
 /// Bytes of field `x` for samples `rows`.
 fn x_bytes(rows: std::ops::Range<i64>) -> Vec<u8> {
     rows.flat_map(|i| [i, i + 1, i + 2])
@@ -45,10 +29,7 @@ fn x_bytes(rows: std::ops::Range<i64>) -> Vec<u8> {
 }
 
 fn options(n: usize, kv: &[(&str, &str)]) -> LoaderOptions {
-    let mut o = LoaderOptions {
-        source: Some(SourceSpec::Custom(counting_source(n))),
-        ..LoaderOptions::default()
-    };
+    let mut o = LoaderOptions::new().with_source(SourceSpec::Custom(counting_source(n)));
     o.set("num_workers", "1").unwrap();
     for (k, v) in kv {
         o.set(k, v).unwrap();
@@ -329,7 +310,7 @@ fn the_loader_copies_on_the_stream_given_in_the_options() {
     );
     // SAFETY: `o` is the live handle made above.
     let inner = unsafe { &(*o).inner };
-    assert_eq!(inner.cuda_stream, Some(user.0));
+    assert_eq!(inner.cuda_stream(), Some(user.0));
     let l = device_loader(&fake, inner);
     stoker_options_free(o);
     let b = next(l);

@@ -152,7 +152,7 @@ pub(crate) fn device(batch: &SharedBatch) -> DLDevice {
     };
     DLDevice {
         device_type,
-        device_id: batch.batch.device_id(),
+        device_id: i32::try_from(batch.batch.device_id()).unwrap_or(i32::MAX),
     }
 }
 
@@ -169,7 +169,7 @@ pub(crate) fn export(batch: &Arc<SharedBatch>, i: usize) -> Option<*mut DLManage
             deleter: Some(delete_export),
             flags: 0,
             dl_tensor: DLTensor {
-                data: field.data,
+                data: field.address as usize as *mut c_void,
                 device: device(batch),
                 ndim: field.shape.len() as i32,
                 dtype: dl_dtype(field.dtype),

@@ -1,10 +1,10 @@
-//! Errors as data: core errors become `stoker_status` here and only here, and the message of the
+//! Errors as data: core errors become `stoker_status` here (through `stoker_status::of`), and the message of the
 //! last failed call on each thread waits in a thread-local for `stoker_last_error`.
 
 use std::cell::RefCell;
 use std::ffi::c_char;
 
-use stoker_core::{Error, ErrorKind};
+use stoker_core::Error;
 
 use crate::types::stoker_status;
 
@@ -13,27 +13,10 @@ thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-/// The one mapping from the core's error kinds to C status codes.
-pub fn status_of(kind: ErrorKind) -> stoker_status {
-    use stoker_status::*;
-    match kind {
-        ErrorKind::InvalidArgument => STOKER_ERR_INVALID_ARGUMENT,
-        ErrorKind::Io => STOKER_ERR_IO,
-        ErrorKind::Decode => STOKER_ERR_DECODE,
-        ErrorKind::Unsupported => STOKER_ERR_UNSUPPORTED,
-        ErrorKind::Timeout => STOKER_ERR_TIMEOUT,
-        ErrorKind::Callback => STOKER_ERR_CALLBACK,
-        ErrorKind::Closed => STOKER_ERR_CLOSED,
-        ErrorKind::Internal => STOKER_ERR_INTERNAL,
-        ErrorKind::OutOfMemory => STOKER_ERR_OUT_OF_MEMORY,
-        ErrorKind::Cuda => STOKER_ERR_CUDA,
-    }
-}
-
 /// Records a core error as this thread's last error and returns its status.
 pub fn fail(error: &Error) -> stoker_status {
     set_message(error.to_string());
-    status_of(error.kind())
+    stoker_status::of(error.kind())
 }
 
 /// Records `message` as this thread's last error.

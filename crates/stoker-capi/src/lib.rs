@@ -1,10 +1,11 @@
 //! The stoker C ABI: `libstoker.so` / `libstoker.a` and, generated from this crate by cbindgen,
-//! `include/stoker.h`. The contract is `API.md`; this crate is a thin face over `stoker-core`.
+//! `include/stoker.h`, which documents the contract (every export, every option key); this
+//! crate is a thin face over `stoker-core`.
 //!
 //! Every export does three things only: check its arguments, call the safe core, translate the
 //! result. They all run inside [`ffi_boundary!`] (a caught panic becomes `STOKER_ERR_INTERNAL`
 //! with its message); raw pointers become references, boxes and strings in [`ffi`] only, and
-//! core errors become `stoker_status` in [`error::status_of`] only.
+//! core errors become `stoker_status` in [`error::fail`] only.
 //!
 //! Layout: [`types`] holds the C-visible types, [`dlpack`] the DLPack 1.0 structs and exports,
 //! and one module per handle holds its functions ([`version`], [`options`], [`source`],

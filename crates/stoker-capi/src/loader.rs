@@ -3,12 +3,12 @@
 use std::ffi::c_char;
 use std::sync::Arc;
 
-use stoker_core::{Device, Loader};
+use stoker_core::Loader;
 
 use crate::error::fail;
 use crate::ffi::{free_raw, into_raw, invalid_argument};
+use crate::types::SharedBatch;
 use crate::types::{stoker_batch, stoker_loader, stoker_options, stoker_stats, stoker_status};
-use crate::types::{AnyBatch, SharedBatch};
 
 /// Starts a loader (and its worker threads) from options; the options may be freed afterwards.
 /// On failure `*out` is NULL. With `device=cuda[:N]` this loads the CUDA driver and fails with
@@ -53,11 +53,7 @@ pub extern "C" fn stoker_loader_next(
         // SAFETY: the C contract lets one thread at a time drive a loader, so no other reference
         // to the `Loader` exists now; `stoker_loader_stats` reads only fields outside the cell.
         let loader = unsafe { &mut *l.loader.get() };
-        let next = match loader.device() {
-            Device::Cpu => loader.next().map(|b| b.map(AnyBatch::Host)),
-            Device::Cuda(_) => loader.next_device().map(|b| b.map(AnyBatch::Device)),
-        };
-        match next {
+        match loader.next() {
             Ok(Some(batch)) => {
                 let handle = stoker_batch {
                     shared: Arc::new(SharedBatch::new(batch)),
@@ -123,6 +119,8 @@ pub extern "C" fn stoker_loader_stats(
             elapsed_ns: s.elapsed_ns,
             readiness: s.readiness,
             worker_busy: s.worker_busy,
+            slabs_pinned: s.slabs_pinned,
+            pin_failures: s.pin_failures,
         };
         // Every field is 8 bytes, so the fields that fit end at `size` rounded down to 8.
         let fit = (size.min(std::mem::size_of::<stoker_stats>() as u64) as usize) & !7;

@@ -145,7 +145,7 @@ pub extern "C" fn stoker_options_set_source_callbacks(
                 (rc, None) => Err(format!("read() returned {rc}")),
             }
         });
-        o.inner.source = Some(SourceSpec::Callback { len, read });
+        o.inner.set_source(SourceSpec::Callback { len, read });
         stoker_status::STOKER_OK
     })
 }

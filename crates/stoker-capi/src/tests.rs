@@ -121,19 +121,10 @@ fn null_arguments_are_invalid_never_a_crash() {
 
 /// Writes a uint8 `.npy` of shape (rows, cols) where element (r, c) = r.
 fn write_npy(path: &std::path::Path, rows: usize, cols: usize) {
-    let mut header =
-        format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(header.as_bytes());
-    for r in 0..rows {
-        bytes.extend(std::iter::repeat_n(r as u8, cols));
-    }
-    std::fs::write(path, bytes).unwrap();
+    let data: Vec<u8> = (0..rows)
+        .flat_map(|r| std::iter::repeat_n(r as u8, cols))
+        .collect();
+    stoker_core::source::write_npy(path, stoker_core::DType::U8, &[rows, cols], &data).unwrap();
 }
 
 fn set(o: *mut stoker_options, k: &str, v: &str) {
@@ -212,4 +203,50 @@ fn batches_dlpack_exports_and_stats() {
     assert!(state.contains("position=1"), "{state}");
     stoker_loader_free(l);
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The option tables of the header (through the doc comment of `stoker_options_set`) and of the
+/// README are the core's key table, rendered. `STOKER_BLESS=1` rewrites both from it; then
+/// regenerate the header with cbindgen.
+#[test]
+fn option_tables_match_the_key_table() {
+    let table = stoker_core::options::options_markdown();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let bless = std::env::var_os("STOKER_BLESS").is_some();
+    let doc: String = table.lines().map(|l| format!("/// {l}\n")).collect();
+    for (file, body) in [
+        ("README.md", table.clone()),
+        ("crates/stoker-capi/src/options.rs", doc),
+    ] {
+        let path = root.join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let prefix = if file.ends_with(".rs") { "/// " } else { "" };
+        let begin = format!("{prefix}<!-- options:begin -->\n");
+        let end = format!("{prefix}<!-- options:end -->");
+        let a = text
+            .find(&begin)
+            .unwrap_or_else(|| panic!("{file}: no {begin:?}"))
+            + begin.len();
+        let b = text[a..]
+            .find(&end)
+            .unwrap_or_else(|| panic!("{file}: no {end:?}"))
+            + a;
+        if bless {
+            std::fs::write(&path, format!("{}{body}{}", &text[..a], &text[b..])).unwrap();
+        } else {
+            assert_eq!(
+                text[a..b],
+                body,
+                "{file}: the option table differs from stoker_core::options::OPTIONS; run \
+                 STOKER_BLESS=1 cargo test -p stoker-capi option_tables"
+            );
+        }
+    }
+    let header = std::fs::read_to_string(root.join("include/stoker.h")).unwrap();
+    for line in table.lines() {
+        assert!(
+            header.contains(&format!(" * {line}\n")),
+            "include/stoker.h lacks `{line}`: regenerate it with cbindgen"
+        );
+    }
 }

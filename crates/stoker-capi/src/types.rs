@@ -5,7 +5,7 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::Arc;
 
-use stoker_core::{Batch, DType, DeviceBatch, DeviceType, Loader, LoaderOptions, StatsHandle};
+use stoker_core::{Batch, DType, ErrorKind, Loader, LoaderOptions, StatsHandle};
 
 /// Most dimensions a `stoker_tensor` describes. DLPack exports have no such limit.
 pub const STOKER_MAX_DIMS: usize = 8;
@@ -48,15 +48,74 @@ pub enum stoker_dtype {
     STOKER_DTYPE_F32 = 5,
 }
 
+// The numbers of the C enums are the core's (`ErrorKind::code`, `DType::code`): cbindgen needs
+// literals, so they are written out above and checked here at compile time.
+const _: () = {
+    use stoker_status::*;
+    let pairs = [
+        (STOKER_ERR_INVALID_ARGUMENT, ErrorKind::InvalidArgument),
+        (STOKER_ERR_IO, ErrorKind::Io),
+        (STOKER_ERR_DECODE, ErrorKind::Decode),
+        (STOKER_ERR_UNSUPPORTED, ErrorKind::Unsupported),
+        (STOKER_ERR_TIMEOUT, ErrorKind::Timeout),
+        (STOKER_ERR_CALLBACK, ErrorKind::Callback),
+        (STOKER_ERR_CLOSED, ErrorKind::Closed),
+        (STOKER_ERR_INTERNAL, ErrorKind::Internal),
+        (STOKER_ERR_OUT_OF_MEMORY, ErrorKind::OutOfMemory),
+        (STOKER_ERR_CUDA, ErrorKind::Cuda),
+    ];
+    let mut i = 0;
+    while i < pairs.len() {
+        assert!(pairs[i].0 as i32 == pairs[i].1.code());
+        i += 1;
+    }
+    assert!(STOKER_OK as i32 == stoker_core::error::STATUS_OK);
+    assert!(STOKER_END_OF_EPOCH as i32 == stoker_core::error::STATUS_END_OF_EPOCH);
+    use stoker_dtype::*;
+    let dtypes = [
+        (STOKER_DTYPE_U8, DType::U8),
+        (STOKER_DTYPE_I32, DType::I32),
+        (STOKER_DTYPE_I64, DType::I64),
+        (STOKER_DTYPE_F16, DType::F16),
+        (STOKER_DTYPE_BF16, DType::BF16),
+        (STOKER_DTYPE_F32, DType::F32),
+    ];
+    let mut i = 0;
+    while i < dtypes.len() {
+        assert!(dtypes[i].0 as u32 == dtypes[i].1.code());
+        i += 1;
+    }
+};
+
+impl stoker_status {
+    /// The status of a core error kind.
+    pub(crate) fn of(kind: ErrorKind) -> stoker_status {
+        use stoker_status::*;
+        match kind {
+            ErrorKind::InvalidArgument => STOKER_ERR_INVALID_ARGUMENT,
+            ErrorKind::Io => STOKER_ERR_IO,
+            ErrorKind::Decode => STOKER_ERR_DECODE,
+            ErrorKind::Unsupported => STOKER_ERR_UNSUPPORTED,
+            ErrorKind::Timeout => STOKER_ERR_TIMEOUT,
+            ErrorKind::Callback => STOKER_ERR_CALLBACK,
+            ErrorKind::Closed => STOKER_ERR_CLOSED,
+            ErrorKind::Internal => STOKER_ERR_INTERNAL,
+            ErrorKind::OutOfMemory => STOKER_ERR_OUT_OF_MEMORY,
+            ErrorKind::Cuda => STOKER_ERR_CUDA,
+        }
+    }
+}
+
 impl From<DType> for stoker_dtype {
     fn from(d: DType) -> stoker_dtype {
+        use stoker_dtype::*;
         match d {
-            DType::U8 => stoker_dtype::STOKER_DTYPE_U8,
-            DType::I32 => stoker_dtype::STOKER_DTYPE_I32,
-            DType::I64 => stoker_dtype::STOKER_DTYPE_I64,
-            DType::F16 => stoker_dtype::STOKER_DTYPE_F16,
-            DType::BF16 => stoker_dtype::STOKER_DTYPE_BF16,
-            DType::F32 => stoker_dtype::STOKER_DTYPE_F32,
+            DType::U8 => STOKER_DTYPE_U8,
+            DType::I32 => STOKER_DTYPE_I32,
+            DType::I64 => STOKER_DTYPE_I64,
+            DType::F16 => STOKER_DTYPE_F16,
+            DType::BF16 => STOKER_DTYPE_BF16,
+            DType::F32 => STOKER_DTYPE_F32,
         }
     }
 }
@@ -118,6 +177,10 @@ pub struct stoker_stats {
     pub readiness: f64,
     /// Fraction of worker thread time spent working.
     pub worker_busy: f64,
+    /// Arena slabs page-locked (`pin_memory`).
+    pub slabs_pinned: u64,
+    /// Slabs `mlock` refused (RLIMIT_MEMLOCK): they are delivered unpinned.
+    pub pin_failures: u64,
 }
 
 /// Loader options, set one string key at a time (opaque).
@@ -140,7 +203,7 @@ impl stoker_loader {
     pub(crate) fn from_loader(loader: Loader) -> stoker_loader {
         stoker_loader {
             stats: loader.stats_handle(),
-            batches_per_epoch: i64::try_from(loader.batches_per_epoch()).unwrap_or(-1),
+            batches_per_epoch: loader.batches_per_epoch_i64(),
             loader: UnsafeCell::new(loader),
         }
     }
@@ -152,101 +215,16 @@ pub struct stoker_batch {
     pub(crate) shared: Arc<SharedBatch>,
 }
 
-/// What a batch handle holds: host memory from the arena, or device memory from the ring.
-pub enum AnyBatch {
-    Host(Batch),
-    Device(DeviceBatch),
-}
-
-/// One field of either kind of batch, as the C views need it.
-pub(crate) struct FieldView<'a> {
-    pub(crate) name: &'a str,
-    pub(crate) dtype: DType,
-    pub(crate) shape: &'a [usize],
-    /// Host address, or device address for a device batch.
-    pub(crate) data: *mut c_void,
-}
-
-impl AnyBatch {
-    pub(crate) fn num_fields(&self) -> usize {
-        match self {
-            AnyBatch::Host(b) => b.num_fields(),
-            AnyBatch::Device(b) => b.num_fields(),
-        }
-    }
-
-    pub(crate) fn field(&self, i: usize) -> Option<FieldView<'_>> {
-        match self {
-            AnyBatch::Host(b) => {
-                let f = b.field(i)?;
-                Some(FieldView {
-                    name: f.name,
-                    dtype: f.dtype,
-                    shape: f.shape,
-                    data: b.field_ptr(i)?.cast::<c_void>(),
-                })
-            }
-            AnyBatch::Device(b) => {
-                let f = b.field(i)?;
-                Some(FieldView {
-                    name: f.name,
-                    dtype: f.dtype,
-                    shape: f.shape,
-                    // A device address as C holds it (`CUdeviceptr` in a `void *`).
-                    data: f.ptr as usize as *mut c_void,
-                })
-            }
-        }
-    }
-
-    pub(crate) fn field_index(&self, name: &str) -> Option<usize> {
-        match self {
-            AnyBatch::Host(b) => b.field_index(name),
-            AnyBatch::Device(b) => b.field_index(name),
-        }
-    }
-
-    pub(crate) fn field_names(&self) -> Vec<&str> {
-        (0..self.num_fields())
-            .filter_map(|i| self.field(i).map(|f| f.name))
-            .collect()
-    }
-
-    /// Where the memory lives: CPU or CUDA host (registered) for a host batch, CUDA for a device
-    /// batch.
-    pub(crate) fn device_type(&self) -> DeviceType {
-        match self {
-            AnyBatch::Host(b) => b.device_type(),
-            AnyBatch::Device(b) => b.device_type(),
-        }
-    }
-
-    /// The DLPack `device_id`: the CUDA ordinal of a device batch, 0 for host memory.
-    pub(crate) fn device_id(&self) -> i32 {
-        match self {
-            AnyBatch::Host(_) => 0,
-            AnyBatch::Device(b) => i32::try_from(b.device_id()).unwrap_or(i32::MAX),
-        }
-    }
-
-    pub(crate) fn device_batch(&self) -> Option<&DeviceBatch> {
-        match self {
-            AnyBatch::Host(_) => None,
-            AnyBatch::Device(b) => Some(b),
-        }
-    }
-}
-
 /// What a batch handle and its DLPack exports hold: the memory returns to the arena (or the
 /// device buffer to the ring) when the last of them lets go.
 pub struct SharedBatch {
-    pub(crate) batch: AnyBatch,
+    pub(crate) batch: Batch,
     /// NUL-terminated field names for `stoker_tensor::name`.
     pub(crate) names: Vec<CString>,
 }
 
 impl SharedBatch {
-    pub(crate) fn new(batch: AnyBatch) -> SharedBatch {
+    pub(crate) fn new(batch: Batch) -> SharedBatch {
         let names = batch
             .field_names()
             .into_iter()
@@ -266,7 +244,7 @@ const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send::<Loader>();
     send::<LoaderOptions>();
-    send_sync::<DeviceBatch>();
+    send_sync::<Batch>();
     send_sync::<SharedBatch>();
     send_sync::<StatsHandle>();
 };

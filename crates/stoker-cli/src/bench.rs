@@ -71,7 +71,7 @@ pub(crate) fn npy(args: &Args) -> Result<(), String> {
                 waits.push(asked.elapsed().as_secs_f64() * 1e3);
             }
             first_batch.get_or_insert_with(|| created.elapsed());
-            let bytes = batch.field(0).map_or(0, |f| f.data.len());
+            let bytes = batch.field(0).and_then(|f| f.data).map_or(0, <[u8]>::len);
             if epoch >= 1 {
                 steady_bytes += bytes;
             }

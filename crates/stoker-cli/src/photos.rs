@@ -159,5 +159,5 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 fn crop_pipeline(spec: &str) -> Result<Pipeline, String> {
-    Pipeline::new(Some(spec), Some(DType::U8), Layout::Nhwc, u64::MAX)
+    Pipeline::new(Some(spec), Some(DType::U8), Layout::Nhwc)
 }

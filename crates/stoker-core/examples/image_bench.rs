@@ -90,8 +90,15 @@ fn main() {
         let r = rate(budget, |i| {
             let mut rng = Rng::for_key(0, Stream::Augment, 0, i as u64);
             let d = decode_rgb(&files[i % files.len()], u64::MAX, &mut bufs).unwrap();
-            p.apply(&bufs.rgb, d.width, d.height, &mut rng, &mut out, &mut scratch)
-                .unwrap();
+            p.apply(
+                &bufs.rgb,
+                d.width,
+                d.height,
+                &mut rng,
+                &mut out,
+                &mut scratch,
+            )
+            .unwrap();
         });
         println!("full pipeline, 1 core, `{spec}` {dtype} {layout:?}: {r:.0} images/s");
     }

@@ -144,33 +144,33 @@ pub struct OptionDoc {
 /// Every key [`LoaderOptions::set`] accepts.
 #[rustfmt::skip]
 pub const OPTIONS: &[OptionDoc] = &[
-    OptionDoc { key: "source", values: "`npy:PATH`, `image_folder:ROOT`", default: "required", meaning: "where samples come from (or a callback source set in code)" },
-    OptionDoc { key: "labels", values: "`npy:PATH`", default: "none", meaning: "per-sample labels for an npy source" },
+    OptionDoc { key: "source", values: "`npy:PATH`, `image_folder:ROOT`", default: "required", meaning: "an npy array (memory-mapped; uint8, int32, int64, float16, float32), or one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules); custom and callback sources are set in code" },
+    OptionDoc { key: "labels", values: "`npy:PATH`", default: "none", meaning: "integer labels for an npy source (field `label`, int64)" },
     OptionDoc { key: "batch_size", values: "integer 1..=16777216", default: "1", meaning: "samples per batch" },
-    OptionDoc { key: "shuffle", values: "`true`, `false`", default: "false", meaning: "a new order every epoch, a function of (seed, epoch) only" },
+    OptionDoc { key: "shuffle", values: "bool", default: "false", meaning: "a new permutation every epoch, a function of (seed, epoch) only" },
     OptionDoc { key: "seed", values: "u64", default: "0", meaning: "all randomness (order and augmentation) derives from it" },
-    OptionDoc { key: "drop_last", values: "`true`, `false`", default: "false", meaning: "drop the incomplete final batch" },
-    OptionDoc { key: "num_workers", values: "integer 0..=1024, `auto`", default: "auto", meaning: "worker threads; auto = usable cores; 0 = work in the calling thread" },
-    OptionDoc { key: "prefetch_factor", values: "integer 1..=1024", default: "2", meaning: "batches in flight = max(1, num_workers) x prefetch_factor" },
-    OptionDoc { key: "in_order", values: "`true`, `false`", default: "true", meaning: "deliver in sampler order; false lets ready batches overtake" },
-    OptionDoc { key: "rank", values: "integer, `env` (RANK)", default: "0", meaning: "this process's rank (DistributedSampler)" },
-    OptionDoc { key: "world_size", values: "integer >= 1, `env` (WORLD_SIZE)", default: "1", meaning: "number of ranks (DistributedSampler)" },
-    OptionDoc { key: "shard_drop_last", values: "`true`, `false`", default: "false", meaning: "distributed: drop the tail instead of padding every rank to equal length" },
-    OptionDoc { key: "replacement", values: "`true`, `false`", default: "false", meaning: "random sampling with replacement (RandomSampler)" },
-    OptionDoc { key: "num_samples", values: "integer >= 1", default: "dataset length", meaning: "samples per epoch of the random and weighted samplers" },
-    OptionDoc { key: "weights", values: "comma-separated finite numbers >= 0", default: "none", meaning: "one weight per sample: WeightedRandomSampler" },
-    OptionDoc { key: "subset", values: "indices and ranges `a..b`, comma-separated", default: "none", meaning: "sample only these indices, shuffled each epoch (SubsetRandomSampler)" },
-    OptionDoc { key: "transform", values: "pipeline spec, e.g. `random_resized_crop(224) | hflip | normalize(imagenet)`", default: "none", meaning: "image transforms, run fused into the batch slot" },
-    OptionDoc { key: "dtype", values: "`uint8`, `float32`, `float16`, `bfloat16`", default: "float32 after normalize, else uint8", meaning: "image output element type" },
+    OptionDoc { key: "drop_last", values: "bool", default: "false", meaning: "drop the incomplete final batch" },
+    OptionDoc { key: "num_workers", values: "integer 0..=1024, `auto`", default: "`auto`", meaning: "worker threads (`auto`: the cores this process may use; 0: the calling thread)" },
+    OptionDoc { key: "prefetch_factor", values: "integer 1..=1024", default: "2", meaning: "batches in flight = max(1, num_workers) × prefetch_factor" },
+    OptionDoc { key: "in_order", values: "bool", default: "true", meaning: "false lets ready batches overtake (never across epochs)" },
+    OptionDoc { key: "rank", values: "integer, `env` (RANK)", default: "0", meaning: "this process's rank: `DistributedSampler` pads by repeating the head and takes `indices[rank::world_size]`" },
+    OptionDoc { key: "world_size", values: "integer ≥ 1, `env` (WORLD_SIZE)", default: "1", meaning: "number of ranks (`DistributedSampler`)" },
+    OptionDoc { key: "shard_drop_last", values: "bool", default: "false", meaning: "distributed: drop the tail instead of padding every rank to the same length" },
+    OptionDoc { key: "replacement", values: "bool", default: "false", meaning: "`RandomSampler(replacement=True)`" },
+    OptionDoc { key: "num_samples", values: "integer ≥ 1", default: "dataset size", meaning: "samples per epoch of the random and weighted samplers" },
+    OptionDoc { key: "weights", values: "`w0,w1,...` (finite, ≥ 0)", default: "none", meaning: "`WeightedRandomSampler` (with replacement)" },
+    OptionDoc { key: "subset", values: "`3,5,9` or `0..1000`, mixed", default: "none", meaning: "`SubsetRandomSampler`: these indices, shuffled every epoch" },
+    OptionDoc { key: "transform", values: "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`", default: "none", meaning: "`resize(S)`, `resize(H,W)`, `center_crop(S)`, `random_resized_crop(S, scale=a:b, ratio=a:b)`, `hflip(p=0.5)`, `normalize(mean=…, std=…)`, run fused into the batch slot" },
+    OptionDoc { key: "dtype", values: "`uint8`, `float32`, `float16`, `bfloat16`", default: "float32 after normalize, else uint8", meaning: "image output element type (tensor sources deliver data as stored)" },
     OptionDoc { key: "layout", values: "`nchw`, `nhwc`", default: "nchw", meaning: "image batch layout" },
-    OptionDoc { key: "pin_memory", values: "`true`, `false`", default: "true when device is cuda", meaning: "page-locked batch memory" },
-    OptionDoc { key: "device", values: "`cpu`, `cuda`, `cuda:N`", default: "cpu", meaning: "where batches are delivered" },
-    OptionDoc { key: "cuda_stream", values: "a CUstream address, decimal or 0x-hex", default: "a stream of the loader's own", meaning: "device=cuda: copy on the caller's stream (borrowed)" },
-    OptionDoc { key: "on_error", values: "`raise`, `skip`", default: "raise", meaning: "bad sample: fail naming it, or replace it and count it" },
-    OptionDoc { key: "timeout_ms", values: "integer >= 0", default: "0 (none)", meaning: "longest wait for one batch" },
-    OptionDoc { key: "resume_state", values: "a string from save_state", default: "none", meaning: "continue exactly where a saved loader stopped" },
-    OptionDoc { key: "pad", values: "a finite number", default: "none", meaning: "pad value for fields whose length varies per sample" },
-    OptionDoc { key: "max_image_pixels", values: "integer >= 1", default: "89478485", meaning: "larger images are bad samples (decompression bombs)" },
+    OptionDoc { key: "pin_memory", values: "bool", default: "true with cuda", meaning: "page-locked batch memory (`mlock`, or driver registration on cuda)" },
+    OptionDoc { key: "device", values: "`cpu`, `cuda`, `cuda:N`", default: "cpu", meaning: "where batches are delivered (CUDA prefetch)" },
+    OptionDoc { key: "cuda_stream", values: "a CUstream, decimal or `0x` hex", default: "the loader's own", meaning: "device=cuda: copy on the caller's stream (borrowed, never destroyed)" },
+    OptionDoc { key: "on_error", values: "`raise`, `skip`", default: "raise", meaning: "bad sample: an error naming it, or a deterministic replacement counted in stats" },
+    OptionDoc { key: "timeout_ms", values: "integer ≥ 0", default: "0 (none)", meaning: "longest wait for one batch" },
+    OptionDoc { key: "resume_state", values: "a string from `save_state`", default: "none", meaning: "continue exactly where a saved loader stopped" },
+    OptionDoc { key: "pad", values: "a finite number", default: "none", meaning: "pad ragged fields to the batch's longest, with a `<name>_lengths` field" },
+    OptionDoc { key: "max_image_pixels", values: "integer ≥ 1", default: "89478485", meaning: "larger images are bad samples (decompression bombs), refused before allocating" },
 ];
 
 /// Every key [`LoaderOptions::set`] accepts, in [`OPTIONS`] order.
@@ -250,6 +250,10 @@ impl LoaderOptions {
 
     pub fn timeout_ms(&self) -> u64 {
         self.timeout_ms
+    }
+
+    pub fn cuda_stream(&self) -> Option<usize> {
+        self.cuda_stream
     }
 
     /// Sets one option from its string form, validating it.
@@ -457,39 +461,39 @@ impl LoaderOptions {
     /// no encoded-image field, where `transform`, `dtype` and `layout` are errors.
     pub fn image_stages(&self, source: &dyn Source) -> Result<Option<ImageStages>> {
         let options = self;
-    let has_images = source
-        .fields()
-        .iter()
-        .any(|f| f.kind == FieldKind::EncodedImage);
-    if !has_images {
-        // Tensors are delivered as stored: a conversion here would be a second copy that a
-        // caller asking for one should see, not get silently.
-        for (key, set) in [
-            ("transform", options.transform.is_some()),
-            ("dtype", options.dtype.is_some()),
-            ("layout", options.layout != Layout::Nchw),
-        ] {
-            if set {
-                return Err(Error::option(
-                    key,
-                    "applies to image sources only; tensor fields are delivered as stored",
-                ));
+        let has_images = source
+            .fields()
+            .iter()
+            .any(|f| f.kind == FieldKind::EncodedImage);
+        if !has_images {
+            // Tensors are delivered as stored: a conversion here would be a second copy that a
+            // caller asking for one should see, not get silently.
+            for (key, set) in [
+                ("transform", options.transform.is_some()),
+                ("dtype", options.dtype.is_some()),
+                ("layout", options.layout != Layout::Nchw),
+            ] {
+                if set {
+                    return Err(Error::option(
+                        key,
+                        "applies to image sources only; tensor fields are delivered as stored",
+                    ));
+                }
             }
+            return Ok(None);
         }
-        return Ok(None);
-    }
-    if let Some(dtype @ (DType::I32 | DType::I64)) = options.dtype {
-        return Err(Error::option(
-            "dtype",
-            format!("images can be uint8, float32, float16 or bfloat16, not {dtype}"),
-        ));
-    }
-    let pipeline = Pipeline::new(options.transform.as_deref(), options.dtype, options.layout)
-        .map_err(|reason| Error::option("transform", reason))?;
-    Ok(Some(ImageStages {
-        max_pixels: options.max_image_pixels,
-        pipeline,
-    }))
+        if let Some(dtype @ (DType::I32 | DType::I64)) = options.dtype {
+            return Err(Error::option(
+                "dtype",
+                format!("images can be uint8, float32, float16 or bfloat16, not {dtype}"),
+            ));
+        }
+        let pipeline = Pipeline::new(options.transform.as_deref(), options.dtype, options.layout)
+            .map_err(|reason| Error::option("transform", reason))?;
+        Ok(Some(ImageStages {
+            max_pixels: options.max_image_pixels,
+            pipeline,
+        }))
     }
 }
 
@@ -541,7 +545,10 @@ fn parse_indices(key: &str, v: &str) -> Result<Vec<std::ops::Range<usize>>> {
             let a: usize = a.trim().parse().map_err(|_| bad())?;
             let b: usize = b.trim().parse().map_err(|_| bad())?;
             if b < a {
-                return Err(Error::option(key, format!("`{part}` is an empty range (end < start)")));
+                return Err(Error::option(
+                    key,
+                    format!("`{part}` is an empty range (end < start)"),
+                ));
             }
             out.push(a..b);
         } else {
@@ -556,7 +563,11 @@ fn parse_indices(key: &str, v: &str) -> Result<Vec<std::ops::Range<usize>>> {
 /// in memory.
 fn materialize_subset(ranges: &[std::ops::Range<usize>], dataset_len: usize) -> Result<Vec<usize>> {
     if let Some(r) = ranges.iter().find(|r| r.end > dataset_len) {
-        let i = if r.end - r.start == 1 { r.start } else { r.end - 1 };
+        let i = if r.end - r.start == 1 {
+            r.start
+        } else {
+            r.end - 1
+        };
         return Err(Error::option(
             "subset",
             format!("index {i} is out of range for a dataset of {dataset_len} samples"),

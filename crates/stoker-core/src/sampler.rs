@@ -70,7 +70,12 @@ pub fn check_order_size(key: &str, count: usize) -> Result<()> {
 /// Physical memory in bytes (`u64::MAX` if the system will not say).
 fn physical_memory() -> u64 {
     // SAFETY: sysconf reads system constants; no pointers involved.
-    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
     if pages <= 0 || size <= 0 {
         return u64::MAX;
     }

@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 
 use stoker_core::testing::{FailAt, FakeDevice};
 use stoker_core::Stream;
-use stoker_core::{
-    DType, Batch, DeviceType, Error, ErrorKind, Loader, LoaderOptions, Source,
-};
+use stoker_core::{Batch, DType, DeviceType, Error, ErrorKind, Loader, LoaderOptions, Source};
 
 mod common;
 use common::counting_source;
@@ -405,7 +403,10 @@ fn save_state_counts_delivered_batches_not_prefetched_ones() {
     resumed_options.set("resume_state", &state).unwrap();
     let mut resumed = Loader::new(&resumed_options).unwrap();
     let host = resumed.next().unwrap().unwrap();
-    assert_eq!(contents(&fake, &expected)[1], host.field(1).unwrap().data.unwrap());
+    assert_eq!(
+        contents(&fake, &expected)[1],
+        host.field(1).unwrap().data.unwrap()
+    );
     drop((b0, b1));
 }
 
@@ -417,7 +418,10 @@ fn one_next_delivers_both_kinds_of_batch() {
     let d = dev.next().unwrap().unwrap();
     assert!(d.is_device());
     assert_eq!(d.device_type(), DeviceType::Cuda);
-    assert!(d.field(0).unwrap().data.is_none(), "device bytes are not host slices");
+    assert!(
+        d.field(0).unwrap().data.is_none(),
+        "device bytes are not host slices"
+    );
     assert!(d.cuda_stream().is_some() && d.cuda_event().is_some());
     let mut cpu_options = o.clone();
     cpu_options.set("device", "cpu").unwrap();

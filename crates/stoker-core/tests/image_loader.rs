@@ -60,7 +60,8 @@ fn drain(l: &mut Loader, epochs: usize) -> Vec<(Vec<u8>, Vec<i64>)> {
             let labels = b
                 .field_by_name("label")
                 .unwrap()
-                .data.unwrap()
+                .data
+                .unwrap()
                 .chunks_exact(8)
                 .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
                 .collect();
@@ -102,7 +103,8 @@ fn image_folder_nchw_float32_batches() {
         assert_eq!((label.dtype, label.shape), (DType::I64, &[4usize][..]));
         labels.extend(
             label
-                .data.unwrap()
+                .data
+                .unwrap()
                 .chunks_exact(8)
                 .map(|c| i64::from_ne_bytes(c.try_into().unwrap())),
         );

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stoker_core::{
-    Batch, DType, Error, FieldSpec, Loader, LoaderOptions, MemorySource, Sample, Source,
-    SourceSpec,
+    Batch, DType, Error, FieldSpec, Loader, LoaderOptions, MemorySource, Sample, Source, SourceSpec,
 };
 
 mod common;
@@ -39,7 +38,8 @@ fn stacks_fields_in_sampler_order() {
         ("x", DType::I64, &[4usize, 3][..])
     );
     let values: Vec<i64> = x
-        .data.unwrap()
+        .data
+        .unwrap()
         .chunks(8)
         .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
         .collect();
@@ -408,7 +408,8 @@ fn ragged_fields_are_padded_with_lengths() {
     let seq = b.field_by_name("seq").unwrap();
     assert_eq!(seq.shape, &[3, 2]);
     let v: Vec<f32> = seq
-        .data.unwrap()
+        .data
+        .unwrap()
         .chunks(4)
         .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
         .collect();
@@ -416,7 +417,8 @@ fn ragged_fields_are_padded_with_lengths() {
     let lens = b.field_by_name("seq_lengths").unwrap();
     assert_eq!((lens.dtype, lens.shape), (DType::I64, &[3usize][..]));
     let lens: Vec<i64> = lens
-        .data.unwrap()
+        .data
+        .unwrap()
         .chunks(8)
         .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
         .collect();
@@ -473,9 +475,27 @@ fn stats_count_deliveries_and_waits() {
     assert!(s.elapsed_ns >= s.wait_ns_total);
 }
 
-#[test]
-fn pin_memory_locks_or_reports_the_fallback() {
-    let mut l = Loader::new(&options(
+/// The largest mlock this process may do: unlimited with CAP_IPC_LOCK (root), else the soft
+/// RLIMIT_MEMLOCK.
+fn memlock_allowance() -> u64 {
+    // SAFETY: geteuid has no preconditions; getrlimit writes into the struct we pass.
+    unsafe {
+        if libc::geteuid() == 0 {
+            return u64::MAX;
+        }
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) != 0 {
+            return 0;
+        }
+        r.rlim_cur
+    }
+}
+
+fn pinned_loader() -> Loader {
+    Loader::new(&options(
         counting_source(8),
         &[
             ("batch_size", "4"),
@@ -483,11 +503,66 @@ fn pin_memory_locks_or_reports_the_fallback() {
             ("num_workers", "0"),
         ],
     ))
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn pin_memory_locks_the_batch_where_the_limit_allows() {
+    if std::env::var_os("STOKER_TEST_MEMLOCK_REFUSED").is_some() {
+        return; // the child run of the fallback test below
+    }
+    // A batch of 4 samples of this source fits in one 64 KiB slab.
+    if memlock_allowance() < (1 << 20) {
+        eprintln!("RLIMIT_MEMLOCK below 1 MiB without CAP_IPC_LOCK: covered by the fallback test");
+        return;
+    }
+    let mut l = pinned_loader();
     let b = l.next().unwrap().unwrap();
     let s = l.stats();
-    assert!(s.slabs_pinned + s.pin_failures >= 1);
-    assert_eq!(b.is_pinned(), s.slabs_pinned >= 1);
+    assert!(b.is_pinned(), "{s:?}");
+    assert!(s.slabs_pinned >= 1 && s.pin_failures == 0, "{s:?}");
+}
+
+/// With mlock refused (RLIMIT_MEMLOCK 0, and no CAP_IPC_LOCK: a root run drops to `nobody`),
+/// batches come unpinned and stats count the refusals. Runs in a child process, since limits
+/// and identity are per process.
+#[test]
+fn pin_memory_falls_back_and_counts_when_mlock_is_refused() {
+    if std::env::var_os("STOKER_TEST_MEMLOCK_REFUSED").is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "pin_memory_falls_back_and_counts_when_mlock_is_refused",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("STOKER_TEST_MEMLOCK_REFUSED", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "{text}");
+        return;
+    }
+    let zero = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on this (child) process; `zero` outlives the call.
+    unsafe {
+        assert_eq!(libc::setrlimit(libc::RLIMIT_MEMLOCK, &zero), 0);
+        if libc::geteuid() == 0 {
+            assert_eq!(libc::setgid(65534), 0);
+            assert_eq!(libc::setuid(65534), 0);
+        }
+    }
+    let mut l = pinned_loader();
+    let b = l.next().unwrap().unwrap();
+    let s = l.stats();
+    assert!(!b.is_pinned(), "{s:?}");
+    assert!(s.pin_failures >= 1 && s.slabs_pinned == 0, "{s:?}");
+    assert_eq!(ids(&b), vec![0, 1, 2, 3], "the data is there all the same");
 }
 
 fn npy_file(name: &str, descr: &str, shape: &str, data: &[u8]) -> PathBuf {
@@ -626,4 +701,124 @@ fn batches_can_be_shared_and_sent_across_threads() {
     send_sync::<stoker_core::StatsHandle>();
     fn send<T: Send>() {}
     send::<Loader>();
+}
+
+/// Sample 0 blocks until the test opens its gate; the others are instant.
+struct Gated {
+    inner: Arc<dyn Source>,
+    open: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+}
+
+impl Source for Gated {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn fields(&self) -> &[FieldSpec] {
+        self.inner.fields()
+    }
+    fn describe(&self, i: usize) -> String {
+        self.inner.describe(i)
+    }
+    fn read<'a>(&'a self, i: usize, s: &'a mut Vec<u8>) -> stoker_core::Result<Sample<'a>> {
+        if i == 0 {
+            let (lock, cv) = &*self.open;
+            let mut open = lock.lock().unwrap();
+            while !*open {
+                open = cv.wait(open).unwrap();
+            }
+        }
+        self.inner.read(i, s)
+    }
+}
+
+/// Opens the gate when dropped, so that a failing assertion cannot leave a worker blocked
+/// (dropping the loader joins its workers).
+struct Gate(Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
+
+impl Gate {
+    fn open(&self) {
+        *self.0 .0.lock().unwrap() = true;
+        self.0 .1.notify_all();
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+    }
+}
+
+fn gated(in_order: &str) -> (Loader, Gate) {
+    let open = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let src = Arc::new(Gated {
+        inner: counting_source(6),
+        open: Arc::clone(&open),
+    });
+    let l = Loader::new(&options(
+        src,
+        &[
+            ("batch_size", "1"),
+            ("num_workers", "2"),
+            ("in_order", in_order),
+            ("timeout_ms", "300"),
+        ],
+    ))
+    .unwrap();
+    (l, Gate(open))
+}
+
+#[test]
+fn in_order_false_lets_ready_batches_overtake_a_slow_one() {
+    // `gate` is declared after the loader, so it opens before the loader joins its workers.
+    let (mut l, gate) = gated("false");
+    // Batch 0 cannot finish while the gate is shut; the others overtake it.
+    let first: Vec<Vec<u8>> = (0..4).map(|_| ids(&l.next().unwrap().unwrap())).collect();
+    assert!(!first.contains(&vec![0]), "{first:?}");
+    gate.open();
+    let mut all: Vec<Vec<u8>> = first;
+    all.extend(epoch(&mut l));
+    all.sort();
+    assert_eq!(all, (0..6u8).map(|i| vec![i]).collect::<Vec<_>>());
+
+    // in_order=true: nothing overtakes; the consumer waits (here: times out) for batch 0.
+    let (mut l, gate) = gated("true");
+    let err = l.next().unwrap_err();
+    assert_eq!(err.kind(), stoker_core::ErrorKind::Timeout, "{err}");
+    gate.open();
+    let order: Vec<Vec<u8>> = epoch(&mut l);
+    assert_eq!(order, (0..6u8).map(|i| vec![i]).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_slow_source_reads_as_starved_and_a_slow_consumer_as_ready() {
+    // Every sample takes 20 ms and the consumer takes nothing: it waits nearly all the time.
+    let mut starved = Loader::new(&options(
+        faulty(&[], &[], 20),
+        &[
+            ("batch_size", "2"),
+            ("num_workers", "1"),
+            ("prefetch_factor", "1"),
+        ],
+    ))
+    .unwrap();
+    epoch(&mut starved);
+    let s = starved.stats();
+    assert!(
+        s.readiness < 0.5,
+        "a 20 ms/sample source must read starved: {s:?}"
+    );
+    assert!(s.wait_ns_total > 100_000_000, "{s:?}");
+
+    // An instant source and a consumer that takes 10 ms per batch: batches wait for it.
+    let mut ready = Loader::new(&options(
+        counting_source(40),
+        &[("batch_size", "2"), ("num_workers", "1")],
+    ))
+    .unwrap();
+    while let Some(b) = ready.next().unwrap() {
+        drop(b);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s = ready.stats();
+    assert!(s.readiness > 0.5, "a busy consumer must read ready: {s:?}");
 }

@@ -198,9 +198,9 @@ class Source {
   virtual void get(uint64_t index, Sample& out) const = 0;
 };
 
-// Loader options: string keys of the C ABI contract (API.md), validated when set. Every setter
-// throws `stoker::Error` (INVALID_ARGUMENT, naming the key) on an unknown key or a bad value, and
-// returns *this for chaining.
+// Loader options: string keys of the C ABI (documented in stoker.h), validated when set. Every
+// setter throws `stoker::Error` (INVALID_ARGUMENT, naming the key) on an unknown key or a bad
+// value, and returns *this for chaining.
 class Options {
  public:
   Options() : handle_(ffi::options_new()) {}

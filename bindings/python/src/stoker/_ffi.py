@@ -74,6 +74,8 @@ class Stats(ctypes.Structure):
         ("elapsed_ns", ctypes.c_uint64),
         ("readiness", ctypes.c_double),
         ("worker_busy", ctypes.c_double),
+        ("slabs_pinned", ctypes.c_uint64),
+        ("pin_failures", ctypes.c_uint64),
     ]
 
 

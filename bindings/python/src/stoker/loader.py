@@ -18,7 +18,7 @@ from .errors import ClosedError, check
 
 @dataclasses.dataclass(frozen=True)
 class Stats:
-    """A snapshot of ``stoker_stats`` (see API.md for the meaning of each field)."""
+    """A snapshot of ``stoker_stats`` (``stoker_stats`` in stoker.h documents each field)."""
 
     batches: int
     samples: int
@@ -30,6 +30,8 @@ class Stats:
     elapsed_ns: int
     readiness: float
     worker_busy: float
+    slabs_pinned: int
+    pin_failures: int
 
 
 def option_value(value: Any) -> str:
@@ -74,7 +76,7 @@ def _close_python_source_loaders() -> None:
 class Loader:
     """A stoker loader. ``source`` is a source spec (``"npy:PATH"``, ``"image_folder:ROOT"``)
     or a map-style Python dataset (see ``stoker.dataset``). Every keyword is an option key of
-    the C ABI (API.md); ``None`` leaves the library's default.
+    the C ABI (listed in stoker.h and the README); ``None`` leaves the library's default.
 
     ``for batch in loader:`` runs to the end of the current epoch; the next ``for`` continues
     with the next epoch (or with the rest of the epoch, after a ``break``). Batches and the

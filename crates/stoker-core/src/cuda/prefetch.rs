@@ -531,11 +531,7 @@ impl<M: Send + 'static> Worker<M> {
     /// Queues the copies of `host` into `slot` and records the slot's event. Returns the item to
     /// deliver, and the host batch with the event to wait for before dropping it.
     #[allow(clippy::type_complexity)]
-    fn copy(
-        &self,
-        host: Batch,
-        mut slot: Slot,
-    ) -> (Result<Option<Batch>>, Option<(Batch, Event)>) {
+    fn copy(&self, host: Batch, mut slot: Slot) -> (Result<Option<Batch>>, Option<(Batch, Event)>) {
         let (epoch, position) = (host.epoch(), host.position());
         let stream = self.stream.stream;
         let queued = (|| -> Result<DevicePtr> {

@@ -193,6 +193,12 @@ impl Loader {
         self.batches_per_epoch
     }
 
+    /// Batches per epoch as every face reports it (`stoker_loader_batches_per_epoch`): -1 when
+    /// unknown (a stream with no length) or beyond `i64`.
+    pub fn batches_per_epoch_i64(&self) -> i64 {
+        i64::try_from(self.batches_per_epoch).unwrap_or(-1)
+    }
+
     /// Samples per epoch (the sampler's length).
     pub fn samples_per_epoch(&self) -> usize {
         self.samples_per_epoch
@@ -255,4 +261,3 @@ impl Iterator for EpochIter<'_> {
         item
     }
 }
-

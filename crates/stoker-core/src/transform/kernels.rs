@@ -154,4 +154,3 @@ pub(super) fn write_lut<T: Copy, const N: usize>(
         }
     }
 }
-

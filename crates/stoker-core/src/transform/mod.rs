@@ -50,7 +50,6 @@
 //! [`Plan`] per sample, [`pipeline`] is the validated [`Pipeline`] that runs a plan, and
 //! `kernels` holds the pixel loops (the resample and the one output pass).
 
-
 pub mod geometry;
 mod kernels;
 pub mod pipeline;

@@ -237,4 +237,3 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
         )),
     }
 }
-

@@ -5,10 +5,10 @@ use fast_image_resize::Resizer;
 
 use super::kernels::resample;
 use super::*;
+use crate::decode::tests::fixture;
 use crate::decode::{decode_rgb, DecodeBuffers};
 use crate::dtype::{DType, Layout};
 use crate::rng::Rng;
-use crate::decode::tests::fixture;
 use crate::rng::Stream;
 
 /// Decodes `encoded` (at most `max_pixels`) and transforms it into `out`, as collate does.
@@ -46,8 +46,7 @@ fn decoded(name: &str) -> (Vec<u8>, usize, usize) {
 }
 
 fn pipeline(spec: &str, dtype: Option<DType>, layout: Layout) -> Pipeline {
-    Pipeline::new(Some(spec), dtype, layout)
-        .unwrap_or_else(|e| panic!("{spec}: {e}"))
+    Pipeline::new(Some(spec), dtype, layout).unwrap_or_else(|e| panic!("{spec}: {e}"))
 }
 
 /// (max abs diff, mean abs diff) between two byte images.
@@ -82,8 +81,7 @@ fn parses_specs() {
         ]
     );
     assert_eq!(
-        parse("resize(256)|center_crop(224, 200)|resize(10,20)|hflip(p=0.25)|hflip(1)")
-            .unwrap(),
+        parse("resize(256)|center_crop(224, 200)|resize(10,20)|hflip(p=0.25)|hflip(1)").unwrap(),
         vec![
             Op::ResizeShorter(256),
             Op::CenterCrop {
@@ -190,11 +188,11 @@ fn pipeline_needs_a_fixed_size_and_a_sensible_dtype() {
     let err = Pipeline::new(
         Some("resize(8,8) | normalize(imagenet)"),
         Some(DType::U8),
-        Layout::Nchw)
+        Layout::Nchw,
+    )
     .unwrap_err();
     assert!(err.contains("normalize produces floats"), "{err}");
-    let err = Pipeline::new(Some("resize(8,8)"), Some(DType::I64), Layout::Nchw)
-        .unwrap_err();
+    let err = Pipeline::new(Some("resize(8,8)"), Some(DType::I64), Layout::Nchw).unwrap_err();
     assert!(err.contains("not int64"), "{err}");
     let p = pipeline(
         "resize(256) | center_crop(224) | normalize(imagenet)",
@@ -259,8 +257,7 @@ fn random_resized_crop_params_are_valid_and_follow_the_fallback() {
     let n = 4000;
     let mean: f64 = (0..n)
         .map(|_| {
-            let (_, _, h, w) =
-                random_resized_crop_params(1000, 1000, (0.08, 1.0), ratio, &mut r);
+            let (_, _, h, w) = random_resized_crop_params(1000, 1000, (0.08, 1.0), ratio, &mut r);
             (h * w) as f64 / 1e6
         })
         .sum::<f64>()
@@ -385,9 +382,7 @@ fn normalize_and_float_types() {
             let c = i / n;
             let expected = (x as f64 / 255.0 - IMAGENET_MEAN[c]) / IMAGENET_STD[c];
             let got = match dtype {
-                DType::F32 => {
-                    f32::from_ne_bytes(out[i * 4..i * 4 + 4].try_into().unwrap()) as f64
-                }
+                DType::F32 => f32::from_ne_bytes(out[i * 4..i * 4 + 4].try_into().unwrap()) as f64,
                 DType::F16 => half::f16::from_bits(u16::from_ne_bytes(
                     out[i * 2..i * 2 + 2].try_into().unwrap(),
                 ))
@@ -465,7 +460,7 @@ fn bad_samples_are_errors_not_panics() {
     // max_image_pixels is honoured.
     let p = Pipeline::new(Some("resize(8,8)"), None, Layout::Nchw).unwrap();
     let mut out = vec![0u8; p.output_bytes()];
-    let err = decode_and_apply(&p, &fixture("png_gray.png"), 100, &mut rng(0), &mut out)
-        .unwrap_err();
+    let err =
+        decode_and_apply(&p, &fixture("png_gray.png"), 100, &mut rng(0), &mut out).unwrap_err();
     assert!(err.contains("max_image_pixels=100"), "{err}");
 }
