@@ -10,11 +10,11 @@ mod memory;
 mod npy;
 pub mod tar;
 
+pub use self::tar::{TarConfig, TarSource};
 pub use callback::{CallbackSource, ReadFn, SampleWriter, IMAGE_FIELD, LABEL_FIELD};
 pub use image_folder::{ImageFolderSource, IMAGE_EXTENSIONS};
 pub use memory::MemorySource;
 pub use npy::{NpyArray, NpySource};
-pub use self::tar::{TarConfig, TarSource};
 
 use crate::dtype::DType;
 use crate::error::Result;

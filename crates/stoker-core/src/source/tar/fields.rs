@@ -59,9 +59,11 @@ pub fn parse_fields(s: &str) -> Result<Vec<(String, String)>> {
     let mut out: Vec<(String, String)> = Vec::new();
     for entry in s.split(',') {
         let entry = entry.trim();
-        let (exts, name) = entry
-            .split_once(':')
-            .ok_or_else(|| bad(format!("`{entry}` is not EXT:NAME (e.g. jpg:image,cls:label)")))?;
+        let (exts, name) = entry.split_once(':').ok_or_else(|| {
+            bad(format!(
+                "`{entry}` is not EXT:NAME (e.g. jpg:image,cls:label)"
+            ))
+        })?;
         let name = name.trim();
         let exts: Vec<String> = exts
             .split(';')
@@ -190,7 +192,10 @@ impl TarFields {
                     if exts.iter().any(|e| e.is_empty() || class_of(e) != class) {
                         return Err(Error::option(
                             "fields",
-                            format!("`{}:{name}`: alternatives must be non-empty and of one kind", exts.join(";")),
+                            format!(
+                                "`{}:{name}`: alternatives must be non-empty and of one kind",
+                                exts.join(";")
+                            ),
                         ));
                     }
                     if rules.iter().any(|r: &Rule| r.name == *name) {
@@ -242,6 +247,17 @@ impl TarFields {
             });
         }
         Ok(TarFields { rules, specs })
+    }
+
+    /// Resolves the fields from the first sample of a stream (read with `wanted: None`, so that
+    /// every member is there to choose from).
+    pub fn resolve_streamed(config: &TarConfig, first: &StreamSample) -> Result<TarFields> {
+        let members: Vec<(&str, &[u8])> = first
+            .members
+            .iter()
+            .map(|m| (m.ext.as_str(), &m.data[..]))
+            .collect();
+        TarFields::resolve(config, &first.shard, &first.key, &members)
     }
 
     /// Resolves the fields from a scanned sample whose members lie in `shard_bytes`.
@@ -417,10 +433,13 @@ fn npy_data<'a>(bytes: &'a [u8], kind: &FieldKind) -> std::result::Result<&'a [u
     if header.dtype != dtype || !fits {
         let expected = match kind {
             FieldKind::Ragged { inner_shape, .. } => format!("{dtype} [n, ...{inner_shape:?}]"),
-            _ => format!("{dtype} {:?}", match kind {
-                FieldKind::Tensor { shape, .. } => shape.clone(),
-                _ => Vec::new(),
-            }),
+            _ => format!(
+                "{dtype} {:?}",
+                match kind {
+                    FieldKind::Tensor { shape, .. } => shape.clone(),
+                    _ => Vec::new(),
+                }
+            ),
         };
         return Err(format!(
             "array is {} {:?} but the first sample's was {expected}{}",

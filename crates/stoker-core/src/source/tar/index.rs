@@ -189,7 +189,11 @@ impl ShardIndex {
         for _ in 0..n_exts {
             let len = d.u16().ok_or("short")? as usize;
             let e = d.take(len).ok_or("short")?;
-            exts.push(std::str::from_utf8(e).map_err(|_| "bad extension")?.to_owned());
+            exts.push(
+                std::str::from_utf8(e)
+                    .map_err(|_| "bad extension")?
+                    .to_owned(),
+            );
         }
         let n = d.u64().ok_or("short")?;
         // A sample is at least 16 bytes here (key length, offset, member count).
@@ -345,7 +349,10 @@ impl IndexPlaces {
     fn cache_path(&self, stamp: &Stamp, shard: &Path) -> Option<PathBuf> {
         let name = shard.file_name()?.to_string_lossy();
         let dir = self.dir.as_ref()?;
-        Some(dir.join(format!("{:016x}-{name}.idx", fnv1a64(stamp.path.as_bytes()))))
+        Some(dir.join(format!(
+            "{:016x}-{name}.idx",
+            fnv1a64(stamp.path.as_bytes())
+        )))
     }
 
     /// The index of `shard` from an index file, or by scanning `scan()` and saving the result.
@@ -501,7 +508,10 @@ mod tests {
             let mut b = bytes.clone();
             b[i] ^= 0x5a;
             assert!(ShardIndex::decode(&b, &stamp(), true).is_err(), "flip {i}");
-            assert!(ShardIndex::decode(&bytes[..i], &stamp(), true).is_err(), "cut {i}");
+            assert!(
+                ShardIndex::decode(&bytes[..i], &stamp(), true).is_err(),
+                "cut {i}"
+            );
         }
         // A well-formed file (right CRC) that lies about counts or offsets is rejected too.
         let mut lying = samples();

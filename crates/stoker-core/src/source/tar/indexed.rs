@@ -109,12 +109,8 @@ impl TarSource {
                 })
                 .collect(),
         };
-        let fields = TarFields::resolve_scanned(
-            &config,
-            &path.to_string_lossy(),
-            map,
-            &first_sample,
-        )?;
+        let fields =
+            TarFields::resolve_scanned(&config, &path.to_string_lossy(), map, &first_sample)?;
 
         let built: Vec<Shard> = maps
             .into_par_iter()
@@ -136,6 +132,24 @@ impl TarSource {
             fields,
             max_member_bytes: config.max_member_bytes,
         })
+    }
+
+    /// Expands `pattern` (see [`super::pattern`]) and opens the shards; `file://` URLs are local
+    /// paths, other URLs are not read by this source (an `Unsupported` error naming them).
+    pub fn open_pattern(pattern: &str, config: TarConfig) -> Result<TarSource> {
+        let mut paths = Vec::new();
+        for name in super::pattern::expand_shards(pattern)? {
+            if let Some(local) = name.strip_prefix("file://") {
+                paths.push(PathBuf::from(local));
+            } else if super::pattern::is_url(&name) {
+                return Err(Error::Unsupported(format!(
+                    "tar shard `{name}`: remote shards are not supported by the indexed tar source"
+                )));
+            } else {
+                paths.push(PathBuf::from(name));
+            }
+        }
+        TarSource::open(&paths, config)
     }
 
     /// The shards, in sample order.

@@ -24,18 +24,18 @@
 
 pub mod fields;
 pub mod index;
+mod indexed;
 pub mod pattern;
 pub mod scan;
-mod indexed;
 pub mod stream;
 
 use std::path::PathBuf;
 
 pub use fields::{parse_fields, TarFields, INT_EXTENSIONS};
 pub use index::IndexOrigin;
+pub use indexed::TarSource;
 pub use pattern::{expand_shards, is_url, MAX_SHARDS};
 pub use scan::{scan_members, split_key, ScannedMember, ScannedSample, MAX_MEMBERS_PER_SAMPLE};
-pub use indexed::TarSource;
 pub use stream::{read_samples, ReadOptions, ShardReader, StreamMember, StreamSample};
 
 /// Default bound on one member's size (1 GiB).

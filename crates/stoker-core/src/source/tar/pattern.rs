@@ -90,7 +90,9 @@ fn glob_local(pattern: &str) -> std::result::Result<Vec<String>, String> {
             .map_err(|p| format!("glob `{pattern}` matched a non-UTF-8 path {p:?}"))?;
         found.push(name);
         if found.len() > MAX_SHARDS {
-            return Err(format!("glob `{pattern}` matches more than {MAX_SHARDS} files"));
+            return Err(format!(
+                "glob `{pattern}` matches more than {MAX_SHARDS} files"
+            ));
         }
     }
     if found.is_empty() {
@@ -195,11 +197,7 @@ fn expand_from(seq: &[Piece], mut prefix: String, out: &mut Vec<String>) {
             let mut n = *first;
             loop {
                 let digits = format!("{:0width$}", n.unsigned_abs(), width = *width);
-                let number = if n < 0 {
-                    format!("-{digits}")
-                } else {
-                    digits
-                };
+                let number = if n < 0 { format!("-{digits}") } else { digits };
                 expand_from(rest, format!("{prefix}{number}"), out);
                 if n == *last {
                     break;
@@ -305,8 +303,7 @@ fn parse_range(body: &str) -> std::result::Result<Piece, String> {
     // 30 digits keeps every value (and their difference) well inside i128.
     let int = |s: &str| -> Option<i128> {
         let digits = s.strip_prefix('-').unwrap_or(s);
-        if digits.is_empty() || digits.len() > 30 || !digits.bytes().all(|b| b.is_ascii_digit())
-        {
+        if digits.is_empty() || digits.len() > 30 || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
         s.parse().ok()
@@ -456,7 +453,10 @@ mod tests {
     #[test]
     fn expansion_is_bounded_before_allocating() {
         let e = err("s{0..99999999999}.tar");
-        assert!(e.contains("more than the limit") && e.contains("s{0..99999999999}"), "{e}");
+        assert!(
+            e.contains("more than the limit") && e.contains("s{0..99999999999}"),
+            "{e}"
+        );
         // Each range is small but the product is not.
         let e = err("{0..9999}{0..9999}");
         assert!(e.contains("expands to 100000000 names"), "{e}");

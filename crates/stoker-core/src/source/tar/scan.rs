@@ -13,8 +13,9 @@
 //!   (`a/b/000123.seg.png` → key `a/b/000123`, extension `seg.png`), the extension lower-cased;
 //!   a path without a dot in its basename is skipped; (the regex's corner case for a basename
 //!   starting with a dot is kept too, see [`split_key`]);
-//! - consecutive members with the same key form one sample; a member whose key differs, or whose
-//!   extension the current sample already has, starts the next one.
+//! - consecutive members with the same key form one sample; a member whose key differs starts
+//!   the next one; a second member with the same key and extension is an error (WebDataset 1.x
+//!   raises "duplicate file name in tar file"; older versions started a new sample).
 //!
 //! A shard must end with an end-of-archive block (GNU tar and Python's `tarfile` write two, GNU
 //! tar accepts one): a shard that stops at a member boundary without one was cut short, most
@@ -95,6 +96,7 @@ pub(super) struct Grouper<M> {
     current: Option<Group<M>>,
 }
 
+#[derive(Debug)]
 pub(super) struct Group<M> {
     pub key: String,
     pub offset: u64,
@@ -108,7 +110,8 @@ impl<M> Grouper<M> {
     }
 
     /// Adds a member; returns the previous sample when this member starts a new one. `Err` is
-    /// the reason when the sample has too many members.
+    /// the reason when the member repeats an extension of its sample or the sample has too many
+    /// members.
     pub fn push(
         &mut self,
         key: &str,
@@ -116,10 +119,7 @@ impl<M> Grouper<M> {
         header_offset: u64,
         member: M,
     ) -> std::result::Result<Option<Group<M>>, String> {
-        let continues = self
-            .current
-            .as_ref()
-            .is_some_and(|g| g.key == key && !g.members.iter().any(|(e, _)| *e == ext));
+        let continues = self.current.as_ref().is_some_and(|g| g.key == key);
         let done = if continues {
             None
         } else {
@@ -130,6 +130,11 @@ impl<M> Grouper<M> {
             })
         };
         let group = self.current.as_mut().expect("a current group was just set");
+        if group.members.iter().any(|(e, _)| *e == ext) {
+            return Err(format!(
+                "sample `{key}` has a second `{ext}` member (WebDataset rejects duplicate file names)"
+            ));
+        }
         if group.members.len() == MAX_MEMBERS_PER_SAMPLE {
             return Err(format!(
                 "sample `{key}` has more than {MAX_MEMBERS_PER_SAMPLE} members"
@@ -217,7 +222,11 @@ pub fn scan_members(shard: &str, bytes: &[u8]) -> Result<Vec<ScannedSample>> {
         let ext = member.ext.clone();
         let done = grouper
             .push(key, ext, header_at, member)
-            .map_err(|reason| fail(format!("{reason} (byte offset {header_at})")))?;
+            .map_err(|reason| {
+                fail(format!(
+                    "member `{name}` at byte offset {header_at}: {reason}"
+                ))
+            })?;
         if let Some(group) = done {
             samples.push(to_sample(group));
         }
@@ -238,7 +247,11 @@ fn to_sample(group: Group<ScannedMember>) -> ScannedSample {
 }
 
 /// The end-of-archive rule: a zero block where the next header would be.
-fn check_end_marker(bytes: &[u8], end: u64, prev: &Option<String>) -> std::result::Result<(), String> {
+fn check_end_marker(
+    bytes: &[u8],
+    end: u64,
+    prev: &Option<String>,
+) -> std::result::Result<(), String> {
     let len = bytes.len() as u64;
     let block = usize::try_from(end)
         .ok()
@@ -253,6 +266,17 @@ fn check_end_marker(bytes: &[u8], end: u64, prev: &Option<String>) -> std::resul
     }
 }
 
+/// ` for member `NAME`` from a raw header's 100-byte name field, if it reads as a name.
+pub(super) fn name_hint(field: &[u8]) -> String {
+    let field = &field[..field.iter().position(|&b| b == 0).unwrap_or(field.len())];
+    match std::str::from_utf8(field) {
+        Ok(name) if !name.is_empty() && !name.contains(char::is_control) => {
+            format!(" for member `{name}`")
+        }
+        _ => String::new(),
+    }
+}
+
 /// Explains a header the crate rejected at or after byte `at`.
 fn header_error(bytes: &[u8], at: u64, prev: &Option<String>, err: &std::io::Error) -> String {
     let len = bytes.len() as u64;
@@ -264,15 +288,11 @@ fn header_error(bytes: &[u8], at: u64, prev: &Option<String>, err: &std::io::Err
     }
     // The header's own name field, when readable, says which member it was meant to be.
     let start = at as usize;
-    let field = &bytes[start..start + 100];
-    let field = &field[..field.iter().position(|&b| b == 0).unwrap_or(100)];
-    let hint = match std::str::from_utf8(field) {
-        Ok(name) if !name.is_empty() && !name.contains(char::is_control) => {
-            format!(" for member `{name}`")
-        }
-        _ => String::new(),
-    };
-    format!("bad tar header{hint} at byte offset {at} {}: {err}", after(prev))
+    let hint = name_hint(&bytes[start..start + 100]);
+    format!(
+        "bad tar header{hint} at byte offset {at} {}: {err}",
+        after(prev)
+    )
 }
 
 #[cfg(test)]
@@ -310,10 +330,10 @@ mod tests {
     }
 
     #[test]
-    fn grouping_splits_on_key_change_and_repeated_extension() {
+    fn grouping_splits_on_key_change_and_rejects_repeats() {
         let mut g: Grouper<u32> = Grouper::new();
         let mut done = Vec::new();
-        for (i, (k, e)) in [("a", "jpg"), ("a", "cls"), ("a", "jpg"), ("b", "jpg"), ("a", "cls")]
+        for (i, (k, e)) in [("a", "jpg"), ("a", "cls"), ("b", "jpg"), ("a", "cls")]
             .iter()
             .enumerate()
         {
@@ -324,17 +344,26 @@ mod tests {
         done.extend(g.finish());
         let seen: Vec<(String, u64, Vec<u32>)> = done
             .into_iter()
-            .map(|s| (s.key, s.offset, s.members.into_iter().map(|m| m.1).collect()))
+            .map(|s| {
+                (
+                    s.key,
+                    s.offset,
+                    s.members.into_iter().map(|m| m.1).collect(),
+                )
+            })
             .collect();
         assert_eq!(
             seen,
             [
                 ("a".to_string(), 0, vec![0, 1]),
-                ("a".to_string(), 2, vec![2]),
-                ("b".to_string(), 3, vec![3]),
-                ("a".to_string(), 4, vec![4]),
+                ("b".to_string(), 2, vec![2]),
+                ("a".to_string(), 3, vec![3]),
             ]
         );
+        let mut g: Grouper<u32> = Grouper::new();
+        g.push("a", "jpg".into(), 0, 0).unwrap();
+        let e = g.push("a", "jpg".into(), 1, 1).unwrap_err();
+        assert!(e.contains("second `jpg`"), "{e}");
     }
 
     /// A one-block ustar header for a regular file.
@@ -374,7 +403,10 @@ mod tests {
         assert_eq!(samples[0].offset, 0);
         let m = &samples[0].members[0];
         assert_eq!(m.ext, "jpg");
-        assert_eq!(&bytes[m.offset as usize..(m.offset + m.size) as usize], b"jpeg-0");
+        assert_eq!(
+            &bytes[m.offset as usize..(m.offset + m.size) as usize],
+            b"jpeg-0"
+        );
         // The README belongs to no sample and, as in WebDataset, does not split s/0002.
         assert_eq!(samples[1].key, "s/0002");
         let exts: Vec<&str> = samples[1].members.iter().map(|m| m.ext.as_str()).collect();
@@ -384,7 +416,10 @@ mod tests {
     #[test]
     fn empty_and_garbage_inputs_are_errors() {
         let e = scan_members("e.tar", b"").unwrap_err().to_string();
-        assert!(e.contains("e.tar") && e.contains("truncated") && e.contains("offset 0"), "{e}");
+        assert!(
+            e.contains("e.tar") && e.contains("truncated") && e.contains("offset 0"),
+            "{e}"
+        );
         let e = scan_members("g.tar", &[7u8; 1024]).unwrap_err().to_string();
         assert!(e.contains("g.tar") && e.contains("byte offset 0"), "{e}");
         // Only end-of-archive blocks: a valid empty archive.
