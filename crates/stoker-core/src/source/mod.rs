@@ -8,7 +8,9 @@ mod callback;
 mod image_folder;
 mod memory;
 mod npy;
+pub mod tar;
 
+pub use self::tar::{TarConfig, TarSource};
 pub use callback::{CallbackSource, ReadFn, SampleWriter, IMAGE_FIELD, LABEL_FIELD};
 pub use image_folder::{ImageFolderSource, IMAGE_EXTENSIONS};
 pub use memory::MemorySource;

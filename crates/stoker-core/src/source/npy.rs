@@ -29,6 +29,12 @@ impl NpyArray {
         // size is validated below against the header.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         let header = parse_header(&map).map_err(|reason| Error::format(path, reason))?;
+        if header.shape.is_empty() {
+            return Err(Error::format(
+                path,
+                "a 0-d array has no samples; need at least one axis",
+            ));
+        }
         let elems: usize = header.shape[1..].iter().product();
         let row_bytes = elems * header.dtype.size();
         let expected = header.shape[0]
@@ -116,14 +122,17 @@ impl std::fmt::Debug for NpyArray {
     }
 }
 
-struct Header {
-    dtype: DType,
-    shape: Vec<usize>,
-    data_offset: usize,
+/// What an `.npy` header says. Also used for `npy` members of tar shards.
+pub(crate) struct Header {
+    pub dtype: DType,
+    /// Empty for a 0-d array (a scalar).
+    pub shape: Vec<usize>,
+    /// Where the data starts.
+    pub data_offset: usize,
 }
 
 /// Parses the NPY header (format versions 1.0, 2.0 and 3.0).
-fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
+pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
     const MAGIC: &[u8] = b"\x93NUMPY";
     if bytes.len() < 10 || !bytes.starts_with(MAGIC) {
         return Err("not an .npy file (missing \\x93NUMPY magic)".into());
@@ -182,9 +191,6 @@ fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
                 .map_err(|_| format!("malformed shape entry '{s}'"))
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    if shape.is_empty() {
-        return Err("a 0-d array has no samples; need at least one axis".into());
-    }
     Ok(Header {
         dtype,
         shape,
