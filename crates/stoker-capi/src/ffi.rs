@@ -96,13 +96,7 @@ pub fn boundary<R: FfiReturn>(function: &str, body: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(r) => r,
         Err(panic) => {
-            let message = if let Some(s) = panic.downcast_ref::<&str>() {
-                (*s).to_owned()
-            } else if let Some(s) = panic.downcast_ref::<String>() {
-                s.clone()
-            } else {
-                "unknown panic payload".to_owned()
-            };
+            let message = stoker_core::panic_message(&*panic);
             set_message(format!(
                 "{function}: internal error (a bug in stoker, please report it): panic: {message}"
             ));

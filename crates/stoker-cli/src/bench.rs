@@ -137,7 +137,7 @@ pub(crate) fn generated_npy(samples: usize) -> Result<PathBuf, String> {
     let dir = std::env::temp_dir().join("stoker-bench");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join(format!("u8-{samples}x3x224x224.npy"));
-    let header = npy_header(samples);
+    let header = npy_header(samples).map_err(|e| format!("{}: {e}", path.display()))?;
     let expected = (header.len() + samples * SAMPLE_BYTES) as u64;
     if std::fs::metadata(&path).is_ok_and(|m| m.len() == expected) {
         return Ok(path);
@@ -151,17 +151,8 @@ pub(crate) fn generated_npy(samples: usize) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-fn npy_header(samples: usize) -> Vec<u8> {
-    let mut dict =
-        format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({samples}, 3, 224, 224), }}");
-    while (10 + dict.len() + 1) % 64 != 0 {
-        dict.push(' ');
-    }
-    dict.push('\n');
-    let mut header = b"\x93NUMPY\x01\x00".to_vec();
-    header.extend_from_slice(&(dict.len() as u16).to_le_bytes());
-    header.extend_from_slice(dict.as_bytes());
-    header
+fn npy_header(samples: usize) -> std::io::Result<Vec<u8>> {
+    stoker_core::source::npy_header(stoker_core::DType::U8, &[samples, 3, 224, 224])
 }
 
 fn write_npy(path: &Path, header: &[u8], samples: usize) -> std::io::Result<()> {

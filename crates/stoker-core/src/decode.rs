@@ -88,11 +88,7 @@ pub fn decode_rgb(
     match result {
         Ok(r) => r,
         Err(panic) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let msg = crate::error::panic_message(&*panic);
             Err(format!(
                 "corrupt {} (the decoder failed: {msg})",
                 match format {

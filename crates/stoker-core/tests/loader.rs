@@ -565,29 +565,20 @@ fn pin_memory_falls_back_and_counts_when_mlock_is_refused() {
     assert_eq!(ids(&b), vec![0, 1, 2, 3], "the data is there all the same");
 }
 
-fn npy_file(name: &str, descr: &str, shape: &str, data: &[u8]) -> PathBuf {
+fn npy_file(name: &str, dtype: DType, shape: &[usize], data: &[u8]) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("stoker-loader-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    std::fs::write(&path, out).unwrap();
+    stoker_core::source::write_npy(&path, dtype, shape, data).unwrap();
     path
 }
 
 #[test]
 fn npy_source_with_labels_end_to_end() {
     let data: Vec<u8> = (0..60).map(|i| i as u8).collect();
-    let x = npy_file("x.npy", "|u1", "(10, 2, 3)", &data);
+    let x = npy_file("x.npy", DType::U8, &[10, 2, 3], &data);
     let labels: Vec<u8> = (0..10i32).flat_map(|v| (v * 10).to_le_bytes()).collect();
-    let y = npy_file("y.npy", "<i4", "(10,)", &labels);
+    let y = npy_file("y.npy", DType::I32, &[10], &labels);
     let mut o = LoaderOptions::default();
     for (k, v) in [
         ("source", format!("npy:{}", x.display())),

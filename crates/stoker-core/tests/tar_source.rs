@@ -936,17 +936,8 @@ fn default_fields_need_an_image_and_a_label_in_the_first_sample() {
 fn npy_fields_take_dtype_and_shape_from_the_first_sample() {
     let dir = tmp("npy");
     let npy = |n: usize| {
-        let header = format!("{{'descr': '<i4', 'fortran_order': False, 'shape': ({n},), }}");
-        let mut h = header.into_bytes();
-        while (10 + h.len() + 1) % 64 != 0 {
-            h.push(b' ');
-        }
-        h.push(b'\n');
-        let mut out = b"\x93NUMPY\x01\x00".to_vec();
-        out.extend_from_slice(&(h.len() as u16).to_le_bytes());
-        out.extend_from_slice(&h);
-        out.extend((0..n as i32).flat_map(|v| v.to_le_bytes()));
-        out
+        let data: Vec<u8> = (0..n as i32).flat_map(|v| v.to_le_bytes()).collect();
+        stoker_core::source::npy_bytes(stoker_core::DType::I32, &[n], &data).unwrap()
     };
     let (a, b, c) = (npy(2), npy(2), npy(3));
     let path = gnu_tar_of(

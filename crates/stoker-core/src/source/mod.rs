@@ -14,7 +14,7 @@ pub use self::tar::{TarConfig, TarSource};
 pub use callback::{CallbackSource, ReadFn, SampleWriter, IMAGE_FIELD, LABEL_FIELD};
 pub use image_folder::{ImageFolderSource, IMAGE_EXTENSIONS};
 pub use memory::MemorySource;
-pub use npy::{npy_descr, write_npy, NpyArray, NpySource};
+pub use npy::{npy_bytes, npy_descr, npy_header, write_npy, NpyArray, NpySource};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

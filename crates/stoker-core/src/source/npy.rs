@@ -297,16 +297,41 @@ pub fn npy_descr(dtype: DType) -> Option<&'static str> {
 /// Writes `data` (C order, native little-endian elements) as a version-1.0 `.npy` file of
 /// `dtype` and `shape` that NumPy and [`NpySource`] read.
 pub fn write_npy(path: &Path, dtype: DType, shape: &[usize], data: &[u8]) -> std::io::Result<()> {
+    std::fs::write(path, npy_bytes(dtype, shape, data)?)
+}
+
+/// The bytes of the `.npy` file [`write_npy`] writes.
+pub fn npy_bytes(dtype: DType, shape: &[usize], data: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut out = npy_header(dtype, shape)?;
+    out.extend_from_slice(data);
+    Ok(out)
+}
+
+#[cfg(test)]
+fn write_npy_descr(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> std::io::Result<()> {
+    std::fs::write(path, encode_npy(descr, shape, data)?)
+}
+
+/// The header of a version-1.0 `.npy` file of `dtype` and `shape` (the data follows it), for
+/// writers that stream the data themselves.
+pub fn npy_header(dtype: DType, shape: &[usize]) -> std::io::Result<Vec<u8>> {
     let descr = npy_descr(dtype).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "bfloat16 has no .npy type",
         )
     })?;
-    write_npy_descr(path, descr, shape, data)
+    header_of(descr, shape)
 }
 
-fn write_npy_descr(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> std::io::Result<()> {
+#[cfg(test)]
+fn encode_npy(descr: &str, shape: &[usize], data: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut out = header_of(descr, shape)?;
+    out.extend_from_slice(data);
+    Ok(out)
+}
+
+fn header_of(descr: &str, shape: &[usize]) -> std::io::Result<Vec<u8>> {
     let shape_text = match shape {
         [n] => format!("({n},)"),
         _ => format!(
@@ -331,8 +356,7 @@ fn write_npy_descr(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> st
     let mut out = b"\x93NUMPY\x01\x00".to_vec();
     out.extend_from_slice(&header_len.to_le_bytes());
     out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    std::fs::write(path, out)
+    Ok(out)
 }
 
 #[cfg(test)]
