@@ -813,3 +813,39 @@ fn a_slow_source_reads_as_starved_and_a_slow_consumer_as_ready() {
     let s = ready.stats();
     assert!(s.readiness > 0.5, "a busy consumer must read ready: {s:?}");
 }
+
+#[test]
+fn the_rust_api_cannot_build_an_invalid_configuration() {
+    // Every setter validates: a bad value is an error naming the key, and changes nothing.
+    let err = LoaderOptions::new().with("batch_size", "0").unwrap_err();
+    assert!(err.to_string().contains("`batch_size`"), "{err}");
+    let mut o = options(counting_source(10), &[("batch_size", "4")]);
+    assert!(o.set("prefetch_factor", "0").is_err());
+    assert_eq!((o.batch_size(), o.prefetch_factor()), (4, 2));
+
+    // What needs the dataset is checked when the loader is made, with the numbers.
+    let mut o = options(counting_source(10), &[]);
+    o.set_sampler(stoker_core::SamplerKind::SubsetRandom {
+        indices: vec![3, 99],
+    });
+    let err = Loader::new(&o).unwrap_err();
+    assert!(
+        err.to_string().contains("99") && err.to_string().contains("10 samples"),
+        "{err}"
+    );
+
+    // Sizes that input can reach fail cleanly instead of aborting on allocation.
+    let o = options(counting_source(10), &[("subset", "0..1000000000000")]);
+    let err = Loader::new(&o).unwrap_err();
+    assert!(err.to_string().contains("`subset`"), "{err}");
+    let o = options(
+        counting_source(10),
+        &[("replacement", "true"), ("num_samples", "1000000000000000")],
+    );
+    let err = Loader::new(&o).unwrap_err();
+    assert_eq!(err.kind(), stoker_core::ErrorKind::OutOfMemory, "{err}");
+    assert!(err.to_string().contains("`num_samples`"), "{err}");
+    let o = options(counting_source(10), &[("subset", "1..100,2")]);
+    let err = Loader::new(&o).unwrap_err();
+    assert!(err.to_string().contains("index 99"), "{err}");
+}

@@ -243,6 +243,17 @@ impl Loader {
     }
 }
 
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("device", &self.device)
+            .field("epoch", &self.epoch())
+            .field("position", &self.position())
+            .field("batches_per_epoch", &self.batches_per_epoch)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The batches of one epoch; ends at the epoch's end (after which the loader is on the next).
 pub struct EpochIter<'a> {
     loader: &'a mut Loader,
