@@ -59,7 +59,9 @@ if [ "${STOKER_SKIP_TORCH:-0}" != 1 ]; then
   TORCH_ARGS+=("-DSTOKER_TORCH_DIR=$TORCH_HOME/torch")
   # The wheel's libtorch_cpu.so names libcudart.so.13 and libcupti.so.13 (shipped by the nvidia-*
   # wheels we do not install). When they cannot be found, the build makes no-op stand-ins.
-  if ldd "$TORCH_HOME/torch/lib/libtorch_cpu.so" | grep -Eq 'libcu(dart|pti)[^ ]* => not found'; then
+  # ldd's output is captured first: under pipefail, `ldd | grep -q` fails when grep exits early.
+  ldd_out="$(ldd "$TORCH_HOME/torch/lib/libtorch_cpu.so" || true)"
+  if grep -Eq 'libcu(dart|pti)[^ ]* => not found' <<<"$ldd_out"; then
     echo "libtorch_cpu.so needs CUDA runtime libraries that are absent: building no-op stand-ins for the tests"
     TORCH_ARGS+=(-DSTOKER_TORCH_CUDA_STUBS=ON)
   else
