@@ -35,9 +35,11 @@ version="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Car
 
 # ---- build -------------------------------------------------------------------------------
 step "build the wheel and the sdist (build_wheel.sh)"
-mapfile -t artifacts < <(STOKER_SKIP_SDIST="${STOKER_SKIP_SDIST:-0}" bash bindings/python/build_wheel.sh | tail -n 2)
-wheel="${artifacts[0]}"
-sdist="${artifacts[1]:-}"
+STOKER_SKIP_SDIST="${STOKER_SKIP_SDIST:-0}" bash bindings/python/build_wheel.sh >"$work/artifacts.txt" ||
+  die "build_wheel.sh failed"
+wheel="$(tail -n 2 "$work/artifacts.txt" | head -n 1)"
+sdist="$(tail -n 1 "$work/artifacts.txt")"
+[ -f "$wheel" ] || die "build_wheel.sh named no wheel"
 echo "wheel: $wheel ($(du -k "$wheel" | cut -f1) KiB)"
 
 # ---- the wheel as a file -----------------------------------------------------------------------
