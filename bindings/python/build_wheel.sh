@@ -54,8 +54,10 @@ else
   # zig on PATH (the ziglang package's binary).
   zig_dir="$("$PY" -c 'import os, ziglang; print(os.path.dirname(ziglang.__file__))')"
   # zig's linker writes no GNU build ID unless asked; debuggers and crash tools match the
-  # split debug info by it.
-  PATH="$zig_dir:$VENV/bin:$PATH" CARGO=cargo-zigbuild \
+  # split debug info by it. A target dir of its own: cargo-zigbuild links the host's build
+  # scripts and proc-macros with zig too (same triple), which would otherwise invalidate the
+  # native builds sharing $CARGO_TARGET_DIR, and the other way round.
+  CARGO_TARGET_DIR="$CARGO_TARGET_DIR/zig" PATH="$zig_dir:$VENV/bin:$PATH" CARGO=cargo-zigbuild \
     CARGO_BUILD_TARGET="x86_64-unknown-linux-gnu.$GLIBC" \
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C link-arg=-Wl,--build-id=sha1" \
     "$PY" -m pip wheel --no-deps -w "$DIST/raw" "$PKG" >&2
