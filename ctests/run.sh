@@ -113,22 +113,28 @@ step "lean artifacts: stripped libraries, debug info apart"
 so_real="$(basename "$(readlink -f "$prefix/lib/libstoker.so")")"
 build_id() { readelf -n "$1" 2>/dev/null | sed -n 's/.*Build ID: //p'; }
 lean_check() {
-  local so="$prefix/lib/$so_real" dbg="$prefix/lib/.debug/$so_real.debug"
-  file "$so" | grep -q ', stripped' || { echo "$so_real is not stripped: $(file "$so")"; return 1; }
-  ! readelf -S -W "$so" | grep -Eq '\.debug_(info|line|abbrev|str)' || { echo "$so_real keeps debug info"; return 1; }
-  [ "$(readelf --string-dump=.gnu_debuglink "$so" | sed -n 's/^ *\[ *0\] *//p')" = "$so_real.debug" ] ||
+  # Outputs are captured before grep reads them: `readelf | grep -q` fails under pipefail when
+  # grep stops reading early.
+  local so="$prefix/lib/$so_real" dbg="$prefix/lib/.debug/$so_real.debug" out
+  out="$(file "$so")"
+  grep -q ', stripped' <<<"$out" || { echo "$so_real is not stripped: $out"; return 1; }
+  out="$(readelf -S -W "$so")"
+  ! grep -Eq '\.debug_(info|line|abbrev|str)' <<<"$out" || { echo "$so_real keeps debug info"; return 1; }
+  out="$(readelf --string-dump=.gnu_debuglink "$so")"
+  [ "$(sed -n 's/^ *\[ *0\] *//p' <<<"$out")" = "$so_real.debug" ] ||
     { echo "$so_real has no .gnu_debuglink to $so_real.debug"; return 1; }
-  readelf -S "$dbg" | grep -q '\.debug_line' || { echo "$dbg has no line tables"; return 1; }
+  out="$(readelf -S -W "$dbg")"
+  grep -q '\.debug_line' <<<"$out" || { echo "$dbg has no line tables"; return 1; }
   [ -n "$(build_id "$so")" ] && [ "$(build_id "$so")" = "$(build_id "$dbg")" ] ||
     { echo "$so_real and its .debug file differ in build ID"; return 1; }
-  ! readelf -S -W "$prefix/lib/libstoker.a" | grep -q '\.debug_info' ||
-    { echo "libstoker.a keeps debug info"; return 1; }
-  readelf -S -W "$prefix/lib/.debug/libstoker.a" | grep -q '\.debug_line' ||
-    { echo "lib/.debug/libstoker.a has no line tables"; return 1; }
-  # What a debugger sees: function names and source lines inside the stripped library.
+  out="$(readelf -S -W "$prefix/lib/libstoker.a")"
+  ! grep -q '\.debug_info' <<<"$out" || { echo "libstoker.a keeps debug info"; return 1; }
+  out="$(readelf -S -W "$prefix/lib/.debug/libstoker.a")"
+  grep -q '\.debug_line' <<<"$out" || { echo "lib/.debug/libstoker.a has no line tables"; return 1; }
+  # What a debugger sees: source lines inside the stripped library, through the debug link.
   if command -v gdb >/dev/null; then
-    gdb -batch -ex 'info line stoker_version' "$so" 2>&1 | grep -q 'version.rs' ||
-      { echo "gdb finds no line of stoker_version through the debug link"; return 1; }
+    out="$(gdb -batch -ex 'info line stoker_version' "$so" 2>&1)"
+    grep -q 'version.rs' <<<"$out" || { echo "gdb finds no line of stoker_version: $out"; return 1; }
   fi
 }
 run_prog "stripped libraries with split debug info" lean_check

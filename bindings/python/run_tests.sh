@@ -58,9 +58,12 @@ debug_dir="$ROOT/bindings/python/dist/debug"
 for f in "$lib" "$cli"; do
   name="$(basename "$f")"
   [ -f "$f" ] || die "the wheel has no $name"
-  file "$f" | grep -q ', stripped' || die "$name is not stripped: $(file "$f")"
+  # Outputs are captured before grep reads them (`cmd | grep -q` can fail under pipefail).
+  out="$(file "$f")"
+  grep -q ', stripped' <<<"$out" || die "$name is not stripped: $out"
   # (.debug_gdb_scripts is no debug info: a few loaded bytes naming Rust's gdb pretty-printers.)
-  if readelf -S -W "$f" | grep -Eq '\.debug_(info|line|abbrev|str|ranges|loc)'; then
+  out="$(readelf -S -W "$f")"
+  if grep -Eq '\.debug_(info|line|abbrev|str|ranges|loc)' <<<"$out"; then
     die "$name still has debug info sections"
   fi
   link="$(readelf --string-dump=.gnu_debuglink "$f" | sed -n 's/^ *\[ *0\] *//p')"
@@ -69,7 +72,8 @@ for f in "$lib" "$cli"; do
   id() { readelf -n "$1" 2>/dev/null | sed -n 's/.*Build ID: //p'; }
   [ -n "$(id "$f")" ] && [ "$(id "$f")" = "$(id "$debug_dir/$name.debug")" ] ||
     die "$name and $name.debug have different build IDs"
-  readelf -S "$debug_dir/$name.debug" | grep -q '\.debug_line' || die "$name.debug has no line tables"
+  out="$(readelf -S -W "$debug_dir/$name.debug")"
+  grep -q '\.debug_line' <<<"$out" || die "$name.debug has no line tables"
   ok "$name stripped ($(du -k "$f" | cut -f1) KiB), debug info in $name.debug ($(du -k "$debug_dir/$name.debug" | cut -f1) KiB, same build ID)"
 done
 
