@@ -59,10 +59,10 @@ for f in "$lib" "$cli"; do
   name="$(basename "$f")"
   [ -f "$f" ] || die "the wheel has no $name"
   # Outputs are captured before grep reads them (`cmd | grep -q` can fail under pipefail).
-  out="$(file "$f")"
-  grep -q ', stripped' <<<"$out" || die "$name is not stripped: $out"
-  # (.debug_gdb_scripts is no debug info: a few loaded bytes naming Rust's gdb pretty-printers.)
+  # Stripped: no static symbol table (what `file` calls "stripped") and no debug info
+  # (.debug_gdb_scripts is none: a few loaded bytes naming Rust's gdb pretty-printers).
   out="$(readelf -S -W "$f")"
+  if grep -q ' \.symtab ' <<<"$out"; then die "$name is not stripped (.symtab)"; fi
   if grep -Eq '\.debug_(info|line|abbrev|str|ranges|loc)' <<<"$out"; then
     die "$name still has debug info sections"
   fi
