@@ -39,5 +39,5 @@ bash ctests/run.sh
 step "C++ API: GoogleTest suite, LibTorch adapter, install consumer, example trainer"
 bash bindings/cpp/run_tests.sh
 
-step "python bindings (pip install ./bindings/python, pytest)"
+step "python: manylinux wheel + sdist, installed into a clean venv with torch, pytest"
 bash bindings/python/run_tests.sh

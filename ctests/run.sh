@@ -102,9 +102,47 @@ run_prog() {
 step "configure + build (cargo release build of libstoker, C tests)"
 cmake -S . -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
 cmake --build "$work/build" -j "$jobs"
-step "install to $prefix"
+step "install to $prefix (and the debug component: the split debug info)"
 cmake --install "$work/build" >/dev/null
+# Tools that name Rust functions inside the stripped library (valgrind's suppressions, sanitizer
+# reports) find them through the .gnu_debuglink in lib/.debug.
+cmake --install "$work/build" --component debug >/dev/null
 find "$prefix" \( -type f -o -type l \) | sed "s|^$prefix/|  |" | sort
+
+step "lean artifacts: stripped libraries, debug info apart"
+so_real="$(basename "$(readlink -f "$prefix/lib/libstoker.so")")"
+build_id() { readelf -n "$1" 2>/dev/null | sed -n 's/.*Build ID: //p'; }
+lean_check() {
+  # Outputs are captured before grep reads them: `readelf | grep -q` fails under pipefail when
+  # grep stops reading early.
+  local so="$prefix/lib/$so_real" dbg="$prefix/lib/.debug/$so_real.debug" out
+  # Stripped: no static symbol table (what `file` calls "stripped") and no debug info.
+  out="$(readelf -S -W "$so")"
+  ! grep -q ' \.symtab ' <<<"$out" || { echo "$so_real is not stripped (.symtab)"; return 1; }
+  ! grep -Eq '\.debug_(info|line|abbrev|str)' <<<"$out" || { echo "$so_real keeps debug info"; return 1; }
+  out="$(readelf --string-dump=.gnu_debuglink "$so")"
+  [ "$(sed -n 's/^ *\[ *0\] *//p' <<<"$out")" = "$so_real.debug" ] ||
+    { echo "$so_real has no .gnu_debuglink to $so_real.debug"; return 1; }
+  out="$(readelf -S -W "$dbg")"
+  grep -q '\.debug_line' <<<"$out" || { echo "$dbg has no line tables"; return 1; }
+  [ -n "$(build_id "$so")" ] && [ "$(build_id "$so")" = "$(build_id "$dbg")" ] ||
+    { echo "$so_real and its .debug file differ in build ID"; return 1; }
+  out="$(readelf -S -W "$prefix/lib/libstoker.a")"
+  ! grep -q '\.debug_info' <<<"$out" || { echo "libstoker.a keeps debug info"; return 1; }
+  out="$(readelf -S -W "$prefix/lib/.debug/libstoker.a")"
+  grep -q '\.debug_line' <<<"$out" || { echo "lib/.debug/libstoker.a has no line tables"; return 1; }
+  # What a debugger sees: source lines inside the stripped library, through the debug link.
+  if command -v gdb >/dev/null; then
+    out="$(gdb -batch -ex 'info line stoker_version' "$so" 2>&1)"
+    grep -q 'version.rs' <<<"$out" || { echo "gdb finds no line of stoker_version: $out"; return 1; }
+  fi
+}
+run_prog "stripped libraries with split debug info" lean_check
+for f in "$so_real" .debug/"$so_real.debug" libstoker.a .debug/libstoker.a libstoker_cxx.a; do
+  if [ -e "$prefix/lib/$f" ]; then
+    awk -v f="$f" -v b="$(stat -c %s "$prefix/lib/$f")" 'BEGIN { printf "  %-32s %6.1f MB\n", f, b / 1e6 }'
+  fi
+done
 
 step "exported symbols"
 bad_syms="$(nm -D --defined-only "$prefix/lib/libstoker.so" | awk '$2 ~ /[TDBRW]/ {print $3}' | grep -v '^stoker_' || true)"

@@ -6,6 +6,7 @@ UnsupportedError, and then the tests skip with that reason.
 
 import numpy as np
 import pytest
+from _optional import import_torch
 from PIL import Image
 
 import stoker
@@ -122,7 +123,7 @@ def test_half_precision_outputs(png_folder, dtype):
 
 
 def test_bfloat16_is_a_real_bfloat16_tensor_in_torch(png_folder):
-    torch = pytest.importorskip("torch")
+    torch = import_torch()
     root, _ = png_folder
     batch = one_batch(root, transform=f"{SAME_SIZE} | normalize(imagenet)", dtype="bfloat16")
     tensor = batch.torch()["image"]

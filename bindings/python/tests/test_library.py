@@ -49,5 +49,7 @@ def test_installed_package_uses_its_bundled_copy():
         pytest.skip("STOKER_LIBRARY is set: it takes precedence over the bundled copy")
     bundled = os.path.join(os.path.dirname(stoker.__file__), "_lib", "libstoker.so")
     if not os.path.isfile(bundled):
+        if os.environ.get("STOKER_TEST_INSTALLED") == "1":
+            pytest.fail(f"the installed package has no bundled library at {bundled}")
         pytest.skip("running from a source tree without a bundled library")
     assert stoker.LIBRARY_PATH == bundled

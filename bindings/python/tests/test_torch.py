@@ -4,8 +4,9 @@ import gc
 
 import numpy as np
 import pytest
+from _optional import import_torch
 
-torch = pytest.importorskip("torch")
+torch = import_torch()
 
 
 def test_torch_tensors_share_the_batch_memory(make_loader, npy_data):

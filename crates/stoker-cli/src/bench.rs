@@ -9,20 +9,19 @@ use stoker_core::decode::{decode_rgb, DecodeBuffers};
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::{ImageFolderSource, Loader, LoaderOptions, Source};
 
+use crate::args::{ImagesArgs, NpyArgs};
 use crate::report::{print_stats, Progress};
-use crate::Args;
 
 /// Bytes of one `[3, 224, 224]` uint8 sample.
 const SAMPLE_BYTES: usize = 3 * 224 * 224;
 
-pub(crate) fn npy(args: &Args) -> Result<(), String> {
-    args.only(&["samples", "batch-size", "epochs", "workers", "path"])?;
-    let samples = args.num("samples", 2048)?;
-    let batch_size = args.num("batch-size", 256)?;
-    let epochs = args.num("epochs", 10)?.max(2);
-    let workers = args.get("workers").unwrap_or("auto");
-    let path = match args.get("path") {
-        Some(p) => PathBuf::from(p),
+pub(crate) fn npy(args: &NpyArgs) -> Result<(), String> {
+    let samples = args.samples;
+    let batch_size = args.batch_size;
+    let epochs = args.epochs.max(2);
+    let workers = args.workers.value.as_str();
+    let path = match &args.path {
+        Some(p) => p.clone(),
         None => generated_npy(samples)?,
     };
 
@@ -174,16 +173,13 @@ fn write_npy(path: &Path, header: &[u8], samples: usize) -> std::io::Result<()> 
 /// `stoker bench images [ROOT]`: the standard pipeline (random_resized_crop(224) + hflip +
 /// normalize → float32 NCHW, batch 64) beside decode-only throughput on the same files and the
 /// same number of threads, measured in the same run.
-pub(crate) fn images(root: Option<&str>, args: &Args) -> Result<(), String> {
-    args.only(&["epochs", "batch-size", "workers", "per-class"])?;
-    let epochs = args.num("epochs", 3)?.max(1);
-    let batch_size = args.num("batch-size", 64)?;
-    let workers = args.get("workers").unwrap_or("auto");
-    let root = match root {
-        Some(root) => PathBuf::from(root),
-        None => {
-            crate::photos::imagenet_like(&crate::photos::cache_dir(), args.num("per-class", 100)?)?
-        }
+pub(crate) fn images(args: &ImagesArgs) -> Result<(), String> {
+    let epochs = args.epochs.max(1);
+    let batch_size = args.batch_size;
+    let workers = args.workers.value.as_str();
+    let root = match &args.root {
+        Some(root) => root.clone(),
+        None => crate::photos::imagenet_like(&crate::photos::cache_dir(), args.per_class)?,
     };
     let mut options = LoaderOptions::default();
     for (k, v) in [

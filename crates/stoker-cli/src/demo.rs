@@ -1,37 +1,25 @@
 //! `stoker demo`: the standard ImageNet training pipeline on a folder of real photographs — two
 //! epochs with a progress bar, then throughput and wait statistics.
 
-use std::path::PathBuf;
-
 use stoker_core::{Loader, LoaderOptions};
 
+use crate::args::DemoArgs;
 use crate::report::{print_stats, Progress};
-use crate::Args;
 
 /// torchvision's ImageNet training transform, fused.
 pub(crate) const STANDARD_TRANSFORM: &str =
     "random_resized_crop(224) | hflip | normalize(imagenet)";
 
-pub(crate) fn run(args: &Args) -> Result<(), String> {
-    args.only(&[
-        "images",
-        "epochs",
-        "batch-size",
-        "workers",
-        "per-class",
-        "step-ms",
-    ])?;
-    let epochs = args.num("epochs", 2)?;
+pub(crate) fn run(args: &DemoArgs) -> Result<(), String> {
+    let epochs = args.epochs;
     // The consumer stands in for a training step of this long per batch, so that the wait
     // statistics read as a trainer's would: readiness 1 means the GPU never waited for data.
-    let step = std::time::Duration::from_millis(args.num("step-ms", 30)? as u64);
-    let batch_size = args.num("batch-size", 64)?;
-    let workers = args.get("workers").unwrap_or("auto");
-    let root = match args.get("images") {
-        Some(root) => PathBuf::from(root),
-        None => {
-            crate::photos::imagenet_like(&crate::photos::cache_dir(), args.num("per-class", 100)?)?
-        }
+    let step = std::time::Duration::from_millis(args.step_ms);
+    let batch_size = args.batch_size;
+    let workers = args.workers.value.as_str();
+    let root = match &args.images {
+        Some(root) => root.clone(),
+        None => crate::photos::imagenet_like(&crate::photos::cache_dir(), args.per_class)?,
     };
     let mut options = LoaderOptions::default();
     for (k, v) in [

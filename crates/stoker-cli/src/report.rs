@@ -1,61 +1,93 @@
-//! Progress bar and statistics printing.
+//! Progress bars and statistics printing.
 
-use std::io::Write;
+use std::io::IsTerminal;
 use std::time::Instant;
 
+use indicatif::{ProgressBar, ProgressStyle};
 use stoker_core::Stats;
 
-/// A one-line progress bar on stderr, redrawn at most every 100 ms.
+/// Progress over a known number of batches. On a terminal (stdout and stderr both), an
+/// indicatif bar on stderr with the sample rate; otherwise (output piped or logged) one plain
+/// line on stderr when the run ends, so that logs carry no carriage returns or escape codes.
 pub(crate) struct Progress {
+    bar: Option<ProgressBar>,
     label: String,
     total: usize,
     done: usize,
     samples: usize,
     start: Instant,
-    last_draw: Option<Instant>,
 }
 
 impl Progress {
     pub(crate) fn new(label: impl Into<String>, total: usize) -> Progress {
+        let label = label.into();
+        let interactive = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+        let bar = interactive.then(|| {
+            // The template is a constant; should indicatif ever reject it, the default bar
+            // still shows progress.
+            let style = ProgressStyle::with_template(
+                "{prefix} [{bar:30}] {pos}/{len} batches  {msg} {elapsed_precise}",
+            )
+            .map(|s| s.progress_chars("#>."))
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            let bar = ProgressBar::new(total as u64).with_style(style);
+            bar.set_prefix(label.clone());
+            bar
+        });
         Progress {
-            label: label.into(),
+            bar,
+            label,
             total,
             done: 0,
             samples: 0,
             start: Instant::now(),
-            last_draw: None,
         }
     }
 
+    /// One more batch of `samples` samples.
     pub(crate) fn advance(&mut self, samples: usize) {
         self.done += 1;
         self.samples += samples;
-        let due = self
-            .last_draw
-            .is_none_or(|t| t.elapsed().as_millis() >= 100);
-        if due || self.done == self.total {
-            self.draw();
+        if let Some(bar) = &self.bar {
+            // indicatif redraws at most 20 times a second, whatever the batch rate.
+            bar.set_message(format!("{:.0} samples/s", self.rate()));
+            bar.inc(1);
+        }
+        if self.done == self.total {
+            self.finish();
         }
     }
 
-    fn draw(&mut self) {
-        const WIDTH: usize = 30;
-        let filled = (self.done * WIDTH).checked_div(self.total).unwrap_or(WIDTH);
-        let rate = self.samples as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
-        eprint!(
-            "\r{} [{}{}] {}/{} batches  {:.0} samples/s ",
-            self.label,
-            "#".repeat(filled),
-            ".".repeat(WIDTH - filled),
-            self.done,
-            self.total,
-            rate
-        );
-        if self.done == self.total {
-            eprintln!();
+    fn rate(&self) -> f64 {
+        self.samples as f64 / self.start.elapsed().as_secs_f64().max(1e-9)
+    }
+
+    fn finish(&mut self) {
+        match self.bar.take() {
+            Some(bar) => bar.finish(),
+            None => eprintln!(
+                "{}: {}/{} batches  {:.0} samples/s  {:.1} s",
+                self.label,
+                self.done,
+                self.total,
+                self.rate(),
+                self.start.elapsed().as_secs_f64()
+            ),
         }
-        let _ = std::io::stderr().flush();
-        self.last_draw = Some(Instant::now());
+    }
+}
+
+impl Drop for Progress {
+    /// A run that stopped early (an error, a short epoch) still leaves its last state visible.
+    fn drop(&mut self) {
+        if self.done == self.total {
+            return; // finished in advance()
+        }
+        match self.bar.take() {
+            Some(bar) => bar.abandon(),
+            None if self.done > 0 => self.finish(),
+            None => {}
+        }
     }
 }
 

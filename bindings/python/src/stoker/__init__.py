@@ -23,7 +23,7 @@ from .errors import (
 )
 from .loader import Loader, Stats
 
-__version__ = _lib.stoker_version().decode()
+__version__: str = _lib.stoker_version().decode()
 """Version of the loaded library (the package is versioned with it)."""
 
 __all__ = [

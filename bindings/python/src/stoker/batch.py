@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import _ffi
 from .errors import check
+
+if TYPE_CHECKING:
+    import torch
 
 
 class _Lease:
@@ -30,10 +34,10 @@ class _Lease:
     # Bound at class creation so that release still works while the interpreter shuts down.
     _release = _ffi.lib.stoker_batch_release
 
-    def __init__(self, ptr: int):
-        self.ptr = ptr
+    def __init__(self, ptr: int) -> None:
+        self.ptr: int | None = ptr
 
-    def __del__(self):
+    def __del__(self) -> None:
         ptr, self.ptr = self.ptr, None
         if ptr:
             self._release(ptr)
@@ -45,7 +49,7 @@ class _FieldMemory:
 
     __slots__ = ("__array_interface__", "_lease")
 
-    def __init__(self, lease: _Lease, t: _ffi.Tensor):
+    def __init__(self, lease: _Lease, t: _ffi.Tensor) -> None:
         size = _ffi.DTYPE_ITEMSIZE[t.dtype]
         self._lease = lease
         self.__array_interface__ = {
@@ -77,8 +81,7 @@ _pyapi.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 _CAPSULE_NAME = ctypes.c_char_p(b"dltensor_versioned")
 
 
-@ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_destructor(capsule):
+def _destroy_capsule(capsule: int | None) -> None:
     """DLPack rule: a consumer renames the capsule to ``used_dltensor_versioned`` and becomes
     responsible for the deleter; a capsule still under its original name was never consumed,
     so its export is deleted here."""
@@ -88,6 +91,7 @@ def _capsule_destructor(capsule):
         managed.contents.deleter(managed)
 
 
+_capsule_destructor = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(_destroy_capsule)
 _DESTRUCTOR_PTR = ctypes.cast(_capsule_destructor, ctypes.c_void_p)
 
 
@@ -100,7 +104,7 @@ class DLPackField:
 
     __slots__ = ("_lease", "_index", "_device")
 
-    def __init__(self, lease: _Lease, index: int, device: tuple[int, int]):
+    def __init__(self, lease: _Lease, index: int, device: tuple[int, int]) -> None:
         self._lease = lease
         self._index = index
         self._device = device
@@ -114,7 +118,14 @@ class DLPackField:
             return (self._device, (_ffi.DEVICE_CPU, 0))
         return (self._device,)
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> object:
         """Returns a ``dltensor_versioned`` capsule (DLPack >= 1.0 consumers only).
 
         Host batches are complete when the loader hands them out. For a CUDA batch the
@@ -145,7 +156,7 @@ class DLPackField:
             raise
 
 
-class Batch(Mapping):
+class Batch(Mapping[str, NDArray[Any]]):
     """One batch: a read-only mapping from field name to a zero-copy NumPy array.
 
     Field order is the library's: ``image``, ``label`` for image sources; ``data`` (then
@@ -155,7 +166,7 @@ class Batch(Mapping):
 
     __slots__ = ("_lease", "_tensors", "epoch")
 
-    def __init__(self, ptr: int, epoch: int):
+    def __init__(self, ptr: int, epoch: int) -> None:
         self._lease = _Lease(ptr)
         self.epoch = epoch
         self._tensors: dict[str, tuple[int, _ffi.Tensor]] = {}
@@ -164,7 +175,7 @@ class Batch(Mapping):
             check(_ffi.lib.stoker_batch_field(ptr, i, ctypes.byref(t)))
             self._tensors[t.name.decode()] = (i, t)
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> NDArray[Any]:
         t = self._tensors[name][1]
         if t.device_type == _ffi.DEVICE_CUDA:
             raise TypeError(
@@ -195,7 +206,7 @@ class Batch(Mapping):
         """The field's element type as stoker names it (``bfloat16`` included)."""
         return _ffi.DTYPE_NAMES[self._tensors[name][1].dtype]
 
-    def fields(self) -> dict[str, np.ndarray]:
+    def fields(self) -> dict[str, NDArray[Any]]:
         """Every field as a zero-copy NumPy array."""
         return {name: self[name] for name in self._tensors}
 
@@ -204,7 +215,7 @@ class Batch(Mapping):
         i, t = self._tensors[name]
         return DLPackField(self._lease, i, (t.device_type, t.device_id))
 
-    def torch(self) -> dict:
+    def torch(self) -> dict[str, torch.Tensor]:
         """Every field as a torch tensor sharing the batch's memory (no copy).
 
         Uses versioned DLPack, through which torch makes its current stream wait for a CUDA

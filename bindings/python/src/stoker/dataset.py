@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -41,7 +41,7 @@ _datasets: dict[int, Any] = {}
 _keys = itertools.count(1)
 
 
-def _fields(item: Any):
+def _fields(item: Any) -> Iterable[tuple[str, Any]]:
     if isinstance(item, dict):
         return item.items()
     if isinstance(item, tuple) and len(item) == 2:

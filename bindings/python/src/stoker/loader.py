@@ -13,25 +13,40 @@ from typing import Any, Iterator
 from . import _ffi
 from .batch import Batch
 from .dataset import set_source
-from .errors import ClosedError, check
+from .errors import ClosedError, InternalError, check
 
 
 @dataclasses.dataclass(frozen=True)
 class Stats:
-    """A snapshot of ``stoker_stats`` (``stoker_stats`` in stoker.h documents each field)."""
+    """A snapshot of the loader's statistics (``stoker_stats`` in ``include/stoker.h``).
+
+    Times are in nanoseconds; waits are the consumer's, inside ``next_batch``.
+    """
 
     batches: int
+    """Batches delivered since the loader was created."""
     samples: int
+    """Samples in those batches."""
     samples_skipped: int
+    """Samples replaced under ``on_error="skip"``."""
     wait_ns_total: int
+    """Total time the consumer waited for batches."""
     wait_ns_p50: int
+    """Median wait for one batch."""
     wait_ns_p95: int
+    """95th percentile of the wait for one batch."""
     wait_ns_max: int
+    """Longest wait for one batch."""
     elapsed_ns: int
+    """Time since the first request for a batch."""
     readiness: float
+    """``1 - waited / elapsed``: the share of time the consumer was not starved (1 is best)."""
     worker_busy: float
+    """The share of the worker threads' time spent producing samples."""
     slabs_pinned: int
+    """Arena slabs page-locked under ``pin_memory``."""
     pin_failures: int
+    """Slabs ``mlock`` refused (RLIMIT_MEMLOCK): delivered unpinned."""
 
 
 def option_value(value: Any) -> str:
@@ -41,7 +56,7 @@ def option_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(option_value(v) for v in value)
     if isinstance(value, os.PathLike):
-        return os.fspath(value)
+        return os.fsdecode(value)
     return str(value)
 
 
@@ -56,6 +71,8 @@ def _new_loader(options: dict[str, str], dataset: Any = None) -> int:
             check(_ffi.lib.stoker_options_set(opts, key.encode(), value.encode()))
         out = ctypes.c_void_p()
         check(_ffi.lib.stoker_loader_new(opts, ctypes.byref(out)))
+        if not out.value:
+            raise InternalError("stoker_loader_new reported success without a loader")
         return out.value
     finally:
         _ffi.lib.stoker_options_free(opts)
@@ -64,7 +81,7 @@ def _new_loader(options: dict[str, str], dataset: Any = None) -> int:
 # Loaders whose workers call into Python (a dataset source). They are closed before the
 # interpreter finalizes: a worker thread entering Python after that is killed by the
 # interpreter in a way that aborts the process.
-_python_source_loaders: weakref.WeakSet = weakref.WeakSet()
+_python_source_loaders: weakref.WeakSet[Loader] = weakref.WeakSet()
 
 
 @atexit.register
@@ -76,7 +93,9 @@ def _close_python_source_loaders() -> None:
 class Loader:
     """A stoker loader. ``source`` is a source spec (``"npy:PATH"``, ``"image_folder:ROOT"``)
     or a map-style Python dataset (see ``stoker.dataset``). Every keyword is an option key of
-    the C ABI (listed in stoker.h and the README); ``None`` leaves the library's default.
+    the C ABI (the README's Options table, and ``include/stoker.h``); ``None`` leaves the
+    library's default. Options the library rejects raise ``InvalidArgumentError`` naming the
+    key.
 
     ``for batch in loader:`` runs to the end of the current epoch; the next ``for`` continues
     with the next epoch (or with the rest of the epoch, after a ``break``). Batches and the
@@ -92,7 +111,7 @@ class Loader:
 
     def __init__(
         self,
-        source: str | os.PathLike | Any,
+        source: str | os.PathLike[str] | Any,
         *,
         batch_size: int | None = None,
         shuffle: bool | None = None,
@@ -142,6 +161,8 @@ class Loader:
             out = ctypes.c_void_p()
             if check(_ffi.lib.stoker_loader_next(ptr, ctypes.byref(out))) == _ffi.END_OF_EPOCH:
                 return None
+            if not out.value:
+                raise InternalError("stoker_loader_next reported a batch without one")
             return Batch(out.value, epoch)
 
     def __iter__(self) -> Iterator[Batch]:
@@ -149,7 +170,7 @@ class Loader:
             yield batch
 
     def __len__(self) -> int:
-        n = _ffi.lib.stoker_loader_batches_per_epoch(self._handle())
+        n = int(_ffi.lib.stoker_loader_batches_per_epoch(self._handle()))
         if n < 0:
             raise TypeError("this loader's source is streaming: batches per epoch are unknown")
         return n
@@ -157,9 +178,10 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch the next batch belongs to."""
-        return _ffi.lib.stoker_loader_epoch(self._handle())
+        return int(_ffi.lib.stoker_loader_epoch(self._handle()))
 
     def stats(self) -> Stats:
+        """A snapshot of the loader's statistics; callable at any time, also mid-epoch."""
         raw = _ffi.Stats(size=ctypes.sizeof(_ffi.Stats))
         check(_ffi.lib.stoker_loader_stats(self._handle(), ctypes.byref(raw)))
         return Stats(**{f.name: getattr(raw, f.name) for f in dataclasses.fields(Stats)})
@@ -193,10 +215,10 @@ class Loader:
     def __enter__(self) -> Loader:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         ptr, self._ptr = self._ptr, None
         if ptr:
             _ffi.lib.stoker_loader_free(ptr)

@@ -43,7 +43,7 @@ class DataLoader:
         persistent_workers: bool = False,
         seed: int | None = None,
         **options: Any,
-    ):
+    ) -> None:
         if seed is None and shuffle:
             seed = int(torch.empty((), dtype=torch.int64).random_().item()) & (2**63 - 1)
         self.batch_size = batch_size
@@ -81,9 +81,11 @@ class DataLoader:
         return self._loader
 
     def state_dict(self) -> dict[str, str]:
+        """Where the loader stands, for ``load_state_dict`` (see ``stoker.Loader.state_dict``)."""
         return self._loader.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, str]) -> None:
+        """Continues exactly where the saved loader stopped, mid-epoch included."""
         self._loader.load_state_dict(state_dict)
         # A saved state may stand mid-epoch; the next `for` continues from there.
         self._in_epoch = False

@@ -1,0 +1,194 @@
+//! The command line: subcommands and flags, declared with clap's derive API so that `--help`,
+//! `--version`, typo detection and error messages follow the conventions users know.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "stoker",
+    version,
+    about = "stoker keeps accelerators fed: a demo of the data loader and side-by-side benchmarks",
+    // A flag given twice keeps its last value (as scripts that append overrides expect).
+    args_override_self = true,
+    propagate_version = true
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// The ImageNet training pipeline on a folder of photographs, with wait statistics.
+    ///
+    /// random_resized_crop(224) | hflip | normalize on a folder of class subfolders of JPEGs:
+    /// epochs with a progress bar, each batch held for a simulated training step, then
+    /// throughput and wait statistics. Without --images it builds an ImageNet-like folder from
+    /// real photographs.
+    Demo(DemoArgs),
+    /// Benchmarks that measure stoker beside the machine's limit in the same run.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// Shuffled uint8 [N,3,224,224] batches from an npy file beside single-thread memcpy
+    /// bandwidth, measured in the same run.
+    Npy(NpyArgs),
+    /// The demo's pipeline beside decode-only throughput on the same files, measured in the
+    /// same run.
+    Images(ImagesArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// A folder of class subfolders of JPEGs (default: an ImageNet-like folder built from real
+    /// photographs in the cache directory).
+    #[arg(long, value_name = "ROOT")]
+    pub(crate) images: Option<PathBuf>,
+    /// Epochs to run.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub(crate) epochs: usize,
+    /// Samples per batch.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    #[command(flatten)]
+    pub(crate) workers: Workers,
+    /// Images per class when building the default folder.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub(crate) per_class: usize,
+    /// The simulated training step: how long each batch is held, in milliseconds.
+    #[arg(long, value_name = "N", default_value_t = 30)]
+    pub(crate) step_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct NpyArgs {
+    /// Samples in the generated npy file.
+    #[arg(long, value_name = "N", default_value_t = 2048)]
+    pub(crate) samples: usize,
+    /// Samples per batch.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub(crate) batch_size: usize,
+    /// Epochs to run (at least 2: the first one warms up and is not measured).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub(crate) epochs: usize,
+    #[command(flatten)]
+    pub(crate) workers: Workers,
+    /// An existing npy file to read instead of the generated one.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) path: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ImagesArgs {
+    /// A folder of class subfolders of JPEGs (default: the demo's ImageNet-like folder).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// Measured epochs (one more runs first, to warm up).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub(crate) epochs: usize,
+    /// Samples per batch.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    #[command(flatten)]
+    pub(crate) workers: Workers,
+    /// Images per class when building the default folder.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub(crate) per_class: usize,
+}
+
+/// `--workers`, shared by every command that builds a loader.
+#[derive(Debug, Args)]
+pub(crate) struct Workers {
+    /// Worker threads: a number, or `auto` for the cores this process may run on.
+    #[arg(long = "workers", value_name = "N|auto", default_value = "auto", value_parser = workers)]
+    pub(crate) value: String,
+}
+
+/// Accepts what the loader's `num_workers` option accepts, so that a typo fails before any
+/// dataset is built, with clap's message naming the flag.
+fn workers(value: &str) -> Result<String, String> {
+    if value == "auto" || value.parse::<usize>().is_ok() {
+        Ok(value.to_owned())
+    } else {
+        Err(format!("`{value}` is neither a number nor `auto`"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_parse_into_the_subcommand_fields() {
+        let cli = Cli::try_parse_from([
+            "stoker",
+            "bench",
+            "npy",
+            "--samples",
+            "64",
+            "--batch-size=16",
+            "--workers",
+            "3",
+        ])
+        .unwrap();
+        let Command::Bench(BenchCommand::Npy(args)) = cli.command else {
+            panic!("parsed {:?}", cli.command);
+        };
+        assert_eq!((args.samples, args.batch_size, args.epochs), (64, 16, 10));
+        assert_eq!(args.workers.value, "3");
+        assert!(args.path.is_none());
+    }
+
+    #[test]
+    fn images_takes_an_optional_root_before_or_after_flags() {
+        for argv in [
+            &["stoker", "bench", "images", "/data", "--epochs", "1"][..],
+            &["stoker", "bench", "images", "--epochs", "1", "/data"][..],
+        ] {
+            let cli = Cli::try_parse_from(argv).unwrap();
+            let Command::Bench(BenchCommand::Images(args)) = cli.command else {
+                panic!("parsed {:?}", cli.command);
+            };
+            assert_eq!(args.root, Some(PathBuf::from("/data")));
+            assert_eq!(args.epochs, 1);
+        }
+    }
+
+    #[test]
+    fn a_repeated_flag_keeps_its_last_value() {
+        let cli =
+            Cli::try_parse_from(["stoker", "demo", "--epochs", "5", "--epochs", "1"]).unwrap();
+        let Command::Demo(args) = cli.command else {
+            panic!("parsed {:?}", cli.command);
+        };
+        assert_eq!(args.epochs, 1);
+        assert_eq!(args.workers.value, "auto");
+    }
+
+    #[test]
+    fn bad_values_and_unknown_flags_are_errors_naming_the_flag() {
+        let err = Cli::try_parse_from(["stoker", "demo", "--epochs", "two"]).unwrap_err();
+        assert!(err.to_string().contains("--epochs"), "{err}");
+        let err = Cli::try_parse_from(["stoker", "demo", "--workers", "many"]).unwrap_err();
+        assert!(
+            err.to_string().contains("neither a number nor `auto`"),
+            "{err}"
+        );
+        let err = Cli::try_parse_from(["stoker", "bench", "npy", "--sample", "3"]).unwrap_err();
+        assert!(err.to_string().contains("--sample"), "{err}");
+        assert!(Cli::try_parse_from(["stoker", "bench"]).is_err());
+        assert!(Cli::try_parse_from(["stoker"]).is_err());
+    }
+}

@@ -1,0 +1,168 @@
+//! The `stoker` binary as a user runs it: version, help, usage errors, and plain (non-TTY)
+//! output of a real run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn stoker(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args(args)
+        .output()
+        .expect("the stoker binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The workspace's version, read from the root Cargo.toml itself: the one place it is defined.
+fn workspace_version() -> String {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let in_package = text
+        .split("[workspace.package]")
+        .nth(1)
+        .expect("a [workspace.package] table");
+    let line = in_package
+        .lines()
+        .find(|l| l.trim_start().starts_with("version"))
+        .expect("a version key");
+    line.split('"').nth(1).unwrap().to_owned()
+}
+
+#[test]
+fn version_is_the_workspace_version() {
+    let out = stoker(&["--version"]);
+    assert!(out.status.success());
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("stoker {}", workspace_version())
+    );
+    // Subcommands answer --version too (clap names them `stoker-bench-npy`).
+    let out = stoker(&["bench", "npy", "--version"]);
+    assert!(out.status.success());
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("stoker-bench-npy {}", workspace_version())
+    );
+}
+
+#[test]
+fn help_lists_the_subcommands_and_their_flags() {
+    let out = stoker(&["--help"]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for word in ["demo", "bench", "--version", "--help"] {
+        assert!(help.contains(word), "{word} missing from:\n{help}");
+    }
+    let out = stoker(&["demo", "--help"]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for flag in [
+        "--images",
+        "--epochs",
+        "--batch-size",
+        "--workers",
+        "--per-class",
+        "--step-ms",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+    let help = text(&stoker(&["bench", "npy", "--help"]).stdout);
+    for flag in [
+        "--samples",
+        "--batch-size",
+        "--epochs",
+        "--workers",
+        "--path",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+    let help = text(&stoker(&["bench", "images", "--help"]).stdout);
+    assert!(help.contains("[ROOT]"), "{help}");
+}
+
+#[test]
+fn usage_errors_exit_2_and_name_the_problem() {
+    let out = stoker(&["bench", "npy", "--sample", "3"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--sample"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = stoker(&["frobnicate"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("frobnicate"));
+}
+
+#[test]
+fn a_loader_error_exits_1_with_the_library_message() {
+    let missing = Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-such-folder");
+    let out = stoker(&[
+        "demo",
+        "--images",
+        missing.to_str().unwrap(),
+        "--step-ms",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.starts_with("stoker: "), "{err}");
+    assert!(err.contains("no-such-folder"), "{err}");
+}
+
+/// An image_folder of two classes made of the core crate's real-photo fixtures.
+fn image_folder() -> PathBuf {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../stoker-core/tests/data/images");
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-image-folder");
+    for (class, files) in [
+        ("a", ["photo_baseline.jpg", "photo_444.jpg"]),
+        ("b", ["photo_progressive.jpg", "photo_gray.jpg"]),
+    ] {
+        std::fs::create_dir_all(root.join(class)).unwrap();
+        for f in files {
+            std::fs::copy(fixtures.join(f), root.join(class).join(f)).unwrap();
+        }
+    }
+    root
+}
+
+#[test]
+fn demo_output_is_plain_when_not_on_a_terminal() {
+    let root = image_folder();
+    let out = stoker(&[
+        "demo",
+        "--images",
+        root.to_str().unwrap(),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "2",
+        "--workers",
+        "2",
+        "--step-ms",
+        "0",
+    ]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    // Piped output: no bar redraws, no escape codes; one line per finished epoch.
+    for s in [&stdout, &stderr] {
+        assert!(!s.contains('\r') && !s.contains('\x1b'), "{s:?}");
+    }
+    let epoch_lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("epoch ")).collect();
+    assert_eq!(epoch_lines.len(), 2, "{stderr}");
+    assert!(
+        epoch_lines[0].starts_with("epoch 0: 2/2 batches"),
+        "{stderr}"
+    );
+    assert!(
+        epoch_lines[1].starts_with("epoch 1: 2/2 batches"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("stoker demo: 4 images from"), "{stdout}");
+    assert!(
+        stdout.contains("delivered      4 batches, 8 samples"),
+        "{stdout}"
+    );
+}
