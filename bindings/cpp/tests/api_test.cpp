@@ -339,7 +339,7 @@ TEST_F(LoaderTest, SaveStateAndResumeReproduceTheSequence) {
     }
     state = loader.save_state();
   }
-  EXPECT_EQ(state.rfind("stoker-state-v1", 0), 0u) << state;
+  EXPECT_EQ(state.rfind("stoker-state-v2", 0), 0u) << state;
   {
     stoker::Options again = opts;
     stoker::Loader loader(again.resume_state(state));
