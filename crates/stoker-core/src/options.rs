@@ -766,4 +766,48 @@ mod tests {
             }
         ));
     }
+
+    #[test]
+    fn cuda_is_the_local_rank_and_auto_workers_share_the_node() {
+        let launch = Launch {
+            rank: 5,
+            world_size: 8,
+            local_rank: 1,
+            local_world_size: 4,
+            launcher: crate::launch::Launcher::Torchrun,
+        };
+        let mut o = LoaderOptions::default();
+        o.set("device", "cuda").unwrap();
+        assert_eq!(o.device_for(&launch), Device::Cuda(1));
+        o.set("device", "cuda:3").unwrap();
+        assert_eq!(
+            o.device_for(&launch),
+            Device::Cuda(3),
+            "an explicit ordinal wins"
+        );
+        o.set("device", "cpu").unwrap();
+        assert_eq!(o.device_for(&launch), Device::Cpu);
+        let cores = usable_cores();
+        assert_eq!(o.workers_for(&launch), (cores / 4).max(1));
+        assert_eq!(o.workers_for(&Launch::SINGLE), cores);
+        o.set("num_workers", "3").unwrap();
+        assert_eq!(o.workers_for(&launch), 3, "an explicit count wins");
+        for v in ["auto", "env"] {
+            o.set("rank", v).unwrap();
+            o.set("world_size", v).unwrap();
+            assert_eq!((o.rank, o.world_size), (None, None));
+        }
+        assert!(o.set("world_size", "0").is_err());
+        o.set("indices", "3,1,2").unwrap();
+        o.set("shuffle", "true").unwrap();
+        let e = o.sampler_kind(5).unwrap_err().to_string();
+        assert!(e.contains("`indices`") && e.contains("shuffle"), "{e}");
+        o.set("shuffle", "false").unwrap();
+        assert_eq!(
+            o.sampler_kind(5).unwrap(),
+            SamplerKind::Indices {
+                indices: vec![3, 1, 2]
+            }
+        );
+    }
 }
