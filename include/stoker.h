@@ -171,6 +171,20 @@ typedef struct stoker_options stoker_options;
 typedef struct stoker_sample stoker_sample;
 
 /**
+ * This process's place in a distributed job, as `stoker_options_launch` resolves it.
+ */
+typedef struct stoker_launch {
+  uint64_t rank;
+  uint64_t world_size;
+  uint64_t local_rank;
+  uint64_t local_world_size;
+  /**
+   * A `stoker_launcher` value.
+   */
+  uint64_t launcher;
+} stoker_launch;
+
+/**
  * The caller's dataset (PyTorch's map-style `Dataset`). `read` is called concurrently from
  * worker threads and must be thread-safe; `drop` (may be NULL) runs once, when the last loader
  * (or options object) using the callbacks is freed.
@@ -425,6 +439,14 @@ enum stoker_status stoker_options_set(struct stoker_options *o,
  * Loaders on the CPU ignore it.
  */
 enum stoker_status stoker_options_set_cuda_stream(struct stoker_options *o, void *cuda_stream);
+
+/**
+ * Resolves, without making a loader, the rank, world size, local rank and local world size a
+ * loader made from these options would have: explicit `rank` / `world_size`, or for `auto` the
+ * launcher's variables (torchrun, Slurm, Open MPI, PMI) in this process's environment.
+ * Inconsistent variables give `STOKER_ERR_INVALID_ARGUMENT` naming them; `*out` is then zeroed.
+ */
+enum stoker_status stoker_options_launch(const struct stoker_options *o, struct stoker_launch *out);
 
 /**
  * Frees options; NULL is a no-op. Loaders made from them are not affected.

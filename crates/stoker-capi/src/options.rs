@@ -2,7 +2,7 @@
 
 use crate::error::fail;
 use crate::ffi::{free_raw, into_raw};
-use crate::types::{stoker_options, stoker_status};
+use crate::types::{stoker_launch, stoker_options, stoker_status};
 use stoker_core::LoaderOptions;
 
 /// New options with the documented defaults; free with `stoker_options_free`. NULL only if
@@ -83,6 +83,38 @@ pub extern "C" fn stoker_options_set_cuda_stream(
         let o = try_mut!(o);
         o.inner.set_cuda_stream(cuda_stream as usize);
         stoker_status::STOKER_OK
+    })
+}
+
+/// Resolves, without making a loader, the rank, world size, local rank and local world size a
+/// loader made from these options would have: explicit `rank` / `world_size`, or for `auto` the
+/// launcher's variables (torchrun, Slurm, Open MPI, PMI) in this process's environment.
+/// Inconsistent variables give `STOKER_ERR_INVALID_ARGUMENT` naming them; `*out` is then zeroed.
+#[no_mangle]
+pub extern "C" fn stoker_options_launch(
+    o: *const stoker_options,
+    out: *mut stoker_launch,
+) -> stoker_status {
+    ffi_boundary!(stoker_options_launch => {
+        non_null!(out);
+        // SAFETY: `out` is non-NULL and writable for one `stoker_launch` by the C contract.
+        unsafe { out.write(stoker_launch::default()) };
+        let o = try_ref!(o);
+        match o.inner.launch() {
+            Ok(l) => {
+                let launch = stoker_launch {
+                    rank: l.rank as u64,
+                    world_size: l.world_size as u64,
+                    local_rank: l.local_rank as u64,
+                    local_world_size: l.local_world_size as u64,
+                    launcher: l.launcher.code(),
+                };
+                // SAFETY: as above.
+                unsafe { out.write(launch) };
+                stoker_status::STOKER_OK
+            }
+            Err(e) => fail(&e),
+        }
     })
 }
 

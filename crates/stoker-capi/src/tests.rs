@@ -360,3 +360,29 @@ fn set_epoch_and_the_resolved_launch_in_stats() {
     stoker_loader_free(l);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn options_launch_resolves_without_a_loader() {
+    let o = stoker_options_new();
+    set(o, "rank", "2");
+    set(o, "world_size", "3");
+    let mut launch = stoker_launch::default();
+    assert_eq!(stoker_options_launch(o, &mut launch), STOKER_OK);
+    assert_eq!((launch.rank, launch.world_size), (2, 3));
+    assert_eq!(
+        launch.launcher,
+        stoker_launcher::STOKER_LAUNCHER_EXPLICIT as u64
+    );
+    set(o, "rank", "3");
+    assert_eq!(
+        stoker_options_launch(o, &mut launch),
+        STOKER_ERR_INVALID_ARGUMENT
+    );
+    assert!(last_error().contains("rank 3"), "{}", last_error());
+    assert_eq!(launch, stoker_launch::default(), "zeroed on failure");
+    assert_eq!(
+        stoker_options_launch(o, null_mut()),
+        STOKER_ERR_INVALID_ARGUMENT
+    );
+    stoker_options_free(o);
+}

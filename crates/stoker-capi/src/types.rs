@@ -193,6 +193,18 @@ pub struct stoker_stats {
     pub launcher: u64,
 }
 
+/// This process's place in a distributed job, as `stoker_options_launch` resolves it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct stoker_launch {
+    pub rank: u64,
+    pub world_size: u64,
+    pub local_rank: u64,
+    pub local_world_size: u64,
+    /// A `stoker_launcher` value.
+    pub launcher: u64,
+}
+
 /// Who resolved a loader's rank and world size (`stoker_stats::launcher`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -159,6 +159,14 @@ pub fn detect(
     let detected = detect_launcher(env);
     let launch = match (rank, world_size) {
         (Some(rank), Some(world_size)) => {
+            if rank >= world_size {
+                return Err(Error::option(
+                    "rank",
+                    format!(
+                        "rank {rank} is not below world_size {world_size} (both set explicitly)"
+                    ),
+                ));
+            }
             // Explicit values win; a launcher that agrees on the world still says where on the
             // node this process is (for device=cuda and num_workers=auto).
             let (local_rank, local_world_size) = match &detected {

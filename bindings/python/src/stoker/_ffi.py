@@ -76,7 +76,16 @@ class Stats(ctypes.Structure):
         ("worker_busy", ctypes.c_double),
         ("slabs_pinned", ctypes.c_uint64),
         ("pin_failures", ctypes.c_uint64),
+        ("rank", ctypes.c_uint64),
+        ("world_size", ctypes.c_uint64),
+        ("local_rank", ctypes.c_uint64),
+        ("local_world_size", ctypes.c_uint64),
+        ("launcher", ctypes.c_uint64),
     ]
+
+
+# stoker_launcher -> the name Loader.stats() gives
+LAUNCHERS = {0: "none", 1: "explicit", 2: "torchrun", 3: "slurm", 4: "openmpi", 5: "pmi"}
 
 
 class DLPackVersion(ctypes.Structure):
@@ -148,6 +157,7 @@ _SIGNATURES = {
     "stoker_loader_next": (_STATUS, [_P, ctypes.POINTER(_P)]),
     "stoker_loader_batches_per_epoch": (ctypes.c_int64, [_P]),
     "stoker_loader_epoch": (ctypes.c_uint64, [_P]),
+    "stoker_loader_set_epoch": (_STATUS, [_P, ctypes.c_uint64]),
     "stoker_loader_stats": (_STATUS, [_P, ctypes.POINTER(Stats)]),
     "stoker_loader_save_state": (
         _STATUS,

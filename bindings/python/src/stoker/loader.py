@@ -32,6 +32,13 @@ class Stats:
     worker_busy: float
     slabs_pinned: int
     pin_failures: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    launcher: str
+    """Who resolved ``rank`` and ``world_size``: ``"torchrun"``, ``"slurm"``, ``"openmpi"``,
+    ``"pmi"``, ``"explicit"`` (both set as options) or ``"none"`` (one process)."""
 
 
 def option_value(value: Any) -> str:
@@ -162,7 +169,19 @@ class Loader:
     def stats(self) -> Stats:
         raw = _ffi.Stats(size=ctypes.sizeof(_ffi.Stats))
         check(_ffi.lib.stoker_loader_stats(self._handle(), ctypes.byref(raw)))
-        return Stats(**{f.name: getattr(raw, f.name) for f in dataclasses.fields(Stats)})
+        values = {f.name: getattr(raw, f.name) for f in dataclasses.fields(Stats)}
+        values["launcher"] = _ffi.LAUNCHERS.get(raw.launcher, f"unknown ({raw.launcher})")
+        return Stats(**values)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next batch the first of ``epoch`` (``DistributedSampler.set_epoch``):
+        batches being built are discarded, batches already handed out stay valid. Nothing
+        changes at the start of ``epoch``, or right after resuming into it, so the usual
+        ``loader.set_epoch(e)`` before each epoch continues a resumed epoch."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, not {epoch}")
+        with self._lock:
+            check(_ffi.lib.stoker_loader_set_epoch(self._handle(), epoch))
 
     def state_dict(self) -> dict[str, str]:
         """Where the loader stands: ``{"state": str}``, for ``load_state_dict`` or the
