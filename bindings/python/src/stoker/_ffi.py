@@ -84,6 +84,18 @@ class Stats(ctypes.Structure):
     ]
 
 
+class LaunchInfo(ctypes.Structure):
+    """``stoker_launch``, as ``stoker_options_launch`` fills it."""
+
+    _fields_ = [
+        ("rank", ctypes.c_uint64),
+        ("world_size", ctypes.c_uint64),
+        ("local_rank", ctypes.c_uint64),
+        ("local_world_size", ctypes.c_uint64),
+        ("launcher", ctypes.c_uint64),
+    ]
+
+
 # stoker_launcher -> the name Loader.stats() gives
 LAUNCHERS = {0: "none", 1: "explicit", 2: "torchrun", 3: "slurm", 4: "openmpi", 5: "pmi"}
 
@@ -145,6 +157,7 @@ _SIGNATURES = {
     "stoker_options_new": (_P, []),
     "stoker_options_set": (_STATUS, [_P, ctypes.c_char_p, ctypes.c_char_p]),
     "stoker_options_free": (None, [_P]),
+    "stoker_options_launch": (_STATUS, [_P, ctypes.POINTER(LaunchInfo)]),
     "stoker_options_set_source_callbacks": (_STATUS, [_P, ctypes.POINTER(SourceCallbacks)]),
     "stoker_sample_put_encoded": (_STATUS, [_P, ctypes.c_void_p, ctypes.c_size_t]),
     "stoker_sample_put_tensor": (

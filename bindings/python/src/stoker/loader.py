@@ -41,6 +41,42 @@ class Stats:
     ``"pmi"``, ``"explicit"`` (both set as options) or ``"none"`` (one process)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """This process's place in a distributed job, as ``launch()`` resolves it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    launcher: str
+    """``"torchrun"``, ``"slurm"``, ``"openmpi"``, ``"pmi"``, ``"explicit"`` or ``"none"``."""
+
+
+def launch(rank: int | str | None = None, world_size: int | str | None = None) -> Launch:
+    """The rank, world size, local rank and local world size a loader would have, from explicit
+    values or (``None`` / ``"auto"``) the launcher's variables: torchrun, Slurm, Open MPI, PMI.
+    Inconsistent variables raise ``InvalidArgumentError`` naming them."""
+    opts = _ffi.lib.stoker_options_new()
+    if not opts:
+        raise MemoryError("stoker_options_new returned NULL")
+    try:
+        for key, value in (("rank", rank), ("world_size", world_size)):
+            if value is not None:
+                check(_ffi.lib.stoker_options_set(opts, key.encode(), option_value(value).encode()))
+        raw = _ffi.LaunchInfo()
+        check(_ffi.lib.stoker_options_launch(opts, ctypes.byref(raw)))
+    finally:
+        _ffi.lib.stoker_options_free(opts)
+    return Launch(
+        rank=raw.rank,
+        world_size=raw.world_size,
+        local_rank=raw.local_rank,
+        local_world_size=raw.local_world_size,
+        launcher=_ffi.LAUNCHERS.get(raw.launcher, f"unknown ({raw.launcher})"),
+    )
+
+
 def option_value(value: Any) -> str:
     """The string form the C ABI parses: ``True`` -> ``"true"``, ``[1, 2]`` -> ``"1,2"``."""
     if isinstance(value, bool):
