@@ -65,32 +65,34 @@ np.save(f"{sys.argv[1]}/y.npy", np.arange(n, dtype=np.int64))
 PY
 train=bindings/python/distributed/ddp_train.py
 check=bindings/python/distributed/check_coverage.py
-# torchrun JOB NPROC ARGS...: one torchrun run on this machine (rendezvous on localhost).
+# torchrun_job NPROC ARGS...: one torchrun run on this machine (rendezvous on localhost); its
+# output goes to $work/torchrun.log, shown (less torchrun's warnings) by `show_log` on failure.
 torchrun_job() {
   local nproc=$1
   shift
   timeout 180 "$venv/bin/torchrun" --standalone --nproc_per_node="$nproc" "$train" \
     --data "$work" "$@" >"$work/torchrun.log" 2>&1
 }
+show_log() { grep -v '^W[0-9]' "$work/torchrun.log" | tail -60; }
 scenario() {
   local name=$1 w1=$2 kill=$3 w2=$4 epochs=$5
   local log="$work/$name.jsonl" ckpt="$work/$name.ckpt"
   rm -f "$log" "$ckpt"
   step "torchrun: $name"
   if [ "$kill" = 0 ]; then
-    if ! torchrun_job "$w1" --log "$log" --ckpt "$ckpt" --epochs "$epochs"; then
-      tail -30 "$work/torchrun.log"; ko "$name: torchrun failed or timed out"; return
+    if ! torchrun_job "$w1" --sample-log "$log" --ckpt "$ckpt" --epochs "$epochs"; then
+      show_log; ko "$name: torchrun failed or timed out"; return
     fi
   else
     # The ranks SIGKILL themselves after step $kill: torchrun must report the failure.
-    if torchrun_job "$w1" --log "$log" --ckpt "$ckpt" --epochs "$epochs" --kill-at "$kill"; then
+    if torchrun_job "$w1" --sample-log "$log" --ckpt "$ckpt" --epochs "$epochs" --kill-at "$kill"; then
       ko "$name: the killed run exited 0"; return
     fi
     if [ "$(grep -c '"ids"' "$log")" != "$kill" ]; then
-      tail -30 "$work/torchrun.log"; ko "$name: the killed run did not reach step $kill"; return
+      show_log; ko "$name: the killed run did not reach step $kill"; return
     fi
-    if ! torchrun_job "$w2" --log "$log" --ckpt "$ckpt" --epochs "$epochs" --resume; then
-      tail -30 "$work/torchrun.log"; ko "$name: the resumed run failed or timed out"; return
+    if ! torchrun_job "$w2" --sample-log "$log" --ckpt "$ckpt" --epochs "$epochs" --resume; then
+      show_log; ko "$name: the resumed run failed or timed out"; return
     fi
   fi
   if "$py" "$check" "$log" 101 4 "$epochs"; then ok "$name"; else ko "$name: coverage"; fi

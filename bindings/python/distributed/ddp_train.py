@@ -6,7 +6,7 @@ saved the same loader state. `--kill-at STEP` SIGKILLs every rank right after th
 checkpoint; `--resume` continues from the checkpoint, at whatever world size torchrun gives.
 check_coverage.py then reads the log.
 
-    torchrun --nproc_per_node=2 ddp_train.py --data DIR --log LOG --ckpt CKPT --epochs 3
+    torchrun --nproc_per_node=2 ddp_train.py --data DIR --sample-log LOG --ckpt CKPT --epochs 3
 """
 
 import argparse
@@ -26,7 +26,7 @@ from stoker.torch import DataLoader
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True, help="directory with x.npy (float32) and y.npy (ids)")
-    p.add_argument("--log", required=True)
+    p.add_argument("--sample-log", required=True)
     p.add_argument("--ckpt", required=True)
     p.add_argument("--epochs", type=int, required=True)
     p.add_argument("--batch-size", type=int, default=4)
@@ -67,7 +67,7 @@ def main() -> None:
         start_epoch, step = ckpt["epoch"], ckpt["step"]
         model.module.load_state_dict({k: torch.tensor(v) for k, v in ckpt["model"].items()})
 
-    log = open(args.log, "a") if rank == 0 else None
+    log = open(args.sample_log, "a") if rank == 0 else None
     for epoch in range(start_epoch, args.epochs):
         loader.set_epoch(epoch)  # keeps a resumed epoch's position
         steps = 0
@@ -106,6 +106,9 @@ def main() -> None:
         if rank == 0:
             log.write(json.dumps({"world": world, "epoch_end": epoch, "steps": steps}) + "\n")
             log.flush()
+    # Every rank is past its last collective before any closes its connections (gloo aborts a
+    # peer still receiving from a rank that exited).
+    dist.barrier()
     dist.destroy_process_group()
 
 
