@@ -13,7 +13,7 @@
 //!   consistent (`rank < world_size`, `local_rank < local_world_size <= world_size`);
 //! - when several launchers' variables are present, the innermost launcher started this
 //!   process, in the order torchrun, Open MPI, PMI, Slurm (torchrun is commonly started by
-//!   `srun` or `mpirun`, one agent per node, and starts the trainers itself). An outer
+//!   `srun` or `mpirun`, one per node, and starts the trainers itself). An outer
 //!   launcher's world can't hold more processes than the inner one's, and two MPI-style launchers
 //!   (Open MPI, PMI, Slurm) describing worlds of the same size describe the same processes, so
 //!   they must give the same rank; anything else is an error naming the variables, because it
@@ -527,7 +527,7 @@ mod tests {
 
     #[test]
     fn torchrun_inside_srun_wins() {
-        // One srun task per node, each a torchrun agent with 4 trainers.
+        // One srun task per node, each a torchrun starting 4 trainers.
         let l = auto(&[
             ("RANK", "6"),
             ("WORLD_SIZE", "8"),
