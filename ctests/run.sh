@@ -160,6 +160,14 @@ run_prog "SONAME is libstoker.so.0" test "$soname" = libstoker.so.0
 step "CTest: the suite against the build tree"
 ctest_run "$work/build" build
 
+# A 2-rank Open MPI job (not under the sanitizers: one run under mpirun is what this checks).
+if command -v mpirun >/dev/null; then
+  step "mpirun -np 2: ctests/mpi_cover.c reads the Open MPI variables and covers exactly"
+  run_prog "mpi_cover under mpirun" bash ctests/mpi_cover.sh "$work/build/ctests/mpi_cover"
+else
+  echo "mpirun not found: bindings/python/run_distributed_tests.sh installs openmpi-bin and runs it"
+fi
+
 # --- consumers of the install ----------------------------------------------------------------
 step "consumer project: find_package(stoker) against the install, shared and static"
 cmake -S ctests/consumer -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=RelWithDebInfo

@@ -55,7 +55,7 @@ int main(void) {
   for (size_t i = 0; i < sizeof buf; i++) CHECK(buf[i] == '#'); /* nothing written */
   CHECK_STATUS(stoker_loader_save_state(l, buf, sizeof buf, &needed2), STOKER_OK);
   CHECK(strlen(buf) + 1 == needed && buf[needed] == '#');
-  CHECK(strstr(buf, "stoker-state-v1") == buf);
+  CHECK(strstr(buf, "stoker-state-v2") == buf);
 
   /* Resume mid-epoch: the rest of the epoch and the next one are the same batches. */
   char *state = save(l);

@@ -118,6 +118,37 @@ typedef enum DLDataTypeCode {
 #endif
 
 /**
+ * Who resolved a loader's rank and world size (`stoker_stats::launcher`).
+ */
+typedef enum stoker_launcher {
+  /**
+   * No launcher variables, nothing explicit: one process.
+   */
+  STOKER_LAUNCHER_NONE = 0,
+  /**
+   * `rank` and `world_size` both set explicitly.
+   */
+  STOKER_LAUNCHER_EXPLICIT = 1,
+  /**
+   * torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE.
+   */
+  STOKER_LAUNCHER_TORCHRUN = 2,
+  /**
+   * Slurm's srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS / SLURM_NTASKS, SLURM_LOCALID, tasks per
+   * node.
+   */
+  STOKER_LAUNCHER_SLURM = 3,
+  /**
+   * Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE.
+   */
+  STOKER_LAUNCHER_OPENMPI = 4,
+  /**
+   * A PMI launcher (MPICH / Intel MPI hydra, srun --mpi=pmi2): PMI_RANK, PMI_SIZE.
+   */
+  STOKER_LAUNCHER_PMI = 5,
+} stoker_launcher;
+
+/**
  * A batch (opaque): a lease on arena memory (a host batch) or on a device buffer of the
  * prefetch ring (a CUDA batch), shared with its DLPack exports.
  */
@@ -138,6 +169,20 @@ typedef struct stoker_options stoker_options;
  * One sample being given by a `read` callback (opaque); valid only during that call.
  */
 typedef struct stoker_sample stoker_sample;
+
+/**
+ * This process's place in a distributed job, as `stoker_options_launch` resolves it.
+ */
+typedef struct stoker_launch {
+  uint64_t rank;
+  uint64_t world_size;
+  uint64_t local_rank;
+  uint64_t local_world_size;
+  /**
+   * A `stoker_launcher` value.
+   */
+  uint64_t launcher;
+} stoker_launch;
 
 /**
  * The caller's dataset (PyTorch's map-style `Dataset`). `read` is called concurrently from
@@ -214,6 +259,22 @@ typedef struct stoker_stats {
    * Slabs `mlock` refused (RLIMIT_MEMLOCK): they are delivered unpinned.
    */
   uint64_t pin_failures;
+  /**
+   * This process's rank and the job's world size, as resolved (explicit options, or the
+   * launcher's variables for `auto`).
+   */
+  uint64_t rank;
+  uint64_t world_size;
+  /**
+   * Rank among this job's processes on this node, and their number (`device=cuda` is
+   * `cuda:local_rank`; `num_workers=auto` divides the cores by `local_world_size`).
+   */
+  uint64_t local_rank;
+  uint64_t local_world_size;
+  /**
+   * Which launcher said so: a `stoker_launcher` value.
+   */
+  uint64_t launcher;
 } stoker_stats;
 
 /**
@@ -340,27 +401,28 @@ struct stoker_options *stoker_options_new(void);
  * | `labels` | `npy:PATH` | none | integer labels for an npy source (field `label`, int64) |
  * | `batch_size` | integer 1..=16777216 | 1 | samples per batch |
  * | `shuffle` | bool | false | a new permutation every epoch, a function of (seed, epoch) only |
- * | `seed` | u64 | 0 | all randomness (order and augmentation) derives from it |
+ * | `seed` | u64 | 0 | all randomness (order and augmentation) derives from it; the same on every rank, so ranks agree on the order |
  * | `drop_last` | bool | false | drop the incomplete final batch |
- * | `num_workers` | integer 0..=1024, `auto` | `auto` | worker threads (`auto`: the cores this process may use; 0: the calling thread) |
+ * | `num_workers` | integer 0..=1024, `auto` | `auto` | worker threads (`auto`: the cores of this process's affinity mask divided by the ranks on this node, at least 1; 0: the calling thread) |
  * | `prefetch_factor` | integer 1..=1024 | 2 | batches in flight = max(1, num_workers) × prefetch_factor |
  * | `in_order` | bool | true | false lets ready batches overtake (never across epochs) |
- * | `rank` | integer, `env` (RANK) | 0 | this process's rank: `DistributedSampler` pads by repeating the head and takes `indices[rank::world_size]` |
- * | `world_size` | integer ≥ 1, `env` (WORLD_SIZE) | 1 | number of ranks (`DistributedSampler`) |
+ * | `rank` | integer, `auto` (`env` is an alias) | `auto` | this process's rank: the epoch's global order is padded by repeating its head and rank r takes `order[r::world_size]`; `auto`: from torchrun, Slurm, Open MPI or PMI variables, else 0 |
+ * | `world_size` | integer ≥ 1, `auto` (`env` is an alias) | `auto` | number of ranks (`auto`: from the launcher's variables, else 1); every sampler is dealt to ranks, each getting the same number of batches |
  * | `shard_drop_last` | bool | false | distributed: drop the tail instead of padding every rank to the same length |
  * | `replacement` | bool | false | `RandomSampler(replacement=True)` |
  * | `num_samples` | integer ≥ 1 | dataset size | samples per epoch of the random and weighted samplers |
  * | `weights` | `w0,w1,...` (finite, ≥ 0) | none | `WeightedRandomSampler` (with replacement) |
  * | `subset` | `3,5,9` or `0..1000`, mixed | none | `SubsetRandomSampler`: these indices, shuffled every epoch |
+ * | `indices` | `3,5,9` or `0..1000`, mixed | none | these indices in this order every epoch (a torch `sampler=` given as a sequence) |
  * | `transform` | e.g. `random_resized_crop(224) \| hflip \| normalize(imagenet)` | none | `resize(S)`, `resize(H,W)`, `center_crop(S)`, `random_resized_crop(S, scale=a:b, ratio=a:b)`, `hflip(p=0.5)`, `normalize(mean=…, std=…)`, run fused into the batch slot |
  * | `dtype` | `uint8`, `float32`, `float16`, `bfloat16` | float32 after normalize, else uint8 | image output element type (tensor sources deliver data as stored) |
  * | `layout` | `nchw`, `nhwc` | nchw | image batch layout |
  * | `pin_memory` | bool | true with cuda | page-locked batch memory (`mlock`, or driver registration on cuda) |
- * | `device` | `cpu`, `cuda`, `cuda:N` | cpu | where batches are delivered (CUDA prefetch) |
+ * | `device` | `cpu`, `cuda`, `cuda:N` | cpu | where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node) |
  * | `cuda_stream` | a CUstream, decimal or `0x` hex | the loader's own | device=cuda: copy on the caller's stream (borrowed, never destroyed) |
  * | `on_error` | `raise`, `skip` | raise | bad sample: an error naming it, or a deterministic replacement counted in stats |
  * | `timeout_ms` | integer ≥ 0 | 0 (none) | longest wait for one batch |
- * | `resume_state` | a string from `save_state` | none | continue exactly where a saved loader stopped |
+ * | `resume_state` | a string from `save_state` | none | continue exactly where a saved job stopped, at any world size; an error names what differs if the source, sampler, batch_size, drop_last or transform changed |
  * | `pad` | a finite number | none | pad ragged fields to the batch's longest, with a `<name>_lengths` field |
  * | `max_image_pixels` | integer ≥ 1 | 89478485 | larger images are bad samples (decompression bombs), refused before allocating |
  * <!-- options:end -->
@@ -377,6 +439,14 @@ enum stoker_status stoker_options_set(struct stoker_options *o,
  * Loaders on the CPU ignore it.
  */
 enum stoker_status stoker_options_set_cuda_stream(struct stoker_options *o, void *cuda_stream);
+
+/**
+ * Resolves, without making a loader, the rank, world size, local rank and local world size a
+ * loader made from these options would have: explicit `rank` / `world_size`, or for `auto` the
+ * launcher's variables (torchrun, Slurm, Open MPI, PMI) in this process's environment.
+ * Inconsistent variables give `STOKER_ERR_INVALID_ARGUMENT` naming them; `*out` is then zeroed.
+ */
+enum stoker_status stoker_options_launch(const struct stoker_options *o, struct stoker_launch *out);
 
 /**
  * Frees options; NULL is a no-op. Loaders made from them are not affected.
@@ -452,6 +522,15 @@ int64_t stoker_loader_batches_per_epoch(const struct stoker_loader *l);
  * The epoch the next batch belongs to (0 for NULL).
  */
 uint64_t stoker_loader_epoch(const struct stoker_loader *l);
+
+/**
+ * Makes the next batch the first of `epoch` (the `DistributedSampler.set_epoch` habit): batches
+ * being built or copied ahead are discarded, never delivered; batches the caller holds stay
+ * valid. Nothing changes when the loader already stands at the start of `epoch`, or was just
+ * resumed (`resume_state`) into `epoch` and has delivered nothing since, so a `set_epoch(e)`
+ * before each epoch continues a resumed epoch instead of restarting it.
+ */
+enum stoker_status stoker_loader_set_epoch(struct stoker_loader *l, uint64_t epoch);
 
 /**
  * The loader's counters, safe to call from any thread. The caller sets `out->size` to

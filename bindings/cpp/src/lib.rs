@@ -54,6 +54,12 @@ mod ffi {
         worker_busy: f64,
         slabs_pinned: u64,
         pin_failures: u64,
+        rank: u64,
+        world_size: u64,
+        local_rank: u64,
+        local_world_size: u64,
+        /// `stoker_launcher` value.
+        launcher: u64,
     }
 
     extern "Rust" {
@@ -77,6 +83,8 @@ mod ffi {
         fn epoch(self: &LoaderHandle) -> u64;
         fn batches_per_epoch(self: &LoaderHandle) -> i64;
         fn save_state(self: &LoaderHandle) -> String;
+        /// The next batch is the first of `epoch` (in-flight work discarded).
+        fn set_epoch(self: &mut LoaderHandle, epoch: u64) -> Result<()>;
         /// A reader of this loader's counters, usable from any thread while another drives it.
         fn stats_reader(self: &LoaderHandle) -> Box<StatsReader>;
         fn snapshot(self: &StatsReader) -> StatsInfo;
@@ -296,6 +304,11 @@ impl LoaderHandle {
         self.0.save_state()
     }
 
+    fn set_epoch(&mut self, epoch: u64) -> Result<(), BridgeError> {
+        let loader = &mut self.0;
+        guard(|| loader.set_epoch(epoch))
+    }
+
     fn stats_reader(&self) -> Box<StatsReader> {
         Box::new(StatsReader(self.0.stats_handle()))
     }
@@ -321,6 +334,11 @@ impl StatsReader {
             worker_busy: s.worker_busy,
             slabs_pinned: s.slabs_pinned,
             pin_failures: s.pin_failures,
+            rank: s.rank,
+            world_size: s.world_size,
+            local_rank: s.local_rank,
+            local_world_size: s.local_world_size,
+            launcher: s.launcher,
         }
     }
 }

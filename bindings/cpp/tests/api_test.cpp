@@ -339,7 +339,7 @@ TEST_F(LoaderTest, SaveStateAndResumeReproduceTheSequence) {
     }
     state = loader.save_state();
   }
-  EXPECT_EQ(state.rfind("stoker-state-v1", 0), 0u) << state;
+  EXPECT_EQ(state.rfind("stoker-state-v2", 0), 0u) << state;
   {
     stoker::Options again = opts;
     stoker::Loader loader(again.resume_state(state));
@@ -351,6 +351,37 @@ TEST_F(LoaderTest, SaveStateAndResumeReproduceTheSequence) {
     }
   }
   EXPECT_EQ(resumed, reference);
+}
+
+TEST_F(LoaderTest, SetEpochStartsThatEpochAndStatsSayTheRank) {
+  auto opts = options(4).shuffle(true).seed(9).set("rank", "1").set("world_size", "2");
+  std::vector<int64_t> epoch3;
+  {
+    stoker::Loader loader(opts);
+    for (int e = 0; e < 3; ++e) {
+      for (auto& batch : loader.epoch()) (void)batch;
+    }
+    for (auto& batch : loader.epoch()) {
+      for (int64_t i : indices(batch)) epoch3.push_back(i);
+    }
+  }
+  ASSERT_EQ(epoch3.size(), 25u);  // 50 samples dealt to 2 ranks
+  stoker::Loader loader(opts);
+  std::optional<stoker::Batch> held = loader.next();  // work is in flight now
+  ASSERT_TRUE(held.has_value());
+  loader.set_epoch(3);
+  EXPECT_EQ(loader.current_epoch(), 3u);
+  std::vector<int64_t> got;
+  for (auto& batch : loader.epoch()) {
+    for (int64_t i : indices(batch)) got.push_back(i);
+  }
+  EXPECT_EQ(got, epoch3);
+  EXPECT_EQ(indices(*held).size(), 4u);  // a held batch stays valid
+  stoker::Stats s = loader.stats();
+  EXPECT_EQ(s.rank, 1u);
+  EXPECT_EQ(s.world_size, 2u);
+  EXPECT_EQ(s.launcher, 1u);  // STOKER_LAUNCHER_EXPLICIT
+  EXPECT_EQ(s.batches, 1u + 7u);
 }
 
 TEST_F(LoaderTest, ResumeStateFromADifferentLoaderIsRejected) {

@@ -93,3 +93,141 @@ def test_dataloader_adapter_shuffle_follows_torch_manual_seed(npy_data):
     assert torch.equal(a, first_batch())
     torch.manual_seed(2)
     assert not torch.equal(a, first_batch())
+
+
+def test_dataloader_takes_torchs_whole_signature(npy_data):
+    """Every parameter of torch's DataLoader is a parameter here, and torch's defaults work."""
+    import inspect
+
+    from stoker.torch import DataLoader
+
+    theirs = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+    ours = inspect.signature(DataLoader.__init__).parameters
+    missing = [name for name in theirs if name not in ours]
+    assert not missing, f"torch's DataLoader takes {missing}, stoker's does not"
+    data_path, labels_path, data, labels = npy_data
+    defaults = {
+        name: p.default for name, p in theirs.items()
+        if name not in ("self", "dataset") and p.default is not inspect.Parameter.empty
+    }
+    loader = DataLoader(f"npy:{data_path}", labels=f"npy:{labels_path}", **defaults)
+    assert len(loader) == len(data)
+    # And every one given explicitly, as porting code passes them.
+    g = torch.Generator().manual_seed(3)
+    loader = DataLoader(
+        f"npy:{data_path}", batch_size=10, shuffle=True, sampler=None, batch_sampler=None,
+        num_workers=2, collate_fn=None, pin_memory=False, drop_last=True, timeout=30,
+        worker_init_fn=lambda worker_id: None, multiprocessing_context="spawn", generator=g,
+        prefetch_factor=2, persistent_workers=True, pin_memory_device="", in_order=True,
+        labels=f"npy:{labels_path}",
+    )
+    assert loader.loader.options["timeout_ms"] == "30000"
+    assert len(loader) == len(data) // 10
+    got = sorted(int(i) for _, y in loader for i in y)
+    assert len(got) == 100 and len(set(got)) == 100
+    # The generator seeds the order: the same generator state, the same order.
+    again = DataLoader(f"npy:{data_path}", labels=f"npy:{labels_path}", batch_size=10,
+                       shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(3))
+    first = [y.tolist() for _, y in DataLoader(
+        f"npy:{data_path}", labels=f"npy:{labels_path}", batch_size=10, shuffle=True,
+        drop_last=True, generator=torch.Generator().manual_seed(3))]
+    assert [y.tolist() for _, y in again] == first
+
+
+def test_dataloader_maps_torchs_samplers_and_index_sequences(npy_data):
+    from stoker.torch import DataLoader
+    from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
+
+    data_path, labels_path, data, labels = npy_data
+    src, lab = f"npy:{data_path}", f"npy:{labels_path}"
+    # A sequence is the order of every epoch.
+    order = [5, 3, 3, 90, 0]
+    loader = DataLoader(src, labels=lab, sampler=order, batch_size=2)
+    for _ in range(2):
+        assert [int(i) for _, y in loader for i in y] == [int(labels[i]) for i in order]
+    # Batches given as lists of indices.
+    loader = DataLoader(src, labels=lab, batch_sampler=[[1, 2], [7, 8], [4]])
+    assert [y.tolist() for _, y in loader] == [
+        labels[[1, 2]].tolist(), labels[[7, 8]].tolist(), labels[[4]].tolist()]
+    # torch's BatchSampler over its SequentialSampler.
+    loader = DataLoader(src, labels=lab,
+                        batch_sampler=BatchSampler(SequentialSampler(range(len(data))), 16, True))
+    assert len(loader) == len(data) // 16
+    # DistributedSampler: its num_replicas, rank, shuffle, seed, drop_last, epoch.
+    ds = DistributedSampler(range(len(data)), num_replicas=3, rank=1, shuffle=True, seed=7)
+    ds.set_epoch(2)
+    via_sampler = DataLoader(src, labels=lab, sampler=ds, batch_size=8)
+    via_args = DataLoader(src, labels=lab, num_replicas=3, rank=1, seed=7, shuffle=True,
+                          batch_size=8)
+    via_args.set_epoch(2)
+    assert via_sampler.loader.epoch == 2
+    assert [y.tolist() for _, y in via_sampler] == [y.tolist() for _, y in via_args]
+    assert len(via_sampler) == 5  # ceil(103 / 3) = 35 samples per rank, in batches of 8
+
+
+def test_dataloader_refuses_what_it_cannot_map_and_says_what_to_use(npy_data):
+    from stoker.torch import DataLoader
+    from torch.utils.data import Sampler, WeightedRandomSampler
+
+    data_path, _, data, _ = npy_data
+    src = f"npy:{data_path}"
+
+    class Custom(Sampler):
+        def __iter__(self):
+            return iter(range(3))
+
+        def __len__(self):
+            return 3
+
+    for kwargs, match in [
+        ({"sampler": Custom()}, "as a sequence"),
+        ({"collate_fn": lambda batch: batch}, "collates in the library"),
+        ({"batch_size": None}, "batch_size=1"),
+        ({"sampler": [1, 2], "shuffle": True}, "mutually exclusive"),
+        ({"batch_sampler": [[1, 2], [3]], "batch_size": 4}, "mutually exclusive"),
+        ({"batch_sampler": [[1], [2, 3]]}, "equal length"),
+        ({"sampler": WeightedRandomSampler([1.0] * len(data), 10, replacement=False)},
+         "replacement=True"),
+        ({"timeout": -1}, "non-negative"),
+    ]:
+        with pytest.raises((TypeError, ValueError), match=match):
+            DataLoader(src, **kwargs)
+
+
+def test_dataloader_never_draws_per_rank_seeds(npy_data):
+    """Ranks whose torch RNGs differ get disjoint shares of one order (world_size > 1)."""
+    from stoker.torch import DataLoader
+
+    data_path, labels_path, data, _ = npy_data
+    shares = []
+    for rank in range(2):
+        torch.manual_seed(100 + rank)  # the `seed + rank` habit
+        loader = DataLoader(f"npy:{data_path}", labels=f"npy:{labels_path}", shuffle=True,
+                            batch_size=8, num_replicas=2, rank=rank)
+        assert loader.loader.options["seed"] == "0", "DistributedSampler's fixed default"
+        shares.append([int(i) for _, y in loader for i in y])
+    assert len(set(shares[0]) & set(shares[1])) <= 1, "at most the padding repeats"
+    assert len(set(shares[0]) | set(shares[1])) == len(data)
+
+
+def test_dataloader_set_epoch_and_resume(npy_data):
+    from stoker.torch import DataLoader
+
+    data_path, labels_path, _, _ = npy_data
+    make = lambda: DataLoader(f"npy:{data_path}", labels=f"npy:{labels_path}", shuffle=True,
+                              seed=4, batch_size=16, num_replicas=2, rank=0)
+    reference = make()
+    epochs = [[y.tolist() for _, y in reference] for _ in range(3)]
+    loader = make()
+    loader.set_epoch(2)
+    assert [y.tolist() for _, y in loader] == epochs[2]
+    # Stop mid-epoch 1, resume, and the usual set_epoch loop continues the epoch.
+    loader = make()
+    loader.set_epoch(1)
+    it = iter(loader)
+    head = [next(it)[1].tolist() for _ in range(2)]
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    assert head + [y.tolist() for _, y in resumed] == epochs[1]

@@ -87,6 +87,25 @@ pub extern "C" fn stoker_loader_epoch(l: *const stoker_loader) -> u64 {
     })
 }
 
+/// Makes the next batch the first of `epoch` (the `DistributedSampler.set_epoch` habit): batches
+/// being built or copied ahead are discarded, never delivered; batches the caller holds stay
+/// valid. Nothing changes when the loader already stands at the start of `epoch`, or was just
+/// resumed (`resume_state`) into `epoch` and has delivered nothing since, so a `set_epoch(e)`
+/// before each epoch continues a resumed epoch instead of restarting it.
+#[no_mangle]
+pub extern "C" fn stoker_loader_set_epoch(l: *mut stoker_loader, epoch: u64) -> stoker_status {
+    ffi_boundary!(stoker_loader_set_epoch => {
+        let l = try_ref!(l);
+        // SAFETY: the C contract lets one thread at a time drive a loader, so no other reference
+        // to the `Loader` exists now.
+        let loader = unsafe { &mut *l.loader.get() };
+        match loader.set_epoch(epoch) {
+            Ok(()) => stoker_status::STOKER_OK,
+            Err(e) => fail(&e),
+        }
+    })
+}
+
 /// The loader's counters, safe to call from any thread. The caller sets `out->size` to
 /// `sizeof(stoker_stats)`; only the fields that fit in `size` bytes are written.
 #[no_mangle]
@@ -121,6 +140,11 @@ pub extern "C" fn stoker_loader_stats(
             worker_busy: s.worker_busy,
             slabs_pinned: s.slabs_pinned,
             pin_failures: s.pin_failures,
+            rank: s.rank,
+            world_size: s.world_size,
+            local_rank: s.local_rank,
+            local_world_size: s.local_world_size,
+            launcher: s.launcher,
         };
         // Every field is 8 bytes, so the fields that fit end at `size` rounded down to 8.
         let fit = (size.min(std::mem::size_of::<stoker_stats>() as u64) as usize) & !7;

@@ -2,7 +2,7 @@
 
 use crate::error::fail;
 use crate::ffi::{free_raw, into_raw};
-use crate::types::{stoker_options, stoker_status};
+use crate::types::{stoker_launch, stoker_options, stoker_status};
 use stoker_core::LoaderOptions;
 
 /// New options with the documented defaults; free with `stoker_options_free`. NULL only if
@@ -27,27 +27,28 @@ pub extern "C" fn stoker_options_new() -> *mut stoker_options {
 /// | `labels` | `npy:PATH` | none | integer labels for an npy source (field `label`, int64) |
 /// | `batch_size` | integer 1..=16777216 | 1 | samples per batch |
 /// | `shuffle` | bool | false | a new permutation every epoch, a function of (seed, epoch) only |
-/// | `seed` | u64 | 0 | all randomness (order and augmentation) derives from it |
+/// | `seed` | u64 | 0 | all randomness (order and augmentation) derives from it; the same on every rank, so ranks agree on the order |
 /// | `drop_last` | bool | false | drop the incomplete final batch |
-/// | `num_workers` | integer 0..=1024, `auto` | `auto` | worker threads (`auto`: the cores this process may use; 0: the calling thread) |
+/// | `num_workers` | integer 0..=1024, `auto` | `auto` | worker threads (`auto`: the cores of this process's affinity mask divided by the ranks on this node, at least 1; 0: the calling thread) |
 /// | `prefetch_factor` | integer 1..=1024 | 2 | batches in flight = max(1, num_workers) × prefetch_factor |
 /// | `in_order` | bool | true | false lets ready batches overtake (never across epochs) |
-/// | `rank` | integer, `env` (RANK) | 0 | this process's rank: `DistributedSampler` pads by repeating the head and takes `indices[rank::world_size]` |
-/// | `world_size` | integer ≥ 1, `env` (WORLD_SIZE) | 1 | number of ranks (`DistributedSampler`) |
+/// | `rank` | integer, `auto` (`env` is an alias) | `auto` | this process's rank: the epoch's global order is padded by repeating its head and rank r takes `order[r::world_size]`; `auto`: from torchrun, Slurm, Open MPI or PMI variables, else 0 |
+/// | `world_size` | integer ≥ 1, `auto` (`env` is an alias) | `auto` | number of ranks (`auto`: from the launcher's variables, else 1); every sampler is dealt to ranks, each getting the same number of batches |
 /// | `shard_drop_last` | bool | false | distributed: drop the tail instead of padding every rank to the same length |
 /// | `replacement` | bool | false | `RandomSampler(replacement=True)` |
 /// | `num_samples` | integer ≥ 1 | dataset size | samples per epoch of the random and weighted samplers |
 /// | `weights` | `w0,w1,...` (finite, ≥ 0) | none | `WeightedRandomSampler` (with replacement) |
 /// | `subset` | `3,5,9` or `0..1000`, mixed | none | `SubsetRandomSampler`: these indices, shuffled every epoch |
+/// | `indices` | `3,5,9` or `0..1000`, mixed | none | these indices in this order every epoch (a torch `sampler=` given as a sequence) |
 /// | `transform` | e.g. `random_resized_crop(224) \| hflip \| normalize(imagenet)` | none | `resize(S)`, `resize(H,W)`, `center_crop(S)`, `random_resized_crop(S, scale=a:b, ratio=a:b)`, `hflip(p=0.5)`, `normalize(mean=…, std=…)`, run fused into the batch slot |
 /// | `dtype` | `uint8`, `float32`, `float16`, `bfloat16` | float32 after normalize, else uint8 | image output element type (tensor sources deliver data as stored) |
 /// | `layout` | `nchw`, `nhwc` | nchw | image batch layout |
 /// | `pin_memory` | bool | true with cuda | page-locked batch memory (`mlock`, or driver registration on cuda) |
-/// | `device` | `cpu`, `cuda`, `cuda:N` | cpu | where batches are delivered (CUDA prefetch) |
+/// | `device` | `cpu`, `cuda`, `cuda:N` | cpu | where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node) |
 /// | `cuda_stream` | a CUstream, decimal or `0x` hex | the loader's own | device=cuda: copy on the caller's stream (borrowed, never destroyed) |
 /// | `on_error` | `raise`, `skip` | raise | bad sample: an error naming it, or a deterministic replacement counted in stats |
 /// | `timeout_ms` | integer ≥ 0 | 0 (none) | longest wait for one batch |
-/// | `resume_state` | a string from `save_state` | none | continue exactly where a saved loader stopped |
+/// | `resume_state` | a string from `save_state` | none | continue exactly where a saved job stopped, at any world size; an error names what differs if the source, sampler, batch_size, drop_last or transform changed |
 /// | `pad` | a finite number | none | pad ragged fields to the batch's longest, with a `<name>_lengths` field |
 /// | `max_image_pixels` | integer ≥ 1 | 89478485 | larger images are bad samples (decompression bombs), refused before allocating |
 /// <!-- options:end -->
@@ -82,6 +83,38 @@ pub extern "C" fn stoker_options_set_cuda_stream(
         let o = try_mut!(o);
         o.inner.set_cuda_stream(cuda_stream as usize);
         stoker_status::STOKER_OK
+    })
+}
+
+/// Resolves, without making a loader, the rank, world size, local rank and local world size a
+/// loader made from these options would have: explicit `rank` / `world_size`, or for `auto` the
+/// launcher's variables (torchrun, Slurm, Open MPI, PMI) in this process's environment.
+/// Inconsistent variables give `STOKER_ERR_INVALID_ARGUMENT` naming them; `*out` is then zeroed.
+#[no_mangle]
+pub extern "C" fn stoker_options_launch(
+    o: *const stoker_options,
+    out: *mut stoker_launch,
+) -> stoker_status {
+    ffi_boundary!(stoker_options_launch => {
+        non_null!(out);
+        // SAFETY: `out` is non-NULL and writable for one `stoker_launch` by the C contract.
+        unsafe { out.write(stoker_launch::default()) };
+        let o = try_ref!(o);
+        match o.inner.launch() {
+            Ok(l) => {
+                let launch = stoker_launch {
+                    rank: l.rank as u64,
+                    world_size: l.world_size as u64,
+                    local_rank: l.local_rank as u64,
+                    local_world_size: l.local_world_size as u64,
+                    launcher: l.launcher.code(),
+                };
+                // SAFETY: as above.
+                unsafe { out.write(launch) };
+                stoker_status::STOKER_OK
+            }
+            Err(e) => fail(&e),
+        }
     })
 }
 

@@ -200,7 +200,7 @@ fn batches_dlpack_exports_and_stats() {
     );
     // SAFETY: NUL-terminated by the call above.
     let state = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
-    assert!(state.contains("position=1"), "{state}");
+    assert!(state.contains("consumed=4;"), "{state}");
     stoker_loader_free(l);
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -249,4 +249,140 @@ fn option_tables_match_the_key_table() {
             "include/stoker.h lacks `{line}`: regenerate it with cbindgen"
         );
     }
+}
+
+#[test]
+fn launcher_codes_are_the_cores() {
+    use stoker_core::Launcher;
+    for (core, c) in [
+        (Launcher::None, stoker_launcher::STOKER_LAUNCHER_NONE),
+        (
+            Launcher::Explicit,
+            stoker_launcher::STOKER_LAUNCHER_EXPLICIT,
+        ),
+        (
+            Launcher::Torchrun,
+            stoker_launcher::STOKER_LAUNCHER_TORCHRUN,
+        ),
+        (Launcher::Slurm, stoker_launcher::STOKER_LAUNCHER_SLURM),
+        (Launcher::OpenMpi, stoker_launcher::STOKER_LAUNCHER_OPENMPI),
+        (Launcher::Pmi, stoker_launcher::STOKER_LAUNCHER_PMI),
+    ] {
+        assert_eq!(core.code(), c as u64, "{core}");
+    }
+}
+
+/// The first column of every row of the next batch (`write_npy` rows hold their index).
+fn first_ids(l: *mut stoker_loader) -> Option<Vec<u8>> {
+    let mut b = null_mut();
+    match stoker_loader_next(l, &mut b) {
+        STOKER_OK => {}
+        STOKER_END_OF_EPOCH => return None,
+        other => panic!("{other:?}: {}", last_error()),
+    }
+    let mut t = stoker_tensor::EMPTY;
+    assert_eq!(stoker_batch_field(b, 0, &mut t), STOKER_OK);
+    let rows = t.shape[0] as usize;
+    // SAFETY: a uint8 [rows, 3] field, valid while `b` lives.
+    let data = unsafe { std::slice::from_raw_parts(t.data as *const u8, rows * 3) };
+    let ids = data.chunks(3).map(|r| r[0]).collect();
+    stoker_batch_release(b);
+    Some(ids)
+}
+
+#[test]
+fn set_epoch_and_the_resolved_launch_in_stats() {
+    let dir = std::env::temp_dir().join(format!("stoker-capi-epoch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("x.npy");
+    write_npy(&path, 12, 3);
+    let make = || {
+        let o = stoker_options_new();
+        set(o, "source", &format!("npy:{}", path.display()));
+        set(o, "batch_size", "2");
+        set(o, "shuffle", "true");
+        set(o, "num_workers", "2");
+        set(o, "rank", "1");
+        set(o, "world_size", "2");
+        let mut l = null_mut();
+        assert_eq!(stoker_loader_new(o, &mut l), STOKER_OK, "{}", last_error());
+        stoker_options_free(o);
+        l
+    };
+    // Epoch 3 as an uninterrupted loader delivers it.
+    let reference = make();
+    for _ in 0..3 {
+        while first_ids(reference).is_some() {}
+    }
+    let mut epoch3 = Vec::new();
+    while let Some(ids) = first_ids(reference) {
+        epoch3.push(ids);
+    }
+    assert_eq!(
+        epoch3.len(),
+        3,
+        "6 of 12 samples on this rank, in batches of 2"
+    );
+    stoker_loader_free(reference);
+
+    let l = make();
+    first_ids(l).unwrap(); // mid-epoch 0, work in flight
+    assert_eq!(stoker_loader_set_epoch(l, 3), STOKER_OK);
+    assert_eq!(stoker_loader_epoch(l), 3);
+    let mut got = Vec::new();
+    while let Some(ids) = first_ids(l) {
+        got.push(ids);
+    }
+    assert_eq!(
+        got, epoch3,
+        "set_epoch(3) starts at the first batch of epoch 3"
+    );
+    assert_eq!(stoker_loader_epoch(l), 4);
+
+    let mut stats = stoker_stats {
+        size: std::mem::size_of::<stoker_stats>() as u64,
+        ..Default::default()
+    };
+    assert_eq!(stoker_loader_stats(l, &mut stats), STOKER_OK);
+    assert_eq!((stats.rank, stats.world_size), (1, 2));
+    assert_eq!(
+        stats.launcher,
+        stoker_launcher::STOKER_LAUNCHER_EXPLICIT as u64
+    );
+    assert_eq!(
+        stats.batches, 4,
+        "the discarded batches were never delivered"
+    );
+    assert_eq!(
+        stoker_loader_set_epoch(null_mut(), 1),
+        STOKER_ERR_INVALID_ARGUMENT
+    );
+    stoker_loader_free(l);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn options_launch_resolves_without_a_loader() {
+    let o = stoker_options_new();
+    set(o, "rank", "2");
+    set(o, "world_size", "3");
+    let mut launch = stoker_launch::default();
+    assert_eq!(stoker_options_launch(o, &mut launch), STOKER_OK);
+    assert_eq!((launch.rank, launch.world_size), (2, 3));
+    assert_eq!(
+        launch.launcher,
+        stoker_launcher::STOKER_LAUNCHER_EXPLICIT as u64
+    );
+    set(o, "rank", "3");
+    assert_eq!(
+        stoker_options_launch(o, &mut launch),
+        STOKER_ERR_INVALID_ARGUMENT
+    );
+    assert!(last_error().contains("rank 3"), "{}", last_error());
+    assert_eq!(launch, stoker_launch::default(), "zeroed on failure");
+    assert_eq!(
+        stoker_options_launch(o, null_mut()),
+        STOKER_ERR_INVALID_ARGUMENT
+    );
+    stoker_options_free(o);
 }

@@ -181,6 +181,47 @@ pub struct stoker_stats {
     pub slabs_pinned: u64,
     /// Slabs `mlock` refused (RLIMIT_MEMLOCK): they are delivered unpinned.
     pub pin_failures: u64,
+    /// This process's rank and the job's world size, as resolved (explicit options, or the
+    /// launcher's variables for `auto`).
+    pub rank: u64,
+    pub world_size: u64,
+    /// Rank among this job's processes on this node, and their number (`device=cuda` is
+    /// `cuda:local_rank`; `num_workers=auto` divides the cores by `local_world_size`).
+    pub local_rank: u64,
+    pub local_world_size: u64,
+    /// Which launcher said so: a `stoker_launcher` value.
+    pub launcher: u64,
+}
+
+/// This process's place in a distributed job, as `stoker_options_launch` resolves it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct stoker_launch {
+    pub rank: u64,
+    pub world_size: u64,
+    pub local_rank: u64,
+    pub local_world_size: u64,
+    /// A `stoker_launcher` value.
+    pub launcher: u64,
+}
+
+/// Who resolved a loader's rank and world size (`stoker_stats::launcher`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum stoker_launcher {
+    /// No launcher variables, nothing explicit: one process.
+    STOKER_LAUNCHER_NONE = 0,
+    /// `rank` and `world_size` both set explicitly.
+    STOKER_LAUNCHER_EXPLICIT = 1,
+    /// torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE.
+    STOKER_LAUNCHER_TORCHRUN = 2,
+    /// Slurm's srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS / SLURM_NTASKS, SLURM_LOCALID, tasks per
+    /// node.
+    STOKER_LAUNCHER_SLURM = 3,
+    /// Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE.
+    STOKER_LAUNCHER_OPENMPI = 4,
+    /// A PMI launcher (MPICH / Intel MPI hydra, srun --mpi=pmi2): PMI_RANK, PMI_SIZE.
+    STOKER_LAUNCHER_PMI = 5,
 }
 
 /// Loader options, set one string key at a time (opaque).

@@ -19,6 +19,7 @@ use crate::decode::{decode_rgb, DecodeBuffers};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
+use crate::sampler::Draws;
 use crate::source::{FieldKind, Sample, Source};
 use crate::transform::{Pipeline, Scratch as TransformScratch};
 
@@ -142,11 +143,13 @@ impl Collator {
         &self.source
     }
 
-    /// Builds the batch of `indices` in a slab from `arena`.
+    /// Builds the batch of `indices` in a slab from `arena`; `draws` keys each slot's
+    /// augmentation (see [`crate::sampler::BatchPlan`]).
     pub fn build(
         &self,
         key: BatchKey,
         indices: &[usize],
+        draws: Draws,
         arena: &Arena,
         scratch: &mut Scratch,
     ) -> Result<Batch> {
@@ -184,7 +187,9 @@ impl Collator {
 
         // Phase 2: write every slot.
         for (slot, (index, sample)) in samples.iter().enumerate() {
-            if let Err(err) = self.write(key, slot, *index, sample, &metas, slab, pixels) {
+            // The slot's draw: a replacement keeps the draw of the sample it replaces.
+            let draw = draws.at(slot, indices[slot]);
+            if let Err(err) = self.write(key, slot, *index, draw, sample, &metas, slab, pixels) {
                 if !(self.skip_bad && err.is_sample_error()) {
                     return Err(err);
                 }
@@ -193,7 +198,7 @@ impl Collator {
                     max_len: &max_len,
                     slab,
                 };
-                self.write_replacement(key, slot, *index, target, spare, pixels, err)?;
+                self.write_replacement(key, slot, *index, draw, target, spare, pixels, err)?;
                 skipped += 1;
             }
         }
@@ -251,6 +256,7 @@ impl Collator {
         key: BatchKey,
         slot: usize,
         index: usize,
+        draw: u64,
         target: Target<'_>,
         spare: &mut Vec<u8>,
         pixels: &mut Pixels,
@@ -273,7 +279,7 @@ impl Collator {
                 });
             if fits
                 && self
-                    .write(key, slot, candidate, &sample, metas, slab, pixels)
+                    .write(key, slot, candidate, draw, &sample, metas, slab, pixels)
                     .is_ok()
             {
                 return Ok(());
@@ -363,13 +369,15 @@ impl Collator {
         (metas, offset.max(1))
     }
 
-    /// Writes `sample` (dataset index `index`) into slot `slot` of every field.
+    /// Writes `sample` (dataset index `index`, augmented as draw `draw`) into slot `slot` of
+    /// every field.
     #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
         key: BatchKey,
         slot: usize,
         index: usize,
+        draw: u64,
         sample: &Sample<'_>,
         metas: &[FieldMeta],
         slab: &mut [u8],
@@ -394,7 +402,7 @@ impl Collator {
                     slab[len_meta.offset + slot * 8..][..8].copy_from_slice(&len.to_ne_bytes());
                 }
                 Output::Image(stages) => {
-                    let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, index as u64);
+                    let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     write_image(stages, src, &mut rng, dst, pixels)
                         .map_err(|reason| self.sample_error(index, reason))?;
                 }

@@ -18,6 +18,7 @@ pub mod cuda;
 pub mod decode;
 pub mod dtype;
 pub mod error;
+pub mod launch;
 pub mod loader;
 pub mod options;
 pub mod pool;
@@ -35,10 +36,11 @@ pub use batch::{Batch, DeviceType, FieldMeta, FieldRef};
 pub use cuda::{DeviceBackend, Event, Stream};
 pub use dtype::{DType, Layout};
 pub use error::{panic_message, Error, ErrorKind, Result};
+pub use launch::{Launch, Launcher};
 pub use loader::{EpochIter, Loader};
 pub use options::{Device, LoaderOptions, OnError};
 pub use resume::ResumeState;
-pub use sampler::{BatchPlan, Sampler, SamplerKind};
+pub use sampler::{BatchPlan, Deal, Sampler, SamplerKind};
 pub use source::{
     FieldKind, FieldSpec, ImageFolderSource, MemorySource, NpySource, Sample, Source, SourceSpec,
 };

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use crate::collate::ImageStages;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
-use crate::sampler::SamplerKind;
+use crate::launch::{usable_cores, Launch};
+use crate::sampler::{Deal, SamplerKind};
 pub use crate::source::SourceSpec;
 use crate::source::{FieldKind, Source};
 use crate::transform::Pipeline;
@@ -58,8 +59,9 @@ pub struct LoaderOptions {
     pub(crate) num_workers: Option<usize>,
     pub(crate) prefetch_factor: usize,
     pub(crate) in_order: bool,
-    pub(crate) rank: usize,
-    pub(crate) world_size: usize,
+    /// `None` is `auto`: from the launcher's variables (see [`crate::launch`]).
+    pub(crate) rank: Option<usize>,
+    pub(crate) world_size: Option<usize>,
     /// `DistributedSampler(drop_last=...)`: drop the tail instead of padding the shards.
     pub(crate) shard_drop_last: bool,
     /// `RandomSampler(replacement=...)`.
@@ -71,6 +73,9 @@ pub struct LoaderOptions {
     /// Indices as ranges (a single index is a range of one): selects `SubsetRandomSampler`.
     /// Kept as ranges so that `0..1000000000000` costs nothing until checked against the dataset.
     pub(crate) subset: Option<Vec<std::ops::Range<usize>>>,
+    /// Indices in the order to visit them every epoch (kept as ranges, as `subset`): selects the
+    /// explicit-order sampler.
+    pub(crate) indices: Option<Vec<std::ops::Range<usize>>>,
     /// Overrides the sampler the keys above select.
     pub(crate) sampler: SamplerChoice,
     /// Image transform pipeline spec, e.g. `random_resized_crop(224) | hflip | normalize(imagenet)`.
@@ -80,6 +85,8 @@ pub struct LoaderOptions {
     /// `None`: page-locked when the device is CUDA.
     pub(crate) pin_memory: Option<bool>,
     pub(crate) device: Device,
+    /// `device=cuda` without an ordinal: `cuda:LOCAL_RANK` once the launch is known.
+    pub(crate) cuda_local: bool,
     /// With `device=cuda`: the caller's `CUstream` (as an address) to queue the copies on,
     /// instead of a stream of the loader's own. Borrowed: it must outlive the loader and every
     /// batch, and is never destroyed. `Some(0)` is the legacy default stream.
@@ -106,19 +113,21 @@ impl Default for LoaderOptions {
             num_workers: None,
             prefetch_factor: 2,
             in_order: true,
-            rank: 0,
-            world_size: 1,
+            rank: None,
+            world_size: None,
             shard_drop_last: false,
             replacement: false,
             num_samples: None,
             weights: None,
             subset: None,
+            indices: None,
             sampler: None,
             transform: None,
             dtype: None,
             layout: Layout::Nchw,
             pin_memory: None,
             device: Device::Cpu,
+            cuda_local: false,
             cuda_stream: None,
             on_error: OnError::Raise,
             timeout_ms: 0,
@@ -148,27 +157,28 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "labels", values: "`npy:PATH`", default: "none", meaning: "integer labels for an npy source (field `label`, int64)" },
     OptionDoc { key: "batch_size", values: "integer 1..=16777216", default: "1", meaning: "samples per batch" },
     OptionDoc { key: "shuffle", values: "bool", default: "false", meaning: "a new permutation every epoch, a function of (seed, epoch) only" },
-    OptionDoc { key: "seed", values: "u64", default: "0", meaning: "all randomness (order and augmentation) derives from it" },
+    OptionDoc { key: "seed", values: "u64", default: "0", meaning: "all randomness (order and augmentation) derives from it; the same on every rank, so ranks agree on the order" },
     OptionDoc { key: "drop_last", values: "bool", default: "false", meaning: "drop the incomplete final batch" },
-    OptionDoc { key: "num_workers", values: "integer 0..=1024, `auto`", default: "`auto`", meaning: "worker threads (`auto`: the cores this process may use; 0: the calling thread)" },
+    OptionDoc { key: "num_workers", values: "integer 0..=1024, `auto`", default: "`auto`", meaning: "worker threads (`auto`: the cores of this process's affinity mask divided by the ranks on this node, at least 1; 0: the calling thread)" },
     OptionDoc { key: "prefetch_factor", values: "integer 1..=1024", default: "2", meaning: "batches in flight = max(1, num_workers) × prefetch_factor" },
     OptionDoc { key: "in_order", values: "bool", default: "true", meaning: "false lets ready batches overtake (never across epochs)" },
-    OptionDoc { key: "rank", values: "integer, `env` (RANK)", default: "0", meaning: "this process's rank: `DistributedSampler` pads by repeating the head and takes `indices[rank::world_size]`" },
-    OptionDoc { key: "world_size", values: "integer ≥ 1, `env` (WORLD_SIZE)", default: "1", meaning: "number of ranks (`DistributedSampler`)" },
+    OptionDoc { key: "rank", values: "integer, `auto` (`env` is an alias)", default: "`auto`", meaning: "this process's rank: the epoch's global order is padded by repeating its head and rank r takes `order[r::world_size]`; `auto`: from torchrun, Slurm, Open MPI or PMI variables, else 0" },
+    OptionDoc { key: "world_size", values: "integer ≥ 1, `auto` (`env` is an alias)", default: "`auto`", meaning: "number of ranks (`auto`: from the launcher's variables, else 1); every sampler is dealt to ranks, each getting the same number of batches" },
     OptionDoc { key: "shard_drop_last", values: "bool", default: "false", meaning: "distributed: drop the tail instead of padding every rank to the same length" },
     OptionDoc { key: "replacement", values: "bool", default: "false", meaning: "`RandomSampler(replacement=True)`" },
     OptionDoc { key: "num_samples", values: "integer ≥ 1", default: "dataset size", meaning: "samples per epoch of the random and weighted samplers" },
     OptionDoc { key: "weights", values: "`w0,w1,...` (finite, ≥ 0)", default: "none", meaning: "`WeightedRandomSampler` (with replacement)" },
     OptionDoc { key: "subset", values: "`3,5,9` or `0..1000`, mixed", default: "none", meaning: "`SubsetRandomSampler`: these indices, shuffled every epoch" },
+    OptionDoc { key: "indices", values: "`3,5,9` or `0..1000`, mixed", default: "none", meaning: "these indices in this order every epoch (a torch `sampler=` given as a sequence)" },
     OptionDoc { key: "transform", values: "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`", default: "none", meaning: "`resize(S)`, `resize(H,W)`, `center_crop(S)`, `random_resized_crop(S, scale=a:b, ratio=a:b)`, `hflip(p=0.5)`, `normalize(mean=…, std=…)`, run fused into the batch slot" },
     OptionDoc { key: "dtype", values: "`uint8`, `float32`, `float16`, `bfloat16`", default: "float32 after normalize, else uint8", meaning: "image output element type (tensor sources deliver data as stored)" },
     OptionDoc { key: "layout", values: "`nchw`, `nhwc`", default: "nchw", meaning: "image batch layout" },
     OptionDoc { key: "pin_memory", values: "bool", default: "true with cuda", meaning: "page-locked batch memory (`mlock`, or driver registration on cuda)" },
-    OptionDoc { key: "device", values: "`cpu`, `cuda`, `cuda:N`", default: "cpu", meaning: "where batches are delivered (CUDA prefetch)" },
+    OptionDoc { key: "device", values: "`cpu`, `cuda`, `cuda:N`", default: "cpu", meaning: "where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node)" },
     OptionDoc { key: "cuda_stream", values: "a CUstream, decimal or `0x` hex", default: "the loader's own", meaning: "device=cuda: copy on the caller's stream (borrowed, never destroyed)" },
     OptionDoc { key: "on_error", values: "`raise`, `skip`", default: "raise", meaning: "bad sample: an error naming it, or a deterministic replacement counted in stats" },
     OptionDoc { key: "timeout_ms", values: "integer ≥ 0", default: "0 (none)", meaning: "longest wait for one batch" },
-    OptionDoc { key: "resume_state", values: "a string from `save_state`", default: "none", meaning: "continue exactly where a saved loader stopped" },
+    OptionDoc { key: "resume_state", values: "a string from `save_state`", default: "none", meaning: "continue exactly where a saved job stopped, at any world size; an error names what differs if the source, sampler, batch_size, drop_last or transform changed" },
     OptionDoc { key: "pad", values: "a finite number", default: "none", meaning: "pad ragged fields to the batch's longest, with a `<name>_lengths` field" },
     OptionDoc { key: "max_image_pixels", values: "integer ≥ 1", default: "89478485", meaning: "larger images are bad samples (decompression bombs), refused before allocating" },
 ];
@@ -294,11 +304,8 @@ impl LoaderOptions {
             }
             "prefetch_factor" => self.prefetch_factor = parse_int(key, v, 1, 1024)? as usize,
             "in_order" => self.in_order = parse_bool(key, v)?,
-            "rank" => self.rank = parse_int(key, &from_env(key, v, "RANK")?, 0, 1 << 20)? as usize,
-            "world_size" => {
-                self.world_size =
-                    parse_int(key, &from_env(key, v, "WORLD_SIZE")?, 1, 1 << 20)? as usize
-            }
+            "rank" => self.rank = parse_auto(key, v, 0)?,
+            "world_size" => self.world_size = parse_auto(key, v, 1)?,
             "shard_drop_last" => self.shard_drop_last = parse_bool(key, v)?,
             "replacement" => self.replacement = parse_bool(key, v)?,
             "num_samples" => self.num_samples = Some(parse_int(key, v, 1, u64::MAX)? as usize),
@@ -318,6 +325,7 @@ impl LoaderOptions {
                 self.weights = Some(weights);
             }
             "subset" => self.subset = Some(parse_indices(key, v)?),
+            "indices" => self.indices = Some(parse_indices(key, v)?),
             "transform" => {
                 self.transform = if v.is_empty() {
                     None
@@ -329,6 +337,7 @@ impl LoaderOptions {
             "layout" => self.layout = v.parse().map_err(|e| Error::option(key, e))?,
             "pin_memory" => self.pin_memory = Some(parse_bool(key, v)?),
             "device" => {
+                self.cuda_local = v == "cuda";
                 self.device = match v {
                     "cpu" => Device::Cpu,
                     "cuda" => Device::Cuda(0),
@@ -393,23 +402,57 @@ impl LoaderOptions {
         Ok(())
     }
 
-    /// Workers to start: `num_workers`, or for `auto` the cores this process may run on
-    /// (`std::thread::available_parallelism` honours the affinity mask and cgroup quotas).
+    /// This process's place in the job: explicit `rank` / `world_size`, or the launcher's
+    /// variables for `auto` (see [`crate::launch`]).
+    pub fn launch(&self) -> Result<Launch> {
+        crate::launch::resolve(self.rank, self.world_size)
+    }
+
+    /// Workers to start: `num_workers`, or for `auto` the cores of this process's affinity
+    /// mask divided by the ranks on this node (at least 1). Variables that do not resolve count
+    /// as one process here; making the loader reports them.
     pub fn resolved_workers(&self) -> usize {
-        self.num_workers.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        })
+        self.workers_for(&self.launch().unwrap_or(Launch::SINGLE))
+    }
+
+    /// [`resolved_workers`](Self::resolved_workers) for a resolved launch.
+    pub fn workers_for(&self, launch: &Launch) -> usize {
+        self.num_workers
+            .unwrap_or_else(|| (usable_cores() / launch.local_world_size.max(1)).max(1))
     }
 
     /// Batches in flight at most: `max(1, num_workers) × prefetch_factor`.
     pub fn in_flight_cap(&self) -> usize {
-        self.resolved_workers().max(1) * self.prefetch_factor
+        self.cap_for(self.resolved_workers())
     }
 
-    /// The sampler these options select: an explicit one, else weights → weighted, subset →
-    /// subset-random, world_size > 1 → distributed, shuffle → random, otherwise sequential.
+    /// The in-flight cap for `workers` workers.
+    pub fn cap_for(&self, workers: usize) -> usize {
+        workers.max(1) * self.prefetch_factor
+    }
+
+    /// The device batches go to: `cuda` without an ordinal is `cuda:LOCAL_RANK`.
+    pub fn device_for(&self, launch: &Launch) -> Device {
+        match self.device {
+            Device::Cuda(_) if self.cuda_local => {
+                Device::Cuda(u32::try_from(launch.local_rank).unwrap_or(u32::MAX))
+            }
+            other => other,
+        }
+    }
+
+    /// How the global order is dealt to the ranks of `launch`.
+    pub fn deal(&self, launch: &Launch) -> Deal {
+        Deal {
+            rank: launch.rank,
+            world_size: launch.world_size,
+            drop_last: self.shard_drop_last,
+        }
+    }
+
+    /// The sampler of the global order these options select: an explicit one, else weights →
+    /// weighted, subset → subset-random, indices → that order, shuffle → random, otherwise
+    /// sequential. Under world_size > 1 it is dealt to the ranks ([`deal`](Self::deal)).
     pub fn sampler_kind(&self, dataset_len: usize) -> Result<SamplerKind> {
         if let Some(kind) = &self.sampler {
             return Ok(kind.clone());
@@ -417,7 +460,7 @@ impl LoaderOptions {
         let chosen = [
             self.weights.is_some(),
             self.subset.is_some(),
-            self.world_size > 1,
+            self.indices.is_some(),
         ]
         .iter()
         .filter(|b| **b)
@@ -425,7 +468,13 @@ impl LoaderOptions {
         if chosen > 1 {
             return Err(Error::option(
                 "sampler",
-                "weights, subset and world_size > 1 each select a sampler; set only one",
+                "weights, subset and indices each select a sampler; set only one",
+            ));
+        }
+        if self.indices.is_some() && (self.shuffle || self.replacement) {
+            return Err(Error::option(
+                "indices",
+                "gives the order itself: it cannot be combined with shuffle or replacement",
             ));
         }
         Ok(if let Some(weights) = &self.weights {
@@ -436,14 +485,11 @@ impl LoaderOptions {
             }
         } else if let Some(ranges) = &self.subset {
             SamplerKind::SubsetRandom {
-                indices: materialize_subset(ranges, dataset_len)?,
+                indices: materialize_subset("subset", ranges, dataset_len)?,
             }
-        } else if self.world_size > 1 {
-            SamplerKind::Distributed {
-                rank: self.rank,
-                world_size: self.world_size,
-                shuffle: self.shuffle,
-                drop_last: self.shard_drop_last,
+        } else if let Some(ranges) = &self.indices {
+            SamplerKind::Indices {
+                indices: materialize_subset("indices", ranges, dataset_len)?,
             }
         } else if self.shuffle || self.replacement || self.num_samples.is_some() {
             SamplerKind::Random {
@@ -528,12 +574,12 @@ fn parse_int(key: &str, v: &str, min: u64, max: u64) -> Result<u64> {
     Ok(n)
 }
 
-/// `env` reads the value from an environment variable, as torchrun sets RANK and WORLD_SIZE.
-fn from_env(key: &str, v: &str, var: &str) -> Result<String> {
-    if v != "env" {
-        return Ok(v.to_owned());
+/// `auto` (or its alias `env`): `None`, resolved from the launcher when the loader is made.
+fn parse_auto(key: &str, v: &str, min: u64) -> Result<Option<usize>> {
+    if v == "auto" || v == "env" {
+        return Ok(None);
     }
-    std::env::var(var).map_err(|_| Error::option(key, format!("`env` given but {var} is not set")))
+    Ok(Some(parse_int(key, v, min, 1 << 20)? as usize))
 }
 
 /// `3,5,9` or ranges `0..100` (end exclusive), mixed; kept as ranges (see `subset`).
@@ -561,7 +607,11 @@ fn parse_indices(key: &str, v: &str) -> Result<Vec<std::ops::Range<usize>>> {
 
 /// The subset's indices, once every one is known to be inside the dataset and the list fits
 /// in memory.
-fn materialize_subset(ranges: &[std::ops::Range<usize>], dataset_len: usize) -> Result<Vec<usize>> {
+fn materialize_subset(
+    key: &str,
+    ranges: &[std::ops::Range<usize>],
+    dataset_len: usize,
+) -> Result<Vec<usize>> {
     if let Some(r) = ranges.iter().find(|r| r.end > dataset_len) {
         let i = if r.end - r.start == 1 {
             r.start
@@ -569,7 +619,7 @@ fn materialize_subset(ranges: &[std::ops::Range<usize>], dataset_len: usize) -> 
             r.end - 1
         };
         return Err(Error::option(
-            "subset",
+            key,
             format!("index {i} is out of range for a dataset of {dataset_len} samples"),
         ));
     }
@@ -577,7 +627,7 @@ fn materialize_subset(ranges: &[std::ops::Range<usize>], dataset_len: usize) -> 
         .iter()
         .try_fold(0usize, |n, r| n.checked_add(r.len()))
         .unwrap_or(usize::MAX);
-    crate::sampler::check_order_size("subset", count)?;
+    crate::sampler::check_order_size(key, count)?;
     Ok(ranges.iter().flat_map(|r| r.clone()).collect())
 }
 
@@ -592,7 +642,7 @@ mod tests {
         assert!(!o.shuffle && !o.drop_last && o.in_order);
         assert_eq!(o.prefetch_factor, 2);
         assert_eq!(o.num_workers, None);
-        assert_eq!((o.rank, o.world_size), (0, 1));
+        assert_eq!((o.rank, o.world_size), (None, None), "auto");
         assert_eq!(o.device, Device::Cpu);
         assert_eq!(o.on_error, OnError::Raise);
         assert_eq!(o.timeout_ms, 0);
@@ -646,13 +696,21 @@ mod tests {
         assert_eq!(o.pad, Some(-1.0));
         assert!(matches!(
             o.sampler_kind(10).unwrap(),
-            SamplerKind::Distributed {
-                rank: 1,
-                world_size: 4,
-                shuffle: true,
-                ..
+            SamplerKind::Random {
+                replacement: false,
+                num_samples: None
             }
         ));
+        let launch = o.launch().unwrap();
+        assert_eq!((launch.rank, launch.world_size), (1, 4));
+        assert_eq!(
+            o.deal(&launch),
+            Deal {
+                rank: 1,
+                world_size: 4,
+                drop_last: false
+            }
+        );
         o.set("num_workers", "auto").unwrap();
         assert!(o.resolved_workers() >= 1);
     }
@@ -707,5 +765,49 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn cuda_is_the_local_rank_and_auto_workers_share_the_node() {
+        let launch = Launch {
+            rank: 5,
+            world_size: 8,
+            local_rank: 1,
+            local_world_size: 4,
+            launcher: crate::launch::Launcher::Torchrun,
+        };
+        let mut o = LoaderOptions::default();
+        o.set("device", "cuda").unwrap();
+        assert_eq!(o.device_for(&launch), Device::Cuda(1));
+        o.set("device", "cuda:3").unwrap();
+        assert_eq!(
+            o.device_for(&launch),
+            Device::Cuda(3),
+            "an explicit ordinal wins"
+        );
+        o.set("device", "cpu").unwrap();
+        assert_eq!(o.device_for(&launch), Device::Cpu);
+        let cores = usable_cores();
+        assert_eq!(o.workers_for(&launch), (cores / 4).max(1));
+        assert_eq!(o.workers_for(&Launch::SINGLE), cores);
+        o.set("num_workers", "3").unwrap();
+        assert_eq!(o.workers_for(&launch), 3, "an explicit count wins");
+        for v in ["auto", "env"] {
+            o.set("rank", v).unwrap();
+            o.set("world_size", v).unwrap();
+            assert_eq!((o.rank, o.world_size), (None, None));
+        }
+        assert!(o.set("world_size", "0").is_err());
+        o.set("indices", "3,1,2").unwrap();
+        o.set("shuffle", "true").unwrap();
+        let e = o.sampler_kind(5).unwrap_err().to_string();
+        assert!(e.contains("`indices`") && e.contains("shuffle"), "{e}");
+        o.set("shuffle", "false").unwrap();
+        assert_eq!(
+            o.sampler_kind(5).unwrap(),
+            SamplerKind::Indices {
+                indices: vec![3, 1, 2]
+            }
+        );
     }
 }

@@ -6,7 +6,7 @@
 //! the pool raises the stop flag, closes the task queue and joins every thread.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,11 +24,15 @@ use crate::stats::StatsRecorder;
 pub(crate) struct Task {
     pub key: BatchKey,
     pub plan: Arc<BatchPlan>,
+    /// The loader's schedule this task belongs to; `set_epoch` starts a new one, and tasks of
+    /// an old one are discarded unbuilt.
+    pub generation: u64,
 }
 
 /// A finished task.
 pub(crate) struct Done {
     pub key: BatchKey,
+    pub generation: u64,
     pub outcome: Result<Batch>,
 }
 
@@ -39,15 +43,25 @@ pub(crate) struct Builder {
     pub arena: Arena,
     pub stats: Arc<StatsRecorder>,
     pub stop: AtomicBool,
+    /// The loader's current schedule (see [`Task::generation`]).
+    pub generation: AtomicU64,
 }
 
 impl Builder {
     /// Builds one batch, turning a panic into an error and counting the time as busy.
     pub fn build(&self, task: &Task, scratch: &mut Scratch) -> Result<Batch> {
+        if task.generation != self.generation.load(Ordering::Acquire) {
+            return Err(Error::Closed(format!(
+                "batch {} of epoch {} was discarded by set_epoch",
+                task.key.position, task.key.epoch
+            )));
+        }
         let start = Instant::now();
         let indices = task.plan.batch(task.key.position);
+        let draws = task.plan.draws(task.key.position);
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            self.collator.build(task.key, indices, &self.arena, scratch)
+            self.collator
+                .build(task.key, indices, draws, &self.arena, scratch)
         }))
         .unwrap_or_else(|panic| {
             // The scratch buffers may be half-written; start afresh.
@@ -127,6 +141,7 @@ fn worker_loop(builder: &Builder, tasks: &Receiver<Task>, done: &Sender<Done>) {
         if done
             .send(Done {
                 key: task.key,
+                generation: task.generation,
                 outcome,
             })
             .is_err()

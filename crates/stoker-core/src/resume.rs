@@ -1,36 +1,86 @@
-//! The resume state: where a loader stands, as a string a new loader continues from exactly.
+//! The resume state: where a job stands, as a string a new loader continues from exactly.
 //!
-//! Every random choice is a function of `(seed, epoch, index)`, so `(seed, epoch, position,
-//! ahead)` is all a loader needs to continue; the batch count guards against resuming on a
-//! different dataset or batching.
+//! Every random choice is a function of `(seed, epoch, position in the global order)`, and
+//! every rank deals itself entries of one global order (see [`crate::sampler::Deal`]), so with
+//! each rank having delivered `k` batches of `B` the job has consumed exactly the first
+//! `k * B * W` entries of the epoch's padded global order. That prefix length — `consumed`,
+//! capped at the order's length — is the job's position: the same on every rank, and
+//! meaningful at any world size. A loader resumed at `W′` ranks deals the rest of the epoch
+//! among them (padded to equal shares as `DistributedSampler` pads), then runs whole epochs.
+//!
+//! The state also carries a fingerprint of what the order and the batches depend on (the source,
+//! the sampler, `batch_size`, `drop_last`, the transform); resuming with any of them changed is an
+//! error naming it. States of the first format (`stoker-state-v1`: a batch position, checked by
+//! the batch count only) are still read, for the same world size.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use crate::error::{Error, Result};
 
-/// A loader's position: everything needed to continue exactly where it stopped.
+/// What a resume state depends on, hashed where the value is large. Two loaders with the same
+/// fingerprint (and seed) have the same global order and the same batches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// Hash of the source's identity (`Source::identity`).
+    pub source: u64,
+    pub source_len: usize,
+    /// Hash of the global order's sampler and the shard padding rule (`shard_drop_last`); not
+    /// the rank or world size, which may change.
+    pub sampler: u64,
+    pub batch_size: usize,
+    pub drop_last: bool,
+    /// Hash of the image stages (`transform`, `dtype`, `layout`).
+    pub transform: u64,
+}
+
+/// Where the loader that saved a state stood.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Position {
+    /// `stoker-state-v1`: batches of the epoch this rank delivered in order, with the loader's
+    /// batches per epoch as the only check.
+    Batches {
+        position: usize,
+        batches_per_epoch: usize,
+    },
+    /// Entries of the epoch's global order consumed by the whole job (the same on every rank),
+    /// the world size that consumed them, and the fingerprint.
+    Global {
+        consumed: usize,
+        world_size: usize,
+        fingerprint: Fingerprint,
+    },
+}
+
+/// A job's position: everything needed to continue exactly where it stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResumeState {
     pub seed: u64,
     pub epoch: u64,
-    /// Batches of `epoch` delivered in sampler order: every position below this one.
-    pub position: usize,
-    /// Positions at or after `position` also delivered (only with `in_order=false`).
+    pub at: Position,
+    /// With `in_order=false`: batches after the position also delivered by this rank, as
+    /// offsets from it (v2; v1 states hold absolute positions).
     pub ahead: Vec<usize>,
-    /// Batches per epoch of the loader that saved it, to catch a mismatched resume.
-    pub batches_per_epoch: usize,
 }
 
-impl ResumeState {
-    const PREFIX: &'static str = "stoker-state-v1";
+const V1: &str = "stoker-state-v1";
+const V2: &str = "stoker-state-v2";
 
+impl ResumeState {
     pub fn parse(s: &str) -> Result<ResumeState> {
         let bad = |why: &str| Error::option("resume_state", format!("`{s}` {why}"));
         let mut parts = s.split(';');
-        if parts.next() != Some(Self::PREFIX) {
-            return Err(bad(
-                "is not a stoker state (expected it to start with stoker-state-v1)",
-            ));
+        let version = parts.next().unwrap_or_default();
+        if version != V1 && version != V2 {
+            return Err(bad(&format!(
+                "is not a stoker state this version reads (expected it to start with {V2} or \
+                 {V1}{})",
+                if version.starts_with("stoker-state-") {
+                    "; it was written by a newer stoker"
+                } else {
+                    ""
+                }
+            )));
         }
         let mut fields = BTreeMap::new();
         for part in parts {
@@ -39,12 +89,22 @@ impl ResumeState {
                 .ok_or_else(|| bad("has a part without `=`"))?;
             fields.insert(k, v);
         }
-        let num = |k: &str| -> Result<u64> {
+        let field = |k: &str| -> Result<&str> {
             fields
                 .get(k)
-                .ok_or_else(|| bad(&format!("lacks `{k}`")))?
+                .copied()
+                .ok_or_else(|| bad(&format!("lacks `{k}`")))
+        };
+        let num = |k: &str| -> Result<u64> {
+            field(k)?
                 .parse()
                 .map_err(|_| bad(&format!("has a malformed `{k}`")))
+        };
+        let count = |k: &str| -> Result<usize> {
+            usize::try_from(num(k)?).map_err(|_| bad(&format!("has a malformed `{k}`")))
+        };
+        let hash = |k: &str| -> Result<u64> {
+            u64::from_str_radix(field(k)?, 16).map_err(|_| bad(&format!("has a malformed `{k}`")))
         };
         let ahead = match fields.get("ahead") {
             None | Some(&"") => Vec::new(),
@@ -53,12 +113,39 @@ impl ResumeState {
                 .map(|p| p.parse().map_err(|_| bad("has a malformed `ahead`")))
                 .collect::<Result<Vec<usize>>>()?,
         };
+        let at = if version == V1 {
+            Position::Batches {
+                position: count("position")?,
+                batches_per_epoch: count("batches")?,
+            }
+        } else {
+            let drop_last = match field("drop_last")? {
+                "true" => true,
+                "false" => false,
+                _ => return Err(bad("has a malformed `drop_last`")),
+            };
+            let world_size = count("world_size")?;
+            if world_size == 0 {
+                return Err(bad("has world_size 0"));
+            }
+            Position::Global {
+                consumed: count("consumed")?,
+                world_size,
+                fingerprint: Fingerprint {
+                    source: hash("source")?,
+                    source_len: count("source_len")?,
+                    sampler: hash("sampler")?,
+                    batch_size: count("batch_size")?,
+                    drop_last,
+                    transform: hash("transform")?,
+                },
+            }
+        };
         Ok(ResumeState {
             seed: num("seed")?,
             epoch: num("epoch")?,
-            position: num("position")? as usize,
+            at,
             ahead,
-            batches_per_epoch: num("batches")? as usize,
         })
     }
 }
@@ -66,15 +153,222 @@ impl ResumeState {
 impl std::fmt::Display for ResumeState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ahead: Vec<String> = self.ahead.iter().map(|p| p.to_string()).collect();
-        write!(
-            f,
-            "{};seed={};epoch={};position={};ahead={};batches={}",
-            Self::PREFIX,
-            self.seed,
-            self.epoch,
-            self.position,
-            ahead.join(","),
-            self.batches_per_epoch
-        )
+        let ahead = ahead.join(",");
+        match &self.at {
+            Position::Batches {
+                position,
+                batches_per_epoch,
+            } => write!(
+                f,
+                "{V1};seed={};epoch={};position={position};ahead={ahead};batches={batches_per_epoch}",
+                self.seed, self.epoch
+            ),
+            Position::Global {
+                consumed,
+                world_size,
+                fingerprint: fp,
+            } => write!(
+                f,
+                "{V2};seed={};epoch={};consumed={consumed};world_size={world_size};ahead={ahead};\
+                 source={:016x};source_len={};sampler={:016x};batch_size={};drop_last={};\
+                 transform={:016x}",
+                self.seed,
+                self.epoch,
+                fp.source,
+                fp.source_len,
+                fp.sampler,
+                fp.batch_size,
+                fp.drop_last,
+                fp.transform
+            ),
+        }
+    }
+}
+
+impl Fingerprint {
+    /// Why a state saved with `saved` cannot resume a loader with `self`, or `None` if it can;
+    /// `here` describes this loader's source, sampler and transform for the message.
+    pub fn mismatch(&self, saved: &Fingerprint, here: &FingerprintText) -> Option<String> {
+        let mut diffs = Vec::new();
+        if saved.source != self.source || saved.source_len != self.source_len {
+            diffs.push(format!(
+                "the source ({} samples there; here {} samples: {})",
+                saved.source_len, self.source_len, here.source
+            ));
+        }
+        if saved.sampler != self.sampler {
+            diffs.push(format!(
+                "the sampler settings (shuffle, replacement, num_samples, weights, subset, \
+                 indices or shard_drop_last; here {})",
+                here.sampler
+            ));
+        }
+        if saved.batch_size != self.batch_size {
+            diffs.push(format!(
+                "batch_size ({} there, {} here)",
+                saved.batch_size, self.batch_size
+            ));
+        }
+        if saved.drop_last != self.drop_last {
+            diffs.push(format!(
+                "drop_last ({} there, {} here)",
+                saved.drop_last, self.drop_last
+            ));
+        }
+        if saved.transform != self.transform {
+            diffs.push(format!(
+                "the transform, dtype or layout (here {})",
+                here.transform
+            ));
+        }
+        (!diffs.is_empty()).then(|| {
+            format!(
+                "was saved by a loader with a different {}: resume with the options it was \
+                 saved with",
+                diffs.join(", ")
+            )
+        })
+    }
+}
+
+/// Readable forms of what a [`Fingerprint`] hashes, for messages.
+#[derive(Clone, Debug, Default)]
+pub struct FingerprintText {
+    pub source: String,
+    pub sampler: String,
+    pub transform: String,
+}
+
+/// 64-bit FNV-1a of everything written to it. Hand-written (a dozen lines) because the state
+/// string must not change across Rust versions, which `std`'s hashers do not promise.
+pub struct Fnv(u64);
+
+impl Fnv {
+    pub fn new() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+
+    pub fn bytes(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.0
+    }
+
+    /// The hash of `value`'s `Debug` text, streamed (no string is built).
+    pub fn of_debug(value: &dyn std::fmt::Debug) -> u64 {
+        let mut h = Fnv::new();
+        // Writing to an Fnv cannot fail.
+        let _ = write!(h, "{value:?}");
+        h.finish()
+    }
+}
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv::new()
+    }
+}
+
+impl std::fmt::Write for Fnv {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.bytes(s.as_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fp() -> Fingerprint {
+        Fingerprint {
+            source: 0xabc,
+            source_len: 100,
+            sampler: 7,
+            batch_size: 8,
+            drop_last: false,
+            transform: 0,
+        }
+    }
+
+    #[test]
+    fn v2_round_trips() {
+        let s = ResumeState {
+            seed: 3,
+            epoch: 2,
+            at: Position::Global {
+                consumed: 48,
+                world_size: 3,
+                fingerprint: fp(),
+            },
+            ahead: vec![1, 3],
+        };
+        let text = s.to_string();
+        assert!(
+            text.starts_with("stoker-state-v2;seed=3;epoch=2;consumed=48;"),
+            "{text}"
+        );
+        assert_eq!(ResumeState::parse(&text).unwrap(), s);
+    }
+
+    #[test]
+    fn v1_states_are_read() {
+        let s = ResumeState::parse("stoker-state-v1;seed=3;epoch=1;position=2;ahead=4;batches=6")
+            .unwrap();
+        assert_eq!(
+            s.at,
+            Position::Batches {
+                position: 2,
+                batches_per_epoch: 6
+            }
+        );
+        assert_eq!((s.seed, s.epoch, s.ahead.clone()), (3, 1, vec![4]));
+        assert_eq!(
+            s.to_string(),
+            "stoker-state-v1;seed=3;epoch=1;position=2;ahead=4;batches=6"
+        );
+    }
+
+    #[test]
+    fn malformed_and_unknown_states_are_refused() {
+        for (text, needle) in [
+            ("garbage", "is not a stoker state"),
+            ("stoker-state-v9;seed=1", "newer stoker"),
+            ("stoker-state-v2;seed=1;epoch=0", "lacks `"),
+            (
+                "stoker-state-v2;seed=1;epoch=0;consumed=0;world_size=1;source=zz;source_len=1;sampler=0;batch_size=1;drop_last=false;transform=0",
+                "malformed `source`",
+            ),
+        ] {
+            let e = ResumeState::parse(text).unwrap_err().to_string();
+            assert!(e.contains(needle) && e.contains("resume_state"), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn mismatches_name_what_differs() {
+        let here = FingerprintText {
+            source: "npy x.npy".into(),
+            sampler: "random".into(),
+            transform: "none".into(),
+        };
+        assert_eq!(fp().mismatch(&fp(), &here), None);
+        let saved = Fingerprint {
+            batch_size: 16,
+            source_len: 99,
+            ..fp()
+        };
+        let m = fp().mismatch(&saved, &here).unwrap();
+        assert!(m.contains("batch_size (16 there, 8 here)"), "{m}");
+        assert!(
+            m.contains("the source (99 samples there; here 100 samples: npy x.npy)"),
+            "{m}"
+        );
+        assert!(!m.contains("sampler"), "{m}");
     }
 }

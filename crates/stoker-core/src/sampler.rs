@@ -24,6 +24,8 @@ pub enum SamplerKind {
     },
     /// `SubsetRandomSampler(indices)`: a fresh permutation of the given indices every epoch.
     SubsetRandom { indices: Vec<usize> },
+    /// These indices, in this order, every epoch: a torch `sampler=` given as a sequence.
+    Indices { indices: Vec<usize> },
     /// `WeightedRandomSampler(weights, num_samples, replacement)`: index `i` is drawn with
     /// probability `weights[i] / sum(weights)`; without replacement, drawn indices are removed
     /// (sequential weighted sampling, as `torch.multinomial(replacement=False)`).
@@ -32,7 +34,9 @@ pub enum SamplerKind {
         num_samples: usize,
         replacement: bool,
     },
-    /// `DistributedSampler(num_replicas=world_size, rank, shuffle, drop_last)`.
+    /// `DistributedSampler(num_replicas=world_size, rank, shuffle, drop_last)`: the sequential
+    /// or random order dealt by [`Deal`] (every other sampler can be dealt the same way, see
+    /// [`Sampler::dealt`]).
     ///
     /// With `drop_last` and `n % world_size != 0`: `per_rank = ceil((n - world_size) / world_size)`,
     /// otherwise `per_rank = ceil(n / world_size)`; `total = per_rank * world_size`. The order
@@ -82,10 +86,53 @@ fn physical_memory() -> u64 {
     (pages as u64).saturating_mul(size as u64)
 }
 
-/// A validated sampler over a dataset of `dataset_len` samples.
+/// How an epoch's global order is dealt to the ranks of a job, as `DistributedSampler` does:
+/// padded to a multiple of `world_size` by repeating its head (or cut to one with `drop_last`),
+/// then rank `r` takes every `world_size`-th entry from `r`. Every rank gets the same number of
+/// samples, so the same number of batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deal {
+    pub rank: usize,
+    pub world_size: usize,
+    /// Drop the tail instead of padding (`DistributedSampler(drop_last=True)`).
+    pub drop_last: bool,
+}
+
+impl Deal {
+    /// One process: the whole order.
+    pub const SINGLE: Deal = Deal {
+        rank: 0,
+        world_size: 1,
+        drop_last: false,
+    };
+
+    /// Samples each rank gets from `m` entries of the order (`DistributedSampler.num_samples`).
+    pub fn per_rank(&self, m: usize) -> usize {
+        // With drop_last, torch's `ceil((m - world) / world)` equals `floor(m / world)` whenever
+        // `m % world != 0`, and both are `m / world` when it divides.
+        if self.drop_last {
+            m / self.world_size
+        } else {
+            m.div_ceil(self.world_size)
+        }
+    }
+
+    /// This rank's entries of `order` (a whole epoch, or the rest of one).
+    pub fn take(&self, order: &[usize]) -> Vec<usize> {
+        let m = order.len();
+        (0..self.per_rank(m))
+            .map(|j| order[(self.rank + j * self.world_size) % m])
+            .collect()
+    }
+}
+
+/// A validated sampler over a dataset of `dataset_len` samples: the epoch's global order (a
+/// function of `(seed, epoch)` alone, the same on every rank) and how it is dealt to ranks.
 #[derive(Clone, Debug)]
 pub struct Sampler {
+    /// The global order's sampler (never `Distributed`: that is `deal`).
     kind: SamplerKind,
+    deal: Deal,
     dataset_len: usize,
     seed: u64,
     /// Prefix sums of the weights, for weighted sampling with replacement.
@@ -93,8 +140,47 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// The sampler `kind` for one process (a `Distributed` kind deals itself).
     pub fn new(kind: SamplerKind, dataset_len: usize, seed: u64) -> Result<Sampler> {
+        Sampler::dealt(kind, dataset_len, seed, Deal::SINGLE)
+    }
+
+    /// The global order of `kind`, dealt to ranks by `deal`. `SamplerKind::Distributed` is the
+    /// sequential or random order dealt by its own rank and world size (which then win).
+    pub fn dealt(kind: SamplerKind, dataset_len: usize, seed: u64, deal: Deal) -> Result<Sampler> {
         let bad = |reason: String| Err(Error::option("sampler", reason));
+        let (kind, deal) = match kind {
+            SamplerKind::Distributed {
+                rank,
+                world_size,
+                shuffle,
+                drop_last,
+            } => (
+                if shuffle {
+                    SamplerKind::Random {
+                        replacement: false,
+                        num_samples: None,
+                    }
+                } else {
+                    SamplerKind::Sequential
+                },
+                Deal {
+                    rank,
+                    world_size,
+                    drop_last,
+                },
+            ),
+            other => (other, deal),
+        };
+        if deal.world_size == 0 {
+            return bad("world_size must be >= 1".into());
+        }
+        if deal.rank >= deal.world_size {
+            return bad(format!(
+                "rank {} is out of range for world_size {} (need 0 <= rank < world_size)",
+                deal.rank, deal.world_size
+            ));
+        }
         let mut cumulative = Vec::new();
         match &kind {
             SamplerKind::Sequential => {}
@@ -157,21 +243,22 @@ impl Sampler {
                     })
                     .collect();
             }
-            SamplerKind::Distributed {
-                rank, world_size, ..
-            } => {
-                if *world_size == 0 {
-                    return bad("world_size must be >= 1".into());
-                }
-                if rank >= world_size {
+            SamplerKind::Indices { indices } => {
+                if let Some(&i) = indices.iter().find(|&&i| i >= dataset_len) {
                     return bad(format!(
-                        "rank {rank} is out of range for world_size {world_size} (need 0 <= rank < world_size)"
+                        "index {i} is out of range for a dataset of {dataset_len} samples"
                     ));
                 }
+            }
+            SamplerKind::Distributed { .. } => {
+                return Err(Error::Internal(
+                    "a distributed sampler was not dealt".into(),
+                ))
             }
         }
         let sampler = Sampler {
             kind,
+            deal,
             dataset_len,
             seed,
             cumulative,
@@ -179,42 +266,67 @@ impl Sampler {
         let key = match &sampler.kind {
             SamplerKind::Random { .. } | SamplerKind::WeightedRandom { .. } => "num_samples",
             SamplerKind::SubsetRandom { .. } => "subset",
+            SamplerKind::Indices { .. } => "indices",
             _ => "source",
         };
-        check_order_size(key, sampler.len())?;
+        check_order_size(key, sampler.global_len())?;
         Ok(sampler)
     }
 
+    /// The sampler of the global order.
     pub fn kind(&self) -> &SamplerKind {
         &self.kind
+    }
+
+    pub fn deal(&self) -> Deal {
+        self.deal
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     pub fn dataset_len(&self) -> usize {
         self.dataset_len
     }
 
-    /// Samples one epoch yields (`len(sampler)` in PyTorch).
-    pub fn len(&self) -> usize {
+    /// Entries of an epoch's global order, over all ranks.
+    pub fn global_len(&self) -> usize {
         let n = self.dataset_len;
         match &self.kind {
             SamplerKind::Sequential => n,
             SamplerKind::Random { num_samples, .. } => num_samples.unwrap_or(n),
-            SamplerKind::SubsetRandom { indices } => indices.len(),
+            SamplerKind::SubsetRandom { indices } | SamplerKind::Indices { indices } => {
+                indices.len()
+            }
             SamplerKind::WeightedRandom { num_samples, .. } => *num_samples,
-            SamplerKind::Distributed {
-                world_size,
-                drop_last,
-                ..
-            } => distributed_per_rank(n, *world_size, *drop_last),
+            SamplerKind::Distributed { .. } => n,
         }
+    }
+
+    /// Samples one epoch yields on this rank (`len(sampler)` in PyTorch).
+    pub fn len(&self) -> usize {
+        self.deal.per_rank(self.global_len())
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// The indices epoch `epoch` visits, in order.
+    /// The indices epoch `epoch` visits on this rank, in order.
     pub fn epoch_indices(&self, epoch: u64) -> Vec<usize> {
+        self.deal.take(&self.global_indices(epoch))
+    }
+
+    /// This rank's share of the rest of epoch `epoch` from entry `start` of its global order:
+    /// what the ranks of a job resumed at `start` (whatever their number) deal among themselves.
+    pub fn segment_indices(&self, epoch: u64, start: usize) -> Vec<usize> {
+        let order = self.global_indices(epoch);
+        self.deal.take(&order[start.min(order.len())..])
+    }
+
+    /// The global order of epoch `epoch`: identical on every rank.
+    pub fn global_indices(&self, epoch: u64) -> Vec<usize> {
         let n = self.dataset_len;
         let mut rng = Rng::for_key(self.seed, Stream::Order, epoch, 0);
         match &self.kind {
@@ -244,6 +356,7 @@ impl Sampler {
                 rng.shuffle(&mut out);
                 out
             }
+            SamplerKind::Indices { indices } => indices.clone(),
             SamplerKind::WeightedRandom {
                 weights,
                 num_samples,
@@ -279,59 +392,51 @@ impl Sampler {
                 keyed.truncate(*num_samples);
                 keyed.into_iter().map(|(_, i)| i).collect()
             }
-            SamplerKind::Distributed {
-                rank,
-                world_size,
-                shuffle,
-                drop_last,
-            } => {
-                let mut order: Vec<usize> = (0..n).collect();
-                if *shuffle {
-                    rng.shuffle(&mut order);
-                }
-                let total = distributed_per_rank(n, *world_size, *drop_last) * world_size;
-                if total > n && n > 0 {
-                    // Pad by repeating the head (as often as needed when total > 2n).
-                    let mut i = 0;
-                    while order.len() < total {
-                        order.push(order[i]);
-                        i += 1;
-                    }
-                } else {
-                    order.truncate(total);
-                }
-                order
-                    .iter()
-                    .skip(*rank)
-                    .step_by(*world_size)
-                    .copied()
-                    .collect()
-            }
+            // Dealt in `dealt`; never stored.
+            SamplerKind::Distributed { .. } => (0..n).collect(),
         }
-    }
-}
-
-/// `DistributedSampler.num_samples`.
-fn distributed_per_rank(n: usize, world_size: usize, drop_last: bool) -> usize {
-    // With drop_last, torch's `ceil((n - world_size) / world_size)` equals `floor(n / world_size)`
-    // whenever `n % world_size != 0`, and both are `n / world_size` when it divides.
-    if drop_last {
-        n / world_size
-    } else {
-        n.div_ceil(world_size)
     }
 }
 
 /// One epoch's indices cut into batches (`BatchSampler(sampler, batch_size, drop_last)`):
 /// `n / batch_size` batches with `drop_last`, else `ceil(n / batch_size)`, the last one short.
+///
+/// Each slot also has its *draw*: the entry of the epoch's global order it was dealt from
+/// (`first_draw + j * draw_stride` for this rank's `j`-th sample), which keys its augmentation,
+/// so that a sample drawn twice in an epoch is augmented independently while the result does
+/// not depend on how many ranks or workers there are.
 #[derive(Clone, Debug)]
 pub struct BatchPlan {
     indices: Vec<usize>,
     batch_size: usize,
     drop_last: bool,
+    first_draw: u64,
+    draw_stride: u64,
+}
+
+/// The draws of one batch's slots (see [`BatchPlan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Draws {
+    /// Keyed by the dataset index of each sample (for batches not cut from a global order).
+    ByIndex,
+    /// Slot `i` is draw `first + i * stride`.
+    Positions { first: u64, stride: u64 },
+}
+
+impl Draws {
+    /// The key of slot `slot`, which holds dataset index `index`.
+    pub fn at(&self, slot: usize, index: usize) -> u64 {
+        match *self {
+            Draws::ByIndex => index as u64,
+            Draws::Positions { first, stride } => {
+                first.wrapping_add((slot as u64).wrapping_mul(stride))
+            }
+        }
+    }
 }
 
 impl BatchPlan {
+    /// A plan whose `j`-th index is draw `j` (one process, a whole epoch).
     pub fn new(indices: Vec<usize>, batch_size: usize, drop_last: bool) -> BatchPlan {
         assert!(
             batch_size > 0,
@@ -341,6 +446,24 @@ impl BatchPlan {
             indices,
             batch_size,
             drop_last,
+            first_draw: 0,
+            draw_stride: 1,
+        }
+    }
+
+    /// This rank's plan of epoch `epoch` from entry `start` of the global order on.
+    pub fn for_segment(
+        sampler: &Sampler,
+        epoch: u64,
+        start: usize,
+        batch_size: usize,
+        drop_last: bool,
+    ) -> BatchPlan {
+        let deal = sampler.deal();
+        BatchPlan {
+            first_draw: (start + deal.rank) as u64,
+            draw_stride: deal.world_size as u64,
+            ..BatchPlan::new(sampler.segment_indices(epoch, start), batch_size, drop_last)
         }
     }
 
@@ -353,6 +476,14 @@ impl BatchPlan {
         let start = i * self.batch_size;
         let end = (start + self.batch_size).min(self.indices.len());
         &self.indices[start..end]
+    }
+
+    /// The draws of batch `i`'s slots.
+    pub fn draws(&self, i: usize) -> Draws {
+        Draws::Positions {
+            first: self.first_draw + (i * self.batch_size) as u64 * self.draw_stride,
+            stride: self.draw_stride,
+        }
     }
 }
 

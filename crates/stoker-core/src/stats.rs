@@ -8,6 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::arena::Arena;
+use crate::launch::Launch;
+#[cfg(doc)]
+use crate::launch::Launcher;
 
 /// A snapshot of a loader's counters, as `stoker_stats` in the C ABI.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -32,6 +35,14 @@ pub struct Stats {
     /// Arena slabs page-locked, and those `mlock` refused (RLIMIT_MEMLOCK).
     pub slabs_pinned: u64,
     pub pin_failures: u64,
+    /// This process's place in the job, as resolved (see [`crate::launch`]).
+    pub rank: u64,
+    pub world_size: u64,
+    pub local_rank: u64,
+    pub local_world_size: u64,
+    /// Which launcher said so: [`Launcher::code`] (0 none, 1 explicit, 2 torchrun, 3 Slurm,
+    /// 4 Open MPI, 5 PMI).
+    pub launcher: u64,
 }
 
 /// A shareable view of a loader's counters, readable from any thread while another drives it.
@@ -39,6 +50,7 @@ pub struct Stats {
 pub struct StatsHandle {
     pub(crate) recorder: Arc<StatsRecorder>,
     pub(crate) arena: Arena,
+    pub(crate) launch: Launch,
 }
 
 impl StatsHandle {
@@ -47,7 +59,18 @@ impl StatsHandle {
         let c = self.arena.counters();
         s.slabs_pinned = c.slabs_pinned;
         s.pin_failures = c.pin_failures;
+        let l = self.launch;
+        s.rank = l.rank as u64;
+        s.world_size = l.world_size as u64;
+        s.local_rank = l.local_rank as u64;
+        s.local_world_size = l.local_world_size as u64;
+        s.launcher = l.launcher.code();
         s
+    }
+
+    /// This process's place in the job, as resolved.
+    pub fn launch(&self) -> Launch {
+        self.launch
     }
 }
 
@@ -134,8 +157,8 @@ impl StatsRecorder {
             } else {
                 (busy / (elapsed as f64 * self.builders as f64)).clamp(0.0, 1.0)
             },
-            slabs_pinned: 0,
-            pin_failures: 0,
+            // Filled by `StatsHandle::snapshot`.
+            ..Stats::default()
         }
     }
 }

@@ -396,7 +396,7 @@ fn save_state_counts_delivered_batches_not_prefetched_ones() {
     });
     assert_eq!(l.position(), 2);
     let state = l.save_state();
-    assert!(state.contains("position=2"), "{state}");
+    assert!(state.contains("consumed=4;"), "{state}");
     let expected = l.next().unwrap().unwrap();
     let mut resumed_options = options(counting_source(20), &kv);
     resumed_options.set("device", "cpu").unwrap();
@@ -513,4 +513,60 @@ fn loaders_and_device_batches_move_between_threads() {
     let b = l.next().unwrap().unwrap();
     std::thread::spawn(move || drop(b)).join().unwrap();
     assert_eq!(l.next().unwrap().unwrap().position(), 1);
+}
+
+#[test]
+fn set_epoch_on_a_device_loader_drops_what_was_copied_ahead() {
+    let fake = fake(1);
+    let kv = [
+        ("batch_size", "4"),
+        ("num_workers", "2"),
+        ("prefetch_factor", "3"),
+        ("shuffle", "true"),
+    ];
+    let host_epoch = |epoch: u64| {
+        let mut o = options(counting_source(40), &kv);
+        o.set("device", "cpu").unwrap();
+        let mut l = Loader::new(&o).unwrap();
+        l.set_epoch(epoch).unwrap();
+        let mut out = Vec::new();
+        while let Some(b) = l.next().unwrap() {
+            out.push(b.field(1).unwrap().data.unwrap().to_vec());
+        }
+        out
+    };
+    let mut l = device_loader(&fake, &options(counting_source(40), &kv));
+    let held = l.next().unwrap().unwrap();
+    eventually("the prefetcher ran ahead", || {
+        fake.counters().copies_done >= 8
+    });
+    l.set_epoch(2).unwrap();
+    assert_eq!((l.epoch(), l.position()), (2, 0));
+    let mut got = Vec::new();
+    while let Some(b) = l.next().unwrap() {
+        got.push(contents(&fake, &b)[1].clone());
+    }
+    assert_eq!(
+        got,
+        host_epoch(2),
+        "exactly epoch 2, nothing copied before set_epoch"
+    );
+    assert_eq!(l.stats().batches, 11);
+    // The end of epoch 2 was reached: set_epoch(3) keeps the work already ahead.
+    l.set_epoch(3).unwrap();
+    let first = l.next().unwrap().unwrap();
+    assert_eq!(contents(&fake, &first)[1], host_epoch(3)[0]);
+    assert_eq!(
+        contents(&fake, &held)[1].len(),
+        4,
+        "a held batch stays valid"
+    );
+    drop((first, held, l));
+    let c = fake.counters();
+    assert_eq!(
+        (c.live_buffers, c.live_events, c.live_streams),
+        (0, 0, 0),
+        "{c:?}"
+    );
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
 }

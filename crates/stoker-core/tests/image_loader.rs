@@ -326,3 +326,110 @@ fn encoded_samples_from_callbacks_match_image_folder_pixels() {
     let mut through_callbacks = Loader::new(&o).unwrap();
     assert_eq!(drain(&mut through_callbacks, 2), expected);
 }
+
+/// The image bytes of each slot of every batch of the rest of the epoch.
+fn slots(l: &mut Loader) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while let Some(b) = l.next().unwrap() {
+        let f = b.field_by_name("image").unwrap();
+        let data = f.data.unwrap();
+        let per = data.len() / f.shape[0];
+        out.extend(data.chunks(per).map(<[u8]>::to_vec));
+    }
+    out
+}
+
+#[test]
+fn a_sample_drawn_twice_in_an_epoch_gets_independent_crops() {
+    let root = folder("redraw", &[]);
+    let aug = "random_resized_crop(16) | hflip";
+    let mut l = loader(
+        &root,
+        &[
+            ("transform", aug),
+            ("indices", "2,2,2,2,2,2"),
+            ("batch_size", "3"),
+        ],
+    )
+    .unwrap();
+    let got = slots(&mut l);
+    assert_eq!(got.len(), 6);
+    let distinct: std::collections::HashSet<&Vec<u8>> = got.iter().collect();
+    assert!(
+        distinct.len() >= 5,
+        "{} distinct crops of 6 draws",
+        distinct.len()
+    );
+    // The same draws in the next run of the same epoch are the same crops.
+    let mut again = loader(
+        &root,
+        &[
+            ("transform", aug),
+            ("indices", "2,2,2,2,2,2"),
+            ("batch_size", "2"),
+            ("num_workers", "3"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        slots(&mut again),
+        got,
+        "keyed by draw, not by batching or workers"
+    );
+    fs::remove_dir_all(root).unwrap();
+}
+
+#[test]
+fn augmentation_does_not_depend_on_the_number_of_ranks() {
+    let root = folder("ranks", &[]);
+    let common = [
+        ("transform", "random_resized_crop(16) | hflip"),
+        ("shuffle", "true"),
+        ("seed", "4"),
+    ];
+    fn with<'a>(
+        common: &[(&'a str, &'a str)],
+        extra: &[(&'a str, &'a str)],
+    ) -> Vec<(&'a str, &'a str)> {
+        let mut kv = common.to_vec();
+        kv.extend_from_slice(extra);
+        kv
+    }
+    let one = slots(&mut loader(&root, &with(&common, &[("batch_size", "8")])).unwrap());
+    assert_eq!(one.len(), 8);
+    for world in [2usize, 3] {
+        let ws = world.to_string();
+        for rank in 0..world {
+            let rs = rank.to_string();
+            let kv = with(
+                &common,
+                &[("batch_size", "2"), ("world_size", &ws), ("rank", &rs)],
+            );
+            let mine = slots(&mut loader(&root, &kv).unwrap());
+            for (j, image) in mine.iter().enumerate() {
+                let g = rank + j * world;
+                if g < one.len() {
+                    assert_eq!(*image, one[g], "world {world} rank {rank} slot {j}");
+                }
+            }
+        }
+    }
+    // A resume with another transform is refused, naming it.
+    let mut l = loader(&root, &with(&common, &[("batch_size", "2")])).unwrap();
+    l.next().unwrap();
+    let state = l.save_state();
+    let e = loader(
+        &root,
+        &[
+            ("transform", "center_crop(16)"),
+            ("shuffle", "true"),
+            ("batch_size", "2"),
+            ("resume_state", &state),
+        ],
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("the transform, dtype or layout"), "{e}");
+    fs::remove_dir_all(root).unwrap();
+}

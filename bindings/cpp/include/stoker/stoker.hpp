@@ -407,6 +407,11 @@ struct Stats {
   double readiness = 0;          // 1 - wait_ns_total / elapsed_ns, in [0, 1]
   double worker_busy = 0;        // fraction of worker thread time spent working
   uint64_t slabs_pinned = 0, pin_failures = 0;
+  // This process's place in the job, as resolved (explicit options, or the launcher's variables).
+  uint64_t rank = 0, world_size = 1;
+  uint64_t local_rank = 0, local_world_size = 1;  // device("cuda") is cuda:local_rank
+  uint64_t launcher = 0;  // a stoker_launcher value: 0 none, 1 explicit, 2 torchrun, 3 Slurm,
+                          // 4 Open MPI, 5 PMI
 };
 
 class Loader;
@@ -489,8 +494,16 @@ class Loader {
   uint64_t current_epoch() const { return h().epoch(); }
   int64_t batches_per_epoch() const { return h().batches_per_epoch(); }
 
-  // Where the loader is, for `Options::resume_state` of a new loader.
+  // Where the job is, for `Options::resume_state` of a new loader: the same string on every rank
+  // that delivered the same number of batches, resumable at any world size.
   std::string save_state() const { return std::string(h().save_state()); }
+
+  // Makes the next batch the first of `epoch` (the DistributedSampler.set_epoch habit); batches
+  // being built or copied ahead are discarded, batches you hold stay valid. A no-op at the start
+  // of `epoch`, or right after resuming into it.
+  void set_epoch(uint64_t epoch) {
+    detail::call([&] { h().set_epoch(epoch); });
+  }
 
   // May be called from any thread, also while another thread is in next().
   Stats stats() const {
@@ -509,6 +522,11 @@ class Loader {
     out.worker_busy = s.worker_busy;
     out.slabs_pinned = s.slabs_pinned;
     out.pin_failures = s.pin_failures;
+    out.rank = s.rank;
+    out.world_size = s.world_size;
+    out.local_rank = s.local_rank;
+    out.local_world_size = s.local_world_size;
+    out.launcher = s.launcher;
     return out;
   }
 

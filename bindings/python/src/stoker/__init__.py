@@ -21,7 +21,7 @@ from .errors import (
     StokerTimeoutError,
     UnsupportedError,
 )
-from .loader import Loader, Stats
+from .loader import Launch, Loader, Stats, launch
 
 __version__: str = _lib.stoker_version().decode()
 """Version of the loaded library (the package is versioned with it)."""
@@ -36,6 +36,7 @@ __all__ = [
     "DecodeError",
     "InternalError",
     "InvalidArgumentError",
+    "Launch",
     "LibraryNotFoundError",
     "Loader",
     "OutOfMemoryError",
@@ -44,4 +45,5 @@ __all__ = [
     "StokerIOError",
     "StokerTimeoutError",
     "UnsupportedError",
+    "launch",
 ]

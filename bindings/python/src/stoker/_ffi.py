@@ -76,7 +76,28 @@ class Stats(ctypes.Structure):
         ("worker_busy", ctypes.c_double),
         ("slabs_pinned", ctypes.c_uint64),
         ("pin_failures", ctypes.c_uint64),
+        ("rank", ctypes.c_uint64),
+        ("world_size", ctypes.c_uint64),
+        ("local_rank", ctypes.c_uint64),
+        ("local_world_size", ctypes.c_uint64),
+        ("launcher", ctypes.c_uint64),
     ]
+
+
+class LaunchInfo(ctypes.Structure):
+    """``stoker_launch``, as ``stoker_options_launch`` fills it."""
+
+    _fields_ = [
+        ("rank", ctypes.c_uint64),
+        ("world_size", ctypes.c_uint64),
+        ("local_rank", ctypes.c_uint64),
+        ("local_world_size", ctypes.c_uint64),
+        ("launcher", ctypes.c_uint64),
+    ]
+
+
+# stoker_launcher -> the name Loader.stats() gives
+LAUNCHERS = {0: "none", 1: "explicit", 2: "torchrun", 3: "slurm", 4: "openmpi", 5: "pmi"}
 
 
 class DLPackVersion(ctypes.Structure):
@@ -136,6 +157,7 @@ _SIGNATURES = {
     "stoker_options_new": (_P, []),
     "stoker_options_set": (_STATUS, [_P, ctypes.c_char_p, ctypes.c_char_p]),
     "stoker_options_free": (None, [_P]),
+    "stoker_options_launch": (_STATUS, [_P, ctypes.POINTER(LaunchInfo)]),
     "stoker_options_set_source_callbacks": (_STATUS, [_P, ctypes.POINTER(SourceCallbacks)]),
     "stoker_sample_put_encoded": (_STATUS, [_P, ctypes.c_void_p, ctypes.c_size_t]),
     "stoker_sample_put_tensor": (
@@ -148,6 +170,7 @@ _SIGNATURES = {
     "stoker_loader_next": (_STATUS, [_P, ctypes.POINTER(_P)]),
     "stoker_loader_batches_per_epoch": (ctypes.c_int64, [_P]),
     "stoker_loader_epoch": (ctypes.c_uint64, [_P]),
+    "stoker_loader_set_epoch": (_STATUS, [_P, ctypes.c_uint64]),
     "stoker_loader_stats": (_STATUS, [_P, ctypes.POINTER(Stats)]),
     "stoker_loader_save_state": (
         _STATUS,

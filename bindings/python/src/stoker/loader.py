@@ -47,6 +47,49 @@ class Stats:
     """Arena slabs page-locked under ``pin_memory``."""
     pin_failures: int
     """Slabs ``mlock`` refused (RLIMIT_MEMLOCK): delivered unpinned."""
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    launcher: str
+    """Who resolved ``rank`` and ``world_size``: ``"torchrun"``, ``"slurm"``, ``"openmpi"``,
+    ``"pmi"``, ``"explicit"`` (both set as options) or ``"none"`` (one process)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """This process's place in a distributed job, as ``launch()`` resolves it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    launcher: str
+    """``"torchrun"``, ``"slurm"``, ``"openmpi"``, ``"pmi"``, ``"explicit"`` or ``"none"``."""
+
+
+def launch(rank: int | str | None = None, world_size: int | str | None = None) -> Launch:
+    """The rank, world size, local rank and local world size a loader would have, from explicit
+    values or (``None`` / ``"auto"``) the launcher's variables: torchrun, Slurm, Open MPI, PMI.
+    Inconsistent variables raise ``InvalidArgumentError`` naming them."""
+    opts = _ffi.lib.stoker_options_new()
+    if not opts:
+        raise MemoryError("stoker_options_new returned NULL")
+    try:
+        for key, value in (("rank", rank), ("world_size", world_size)):
+            if value is not None:
+                check(_ffi.lib.stoker_options_set(opts, key.encode(), option_value(value).encode()))
+        raw = _ffi.LaunchInfo()
+        check(_ffi.lib.stoker_options_launch(opts, ctypes.byref(raw)))
+    finally:
+        _ffi.lib.stoker_options_free(opts)
+    return Launch(
+        rank=raw.rank,
+        world_size=raw.world_size,
+        local_rank=raw.local_rank,
+        local_world_size=raw.local_world_size,
+        launcher=_ffi.LAUNCHERS.get(raw.launcher, f"unknown ({raw.launcher})"),
+    )
 
 
 def option_value(value: Any) -> str:
@@ -184,7 +227,19 @@ class Loader:
         """A snapshot of the loader's statistics; callable at any time, also mid-epoch."""
         raw = _ffi.Stats(size=ctypes.sizeof(_ffi.Stats))
         check(_ffi.lib.stoker_loader_stats(self._handle(), ctypes.byref(raw)))
-        return Stats(**{f.name: getattr(raw, f.name) for f in dataclasses.fields(Stats)})
+        values = {f.name: getattr(raw, f.name) for f in dataclasses.fields(Stats)}
+        values["launcher"] = _ffi.LAUNCHERS.get(raw.launcher, f"unknown ({raw.launcher})")
+        return Stats(**values)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next batch the first of ``epoch`` (``DistributedSampler.set_epoch``):
+        batches being built are discarded, batches already handed out stay valid. Nothing
+        changes at the start of ``epoch``, or right after resuming into it, so the usual
+        ``loader.set_epoch(e)`` before each epoch continues a resumed epoch."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, not {epoch}")
+        with self._lock:
+            check(_ffi.lib.stoker_loader_set_epoch(self._handle(), epoch))
 
     def state_dict(self) -> dict[str, str]:
         """Where the loader stands: ``{"state": str}``, for ``load_state_dict`` or the

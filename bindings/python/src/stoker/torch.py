@@ -4,66 +4,262 @@
     loader = DataLoader("image_folder:/data/train", batch_size=256, shuffle=True, num_workers=8,
                         transform="random_resized_crop(224) | hflip | normalize(imagenet)")
     for epoch in range(90):
+        loader.set_epoch(epoch)            # as with a DistributedSampler; optional otherwise
         for images, labels in loader:      # torch tensors sharing stoker's memory (DLPack)
             ...
 
-Differences from torch that porting code may notice:
-* the dataset is a stoker source spec (``image_folder:ROOT``, ``npy:PATH``) or a map-style
-  dataset whose items stoker can take (see ``stoker.dataset``: arrays, labels, encoded image
-  bytes), and augmentation is a ``transform`` spec run inside stoker, not Python callables;
-* workers are threads and always persist across epochs: ``persistent_workers`` is accepted
-  and has nothing to change;
-* ``shuffle`` draws its seed from torch's global RNG once, at construction, as torch's
-  RandomSampler does per epoch, so ``torch.manual_seed`` makes runs reproducible; every later
-  epoch's order follows from that seed.
+It takes torch's whole ``DataLoader`` signature, so porting code can pass its arguments
+verbatim; each one is mapped to stoker's options or refused with a message saying what to use:
+
+* ``sampler`` / ``batch_sampler``: torch's own samplers are read (``DistributedSampler``'s
+  ``num_replicas``, ``rank``, ``shuffle``, ``seed``, ``drop_last``; ``RandomSampler``,
+  ``SubsetRandomSampler``, ``WeightedRandomSampler(replacement=True)``, ``SequentialSampler``,
+  ``BatchSampler``), and a sequence of indices is the order of every epoch; a custom sampler
+  object is refused (stoker draws the order in the library);
+* ``timeout`` (seconds) is ``timeout_ms``; ``generator`` seeds the order in a one-process job;
+* ``collate_fn`` other than torch's default is refused (batches are collated in the library);
+* ``worker_init_fn``, ``multiprocessing_context``, ``persistent_workers`` and
+  ``pin_memory_device`` are accepted and change nothing: workers are threads of this process,
+  they always persist, and every random choice is keyed by (seed, epoch, draw), not by a
+  per-worker seed.
+
+Distributed jobs (torchrun, Slurm, MPI): the rank and world size come from the launcher's
+variables (or ``rank=`` / ``num_replicas=``); the epoch's order depends only on the shared seed,
+so ranks agree by construction. With more than one rank the default seed is fixed (0, as
+``DistributedSampler``'s), never drawn from a rank's own RNG. ``state_dict()`` is the same on
+every rank and resumes at any world size.
+
+Other differences from torch: the dataset is a stoker source spec (``image_folder:ROOT``,
+``npy:PATH``) or a map-style dataset whose items stoker can take (see ``stoker.dataset``), and
+augmentation is a ``transform`` spec run inside stoker, not Python callables.
 """
 
 from __future__ import annotations
 
+import collections.abc
+import operator
 from typing import Any, Iterator
 
 import torch
+import torch.utils.data as tud
 
-from .loader import Loader
+from .loader import Loader, launch
+
+def _indices(name: str, seq: Any) -> list[int]:
+    """A sequence of dataset indices (list, tuple, range, 1-D array or tensor) as ints."""
+    if isinstance(seq, torch.Tensor):
+        if seq.dim() != 1 or seq.is_floating_point():
+            raise TypeError(f"{name}: a tensor of indices must be 1-D integers")
+        return [int(i) for i in seq.tolist()]
+    out = []
+    for i in seq:
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            out.append(operator.index(i))
+        except TypeError:
+            raise TypeError(f"{name}: {i!r} is not an index") from None
+    return out
+
+
+def _sampler_options(sampler: Any) -> dict[str, Any]:
+    """stoker options equivalent to a torch sampler object or an index sequence."""
+    kind = type(sampler).__name__
+    if isinstance(sampler, tud.distributed.DistributedSampler):
+        return {
+            "world_size": sampler.num_replicas,
+            "rank": sampler.rank,
+            "shuffle": sampler.shuffle,
+            "seed": sampler.seed,
+            "shard_drop_last": sampler.drop_last,
+            "_epoch": getattr(sampler, "epoch", 0),
+        }
+    if isinstance(sampler, tud.SequentialSampler):
+        return {}
+    if isinstance(sampler, tud.RandomSampler):
+        out: dict[str, Any] = {"shuffle": True, "replacement": sampler.replacement}
+        if sampler._num_samples is not None:
+            out["num_samples"] = sampler._num_samples
+        if sampler.generator is not None:
+            out["_generator"] = sampler.generator
+        return out
+    if isinstance(sampler, tud.SubsetRandomSampler):
+        out = {"subset": _indices("sampler", sampler.indices)}
+        if sampler.generator is not None:
+            out["_generator"] = sampler.generator
+        return out
+    if isinstance(sampler, tud.WeightedRandomSampler):
+        if not sampler.replacement:
+            raise ValueError(
+                "WeightedRandomSampler(replacement=False) has no stoker option: pass "
+                "replacement=True, or draw the indices yourself and pass them as sampler=[...]"
+            )
+        out = {
+            "weights": [float(w) for w in sampler.weights.tolist()],
+            "num_samples": sampler.num_samples,
+        }
+        if sampler.generator is not None:
+            out["_generator"] = sampler.generator
+        return out
+    if isinstance(sampler, (collections.abc.Sequence, range, torch.Tensor)) or (
+        type(sampler).__module__ == "numpy" and getattr(sampler, "ndim", None) == 1
+    ):
+        return {"indices": _indices("sampler", sampler)}
+    raise TypeError(
+        f"sampler={kind} cannot be mapped: stoker draws each epoch's order in the library. Pass "
+        "the indices as a sequence (the order of every epoch), one of torch's samplers, or "
+        "stoker's options shuffle=, replacement=, num_samples=, weights=, subset="
+    )
+
+
+def _batch_sampler_options(batch_sampler: Any) -> dict[str, Any]:
+    """stoker options (with batch_size and drop_last) equivalent to a batch sampler."""
+    if isinstance(batch_sampler, tud.BatchSampler):
+        out = _sampler_options(batch_sampler.sampler)
+        out.update(batch_size=batch_sampler.batch_size, drop_last=batch_sampler.drop_last)
+        return out
+    if isinstance(batch_sampler, collections.abc.Sequence):
+        batches = [_indices("batch_sampler", b) for b in batch_sampler]
+        if not batches or not batches[0]:
+            raise ValueError("batch_sampler: no batches, or an empty first batch")
+        size = len(batches[0])
+        if any(len(b) != size for b in batches[:-1]) or len(batches[-1]) > size:
+            raise ValueError(
+                "batch_sampler: stoker batches are of one size (the last may be short); give "
+                "batches of equal length, or sampler=[...] with batch_size="
+            )
+        return {
+            "indices": [i for b in batches for i in b],
+            "batch_size": size,
+            "drop_last": False,
+        }
+    raise TypeError(
+        f"batch_sampler={type(batch_sampler).__name__} cannot be mapped: pass torch's "
+        "BatchSampler, a list of index lists of one length, or sampler= with batch_size="
+    )
 
 
 class DataLoader:
     """Yields one tuple of tensors per batch, in the source's field order: ``(images, labels)``
-    for ``image_folder``, ``(data, labels)`` for ``npy`` with ``labels=``."""
+    for ``image_folder``, ``(data, labels)`` for ``npy`` with ``labels=``.
+
+    The parameters are torch's ``DataLoader``'s (see the module docstring for how each maps),
+    then the ``DistributedSampler`` spellings ``num_replicas``, ``rank``, ``seed`` and
+    ``shard_drop_last`` (its ``drop_last``; this ``drop_last`` is the batch one), then any
+    stoker option (``transform=``, ``labels=``, ...)."""
 
     def __init__(
         self,
         dataset: Any,
-        batch_size: int = 1,
-        shuffle: bool = False,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
         num_workers: int = 0,
+        collate_fn: Any = None,
         pin_memory: bool = False,
         drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Any = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
         seed: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shard_drop_last: bool | None = None,
         **options: Any,
-    ) -> None:
-        if seed is None and shuffle:
-            seed = int(torch.empty((), dtype=torch.int64).random_().item()) & (2**63 - 1)
-        self.batch_size = batch_size
+    ):
+        if collate_fn is not None and collate_fn not in (
+            tud.default_collate,
+            getattr(tud.dataloader, "default_collate", None),
+        ):
+            raise ValueError(
+                "collate_fn: stoker collates in the library, writing each sample into the batch "
+                "(zero copy); apply your function to the tensors each step yields, or use "
+                "pad= for variable-length fields"
+            )
+        if timeout < 0:
+            raise ValueError(f"timeout option should be non-negative, not {timeout}")
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers option should be a non-negative integer, not {num_workers}")
+        # Moot with threads: workers share this process (no per-worker initialisation or
+        # start method), always persist, and draw no per-worker seeds; batches land in memory
+        # the device path page-locks itself.
+        del worker_init_fn, multiprocessing_context
+
+        mapped: dict[str, Any] = {}
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                    "sampler, and drop_last"
+                )
+            mapped = _batch_sampler_options(batch_sampler)
+        else:
+            if batch_size is None:
+                raise ValueError(
+                    "batch_size=None (unbatched samples) is not supported: stoker always "
+                    "batches; use batch_size=1 and take element [0]"
+                )
+            if sampler is not None:
+                if shuffle:
+                    raise ValueError("sampler option is mutually exclusive with shuffle")
+                mapped = _sampler_options(sampler)
+            mapped.setdefault("batch_size", batch_size)
+            mapped.setdefault("drop_last", drop_last)
+        sampler_epoch = mapped.pop("_epoch", 0)
+        generator = mapped.pop("_generator", generator)
+        for key, value in (
+            ("world_size", num_replicas),
+            ("rank", rank),
+            ("seed", seed),
+            ("shard_drop_last", shard_drop_last),
+        ):
+            if value is not None:
+                mapped[key] = value
+        if shuffle and "indices" not in mapped:
+            mapped.setdefault("shuffle", True)
+        mapped.update(options)
+
+        random_order = any(
+            mapped.get(k) for k in ("shuffle", "replacement", "subset", "weights")
+        ) or "num_samples" in mapped
+        if mapped.get("seed") is None and random_order:
+            where = launch(rank=mapped.get("rank"), world_size=mapped.get("world_size"))
+            if where.world_size > 1:
+                # Ranks agree by construction: a fixed seed, as DistributedSampler's, never a
+                # rank's own RNG (ranks seeded `seed + rank` would read overlapping shards).
+                mapped["seed"] = 0
+            else:
+                draw = torch.empty((), dtype=torch.int64)
+                draw.random_(generator=generator) if generator is not None else draw.random_()
+                mapped["seed"] = int(draw.item()) & (2**63 - 1)
+
+        self.batch_size = mapped.get("batch_size")
+        self.drop_last = mapped.get("drop_last")
         self.persistent_workers = persistent_workers
+        self.pin_memory_device = pin_memory_device
         self._loader = Loader(
             dataset,
-            batch_size=batch_size,
-            shuffle=shuffle,
             num_workers=num_workers,
             pin_memory=pin_memory,
-            drop_last=drop_last,
             prefetch_factor=prefetch_factor,
-            seed=seed,
-            **options,
+            in_order=in_order,
+            timeout_ms=round(timeout * 1000) if timeout else None,
+            **mapped,
         )
         self._in_epoch = False
+        if sampler_epoch:
+            self.set_epoch(sampler_epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         """One whole epoch, like torch: an epoch left unfinished (``break``) is drained first,
-        so every ``for`` starts at the beginning of an epoch."""
+        so every ``for`` starts at the beginning of an epoch (``set_epoch`` skips the drain)."""
         if self._in_epoch:
             for _ in self._loader:
                 pass
@@ -75,13 +271,20 @@ class DataLoader:
     def __len__(self) -> int:
         return len(self._loader)
 
+    def set_epoch(self, epoch: int) -> None:
+        """``DistributedSampler.set_epoch``: the next ``for`` runs epoch ``epoch`` from its first
+        batch (work in flight for another epoch is discarded). A no-op at the start of that
+        epoch, or right after ``load_state_dict`` into it, so the usual loop resumes exactly."""
+        self._loader.set_epoch(epoch)
+        self._in_epoch = False
+
     @property
     def loader(self) -> Loader:
         """The underlying ``stoker.Loader`` (stats, epoch, close)."""
         return self._loader
 
     def state_dict(self) -> dict[str, str]:
-        """Where the loader stands, for ``load_state_dict`` (see ``stoker.Loader.state_dict``)."""
+        """The job's position: the same on every rank, resumable at any world size."""
         return self._loader.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, str]) -> None:

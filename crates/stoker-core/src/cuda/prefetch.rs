@@ -285,6 +285,18 @@ impl<M: Send + 'static> Prefetcher<M> {
         backend: Arc<dyn DeviceBackend>,
         config: PrefetchConfig,
     ) -> Result<Prefetcher<M>> {
+        Prefetcher::start_returning(feed, backend, config, None)
+    }
+
+    /// [`start`](Self::start), and when the thread stops it sends the feed to `give_back`
+    /// (instead of dropping it), so that the feed can be changed and a new prefetcher started on
+    /// it. Device batches not yet received are dropped with the old prefetcher.
+    pub fn start_returning<F: HostBatches<Mark = M>>(
+        feed: F,
+        backend: Arc<dyn DeviceBackend>,
+        config: PrefetchConfig,
+        give_back: Option<Sender<F>>,
+    ) -> Result<Prefetcher<M>> {
         let slots = config.slots.max(1);
         let (ring_tx, ring_rx) = crossbeam_channel::bounded::<Slot>(slots);
         for _ in 0..slots {
@@ -320,7 +332,7 @@ impl<M: Send + 'static> Prefetcher<M> {
         };
         let thread = std::thread::Builder::new()
             .name(format!("stoker-prefetch-cuda{device_id}"))
-            .spawn(move || worker.run(feed))
+            .spawn(move || worker.run(feed, give_back))
             .map_err(|e| Error::Internal(format!("starting the prefetch thread: {e}")))?;
         Ok(Prefetcher {
             out: out_rx,
@@ -439,7 +451,7 @@ impl<M> Drop for Worker<M> {
 }
 
 impl<M: Send + 'static> Worker<M> {
-    fn run<F: HostBatches<Mark = M>>(self, mut feed: F) {
+    fn run<F: HostBatches<Mark = M>>(self, mut feed: F, give_back: Option<Sender<F>>) {
         let outcome = catch_unwind(AssertUnwindSafe(|| self.pump(&mut feed)));
         if let Err(panic) = outcome {
             // The consumer's next call reports it; the calls after that find the thread gone.
@@ -451,8 +463,12 @@ impl<M: Send + 'static> Worker<M> {
                 mark: None,
             });
         }
-        // The feed (the host loader and its pool) drops here, on this thread, joining its workers.
-        drop(feed);
+        // The feed (the host loader and its pool) goes back to whoever asked for it, or drops
+        // here, on this thread, joining its workers.
+        match give_back {
+            Some(tx) => drop(tx.send(feed)),
+            None => drop(feed),
+        }
     }
 
     fn stopped(&self) -> bool {

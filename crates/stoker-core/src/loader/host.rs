@@ -1,9 +1,14 @@
 //! The host scheduler: sampler → pool → delivery of host batches, in sampler order or as they
 //! finish. It submits up to `cap` tasks, running ahead into the next epoch, and tracks which
 //! batches of the current epoch are delivered (the resume position).
+//!
+//! An epoch is normally dealt from the start of its global order; the epoch a job resumes in
+//! is dealt from the entry where the saved job stopped (its `start`), possibly to a different
+//! number of ranks. `set_epoch` starts a new *generation* of the schedule: tasks of the old one
+//! still queued are discarded unbuilt, and finished ones are dropped, never delivered.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,51 +17,114 @@ use crate::batch::Batch;
 use crate::collate::{BatchKey, Collator, Scratch};
 use crate::cuda::{HostBatches, Pulled};
 use crate::error::{Error, Result};
+use crate::launch::Launch;
 use crate::options::{LoaderOptions, OnError};
 use crate::pool::{Builder, Pool, Task};
-use crate::resume::ResumeState;
+use crate::resume::{Fingerprint, FingerprintText, Fnv, Position, ResumeState};
 use crate::sampler::{batches_for, BatchPlan, Sampler};
 use crate::source::Source;
 use crate::stats::{StatsHandle, StatsRecorder};
 
-/// Epoch plans by epoch number; holds the two the loader is working on (delivering and
+/// Epoch plans by (epoch, start); holds the two the loader is working on (delivering and
 /// submitting), so a plan is computed once.
 #[derive(Default)]
 struct Plans {
-    recent: Vec<(u64, Arc<BatchPlan>)>,
+    recent: Vec<((u64, usize), Arc<BatchPlan>)>,
 }
 
 impl Plans {
     fn get(
         &mut self,
+        schedule: &Schedule,
         sampler: &Sampler,
-        batch_size: usize,
-        drop_last: bool,
         epoch: u64,
+        start: usize,
     ) -> Arc<BatchPlan> {
-        if let Some((_, plan)) = self.recent.iter().find(|(e, _)| *e == epoch) {
+        if let Some((_, plan)) = self.recent.iter().find(|(k, _)| *k == (epoch, start)) {
             return Arc::clone(plan);
         }
-        let plan = Arc::new(BatchPlan::new(
-            sampler.epoch_indices(epoch),
-            batch_size,
-            drop_last,
+        let plan = Arc::new(BatchPlan::for_segment(
+            sampler,
+            epoch,
+            start,
+            schedule.batch_size,
+            schedule.drop_last,
         ));
         if self.recent.len() == 2 {
             self.recent.remove(0);
         }
-        self.recent.push((epoch, Arc::clone(&plan)));
+        self.recent.push(((epoch, start), Arc::clone(&plan)));
         plan
+    }
+
+    fn clear(&mut self) {
+        self.recent.clear();
     }
 }
 
-/// Where delivery stands: the batches of `epoch` below `position`, and those in `ahead`, are
-/// delivered.
+/// Where delivery stands: epoch `epoch` is dealt from entry `start` of its global order, and
+/// its batches below `position`, and those in `ahead`, are delivered.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Cursor {
     pub(super) epoch: u64,
+    pub(super) start: usize,
     pub(super) position: usize,
     pub(super) ahead: Vec<usize>,
+}
+
+/// The facts of a loader's schedule that do not change while it runs: enough to count the
+/// batches of an epoch (or of its rest) and to write the resume state of a cursor, on either
+/// side of the prefetch thread.
+#[derive(Clone, Debug)]
+pub(super) struct Schedule {
+    pub(super) seed: u64,
+    pub(super) launch: Launch,
+    /// Entries of an epoch's global order.
+    pub(super) global_len: usize,
+    pub(super) sampler: Sampler,
+    pub(super) batch_size: usize,
+    pub(super) drop_last: bool,
+    pub(super) fingerprint: Fingerprint,
+    pub(super) fingerprint_text: FingerprintText,
+}
+
+impl Schedule {
+    /// Batches this rank delivers for an epoch dealt from entry `start`.
+    pub(super) fn segment_batches(&self, start: usize) -> usize {
+        let per_rank = self
+            .sampler
+            .deal()
+            .per_rank(self.global_len.saturating_sub(start));
+        batches_for(per_rank, self.batch_size, self.drop_last)
+    }
+
+    /// Batches of a whole epoch.
+    pub(super) fn batches_per_epoch(&self) -> usize {
+        self.segment_batches(0)
+    }
+
+    /// The job's state at `cursor`: entries of the global order consumed by all ranks, which is
+    /// the same on every rank when they have delivered the same number of batches.
+    pub(super) fn state_at(&self, cursor: &Cursor) -> ResumeState {
+        let deal = self.sampler.deal();
+        let consumed = if cursor.position >= self.segment_batches(cursor.start) {
+            // Every entry was delivered, or dropped by drop_last / shard_drop_last.
+            self.global_len
+        } else {
+            let dealt = cursor.position * self.batch_size * deal.world_size;
+            (cursor.start + dealt).min(self.global_len)
+        };
+        ResumeState {
+            seed: self.seed,
+            epoch: cursor.epoch,
+            at: Position::Global {
+                consumed,
+                world_size: deal.world_size,
+                fingerprint: self.fingerprint.clone(),
+            },
+            ahead: cursor.ahead.iter().map(|p| p - cursor.position).collect(),
+        }
+    }
 }
 
 /// How the host loader is used.
@@ -75,9 +143,7 @@ pub(super) struct HostLoader {
     record_delivery: bool,
     builder: Arc<Builder>,
     sampler: Sampler,
-    seed: u64,
-    batch_size: usize,
-    drop_last: bool,
+    schedule: Schedule,
     batches_per_epoch: usize,
     plans: Plans,
     /// `None` when `num_workers` is 0: batches are built in `next()` by the calling thread.
@@ -88,13 +154,20 @@ pub(super) struct HostLoader {
     timeout: Option<Duration>,
     /// Tasks submitted and not yet delivered (built, being built, or waiting to be).
     in_flight: usize,
-    /// Next task to submit.
+    /// Next task to submit: batch `submit_position` of epoch `submit_epoch` dealt from entry
+    /// `submit_start`.
     submit_epoch: u64,
+    submit_start: usize,
     submit_position: usize,
-    /// The epoch being delivered, and which of its batches have been.
+    /// The epoch being delivered, where its dealing starts, and which of its batches have been.
     epoch: u64,
+    start: usize,
     position: usize,
     ahead: BTreeSet<usize>,
+    /// No batch (or epoch end) delivered since the loader was made or its epoch set.
+    fresh: bool,
+    /// The schedule's generation: `set_epoch` starts a new one (see `Task::generation`).
+    generation: u64,
     /// Finished batches not yet delivered, by (epoch, position).
     ready: BTreeMap<(u64, usize), Result<Batch>>,
     stats: Arc<StatsRecorder>,
@@ -135,11 +208,41 @@ impl HostLoader {
         if let Some(state) = &resume {
             seed = state.seed;
         }
-        let sampler = Sampler::new(options.sampler_kind(source.len())?, source.len(), seed)?;
-        let batches_per_epoch = batches_for(sampler.len(), options.batch_size, options.drop_last);
+        let launch = options.launch()?;
+        let kind = options.sampler_kind(source.len())?;
+        let sampler = Sampler::dealt(kind, source.len(), seed, options.deal(&launch))?;
+        let schedule = Schedule {
+            seed,
+            launch,
+            global_len: sampler.global_len(),
+            sampler: sampler.clone(),
+            batch_size: options.batch_size,
+            drop_last: options.drop_last,
+            fingerprint: Fingerprint {
+                source: Fnv::of_debug(&source.identity()),
+                source_len: source.len(),
+                sampler: Fnv::of_debug(&(sampler.kind(), sampler.deal().drop_last)),
+                batch_size: options.batch_size,
+                drop_last: options.drop_last,
+                transform: Fnv::of_debug(&(&options.transform, options.dtype, options.layout)),
+            },
+            fingerprint_text: FingerprintText {
+                source: source.identity(),
+                sampler: sampler_text(&sampler),
+                transform: format!(
+                    "transform={}, dtype={}, layout={:?}",
+                    options.transform.as_deref().unwrap_or("none"),
+                    options
+                        .dtype
+                        .map_or("default".to_owned(), |d| d.to_string()),
+                    options.layout
+                ),
+            },
+        };
+        let batches_per_epoch = schedule.batches_per_epoch();
 
-        let workers = options.resolved_workers();
-        let cap = options.in_flight_cap();
+        let workers = options.workers_for(&launch);
+        let cap = options.cap_for(workers);
         // For a device, `pin_memory` means registration with its driver (which page-locks the
         // slab itself), not mlock.
         let (pin, registrar, feed) = match mode {
@@ -154,6 +257,7 @@ impl HostLoader {
             arena,
             stats: Arc::clone(&stats),
             stop: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
         });
         let pool = if workers > 0 {
             Some(Pool::start(Arc::clone(&builder), workers, cap)?)
@@ -165,9 +269,7 @@ impl HostLoader {
             record_delivery: !feed,
             builder,
             sampler,
-            seed,
-            batch_size: options.batch_size,
-            drop_last: options.drop_last,
+            schedule,
             batches_per_epoch,
             plans: Plans::default(),
             pool,
@@ -179,10 +281,14 @@ impl HostLoader {
                 .then(|| Duration::from_millis(options.timeout_ms)),
             in_flight: 0,
             submit_epoch: 0,
+            submit_start: 0,
             submit_position: 0,
             epoch: 0,
+            start: 0,
             position: 0,
             ahead: BTreeSet::new(),
+            fresh: true,
+            generation: 0,
             ready: BTreeMap::new(),
             stats,
         };
@@ -193,8 +299,8 @@ impl HostLoader {
         Ok(loader)
     }
 
-    pub(super) fn seed(&self) -> u64 {
-        self.seed
+    pub(super) fn schedule(&self) -> &Schedule {
+        &self.schedule
     }
 
     pub(super) fn batches_per_epoch(&self) -> usize {
@@ -221,29 +327,70 @@ impl HostLoader {
         StatsHandle {
             recorder: Arc::clone(&self.stats),
             arena: self.builder.arena.clone(),
+            launch: self.schedule.launch,
         }
     }
 
     fn restore(&mut self, state: ResumeState) -> Result<()> {
-        if state.batches_per_epoch != self.batches_per_epoch
-            || state.position > self.batches_per_epoch
-            || state
-                .ahead
-                .iter()
-                .any(|&p| p <= state.position || p >= self.batches_per_epoch)
-        {
-            return Err(Error::option(
-                "resume_state",
-                format!(
-                    "saved by a loader with {} batches per epoch at position {}, but this loader has {} batches per epoch: the source, sampler, batch_size or drop_last differ",
-                    state.batches_per_epoch, state.position, self.batches_per_epoch
-                ),
-            ));
+        let bad = |why: String| Err(Error::option("resume_state", why));
+        match state.at {
+            Position::Batches {
+                position,
+                batches_per_epoch,
+            } => {
+                // A stoker-state-v1 string: a batch position at an unchanged world size.
+                if batches_per_epoch != self.batches_per_epoch
+                    || position > self.batches_per_epoch
+                    || state
+                        .ahead
+                        .iter()
+                        .any(|&p| p <= position || p >= self.batches_per_epoch)
+                {
+                    return bad(format!(
+                        "saved by a loader with {batches_per_epoch} batches per epoch at position {position}, but this loader has {} batches per epoch: the source, sampler, batch_size, drop_last or world_size differ",
+                        self.batches_per_epoch
+                    ));
+                }
+                self.start = 0;
+                self.position = position;
+                self.ahead = state.ahead.into_iter().collect();
+            }
+            Position::Global {
+                consumed,
+                world_size,
+                fingerprint,
+            } => {
+                if let Some(why) = self
+                    .schedule
+                    .fingerprint
+                    .mismatch(&fingerprint, &self.schedule.fingerprint_text)
+                {
+                    return bad(why);
+                }
+                let len = self.schedule.global_len;
+                if consumed > len {
+                    return bad(format!(
+                        "says {consumed} entries of the epoch were consumed, but an epoch has {len}"
+                    ));
+                }
+                let here = self.sampler.deal().world_size;
+                if !state.ahead.is_empty() && world_size != here {
+                    return bad(format!(
+                        "was saved with in_order=false while batches were delivered out of                          order, at world_size {world_size}; such a state resumes only at the                          same world size (here {here})"
+                    ));
+                }
+                let batches = self.schedule.segment_batches(consumed);
+                if state.ahead.iter().any(|&p| p == 0 || p >= batches) {
+                    return bad("has `ahead` positions outside the epoch".into());
+                }
+                self.start = consumed;
+                self.position = 0;
+                self.ahead = state.ahead.into_iter().collect();
+            }
         }
         self.epoch = state.epoch;
-        self.position = state.position;
-        self.ahead = state.ahead.into_iter().collect();
         self.submit_epoch = self.epoch;
+        self.submit_start = self.start;
         self.submit_position = self.position;
         Ok(())
     }
@@ -251,9 +398,62 @@ impl HostLoader {
     pub(super) fn cursor(&self) -> Cursor {
         Cursor {
             epoch: self.epoch,
+            start: self.start,
             position: self.position,
             ahead: self.ahead.iter().copied().collect(),
         }
+    }
+
+    /// Makes the next batch the first of epoch `epoch`: in-flight work is discarded (queued
+    /// tasks unbuilt, finished batches dropped). Nothing changes when the loader already stands
+    /// at that epoch's start, or was just resumed into it (so the usual
+    /// `set_epoch(e); for batch in loader` loop continues a resumed epoch).
+    pub(super) fn set_epoch(&mut self, epoch: u64) -> Result<()> {
+        let at_start =
+            self.epoch == epoch && self.start == 0 && self.position == 0 && self.ahead.is_empty();
+        if at_start || (self.fresh && self.epoch == epoch) {
+            return self.top_up();
+        }
+        self.discard_in_flight();
+        self.epoch = epoch;
+        self.start = 0;
+        self.position = 0;
+        self.ahead.clear();
+        self.submit_epoch = epoch;
+        self.submit_start = 0;
+        self.submit_position = 0;
+        self.fresh = false;
+        self.top_up()
+    }
+
+    /// Starts a new generation: tasks in flight are discarded when they come back, and
+    /// finished batches not yet delivered are dropped (their slabs go back to the arena now).
+    fn discard_in_flight(&mut self) {
+        self.generation += 1;
+        self.builder
+            .generation
+            .store(self.generation, Ordering::Release);
+        // Finished batches were counted in flight until delivered.
+        if self.pool.is_some() {
+            self.in_flight -= self.ready.len();
+        }
+        self.ready.clear();
+        self.plans.clear();
+    }
+
+    /// Moves delivery back to `cursor` (what the consumer of a prefetch thread, which ran
+    /// ahead, last saw), discarding the work done past it. `fresh`: whether that consumer has
+    /// had nothing from this loader yet.
+    pub(super) fn rewind_to(&mut self, cursor: &Cursor, fresh: bool) {
+        self.discard_in_flight();
+        self.epoch = cursor.epoch;
+        self.start = cursor.start;
+        self.position = cursor.position;
+        self.ahead = cursor.ahead.iter().copied().collect();
+        self.submit_epoch = cursor.epoch;
+        self.submit_start = cursor.start;
+        self.submit_position = cursor.position;
+        self.fresh = fresh;
     }
 
     pub(super) fn next(&mut self) -> Result<Option<Batch>> {
@@ -263,8 +463,10 @@ impl HostLoader {
     /// The next batch, waiting at most `timeout` for the pool (`Err(Timeout)` consumes nothing).
     fn next_within(&mut self, timeout: Option<Duration>) -> Result<Option<Batch>> {
         let start = Instant::now();
-        if self.position == self.batches_per_epoch {
+        self.fresh = false;
+        if self.position == self.schedule.segment_batches(self.start) {
             self.epoch += 1;
+            self.start = 0;
             self.position = 0;
             self.ahead.clear();
             self.top_up()?;
@@ -294,6 +496,12 @@ impl HostLoader {
                         (Error::Timeout(_), Some(t)) => Error::Timeout(t.as_millis() as u64),
                         (e, _) => e,
                     })?;
+                    if done.generation != self.generation {
+                        // Submitted before set_epoch: discarded (its slab, if any, returns now).
+                        self.in_flight -= 1;
+                        self.top_up()?;
+                        continue;
+                    }
                     self.ready
                         .insert((done.key.epoch, done.key.position), done.outcome);
                 }
@@ -301,9 +509,14 @@ impl HostLoader {
                     // num_workers = 0: build the next batch here, in order.
                     let plan =
                         self.plans
-                            .get(&self.sampler, self.batch_size, self.drop_last, self.epoch);
+                            .get(&self.schedule, &self.sampler, self.epoch, self.start);
                     let key = self.key(self.epoch, self.position);
-                    let outcome = self.builder.build(&Task { key, plan }, &mut self.scratch);
+                    let task = Task {
+                        key,
+                        plan,
+                        generation: self.generation,
+                    };
+                    let outcome = self.builder.build(&task, &mut self.scratch);
                     self.ready.insert((key.epoch, key.position), outcome);
                 }
             }
@@ -342,7 +555,7 @@ impl HostLoader {
 
     fn key(&self, epoch: u64, position: usize) -> BatchKey {
         BatchKey {
-            seed: self.seed,
+            seed: self.schedule.seed,
             epoch,
             position,
         }
@@ -357,28 +570,57 @@ impl HostLoader {
             return Ok(());
         }
         while self.in_flight < self.cap {
-            if self.submit_position == self.batches_per_epoch {
+            if self.submit_position == self.schedule.segment_batches(self.submit_start) {
                 self.submit_epoch += 1;
+                self.submit_start = 0;
                 self.submit_position = 0;
+                continue;
             }
-            let (epoch, position) = (self.submit_epoch, self.submit_position);
+            let (epoch, start, position) =
+                (self.submit_epoch, self.submit_start, self.submit_position);
             self.submit_position += 1;
             if epoch == self.epoch && self.ahead.contains(&position) {
                 continue; // delivered before a resume
             }
-            let plan = self
-                .plans
-                .get(&self.sampler, self.batch_size, self.drop_last, epoch);
+            let plan = self.plans.get(&self.schedule, &self.sampler, epoch, start);
             pool.submit(Task {
                 key: BatchKey {
-                    seed: self.seed,
+                    seed: self.schedule.seed,
                     epoch,
                     position,
                 },
                 plan,
+                generation: self.generation,
             })?;
             self.in_flight += 1;
         }
         Ok(())
     }
+}
+
+/// The sampler in words, for resume messages.
+fn sampler_text(sampler: &Sampler) -> String {
+    use crate::sampler::SamplerKind;
+    let order = match sampler.kind() {
+        SamplerKind::Sequential => "sequential".to_owned(),
+        SamplerKind::Random {
+            replacement,
+            num_samples,
+        } => format!(
+            "random, replacement={replacement}, num_samples={}",
+            num_samples.map_or("dataset size".to_owned(), |n| n.to_string())
+        ),
+        SamplerKind::SubsetRandom { indices } => format!("subset of {} indices", indices.len()),
+        SamplerKind::Indices { indices } => format!("{} explicit indices", indices.len()),
+        SamplerKind::WeightedRandom {
+            weights,
+            num_samples,
+            replacement,
+        } => format!(
+            "{} weights, num_samples={num_samples}, replacement={replacement}",
+            weights.len()
+        ),
+        SamplerKind::Distributed { .. } => "distributed".to_owned(),
+    };
+    format!("{order}, shard_drop_last={}", sampler.deal().drop_last)
 }

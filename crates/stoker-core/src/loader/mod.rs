@@ -12,16 +12,18 @@ mod host;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::Receiver;
+
 use crate::arena::{Arena, SlabRegistrar};
 use crate::batch::Batch;
 use crate::cuda::{DeviceBackend, PrefetchConfig, Prefetcher, Stream};
 use crate::error::{Error, Result};
+use crate::launch::Launch;
 use crate::options::{Device, LoaderOptions};
-use crate::resume::ResumeState;
 use crate::source::Source;
 use crate::stats::{Stats, StatsHandle};
 
-use host::{Cursor, HostLoader, Mode};
+use host::{Cursor, HostLoader, Mode, Schedule};
 
 /// The public loader: `next()` gives host batches with `device=cpu` and device batches with
 /// `device=cuda[:N]` (one [`Batch`] type for both).
@@ -33,7 +35,7 @@ use host::{Cursor, HostLoader, Mode};
 pub struct Loader {
     engine: Engine,
     device: Device,
-    seed: u64,
+    schedule: Schedule,
     batches_per_epoch: usize,
     samples_per_epoch: usize,
     source: Arc<dyn Source>,
@@ -44,8 +46,14 @@ pub struct Loader {
 enum Engine {
     Host(Box<HostLoader>),
     Device {
-        prefetcher: Prefetcher<Cursor>,
+        prefetcher: Option<Prefetcher<Cursor>>,
         delivered: Cursor,
+        /// Where the prefetch thread hands the host loader back when it stops (`set_epoch`).
+        returned: Receiver<HostLoader>,
+        backend: Arc<dyn DeviceBackend>,
+        config: PrefetchConfig,
+        /// Nothing delivered to the consumer yet (see [`Loader::set_epoch`]).
+        fresh: bool,
     },
 }
 
@@ -53,7 +61,8 @@ impl Loader {
     /// A loader for `options`. With `device=cuda[:N]` this opens the CUDA driver (loaded at run
     /// time) and fails with `Unsupported` saying why when there is no driver or no device.
     pub fn new(options: &LoaderOptions) -> Result<Loader> {
-        match options.device {
+        // `device=cuda` means this rank's GPU on its node.
+        match options.device_for(&options.launch()?) {
             Device::Cpu => {
                 Loader::assemble(HostLoader::new(options, Mode::Host)?, options, |host| {
                     Ok((Device::Cpu, Engine::Host(Box::new(host))))
@@ -93,12 +102,18 @@ impl Loader {
         Loader::assemble(host, options, |host| {
             let device = Device::Cuda(backend.ordinal());
             let delivered = host.cursor();
-            let prefetcher = Prefetcher::start(host, backend, config)?;
+            let (give_back, returned) = crossbeam_channel::bounded(1);
+            let prefetcher =
+                Prefetcher::start_returning(host, Arc::clone(&backend), config, Some(give_back))?;
             Ok((
                 device,
                 Engine::Device {
-                    prefetcher,
+                    prefetcher: Some(prefetcher),
                     delivered,
+                    returned,
+                    backend,
+                    config,
+                    fresh: true,
                 },
             ))
         })
@@ -110,7 +125,7 @@ impl Loader {
         options: &LoaderOptions,
         engine: impl FnOnce(HostLoader) -> Result<(Device, Engine)>,
     ) -> Result<Loader> {
-        let seed = host.seed();
+        let schedule = host.schedule().clone();
         let batches_per_epoch = host.batches_per_epoch();
         let samples_per_epoch = host.samples_per_epoch();
         let source = Arc::clone(host.source());
@@ -119,7 +134,7 @@ impl Loader {
         Ok(Loader {
             engine,
             device,
-            seed,
+            schedule,
             batches_per_epoch,
             samples_per_epoch,
             source,
@@ -143,8 +158,14 @@ impl Loader {
             Engine::Device {
                 prefetcher,
                 delivered,
+                fresh,
+                ..
             } => {
+                *fresh = false;
                 let start = Instant::now();
+                let prefetcher = prefetcher.as_mut().ok_or_else(|| {
+                    Error::Closed("an earlier set_epoch failed; make a new loader".into())
+                })?;
                 let (item, cursor) = prefetcher.next(self.timeout)?;
                 if let Some(cursor) = cursor {
                     *delivered = cursor;
@@ -220,18 +241,63 @@ impl Loader {
         &self.stats.arena
     }
 
-    /// Where this loader is, as a string for `resume_state`. With a device, the position of the
-    /// last batch handed to the consumer (batches copied ahead are not counted).
+    /// Where the job is, as a string for `resume_state`: the entries of the epoch's global
+    /// order consumed by all ranks, so every rank that delivered the same number of batches
+    /// writes the same string, and it resumes at any world size. With a device, the position of
+    /// the last batch handed to the consumer (batches copied ahead are not counted).
     pub fn save_state(&self) -> String {
-        let cursor = self.cursor();
-        ResumeState {
-            seed: self.seed,
-            epoch: cursor.epoch,
-            position: cursor.position,
-            ahead: cursor.ahead,
-            batches_per_epoch: self.batches_per_epoch,
+        self.schedule.state_at(&self.cursor()).to_string()
+    }
+
+    /// This process's place in the job (rank, world size, local rank, which launcher said so).
+    pub fn launch(&self) -> Launch {
+        self.schedule.launch
+    }
+
+    /// Makes the next batch the first of epoch `epoch` (the `DistributedSampler.set_epoch`
+    /// habit). Batches being built or copied ahead are discarded, never delivered; batches the
+    /// caller holds stay valid. Nothing changes when the loader already stands at the start of
+    /// `epoch`, or was just resumed into it and has delivered nothing since (so that a
+    /// `set_epoch(e)` before each epoch's loop continues a resumed epoch instead of restarting it).
+    pub fn set_epoch(&mut self, epoch: u64) -> Result<()> {
+        match &mut self.engine {
+            Engine::Host(host) => host.set_epoch(epoch),
+            Engine::Device {
+                prefetcher,
+                delivered,
+                returned,
+                backend,
+                config,
+                fresh,
+            } => {
+                // Stop the prefetch thread (dropping what it copied ahead), take the host
+                // loader back, move it, and start a new thread on it.
+                let Some(old) = prefetcher.take() else {
+                    return Err(Error::Closed(
+                        "an earlier set_epoch failed; make a new loader".into(),
+                    ));
+                };
+                drop(old);
+                let mut host = returned.try_recv().map_err(|_| {
+                    Error::Internal("the prefetch thread did not hand the loader back".into())
+                })?;
+                // The host loader's cursor trails the consumer's (it ran ahead): bring it to
+                // what the consumer saw before deciding whether anything changes.
+                host.rewind_to(delivered, *fresh);
+                *fresh = false;
+                host.set_epoch(epoch)?;
+                *delivered = host.cursor();
+                let (give_back, back) = crossbeam_channel::bounded(1);
+                *returned = back;
+                *prefetcher = Some(Prefetcher::start_returning(
+                    host,
+                    Arc::clone(backend),
+                    *config,
+                    Some(give_back),
+                )?);
+                Ok(())
+            }
         }
-        .to_string()
     }
 
     /// Iterates the rest of the current epoch.

@@ -224,6 +224,18 @@ impl Source for ImageFolderSource {
         self.path(index).display().to_string()
     }
 
+    fn identity(&self) -> String {
+        // The listing relative to the root: the same files wherever the folder is mounted.
+        let mut listing = crate::resume::Fnv::new();
+        listing.bytes(&self.names);
+        format!(
+            "image folder of {} files in classes {:?}, listing {:016x}",
+            self.len(),
+            self.classes,
+            listing.finish()
+        )
+    }
+
     fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
         let path = self.path(index);
         scratch.clear();

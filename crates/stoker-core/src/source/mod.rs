@@ -115,6 +115,13 @@ pub trait Source: Send + Sync {
     /// Where sample `index` comes from, for error messages: a file path, `data.npy row 7`.
     fn describe(&self, index: usize) -> String;
 
+    /// What the dataset is, for the fingerprint of a resume state: the same for the same data
+    /// wherever it is mounted, different for different data. The default is the length and the
+    /// fields; sources that can tell more (file names, a listing) say it.
+    fn identity(&self) -> String {
+        format!("{} samples of {:?}", self.len(), self.fields())
+    }
+
     /// Reads sample `index` (`< len()`). Field bytes may borrow from the source (a memory map)
     /// or from `scratch`, a buffer the calling worker reuses for every sample it reads.
     fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>>;

@@ -271,6 +271,18 @@ impl Source for NpySource {
         format!("{} row {index}", self.data.path().display())
     }
 
+    fn identity(&self) -> String {
+        // The file name, not the directory: the same data may be mounted elsewhere on resume.
+        let name = self.data.path().file_name().unwrap_or_default();
+        format!(
+            "npy {} of {} rows, {:?}, labels: {}",
+            name.to_string_lossy(),
+            self.len(),
+            self.fields,
+            self.labels.is_some()
+        )
+    }
+
     fn read<'a>(&'a self, index: usize, _scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
         let mut sample = Sample::default();
         sample.set(0, self.data.row(index));
