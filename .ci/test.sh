@@ -41,3 +41,6 @@ bash bindings/cpp/run_tests.sh
 
 step "python: manylinux wheel + sdist, installed into a clean venv with torch, pytest"
 bash bindings/python/run_tests.sh
+
+step "distributed: torchrun (gloo) 2 and 3 ranks with elastic resume, mpirun -np 2"
+bash bindings/python/run_distributed_tests.sh
