@@ -545,7 +545,7 @@ fn child_npy_truncated() {
     let path = dir.join("x.npy");
     // (4096, 64) uint8: 256 KiB of rows, well past the first page.
     let mut header = "{'descr': '|u1', 'fortran_order': False, 'shape': (4096, 64), }".to_owned();
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(' ');
     }
     header.push('\n');

@@ -82,7 +82,7 @@ fn write_counting_npy() -> PathBuf {
     let path = dir.join("x.npy");
     let mut header =
         format!("{{'descr': '<i8', 'fortran_order': False, 'shape': ({SAMPLES}, 3), }}");
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(' ');
     }
     header.push('\n');
