@@ -35,12 +35,25 @@ impl NpyArray {
                 "a 0-d array has no samples; need at least one axis",
             ));
         }
-        let elems: usize = header.shape[1..].iter().product();
-        let row_bytes = elems * header.dtype.size();
+        // Checked at every step: the shape is the file's word, and a product that wraps could
+        // pass the size check below with rows far larger than the file.
+        let overflow = || {
+            Error::format(
+                path,
+                format!(
+                    "{} shape {:?} overflows the address space",
+                    header.dtype, header.shape
+                ),
+            )
+        };
+        let row_bytes = header.shape[1..]
+            .iter()
+            .try_fold(header.dtype.size(), |acc, &d| acc.checked_mul(d))
+            .ok_or_else(overflow)?;
         let expected = header.shape[0]
             .checked_mul(row_bytes)
             .and_then(|b| b.checked_add(header.data_offset))
-            .ok_or_else(|| Error::format(path, "shape overflows the address space"))?;
+            .ok_or_else(overflow)?;
         if map.len() != expected {
             return Err(Error::format(
                 path,
@@ -469,6 +482,21 @@ pub(crate) mod tests {
         .unwrap();
         let e = NpyArray::open(&fortran).unwrap_err().to_string();
         assert!(e.contains("Fortran"), "{e}");
+
+        // Found by fuzzing (npy_header): a row size that overflows panicked in debug builds and
+        // wrapped in release, where (1, 2**62, 4) uint8 wrapped to 0-byte rows and was accepted.
+        for (name, descr, shape) in [
+            ("overflow_i8.npy", "<i8", vec![4, 9_223_372_036_854_775_807]),
+            ("overflow_wrap.npy", "|u1", vec![1, 1 << 62, 4]),
+            ("overflow_rows.npy", "<f4", vec![usize::MAX / 2, 2]),
+        ] {
+            let p = tmp(name);
+            write_npy(&p, descr, &shape, &[0u8; 8]);
+            let e = NpyArray::open(&p).unwrap_err();
+            assert!(matches!(e, Error::Format { .. }), "{e}");
+            let e = e.to_string();
+            assert!(e.contains(name) && e.contains("overflows"), "{e}");
+        }
 
         let p = tmp("rows.npy");
         write_npy(&p, "|u1", &[3, 2], &[0u8; 6]);

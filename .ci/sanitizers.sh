@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# stoker-core's concurrency core under AddressSanitizer, ThreadSanitizer and Miri (nightly Rust).
+#
+#   asan  the lib unit tests and the loader, cuda_prefetch (fake device) and faults tests with
+#         -Zsanitizer=address (LeakSanitizer on): use-after-free, overflow, leaks in the pool,
+#         arena, collate, prefetch ring. std is not instrumented (not needed: ASan intercepts
+#         malloc/free, and Rust's allocations go through them).
+#   tsan  the same tests with -Zsanitizer=thread and -Zbuild-std, so std and crossbeam are
+#         instrumented too: without it TSan reports false races inside std's synchronisation
+#         (and rustc refuses to mix instrumented and uninstrumented crates). Needs rust-src.
+#   miri  the unsafe code of the arena, collate's buffer reuse, and the prefetch ring on the
+#         fake device, through the tests that can run under Miri (no mlock, no file mmap, no
+#         timing assertions). Needs the miri component.
+#
+# Each prints "sanitizer NAME: ok, N tests" or the report, and any finding fails the script.
+# SANITIZERS="asan tsan" runs a subset. Build directories: target/sanitizers/NAME.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+triple=x86_64-unknown-linux-gnu
+target_root=${CARGO_TARGET_DIR:-target}/sanitizers
+read -r -a which <<<"${SANITIZERS:-asan tsan miri}"
+export CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2}
+# The tests that drive the pool, arena, collate and the prefetcher. Not soak: its resident
+# memory bounds do not hold under a sanitizer's shadow memory and quarantine.
+tests=(--lib --test loader --test cuda_prefetch --test faults)
+# ASan and TSan intercept mlock and make it a no-op that succeeds, so the test of a refused
+# mlock cannot refuse it under them.
+skips=(-- --skip mlock_refused)
+
+start=$(date +%s)
+command -v rustup >/dev/null || { echo "sanitizers: rustup is required (nightly toolchain)"; exit 1; }
+rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
+need=()
+[[ " ${which[*]} " == *" tsan "* ]] && need+=(rust-src)
+[[ " ${which[*]} " == *" miri "* ]] && need+=(rust-src miri)
+for c in "${need[@]}"; do
+  rustup component list --toolchain nightly --installed 2>/dev/null | grep -q "^$c" ||
+    rustup component add "$c" --toolchain nightly
+done
+
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+failed=()
+
+# summarize NAME LOG STATUS: one line per sanitizer; on failure, the report.
+summarize() {
+  local name=$1 log=$2 rc=$3 passed
+  passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}' || true)
+  if [ "$rc" -eq 0 ] && ! grep -qE '^(==[0-9]+==ERROR|WARNING: ThreadSanitizer)' "$log"; then
+    echo "sanitizer $name: ok, $passed tests passed ($(( $(date +%s) - $4 )) s)"
+  else
+    failed+=("$name")
+    echo "sanitizer $name: FAILED (exit $rc); the report:"
+    grep -nE -A30 '==[0-9]+==ERROR|WARNING: ThreadSanitizer|Undefined Behavior|unsupported operation|panicked|FAILED' "$log" | head -120 || true
+    tail -n 20 "$log"
+  fi
+}
+
+for s in "${which[@]}"; do
+  t0=$(date +%s)
+  log="$logs/$s.log"
+  echo "==> sanitizer $s"
+  set +e
+  case "$s" in
+    asan)
+      RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" \
+        ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" \
+        cargo +nightly test -p stoker-core --no-default-features --target "$triple" \
+        --target-dir "$target_root/asan" "${tests[@]}" "${skips[@]}" >"$log" 2>&1
+      ;;
+    tsan)
+      RUSTFLAGS="-Zsanitizer=thread" RUSTDOCFLAGS="-Zsanitizer=thread" \
+        TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
+        cargo +nightly test -Zbuild-std -p stoker-core --no-default-features --target "$triple" \
+        --target-dir "$target_root/tsan" "${tests[@]}" "${skips[@]}" >"$log" 2>&1
+      ;;
+    miri)
+      # Permissive provenance: the fake device hands out device pointers as integers, as a
+      # real driver does; Miri would otherwise warn on each cast back.
+      export MIRIFLAGS="-Zmiri-permissive-provenance"
+      miri=(cargo +nightly miri test -p stoker-core --no-default-features --target-dir "$target_root/miri")
+      {
+        "${miri[@]}" --lib -- arena:: --skip pinning &&
+          "${miri[@]}" --test loader -- stacks_fields_in_sampler_order \
+            skip_replaces_bad_samples_deterministically_and_counts_them \
+            ragged_fields_are_padded_with_lengths a_panicking_sample_becomes_an_error \
+            dropping_mid_epoch_joins_workers_and_held_batches_stay_valid &&
+          "${miri[@]}" --test cuda_prefetch -- \
+            device_batches_match_host_batches_in_order_across_epochs \
+            host_slabs_are_recycled_once_copied_while_device_batches_are_held \
+            dropping_mid_epoch_joins_and_frees_every_buffer_after_held_batches_go
+      } >"$log" 2>&1
+      ;;
+    *)
+      echo "unknown sanitizer '$s' (asan, tsan, miri)" >"$log"
+      false
+      ;;
+  esac
+  rc=$?
+  set -e
+  summarize "$s" "$log" "$rc" "$t0"
+done
+
+echo "sanitizers: ${#which[@]} run, $(( ${#which[@]} - ${#failed[@]} )) ok, ${#failed[@]} failed${failed:+ (${failed[*]})}, $(( $(date +%s) - start )) s in all"
+[ "${#failed[@]}" -eq 0 ]

@@ -1,0 +1,79 @@
+//! Encoded bytes → decode → fused transform into a batch slot, as a worker does for every image
+//! sample. Must return `Ok` or `Err`, never panic, hang or allocate beyond `max_image_pixels`.
+//!
+//! The input is the whole file (seeds are real JPEGs and PNGs), so the pipeline cannot be chosen
+//! by a prefix byte without spoiling them: its length picks one, which still varies the
+//! operations, output type and layout across inputs.
+#![no_main]
+
+use std::sync::OnceLock;
+
+use libfuzzer_sys::fuzz_target;
+use stoker_core::decode::{decode_rgb, DecodeBuffers};
+use stoker_core::rng::{Rng, Stream};
+use stoker_core::{DType, Layout, Pipeline};
+
+/// 1 Mpx: the test photos (500x375) fit, a forged header asking for more is refused before any
+/// pixel is allocated, so one input costs at most a few MB.
+const MAX_PIXELS: u64 = 1 << 20;
+
+fn pipelines() -> &'static [Pipeline] {
+    static PIPELINES: OnceLock<Vec<Pipeline>> = OnceLock::new();
+    PIPELINES.get_or_init(|| {
+        [
+            (
+                "random_resized_crop(32) | hflip | normalize(imagenet)",
+                None,
+                Layout::Nchw,
+            ),
+            ("resize(40) | center_crop(32)", Some(DType::U8), Layout::Nhwc),
+            (
+                "hflip(p=1) | center_crop(16, 24) | resize(7, 13)",
+                Some(DType::BF16),
+                Layout::Nchw,
+            ),
+            (
+                "random_resized_crop(9, 31, scale=0.5:1, ratio=1/3:3) | normalize(mean=0.5, std=0.25,0.5,1)",
+                Some(DType::F16),
+                Layout::Nhwc,
+            ),
+            ("resize(3, 2)", Some(DType::F32), Layout::Nchw),
+        ]
+        .into_iter()
+        .map(|(spec, dtype, layout)| {
+            Pipeline::new(Some(spec), dtype, layout)
+                .unwrap_or_else(|e| panic!("fuzz pipeline `{spec}`: {e}"))
+        })
+        .collect()
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let pipes = pipelines();
+    // One input in (pipelines + 1) is decoded alone, to check what the decoder promises; the
+    // others are decoded and go through a pipeline.
+    let pick = data.len() % (pipes.len() + 1);
+    let Some(pipeline) = pipes.get(pick) else {
+        let mut bufs = DecodeBuffers::default();
+        if let Ok(dims) = decode_rgb(data, MAX_PIXELS, &mut bufs) {
+            let pixels = dims.width as u64 * dims.height as u64;
+            assert!(
+                (1..=MAX_PIXELS).contains(&pixels),
+                "decoded {}x{}",
+                dims.width,
+                dims.height
+            );
+            assert_eq!(bufs.rgb.len(), dims.width * dims.height * 3);
+        }
+        return;
+    };
+    // Decode then transform, as collate does for an image field.
+    let mut bufs = DecodeBuffers::default();
+    let Ok(dims) = decode_rgb(data, MAX_PIXELS, &mut bufs) else {
+        return;
+    };
+    let mut out = vec![0u8; pipeline.output_bytes()];
+    let mut rng = Rng::for_key(7, Stream::Augment, 0, data.len() as u64);
+    let mut scratch = stoker_core::transform::Scratch::default();
+    let _ = pipeline.apply(&bufs.rgb, dims.width, dims.height, &mut rng, &mut out, &mut scratch);
+});
