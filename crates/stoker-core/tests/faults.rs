@@ -21,7 +21,11 @@ use common::{counting_source, options};
 
 /// The sample indices of a batch of `counting_source` (field `y`).
 fn ids(b: &Batch) -> Vec<u8> {
-    b.field_by_name("y").expect("field y").data.to_vec()
+    b.field_by_name("y")
+        .expect("field y")
+        .data
+        .expect("host memory")
+        .to_vec()
 }
 
 /// A gate a stalled read waits on until the test opens it. The wait is bounded (10 s) so that a
@@ -190,6 +194,7 @@ fn labels(b: &Batch) -> Vec<i64> {
     b.field_by_name("label")
         .unwrap()
         .data
+        .unwrap()
         .chunks_exact(8)
         .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
         .collect()

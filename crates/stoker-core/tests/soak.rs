@@ -134,7 +134,11 @@ fn one_loader(rng: &mut Rng, npy: &Path, batches_seen: &AtomicU64) {
         match loader.next().expect("a soak batch") {
             Some(batch) => {
                 // Row i starts with i: every sample is one of the dataset's.
-                let x = batch.field_by_name(field).expect("the data field").data;
+                let x = batch
+                    .field_by_name(field)
+                    .expect("the data field")
+                    .data
+                    .expect("host memory");
                 assert_eq!(x.len(), BATCH * 3 * 8);
                 assert!(x
                     .chunks_exact(24)
