@@ -36,6 +36,29 @@ int main(void) {
   /* pin_memory is off by default: nothing pinned, nothing refused. */
   CHECK(s.slabs_pinned == 0 && s.pin_failures == 0);
 
+  /* Stages: an npy source is read and collated, never decoded, transformed or copied to a
+     device; the stages are part of the workers' busy time. */
+  CHECK(s.read_ns > 0 && s.collate_ns > 0);
+  CHECK(s.decode_ns == 0 && s.transform_ns == 0 && s.h2d_ns == 0);
+  CHECK(s.read_ns + s.decode_ns + s.transform_ns + s.collate_ns <= s.busy_ns);
+  CHECK(s.read_ns_p50 > 0 && s.read_ns_p50 <= s.read_ns_p95 && s.read_ns_p95 <= s.read_ns);
+  CHECK(s.collate_ns_p50 > 0 && s.collate_ns_p50 <= s.collate_ns_p95);
+  CHECK(s.decode_ns_p50 == 0 && s.transform_ns_p95 == 0 && s.h2d_ns_p50 == 0);
+  CHECK(s.num_workers == 1);
+
+  /* Per-worker busy time: the count alone, then the values (the worker may still be building
+     batches of the next epoch, so its time only grows). */
+  size_t count = 99;
+  CHECK_STATUS(stoker_loader_worker_busy_ns(l, NULL, 0, &count), STOKER_OK);
+  CHECK(count == 1);
+  uint64_t busy[4] = {0, 0, 7, 7};
+  CHECK_STATUS(stoker_loader_worker_busy_ns(l, busy, 4, &count), STOKER_OK);
+  CHECK(count == 1 && busy[0] >= s.busy_ns && busy[1] == 0 && busy[2] == 7);
+  CHECK_STATUS(stoker_loader_worker_busy_ns(l, NULL, 1, &count), STOKER_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("out");
+  CHECK_STATUS(stoker_loader_worker_busy_ns(l, busy, 4, NULL), STOKER_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(stoker_loader_worker_busy_ns(NULL, busy, 4, &count), STOKER_ERR_INVALID_ARGUMENT);
+
   /* An old caller that knew only size, batches and samples: nothing past them is written. */
   unsigned char raw[sizeof(stoker_stats)];
   memset(raw, 0xAB, sizeof raw);

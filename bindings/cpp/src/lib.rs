@@ -54,6 +54,26 @@ mod ffi {
         worker_busy: f64,
         slabs_pinned: u64,
         pin_failures: u64,
+        /// Stage totals over every worker, per-sample (per-batch for h2d) percentiles.
+        read_ns: u64,
+        decode_ns: u64,
+        transform_ns: u64,
+        collate_ns: u64,
+        h2d_ns: u64,
+        num_workers: u64,
+        read_ns_p50: u64,
+        read_ns_p95: u64,
+        decode_ns_p50: u64,
+        decode_ns_p95: u64,
+        transform_ns_p50: u64,
+        transform_ns_p95: u64,
+        collate_ns_p50: u64,
+        collate_ns_p95: u64,
+        h2d_ns_p50: u64,
+        h2d_ns_p95: u64,
+        busy_ns: u64,
+        /// Busy time of each worker, by worker number.
+        worker_busy_ns: Vec<u64>,
     }
 
     extern "Rust" {
@@ -321,6 +341,24 @@ impl StatsReader {
             worker_busy: s.worker_busy,
             slabs_pinned: s.slabs_pinned,
             pin_failures: s.pin_failures,
+            read_ns: s.read_ns,
+            decode_ns: s.decode_ns,
+            transform_ns: s.transform_ns,
+            collate_ns: s.collate_ns,
+            h2d_ns: s.h2d_ns,
+            num_workers: s.num_workers,
+            read_ns_p50: s.read_ns_p50,
+            read_ns_p95: s.read_ns_p95,
+            decode_ns_p50: s.decode_ns_p50,
+            decode_ns_p95: s.decode_ns_p95,
+            transform_ns_p50: s.transform_ns_p50,
+            transform_ns_p95: s.transform_ns_p95,
+            collate_ns_p50: s.collate_ns_p50,
+            collate_ns_p95: s.collate_ns_p95,
+            h2d_ns_p50: s.h2d_ns_p50,
+            h2d_ns_p95: s.h2d_ns_p95,
+            busy_ns: s.busy_ns,
+            worker_busy_ns: s.worker_busy_ns,
         }
     }
 }

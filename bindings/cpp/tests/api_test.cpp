@@ -386,6 +386,17 @@ TEST_F(LoaderTest, StatsCountWhatWasDelivered) {
   EXPECT_LE(s.readiness, 1.0);
   EXPECT_GE(s.worker_busy, 0.0);
   EXPECT_LE(s.worker_busy, 1.0);
+  // Where the time went: npy rows are read and collated, never decoded or transformed.
+  EXPECT_GT(s.read_ns, 0u);
+  EXPECT_GT(s.collate_ns, 0u);
+  EXPECT_EQ(s.decode_ns + s.transform_ns + s.h2d_ns, 0u);
+  EXPECT_LE(s.read_ns + s.collate_ns, s.busy_ns);
+  EXPECT_LE(s.read_ns_p50, s.read_ns_p95);
+  EXPECT_GT(s.read_ns_p50, 0u);
+  EXPECT_EQ(s.worker_busy_ns.size(), static_cast<size_t>(s.num_workers));
+  uint64_t per_worker = 0;
+  for (uint64_t ns : s.worker_busy_ns) per_worker += ns;
+  EXPECT_EQ(per_worker, s.busy_ns);
 }
 
 TEST_F(LoaderTest, StatsReadFromAnotherThreadWhileTraining) {

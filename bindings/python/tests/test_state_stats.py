@@ -53,3 +53,10 @@ def test_stats_after_one_epoch(make_loader, npy_data):
     assert stats.elapsed_ns > 0
     assert stats.wait_ns_p50 <= stats.wait_ns_p95 <= stats.wait_ns_max <= stats.wait_ns_total
     assert 0.0 <= stats.readiness <= 1.0 and 0.0 <= stats.worker_busy <= 1.0
+    # Where the time went: an npy source is read and collated, never decoded or transformed.
+    assert stats.num_workers == 2 and len(stats.worker_busy_ns) == 2
+    assert stats.read_ns > 0 and stats.collate_ns > 0
+    assert stats.decode_ns == stats.transform_ns == stats.h2d_ns == 0
+    assert stats.read_ns + stats.collate_ns <= stats.busy_ns
+    assert sum(stats.worker_busy_ns) <= stats.busy_ns
+    assert 0 < stats.read_ns_p50 <= stats.read_ns_p95

@@ -181,6 +181,33 @@ pub struct stoker_stats {
     pub slabs_pinned: u64,
     /// Slabs `mlock` refused (RLIMIT_MEMLOCK): they are delivered unpinned.
     pub pin_failures: u64,
+    /// Time spent reading samples from the source, summed over every worker.
+    pub read_ns: u64,
+    /// Time spent decoding images, summed over every worker.
+    pub decode_ns: u64,
+    /// Time spent in the image transform pipeline, summed over every worker.
+    pub transform_ns: u64,
+    /// Time spent copying, padding and laying out fields in batch memory, summed over workers.
+    pub collate_ns: u64,
+    /// Host-to-device copies (device=cuda), from queueing to completion, summed over batches.
+    pub h2d_ns: u64,
+    /// Worker threads building batches now (1 when the calling thread builds them).
+    pub num_workers: u64,
+    /// Per-sample percentiles of each stage (decode and transform: image samples only).
+    pub read_ns_p50: u64,
+    pub read_ns_p95: u64,
+    pub decode_ns_p50: u64,
+    pub decode_ns_p95: u64,
+    pub transform_ns_p50: u64,
+    pub transform_ns_p95: u64,
+    pub collate_ns_p50: u64,
+    pub collate_ns_p95: u64,
+    /// Per-batch percentiles of the host-to-device copy.
+    pub h2d_ns_p50: u64,
+    pub h2d_ns_p95: u64,
+    /// Time spent building batches, summed over every worker (per worker:
+    /// stoker_loader_worker_busy_ns).
+    pub busy_ns: u64,
 }
 
 /// Loader options, set one string key at a time (opaque).

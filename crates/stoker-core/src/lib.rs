@@ -28,6 +28,7 @@ pub mod source;
 pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod trace;
 pub mod transform;
 
 pub use arena::{Arena, SlabRegistrar};
@@ -42,5 +43,5 @@ pub use sampler::{BatchPlan, Sampler, SamplerKind};
 pub use source::{
     FieldKind, FieldSpec, ImageFolderSource, MemorySource, NpySource, Sample, Source, SourceSpec,
 };
-pub use stats::{Stats, StatsHandle};
+pub use stats::{Stage, Stats, StatsHandle};
 pub use transform::Pipeline;

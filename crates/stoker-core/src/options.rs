@@ -92,6 +92,8 @@ pub struct LoaderOptions {
     pub(crate) pad: Option<f64>,
     /// Largest image (width × height) a decoder will allocate for; larger ones are bad samples.
     pub(crate) max_image_pixels: u64,
+    /// Where to write the Chrome trace-event timeline (see [`crate::trace`]).
+    pub(crate) trace: Option<PathBuf>,
 }
 
 impl Default for LoaderOptions {
@@ -126,6 +128,7 @@ impl Default for LoaderOptions {
             pad: None,
             // Pillow's MAX_IMAGE_PIXELS: larger images are decompression bombs until proven otherwise.
             max_image_pixels: 89_478_485,
+            trace: None,
         }
     }
 }
@@ -171,6 +174,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "resume_state", values: "a string from `save_state`", default: "none", meaning: "continue exactly where a saved loader stopped" },
     OptionDoc { key: "pad", values: "a finite number", default: "none", meaning: "pad ragged fields to the batch's longest, with a `<name>_lengths` field" },
     OptionDoc { key: "max_image_pixels", values: "integer ≥ 1", default: "89478485", meaning: "larger images are bad samples (decompression bombs), refused before allocating" },
+    OptionDoc { key: "trace", values: "a file path", default: "none", meaning: "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped" },
 ];
 
 /// Every key [`LoaderOptions::set`] accepts, in [`OPTIONS`] order.
@@ -380,6 +384,13 @@ impl LoaderOptions {
                     })?);
             }
             "max_image_pixels" => self.max_image_pixels = parse_int(key, v, 1, u64::MAX)?,
+            "trace" => {
+                self.trace = if v.is_empty() {
+                    None
+                } else {
+                    Some(PathBuf::from(v))
+                }
+            }
             _ => {
                 return Err(Error::InvalidOption {
                     key: key.to_owned(),

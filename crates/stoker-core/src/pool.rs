@@ -18,7 +18,8 @@ use crate::batch::Batch;
 use crate::collate::{BatchKey, Collator, Scratch};
 use crate::error::{panic_message, Error, Result};
 use crate::sampler::BatchPlan;
-use crate::stats::StatsRecorder;
+use crate::stats::{StatsRecorder, WorkerSlot};
+use crate::trace::Track;
 
 /// One batch to build: batch `key.position` of `plan`.
 pub(crate) struct Task {
@@ -41,11 +42,39 @@ pub(crate) struct Builder {
     pub stop: AtomicBool,
 }
 
+/// What one thread that builds batches keeps: its scratch memory and its counters.
+pub(crate) struct WorkerCtx {
+    scratch: Scratch,
+    slot: Arc<WorkerSlot>,
+}
+
+impl WorkerCtx {
+    /// A new worker's context, registered in `stats` (and named `name` in the trace).
+    pub fn new(stats: &StatsRecorder, name: &str) -> WorkerCtx {
+        let slot = stats.register_worker();
+        if let Some(trace) = stats.trace() {
+            trace.name_track(Track::Worker(slot.id), name.to_owned());
+        }
+        WorkerCtx {
+            scratch: Scratch::default(),
+            slot,
+        }
+    }
+}
+
+impl Drop for WorkerCtx {
+    fn drop(&mut self) {
+        self.slot.retire();
+    }
+}
+
 impl Builder {
-    /// Builds one batch, turning a panic into an error and counting the time as busy.
-    pub fn build(&self, task: &Task, scratch: &mut Scratch) -> Result<Batch> {
+    /// Builds one batch, turning a panic into an error, and records its time: busy time and
+    /// stages in the worker's counters, spans in the trace.
+    pub fn build(&self, task: &Task, ctx: &mut WorkerCtx) -> Result<Batch> {
         let start = Instant::now();
         let indices = task.plan.batch(task.key.position);
+        let scratch = &mut ctx.scratch;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             self.collator.build(task.key, indices, &self.arena, scratch)
         }))
@@ -59,7 +88,18 @@ impl Builder {
                 panic_message(&*panic)
             )))
         });
-        self.stats.add_busy(start.elapsed());
+        let end = Instant::now();
+        if let Some(trace) = self.stats.trace() {
+            trace.batch_built(
+                ctx.slot.id,
+                task.key.epoch,
+                task.key.position,
+                start,
+                end,
+                ctx.scratch.spans.spans(),
+            );
+        }
+        ctx.slot.add_batch(end - start, &mut ctx.scratch.spans);
         outcome
     }
 }
@@ -85,12 +125,15 @@ impl Pool {
         };
         for i in 0..workers {
             let (builder, tasks, done) = (Arc::clone(&builder), task_rx.clone(), done_tx.clone());
+            let name = format!("stoker-worker-{i}");
+            let ctx = WorkerCtx::new(&builder.stats, &name);
             let handle = std::thread::Builder::new()
-                .name(format!("stoker-worker-{i}"))
-                .spawn(move || worker_loop(&builder, &tasks, &done))
+                .name(name)
+                .spawn(move || worker_loop(&builder, ctx, &tasks, &done))
                 .map_err(|e| Error::Internal(format!("starting worker thread {i}: {e}")))?;
             pool.workers.push(handle);
         }
+        builder.stats.set_current_workers(workers);
         Ok(pool)
     }
 
@@ -117,13 +160,12 @@ impl Pool {
     }
 }
 
-fn worker_loop(builder: &Builder, tasks: &Receiver<Task>, done: &Sender<Done>) {
-    let mut scratch = Scratch::default();
+fn worker_loop(builder: &Builder, mut ctx: WorkerCtx, tasks: &Receiver<Task>, done: &Sender<Done>) {
     for task in tasks {
         if builder.stop.load(Ordering::Acquire) {
             break;
         }
-        let outcome = builder.build(&task, &mut scratch);
+        let outcome = builder.build(&task, &mut ctx);
         if done
             .send(Done {
                 key: task.key,

@@ -407,6 +407,15 @@ struct Stats {
   double readiness = 0;          // 1 - wait_ns_total / elapsed_ns, in [0, 1]
   double worker_busy = 0;        // fraction of worker thread time spent working
   uint64_t slabs_pinned = 0, pin_failures = 0;
+  // Where the time goes: each stage summed over every worker, per-sample percentiles (decode
+  // and transform: image samples only), per-batch percentiles of the device copy.
+  uint64_t read_ns = 0, decode_ns = 0, transform_ns = 0, collate_ns = 0, h2d_ns = 0;
+  uint64_t num_workers = 0;      // worker threads building batches now
+  uint64_t read_ns_p50 = 0, read_ns_p95 = 0, decode_ns_p50 = 0, decode_ns_p95 = 0;
+  uint64_t transform_ns_p50 = 0, transform_ns_p95 = 0, collate_ns_p50 = 0, collate_ns_p95 = 0;
+  uint64_t h2d_ns_p50 = 0, h2d_ns_p95 = 0;
+  uint64_t busy_ns = 0;          // time spent building batches, all workers
+  std::vector<uint64_t> worker_busy_ns;  // the same per worker, by worker number
 };
 
 class Loader;
@@ -509,6 +518,24 @@ class Loader {
     out.worker_busy = s.worker_busy;
     out.slabs_pinned = s.slabs_pinned;
     out.pin_failures = s.pin_failures;
+    out.read_ns = s.read_ns;
+    out.decode_ns = s.decode_ns;
+    out.transform_ns = s.transform_ns;
+    out.collate_ns = s.collate_ns;
+    out.h2d_ns = s.h2d_ns;
+    out.num_workers = s.num_workers;
+    out.read_ns_p50 = s.read_ns_p50;
+    out.read_ns_p95 = s.read_ns_p95;
+    out.decode_ns_p50 = s.decode_ns_p50;
+    out.decode_ns_p95 = s.decode_ns_p95;
+    out.transform_ns_p50 = s.transform_ns_p50;
+    out.transform_ns_p95 = s.transform_ns_p95;
+    out.collate_ns_p50 = s.collate_ns_p50;
+    out.collate_ns_p95 = s.collate_ns_p95;
+    out.h2d_ns_p50 = s.h2d_ns_p50;
+    out.h2d_ns_p95 = s.h2d_ns_p95;
+    out.busy_ns = s.busy_ns;
+    out.worker_busy_ns.assign(s.worker_busy_ns.begin(), s.worker_busy_ns.end());
     return out;
   }
 

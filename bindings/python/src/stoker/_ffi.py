@@ -76,6 +76,23 @@ class Stats(ctypes.Structure):
         ("worker_busy", ctypes.c_double),
         ("slabs_pinned", ctypes.c_uint64),
         ("pin_failures", ctypes.c_uint64),
+        ("read_ns", ctypes.c_uint64),
+        ("decode_ns", ctypes.c_uint64),
+        ("transform_ns", ctypes.c_uint64),
+        ("collate_ns", ctypes.c_uint64),
+        ("h2d_ns", ctypes.c_uint64),
+        ("num_workers", ctypes.c_uint64),
+        ("read_ns_p50", ctypes.c_uint64),
+        ("read_ns_p95", ctypes.c_uint64),
+        ("decode_ns_p50", ctypes.c_uint64),
+        ("decode_ns_p95", ctypes.c_uint64),
+        ("transform_ns_p50", ctypes.c_uint64),
+        ("transform_ns_p95", ctypes.c_uint64),
+        ("collate_ns_p50", ctypes.c_uint64),
+        ("collate_ns_p95", ctypes.c_uint64),
+        ("h2d_ns_p50", ctypes.c_uint64),
+        ("h2d_ns_p95", ctypes.c_uint64),
+        ("busy_ns", ctypes.c_uint64),
     ]
 
 
@@ -149,6 +166,10 @@ _SIGNATURES = {
     "stoker_loader_batches_per_epoch": (ctypes.c_int64, [_P]),
     "stoker_loader_epoch": (ctypes.c_uint64, [_P]),
     "stoker_loader_stats": (_STATUS, [_P, ctypes.POINTER(Stats)]),
+    "stoker_loader_worker_busy_ns": (
+        _STATUS,
+        [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    ),
     "stoker_loader_save_state": (
         _STATUS,
         [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],

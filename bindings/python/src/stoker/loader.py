@@ -32,6 +32,27 @@ class Stats:
     worker_busy: float
     slabs_pinned: int
     pin_failures: int
+    # Where the time goes: totals over every worker, per-sample percentiles of each stage
+    # (decode and transform: image samples only), per-batch percentiles of the device copy.
+    read_ns: int
+    decode_ns: int
+    transform_ns: int
+    collate_ns: int
+    h2d_ns: int
+    num_workers: int
+    read_ns_p50: int
+    read_ns_p95: int
+    decode_ns_p50: int
+    decode_ns_p95: int
+    transform_ns_p50: int
+    transform_ns_p95: int
+    collate_ns_p50: int
+    collate_ns_p95: int
+    h2d_ns_p50: int
+    h2d_ns_p95: int
+    busy_ns: int
+    #: Time each worker spent building batches, by worker number (in start order).
+    worker_busy_ns: tuple[int, ...] = ()
 
 
 def option_value(value: Any) -> str:
@@ -160,9 +181,22 @@ class Loader:
         return _ffi.lib.stoker_loader_epoch(self._handle())
 
     def stats(self) -> Stats:
+        ptr = self._handle()
+        # Per-worker times first: the totals read after them are at least their sum.
+        count = ctypes.c_size_t()
+        check(_ffi.lib.stoker_loader_worker_busy_ns(ptr, None, 0, ctypes.byref(count)))
+        busy = (ctypes.c_uint64 * max(count.value, 1))()
+        check(_ffi.lib.stoker_loader_worker_busy_ns(ptr, busy, count.value, ctypes.byref(count)))
+        # Workers started between the calls are left out of this snapshot.
+        workers = tuple(busy[: min(count.value, len(busy))])
         raw = _ffi.Stats(size=ctypes.sizeof(_ffi.Stats))
-        check(_ffi.lib.stoker_loader_stats(self._handle(), ctypes.byref(raw)))
-        return Stats(**{f.name: getattr(raw, f.name) for f in dataclasses.fields(Stats)})
+        check(_ffi.lib.stoker_loader_stats(ptr, ctypes.byref(raw)))
+        fields = {
+            f.name: getattr(raw, f.name)
+            for f in dataclasses.fields(Stats)
+            if f.name != "worker_busy_ns"
+        }
+        return Stats(**fields, worker_busy_ns=workers)
 
     def state_dict(self) -> dict[str, str]:
         """Where the loader stands: ``{"state": str}``, for ``load_state_dict`` or the

@@ -9,15 +9,16 @@ use std::time::{Duration, Instant};
 
 use crate::arena::{Arena, SlabRegistrar};
 use crate::batch::Batch;
-use crate::collate::{BatchKey, Collator, Scratch};
+use crate::collate::{BatchKey, Collator};
 use crate::cuda::{HostBatches, Pulled};
 use crate::error::{Error, Result};
 use crate::options::{LoaderOptions, OnError};
-use crate::pool::{Builder, Pool, Task};
+use crate::pool::{Builder, Pool, Task, WorkerCtx};
 use crate::resume::ResumeState;
 use crate::sampler::{batches_for, BatchPlan, Sampler};
 use crate::source::Source;
 use crate::stats::{StatsHandle, StatsRecorder};
+use crate::trace::Trace;
 
 /// Epoch plans by epoch number; holds the two the loader is working on (delivering and
 /// submitting), so a plan is computed once.
@@ -82,7 +83,8 @@ pub(super) struct HostLoader {
     plans: Plans,
     /// `None` when `num_workers` is 0: batches are built in `next()` by the calling thread.
     pool: Option<Pool>,
-    scratch: Scratch,
+    /// The calling thread's worker context when `num_workers` is 0.
+    local: Option<WorkerCtx>,
     cap: usize,
     in_order: bool,
     timeout: Option<Duration>,
@@ -148,17 +150,20 @@ impl HostLoader {
         };
         // Idle slabs kept: the in-flight cap plus a few the consumer is holding.
         let arena = Arena::new(pin, cap + 2, registrar);
-        let stats = Arc::new(StatsRecorder::new(workers));
+        let trace = options.trace.as_deref().map(Trace::create).transpose()?;
+        let stats = Arc::new(StatsRecorder::new(trace));
         let builder = Arc::new(Builder {
             collator,
             arena,
             stats: Arc::clone(&stats),
             stop: AtomicBool::new(false),
         });
-        let pool = if workers > 0 {
-            Some(Pool::start(Arc::clone(&builder), workers, cap)?)
+        let (pool, local) = if workers > 0 {
+            (Some(Pool::start(Arc::clone(&builder), workers, cap)?), None)
         } else {
-            None
+            stats.set_current_workers(1);
+            let ctx = WorkerCtx::new(&stats, "stoker-builder (calling thread)");
+            (None, Some(ctx))
         };
 
         let mut loader = HostLoader {
@@ -171,7 +176,7 @@ impl HostLoader {
             batches_per_epoch,
             plans: Plans::default(),
             pool,
-            scratch: Scratch::default(),
+            local,
             cap,
             in_order: options.in_order,
             // Fed to a prefetch thread, the consumer's timeout applies on the consumer's side.
@@ -276,8 +281,7 @@ impl HostLoader {
                 self.top_up()?;
                 let batch = outcome?;
                 if self.record_delivery {
-                    self.stats
-                        .delivered(batch.len(), batch.skipped(), start.elapsed());
+                    self.stats.delivered(&batch, start);
                 }
                 return Ok(Some(batch));
             }
@@ -303,7 +307,10 @@ impl HostLoader {
                         self.plans
                             .get(&self.sampler, self.batch_size, self.drop_last, self.epoch);
                     let key = self.key(self.epoch, self.position);
-                    let outcome = self.builder.build(&Task { key, plan }, &mut self.scratch);
+                    let ctx = self.local.as_mut().ok_or_else(|| {
+                        Error::Internal("no worker context for num_workers=0".into())
+                    })?;
+                    let outcome = self.builder.build(&Task { key, plan }, ctx);
                     self.ready.insert((key.epoch, key.position), outcome);
                 }
             }

@@ -47,6 +47,19 @@ enum Engine {
         prefetcher: Prefetcher<Cursor>,
         delivered: Cursor,
     },
+    /// While dropping: every thread is joined; the position is kept for nothing.
+    Closed,
+}
+
+impl Drop for Loader {
+    /// Joins every thread the loader started, then writes the trace (when `trace` is set), so
+    /// that it holds every batch finished before the drop.
+    fn drop(&mut self) {
+        drop(std::mem::replace(&mut self.engine, Engine::Closed));
+        // Nobody can receive an error from a drop; `write_trace` reports them to callers who
+        // want to know.
+        let _ = self.write_trace();
+    }
 }
 
 impl Loader {
@@ -89,6 +102,7 @@ impl Loader {
         let config = PrefetchConfig {
             slots: options.prefetch_factor + 1,
             stream: options.cuda_stream.map(Stream),
+            stats: Some(host.stats_handle()),
         };
         Loader::assemble(host, options, |host| {
             let device = Device::Cuda(backend.ordinal());
@@ -139,6 +153,7 @@ impl Loader {
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Batch>> {
         match &mut self.engine {
+            Engine::Closed => Err(Error::Closed("the loader is closed".into())),
             Engine::Host(host) => host.next(),
             Engine::Device {
                 prefetcher,
@@ -151,9 +166,7 @@ impl Loader {
                 }
                 let batch = item?;
                 if let Some(b) = &batch {
-                    self.stats
-                        .recorder
-                        .delivered(b.len(), b.skipped(), start.elapsed());
+                    self.stats.recorder.delivered(b, start);
                 }
                 Ok(batch)
             }
@@ -169,6 +182,7 @@ impl Loader {
         match &self.engine {
             Engine::Host(host) => host.cursor(),
             Engine::Device { delivered, .. } => delivered.clone(),
+            Engine::Closed => Cursor::default(),
         }
     }
 
@@ -177,6 +191,7 @@ impl Loader {
         match &self.engine {
             Engine::Host(host) => host.epoch(),
             Engine::Device { delivered, .. } => delivered.epoch,
+            Engine::Closed => 0,
         }
     }
 
@@ -185,6 +200,16 @@ impl Loader {
         match &self.engine {
             Engine::Host(host) => host.position(),
             Engine::Device { delivered, .. } => delivered.position,
+            Engine::Closed => 0,
+        }
+    }
+
+    /// Writes the trace (option `trace`) now, with the events recorded so far; the loader also
+    /// writes it when dropped. Does nothing without `trace`.
+    pub fn write_trace(&self) -> Result<()> {
+        match self.stats.recorder.trace() {
+            Some(trace) => trace.write(),
+            None => Ok(()),
         }
     }
 
