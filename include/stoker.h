@@ -259,6 +259,23 @@ typedef struct stoker_stats {
    * stoker_loader_worker_busy_ns).
    */
   uint64_t busy_ns;
+  /**
+   * The memory budget in bytes (option memory_budget, or its default).
+   */
+  uint64_t memory_budget;
+  /**
+   * One batch's memory, page-rounded (ragged fields counted empty).
+   */
+  uint64_t batch_bytes;
+  /**
+   * Batches in flight at most now; lower than in_flight_cap_requested when the memory budget
+   * (or autotune) lowered it.
+   */
+  uint64_t in_flight_cap;
+  /**
+   * max(1, num_workers) x prefetch_factor.
+   */
+  uint64_t in_flight_cap_requested;
 } stoker_stats;
 
 /**
@@ -408,6 +425,7 @@ struct stoker_options *stoker_options_new(void);
  * | `resume_state` | a string from `save_state` | none | continue exactly where a saved loader stopped |
  * | `pad` | a finite number | none | pad ragged fields to the batch's longest, with a `<name>_lengths` field |
  * | `max_image_pixels` | integer ≥ 1 | 89478485 | larger images are bad samples (decompression bombs), refused before allocating |
+ * | `memory_budget` | bytes (`8GiB`, `500MB`) or `N%` of physical memory | 50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE` | bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`) |
  * | `trace` | a file path | none | write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped |
  * <!-- options:end -->
  */

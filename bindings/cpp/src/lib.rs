@@ -72,6 +72,11 @@ mod ffi {
         h2d_ns_p50: u64,
         h2d_ns_p95: u64,
         busy_ns: u64,
+        /// The memory budget, one batch's bytes, the in-flight cap in use and the one asked for.
+        memory_budget: u64,
+        batch_bytes: u64,
+        in_flight_cap: u64,
+        in_flight_cap_requested: u64,
         /// Busy time of each worker, by worker number.
         worker_busy_ns: Vec<u64>,
     }
@@ -358,6 +363,10 @@ impl StatsReader {
             h2d_ns_p50: s.h2d_ns_p50,
             h2d_ns_p95: s.h2d_ns_p95,
             busy_ns: s.busy_ns,
+            memory_budget: s.memory_budget,
+            batch_bytes: s.batch_bytes,
+            in_flight_cap: s.in_flight_cap,
+            in_flight_cap_requested: s.in_flight_cap_requested,
             worker_busy_ns: s.worker_busy_ns,
         }
     }

@@ -397,6 +397,32 @@ TEST_F(LoaderTest, StatsCountWhatWasDelivered) {
   uint64_t per_worker = 0;
   for (uint64_t ns : s.worker_busy_ns) per_worker += ns;
   EXPECT_EQ(per_worker, s.busy_ns);
+  // The default memory budget fits these batches: the cap is 2 workers x prefetch_factor 2.
+  EXPECT_GT(s.batch_bytes, 0u);
+  EXPECT_LE(s.batch_bytes, s.memory_budget);
+  EXPECT_EQ(s.in_flight_cap, 4u);
+  EXPECT_EQ(s.in_flight_cap_requested, 4u);
+}
+
+TEST_F(LoaderTest, MemoryBudgetLowersTheCapOrRefusesABatchThatCannotFit) {
+  const uint64_t one_batch = stoker::Loader(options(8)).stats().batch_bytes;
+  try {
+    stoker::Loader loader(options(8).set("memory_budget", std::to_string(one_batch - 1)));
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("memory_budget"), std::string::npos) << e.what();
+  }
+  stoker::Loader loader(options(8).set("memory_budget", std::to_string(2 * one_batch)));
+  const stoker::Stats s = loader.stats();
+  EXPECT_EQ(s.in_flight_cap, 2u);
+  EXPECT_EQ(s.in_flight_cap_requested, 4u);
+  std::size_t batches = 0;
+  for (auto& batch : loader.epoch()) {
+    (void)batch;
+    ++batches;
+  }
+  EXPECT_EQ(batches, 7u);
 }
 
 TEST_F(LoaderTest, StatsReadFromAnotherThreadWhileTraining) {

@@ -1,6 +1,7 @@
 """state_dict / load_state_dict resume exactly; stats report what happened."""
 
 import numpy as np
+import pytest
 
 import stoker
 
@@ -60,3 +61,21 @@ def test_stats_after_one_epoch(make_loader, npy_data):
     assert stats.read_ns + stats.collate_ns <= stats.busy_ns
     assert sum(stats.worker_busy_ns) <= stats.busy_ns
     assert 0 < stats.read_ns_p50 <= stats.read_ns_p95
+
+
+def test_memory_budget_lowers_the_in_flight_cap_or_refuses_a_batch_that_cannot_fit(make_loader):
+    loader = make_loader(num_workers=2, prefetch_factor=4)
+    stats = loader.stats()
+    assert stats.in_flight_cap == stats.in_flight_cap_requested == 8
+    assert 0 < stats.batch_bytes <= stats.memory_budget
+    one_batch = stats.batch_bytes
+
+    with pytest.raises(stoker.InvalidArgumentError, match="memory_budget") as err:
+        make_loader(memory_budget=one_batch - 1)
+    assert f"{one_batch - 1} bytes" in str(err.value)
+
+    lowered = make_loader(num_workers=2, prefetch_factor=4, memory_budget=2 * one_batch)
+    stats = lowered.stats()
+    assert (stats.in_flight_cap, stats.in_flight_cap_requested) == (2, 8)
+    assert stats.memory_budget == 2 * one_batch
+    assert sum(len(b["label"]) for b in lowered) == 103

@@ -138,6 +138,10 @@ pub extern "C" fn stoker_loader_stats(
             h2d_ns_p50: s.h2d_ns_p50,
             h2d_ns_p95: s.h2d_ns_p95,
             busy_ns: s.busy_ns,
+            memory_budget: s.memory_budget,
+            batch_bytes: s.batch_bytes,
+            in_flight_cap: s.in_flight_cap,
+            in_flight_cap_requested: s.in_flight_cap_requested,
         };
         // Every field is 8 bytes, so the fields that fit end at `size` rounded down to 8.
         let fit = (size.min(std::mem::size_of::<stoker_stats>() as u64) as usize) & !7;

@@ -208,6 +208,15 @@ pub struct stoker_stats {
     /// Time spent building batches, summed over every worker (per worker:
     /// stoker_loader_worker_busy_ns).
     pub busy_ns: u64,
+    /// The memory budget in bytes (option memory_budget, or its default).
+    pub memory_budget: u64,
+    /// One batch's memory, page-rounded (ragged fields counted empty).
+    pub batch_bytes: u64,
+    /// Batches in flight at most now; lower than in_flight_cap_requested when the memory budget
+    /// (or autotune) lowered it.
+    pub in_flight_cap: u64,
+    /// max(1, num_workers) x prefetch_factor.
+    pub in_flight_cap_requested: u64,
 }
 
 /// Loader options, set one string key at a time (opaque).

@@ -146,6 +146,12 @@ impl Collator {
         &self.source
     }
 
+    /// Bytes of the slab a batch of `n` samples needs (ragged fields counted empty: a lower
+    /// bound for them).
+    pub fn batch_bytes(&self, n: usize) -> usize {
+        self.layout(n, &vec![0; self.outputs.len()]).1
+    }
+
     /// Builds the batch of `indices` in a slab from `arena`.
     pub fn build(
         &self,

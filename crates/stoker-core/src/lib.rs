@@ -19,6 +19,7 @@ pub mod decode;
 pub mod dtype;
 pub mod error;
 pub mod loader;
+pub mod memory;
 pub mod options;
 pub mod pool;
 pub mod resume;

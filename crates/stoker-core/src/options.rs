@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use crate::collate::ImageStages;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
+use crate::memory::MemoryBudget;
 use crate::sampler::SamplerKind;
 pub use crate::source::SourceSpec;
 use crate::source::{FieldKind, Source};
@@ -94,6 +95,8 @@ pub struct LoaderOptions {
     pub(crate) max_image_pixels: u64,
     /// Where to write the Chrome trace-event timeline (see [`crate::trace`]).
     pub(crate) trace: Option<PathBuf>,
+    /// Bound on the batch memory the loader keeps; `None` is the default (see [`crate::memory`]).
+    pub(crate) memory_budget: Option<MemoryBudget>,
 }
 
 impl Default for LoaderOptions {
@@ -129,6 +132,7 @@ impl Default for LoaderOptions {
             // Pillow's MAX_IMAGE_PIXELS: larger images are decompression bombs until proven otherwise.
             max_image_pixels: 89_478_485,
             trace: None,
+            memory_budget: None,
         }
     }
 }
@@ -174,6 +178,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "resume_state", values: "a string from `save_state`", default: "none", meaning: "continue exactly where a saved loader stopped" },
     OptionDoc { key: "pad", values: "a finite number", default: "none", meaning: "pad ragged fields to the batch's longest, with a `<name>_lengths` field" },
     OptionDoc { key: "max_image_pixels", values: "integer ≥ 1", default: "89478485", meaning: "larger images are bad samples (decompression bombs), refused before allocating" },
+    OptionDoc { key: "memory_budget", values: "bytes (`8GiB`, `500MB`) or `N%` of physical memory", default: "50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE`", meaning: "bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`)" },
     OptionDoc { key: "trace", values: "a file path", default: "none", meaning: "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped" },
 ];
 
@@ -384,6 +389,7 @@ impl LoaderOptions {
                     })?);
             }
             "max_image_pixels" => self.max_image_pixels = parse_int(key, v, 1, u64::MAX)?,
+            "memory_budget" => self.memory_budget = Some(MemoryBudget::parse(key, v)?),
             "trace" => {
                 self.trace = if v.is_empty() {
                     None
@@ -412,6 +418,12 @@ impl LoaderOptions {
                 .map(|n| n.get())
                 .unwrap_or(1)
         })
+    }
+
+    /// The memory budget in bytes: `memory_budget`, or the default (see [`crate::memory`]).
+    pub fn resolved_memory_budget(&self) -> u64 {
+        self.memory_budget
+            .map_or_else(crate::memory::default_budget, MemoryBudget::bytes)
     }
 
     /// Batches in flight at most: `max(1, num_workers) × prefetch_factor`.

@@ -97,6 +97,14 @@ pub struct Stats {
     /// worker (index = worker number, in the order workers were started).
     pub busy_ns: u64,
     pub worker_busy_ns: Vec<u64>,
+    /// The memory budget in bytes (`memory_budget`) and one batch's slab (page-rounded; ragged
+    /// fields counted empty).
+    pub memory_budget: u64,
+    pub batch_bytes: u64,
+    /// Batches in flight at most, and what `num_workers × prefetch_factor` asked for: lower when
+    /// the memory budget (or autotune) lowered it.
+    pub in_flight_cap: u64,
+    pub in_flight_cap_requested: u64,
 }
 
 impl Stats {
@@ -301,6 +309,10 @@ pub(crate) struct StatsRecorder {
     workers: Mutex<Vec<Arc<WorkerSlot>>>,
     /// Worker threads now building (1 when the calling thread builds).
     current_workers: AtomicU64,
+    memory_budget: AtomicU64,
+    batch_bytes: AtomicU64,
+    in_flight_cap: AtomicU64,
+    in_flight_cap_requested: AtomicU64,
     trace: Option<Trace>,
 }
 
@@ -329,6 +341,10 @@ impl StatsRecorder {
             }),
             workers: Mutex::new(Vec::new()),
             current_workers: AtomicU64::new(0),
+            memory_budget: AtomicU64::new(0),
+            batch_bytes: AtomicU64::new(0),
+            in_flight_cap: AtomicU64::new(0),
+            in_flight_cap_requested: AtomicU64::new(0),
             trace,
         }
     }
@@ -356,6 +372,20 @@ impl StatsRecorder {
         });
         workers.push(Arc::clone(&slot));
         slot
+    }
+
+    /// The memory budget's numbers.
+    pub(crate) fn set_budget(&self, plan: &crate::memory::BudgetPlan) {
+        self.memory_budget.store(plan.budget, Ordering::Relaxed);
+        self.batch_bytes.store(plan.batch_bytes, Ordering::Relaxed);
+        self.set_cap(plan.cap, plan.requested_cap);
+    }
+
+    /// The in-flight cap in use, and the one asked for.
+    pub(crate) fn set_cap(&self, cap: usize, requested: usize) {
+        self.in_flight_cap.store(cap as u64, Ordering::Relaxed);
+        self.in_flight_cap_requested
+            .store(requested as u64, Ordering::Relaxed);
     }
 
     /// How many threads build batches now.
@@ -469,6 +499,10 @@ impl StatsRecorder {
             h2d_ns_p95,
             busy_ns: busy,
             worker_busy_ns,
+            memory_budget: self.memory_budget.load(Ordering::Relaxed),
+            batch_bytes: self.batch_bytes.load(Ordering::Relaxed),
+            in_flight_cap: self.in_flight_cap.load(Ordering::Relaxed),
+            in_flight_cap_requested: self.in_flight_cap_requested.load(Ordering::Relaxed),
         }
     }
 }

@@ -416,6 +416,10 @@ struct Stats {
   uint64_t h2d_ns_p50 = 0, h2d_ns_p95 = 0;
   uint64_t busy_ns = 0;          // time spent building batches, all workers
   std::vector<uint64_t> worker_busy_ns;  // the same per worker, by worker number
+  uint64_t memory_budget = 0;    // bytes (option memory_budget, or its default)
+  uint64_t batch_bytes = 0;      // one batch's memory, page-rounded
+  uint64_t in_flight_cap = 0;    // batches in flight at most now
+  uint64_t in_flight_cap_requested = 0;  // max(1, num_workers) x prefetch_factor
 };
 
 class Loader;
@@ -535,6 +539,10 @@ class Loader {
     out.h2d_ns_p50 = s.h2d_ns_p50;
     out.h2d_ns_p95 = s.h2d_ns_p95;
     out.busy_ns = s.busy_ns;
+    out.memory_budget = s.memory_budget;
+    out.batch_bytes = s.batch_bytes;
+    out.in_flight_cap = s.in_flight_cap;
+    out.in_flight_cap_requested = s.in_flight_cap_requested;
     out.worker_busy_ns.assign(s.worker_busy_ns.begin(), s.worker_busy_ns.end());
     return out;
   }

@@ -93,6 +93,10 @@ class Stats(ctypes.Structure):
         ("h2d_ns_p50", ctypes.c_uint64),
         ("h2d_ns_p95", ctypes.c_uint64),
         ("busy_ns", ctypes.c_uint64),
+        ("memory_budget", ctypes.c_uint64),
+        ("batch_bytes", ctypes.c_uint64),
+        ("in_flight_cap", ctypes.c_uint64),
+        ("in_flight_cap_requested", ctypes.c_uint64),
     ]
 
 

@@ -51,6 +51,11 @@ class Stats:
     h2d_ns_p50: int
     h2d_ns_p95: int
     busy_ns: int
+    # The memory budget and the in-flight cap it allows (lower than requested when lowered).
+    memory_budget: int
+    batch_bytes: int
+    in_flight_cap: int
+    in_flight_cap_requested: int
     #: Time each worker spent building batches, by worker number (in start order).
     worker_busy_ns: tuple[int, ...] = ()
 

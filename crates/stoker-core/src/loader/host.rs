@@ -12,6 +12,7 @@ use crate::batch::Batch;
 use crate::collate::{BatchKey, Collator};
 use crate::cuda::{HostBatches, Pulled};
 use crate::error::{Error, Result};
+use crate::memory::BudgetPlan;
 use crate::options::{LoaderOptions, OnError};
 use crate::pool::{Builder, Pool, Task, WorkerCtx};
 use crate::resume::ResumeState;
@@ -141,17 +142,31 @@ impl HostLoader {
         let batches_per_epoch = batches_for(sampler.len(), options.batch_size, options.drop_last);
 
         let workers = options.resolved_workers();
-        let cap = options.in_flight_cap();
         // For a device, `pin_memory` means registration with its driver (which page-locks the
         // slab itself), not mlock.
         let (pin, registrar, feed) = match mode {
             Mode::Host => (options.pin_memory.unwrap_or(false), None, false),
             Mode::Feed { registrar } => (false, registrar, true),
         };
-        // Idle slabs kept: the in-flight cap plus a few the consumer is holding.
+        // The memory budget bounds the in-flight cap; the prefetch thread holds one more slab
+        // while it copies.
+        let largest = options.batch_size.min(sampler.len().max(1));
+        let page = crate::arena::page_size();
+        let batch_bytes = collator.batch_bytes(largest).div_ceil(page) * page;
+        let budget = BudgetPlan::new(
+            options.resolved_memory_budget(),
+            batch_bytes as u64,
+            options.in_flight_cap(),
+            usize::from(feed),
+            largest,
+        )?;
+        let cap = budget.cap;
+        // Idle slabs kept: the in-flight cap plus a few the consumer is holding, within budget.
         let arena = Arena::new(pin, cap + 2, registrar);
+        arena.set_budget(budget.budget);
         let trace = options.trace.as_deref().map(Trace::create).transpose()?;
         let stats = Arc::new(StatsRecorder::new(trace));
+        stats.set_budget(&budget);
         let builder = Arc::new(Builder {
             collator,
             arena,
