@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod doctor;
 mod photos;
 mod report;
 
@@ -84,6 +85,21 @@ fn run(argv: &[String]) -> Result<(), String> {
         }
         [cmd, what, rest @ ..] if cmd == "bench" && what == "images" => {
             bench::images(None, &Args::parse(rest)?)
+        }
+        // Local wiring of `stoker doctor` until the CLI moves to clap (see doctor::DoctorArgs).
+        [cmd, rest @ ..] if cmd == "doctor" => {
+            use clap::Parser;
+            #[derive(clap::Parser)]
+            #[command(name = "stoker doctor")]
+            struct Doctor {
+                #[command(flatten)]
+                args: doctor::DoctorArgs,
+            }
+            let parsed = Doctor::try_parse_from(
+                std::iter::once("stoker doctor").chain(rest.iter().map(String::as_str)),
+            )
+            .map_err(|e| e.to_string())?;
+            doctor::run(&parsed.args)
         }
         [cmd, ..] if cmd == "-h" || cmd == "--help" || cmd == "help" => {
             print!("{USAGE}");
