@@ -63,6 +63,7 @@ int main(void) {
      (1 worker x prefetch_factor 2). */
   CHECK(s.memory_budget > 0 && s.batch_bytes > 0 && s.batch_bytes <= s.memory_budget);
   CHECK(s.in_flight_cap == 2 && s.in_flight_cap_requested == 2);
+  CHECK(s.prefetch_factor == 2 && s.autotune_decisions == 0);
   /* A budget smaller than one batch fails when the loader is made, naming the option. */
   stoker_options *tight = t_options(source, NULL, "batch_size", "4", "memory_budget", "100", NULL);
   stoker_loader *none = (stoker_loader *)&s;

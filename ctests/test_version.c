@@ -26,12 +26,13 @@ int main(void) {
   CHECK(STOKER_DTYPE_U8 == 0 && STOKER_DTYPE_I32 == 1 && STOKER_DTYPE_I64 == 2);
   CHECK(STOKER_DTYPE_F16 == 3 && STOKER_DTYPE_BF16 == 4 && STOKER_DTYPE_F32 == 5);
   /* Layout of the public structs (fields are only ever appended). */
-  CHECK(sizeof(stoker_stats) == 34 * 8);
+  CHECK(sizeof(stoker_stats) == 36 * 8);
   CHECK(offsetof(stoker_stats, pin_failures) == 12 * 8);
   CHECK(offsetof(stoker_stats, read_ns) == 13 * 8);
   CHECK(offsetof(stoker_stats, num_workers) == 18 * 8);
   CHECK(offsetof(stoker_stats, busy_ns) == 29 * 8);
   CHECK(offsetof(stoker_stats, in_flight_cap_requested) == 33 * 8);
+  CHECK(offsetof(stoker_stats, autotune_decisions) == 35 * 8);
   CHECK(sizeof(stoker_tensor) == 2 * sizeof(void *) + 4 * 4 + 2 * 8 * STOKER_MAX_DIMS);
   CHECK(sizeof(DLManagedTensorVersioned) == 8 + 2 * sizeof(void *) + 8 + sizeof(DLTensor));
   return t_finish("test_version");

@@ -77,6 +77,9 @@ mod ffi {
         batch_bytes: u64,
         in_flight_cap: u64,
         in_flight_cap_requested: u64,
+        /// Batches in flight per worker now, and the changes autotune made.
+        prefetch_factor: u64,
+        autotune_decisions: u64,
         /// Busy time of each worker, by worker number.
         worker_busy_ns: Vec<u64>,
     }
@@ -367,6 +370,8 @@ impl StatsReader {
             batch_bytes: s.batch_bytes,
             in_flight_cap: s.in_flight_cap,
             in_flight_cap_requested: s.in_flight_cap_requested,
+            prefetch_factor: s.prefetch_factor,
+            autotune_decisions: s.autotune_decisions,
             worker_busy_ns: s.worker_busy_ns,
         }
     }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -407,13 +408,13 @@ TEST_F(LoaderTest, StatsCountWhatWasDelivered) {
 TEST_F(LoaderTest, MemoryBudgetLowersTheCapOrRefusesABatchThatCannotFit) {
   const uint64_t one_batch = stoker::Loader(options(8)).stats().batch_bytes;
   try {
-    stoker::Loader loader(options(8).set("memory_budget", std::to_string(one_batch - 1)));
+    stoker::Loader loader(options(8).memory_budget(std::to_string(one_batch - 1)));
     FAIL() << "no exception";
   } catch (const stoker::Error& e) {
     EXPECT_EQ(e.status(), stoker::Status::InvalidArgument);
     EXPECT_NE(std::string(e.what()).find("memory_budget"), std::string::npos) << e.what();
   }
-  stoker::Loader loader(options(8).set("memory_budget", std::to_string(2 * one_batch)));
+  stoker::Loader loader(options(8).memory_budget(std::to_string(2 * one_batch)));
   const stoker::Stats s = loader.stats();
   EXPECT_EQ(s.in_flight_cap, 2u);
   EXPECT_EQ(s.in_flight_cap_requested, 4u);
@@ -423,6 +424,24 @@ TEST_F(LoaderTest, MemoryBudgetLowersTheCapOrRefusesABatchThatCannotFit) {
     ++batches;
   }
   EXPECT_EQ(batches, 7u);
+}
+
+TEST_F(LoaderTest, AutotuneAndTraceAreOptions) {
+  const std::string path = ::testing::TempDir() + "stoker-cpp-trace.json";
+  {
+    stoker::Loader loader(options(8).autotune(true).trace(path));
+    const stoker::Stats s = loader.stats();
+    EXPECT_EQ(s.prefetch_factor, 2u);
+    EXPECT_EQ(s.autotune_decisions, 0u);
+    for (auto& batch : loader.epoch()) (void)batch;
+  }  // dropping the loader writes the trace
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  ASSERT_NE(f, nullptr);
+  char head[32] = {0};
+  EXPECT_GT(std::fread(head, 1, sizeof head - 1, f), 0u);
+  std::fclose(f);
+  EXPECT_NE(std::string(head).find("displayTimeUnit"), std::string::npos) << head;
+  std::remove(path.c_str());
 }
 
 TEST_F(LoaderTest, StatsReadFromAnotherThreadWhileTraining) {

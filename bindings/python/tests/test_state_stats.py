@@ -79,3 +79,17 @@ def test_memory_budget_lowers_the_in_flight_cap_or_refuses_a_batch_that_cannot_f
     assert (stats.in_flight_cap, stats.in_flight_cap_requested) == (2, 8)
     assert stats.memory_budget == 2 * one_batch
     assert sum(len(b["label"]) for b in lowered) == 103
+
+
+def test_autotune_and_trace(make_loader, tmp_path):
+    import json
+
+    path = tmp_path / "trace.json"
+    loader = make_loader(autotune=True, trace=path)
+    stats = loader.stats()
+    assert stats.num_workers == 1 and stats.prefetch_factor == 2 and stats.autotune_decisions == 0
+    assert sum(len(b["label"]) for b in loader) == 103
+    loader.close()
+    events = json.loads(path.read_text())["traceEvents"]
+    assert any(e["name"] == "batch" and e["ph"] == "X" for e in events)
+    assert any(e["name"] == "wait" for e in events)

@@ -142,6 +142,8 @@ pub extern "C" fn stoker_loader_stats(
             batch_bytes: s.batch_bytes,
             in_flight_cap: s.in_flight_cap,
             in_flight_cap_requested: s.in_flight_cap_requested,
+            prefetch_factor: s.prefetch_factor,
+            autotune_decisions: s.autotune_decisions,
         };
         // Every field is 8 bytes, so the fields that fit end at `size` rounded down to 8.
         let fit = (size.min(std::mem::size_of::<stoker_stats>() as u64) as usize) & !7;

@@ -217,6 +217,10 @@ pub struct stoker_stats {
     pub in_flight_cap: u64,
     /// max(1, num_workers) x prefetch_factor.
     pub in_flight_cap_requested: u64,
+    /// Batches in flight per worker now (the option, or autotune's choice).
+    pub prefetch_factor: u64,
+    /// Changes autotune made to the worker count or the prefetch depth.
+    pub autotune_decisions: u64,
 }
 
 /// Loader options, set one string key at a time (opaque).

@@ -12,6 +12,7 @@
 //! Everything a user can cause returns an [`Error`] that names the key, file or index involved.
 
 pub mod arena;
+pub mod autotune;
 pub mod batch;
 pub mod collate;
 pub mod cuda;

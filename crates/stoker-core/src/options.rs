@@ -97,6 +97,8 @@ pub struct LoaderOptions {
     pub(crate) trace: Option<PathBuf>,
     /// Bound on the batch memory the loader keeps; `None` is the default (see [`crate::memory`]).
     pub(crate) memory_budget: Option<MemoryBudget>,
+    /// Live control of the worker count and prefetch depth (see [`crate::autotune`]).
+    pub(crate) autotune: bool,
 }
 
 impl Default for LoaderOptions {
@@ -133,6 +135,7 @@ impl Default for LoaderOptions {
             max_image_pixels: 89_478_485,
             trace: None,
             memory_budget: None,
+            autotune: false,
         }
     }
 }
@@ -179,6 +182,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "pad", values: "a finite number", default: "none", meaning: "pad ragged fields to the batch's longest, with a `<name>_lengths` field" },
     OptionDoc { key: "max_image_pixels", values: "integer ≥ 1", default: "89478485", meaning: "larger images are bad samples (decompression bombs), refused before allocating" },
     OptionDoc { key: "memory_budget", values: "bytes (`8GiB`, `500MB`) or `N%` of physical memory", default: "50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE`", meaning: "bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`)" },
+    OptionDoc { key: "autotune", values: "bool", default: "false", meaning: "live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace" },
     OptionDoc { key: "trace", values: "a file path", default: "none", meaning: "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped" },
 ];
 
@@ -390,6 +394,7 @@ impl LoaderOptions {
             }
             "max_image_pixels" => self.max_image_pixels = parse_int(key, v, 1, u64::MAX)?,
             "memory_budget" => self.memory_budget = Some(MemoryBudget::parse(key, v)?),
+            "autotune" => self.autotune = parse_bool(key, v)?,
             "trace" => {
                 self.trace = if v.is_empty() {
                     None
@@ -413,11 +418,7 @@ impl LoaderOptions {
     /// Workers to start: `num_workers`, or for `auto` the cores this process may run on
     /// (`std::thread::available_parallelism` honours the affinity mask and cgroup quotas).
     pub fn resolved_workers(&self) -> usize {
-        self.num_workers.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        })
+        self.num_workers.unwrap_or_else(usable_cores)
     }
 
     /// The memory budget in bytes: `memory_budget`, or the default (see [`crate::memory`]).
@@ -518,6 +519,14 @@ impl LoaderOptions {
             pipeline,
         }))
     }
+}
+
+/// The cores this process may run on (`std::thread::available_parallelism` honours the affinity
+/// mask and cgroup quotas).
+pub fn usable_cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 fn non_empty_path(key: &str, p: &str) -> Result<PathBuf> {

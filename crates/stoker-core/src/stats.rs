@@ -105,6 +105,10 @@ pub struct Stats {
     /// the memory budget (or autotune) lowered it.
     pub in_flight_cap: u64,
     pub in_flight_cap_requested: u64,
+    /// Batches in flight per worker now (`prefetch_factor`, or autotune's choice).
+    pub prefetch_factor: u64,
+    /// Changes autotune made to the worker count or the prefetch depth.
+    pub autotune_decisions: u64,
 }
 
 impl Stats {
@@ -313,6 +317,8 @@ pub(crate) struct StatsRecorder {
     batch_bytes: AtomicU64,
     in_flight_cap: AtomicU64,
     in_flight_cap_requested: AtomicU64,
+    prefetch_factor: AtomicU64,
+    autotune_decisions: AtomicU64,
     trace: Option<Trace>,
 }
 
@@ -345,6 +351,8 @@ impl StatsRecorder {
             batch_bytes: AtomicU64::new(0),
             in_flight_cap: AtomicU64::new(0),
             in_flight_cap_requested: AtomicU64::new(0),
+            prefetch_factor: AtomicU64::new(0),
+            autotune_decisions: AtomicU64::new(0),
             trace,
         }
     }
@@ -386,6 +394,42 @@ impl StatsRecorder {
         self.in_flight_cap.store(cap as u64, Ordering::Relaxed);
         self.in_flight_cap_requested
             .store(requested as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_prefetch(&self, prefetch: usize) {
+        self.prefetch_factor
+            .store(prefetch as u64, Ordering::Relaxed);
+    }
+
+    /// An autotune decision, applied at `at`.
+    pub(crate) fn decided(&self, at: Instant, d: &crate::autotune::Decision) {
+        self.autotune_decisions.fetch_add(1, Ordering::Relaxed);
+        self.set_prefetch(d.prefetch);
+        if let Some(trace) = &self.trace {
+            trace.decision(
+                at,
+                crate::trace::Args::Decision {
+                    workers: d.workers as u64,
+                    prefetch_factor: d.prefetch as u64,
+                    readiness: d.readiness,
+                    reason: d.reason,
+                },
+            );
+        }
+    }
+
+    /// Batches delivered, the consumer's total wait and the workers' total busy time: what
+    /// autotune watches, without the percentiles of a full snapshot.
+    pub(crate) fn totals(&self) -> (u64, u64, u64) {
+        let busy = self
+            .workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|w| w.lock().busy_ns)
+            .sum();
+        let r = self.lock();
+        (r.batches, r.wait_total, busy)
     }
 
     /// How many threads build batches now.
@@ -503,6 +547,8 @@ impl StatsRecorder {
             batch_bytes: self.batch_bytes.load(Ordering::Relaxed),
             in_flight_cap: self.in_flight_cap.load(Ordering::Relaxed),
             in_flight_cap_requested: self.in_flight_cap_requested.load(Ordering::Relaxed),
+            prefetch_factor: self.prefetch_factor.load(Ordering::Relaxed),
+            autotune_decisions: self.autotune_decisions.load(Ordering::Relaxed),
         }
     }
 }

@@ -9,6 +9,8 @@
 //! - `stoker-prefetch`: an `h2d` span per batch copied to the device;
 //! - `consumer`: a `wait` span per `next()` call that returned a batch, and a `deliver` instant
 //!   when the batch was handed over;
+//! - `autotune`: every decision of the controller (`autotune=true`), as an instant event with
+//!   the new settings and its reason, and a counter of the worker count and prefetch depth.
 //!
 //! Bounded in size: the trace keeps a ring of the events of the last [`TRACE_BATCHES`] batches
 //! of each track (older ones are dropped), so a loader running for days with `trace` set holds
@@ -35,6 +37,8 @@ pub const TRACE_BATCHES: usize = 1024;
 pub(crate) enum Track {
     Consumer,
     Prefetch,
+    /// The autotune controller's decisions.
+    Control,
     /// A worker, by its number.
     Worker(usize),
 }
@@ -44,6 +48,7 @@ impl Track {
         match self {
             Track::Consumer => 1,
             Track::Prefetch => 2,
+            Track::Control => 3,
             Track::Worker(n) => 10 + n as u64,
         }
     }
@@ -66,6 +71,13 @@ pub(crate) enum Args {
     /// A stage of one sample.
     Index {
         index: u64,
+    },
+    /// An autotune decision: the new settings, the readiness that prompted it, and why.
+    Decision {
+        workers: u64,
+        prefetch_factor: u64,
+        readiness: f64,
+        reason: &'static str,
     },
 }
 
@@ -190,6 +202,14 @@ impl Trace {
         self.push(Track::Consumer, vec![wait, deliver]);
     }
 
+    /// An autotune decision taken at `at`.
+    pub(crate) fn decision(&self, at: Instant, args: Args) {
+        self.push(
+            Track::Control,
+            vec![TraceEvent::instant("autotune", at, args)],
+        );
+    }
+
     /// A worker's batch: the `batch` span from `start` to `end` around the spans it recorded.
     pub(crate) fn batch_built(
         &self,
@@ -295,6 +315,21 @@ impl Trace {
                         if phase == 0 { "read" } else { "write" }
                     )?,
                     Args::Index { index } => write!(out, ",\"args\":{{\"index\":{index}}}}}")?,
+                    Args::Decision {
+                        workers,
+                        prefetch_factor,
+                        readiness,
+                        reason,
+                    } => {
+                        write!(
+                            out,
+                            ",\"args\":{{\"num_workers\":{workers},\"prefetch_factor\":{prefetch_factor},\"readiness\":{readiness:.4},\"reason\":\"{reason}\"}}}}"
+                        )?;
+                        write!(
+                            out,
+                            ",\n{{\"ph\":\"C\",\"name\":\"autotune\",\"pid\":{pid},\"tid\":{tid},\"ts\":{ts},\"args\":{{\"num_workers\":{workers},\"prefetch_factor\":{prefetch_factor}}}}}"
+                        )?;
+                    }
                 }
             }
         }

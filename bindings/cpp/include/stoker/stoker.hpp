@@ -258,6 +258,12 @@ class Options {
   Options& timeout_ms(uint64_t ms) { return set("timeout_ms", std::to_string(ms)); }
   // A string from `Loader::save_state()`.
   Options& resume_state(std::string_view state) { return set("resume_state", state); }
+  // Bound on the batch memory the loader keeps: bytes ("8GiB", "500MB") or "N%" of RAM.
+  Options& memory_budget(std::string_view bytes) { return set("memory_budget", bytes); }
+  // Live control of the worker count and prefetch depth; decisions show in stats() and the trace.
+  Options& autotune(bool on) { return set("autotune", flag(on)); }
+  // Write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) to this path.
+  Options& trace(std::string_view path) { return set("trace", path); }
 
   const ffi::OptionsHandle& handle() const noexcept { return *handle_; }
 
@@ -420,6 +426,8 @@ struct Stats {
   uint64_t batch_bytes = 0;      // one batch's memory, page-rounded
   uint64_t in_flight_cap = 0;    // batches in flight at most now
   uint64_t in_flight_cap_requested = 0;  // max(1, num_workers) x prefetch_factor
+  uint64_t prefetch_factor = 0;  // batches in flight per worker now (autotune may change it)
+  uint64_t autotune_decisions = 0;  // changes autotune made to workers or prefetch
 };
 
 class Loader;
@@ -543,6 +551,8 @@ class Loader {
     out.batch_bytes = s.batch_bytes;
     out.in_flight_cap = s.in_flight_cap;
     out.in_flight_cap_requested = s.in_flight_cap_requested;
+    out.prefetch_factor = s.prefetch_factor;
+    out.autotune_decisions = s.autotune_decisions;
     out.worker_busy_ns.assign(s.worker_busy_ns.begin(), s.worker_busy_ns.end());
     return out;
   }

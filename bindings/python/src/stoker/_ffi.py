@@ -97,6 +97,8 @@ class Stats(ctypes.Structure):
         ("batch_bytes", ctypes.c_uint64),
         ("in_flight_cap", ctypes.c_uint64),
         ("in_flight_cap_requested", ctypes.c_uint64),
+        ("prefetch_factor", ctypes.c_uint64),
+        ("autotune_decisions", ctypes.c_uint64),
     ]
 
 

@@ -56,6 +56,9 @@ class Stats:
     batch_bytes: int
     in_flight_cap: int
     in_flight_cap_requested: int
+    # Batches in flight per worker now, and the changes autotune made.
+    prefetch_factor: int
+    autotune_decisions: int
     #: Time each worker spent building batches, by worker number (in start order).
     worker_busy_ns: tuple[int, ...] = ()
 

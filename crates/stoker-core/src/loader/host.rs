@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::arena::{Arena, SlabRegistrar};
+use crate::autotune::{Controller, Observation};
 use crate::batch::Batch;
 use crate::collate::{BatchKey, Collator};
 use crate::cuda::{HostBatches, Pulled};
@@ -19,7 +20,7 @@ use crate::resume::ResumeState;
 use crate::sampler::{batches_for, BatchPlan, Sampler};
 use crate::source::Source;
 use crate::stats::{StatsHandle, StatsRecorder};
-use crate::trace::Trace;
+use crate::trace::{Trace, Track};
 
 /// Epoch plans by epoch number; holds the two the loader is working on (delivering and
 /// submitting), so a plan is computed once.
@@ -87,6 +88,12 @@ pub(super) struct HostLoader {
     /// The calling thread's worker context when `num_workers` is 0.
     local: Option<WorkerCtx>,
     cap: usize,
+    /// Batches in flight per worker (`prefetch_factor`, or autotune's choice).
+    prefetch: usize,
+    /// Batches the memory budget holds in flight: the ceiling of `cap`.
+    fit: usize,
+    /// The controller of `autotune=true`.
+    autotune: Option<Controller>,
     in_order: bool,
     timeout: Option<Duration>,
     /// Tasks submitted and not yet delivered (built, being built, or waiting to be).
@@ -141,7 +148,19 @@ impl HostLoader {
         let sampler = Sampler::new(options.sampler_kind(source.len())?, source.len(), seed)?;
         let batches_per_epoch = batches_for(sampler.len(), options.batch_size, options.drop_last);
 
-        let workers = options.resolved_workers();
+        // Under autotune, `num_workers=auto` starts from one worker and the controller adds
+        // more; a number is where it starts.
+        let cores = crate::options::usable_cores();
+        let workers =
+            match (options.autotune, options.num_workers) {
+                (true, Some(0)) => return Err(Error::option(
+                    "autotune",
+                    "needs worker threads, but num_workers=0 builds batches in the calling thread",
+                )),
+                (true, None) => 1,
+                _ => options.resolved_workers(),
+            };
+        let prefetch = options.prefetch_factor;
         // For a device, `pin_memory` means registration with its driver (which page-locks the
         // slab itself), not mlock.
         let (pin, registrar, feed) = match mode {
@@ -156,17 +175,30 @@ impl HostLoader {
         let budget = BudgetPlan::new(
             options.resolved_memory_budget(),
             batch_bytes as u64,
-            options.in_flight_cap(),
+            workers.max(1) * prefetch,
             usize::from(feed),
             largest,
         )?;
         let cap = budget.cap;
+        let fit = budget.fit(usize::from(feed));
+        // The queues hold what may ever be in flight: the cap, or under autotune its ceiling.
+        let capacity = if options.autotune {
+            fit.min(cores.max(workers) * crate::autotune::MAX_PREFETCH.max(prefetch))
+                .max(cap)
+        } else {
+            cap
+        };
+        let autotune = options.autotune.then(|| Controller::new(cores, fit));
         // Idle slabs kept: the in-flight cap plus a few the consumer is holding, within budget.
-        let arena = Arena::new(pin, cap + 2, registrar);
+        let arena = Arena::new(pin, capacity + 2, registrar);
         arena.set_budget(budget.budget);
         let trace = options.trace.as_deref().map(Trace::create).transpose()?;
         let stats = Arc::new(StatsRecorder::new(trace));
         stats.set_budget(&budget);
+        stats.set_prefetch(prefetch);
+        if let Some(trace) = stats.trace().filter(|_| options.autotune) {
+            trace.name_track(Track::Control, "autotune".into());
+        }
         let builder = Arc::new(Builder {
             collator,
             arena,
@@ -174,10 +206,13 @@ impl HostLoader {
             stop: AtomicBool::new(false),
         });
         let (pool, local) = if workers > 0 {
-            (Some(Pool::start(Arc::clone(&builder), workers, cap)?), None)
+            (
+                Some(Pool::start(Arc::clone(&builder), workers, capacity)?),
+                None,
+            )
         } else {
             stats.set_current_workers(1);
-            let ctx = WorkerCtx::new(&stats, "stoker-builder (calling thread)");
+            let ctx = WorkerCtx::new(&stats, |_| "stoker-builder (calling thread)".into());
             (None, Some(ctx))
         };
 
@@ -193,6 +228,9 @@ impl HostLoader {
             pool,
             local,
             cap,
+            prefetch,
+            fit,
+            autotune,
             in_order: options.in_order,
             // Fed to a prefetch thread, the consumer's timeout applies on the consumer's side.
             timeout: (options.timeout_ms > 0 && !feed)
@@ -293,6 +331,7 @@ impl HostLoader {
         loop {
             if let Some((key, outcome)) = self.take_ready() {
                 self.mark_delivered(key.1);
+                self.tune()?;
                 self.top_up()?;
                 let batch = outcome?;
                 if self.record_delivery {
@@ -368,6 +407,35 @@ impl HostLoader {
             epoch,
             position,
         }
+    }
+
+    /// Lets the autotune controller look at the last window, and applies its decision.
+    fn tune(&mut self) -> Result<()> {
+        let (Some(ctl), Some(pool)) = (&mut self.autotune, &mut self.pool) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if !ctl.due(now) {
+            return Ok(());
+        }
+        let (batches, wait_ns, busy_ns) = self.stats.totals();
+        let observation = Observation {
+            at: now,
+            batches,
+            wait_ns,
+            busy_ns,
+            cpu_ns: crate::autotune::process_cpu_ns(),
+        };
+        let Some(d) = ctl.observe(observation, pool.workers(), self.prefetch) else {
+            return Ok(());
+        };
+        pool.resize(d.workers)?;
+        self.prefetch = d.prefetch;
+        let requested = d.workers.max(1) * d.prefetch;
+        self.cap = requested.min(self.fit).max(1);
+        self.stats.set_cap(self.cap, requested);
+        self.stats.decided(now, &d);
+        Ok(())
     }
 
     /// Submits tasks until `cap` are in flight, running ahead into later epochs.
