@@ -36,6 +36,56 @@ int main(void) {
   /* pin_memory is off by default: nothing pinned, nothing refused. */
   CHECK(s.slabs_pinned == 0 && s.pin_failures == 0);
 
+  /* Stages: an npy source is read and collated, never decoded, transformed or copied to a
+     device; the stages are part of the workers' busy time. */
+  CHECK(s.read_ns > 0 && s.collate_ns > 0);
+  CHECK(s.decode_ns == 0 && s.transform_ns == 0 && s.h2d_ns == 0);
+  CHECK(s.read_ns + s.decode_ns + s.transform_ns + s.collate_ns <= s.busy_ns);
+  CHECK(s.read_ns_p50 > 0 && s.read_ns_p50 <= s.read_ns_p95 && s.read_ns_p95 <= s.read_ns);
+  CHECK(s.collate_ns_p50 > 0 && s.collate_ns_p50 <= s.collate_ns_p95);
+  CHECK(s.decode_ns_p50 == 0 && s.transform_ns_p95 == 0 && s.h2d_ns_p50 == 0);
+  CHECK(s.num_workers == 1);
+
+  /* Per-worker busy time: the count alone, then the values (the worker may still be building
+     batches of the next epoch, so its time only grows). */
+  size_t count = 99;
+  CHECK_STATUS(stoker_loader_worker_busy_ns(l, NULL, 0, &count), STOKER_OK);
+  CHECK(count == 1);
+  uint64_t busy[4] = {0, 0, 7, 7};
+  CHECK_STATUS(stoker_loader_worker_busy_ns(l, busy, 4, &count), STOKER_OK);
+  CHECK(count == 1 && busy[0] >= s.busy_ns && busy[1] == 0 && busy[2] == 7);
+  CHECK_STATUS(stoker_loader_worker_busy_ns(l, NULL, 1, &count), STOKER_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("out");
+  CHECK_STATUS(stoker_loader_worker_busy_ns(l, busy, 4, NULL), STOKER_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(stoker_loader_worker_busy_ns(NULL, busy, 4, &count), STOKER_ERR_INVALID_ARGUMENT);
+
+  /* The memory budget: the default fits these small batches, so the cap is what was asked for
+     (1 worker x prefetch_factor 2). */
+  CHECK(s.memory_budget > 0 && s.batch_bytes > 0 && s.batch_bytes <= s.memory_budget);
+  CHECK(s.in_flight_cap == 2 && s.in_flight_cap_requested == 2);
+  CHECK(s.prefetch_factor == 2 && s.autotune_decisions == 0);
+  /* A budget smaller than one batch fails when the loader is made, naming the option. */
+  stoker_options *tight = t_options(source, NULL, "batch_size", "4", "memory_budget", "100", NULL);
+  stoker_loader *none = (stoker_loader *)&s;
+  CHECK_STATUS(stoker_loader_new(tight, &none), STOKER_ERR_INVALID_ARGUMENT);
+  CHECK(none == NULL);
+  CHECK_ERROR_HAS("memory_budget");
+  CHECK_ERROR_HAS("100 bytes");
+  stoker_options_free(tight);
+  /* A budget of exactly one batch lowers the cap to 1, and says so. */
+  char one_batch[32];
+  snprintf(one_batch, sizeof one_batch, "%llu", (unsigned long long)s.batch_bytes);
+  stoker_loader *lowered =
+      t_loader(source, NULL, "batch_size", "4", "num_workers", "2", "memory_budget", one_batch, NULL);
+  stoker_stats ls;
+  ls.size = sizeof ls;
+  CHECK_STATUS(stoker_loader_stats(lowered, &ls), STOKER_OK);
+  CHECK(ls.in_flight_cap == 1 && ls.in_flight_cap_requested == 4);
+  CHECK(ls.memory_budget == s.batch_bytes);
+  CHECK(stoker_loader_next(lowered, &b) == STOKER_OK);
+  stoker_batch_release(b);
+  stoker_loader_free(lowered);
+
   /* An old caller that knew only size, batches and samples: nothing past them is written. */
   unsigned char raw[sizeof(stoker_stats)];
   memset(raw, 0xAB, sizeof raw);

@@ -275,6 +275,76 @@ typedef struct stoker_stats {
    * Which launcher said so: a `stoker_launcher` value.
    */
   uint64_t launcher;
+  /**
+   * Time spent reading samples from the source, summed over every worker.
+   */
+  uint64_t read_ns;
+  /**
+   * Time spent decoding images, summed over every worker.
+   */
+  uint64_t decode_ns;
+  /**
+   * Time spent in the image transform pipeline, summed over every worker.
+   */
+  uint64_t transform_ns;
+  /**
+   * Time spent copying, padding and laying out fields in batch memory, summed over workers.
+   */
+  uint64_t collate_ns;
+  /**
+   * Host-to-device copies (device=cuda), from queueing to completion, summed over batches.
+   */
+  uint64_t h2d_ns;
+  /**
+   * Worker threads building batches now (1 when the calling thread builds them).
+   */
+  uint64_t num_workers;
+  /**
+   * Per-sample percentiles of each stage (decode and transform: image samples only).
+   */
+  uint64_t read_ns_p50;
+  uint64_t read_ns_p95;
+  uint64_t decode_ns_p50;
+  uint64_t decode_ns_p95;
+  uint64_t transform_ns_p50;
+  uint64_t transform_ns_p95;
+  uint64_t collate_ns_p50;
+  uint64_t collate_ns_p95;
+  /**
+   * Per-batch percentiles of the host-to-device copy.
+   */
+  uint64_t h2d_ns_p50;
+  uint64_t h2d_ns_p95;
+  /**
+   * Time spent building batches, summed over every worker (per worker:
+   * stoker_loader_worker_busy_ns).
+   */
+  uint64_t busy_ns;
+  /**
+   * The memory budget in bytes (option memory_budget, or its default).
+   */
+  uint64_t memory_budget;
+  /**
+   * One batch's memory, page-rounded (ragged fields counted empty).
+   */
+  uint64_t batch_bytes;
+  /**
+   * Batches in flight at most now; lower than in_flight_cap_requested when the memory budget
+   * (or autotune) lowered it.
+   */
+  uint64_t in_flight_cap;
+  /**
+   * max(1, num_workers) x prefetch_factor.
+   */
+  uint64_t in_flight_cap_requested;
+  /**
+   * Batches in flight per worker now (the option, or autotune's choice).
+   */
+  uint64_t prefetch_factor;
+  /**
+   * Changes autotune made to the worker count or the prefetch depth.
+   */
+  uint64_t autotune_decisions;
 } stoker_stats;
 
 /**
@@ -425,6 +495,9 @@ struct stoker_options *stoker_options_new(void);
  * | `resume_state` | a string from `save_state` | none | continue exactly where a saved job stopped, at any world size; an error names what differs if the source, sampler, batch_size, drop_last or transform changed |
  * | `pad` | a finite number | none | pad ragged fields to the batch's longest, with a `<name>_lengths` field |
  * | `max_image_pixels` | integer ≥ 1 | 89478485 | larger images are bad samples (decompression bombs), refused before allocating |
+ * | `memory_budget` | bytes (`8GiB`, `500MB`) or `N%` of physical memory | 50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE` | bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`) |
+ * | `autotune` | bool | false | live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace |
+ * | `trace` | a file path | none | write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped |
  * <!-- options:end -->
  */
 enum stoker_status stoker_options_set(struct stoker_options *o,
@@ -537,6 +610,17 @@ enum stoker_status stoker_loader_set_epoch(struct stoker_loader *l, uint64_t epo
  * `sizeof(stoker_stats)`; only the fields that fit in `size` bytes are written.
  */
 enum stoker_status stoker_loader_stats(const struct stoker_loader *l, struct stoker_stats *out);
+
+/**
+ * Time each worker spent building batches, in nanoseconds, by worker number (in the order workers
+ * were started; a worker autotune stopped keeps its entry). Writes the first `min(len, count)`
+ * values to `out` (which may be NULL when `len` is 0) and sets `*count` to the number of
+ * workers. Safe to call from any thread.
+ */
+enum stoker_status stoker_loader_worker_busy_ns(const struct stoker_loader *l,
+                                                uint64_t *out,
+                                                size_t len,
+                                                size_t *count);
 
 /**
  * Writes the loader's position as a NUL-terminated string for the `resume_state` option and sets

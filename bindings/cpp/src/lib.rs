@@ -60,6 +60,34 @@ mod ffi {
         local_world_size: u64,
         /// `stoker_launcher` value.
         launcher: u64,
+        /// Stage totals over every worker, per-sample (per-batch for h2d) percentiles.
+        read_ns: u64,
+        decode_ns: u64,
+        transform_ns: u64,
+        collate_ns: u64,
+        h2d_ns: u64,
+        num_workers: u64,
+        read_ns_p50: u64,
+        read_ns_p95: u64,
+        decode_ns_p50: u64,
+        decode_ns_p95: u64,
+        transform_ns_p50: u64,
+        transform_ns_p95: u64,
+        collate_ns_p50: u64,
+        collate_ns_p95: u64,
+        h2d_ns_p50: u64,
+        h2d_ns_p95: u64,
+        busy_ns: u64,
+        /// The memory budget, one batch's bytes, the in-flight cap in use and the one asked for.
+        memory_budget: u64,
+        batch_bytes: u64,
+        in_flight_cap: u64,
+        in_flight_cap_requested: u64,
+        /// Batches in flight per worker now, and the changes autotune made.
+        prefetch_factor: u64,
+        autotune_decisions: u64,
+        /// Busy time of each worker, by worker number.
+        worker_busy_ns: Vec<u64>,
     }
 
     extern "Rust" {
@@ -339,6 +367,30 @@ impl StatsReader {
             local_rank: s.local_rank,
             local_world_size: s.local_world_size,
             launcher: s.launcher,
+            read_ns: s.read_ns,
+            decode_ns: s.decode_ns,
+            transform_ns: s.transform_ns,
+            collate_ns: s.collate_ns,
+            h2d_ns: s.h2d_ns,
+            num_workers: s.num_workers,
+            read_ns_p50: s.read_ns_p50,
+            read_ns_p95: s.read_ns_p95,
+            decode_ns_p50: s.decode_ns_p50,
+            decode_ns_p95: s.decode_ns_p95,
+            transform_ns_p50: s.transform_ns_p50,
+            transform_ns_p95: s.transform_ns_p95,
+            collate_ns_p50: s.collate_ns_p50,
+            collate_ns_p95: s.collate_ns_p95,
+            h2d_ns_p50: s.h2d_ns_p50,
+            h2d_ns_p95: s.h2d_ns_p95,
+            busy_ns: s.busy_ns,
+            memory_budget: s.memory_budget,
+            batch_bytes: s.batch_bytes,
+            in_flight_cap: s.in_flight_cap,
+            in_flight_cap_requested: s.in_flight_cap_requested,
+            prefetch_factor: s.prefetch_factor,
+            autotune_decisions: s.autotune_decisions,
+            worker_busy_ns: s.worker_busy_ns,
         }
     }
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -417,6 +418,61 @@ TEST_F(LoaderTest, StatsCountWhatWasDelivered) {
   EXPECT_LE(s.readiness, 1.0);
   EXPECT_GE(s.worker_busy, 0.0);
   EXPECT_LE(s.worker_busy, 1.0);
+  // Where the time went: npy rows are read and collated, never decoded or transformed.
+  EXPECT_GT(s.read_ns, 0u);
+  EXPECT_GT(s.collate_ns, 0u);
+  EXPECT_EQ(s.decode_ns + s.transform_ns + s.h2d_ns, 0u);
+  EXPECT_LE(s.read_ns + s.collate_ns, s.busy_ns);
+  EXPECT_LE(s.read_ns_p50, s.read_ns_p95);
+  EXPECT_GT(s.read_ns_p50, 0u);
+  EXPECT_EQ(s.worker_busy_ns.size(), static_cast<size_t>(s.num_workers));
+  uint64_t per_worker = 0;
+  for (uint64_t ns : s.worker_busy_ns) per_worker += ns;
+  EXPECT_EQ(per_worker, s.busy_ns);
+  // The default memory budget fits these batches: the cap is 2 workers x prefetch_factor 2.
+  EXPECT_GT(s.batch_bytes, 0u);
+  EXPECT_LE(s.batch_bytes, s.memory_budget);
+  EXPECT_EQ(s.in_flight_cap, 4u);
+  EXPECT_EQ(s.in_flight_cap_requested, 4u);
+}
+
+TEST_F(LoaderTest, MemoryBudgetLowersTheCapOrRefusesABatchThatCannotFit) {
+  const uint64_t one_batch = stoker::Loader(options(8)).stats().batch_bytes;
+  try {
+    stoker::Loader loader(options(8).memory_budget(std::to_string(one_batch - 1)));
+    FAIL() << "no exception";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("memory_budget"), std::string::npos) << e.what();
+  }
+  stoker::Loader loader(options(8).memory_budget(std::to_string(2 * one_batch)));
+  const stoker::Stats s = loader.stats();
+  EXPECT_EQ(s.in_flight_cap, 2u);
+  EXPECT_EQ(s.in_flight_cap_requested, 4u);
+  std::size_t batches = 0;
+  for (auto& batch : loader.epoch()) {
+    (void)batch;
+    ++batches;
+  }
+  EXPECT_EQ(batches, 7u);
+}
+
+TEST_F(LoaderTest, AutotuneAndTraceAreOptions) {
+  const std::string path = ::testing::TempDir() + "stoker-cpp-trace.json";
+  {
+    stoker::Loader loader(options(8).autotune(true).trace(path));
+    const stoker::Stats s = loader.stats();
+    EXPECT_EQ(s.prefetch_factor, 2u);
+    EXPECT_EQ(s.autotune_decisions, 0u);
+    for (auto& batch : loader.epoch()) (void)batch;
+  }  // dropping the loader writes the trace
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  ASSERT_NE(f, nullptr);
+  char head[32] = {0};
+  EXPECT_GT(std::fread(head, 1, sizeof head - 1, f), 0u);
+  std::fclose(f);
+  EXPECT_NE(std::string(head).find("displayTimeUnit"), std::string::npos) << head;
+  std::remove(path.c_str());
 }
 
 TEST_F(LoaderTest, StatsReadFromAnotherThreadWhileTraining) {

@@ -1,6 +1,7 @@
 """state_dict / load_state_dict resume exactly; stats report what happened."""
 
 import numpy as np
+import pytest
 
 import stoker
 
@@ -53,3 +54,42 @@ def test_stats_after_one_epoch(make_loader, npy_data):
     assert stats.elapsed_ns > 0
     assert stats.wait_ns_p50 <= stats.wait_ns_p95 <= stats.wait_ns_max <= stats.wait_ns_total
     assert 0.0 <= stats.readiness <= 1.0 and 0.0 <= stats.worker_busy <= 1.0
+    # Where the time went: an npy source is read and collated, never decoded or transformed.
+    assert stats.num_workers == 2 and len(stats.worker_busy_ns) == 2
+    assert stats.read_ns > 0 and stats.collate_ns > 0
+    assert stats.decode_ns == stats.transform_ns == stats.h2d_ns == 0
+    assert stats.read_ns + stats.collate_ns <= stats.busy_ns
+    assert sum(stats.worker_busy_ns) <= stats.busy_ns
+    assert 0 < stats.read_ns_p50 <= stats.read_ns_p95
+
+
+def test_memory_budget_lowers_the_in_flight_cap_or_refuses_a_batch_that_cannot_fit(make_loader):
+    loader = make_loader(num_workers=2, prefetch_factor=4)
+    stats = loader.stats()
+    assert stats.in_flight_cap == stats.in_flight_cap_requested == 8
+    assert 0 < stats.batch_bytes <= stats.memory_budget
+    one_batch = stats.batch_bytes
+
+    with pytest.raises(stoker.InvalidArgumentError, match="memory_budget") as err:
+        make_loader(memory_budget=one_batch - 1)
+    assert f"{one_batch - 1} bytes" in str(err.value)
+
+    lowered = make_loader(num_workers=2, prefetch_factor=4, memory_budget=2 * one_batch)
+    stats = lowered.stats()
+    assert (stats.in_flight_cap, stats.in_flight_cap_requested) == (2, 8)
+    assert stats.memory_budget == 2 * one_batch
+    assert sum(len(b["label"]) for b in lowered) == 103
+
+
+def test_autotune_and_trace(make_loader, tmp_path):
+    import json
+
+    path = tmp_path / "trace.json"
+    loader = make_loader(autotune=True, trace=path)
+    stats = loader.stats()
+    assert stats.num_workers == 1 and stats.prefetch_factor == 2 and stats.autotune_decisions == 0
+    assert sum(len(b["label"]) for b in loader) == 103
+    loader.close()
+    events = json.loads(path.read_text())["traceEvents"]
+    assert any(e["name"] == "batch" and e["ph"] == "X" for e in events)
+    assert any(e["name"] == "wait" for e in events)

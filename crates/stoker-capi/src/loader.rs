@@ -145,6 +145,29 @@ pub extern "C" fn stoker_loader_stats(
             local_rank: s.local_rank,
             local_world_size: s.local_world_size,
             launcher: s.launcher,
+            read_ns: s.read_ns,
+            decode_ns: s.decode_ns,
+            transform_ns: s.transform_ns,
+            collate_ns: s.collate_ns,
+            h2d_ns: s.h2d_ns,
+            num_workers: s.num_workers,
+            read_ns_p50: s.read_ns_p50,
+            read_ns_p95: s.read_ns_p95,
+            decode_ns_p50: s.decode_ns_p50,
+            decode_ns_p95: s.decode_ns_p95,
+            transform_ns_p50: s.transform_ns_p50,
+            transform_ns_p95: s.transform_ns_p95,
+            collate_ns_p50: s.collate_ns_p50,
+            collate_ns_p95: s.collate_ns_p95,
+            h2d_ns_p50: s.h2d_ns_p50,
+            h2d_ns_p95: s.h2d_ns_p95,
+            busy_ns: s.busy_ns,
+            memory_budget: s.memory_budget,
+            batch_bytes: s.batch_bytes,
+            in_flight_cap: s.in_flight_cap,
+            in_flight_cap_requested: s.in_flight_cap_requested,
+            prefetch_factor: s.prefetch_factor,
+            autotune_decisions: s.autotune_decisions,
         };
         // Every field is 8 bytes, so the fields that fit end at `size` rounded down to 8.
         let fit = (size.min(std::mem::size_of::<stoker_stats>() as u64) as usize) & !7;
@@ -157,6 +180,39 @@ pub extern "C" fn stoker_loader_stats(
                 out.cast::<u8>().add(start),
                 fit - start,
             );
+        }
+        stoker_status::STOKER_OK
+    })
+}
+
+/// Time each worker spent building batches, in nanoseconds, by worker number (in the order workers
+/// were started; a worker autotune stopped keeps its entry). Writes the first `min(len, count)`
+/// values to `out` (which may be NULL when `len` is 0) and sets `*count` to the number of
+/// workers. Safe to call from any thread.
+#[no_mangle]
+pub extern "C" fn stoker_loader_worker_busy_ns(
+    l: *const stoker_loader,
+    out: *mut u64,
+    len: usize,
+    count: *mut usize,
+) -> stoker_status {
+    ffi_boundary!(stoker_loader_worker_busy_ns => {
+        non_null!(count);
+        let l = try_ref!(l);
+        if out.is_null() && len != 0 {
+            return invalid_argument(
+                FFI_FN,
+                format_args!("argument `out` is NULL but `len` is {len}"),
+            );
+        }
+        let busy = l.stats.snapshot().worker_busy_ns;
+        // SAFETY: `count` is non-NULL (checked above) and writable by the C contract.
+        unsafe { count.write(busy.len()) };
+        let n = busy.len().min(len);
+        if n > 0 {
+            // SAFETY: `out` is non-NULL (n > 0 implies len > 0, checked above) and writable for
+            // `len >= n` values by the C contract; `busy` is ours and cannot overlap it.
+            unsafe { std::ptr::copy_nonoverlapping(busy.as_ptr(), out, n) };
         }
         stoker_status::STOKER_OK
     })

@@ -191,6 +191,46 @@ pub struct stoker_stats {
     pub local_world_size: u64,
     /// Which launcher said so: a `stoker_launcher` value.
     pub launcher: u64,
+    /// Time spent reading samples from the source, summed over every worker.
+    pub read_ns: u64,
+    /// Time spent decoding images, summed over every worker.
+    pub decode_ns: u64,
+    /// Time spent in the image transform pipeline, summed over every worker.
+    pub transform_ns: u64,
+    /// Time spent copying, padding and laying out fields in batch memory, summed over workers.
+    pub collate_ns: u64,
+    /// Host-to-device copies (device=cuda), from queueing to completion, summed over batches.
+    pub h2d_ns: u64,
+    /// Worker threads building batches now (1 when the calling thread builds them).
+    pub num_workers: u64,
+    /// Per-sample percentiles of each stage (decode and transform: image samples only).
+    pub read_ns_p50: u64,
+    pub read_ns_p95: u64,
+    pub decode_ns_p50: u64,
+    pub decode_ns_p95: u64,
+    pub transform_ns_p50: u64,
+    pub transform_ns_p95: u64,
+    pub collate_ns_p50: u64,
+    pub collate_ns_p95: u64,
+    /// Per-batch percentiles of the host-to-device copy.
+    pub h2d_ns_p50: u64,
+    pub h2d_ns_p95: u64,
+    /// Time spent building batches, summed over every worker (per worker:
+    /// stoker_loader_worker_busy_ns).
+    pub busy_ns: u64,
+    /// The memory budget in bytes (option memory_budget, or its default).
+    pub memory_budget: u64,
+    /// One batch's memory, page-rounded (ragged fields counted empty).
+    pub batch_bytes: u64,
+    /// Batches in flight at most now; lower than in_flight_cap_requested when the memory budget
+    /// (or autotune) lowered it.
+    pub in_flight_cap: u64,
+    /// max(1, num_workers) x prefetch_factor.
+    pub in_flight_cap_requested: u64,
+    /// Batches in flight per worker now (the option, or autotune's choice).
+    pub prefetch_factor: u64,
+    /// Changes autotune made to the worker count or the prefetch depth.
+    pub autotune_decisions: u64,
 }
 
 /// This process's place in a distributed job, as `stoker_options_launch` resolves it.

@@ -31,6 +31,9 @@ pub(crate) enum Command {
     /// Benchmarks that measure stoker beside the machine's limit in the same run.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Where the time goes: each stage measured alone and the whole pipeline, the bottleneck
+    /// named, and the settings that fix it with the predicted throughput.
+    Doctor(crate::doctor::DoctorArgs),
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,8 +1,9 @@
-//! The `stoker` command: a demo of the loader and side-by-side benchmarks.
+//! The `stoker` command: a demo of the loader, side-by-side benchmarks, and `doctor`.
 
 mod args;
 mod bench;
 mod demo;
+mod doctor;
 mod photos;
 mod report;
 
@@ -19,6 +20,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Bench(BenchCommand::Npy(args)) => bench::npy(args),
         Command::Bench(BenchCommand::Images(args)) => bench::images(args),
+        Command::Doctor(args) => doctor::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -50,6 +50,9 @@ struct ArenaInner {
     registrar: Option<Arc<dyn SlabRegistrar>>,
     /// Most free slabs kept for reuse; more are unmapped when released.
     max_free: usize,
+    /// Most bytes mapped while keeping a released slab idle (`memory_budget`); above it a
+    /// released slab is unmapped.
+    budget: AtomicU64,
     free: Mutex<Vec<Slab>>,
     slabs_mapped: AtomicU64,
     slabs_unmapped: AtomicU64,
@@ -102,6 +105,7 @@ impl Arena {
                 pin,
                 registrar,
                 max_free: max_free.max(1),
+                budget: AtomicU64::new(u64::MAX),
                 free: Mutex::new(Vec::new()),
                 slabs_mapped: AtomicU64::new(0),
                 slabs_unmapped: AtomicU64::new(0),
@@ -111,6 +115,11 @@ impl Arena {
                 slabs_leased: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Keeps idle slabs only while the memory mapped is at most `bytes`.
+    pub fn set_budget(&self, bytes: u64) {
+        self.inner.budget.store(bytes, Ordering::Relaxed);
     }
 
     pub fn pins(&self) -> bool {
@@ -237,7 +246,9 @@ impl ArenaInner {
 
     fn release(&self, slab: Slab) {
         let mut free = self.lock_free();
-        if free.len() < self.max_free {
+        let within_budget =
+            self.bytes_mapped.load(Ordering::Relaxed) <= self.budget.load(Ordering::Relaxed);
+        if free.len() < self.max_free && within_budget {
             free.push(slab);
         } else {
             drop(free);
@@ -340,6 +351,18 @@ mod tests {
         assert_eq!(c.slabs_mapped, 5);
         assert_eq!(c.slabs_unmapped, 3);
         assert_eq!(c.bytes_mapped, 2 * 4096);
+    }
+
+    #[test]
+    fn idle_slabs_are_kept_only_within_the_budget() {
+        let page = page_size();
+        let arena = Arena::new(false, 8, None);
+        arena.set_budget(3 * page as u64);
+        let leases: Vec<_> = (0..5).map(|_| arena.acquire(page).unwrap()).collect();
+        drop(leases);
+        let c = arena.counters();
+        assert_eq!(c.slabs_unmapped, 2, "{c:?}");
+        assert_eq!(c.bytes_mapped, 3 * page as u64);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! padded shapes; then one slab is taken from the arena and every slot is written.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::arena::Arena;
 use crate::batch::{Batch, FieldMeta};
@@ -21,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::sampler::Draws;
 use crate::source::{FieldKind, Sample, Source};
+use crate::stats::{SpanKind, Spans, Stage};
 use crate::transform::{Pipeline, Scratch as TransformScratch};
 
 /// Alignment of every field inside a slab (DLPack recommends 256 bytes for device copies).
@@ -62,6 +64,8 @@ pub struct Scratch {
     spare: Vec<u8>,
     /// The decoded image and the transform's buffers.
     pixels: Pixels,
+    /// The time of each stage of each sample of the batch being built (for stats and trace).
+    pub(crate) spans: Spans,
 }
 
 /// A worker's image buffers: the decoder's output and the transform's scratch.
@@ -143,6 +147,12 @@ impl Collator {
         &self.source
     }
 
+    /// Bytes of the slab a batch of `n` samples needs (ragged fields counted empty: a lower
+    /// bound for them).
+    pub fn batch_bytes(&self, n: usize) -> usize {
+        self.layout(n, &vec![0; self.outputs.len()]).1
+    }
+
     /// Builds the batch of `indices` in a slab from `arena`; `draws` keys each slot's
     /// augmentation (see [`crate::sampler::BatchPlan`]).
     pub fn build(
@@ -158,7 +168,9 @@ impl Collator {
             reads,
             spare,
             pixels,
+            spans,
         } = scratch;
+        spans.clear();
         if reads.len() < n {
             reads.resize_with(n, Vec::new);
         }
@@ -166,8 +178,10 @@ impl Collator {
         // Phase 1: read and validate every sample, replacing bad ones under on_error=skip.
         let mut samples: Vec<(usize, Sample<'_>)> = Vec::with_capacity(n);
         let mut skipped = 0;
-        for (&index, buf) in indices.iter().zip(reads.iter_mut()) {
-            let (used, sample, replaced) = self.read_valid(key, index, buf)?;
+        for (slot, (&index, buf)) in indices.iter().zip(reads.iter_mut()).enumerate() {
+            let start = Instant::now();
+            let (used, sample, replaced) = self.read_valid(key, slot, index, buf, spans)?;
+            spans.push(SpanKind::SampleRead, slot, used, start);
             skipped += usize::from(replaced);
             samples.push((used, sample));
         }
@@ -181,15 +195,21 @@ impl Collator {
                 }
             }
         }
+        let start = Instant::now();
         let (metas, total) = self.layout(n, &max_len);
         let mut lease = arena.acquire(total)?;
         let slab = lease.as_mut_slice();
+        spans.push(SpanKind::Stage(Stage::Collate), usize::MAX, 0, start);
 
         // Phase 2: write every slot.
         for (slot, (index, sample)) in samples.iter().enumerate() {
             // The slot's draw: a replacement keeps the draw of the sample it replaces.
             let draw = draws.at(slot, indices[slot]);
-            if let Err(err) = self.write(key, slot, *index, draw, sample, &metas, slab, pixels) {
+            let start = Instant::now();
+            let mut used = *index;
+            if let Err(err) =
+                self.write(key, slot, *index, draw, sample, &metas, slab, pixels, spans)
+            {
                 if !(self.skip_bad && err.is_sample_error()) {
                     return Err(err);
                 }
@@ -198,9 +218,12 @@ impl Collator {
                     max_len: &max_len,
                     slab,
                 };
-                self.write_replacement(key, slot, *index, draw, target, spare, pixels, err)?;
+                used = self.write_replacement(
+                    key, slot, *index, draw, target, spare, pixels, spans, err,
+                )?;
                 skipped += 1;
             }
+            spans.push(SpanKind::SampleWrite, slot, used, start);
         }
         Ok(Batch::host(
             metas,
@@ -217,8 +240,10 @@ impl Collator {
     fn read_valid<'a>(
         &'a self,
         key: BatchKey,
+        slot: usize,
         index: usize,
         buf: &'a mut Vec<u8>,
+        spans: &mut Spans,
     ) -> Result<(usize, Sample<'a>, bool)> {
         let buf: *mut Vec<u8> = buf;
         let mut candidate = index;
@@ -230,10 +255,10 @@ impl Collator {
             // the raw pointer only works around the borrow checker's rejection of a conditional
             // return of a borrow from inside a loop (NLL problem case #3).
             let attempt_buf = unsafe { &mut *buf };
-            let result = self
-                .source
-                .read(candidate, attempt_buf)
-                .and_then(|s| self.validate(candidate, &s).map(|()| s));
+            let start = Instant::now();
+            let read = self.source.read(candidate, attempt_buf);
+            spans.push(SpanKind::Stage(Stage::Read), slot, candidate, start);
+            let result = read.and_then(|s| self.validate(candidate, &s).map(|()| s));
             match result {
                 Ok(sample) => return Ok((candidate, sample, attempt > 0)),
                 Err(err) if self.skip_bad && err.is_sample_error() => {
@@ -249,7 +274,8 @@ impl Collator {
     }
 
     /// Writes a replacement for the sample in `slot` whose write failed with `err`. The
-    /// replacement's ragged fields must fit the lengths the batch was laid out with.
+    /// replacement's ragged fields must fit the lengths the batch was laid out with. Returns the
+    /// replacement's index.
     #[allow(clippy::too_many_arguments)]
     fn write_replacement(
         &self,
@@ -260,8 +286,9 @@ impl Collator {
         target: Target<'_>,
         spare: &mut Vec<u8>,
         pixels: &mut Pixels,
+        spans: &mut Spans,
         err: Error,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let Target {
             metas,
             max_len,
@@ -270,7 +297,10 @@ impl Collator {
         let mut rng = replacement_rng(key, index);
         for _ in 0..MAX_REPLACEMENTS {
             let candidate = rng.below(self.source.len() as u64) as usize;
-            let Ok(sample) = self.source.read(candidate, spare) else {
+            let start = Instant::now();
+            let read = self.source.read(candidate, spare);
+            spans.push(SpanKind::Stage(Stage::Read), slot, candidate, start);
+            let Ok(sample) = read else {
                 continue;
             };
             let fits = self.validate(candidate, &sample).is_ok()
@@ -279,10 +309,12 @@ impl Collator {
                 });
             if fits
                 && self
-                    .write(key, slot, candidate, draw, &sample, metas, slab, pixels)
+                    .write(
+                        key, slot, candidate, draw, &sample, metas, slab, pixels, spans,
+                    )
                     .is_ok()
             {
-                return Ok(());
+                return Ok(candidate);
             }
         }
         Err(gave_up(err))
@@ -382,9 +414,11 @@ impl Collator {
         metas: &[FieldMeta],
         slab: &mut [u8],
         pixels: &mut Pixels,
+        spans: &mut Spans,
     ) -> Result<()> {
         let mut ragged_seen = 0;
         for (f, out) in self.outputs.iter().enumerate() {
+            let start = Instant::now();
             let meta = &metas[f];
             let slot_bytes = meta.num_bytes() / meta.shape[0].max(1);
             let dst = &mut slab[meta.offset + slot * slot_bytes..][..slot_bytes];
@@ -403,10 +437,13 @@ impl Collator {
                 }
                 Output::Image(stages) => {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-                    write_image(stages, src, &mut rng, dst, pixels)
+                    let at = (slot, index);
+                    write_image(stages, src, &mut rng, dst, pixels, spans, at)
                         .map_err(|reason| self.sample_error(index, reason))?;
+                    continue; // decode and transform recorded their own spans
                 }
             }
+            spans.push(SpanKind::Stage(Stage::Collate), slot, index, start);
         }
         Ok(())
     }
@@ -428,19 +465,27 @@ struct Target<'a> {
     slab: &'a mut [u8],
 }
 
-/// Decodes one encoded image into the worker's buffer, then transforms it into `out`.
+/// Decodes one encoded image into the worker's buffer, then transforms it into `out`; records
+/// both stages for the sample at `(slot, index)`.
 fn write_image(
     stages: &ImageStages,
     encoded: &[u8],
     rng: &mut Rng,
     out: &mut [u8],
     pixels: &mut Pixels,
+    spans: &mut Spans,
+    (slot, index): (usize, usize),
 ) -> std::result::Result<(), String> {
     let Pixels { decode, transform } = pixels;
-    let dims = decode_rgb(encoded, stages.max_pixels, decode)?;
+    let start = Instant::now();
+    let decoded = decode_rgb(encoded, stages.max_pixels, decode);
+    let mid = Instant::now();
+    spans.push_ended(SpanKind::Stage(Stage::Decode), slot, index, start, mid);
+    let dims = decoded?;
     let result = stages
         .pipeline
         .apply(&decode.rgb, dims.width, dims.height, rng, out, transform);
+    spans.push(SpanKind::Stage(Stage::Transform), slot, index, mid);
     // Do not keep a rare huge image's buffers for the worker's lifetime.
     if decode.rgb.capacity() > KEEP_DECODE_BYTES {
         *decode = DecodeBuffers::default();

@@ -12,6 +12,7 @@
 //! Everything a user can cause returns an [`Error`] that names the key, file or index involved.
 
 pub mod arena;
+pub mod autotune;
 pub mod batch;
 pub mod collate;
 pub mod cuda;
@@ -20,6 +21,7 @@ pub mod dtype;
 pub mod error;
 pub mod launch;
 pub mod loader;
+pub mod memory;
 pub mod options;
 pub mod pool;
 pub mod resume;
@@ -29,6 +31,7 @@ pub mod source;
 pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod trace;
 pub mod transform;
 
 pub use arena::{Arena, SlabRegistrar};
@@ -44,5 +47,5 @@ pub use sampler::{BatchPlan, Deal, Sampler, SamplerKind};
 pub use source::{
     FieldKind, FieldSpec, ImageFolderSource, MemorySource, NpySource, Sample, Source, SourceSpec,
 };
-pub use stats::{Stats, StatsHandle};
+pub use stats::{Stage, Stats, StatsHandle};
 pub use transform::Pipeline;

@@ -10,6 +10,7 @@ use crate::collate::ImageStages;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::launch::{usable_cores, Launch};
+use crate::memory::MemoryBudget;
 use crate::sampler::{Deal, SamplerKind};
 pub use crate::source::SourceSpec;
 use crate::source::{FieldKind, Source};
@@ -99,6 +100,12 @@ pub struct LoaderOptions {
     pub(crate) pad: Option<f64>,
     /// Largest image (width × height) a decoder will allocate for; larger ones are bad samples.
     pub(crate) max_image_pixels: u64,
+    /// Where to write the Chrome trace-event timeline (see [`crate::trace`]).
+    pub(crate) trace: Option<PathBuf>,
+    /// Bound on the batch memory the loader keeps; `None` is the default (see [`crate::memory`]).
+    pub(crate) memory_budget: Option<MemoryBudget>,
+    /// Live control of the worker count and prefetch depth (see [`crate::autotune`]).
+    pub(crate) autotune: bool,
 }
 
 impl Default for LoaderOptions {
@@ -135,6 +142,9 @@ impl Default for LoaderOptions {
             pad: None,
             // Pillow's MAX_IMAGE_PIXELS: larger images are decompression bombs until proven otherwise.
             max_image_pixels: 89_478_485,
+            trace: None,
+            memory_budget: None,
+            autotune: false,
         }
     }
 }
@@ -181,6 +191,9 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "resume_state", values: "a string from `save_state`", default: "none", meaning: "continue exactly where a saved job stopped, at any world size; an error names what differs if the source, sampler, batch_size, drop_last or transform changed" },
     OptionDoc { key: "pad", values: "a finite number", default: "none", meaning: "pad ragged fields to the batch's longest, with a `<name>_lengths` field" },
     OptionDoc { key: "max_image_pixels", values: "integer ≥ 1", default: "89478485", meaning: "larger images are bad samples (decompression bombs), refused before allocating" },
+    OptionDoc { key: "memory_budget", values: "bytes (`8GiB`, `500MB`) or `N%` of physical memory", default: "50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE`", meaning: "bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`)" },
+    OptionDoc { key: "autotune", values: "bool", default: "false", meaning: "live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace" },
+    OptionDoc { key: "trace", values: "a file path", default: "none", meaning: "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped" },
 ];
 
 /// Every key [`LoaderOptions::set`] accepts, in [`OPTIONS`] order.
@@ -389,6 +402,15 @@ impl LoaderOptions {
                     })?);
             }
             "max_image_pixels" => self.max_image_pixels = parse_int(key, v, 1, u64::MAX)?,
+            "memory_budget" => self.memory_budget = Some(MemoryBudget::parse(key, v)?),
+            "autotune" => self.autotune = parse_bool(key, v)?,
+            "trace" => {
+                self.trace = if v.is_empty() {
+                    None
+                } else {
+                    Some(PathBuf::from(v))
+                }
+            }
             _ => {
                 return Err(Error::InvalidOption {
                     key: key.to_owned(),
@@ -419,6 +441,12 @@ impl LoaderOptions {
     pub fn workers_for(&self, launch: &Launch) -> usize {
         self.num_workers
             .unwrap_or_else(|| (usable_cores() / launch.local_world_size.max(1)).max(1))
+    }
+
+    /// The memory budget in bytes: `memory_budget`, or the default (see [`crate::memory`]).
+    pub fn resolved_memory_budget(&self) -> u64 {
+        self.memory_budget
+            .map_or_else(crate::memory::default_budget, MemoryBudget::bytes)
     }
 
     /// Batches in flight at most: `max(1, num_workers) × prefetch_factor`.

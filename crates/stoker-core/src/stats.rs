@@ -1,19 +1,56 @@
-//! Starvation metrics: how long the consumer waited for each batch, and how busy the workers were.
+//! Where the time goes: the consumer's waits, each stage of each sample, the workers' busy time.
 //!
-//! Per-batch waits go into a log-linear histogram (1/16-octave buckets, ≤ 6% relative error) so
-//! that percentiles cost fixed memory however long training runs.
+//! Per-batch waits and per-sample stage times go into log-linear histograms (1/16-octave
+//! buckets, ≤ 6% relative error) so that percentiles cost fixed memory however long training
+//! runs.
+//!
+//! Recording is cheap and lock-free per sample: a worker notes one `Instant` pair per stage of
+//! each sample in its own [`Spans`] buffer while it builds a batch, then adds the whole batch to
+//! its own slot of counters ([`WorkerSlot`]) under that slot's lock — one uncontended lock per
+//! batch, shared only with readers taking a snapshot. The same spans feed the trace
+//! ([`crate::trace`]) when `trace=PATH` is set.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::arena::Arena;
 use crate::launch::Launch;
 #[cfg(doc)]
 use crate::launch::Launcher;
+use crate::trace::{Trace, TraceEvent, Track};
+
+/// A stage of building one sample, in the order a sample goes through them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Reading the sample's bytes from its source (a file read, a view into a memory map, the
+    /// user's callback).
+    Read = 0,
+    /// Decoding an encoded image to pixels.
+    Decode = 1,
+    /// The image transform pipeline, written into the batch slot.
+    Transform = 2,
+    /// Copying, padding and laying out tensor fields in the batch slab (and taking the slab).
+    Collate = 3,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 4] = [Stage::Read, Stage::Decode, Stage::Transform, Stage::Collate];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Read => "read",
+            Stage::Decode => "decode",
+            Stage::Transform => "transform",
+            Stage::Collate => "collate",
+        }
+    }
+}
+
+const STAGES: usize = Stage::ALL.len();
 
 /// A snapshot of a loader's counters, as `stoker_stats` in the C ABI.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
     /// Batches delivered to the consumer.
     pub batches: u64,
@@ -43,6 +80,58 @@ pub struct Stats {
     /// Which launcher said so: [`Launcher::code`] (0 none, 1 explicit, 2 torchrun, 3 Slurm,
     /// 4 Open MPI, 5 PMI).
     pub launcher: u64,
+    /// Time spent in each stage, summed over every worker (and over every sample built, whether
+    /// or not it was delivered yet). A sample read again under `on_error=skip` counts each read.
+    pub read_ns: u64,
+    pub decode_ns: u64,
+    pub transform_ns: u64,
+    pub collate_ns: u64,
+    /// Host-to-device copies (`device=cuda`): from queueing a batch's copies to their completion,
+    /// summed over batches.
+    pub h2d_ns: u64,
+    /// Worker threads building batches now (1 when batches are built in the calling thread).
+    pub num_workers: u64,
+    /// Per-sample percentiles of each stage, over the samples that went through it (decode and
+    /// transform: image samples only).
+    pub read_ns_p50: u64,
+    pub read_ns_p95: u64,
+    pub decode_ns_p50: u64,
+    pub decode_ns_p95: u64,
+    pub transform_ns_p50: u64,
+    pub transform_ns_p95: u64,
+    pub collate_ns_p50: u64,
+    pub collate_ns_p95: u64,
+    /// Per-batch percentiles of the host-to-device copy.
+    pub h2d_ns_p50: u64,
+    pub h2d_ns_p95: u64,
+    /// Time spent building batches, summed over every worker; `worker_busy_ns` splits it by
+    /// worker (index = worker number, in the order workers were started).
+    pub busy_ns: u64,
+    pub worker_busy_ns: Vec<u64>,
+    /// The memory budget in bytes (`memory_budget`) and one batch's slab (page-rounded; ragged
+    /// fields counted empty).
+    pub memory_budget: u64,
+    pub batch_bytes: u64,
+    /// Batches in flight at most, and what `num_workers × prefetch_factor` asked for: lower when
+    /// the memory budget (or autotune) lowered it.
+    pub in_flight_cap: u64,
+    pub in_flight_cap_requested: u64,
+    /// Batches in flight per worker now (`prefetch_factor`, or autotune's choice).
+    pub prefetch_factor: u64,
+    /// Changes autotune made to the worker count or the prefetch depth.
+    pub autotune_decisions: u64,
+}
+
+impl Stats {
+    /// The total of `stage`.
+    pub fn stage_ns(&self, stage: Stage) -> u64 {
+        match stage {
+            Stage::Read => self.read_ns,
+            Stage::Decode => self.decode_ns,
+            Stage::Transform => self.transform_ns,
+            Stage::Collate => self.collate_ns,
+        }
+    }
 }
 
 /// A shareable view of a loader's counters, readable from any thread while another drives it.
@@ -76,87 +165,411 @@ impl StatsHandle {
 
 const SUB_BUCKETS: usize = 16;
 const OCTAVES: usize = 64;
+const BUCKETS: usize = OCTAVES * SUB_BUCKETS;
 
-/// Counters shared by the consumer (which records waits) and any thread reading stats.
+/// A log-linear histogram of nanosecond values.
+#[derive(Clone)]
+struct Histogram {
+    counts: Vec<u64>,
+    n: u64,
+    max: u64,
+}
+
+impl Histogram {
+    fn new() -> Histogram {
+        Histogram {
+            counts: vec![0; BUCKETS],
+            n: 0,
+            max: 0,
+        }
+    }
+
+    fn add(&mut self, ns: u64) {
+        self.counts[bucket(ns)] += 1;
+        self.n += 1;
+        self.max = self.max.max(ns);
+    }
+
+    fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.n += other.n;
+        self.max = self.max.max(other.max);
+    }
+
+    /// The `q` quantile, never above the largest value seen.
+    fn quantile(&self, q: f64) -> u64 {
+        percentile(&self.counts, self.n, q).min(self.max)
+    }
+}
+
+/// One span a worker recorded while building a batch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Span {
+    pub(crate) kind: SpanKind,
+    /// The sample's slot in the batch, or [`NO_SLOT`] for batch-level work.
+    pub(crate) slot: u32,
+    /// The dataset index the span worked on (the replacement's, for a replacement).
+    pub(crate) index: u64,
+    pub(crate) start: Instant,
+    pub(crate) end: Instant,
+}
+
+pub(crate) const NO_SLOT: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SpanKind {
+    Stage(Stage),
+    /// Everything phase 1 did for one slot (its reads, replacements included).
+    SampleRead,
+    /// Everything phase 2 did for one slot (its writes, a replacement included).
+    SampleWrite,
+}
+
+/// A worker's record of the batch it is building; reused from batch to batch.
+#[derive(Default)]
+pub(crate) struct Spans {
+    spans: Vec<Span>,
+    /// Per-slot stage sums (`None`: the sample did not go through that stage), rebuilt for
+    /// each batch.
+    per_slot: Vec<[Option<u64>; STAGES]>,
+}
+
+impl Spans {
+    pub(crate) fn clear(&mut self) {
+        self.spans.clear();
+    }
+
+    pub(crate) fn push(&mut self, kind: SpanKind, slot: usize, index: usize, start: Instant) {
+        self.push_ended(kind, slot, index, start, Instant::now());
+    }
+
+    pub(crate) fn push_ended(
+        &mut self,
+        kind: SpanKind,
+        slot: usize,
+        index: usize,
+        start: Instant,
+        end: Instant,
+    ) {
+        self.spans.push(Span {
+            kind,
+            slot: u32::try_from(slot).unwrap_or(NO_SLOT),
+            index: index as u64,
+            start,
+            end,
+        });
+    }
+
+    pub(crate) fn spans(&self) -> &[Span] {
+        &self.spans
+    }
+}
+
+/// One worker's counters (a worker thread, or the calling thread with `num_workers=0`).
+pub(crate) struct WorkerSlot {
+    pub(crate) id: usize,
+    inner: Mutex<WorkerCounters>,
+}
+
+struct WorkerCounters {
+    busy_ns: u64,
+    stage_ns: [u64; STAGES],
+    /// Per-sample stage times.
+    hist: Vec<Histogram>,
+    started: Instant,
+    /// When the worker stopped (autotune shed it, or the loader shut down); `None` while alive.
+    ended: Option<Instant>,
+}
+
+impl WorkerSlot {
+    fn lock(&self) -> MutexGuard<'_, WorkerCounters> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds one batch, built in `busy`, whose stage spans are in `spans`.
+    pub(crate) fn add_batch(&self, busy: Duration, spans: &mut Spans) {
+        let Spans { spans, per_slot } = spans;
+        let slots = spans
+            .iter()
+            .filter(|s| s.slot != NO_SLOT)
+            .map(|s| s.slot as usize + 1)
+            .max()
+            .unwrap_or(0);
+        per_slot.clear();
+        per_slot.resize(slots, [None; STAGES]);
+        let mut totals = [0u64; STAGES];
+        for s in spans.iter() {
+            if let SpanKind::Stage(stage) = s.kind {
+                let ns = s.end.saturating_duration_since(s.start).as_nanos() as u64;
+                totals[stage as usize] += ns;
+                if s.slot != NO_SLOT {
+                    *per_slot[s.slot as usize][stage as usize].get_or_insert(0) += ns;
+                }
+            }
+        }
+        let mut c = self.lock();
+        c.busy_ns += busy.as_nanos() as u64;
+        for (t, add) in c.stage_ns.iter_mut().zip(totals) {
+            *t += add;
+        }
+        for sums in per_slot.iter() {
+            for (hist, ns) in c.hist.iter_mut().zip(sums) {
+                if let Some(ns) = ns {
+                    hist.add(*ns);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn retire(&self) {
+        self.lock().ended.get_or_insert_with(Instant::now);
+    }
+}
+
+/// Counters shared by the consumer (which records waits), the workers (stage times), the
+/// prefetch thread (copies) and any thread reading stats.
 pub(crate) struct StatsRecorder {
     created: Instant,
     inner: Mutex<Recorded>,
-    /// Nanoseconds the workers (or the calling thread with num_workers=0) spent building.
-    pub(crate) busy_ns: AtomicU64,
-    /// Threads that build batches (1 for num_workers=0).
-    builders: u64,
+    workers: Mutex<Vec<Arc<WorkerSlot>>>,
+    /// Worker threads now building (1 when the calling thread builds).
+    current_workers: AtomicU64,
+    memory_budget: AtomicU64,
+    batch_bytes: AtomicU64,
+    in_flight_cap: AtomicU64,
+    in_flight_cap_requested: AtomicU64,
+    prefetch_factor: AtomicU64,
+    autotune_decisions: AtomicU64,
+    trace: Option<Trace>,
 }
 
 struct Recorded {
     batches: u64,
     samples: u64,
     skipped: u64,
+    wait: Histogram,
     wait_total: u64,
-    wait_max: u64,
-    histogram: Vec<u64>,
+    h2d: Histogram,
+    h2d_total: u64,
 }
 
 impl StatsRecorder {
-    pub(crate) fn new(builders: usize) -> StatsRecorder {
+    pub(crate) fn new(trace: Option<Trace>) -> StatsRecorder {
         StatsRecorder {
             created: Instant::now(),
             inner: Mutex::new(Recorded {
                 batches: 0,
                 samples: 0,
                 skipped: 0,
+                wait: Histogram::new(),
                 wait_total: 0,
-                wait_max: 0,
-                histogram: vec![0; OCTAVES * SUB_BUCKETS],
+                h2d: Histogram::new(),
+                h2d_total: 0,
             }),
-            busy_ns: AtomicU64::new(0),
-            builders: builders.max(1) as u64,
+            workers: Mutex::new(Vec::new()),
+            current_workers: AtomicU64::new(0),
+            memory_budget: AtomicU64::new(0),
+            batch_bytes: AtomicU64::new(0),
+            in_flight_cap: AtomicU64::new(0),
+            in_flight_cap_requested: AtomicU64::new(0),
+            prefetch_factor: AtomicU64::new(0),
+            autotune_decisions: AtomicU64::new(0),
+            trace,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Recorded> {
+    fn lock(&self) -> MutexGuard<'_, Recorded> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn add_busy(&self, d: Duration) {
-        self.busy_ns
-            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    pub(crate) fn trace(&self) -> Option<&Trace> {
+        self.trace.as_ref()
     }
 
-    /// One batch handed to the consumer after it waited `wait`.
-    pub(crate) fn delivered(&self, samples: usize, skipped: usize, wait: Duration) {
-        let ns = wait.as_nanos() as u64;
-        let mut r = self.lock();
-        r.batches += 1;
-        r.samples += samples as u64;
-        r.skipped += skipped as u64;
-        r.wait_total += ns;
-        r.wait_max = r.wait_max.max(ns);
-        r.histogram[bucket(ns)] += 1;
+    /// A new worker's counters; its number is the count of workers started before it.
+    pub(crate) fn register_worker(&self) -> Arc<WorkerSlot> {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = Arc::new(WorkerSlot {
+            id: workers.len(),
+            inner: Mutex::new(WorkerCounters {
+                busy_ns: 0,
+                stage_ns: [0; STAGES],
+                hist: vec![Histogram::new(); STAGES],
+                started: Instant::now(),
+                ended: None,
+            }),
+        });
+        workers.push(Arc::clone(&slot));
+        slot
+    }
+
+    /// The memory budget's numbers.
+    pub(crate) fn set_budget(&self, plan: &crate::memory::BudgetPlan) {
+        self.memory_budget.store(plan.budget, Ordering::Relaxed);
+        self.batch_bytes.store(plan.batch_bytes, Ordering::Relaxed);
+        self.set_cap(plan.cap, plan.requested_cap);
+    }
+
+    /// The in-flight cap in use, and the one asked for.
+    pub(crate) fn set_cap(&self, cap: usize, requested: usize) {
+        self.in_flight_cap.store(cap as u64, Ordering::Relaxed);
+        self.in_flight_cap_requested
+            .store(requested as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_prefetch(&self, prefetch: usize) {
+        self.prefetch_factor
+            .store(prefetch as u64, Ordering::Relaxed);
+    }
+
+    /// An autotune decision, applied at `at`.
+    pub(crate) fn decided(&self, at: Instant, d: &crate::autotune::Decision) {
+        self.autotune_decisions.fetch_add(1, Ordering::Relaxed);
+        self.set_prefetch(d.prefetch);
+        if let Some(trace) = &self.trace {
+            trace.decision(
+                at,
+                crate::trace::Args::Decision {
+                    workers: d.workers as u64,
+                    prefetch_factor: d.prefetch as u64,
+                    readiness: d.readiness,
+                    reason: d.reason,
+                },
+            );
+        }
+    }
+
+    /// Batches delivered, the consumer's total wait and the workers' total busy time: what
+    /// autotune watches, without the percentiles of a full snapshot.
+    pub(crate) fn totals(&self) -> (u64, u64, u64) {
+        let busy = self
+            .workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|w| w.lock().busy_ns)
+            .sum();
+        let r = self.lock();
+        (r.batches, r.wait_total, busy)
+    }
+
+    /// How many threads build batches now.
+    pub(crate) fn set_current_workers(&self, n: usize) {
+        self.current_workers.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// One batch handed to the consumer, which asked for it at `asked`.
+    pub(crate) fn delivered(&self, batch: &crate::batch::Batch, asked: Instant) {
+        let now = Instant::now();
+        let ns = now.saturating_duration_since(asked).as_nanos() as u64;
+        {
+            let mut r = self.lock();
+            r.batches += 1;
+            r.samples += batch.len() as u64;
+            r.skipped += batch.skipped() as u64;
+            r.wait_total += ns;
+            r.wait.add(ns);
+        }
+        if let Some(trace) = &self.trace {
+            trace.delivered(batch.epoch(), batch.position(), asked, now);
+        }
+    }
+
+    /// One batch copied to the device: queued at `start`, complete at `end`.
+    pub(crate) fn copied(&self, epoch: u64, position: usize, start: Instant, end: Instant) {
+        let ns = end.saturating_duration_since(start).as_nanos() as u64;
+        {
+            let mut r = self.lock();
+            r.h2d_total += ns;
+            r.h2d.add(ns);
+        }
+        if let Some(trace) = &self.trace {
+            trace.push(
+                Track::Prefetch,
+                vec![TraceEvent::batch("h2d", epoch, position, start, end)],
+            );
+        }
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
-        let elapsed = self.created.elapsed().as_nanos() as u64;
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(self.created).as_nanos() as u64;
+        let mut busy = 0u64;
+        let mut alive = 0u64;
+        let mut stage_ns = [0u64; STAGES];
+        let mut hist = vec![Histogram::new(); STAGES];
+        let mut worker_busy_ns = Vec::new();
+        for w in self
+            .workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let c = w.lock();
+            busy += c.busy_ns;
+            worker_busy_ns.push(c.busy_ns);
+            alive += c
+                .ended
+                .unwrap_or(now)
+                .saturating_duration_since(c.started)
+                .as_nanos() as u64;
+            for s in 0..STAGES {
+                stage_ns[s] += c.stage_ns[s];
+                hist[s].merge(&c.hist[s]);
+            }
+        }
         let r = self.lock();
-        let busy = self.busy_ns.load(Ordering::Relaxed) as f64;
+        let q = |h: &Histogram| (h.quantile(0.50), h.quantile(0.95));
+        let (read_ns_p50, read_ns_p95) = q(&hist[Stage::Read as usize]);
+        let (decode_ns_p50, decode_ns_p95) = q(&hist[Stage::Decode as usize]);
+        let (transform_ns_p50, transform_ns_p95) = q(&hist[Stage::Transform as usize]);
+        let (collate_ns_p50, collate_ns_p95) = q(&hist[Stage::Collate as usize]);
+        let (h2d_ns_p50, h2d_ns_p95) = q(&r.h2d);
         Stats {
             batches: r.batches,
             samples: r.samples,
             samples_skipped: r.skipped,
             wait_ns_total: r.wait_total,
-            wait_ns_p50: percentile(&r.histogram, r.batches, 0.50).min(r.wait_max),
-            wait_ns_p95: percentile(&r.histogram, r.batches, 0.95).min(r.wait_max),
-            wait_ns_max: r.wait_max,
+            wait_ns_p50: r.wait.quantile(0.50),
+            wait_ns_p95: r.wait.quantile(0.95),
+            wait_ns_max: r.wait.max,
             elapsed_ns: elapsed,
             readiness: if elapsed == 0 {
                 1.0
             } else {
                 (1.0 - r.wait_total as f64 / elapsed as f64).clamp(0.0, 1.0)
             },
-            worker_busy: if elapsed == 0 {
+            worker_busy: if alive == 0 {
                 0.0
             } else {
-                (busy / (elapsed as f64 * self.builders as f64)).clamp(0.0, 1.0)
+                (busy as f64 / alive as f64).clamp(0.0, 1.0)
             },
+            read_ns: stage_ns[Stage::Read as usize],
+            decode_ns: stage_ns[Stage::Decode as usize],
+            transform_ns: stage_ns[Stage::Transform as usize],
+            collate_ns: stage_ns[Stage::Collate as usize],
+            h2d_ns: r.h2d_total,
+            num_workers: self.current_workers.load(Ordering::Relaxed),
+            read_ns_p50,
+            read_ns_p95,
+            decode_ns_p50,
+            decode_ns_p95,
+            transform_ns_p50,
+            transform_ns_p95,
+            collate_ns_p50,
+            collate_ns_p95,
+            h2d_ns_p50,
+            h2d_ns_p95,
+            busy_ns: busy,
+            worker_busy_ns,
+            memory_budget: self.memory_budget.load(Ordering::Relaxed),
+            batch_bytes: self.batch_bytes.load(Ordering::Relaxed),
+            in_flight_cap: self.in_flight_cap.load(Ordering::Relaxed),
+            in_flight_cap_requested: self.in_flight_cap_requested.load(Ordering::Relaxed),
+            prefetch_factor: self.prefetch_factor.load(Ordering::Relaxed),
+            autotune_decisions: self.autotune_decisions.load(Ordering::Relaxed),
             // Filled by `StatsHandle::snapshot`.
             ..Stats::default()
         }
@@ -225,22 +638,70 @@ mod tests {
     }
 
     #[test]
-    fn percentiles_of_known_waits() {
-        let rec = StatsRecorder::new(2);
+    fn percentiles_of_known_values() {
+        let mut h = Histogram::new();
         for ms in 1..=100u64 {
-            rec.delivered(4, 0, Duration::from_millis(ms));
+            h.add(ms * 1_000_000);
         }
-        let s = rec.snapshot();
-        assert_eq!(s.batches, 100);
-        assert_eq!(s.samples, 400);
         let within = |got: u64, want_ms: u64| {
             let want = want_ms * 1_000_000;
             got >= want && got <= want + want / 16
         };
-        assert!(within(s.wait_ns_p50, 50), "{}", s.wait_ns_p50);
-        assert!(within(s.wait_ns_p95, 95), "{}", s.wait_ns_p95);
-        assert_eq!(s.wait_ns_max, 100_000_000);
-        assert_eq!(s.wait_ns_total, (1..=100u64).sum::<u64>() * 1_000_000);
-        assert!((0.0..=1.0).contains(&s.readiness));
+        assert!(within(h.quantile(0.5), 50), "{}", h.quantile(0.5));
+        assert!(within(h.quantile(0.95), 95), "{}", h.quantile(0.95));
+        assert_eq!(h.quantile(1.0), 100_000_000);
+        assert_eq!(Histogram::new().quantile(0.5), 0);
+    }
+
+    #[test]
+    fn per_sample_stage_times_sum_each_slots_spans() {
+        let rec = StatsRecorder::new(None);
+        let w = rec.register_worker();
+        let t0 = Instant::now();
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        let mut spans = Spans::default();
+        // Slot 0 read twice (a replacement) for 10 + 30 us; slot 1 read for 20 us and
+        // collated for 5 us; 7 us of batch-level collate work (the slab).
+        spans.push_ended(SpanKind::Stage(Stage::Read), 0, 3, at(0), at(10));
+        spans.push_ended(SpanKind::Stage(Stage::Read), 0, 4, at(10), at(40));
+        spans.push_ended(SpanKind::Stage(Stage::Read), 1, 5, at(40), at(60));
+        spans.push_ended(
+            SpanKind::Stage(Stage::Collate),
+            usize::MAX,
+            0,
+            at(60),
+            at(67),
+        );
+        spans.push_ended(SpanKind::Stage(Stage::Collate), 1, 5, at(67), at(72));
+        w.add_batch(Duration::from_micros(80), &mut spans);
+        let s = rec.snapshot();
+        assert_eq!(s.read_ns, 60_000);
+        assert_eq!(s.collate_ns, 12_000);
+        assert_eq!((s.decode_ns, s.transform_ns, s.h2d_ns), (0, 0, 0));
+        assert_eq!(s.busy_ns, 80_000);
+        assert_eq!(s.worker_busy_ns, vec![80_000]);
+        // Per sample: reads of 40 and 20 us; one sample collated, for 5 us.
+        let close = |got: u64, us: u64| got >= us * 1000 && got <= us * 1000 + us * 1000 / 16;
+        assert!(close(s.read_ns_p95, 40), "{}", s.read_ns_p95);
+        assert!(close(s.read_ns_p50, 20), "{}", s.read_ns_p50);
+        assert!(close(s.collate_ns_p50, 5), "{}", s.collate_ns_p50);
+        assert_eq!(s.decode_ns_p50, 0);
+    }
+
+    #[test]
+    fn worker_busy_is_busy_time_over_alive_time() {
+        let rec = StatsRecorder::new(None);
+        let a = rec.register_worker();
+        let b = rec.register_worker();
+        std::thread::sleep(Duration::from_millis(20));
+        a.add_batch(Duration::from_millis(5), &mut Spans::default());
+        b.retire();
+        let s = rec.snapshot();
+        assert_eq!(s.worker_busy_ns, vec![5_000_000, 0]);
+        assert!(
+            s.worker_busy > 0.0 && s.worker_busy < 5.0 / 40.0,
+            "{}",
+            s.worker_busy
+        );
     }
 }

@@ -258,6 +258,12 @@ class Options {
   Options& timeout_ms(uint64_t ms) { return set("timeout_ms", std::to_string(ms)); }
   // A string from `Loader::save_state()`.
   Options& resume_state(std::string_view state) { return set("resume_state", state); }
+  // Bound on the batch memory the loader keeps: bytes ("8GiB", "500MB") or "N%" of RAM.
+  Options& memory_budget(std::string_view bytes) { return set("memory_budget", bytes); }
+  // Live control of the worker count and prefetch depth; decisions show in stats() and the trace.
+  Options& autotune(bool on) { return set("autotune", flag(on)); }
+  // Write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) to this path.
+  Options& trace(std::string_view path) { return set("trace", path); }
 
   const ffi::OptionsHandle& handle() const noexcept { return *handle_; }
 
@@ -412,6 +418,21 @@ struct Stats {
   uint64_t local_rank = 0, local_world_size = 1;  // device("cuda") is cuda:local_rank
   uint64_t launcher = 0;  // a stoker_launcher value: 0 none, 1 explicit, 2 torchrun, 3 Slurm,
                           // 4 Open MPI, 5 PMI
+  // Where the time goes: each stage summed over every worker, per-sample percentiles (decode
+  // and transform: image samples only), per-batch percentiles of the device copy.
+  uint64_t read_ns = 0, decode_ns = 0, transform_ns = 0, collate_ns = 0, h2d_ns = 0;
+  uint64_t num_workers = 0;      // worker threads building batches now
+  uint64_t read_ns_p50 = 0, read_ns_p95 = 0, decode_ns_p50 = 0, decode_ns_p95 = 0;
+  uint64_t transform_ns_p50 = 0, transform_ns_p95 = 0, collate_ns_p50 = 0, collate_ns_p95 = 0;
+  uint64_t h2d_ns_p50 = 0, h2d_ns_p95 = 0;
+  uint64_t busy_ns = 0;          // time spent building batches, all workers
+  std::vector<uint64_t> worker_busy_ns;  // the same per worker, by worker number
+  uint64_t memory_budget = 0;    // bytes (option memory_budget, or its default)
+  uint64_t batch_bytes = 0;      // one batch's memory, page-rounded
+  uint64_t in_flight_cap = 0;    // batches in flight at most now
+  uint64_t in_flight_cap_requested = 0;  // max(1, num_workers) x prefetch_factor
+  uint64_t prefetch_factor = 0;  // batches in flight per worker now (autotune may change it)
+  uint64_t autotune_decisions = 0;  // changes autotune made to workers or prefetch
 };
 
 class Loader;
@@ -527,6 +548,30 @@ class Loader {
     out.local_rank = s.local_rank;
     out.local_world_size = s.local_world_size;
     out.launcher = s.launcher;
+    out.read_ns = s.read_ns;
+    out.decode_ns = s.decode_ns;
+    out.transform_ns = s.transform_ns;
+    out.collate_ns = s.collate_ns;
+    out.h2d_ns = s.h2d_ns;
+    out.num_workers = s.num_workers;
+    out.read_ns_p50 = s.read_ns_p50;
+    out.read_ns_p95 = s.read_ns_p95;
+    out.decode_ns_p50 = s.decode_ns_p50;
+    out.decode_ns_p95 = s.decode_ns_p95;
+    out.transform_ns_p50 = s.transform_ns_p50;
+    out.transform_ns_p95 = s.transform_ns_p95;
+    out.collate_ns_p50 = s.collate_ns_p50;
+    out.collate_ns_p95 = s.collate_ns_p95;
+    out.h2d_ns_p50 = s.h2d_ns_p50;
+    out.h2d_ns_p95 = s.h2d_ns_p95;
+    out.busy_ns = s.busy_ns;
+    out.memory_budget = s.memory_budget;
+    out.batch_bytes = s.batch_bytes;
+    out.in_flight_cap = s.in_flight_cap;
+    out.in_flight_cap_requested = s.in_flight_cap_requested;
+    out.prefetch_factor = s.prefetch_factor;
+    out.autotune_decisions = s.autotune_decisions;
+    out.worker_busy_ns.assign(s.worker_busy_ns.begin(), s.worker_busy_ns.end());
     return out;
   }
 

@@ -55,6 +55,35 @@ class Stats:
     """Who resolved ``rank`` and ``world_size``: ``"torchrun"``, ``"slurm"``, ``"openmpi"``,
     ``"pmi"``, ``"explicit"`` (both set as options) or ``"none"`` (one process)."""
 
+    # Where the time goes: totals over every worker, per-sample percentiles of each stage
+    # (decode and transform: image samples only), per-batch percentiles of the device copy.
+    read_ns: int
+    decode_ns: int
+    transform_ns: int
+    collate_ns: int
+    h2d_ns: int
+    num_workers: int
+    read_ns_p50: int
+    read_ns_p95: int
+    decode_ns_p50: int
+    decode_ns_p95: int
+    transform_ns_p50: int
+    transform_ns_p95: int
+    collate_ns_p50: int
+    collate_ns_p95: int
+    h2d_ns_p50: int
+    h2d_ns_p95: int
+    busy_ns: int
+    # The memory budget and the in-flight cap it allows (lower than requested when lowered).
+    memory_budget: int
+    batch_bytes: int
+    in_flight_cap: int
+    in_flight_cap_requested: int
+    # Batches in flight per worker now, and the changes autotune made.
+    prefetch_factor: int
+    autotune_decisions: int
+    #: Time each worker spent building batches, by worker number (in start order).
+    worker_busy_ns: tuple[int, ...] = ()
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
@@ -224,12 +253,23 @@ class Loader:
         return int(_ffi.lib.stoker_loader_epoch(self._handle()))
 
     def stats(self) -> Stats:
-        """A snapshot of the loader's statistics; callable at any time, also mid-epoch."""
+        ptr = self._handle()
+        # Per-worker times first: the totals read after them are at least their sum.
+        count = ctypes.c_size_t()
+        check(_ffi.lib.stoker_loader_worker_busy_ns(ptr, None, 0, ctypes.byref(count)))
+        busy = (ctypes.c_uint64 * max(count.value, 1))()
+        check(_ffi.lib.stoker_loader_worker_busy_ns(ptr, busy, count.value, ctypes.byref(count)))
+        # Workers started between the calls are left out of this snapshot.
+        workers = tuple(busy[: min(count.value, len(busy))])
         raw = _ffi.Stats(size=ctypes.sizeof(_ffi.Stats))
-        check(_ffi.lib.stoker_loader_stats(self._handle(), ctypes.byref(raw)))
-        values = {f.name: getattr(raw, f.name) for f in dataclasses.fields(Stats)}
+        check(_ffi.lib.stoker_loader_stats(ptr, ctypes.byref(raw)))
+        values = {
+            f.name: getattr(raw, f.name)
+            for f in dataclasses.fields(Stats)
+            if f.name != "worker_busy_ns"
+        }
         values["launcher"] = _ffi.LAUNCHERS.get(raw.launcher, f"unknown ({raw.launcher})")
-        return Stats(**values)
+        return Stats(**values, worker_busy_ns=workers)
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next batch the first of ``epoch`` (``DistributedSampler.set_epoch``):

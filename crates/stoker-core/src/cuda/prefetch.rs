@@ -25,6 +25,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use super::device::{DeviceBackend, DevicePtr, Event, Stream};
 use crate::batch::{Batch, DeviceMemory};
 use crate::error::{Error, Result};
+use crate::stats::StatsHandle;
 
 /// How long the thread waits for a host batch before checking for shutdown. The host loader's
 /// wait cannot be interrupted otherwise; 20 ms bounds how long dropping a loader takes.
@@ -51,13 +52,15 @@ pub trait HostBatches: Send + 'static {
 }
 
 /// Prefetcher settings.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub struct PrefetchConfig {
     /// Device buffers in the ring: the most device batches alive at once.
     pub slots: usize,
     /// Copy on this caller-owned stream instead of a new non-blocking one. It is borrowed: never
     /// destroyed, and it must outlive the prefetcher and its batches.
     pub stream: Option<Stream>,
+    /// Where each copy's time goes (`h2d_ns` and the trace's prefetch track), if anywhere.
+    pub stats: Option<StatsHandle>,
 }
 
 /// The copy stream, destroyed after the last batch that names it (unless borrowed).
@@ -320,7 +323,14 @@ impl<M: Send + 'static> Prefetcher<M> {
         let held = Arc::new(AtomicUsize::new(0));
         let starved = Arc::new(AtomicBool::new(false));
         let device_id = backend.ordinal();
+        if let Some(trace) = config.stats.as_ref().and_then(|s| s.recorder.trace()) {
+            trace.name_track(
+                crate::trace::Track::Prefetch,
+                format!("stoker-prefetch-cuda{device_id}"),
+            );
+        }
         let worker = Worker {
+            stats: config.stats,
             held: Arc::clone(&held),
             starved: Arc::clone(&starved),
             backend,
@@ -438,6 +448,7 @@ struct Worker<M> {
     stop: Receiver<()>,
     held: Arc<AtomicUsize>,
     starved: Arc<AtomicBool>,
+    stats: Option<StatsHandle>,
 }
 
 impl<M> Drop for Worker<M> {
@@ -523,6 +534,7 @@ impl<M: Send + 'static> Worker<M> {
                     }
                 }
             };
+            let queued = Instant::now();
             let (item, host) = self.copy(host, slot);
             // Hand the batch out before the copy completes: the consumer's stream waits on the
             // event, not the CPU.
@@ -536,6 +548,11 @@ impl<M: Send + 'static> Worker<M> {
             // by the batch's own event (`wait`, `synchronize`, `is_ready`).
             if let Some((host, copied)) = host {
                 let _ = self.backend.synchronize_event(copied);
+                if let Some(stats) = &self.stats {
+                    let done = Instant::now();
+                    let (epoch, position) = (host.epoch(), host.position());
+                    stats.recorder.copied(epoch, position, queued, done);
+                }
                 drop(host);
             }
             if !delivered {
@@ -629,6 +646,7 @@ mod tests {
         let config = PrefetchConfig {
             slots: 2,
             stream: None,
+            stats: None,
         };
         let mut p = Prefetcher::start(Panicking(false), fake.clone(), config).unwrap();
         let (item, mark) = p.next(None).unwrap();

@@ -13,17 +13,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::arena::{Arena, SlabRegistrar};
+use crate::autotune::{Controller, Observation};
 use crate::batch::Batch;
-use crate::collate::{BatchKey, Collator, Scratch};
+use crate::collate::{BatchKey, Collator};
 use crate::cuda::{HostBatches, Pulled};
 use crate::error::{Error, Result};
 use crate::launch::Launch;
+use crate::memory::BudgetPlan;
 use crate::options::{LoaderOptions, OnError};
-use crate::pool::{Builder, Pool, Task};
+use crate::pool::{Builder, Pool, Task, WorkerCtx};
 use crate::resume::{Fingerprint, FingerprintText, Fnv, Position, ResumeState};
 use crate::sampler::{batches_for, BatchPlan, Sampler};
 use crate::source::Source;
 use crate::stats::{StatsHandle, StatsRecorder};
+use crate::trace::{Trace, Track};
 
 /// Epoch plans by (epoch, start); holds the two the loader is working on (delivering and
 /// submitting), so a plan is computed once.
@@ -148,8 +151,15 @@ pub(super) struct HostLoader {
     plans: Plans,
     /// `None` when `num_workers` is 0: batches are built in `next()` by the calling thread.
     pool: Option<Pool>,
-    scratch: Scratch,
+    /// The calling thread's worker context when `num_workers` is 0.
+    local: Option<WorkerCtx>,
     cap: usize,
+    /// Batches in flight per worker (`prefetch_factor`, or autotune's choice).
+    prefetch: usize,
+    /// Batches the memory budget holds in flight: the ceiling of `cap`.
+    fit: usize,
+    /// The controller of `autotune=true`.
+    autotune: Option<Controller>,
     in_order: bool,
     timeout: Option<Duration>,
     /// Tasks submitted and not yet delivered (built, being built, or waiting to be).
@@ -241,17 +251,57 @@ impl HostLoader {
         };
         let batches_per_epoch = schedule.batches_per_epoch();
 
-        let workers = options.workers_for(&launch);
-        let cap = options.cap_for(workers);
+        // Under autotune, `num_workers=auto` starts from one worker and the controller adds
+        // more, up to this rank's share of the cores; a number is where it starts.
+        let cores = (crate::launch::usable_cores() / launch.local_world_size.max(1)).max(1);
+        let workers =
+            match (options.autotune, options.num_workers) {
+                (true, Some(0)) => return Err(Error::option(
+                    "autotune",
+                    "needs worker threads, but num_workers=0 builds batches in the calling thread",
+                )),
+                (true, None) => 1,
+                _ => options.workers_for(&launch),
+            };
+        let prefetch = options.prefetch_factor;
         // For a device, `pin_memory` means registration with its driver (which page-locks the
         // slab itself), not mlock.
         let (pin, registrar, feed) = match mode {
             Mode::Host => (options.pin_memory.unwrap_or(false), None, false),
             Mode::Feed { registrar } => (false, registrar, true),
         };
-        // Idle slabs kept: the in-flight cap plus a few the consumer is holding.
-        let arena = Arena::new(pin, cap + 2, registrar);
-        let stats = Arc::new(StatsRecorder::new(workers));
+        // The memory budget bounds the in-flight cap; the prefetch thread holds one more slab
+        // while it copies.
+        let largest = options.batch_size.min(sampler.len().max(1));
+        let page = crate::arena::page_size();
+        let batch_bytes = collator.batch_bytes(largest).div_ceil(page) * page;
+        let budget = BudgetPlan::new(
+            options.resolved_memory_budget(),
+            batch_bytes as u64,
+            workers.max(1) * prefetch,
+            usize::from(feed),
+            largest,
+        )?;
+        let cap = budget.cap;
+        let fit = budget.fit(usize::from(feed));
+        // The queues hold what may ever be in flight: the cap, or under autotune its ceiling.
+        let capacity = if options.autotune {
+            fit.min(cores.max(workers) * crate::autotune::MAX_PREFETCH.max(prefetch))
+                .max(cap)
+        } else {
+            cap
+        };
+        let autotune = options.autotune.then(|| Controller::new(cores, fit));
+        // Idle slabs kept: the in-flight cap plus a few the consumer is holding, within budget.
+        let arena = Arena::new(pin, capacity + 2, registrar);
+        arena.set_budget(budget.budget);
+        let trace = options.trace.as_deref().map(Trace::create).transpose()?;
+        let stats = Arc::new(StatsRecorder::new(trace));
+        stats.set_budget(&budget);
+        stats.set_prefetch(prefetch);
+        if let Some(trace) = stats.trace().filter(|_| options.autotune) {
+            trace.name_track(Track::Control, "autotune".into());
+        }
         let builder = Arc::new(Builder {
             collator,
             arena,
@@ -259,10 +309,15 @@ impl HostLoader {
             stop: AtomicBool::new(false),
             generation: AtomicU64::new(0),
         });
-        let pool = if workers > 0 {
-            Some(Pool::start(Arc::clone(&builder), workers, cap)?)
+        let (pool, local) = if workers > 0 {
+            (
+                Some(Pool::start(Arc::clone(&builder), workers, capacity)?),
+                None,
+            )
         } else {
-            None
+            stats.set_current_workers(1);
+            let ctx = WorkerCtx::new(&stats, |_| "stoker-builder (calling thread)".into());
+            (None, Some(ctx))
         };
 
         let mut loader = HostLoader {
@@ -273,8 +328,11 @@ impl HostLoader {
             batches_per_epoch,
             plans: Plans::default(),
             pool,
-            scratch: Scratch::default(),
+            local,
             cap,
+            prefetch,
+            fit,
+            autotune,
             in_order: options.in_order,
             // Fed to a prefetch thread, the consumer's timeout applies on the consumer's side.
             timeout: (options.timeout_ms > 0 && !feed)
@@ -475,11 +533,11 @@ impl HostLoader {
         loop {
             if let Some((key, outcome)) = self.take_ready() {
                 self.mark_delivered(key.1);
+                self.tune()?;
                 self.top_up()?;
                 let batch = outcome?;
                 if self.record_delivery {
-                    self.stats
-                        .delivered(batch.len(), batch.skipped(), start.elapsed());
+                    self.stats.delivered(&batch, start);
                 }
                 return Ok(Some(batch));
             }
@@ -511,12 +569,15 @@ impl HostLoader {
                         self.plans
                             .get(&self.schedule, &self.sampler, self.epoch, self.start);
                     let key = self.key(self.epoch, self.position);
+                    let ctx = self.local.as_mut().ok_or_else(|| {
+                        Error::Internal("no worker context for num_workers=0".into())
+                    })?;
                     let task = Task {
                         key,
                         plan,
                         generation: self.generation,
                     };
-                    let outcome = self.builder.build(&task, &mut self.scratch);
+                    let outcome = self.builder.build(&task, ctx);
                     self.ready.insert((key.epoch, key.position), outcome);
                 }
             }
@@ -559,6 +620,35 @@ impl HostLoader {
             epoch,
             position,
         }
+    }
+
+    /// Lets the autotune controller look at the last window, and applies its decision.
+    fn tune(&mut self) -> Result<()> {
+        let (Some(ctl), Some(pool)) = (&mut self.autotune, &mut self.pool) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if !ctl.due(now) {
+            return Ok(());
+        }
+        let (batches, wait_ns, busy_ns) = self.stats.totals();
+        let observation = Observation {
+            at: now,
+            batches,
+            wait_ns,
+            busy_ns,
+            cpu_ns: crate::autotune::process_cpu_ns(),
+        };
+        let Some(d) = ctl.observe(observation, pool.workers(), self.prefetch) else {
+            return Ok(());
+        };
+        pool.resize(d.workers)?;
+        self.prefetch = d.prefetch;
+        let requested = d.workers.max(1) * d.prefetch;
+        self.cap = requested.min(self.fit).max(1);
+        self.stats.set_cap(self.cap, requested);
+        self.stats.decided(now, &d);
+        Ok(())
     }
 
     /// Submits tasks until `cap` are in flight, running ahead into later epochs.

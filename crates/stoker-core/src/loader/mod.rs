@@ -43,6 +43,8 @@ pub struct Loader {
     timeout: Option<Duration>,
 }
 
+// One engine per loader, made once: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Engine {
     Host(Box<HostLoader>),
     Device {
@@ -55,6 +57,19 @@ enum Engine {
         /// Nothing delivered to the consumer yet (see [`Loader::set_epoch`]).
         fresh: bool,
     },
+    /// While dropping: every thread is joined; the position is kept for nothing.
+    Closed,
+}
+
+impl Drop for Loader {
+    /// Joins every thread the loader started, then writes the trace (when `trace` is set), so
+    /// that it holds every batch finished before the drop.
+    fn drop(&mut self) {
+        drop(std::mem::replace(&mut self.engine, Engine::Closed));
+        // Nobody can receive an error from a drop; `write_trace` reports them to callers who
+        // want to know.
+        let _ = self.write_trace();
+    }
 }
 
 impl Loader {
@@ -98,13 +113,18 @@ impl Loader {
         let config = PrefetchConfig {
             slots: options.prefetch_factor + 1,
             stream: options.cuda_stream.map(Stream),
+            stats: Some(host.stats_handle()),
         };
         Loader::assemble(host, options, |host| {
             let device = Device::Cuda(backend.ordinal());
             let delivered = host.cursor();
             let (give_back, returned) = crossbeam_channel::bounded(1);
-            let prefetcher =
-                Prefetcher::start_returning(host, Arc::clone(&backend), config, Some(give_back))?;
+            let prefetcher = Prefetcher::start_returning(
+                host,
+                Arc::clone(&backend),
+                config.clone(),
+                Some(give_back),
+            )?;
             Ok((
                 device,
                 Engine::Device {
@@ -154,6 +174,7 @@ impl Loader {
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Batch>> {
         match &mut self.engine {
+            Engine::Closed => Err(Error::Closed("the loader is closed".into())),
             Engine::Host(host) => host.next(),
             Engine::Device {
                 prefetcher,
@@ -172,9 +193,7 @@ impl Loader {
                 }
                 let batch = item?;
                 if let Some(b) = &batch {
-                    self.stats
-                        .recorder
-                        .delivered(b.len(), b.skipped(), start.elapsed());
+                    self.stats.recorder.delivered(b, start);
                 }
                 Ok(batch)
             }
@@ -190,6 +209,7 @@ impl Loader {
         match &self.engine {
             Engine::Host(host) => host.cursor(),
             Engine::Device { delivered, .. } => delivered.clone(),
+            Engine::Closed => Cursor::default(),
         }
     }
 
@@ -198,6 +218,7 @@ impl Loader {
         match &self.engine {
             Engine::Host(host) => host.epoch(),
             Engine::Device { delivered, .. } => delivered.epoch,
+            Engine::Closed => 0,
         }
     }
 
@@ -206,6 +227,16 @@ impl Loader {
         match &self.engine {
             Engine::Host(host) => host.position(),
             Engine::Device { delivered, .. } => delivered.position,
+            Engine::Closed => 0,
+        }
+    }
+
+    /// Writes the trace (option `trace`) now, with the events recorded so far; the loader also
+    /// writes it when dropped. Does nothing without `trace`.
+    pub fn write_trace(&self) -> Result<()> {
+        match self.stats.recorder.trace() {
+            Some(trace) => trace.write(),
+            None => Ok(()),
         }
     }
 
@@ -261,6 +292,7 @@ impl Loader {
     /// `set_epoch(e)` before each epoch's loop continues a resumed epoch instead of restarting it).
     pub fn set_epoch(&mut self, epoch: u64) -> Result<()> {
         match &mut self.engine {
+            Engine::Closed => Err(Error::Closed("the loader is closed".into())),
             Engine::Host(host) => host.set_epoch(epoch),
             Engine::Device {
                 prefetcher,
@@ -292,7 +324,7 @@ impl Loader {
                 *prefetcher = Some(Prefetcher::start_returning(
                     host,
                     Arc::clone(backend),
-                    *config,
+                    config.clone(),
                     Some(give_back),
                 )?);
                 Ok(())
