@@ -44,3 +44,9 @@ bash bindings/python/run_tests.sh
 
 step "distributed: torchrun (gloo) 2 and 3 ranks with elastic resume, mpirun -np 2"
 bash bindings/python/run_distributed_tests.sh
+
+step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 30)"
+bash .ci/fuzz.sh
+
+step "sanitizers: the concurrency core under AddressSanitizer, ThreadSanitizer and Miri"
+bash .ci/sanitizers.sh
