@@ -1,4 +1,4 @@
-//! The boundary. Every export wraps its body in [`ffi_boundary!`]; every raw pointer it receives
+//! The boundary. Every export wraps its body in `ffi_boundary!`; every raw pointer it receives
 //! becomes a reference, a box or a string through the macros and functions here, after a
 //! one-line NULL check. The `unsafe` of the exports lives in this module (plus the DLPack
 //! deleter and the byte copies of `stoker_last_error` / `stoker_loader_stats`).
@@ -91,7 +91,7 @@ impl FfiReturn for () {
 }
 
 /// Runs an export's body; a panic becomes `R::internal()` and the last error names the function
-/// and the panic message. Use it through [`ffi_boundary!`].
+/// and the panic message. Use it through `ffi_boundary!`.
 pub fn boundary<R: FfiReturn>(function: &str, body: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(r) => r,

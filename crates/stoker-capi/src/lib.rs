@@ -3,7 +3,7 @@
 //! crate is a thin face over `stoker-core`.
 //!
 //! Every export does three things only: check its arguments, call the safe core, translate the
-//! result. They all run inside [`ffi_boundary!`] (a caught panic becomes `STOKER_ERR_INTERNAL`
+//! result. They all run inside `ffi_boundary!` (a caught panic becomes `STOKER_ERR_INTERNAL`
 //! with its message); raw pointers become references, boxes and strings in [`ffi`] only, and
 //! core errors become `stoker_status` in [`error::fail`] only.
 //!

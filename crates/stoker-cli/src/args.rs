@@ -38,7 +38,7 @@ pub(crate) enum Command {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum BenchCommand {
-    /// Shuffled uint8 [N,3,224,224] batches from an npy file beside single-thread memcpy
+    /// Shuffled uint8 `[N,3,224,224]` batches from an npy file beside single-thread memcpy
     /// bandwidth, measured in the same run.
     Npy(NpyArgs),
     /// The demo's pipeline beside decode-only throughput on the same files, measured in the

@@ -5,8 +5,8 @@
 //! runs.
 //!
 //! Recording is cheap and lock-free per sample: a worker notes one `Instant` pair per stage of
-//! each sample in its own [`Spans`] buffer while it builds a batch, then adds the whole batch to
-//! its own slot of counters ([`WorkerSlot`]) under that slot's lock — one uncontended lock per
+//! each sample in its own `Spans` buffer while it builds a batch, then adds the whole batch to
+//! its own slot of counters (`WorkerSlot`) under that slot's lock — one uncontended lock per
 //! batch, shared only with readers taking a snapshot. The same spans feed the trace
 //! ([`crate::trace`]) when `trace=PATH` is set.
 

@@ -1,5 +1,5 @@
 //! The device operations the prefetcher needs, as a trait: the real driver ([`CudaDevice`],
-//! feature `cuda`) implements it, and so does a host-memory fake ([`FakeDevice`]) that lets the
+//! feature `cuda`) implements it, and so does a host-memory fake (`FakeDevice`, feature `testing`) that lets the
 //! prefetcher's ordering, backpressure, error and shutdown paths be tested on machines without a
 //! GPU.
 //!
@@ -8,7 +8,6 @@
 //! prefetcher, where the lifetimes are known, rather than in wrapper types.
 //!
 //! [`CudaDevice`]: super::CudaDevice
-//! [`FakeDevice`]: super::FakeDevice
 
 use crate::arena::SlabRegistrar;
 use crate::error::Result;

@@ -1,7 +1,7 @@
 //! The loader: the public iterator over batches, epoch after epoch.
 //!
 //! [`Loader`] is the facade every face drives: one `next()` for host and device batches, the
-//! epoch and position, stats, and the resume state. Behind it, [`host`] is the scheduler that
+//! epoch and position, stats, and the resume state. Behind it, `host` is the scheduler that
 //! plans each epoch from the sampler, keeps up to `cap` batch tasks in flight on the pool
 //! (running ahead into the next epoch, so there is no stall at the boundary) and delivers them in
 //! sampler order (or as they finish, with `in_order=false`); with a device, that scheduler runs

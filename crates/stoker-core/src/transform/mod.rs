@@ -40,7 +40,7 @@
 //! composed into one (torchvision would resample twice; the result differs slightly).
 //! `normalize` is applied last wherever it is written.
 //!
-//! All randomness comes from the sample's [`Rng`], so the output is a pure function of
+//! All randomness comes from the sample's [`Rng`](crate::rng::Rng), so the output is a pure function of
 //! (seed, epoch, index).
 //!
 //! Decoding is not done here: [`crate::decode`] turns bytes into RGB8 and [`crate::collate`]
