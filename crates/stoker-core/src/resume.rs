@@ -3,6 +3,11 @@
 //! Every random choice is a function of `(seed, epoch, index)`, so `(seed, epoch, position,
 //! ahead)` is all a loader needs to continue; the batch count guards against resuming on a
 //! different dataset or batching.
+//!
+//! A streaming loader (`mode=stream`) continues the same way: its epoch's stream and shuffle
+//! buffer are replayed from the epoch's start (reading, not decoding) up to `position`; an
+//! iterable source that saves its own position adds it (`stream=`, hex-encoded) and is opened
+//! there instead.
 
 use std::collections::BTreeMap;
 
@@ -17,8 +22,13 @@ pub struct ResumeState {
     pub position: usize,
     /// Positions at or after `position` also delivered (only with `in_order=false`).
     pub ahead: Vec<usize>,
-    /// Batches per epoch of the loader that saved it, to catch a mismatched resume.
+    /// Batches per epoch of the loader that saved it, to catch a mismatched resume
+    /// (`usize::MAX`: unknown, a stream with no length).
     pub batches_per_epoch: usize,
+    /// Saved by a streaming loader.
+    pub streaming: bool,
+    /// An iterable stream's own position after batch `position - 1`, when it gives one.
+    pub stream_state: Option<String>,
 }
 
 impl ResumeState {
@@ -53,12 +63,23 @@ impl ResumeState {
                 .map(|p| p.parse().map_err(|_| bad("has a malformed `ahead`")))
                 .collect::<Result<Vec<usize>>>()?,
         };
+        let streaming = match fields.get("mode") {
+            None | Some(&"indexed") => false,
+            Some(&"stream") => true,
+            Some(_) => return Err(bad("has an unknown `mode`")),
+        };
+        let stream_state = match fields.get("stream") {
+            None => None,
+            Some(hex) => Some(unhex(hex).ok_or_else(|| bad("has a malformed `stream`"))?),
+        };
         Ok(ResumeState {
             seed: num("seed")?,
             epoch: num("epoch")?,
             position: num("position")? as usize,
             ahead,
             batches_per_epoch: num("batches")? as usize,
+            streaming,
+            stream_state,
         })
     }
 }
@@ -75,6 +96,62 @@ impl std::fmt::Display for ResumeState {
             self.position,
             ahead.join(","),
             self.batches_per_epoch
-        )
+        )?;
+        if self.streaming {
+            f.write_str(";mode=stream")?;
+        }
+        if let Some(state) = &self.stream_state {
+            f.write_str(";stream=")?;
+            for b in state.bytes() {
+                write!(f, "{b:02x}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The string whose bytes `hex` spells (lower or upper case), if it is one.
+fn unhex(hex: &str) -> Option<String> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_indexed_and_stream_states() {
+        let mut state = ResumeState {
+            seed: 7,
+            epoch: 2,
+            position: 5,
+            ahead: vec![7, 9],
+            batches_per_epoch: 12,
+            streaming: false,
+            stream_state: None,
+        };
+        let text = state.to_string();
+        assert!(!text.contains("mode"), "{text}");
+        assert_eq!(ResumeState::parse(&text).unwrap(), state);
+        state.streaming = true;
+        state.batches_per_epoch = usize::MAX;
+        state.stream_state = Some("offset=3;é".into());
+        let text = state.to_string();
+        assert!(text.contains(";mode=stream;stream="), "{text}");
+        assert_eq!(ResumeState::parse(&text).unwrap(), state);
+        for bad in ["mode=fast", "stream=abc", "stream=zz"] {
+            let e = ResumeState::parse(&format!(
+                "stoker-state-v1;seed=1;epoch=0;position=0;batches=1;{bad}"
+            ))
+            .unwrap_err();
+            assert!(e.to_string().contains("resume_state"), "{e}");
+        }
     }
 }

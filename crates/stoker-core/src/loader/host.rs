@@ -12,12 +12,14 @@ use crate::batch::Batch;
 use crate::collate::{BatchKey, Collator, Scratch};
 use crate::cuda::{HostBatches, Pulled};
 use crate::error::{Error, Result};
-use crate::options::{LoaderOptions, OnError};
+use crate::options::{LoaderOptions, OnError, OpenedSource};
 use crate::pool::{Builder, Pool, Task};
 use crate::resume::ResumeState;
 use crate::sampler::{batches_for, BatchPlan, Sampler};
 use crate::source::Source;
 use crate::stats::{StatsHandle, StatsRecorder};
+
+use super::{Facts, Schedule};
 
 /// Epoch plans by epoch number; holds the two the loader is working on (delivering and
 /// submitting), so a plan is computed once.
@@ -51,12 +53,14 @@ impl Plans {
 }
 
 /// Where delivery stands: the batches of `epoch` below `position`, and those in `ahead`, are
-/// delivered.
+/// delivered; `stream` is a streaming source's own position after batch `position - 1`, when
+/// it gives one.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Cursor {
     pub(super) epoch: u64,
     pub(super) position: usize,
     pub(super) ahead: Vec<usize>,
+    pub(super) stream: Option<String>,
 }
 
 /// How the host loader is used.
@@ -73,6 +77,7 @@ pub(super) enum Mode {
 pub(super) struct HostLoader {
     /// Whether deliveries count in stats here (off when the prefetcher's consumer counts them).
     record_delivery: bool,
+    source: Arc<dyn Source>,
     builder: Arc<Builder>,
     sampler: Sampler,
     seed: u64,
@@ -114,11 +119,13 @@ impl HostBatches for HostLoader {
 
 impl HostLoader {
     pub(super) fn new(options: &LoaderOptions, mode: Mode) -> Result<HostLoader> {
-        let spec = options.source.as_ref().ok_or_else(|| {
-            Error::option("source", "required, e.g. npy:PATH or image_folder:ROOT")
-        })?;
-        let source = spec.open(options.labels.as_deref(), options.pad.is_some())?;
-        let image = options.image_stages(source.as_ref())?.map(Arc::new);
+        let opened = options.open_source(options.seed, 0, None, 0)?;
+        let OpenedSource::Indexed(source) = opened.source else {
+            return Err(Error::Internal(
+                "the host scheduler was given a stream".into(),
+            ));
+        };
+        let image = options.image_stages(source.fields())?.map(Arc::new);
         let collator = Collator::new(
             Arc::clone(&source),
             options.pad,
@@ -149,6 +156,7 @@ impl HostLoader {
         // Idle slabs kept: the in-flight cap plus a few the consumer is holding.
         let arena = Arena::new(pin, cap + 2, registrar);
         let stats = Arc::new(StatsRecorder::new(workers));
+        stats.add_skipped(opened.damaged.len() as u64);
         let builder = Arc::new(Builder {
             collator,
             arena,
@@ -163,6 +171,7 @@ impl HostLoader {
 
         let mut loader = HostLoader {
             record_delivery: !feed,
+            source: Arc::clone(&source),
             builder,
             sampler,
             seed,
@@ -193,38 +202,13 @@ impl HostLoader {
         Ok(loader)
     }
 
-    pub(super) fn seed(&self) -> u64 {
-        self.seed
-    }
-
-    pub(super) fn batches_per_epoch(&self) -> usize {
-        self.batches_per_epoch
-    }
-
-    pub(super) fn samples_per_epoch(&self) -> usize {
-        self.sampler.len()
-    }
-
-    pub(super) fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    pub(super) fn position(&self) -> usize {
-        self.position
-    }
-
-    pub(super) fn source(&self) -> &Arc<dyn Source> {
-        self.builder.collator.source()
-    }
-
-    pub(super) fn stats_handle(&self) -> StatsHandle {
-        StatsHandle {
-            recorder: Arc::clone(&self.stats),
-            arena: self.builder.arena.clone(),
-        }
-    }
-
     fn restore(&mut self, state: ResumeState) -> Result<()> {
+        if state.streaming {
+            return Err(Error::option(
+                "resume_state",
+                "saved by a streaming loader (shuffle_buffer or an iterable source), but this one is indexed: the options differ",
+            ));
+        }
         if state.batches_per_epoch != self.batches_per_epoch
             || state.position > self.batches_per_epoch
             || state
@@ -246,18 +230,6 @@ impl HostLoader {
         self.submit_epoch = self.epoch;
         self.submit_position = self.position;
         Ok(())
-    }
-
-    pub(super) fn cursor(&self) -> Cursor {
-        Cursor {
-            epoch: self.epoch,
-            position: self.position,
-            ahead: self.ahead.iter().copied().collect(),
-        }
-    }
-
-    pub(super) fn next(&mut self) -> Result<Option<Batch>> {
-        self.next_within(self.timeout)
     }
 
     /// The next batch, waiting at most `timeout` for the pool (`Err(Timeout)` consumes nothing).
@@ -380,5 +352,35 @@ impl HostLoader {
             self.in_flight += 1;
         }
         Ok(())
+    }
+}
+
+impl Schedule for HostLoader {
+    fn next(&mut self) -> Result<Option<Batch>> {
+        self.next_within(self.timeout)
+    }
+
+    fn cursor(&self) -> Cursor {
+        Cursor {
+            epoch: self.epoch,
+            position: self.position,
+            ahead: self.ahead.iter().copied().collect(),
+            stream: None,
+        }
+    }
+
+    fn facts(&self) -> Facts {
+        Facts {
+            seed: self.seed,
+            batches_per_epoch: Some(self.batches_per_epoch),
+            samples_per_epoch: Some(self.sampler.len()),
+            source: Some(Arc::clone(&self.source)),
+            fields: self.source.fields().to_vec(),
+            stats: StatsHandle {
+                recorder: Arc::clone(&self.stats),
+                arena: self.builder.arena.clone(),
+            },
+            streaming: false,
+        }
     }
 }
