@@ -667,3 +667,50 @@ fn a_sample_without_its_field_fails_its_batch_or_is_replaced() {
     }
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn streaming_to_a_device_matches_the_host_and_resumes() {
+    use stoker_core::testing::FakeDevice;
+    let dir = tmp("device");
+    let pattern = write_shards(&dir, &UNEVEN);
+    let kv = [
+        ("batch_size", "4"),
+        ("seed", "8"),
+        ("shuffle_buffer", "6"),
+        ("num_workers", "2"),
+    ];
+    let host = epoch(&mut loader(&pattern, &kv).unwrap());
+    let mut o = LoaderOptions::new();
+    o.set("source", &format!("tar:{pattern}")).unwrap();
+    o.set("fields", "cls:label").unwrap();
+    for (k, v) in kv {
+        o.set(k, v).unwrap();
+    }
+    let fake = FakeDevice::new(0).unwrap();
+    let read = |l: &mut Loader| -> Option<Vec<i64>> {
+        let b = l.next().unwrap()?;
+        b.synchronize().unwrap();
+        let meta = b.field_meta(0).unwrap();
+        let bytes = fake.read(b.field(0).unwrap().address, meta.num_bytes()).unwrap();
+        Some(
+            bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+                .collect(),
+        )
+    };
+    let mut l = Loader::with_device_backend(&o, fake.clone()).unwrap();
+    let mut device = Vec::new();
+    for _ in 0..3 {
+        device.push(read(&mut l).unwrap());
+    }
+    let state = l.save_state();
+    drop(l);
+    o.set("resume_state", &state).unwrap();
+    let mut l = Loader::with_device_backend(&o, fake.clone()).unwrap();
+    while let Some(b) = read(&mut l) {
+        device.push(b);
+    }
+    assert_eq!(device, host);
+    fs::remove_dir_all(&dir).unwrap();
+}

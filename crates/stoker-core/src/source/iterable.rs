@@ -289,12 +289,13 @@ impl IterEpoch {
         let k = self.given;
         self.given += 1;
         let ordinal = ordinal(k, self.info.rank, self.info.world_size);
+        let what = describe_sample(&self.info, k);
         Box::new(FailedSample::new(
             ordinal,
-            describe_sample(&self.info, k),
+            what.clone(),
             Error::Callback {
                 index: ordinal,
-                message,
+                message: format!("{what}: {message}"),
             },
         ))
     }
