@@ -164,6 +164,66 @@ typedef struct stoker_source_callbacks {
 } stoker_source_callbacks;
 
 /**
+ * Which stream to open: this rank's share of one epoch. `worker` is always 0 and `num_workers`
+ * 1: the loader reads one stream per rank, in order, so that batches are the same for a seed
+ * whatever `num_workers` is (workers decode and collate in parallel).
+ */
+typedef struct stoker_stream_info {
+  uint64_t rank;
+  uint64_t world_size;
+  uint64_t worker;
+  uint64_t num_workers;
+  uint64_t seed;
+  uint64_t epoch;
+} stoker_stream_info;
+
+/**
+ * The caller's iterable dataset. `open`, `next` are required; the others may be NULL.
+ *
+ * An epoch ends when the rank's stream ends; with the option `num_samples=N` every rank
+ * delivers exactly `ceil(N / world_size)` samples (opening its stream again if it ends sooner),
+ * so that every rank has the same number of batches. A stream must give the same samples for
+ * the same `stoker_stream_info`: a resumed loader replays the epoch from its start unless
+ * `save_state` is given and `shuffle_buffer` is 0.
+ */
+typedef struct stoker_iterable_callbacks {
+  /**
+   * Passed back to every call.
+   */
+  void *user;
+  /**
+   * Opens the stream `info` describes and writes its handle (any pointer) to `*stream`.
+   * `resume_state` is NULL, or a string `save_state` returned: continue after it. 0 = ok;
+   * otherwise the loader fails with STOKER_ERR_CALLBACK (see `stoker_stream_fail`).
+   */
+  int32_t (*open)(void *user,
+                  const struct stoker_stream_info *info,
+                  const char *resume_state,
+                  void **stream);
+  /**
+   * Gives the next sample through the `stoker_sample_put_*` functions and returns 0, or
+   * returns 1 (STOKER_END_OF_EPOCH) at the end of the stream. Any other value fails this
+   * sample (its message from `stoker_sample_fail`); the stream is then asked for the next.
+   */
+  int32_t (*next)(void *user, void *stream, struct stoker_sample *out);
+  /**
+   * Closes a stream (once, whether it ended or not); may be NULL.
+   */
+  void (*close)(void *user, void *stream);
+  /**
+   * Releases `user` once, when the last loader (or options object) using it is freed; may be
+   * NULL.
+   */
+  void (*drop)(void *user);
+  /**
+   * The stream's position after the samples given so far, as a NUL-terminated string that
+   * stays valid until the next call on this stream (copied at once); NULL if it cannot say.
+   * May be NULL: then a resumed loader replays the epoch.
+   */
+  const char *(*save_state)(void *user, void *stream);
+} stoker_iterable_callbacks;
+
+/**
  * A loader's counters. Fields may be appended, never reordered or removed: the caller sets
  * `size` to `sizeof(stoker_stats)` and the library fills only the fields that fit.
  */
@@ -424,6 +484,22 @@ enum stoker_status stoker_sample_put_label(struct stoker_sample *s, int64_t labe
  * STOKER_ERR_CALLBACK with this message (or, under on_error=skip, replaces the sample).
  */
 enum stoker_status stoker_sample_fail(struct stoker_sample *s, const char *message);
+
+/**
+ * Inside an iterable source's `open` or `next` callback, before it returns failure: the
+ * message the loader reports (for `next`, the same as `stoker_sample_fail`). Outside a
+ * callback it fails with STOKER_ERR_INVALID_ARGUMENT.
+ */
+enum stoker_status stoker_stream_fail(const char *message);
+
+/**
+ * Makes the options' source the caller's iterable callbacks (`open` and `next` required). The
+ * structure is copied. The fields of every sample are learnt from the first sample of rank
+ * `rank`'s stream of the first epoch, when a loader is made (that stream is then read on).
+ * `stoker_loader_batches_per_epoch` is -1 unless `num_samples` is set.
+ */
+enum stoker_status stoker_options_set_iterable_callbacks(struct stoker_options *o,
+                                                         const struct stoker_iterable_callbacks *cb);
 
 /**
  * Starts a loader (and its worker threads) from options; the options may be freed afterwards.
