@@ -57,7 +57,11 @@ pub struct stoker_iterable_callbacks {
     /// returns 1 (STOKER_END_OF_EPOCH) at the end of the stream. Any other value fails this
     /// sample (its message from `stoker_sample_fail`); the stream is then asked for the next.
     pub next: Option<
-        unsafe extern "C" fn(user: *mut c_void, stream: *mut c_void, out: *mut stoker_sample) -> i32,
+        unsafe extern "C" fn(
+            user: *mut c_void,
+            stream: *mut c_void,
+            out: *mut stoker_sample,
+        ) -> i32,
     >,
     /// Closes a stream (once, whether it ended or not); may be NULL.
     pub close: Option<unsafe extern "C" fn(user: *mut c_void, stream: *mut c_void)>,

@@ -136,7 +136,11 @@ fn each_rank_reads_its_own_stream_until_it_ends() {
     assert_eq!(l.batches_per_epoch_i64(), -1, "no length");
     assert!(l.is_streaming());
     let first = epoch(&mut l);
-    assert_eq!(first.concat(), (0..23).collect::<Vec<i64>>(), "stream order");
+    assert_eq!(
+        first.concat(),
+        (0..23).collect::<Vec<i64>>(),
+        "stream order"
+    );
     assert_eq!(first.last().unwrap().len(), 3, "short last batch");
     let x = {
         let b = l.next().unwrap().unwrap();
@@ -198,7 +202,10 @@ fn num_samples_gives_every_rank_the_same_batches_with_uneven_streams() {
                     assert_eq!(b.len(), l.batches_per_epoch(), "{what}");
                     per_rank.push(b.concat());
                 }
-                assert!(counts.windows(2).all(|w| w[0] == w[1]), "{what}: {counts:?}");
+                assert!(
+                    counts.windows(2).all(|w| w[0] == w[1]),
+                    "{what}: {counts:?}"
+                );
                 let expect = if shard_drop_last == "true" {
                     n / world
                 } else {
@@ -268,7 +275,9 @@ fn resume_replays_or_restores_the_stream_state() {
         let second = epoch(&mut whole);
         for stop in [1, 5, first.len()] {
             let mut l = loader(make(), &kv).unwrap();
-            let mut got: Vec<Vec<i64>> = (0..stop).map(|_| labels(&l.next().unwrap().unwrap())).collect();
+            let mut got: Vec<Vec<i64>> = (0..stop)
+                .map(|_| labels(&l.next().unwrap().unwrap()))
+                .collect();
             let state = l.save_state();
             drop(l);
             let src = make();
@@ -287,7 +296,10 @@ fn resume_replays_or_restores_the_stream_state() {
                 "{what} stop={stop}: {state}"
             );
             if restored {
-                assert_eq!(opened[0].1.as_deref(), Some((stop * 3).to_string().as_str()));
+                assert_eq!(
+                    opened[0].1.as_deref(),
+                    Some((stop * 3).to_string().as_str())
+                );
             }
         }
     }
@@ -304,14 +316,15 @@ fn failed_samples_fail_their_batch_or_are_replaced_and_open_failures_are_errors(
     let outcomes: Vec<_> = l.epoch_iter().collect();
     assert_eq!(outcomes.len(), 5);
     let e = outcomes[1].as_ref().err().unwrap().to_string();
-    assert!(
-        e.contains("sample 6 is bad") && e.contains("rank 0"),
-        "{e}"
-    );
+    assert!(e.contains("sample 6 is bad") && e.contains("rank 0"), "{e}");
 
     let mut l = loader(
         make(),
-        &[("batch_size", "4"), ("num_workers", "1"), ("on_error", "skip")],
+        &[
+            ("batch_size", "4"),
+            ("num_workers", "1"),
+            ("on_error", "skip"),
+        ],
     )
     .unwrap();
     let all = epoch(&mut l);
@@ -324,7 +337,10 @@ fn failed_samples_fail_their_batch_or_are_replaced_and_open_failures_are_errors(
     let e = loader(Arc::new(src), &[]).err().unwrap().to_string();
     assert!(e.contains("no such stream") && e.contains("rank 0"), "{e}");
 
-    let e = loader(Arc::new(Ids::new(0)), &[]).err().unwrap().to_string();
+    let e = loader(Arc::new(Ids::new(0)), &[])
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("gave no sample"), "{e}");
 
     // Keys that pick a sampler make no sense for a stream.

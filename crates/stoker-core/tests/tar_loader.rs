@@ -691,7 +691,9 @@ fn streaming_to_a_device_matches_the_host_and_resumes() {
         let b = l.next().unwrap()?;
         b.synchronize().unwrap();
         let meta = b.field_meta(0).unwrap();
-        let bytes = fake.read(b.field(0).unwrap().address, meta.num_bytes()).unwrap();
+        let bytes = fake
+            .read(b.field(0).unwrap().address, meta.num_bytes())
+            .unwrap();
         Some(
             bytes
                 .chunks_exact(8)
