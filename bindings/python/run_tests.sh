@@ -3,6 +3,7 @@
 # (.venv-test at the repository root, reused across runs), which builds libstoker with cargo and
 # bundles it, then pytest on the installed package.
 #
+# webdataset writes the tar shards of test_tar.py (its TarWriter is the reference writer).
 # torch is not installed here (its PyPI wheel pulls several GB of CUDA libraries), so the torch
 # tests skip; set STOKER_TEST_TORCH=1 to install it and run them too.
 set -euo pipefail
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/../.."
 venv=.venv-test
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q numpy pillow pytest
+"$venv/bin/python" -m pip install -q numpy pillow pytest webdataset
 if [ "${STOKER_TEST_TORCH:-0}" = 1 ]; then
   "$venv/bin/python" -m pip install -q torch
 fi
