@@ -122,6 +122,12 @@ impl StatsRecorder {
             .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// Samples passed over before any batch: the damaged tail of a tar shard under
+    /// `on_error=skip` counts as one.
+    pub(crate) fn add_skipped(&self, n: u64) {
+        self.lock().skipped += n;
+    }
+
     /// One batch handed to the consumer after it waited `wait`.
     pub(crate) fn delivered(&self, samples: usize, skipped: usize, wait: Duration) {
         let ns = wait.as_nanos() as u64;
