@@ -209,6 +209,66 @@ typedef struct stoker_source_callbacks {
 } stoker_source_callbacks;
 
 /**
+ * Which stream to open: this rank's share of one epoch. `worker` is always 0 and `num_workers`
+ * 1: the loader reads one stream per rank, in order, so that batches are the same for a seed
+ * whatever `num_workers` is (workers decode and collate in parallel).
+ */
+typedef struct stoker_stream_info {
+  uint64_t rank;
+  uint64_t world_size;
+  uint64_t worker;
+  uint64_t num_workers;
+  uint64_t seed;
+  uint64_t epoch;
+} stoker_stream_info;
+
+/**
+ * The caller's iterable dataset. `open`, `next` are required; the others may be NULL.
+ *
+ * An epoch ends when the rank's stream ends; with the option `num_samples=N` every rank
+ * delivers exactly `ceil(N / world_size)` samples (opening its stream again if it ends sooner),
+ * so that every rank has the same number of batches. A stream must give the same samples for
+ * the same `stoker_stream_info`: a resumed loader replays the epoch from its start unless
+ * `save_state` is given and `shuffle_buffer` is 0.
+ */
+typedef struct stoker_iterable_callbacks {
+  /**
+   * Passed back to every call.
+   */
+  void *user;
+  /**
+   * Opens the stream `info` describes and writes its handle (any pointer) to `*stream`.
+   * `resume_state` is NULL, or a string `save_state` returned: continue after it. 0 = ok;
+   * otherwise the loader fails with STOKER_ERR_CALLBACK (see `stoker_stream_fail`).
+   */
+  int32_t (*open)(void *user,
+                  const struct stoker_stream_info *info,
+                  const char *resume_state,
+                  void **stream);
+  /**
+   * Gives the next sample through the `stoker_sample_put_*` functions and returns 0, or
+   * returns 1 (STOKER_END_OF_EPOCH) at the end of the stream. Any other value fails this
+   * sample (its message from `stoker_sample_fail`); the stream is then asked for the next.
+   */
+  int32_t (*next)(void *user, void *stream, struct stoker_sample *out);
+  /**
+   * Closes a stream (once, whether it ended or not); may be NULL.
+   */
+  void (*close)(void *user, void *stream);
+  /**
+   * Releases `user` once, when the last loader (or options object) using it is freed; may be
+   * NULL.
+   */
+  void (*drop)(void *user);
+  /**
+   * The stream's position after the samples given so far, as a NUL-terminated string that
+   * stays valid until the next call on this stream (copied at once); NULL if it cannot say.
+   * May be NULL: then a resumed loader replays the epoch.
+   */
+  const char *(*save_state)(void *user, void *stream);
+} stoker_iterable_callbacks;
+
+/**
  * A loader's counters. Fields may be appended, never reordered or removed: the caller sets
  * `size` to `sizeof(stoker_stats)` and the library fills only the fields that fit.
  */
@@ -467,7 +527,7 @@ struct stoker_options *stoker_options_new(void);
  * <!-- options:begin -->
  * | key | values | default | meaning |
  * |---|---|---|---|
- * | `source` | `npy:PATH`, `image_folder:ROOT` | required | an npy array (memory-mapped; uint8, int32, int64, float16, float32), or one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules); custom and callback sources are set in code |
+ * | `source` | `npy:PATH`, `image_folder:ROOT`, `tar:PATTERN` | required | an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists; `.tar.gz` when streaming); custom, callback and iterable sources are set in code |
  * | `labels` | `npy:PATH` | none | integer labels for an npy source (field `label`, int64) |
  * | `batch_size` | integer 1..=16777216 | 1 | samples per batch |
  * | `shuffle` | bool | false | a new permutation every epoch, a function of (seed, epoch) only |
@@ -480,7 +540,7 @@ struct stoker_options *stoker_options_new(void);
  * | `world_size` | integer ≥ 1, `auto` (`env` is an alias) | `auto` | number of ranks (`auto`: from the launcher's variables, else 1); every sampler is dealt to ranks, each getting the same number of batches |
  * | `shard_drop_last` | bool | false | distributed: drop the tail instead of padding every rank to the same length |
  * | `replacement` | bool | false | `RandomSampler(replacement=True)` |
- * | `num_samples` | integer ≥ 1 | dataset size | samples per epoch of the random and weighted samplers |
+ * | `num_samples` | integer ≥ 1 | dataset size | samples per epoch of the random and weighted samplers; of an iterable source, the epoch's total over all ranks (each rank delivers `ceil(N / world_size)`, wrapping its stream around if short) |
  * | `weights` | `w0,w1,...` (finite, ≥ 0) | none | `WeightedRandomSampler` (with replacement) |
  * | `subset` | `3,5,9` or `0..1000`, mixed | none | `SubsetRandomSampler`: these indices, shuffled every epoch |
  * | `indices` | `3,5,9` or `0..1000`, mixed | none | these indices in this order every epoch (a torch `sampler=` given as a sequence) |
@@ -492,12 +552,14 @@ struct stoker_options *stoker_options_new(void);
  * | `cuda_stream` | a CUstream, decimal or `0x` hex | the loader's own | device=cuda: copy on the caller's stream (borrowed, never destroyed) |
  * | `on_error` | `raise`, `skip` | raise | bad sample: an error naming it, or a deterministic replacement counted in stats |
  * | `timeout_ms` | integer ≥ 0 | 0 (none) | longest wait for one batch |
- * | `resume_state` | a string from `save_state` | none | continue exactly where a saved job stopped, at any world size; an error names what differs if the source, sampler, batch_size, drop_last or transform changed |
+ * | `resume_state` | a string from `save_state` | none | continue exactly where a saved job stopped, at any world size (a streaming loader's state: at the same world size only, by replay); an error names what differs if the source, sampler, batch_size, drop_last or transform changed |
  * | `pad` | a finite number | none | pad ragged fields to the batch's longest, with a `<name>_lengths` field |
  * | `max_image_pixels` | integer ≥ 1 | 89478485 | larger images are bad samples (decompression bombs), refused before allocating |
  * | `memory_budget` | bytes (`8GiB`, `500MB`) or `N%` of physical memory | 50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE` | bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`) |
  * | `autotune` | bool | false | live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace |
  * | `trace` | a file path | none | write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped |
+ * | `shuffle_buffer` | integer 0..=16777216 | 0 | tar: 0 = indexed (random access, every sampler); N ≥ 1 = streaming: shards shuffled per (seed, epoch), split across ranks into equal runs, read sequentially through a seeded buffer of N samples; iterable sources: a buffer of N samples (0: stream order) |
+ * | `fields` | `EXT:NAME,...` (`jpg;png:image,cls:label,txt:caption`) | image + label | tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, anything else raw bytes (uint8, padded with 0, with `NAME_lengths`) |
  * <!-- options:end -->
  */
 enum stoker_status stoker_options_set(struct stoker_options *o,
@@ -565,6 +627,22 @@ enum stoker_status stoker_sample_put_label(struct stoker_sample *s, int64_t labe
  * STOKER_ERR_CALLBACK with this message (or, under on_error=skip, replaces the sample).
  */
 enum stoker_status stoker_sample_fail(struct stoker_sample *s, const char *message);
+
+/**
+ * Inside an iterable source's `open` or `next` callback, before it returns failure: the
+ * message the loader reports (for `next`, the same as `stoker_sample_fail`). Outside a
+ * callback it fails with STOKER_ERR_INVALID_ARGUMENT.
+ */
+enum stoker_status stoker_stream_fail(const char *message);
+
+/**
+ * Makes the options' source the caller's iterable callbacks (`open` and `next` required). The
+ * structure is copied. The fields of every sample are learnt from the first sample of rank
+ * `rank`'s stream of the first epoch, when a loader is made (that stream is then read on).
+ * `stoker_loader_batches_per_epoch` is -1 unless `num_samples` is set.
+ */
+enum stoker_status stoker_options_set_iterable_callbacks(struct stoker_options *o,
+                                                         const struct stoker_iterable_callbacks *cb);
 
 /**
  * Starts a loader (and its worker threads) from options; the options may be freed afterwards.

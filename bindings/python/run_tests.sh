@@ -12,13 +12,14 @@
 #   STOKER_SKIP_SDIST=1   skip building and installing the sdist (a second cargo build)
 # The virtualenvs live at the repository root (.venv-test, .venv-build); pip's cache
 # (~/.cache/pip) keeps torch's wheels, so a rerun downloads nothing.
+# webdataset writes the tar shards of test_tar.py (its TarWriter is the reference writer).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 TORCH_VERSION=2.15.0 # the LibTorch version of bindings/cpp/run_tests.sh
 VENV="$ROOT/.venv-test"
-REQUIREMENTS="numpy pillow pytest mypy torch==$TORCH_VERSION"
+REQUIREMENTS="numpy pillow pytest mypy webdataset torch==$TORCH_VERSION"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 START=$SECONDS
 checks=0

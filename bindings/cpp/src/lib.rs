@@ -18,8 +18,8 @@ use std::sync::Arc;
 use cxx::UniquePtr;
 use stoker_core::source::SampleWriter;
 use stoker_core::{
-    panic_message, Batch, DType, Error, ErrorKind, Loader, LoaderOptions, SourceSpec, StatsHandle,
-    Stream,
+    panic_message, Batch, DType, Error, ErrorKind, IterableSource, Loader, LoaderOptions,
+    SampleStream, SourceSpec, StatsHandle, Stream, StreamInfo,
 };
 
 #[cxx::bridge(namespace = "stoker::ffi")]
@@ -90,6 +90,22 @@ mod ffi {
         worker_busy_ns: Vec<u64>,
     }
 
+    /// Which stream an iterable source opens, as `stoker_stream_info` of the C ABI.
+    struct StreamInfoC {
+        rank: u64,
+        world_size: u64,
+        worker: u64,
+        num_workers: u64,
+        seed: u64,
+        epoch: u64,
+    }
+
+    /// A stream's saved position, if it gave one.
+    struct SavedState {
+        has_state: bool,
+        state: String,
+    }
+
     extern "Rust" {
         type OptionsHandle;
         type LoaderHandle;
@@ -145,6 +161,8 @@ mod ffi {
 
         /// Makes `source` (a C++ `stoker::Source`) the options' source.
         fn set_source(self: &mut OptionsHandle, source: UniquePtr<SourceBridge>) -> Result<()>;
+        /// Makes `source` (a C++ `stoker::IterableSource`) the options' source.
+        fn set_iterable(self: &mut OptionsHandle, source: UniquePtr<IterableBridge>) -> Result<()>;
     }
 
     // SAFETY: the signatures below match `include/stoker/source_bridge.hpp` (cxx checks them at
@@ -157,10 +175,27 @@ mod ffi {
         fn size(self: &SourceBridge) -> Result<usize>;
         /// A C++ exception thrown by the user's `get` arrives as `Err`, carrying its `what()`.
         fn get(self: &SourceBridge, index: usize, sample: &mut SampleHandle) -> Result<()>;
+
+        /// Owns the user's `stoker::IterableSource`.
+        type IterableBridge;
+        /// Opens a stream; `resume` holds a saved state when `has_resume`.
+        fn open(
+            self: &IterableBridge,
+            info: &StreamInfoC,
+            resume: &[u8],
+            has_resume: bool,
+        ) -> Result<UniquePtr<StreamBridge>>;
+        fn saves_state(self: &IterableBridge) -> bool;
+
+        /// Owns one open `stoker::SampleStream`; destroying it closes the stream.
+        type StreamBridge;
+        /// True with a sample given, false at the end of the stream.
+        fn next(self: Pin<&mut StreamBridge>, sample: &mut SampleHandle) -> Result<bool>;
+        fn save_state(self: Pin<&mut StreamBridge>) -> Result<SavedState>;
     }
 }
 
-use ffi::{FieldInfo, SourceBridge, StatsInfo};
+use ffi::{FieldInfo, IterableBridge, SourceBridge, StatsInfo, StreamBridge};
 
 /// An error on its way to C++: `"<status>|<message>"` (see the module docs).
 #[derive(Debug)]
@@ -254,6 +289,87 @@ impl OptionsHandle {
             read: Arc::new(read),
         });
         Ok(())
+    }
+}
+
+impl OptionsHandle {
+    fn set_iterable(&mut self, source: UniquePtr<IterableBridge>) -> Result<(), BridgeError> {
+        if source.is_null() {
+            return Err(invalid_argument(
+                "source: null stoker::IterableSource".into(),
+            ));
+        }
+        self.0
+            .set_source(SourceSpec::Iterable(Arc::new(CxxIterable(source))));
+        Ok(())
+    }
+}
+
+/// The user's C++ iterable source.
+struct CxxIterable(UniquePtr<IterableBridge>);
+
+// SAFETY: `stoker::IterableSource` documents that `open()` and `saves_state()` are const and may
+// be called from any thread, and that the object may be destroyed on any thread; the bridge only
+// calls those const methods.
+unsafe impl Send for CxxIterable {}
+// SAFETY: as above: shared access only calls thread-safe const methods.
+unsafe impl Sync for CxxIterable {}
+
+impl IterableSource for CxxIterable {
+    fn open(
+        &self,
+        info: &StreamInfo,
+        resume: Option<&str>,
+    ) -> Result<Box<dyn SampleStream>, String> {
+        let Some(bridge) = self.0.as_ref() else {
+            return Err("null stoker::IterableSource".into());
+        };
+        let info = ffi::StreamInfoC {
+            rank: info.rank as u64,
+            world_size: info.world_size as u64,
+            worker: info.worker as u64,
+            num_workers: info.num_workers as u64,
+            seed: info.seed,
+            epoch: info.epoch,
+        };
+        let stream = bridge
+            .open(&info, resume.unwrap_or("").as_bytes(), resume.is_some())
+            .map_err(|e| e.what().to_string())?;
+        if stream.is_null() {
+            return Err("stoker::IterableSource::open returned a null stream".into());
+        }
+        Ok(Box::new(CxxStream(stream)))
+    }
+
+    fn saves_state(&self) -> bool {
+        self.0.as_ref().is_some_and(|b| b.saves_state())
+    }
+}
+
+/// One open C++ stream.
+struct CxxStream(UniquePtr<StreamBridge>);
+
+// SAFETY: `stoker::SampleStream` documents that its methods may be called from different threads
+// one at a time (never concurrently) and that it may be destroyed on any thread; `&mut self`
+// makes the calls exclusive.
+unsafe impl Send for CxxStream {}
+
+impl SampleStream for CxxStream {
+    fn next(&mut self, out: &mut SampleWriter<'_>) -> Result<bool, String> {
+        let mut sample = SampleHandle { writer: out };
+        self.0
+            .pin_mut()
+            .next(&mut sample)
+            .map_err(|e| e.what().to_string())
+    }
+
+    fn save_state(&mut self) -> Result<Option<String>, String> {
+        let saved = self
+            .0
+            .pin_mut()
+            .save_state()
+            .map_err(|e| e.what().to_string())?;
+        Ok(saved.has_state.then_some(saved.state))
     }
 }
 

@@ -9,7 +9,7 @@
 //!
 //! Layout: [`types`] holds the C-visible types, [`dlpack`] the DLPack 1.0 structs and exports,
 //! and one module per handle holds its functions ([`version`], [`options`], [`source`],
-//! [`loader`], [`batch`]).
+//! [`iterable`], [`loader`], [`batch`]).
 
 // The C names (`stoker_status`, `STOKER_OK`, ...) are the contract, spelled as C spells them.
 #![allow(non_camel_case_types)]
@@ -32,6 +32,8 @@ pub mod error;
 pub mod options;
 
 pub mod source;
+
+pub mod iterable;
 
 pub mod loader;
 

@@ -23,7 +23,7 @@ pub extern "C" fn stoker_options_new() -> *mut stoker_options {
 /// <!-- options:begin -->
 /// | key | values | default | meaning |
 /// |---|---|---|---|
-/// | `source` | `npy:PATH`, `image_folder:ROOT` | required | an npy array (memory-mapped; uint8, int32, int64, float16, float32), or one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules); custom and callback sources are set in code |
+/// | `source` | `npy:PATH`, `image_folder:ROOT`, `tar:PATTERN` | required | an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists; `.tar.gz` when streaming); custom, callback and iterable sources are set in code |
 /// | `labels` | `npy:PATH` | none | integer labels for an npy source (field `label`, int64) |
 /// | `batch_size` | integer 1..=16777216 | 1 | samples per batch |
 /// | `shuffle` | bool | false | a new permutation every epoch, a function of (seed, epoch) only |
@@ -36,7 +36,7 @@ pub extern "C" fn stoker_options_new() -> *mut stoker_options {
 /// | `world_size` | integer ≥ 1, `auto` (`env` is an alias) | `auto` | number of ranks (`auto`: from the launcher's variables, else 1); every sampler is dealt to ranks, each getting the same number of batches |
 /// | `shard_drop_last` | bool | false | distributed: drop the tail instead of padding every rank to the same length |
 /// | `replacement` | bool | false | `RandomSampler(replacement=True)` |
-/// | `num_samples` | integer ≥ 1 | dataset size | samples per epoch of the random and weighted samplers |
+/// | `num_samples` | integer ≥ 1 | dataset size | samples per epoch of the random and weighted samplers; of an iterable source, the epoch's total over all ranks (each rank delivers `ceil(N / world_size)`, wrapping its stream around if short) |
 /// | `weights` | `w0,w1,...` (finite, ≥ 0) | none | `WeightedRandomSampler` (with replacement) |
 /// | `subset` | `3,5,9` or `0..1000`, mixed | none | `SubsetRandomSampler`: these indices, shuffled every epoch |
 /// | `indices` | `3,5,9` or `0..1000`, mixed | none | these indices in this order every epoch (a torch `sampler=` given as a sequence) |
@@ -48,12 +48,14 @@ pub extern "C" fn stoker_options_new() -> *mut stoker_options {
 /// | `cuda_stream` | a CUstream, decimal or `0x` hex | the loader's own | device=cuda: copy on the caller's stream (borrowed, never destroyed) |
 /// | `on_error` | `raise`, `skip` | raise | bad sample: an error naming it, or a deterministic replacement counted in stats |
 /// | `timeout_ms` | integer ≥ 0 | 0 (none) | longest wait for one batch |
-/// | `resume_state` | a string from `save_state` | none | continue exactly where a saved job stopped, at any world size; an error names what differs if the source, sampler, batch_size, drop_last or transform changed |
+/// | `resume_state` | a string from `save_state` | none | continue exactly where a saved job stopped, at any world size (a streaming loader's state: at the same world size only, by replay); an error names what differs if the source, sampler, batch_size, drop_last or transform changed |
 /// | `pad` | a finite number | none | pad ragged fields to the batch's longest, with a `<name>_lengths` field |
 /// | `max_image_pixels` | integer ≥ 1 | 89478485 | larger images are bad samples (decompression bombs), refused before allocating |
 /// | `memory_budget` | bytes (`8GiB`, `500MB`) or `N%` of physical memory | 50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE` | bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`) |
 /// | `autotune` | bool | false | live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace |
 /// | `trace` | a file path | none | write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped |
+/// | `shuffle_buffer` | integer 0..=16777216 | 0 | tar: 0 = indexed (random access, every sampler); N ≥ 1 = streaming: shards shuffled per (seed, epoch), split across ranks into equal runs, read sequentially through a seeded buffer of N samples; iterable sources: a buffer of N samples (0: stream order) |
+/// | `fields` | `EXT:NAME,...` (`jpg;png:image,cls:label,txt:caption`) | image + label | tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, anything else raw bytes (uint8, padded with 0, with `NAME_lengths`) |
 /// <!-- options:end -->
 #[no_mangle]
 pub extern "C" fn stoker_options_set(

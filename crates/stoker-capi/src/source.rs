@@ -60,7 +60,7 @@ impl stoker_sample {
 
     /// Runs `read` with a live sample handle attached to `writer`; returns the callback's result
     /// and the message it gave to `stoker_sample_fail`.
-    fn with_live<R>(
+    pub(crate) fn with_live<R>(
         writer: &mut SampleWriter<'_>,
         read: impl FnOnce(*mut stoker_sample) -> R,
     ) -> (R, Option<String>) {

@@ -10,6 +10,12 @@
 //! Building happens in two phases: every sample of the batch is read first (views into a memory
 //! map cost nothing; file bytes land in per-worker buffers that are reused), which fixes the
 //! padded shapes; then one slab is taken from the arena and every slot is written.
+//!
+//! A batch is built either from sample indices of a map-style [`Source`] ([`Collator::build`])
+//! or from samples a stream handed over, owned ([`Collator::build_owned`]: tar shards read
+//! sequentially, iterable sources). Both go through the same two phases; they differ only in
+//! where a sample's bytes come from and which samples can replace a bad one under
+//! `on_error=skip` (any sample of the dataset, or another sample of the same batch).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,7 +27,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::sampler::Draws;
-use crate::source::{FieldKind, Sample, Source};
+use crate::source::{FieldKind, FieldSpec, Sample, Source};
 use crate::stats::{SpanKind, Spans, Stage};
 use crate::transform::{Pipeline, Scratch as TransformScratch};
 
@@ -83,32 +89,112 @@ pub struct BatchKey {
     pub position: usize,
 }
 
+/// A sample a stream handed over: its bytes are owned (moved out of a shard reader or written by
+/// an iterable source), so a worker can build a batch from it without reaching back to the
+/// stream.
+pub trait OwnedSample: Send {
+    /// The sample's field bytes, in the order of the fields the collator was made for; they may
+    /// borrow from the sample or from `scratch`. A sample that could not be read carries its
+    /// error here.
+    fn read<'a>(&'a self, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>>;
+    /// Names the sample in errors (`shard PATH sample KEY (offset N)`).
+    fn describe(&self) -> String;
+    /// A number unique to the sample within its epoch (its position in the epoch's stream): the
+    /// key of its augmentation randomness and the index errors report.
+    fn ordinal(&self) -> u64;
+}
+
+/// Where the samples of one batch come from, and what may replace a bad one.
+trait Pick {
+    /// Candidates `0..len()` for a replacement.
+    fn len(&self) -> usize;
+    fn read<'a>(&'a self, candidate: usize, buf: &'a mut Vec<u8>) -> Result<Sample<'a>>;
+    fn describe(&self, candidate: usize) -> String;
+    /// The sample's index for randomness and messages.
+    fn index(&self, candidate: usize) -> u64;
+}
+
+/// Indices of a map-style source: any sample of the dataset may replace a bad one.
+struct FromSource<'s>(&'s dyn Source);
+
+impl Pick for FromSource<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn read<'a>(&'a self, candidate: usize, buf: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+        self.0.read(candidate, buf)
+    }
+    fn describe(&self, candidate: usize) -> String {
+        self.0.describe(candidate)
+    }
+    fn index(&self, candidate: usize) -> u64 {
+        candidate as u64
+    }
+}
+
+/// Owned samples of one batch: another sample of the same batch replaces a bad one (a stream
+/// has no random access to the rest of the dataset).
+struct FromOwned<'s>(&'s [Box<dyn OwnedSample>]);
+
+impl Pick for FromOwned<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn read<'a>(&'a self, candidate: usize, buf: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+        self.0[candidate].read(buf)
+    }
+    fn describe(&self, candidate: usize) -> String {
+        self.0[candidate].describe()
+    }
+    fn index(&self, candidate: usize) -> u64 {
+        self.0[candidate].ordinal()
+    }
+}
+
 pub struct Collator {
-    source: Arc<dyn Source>,
+    /// The map-style source `build` reads; `None` for a collator of streamed samples.
+    source: Option<Arc<dyn Source>>,
     outputs: Vec<Output>,
     names: Vec<String>,
     skip_bad: bool,
 }
 
 impl Collator {
-    /// `pad` is the value ragged fields are padded with (required if the source has any);
-    /// `image` writes encoded-image fields (required if the source has any).
+    /// `pad` is the value ragged fields are padded with (required if the source has any, except
+    /// raw-bytes fields, which pad with 0); `image` writes encoded-image fields (required if the
+    /// source has any).
     pub fn new(
         source: Arc<dyn Source>,
         pad: Option<f64>,
         image: Option<Arc<ImageStages>>,
         skip_bad: bool,
     ) -> Result<Collator> {
+        let mut collator = Collator::for_fields(source.fields(), pad, image, skip_bad)?;
+        collator.source = Some(source);
+        Ok(collator)
+    }
+
+    /// A collator for samples of `fields` handed over owned ([`Collator::build_owned`]), with
+    /// no map-style source behind it.
+    pub fn for_fields(
+        fields: &[FieldSpec],
+        pad: Option<f64>,
+        image: Option<Arc<ImageStages>>,
+        skip_bad: bool,
+    ) -> Result<Collator> {
         let mut outputs = Vec::new();
         let mut names = Vec::new();
-        for spec in source.fields() {
+        for spec in fields {
             let output = match &spec.kind {
                 FieldKind::Tensor { dtype, shape } => Output::Copy {
                     dtype: *dtype,
                     shape: shape.clone(),
                 },
                 FieldKind::Ragged { dtype, inner_shape } => {
-                    let pad = pad.ok_or_else(|| {
+                    // Raw bytes (a tar `txt` or `json` member, say) have an obvious pad, 0;
+                    // any other ragged tensor needs the caller to choose one.
+                    let raw_bytes = *dtype == DType::U8 && inner_shape.is_empty();
+                    let pad = pad.or(raw_bytes.then_some(0.0)).ok_or_else(|| {
                         Error::option(
                             "pad",
                             format!(
@@ -136,15 +222,16 @@ impl Collator {
             names.push(spec.name.clone());
         }
         Ok(Collator {
-            source,
+            source: None,
             outputs,
             names,
             skip_bad,
         })
     }
 
-    pub fn source(&self) -> &Arc<dyn Source> {
-        &self.source
+    /// The map-style source (`None` for a collator of streamed samples).
+    pub fn source(&self) -> Option<&Arc<dyn Source>> {
+        self.source.as_ref()
     }
 
     /// Bytes of the slab a batch of `n` samples needs (ragged fields counted empty: a lower
@@ -153,13 +240,50 @@ impl Collator {
         self.layout(n, &vec![0; self.outputs.len()]).1
     }
 
-    /// Builds the batch of `indices` in a slab from `arena`; `draws` keys each slot's
-    /// augmentation (see [`crate::sampler::BatchPlan`]).
+    /// Builds the batch of `indices` of the source in a slab from `arena`; `draws` keys each
+    /// slot's augmentation (see [`crate::sampler::BatchPlan`]).
     pub fn build(
         &self,
         key: BatchKey,
         indices: &[usize],
         draws: Draws,
+        arena: &Arena,
+        scratch: &mut Scratch,
+    ) -> Result<Batch> {
+        let source = self.source.as_deref().ok_or_else(|| {
+            Error::Internal("a collator of streamed samples was asked for indices".into())
+        })?;
+        self.build_from(
+            key,
+            &FromSource(source),
+            indices,
+            Some(draws),
+            arena,
+            scratch,
+        )
+    }
+
+    /// Builds the batch of `samples`, in that order, in a slab from `arena`; each slot's
+    /// augmentation is keyed by its sample's position in this rank's stream. Under
+    /// `on_error=skip` a bad sample is replaced by another of the same batch, keeping the key
+    /// of the slot.
+    pub fn build_owned(
+        &self,
+        key: BatchKey,
+        samples: &[Box<dyn OwnedSample>],
+        arena: &Arena,
+        scratch: &mut Scratch,
+    ) -> Result<Batch> {
+        let slots: Vec<usize> = (0..samples.len()).collect();
+        self.build_from(key, &FromOwned(samples), &slots, None, arena, scratch)
+    }
+
+    fn build_from(
+        &self,
+        key: BatchKey,
+        pick: &dyn Pick,
+        indices: &[usize],
+        draws: Option<Draws>,
         arena: &Arena,
         scratch: &mut Scratch,
     ) -> Result<Batch> {
@@ -180,8 +304,8 @@ impl Collator {
         let mut skipped = 0;
         for (slot, (&index, buf)) in indices.iter().zip(reads.iter_mut()).enumerate() {
             let start = Instant::now();
-            let (used, sample, replaced) = self.read_valid(key, slot, index, buf, spans)?;
-            spans.push(SpanKind::SampleRead, slot, used, start);
+            let (used, sample, replaced) = self.read_valid(key, pick, slot, index, buf, spans)?;
+            spans.push(SpanKind::SampleRead, slot, pick.index(used) as usize, start);
             skipped += usize::from(replaced);
             samples.push((used, sample));
         }
@@ -203,13 +327,17 @@ impl Collator {
 
         // Phase 2: write every slot.
         for (slot, (index, sample)) in samples.iter().enumerate() {
-            // The slot's draw: a replacement keeps the draw of the sample it replaces.
-            let draw = draws.at(slot, indices[slot]);
+            // The slot's draw: a replacement keeps the draw of the sample it replaces. Streamed
+            // samples are keyed by their position in this rank's stream.
+            let draw = match draws {
+                Some(draws) => draws.at(slot, indices[slot]),
+                None => pick.index(indices[slot]),
+            };
             let start = Instant::now();
             let mut used = *index;
-            if let Err(err) =
-                self.write(key, slot, *index, draw, sample, &metas, slab, pixels, spans)
-            {
+            if let Err(err) = self.write(
+                key, pick, slot, *index, draw, sample, &metas, slab, pixels, spans,
+            ) {
                 if !(self.skip_bad && err.is_sample_error()) {
                     return Err(err);
                 }
@@ -219,11 +347,16 @@ impl Collator {
                     slab,
                 };
                 used = self.write_replacement(
-                    key, slot, *index, draw, target, spare, pixels, spans, err,
+                    key, pick, slot, *index, draw, target, spare, pixels, spans, err,
                 )?;
                 skipped += 1;
             }
-            spans.push(SpanKind::SampleWrite, slot, used, start);
+            spans.push(
+                SpanKind::SampleWrite,
+                slot,
+                pick.index(used) as usize,
+                start,
+            );
         }
         Ok(Batch::host(
             metas,
@@ -238,8 +371,9 @@ impl Collator {
     /// Reads sample `index`, or under on_error=skip the first of its deterministic replacements
     /// that reads and validates. Returns the index used and whether it is a replacement.
     fn read_valid<'a>(
-        &'a self,
+        &self,
         key: BatchKey,
+        pick: &'a dyn Pick,
         slot: usize,
         index: usize,
         buf: &'a mut Vec<u8>,
@@ -247,7 +381,7 @@ impl Collator {
     ) -> Result<(usize, Sample<'a>, bool)> {
         let buf: *mut Vec<u8> = buf;
         let mut candidate = index;
-        let mut rng = replacement_rng(key, index);
+        let mut rng = replacement_rng(key, pick.index(index));
         let mut first_err = None;
         for attempt in 0..=MAX_REPLACEMENTS {
             // SAFETY: `buf` comes from a `&'a mut` we hold exclusively. Each iteration's borrow
@@ -256,14 +390,19 @@ impl Collator {
             // return of a borrow from inside a loop (NLL problem case #3).
             let attempt_buf = unsafe { &mut *buf };
             let start = Instant::now();
-            let read = self.source.read(candidate, attempt_buf);
-            spans.push(SpanKind::Stage(Stage::Read), slot, candidate, start);
-            let result = read.and_then(|s| self.validate(candidate, &s).map(|()| s));
+            let read = pick.read(candidate, attempt_buf);
+            spans.push(
+                SpanKind::Stage(Stage::Read),
+                slot,
+                pick.index(candidate) as usize,
+                start,
+            );
+            let result = read.and_then(|s| self.validate(pick, candidate, &s).map(|()| s));
             match result {
                 Ok(sample) => return Ok((candidate, sample, attempt > 0)),
                 Err(err) if self.skip_bad && err.is_sample_error() => {
                     first_err.get_or_insert(err);
-                    candidate = rng.below(self.source.len() as u64) as usize;
+                    candidate = rng.below(pick.len() as u64) as usize;
                 }
                 Err(err) => return Err(err),
             }
@@ -280,6 +419,7 @@ impl Collator {
     fn write_replacement(
         &self,
         key: BatchKey,
+        pick: &dyn Pick,
         slot: usize,
         index: usize,
         draw: u64,
@@ -294,23 +434,28 @@ impl Collator {
             max_len,
             slab,
         } = target;
-        let mut rng = replacement_rng(key, index);
+        let mut rng = replacement_rng(key, pick.index(index));
         for _ in 0..MAX_REPLACEMENTS {
-            let candidate = rng.below(self.source.len() as u64) as usize;
+            let candidate = rng.below(pick.len() as u64) as usize;
             let start = Instant::now();
-            let read = self.source.read(candidate, spare);
-            spans.push(SpanKind::Stage(Stage::Read), slot, candidate, start);
+            let read = pick.read(candidate, spare);
+            spans.push(
+                SpanKind::Stage(Stage::Read),
+                slot,
+                pick.index(candidate) as usize,
+                start,
+            );
             let Ok(sample) = read else {
                 continue;
             };
-            let fits = self.validate(candidate, &sample).is_ok()
+            let fits = self.validate(pick, candidate, &sample).is_ok()
                 && self.outputs.iter().enumerate().all(|(f, o)| {
                     !matches!(o, Output::Pad { .. }) || self.ragged_len(f, &sample) <= max_len[f]
                 });
             if fits
                 && self
                     .write(
-                        key, slot, candidate, draw, &sample, metas, slab, pixels, spans,
+                        key, pick, slot, candidate, draw, &sample, metas, slab, pixels, spans,
                     )
                     .is_ok()
             {
@@ -321,7 +466,7 @@ impl Collator {
     }
 
     /// Checks that a sample's bytes match its field specs.
-    fn validate(&self, index: usize, sample: &Sample<'_>) -> Result<()> {
+    fn validate(&self, pick: &dyn Pick, index: usize, sample: &Sample<'_>) -> Result<()> {
         for (f, out) in self.outputs.iter().enumerate() {
             let got = sample.get(f).len();
             let ok = match out {
@@ -346,7 +491,7 @@ impl Collator {
                     ),
                     Output::Image(_) => format!("field `{}` is empty (0 bytes)", self.names[f]),
                 };
-                return Err(self.sample_error(index, reason));
+                return Err(sample_error(pick, index, reason));
             }
         }
         Ok(())
@@ -407,6 +552,7 @@ impl Collator {
     fn write(
         &self,
         key: BatchKey,
+        pick: &dyn Pick,
         slot: usize,
         index: usize,
         draw: u64,
@@ -437,23 +583,28 @@ impl Collator {
                 }
                 Output::Image(stages) => {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-                    let at = (slot, index);
+                    let at = (slot, pick.index(index) as usize);
                     write_image(stages, src, &mut rng, dst, pixels, spans, at)
-                        .map_err(|reason| self.sample_error(index, reason))?;
+                        .map_err(|reason| sample_error(pick, index, reason))?;
                     continue; // decode and transform recorded their own spans
                 }
             }
-            spans.push(SpanKind::Stage(Stage::Collate), slot, index, start);
+            spans.push(
+                SpanKind::Stage(Stage::Collate),
+                slot,
+                pick.index(index) as usize,
+                start,
+            );
         }
         Ok(())
     }
+}
 
-    fn sample_error(&self, index: usize, reason: String) -> Error {
-        Error::Sample {
-            index: index as u64,
-            what: self.source.describe(index),
-            reason,
-        }
+fn sample_error(pick: &dyn Pick, index: usize, reason: String) -> Error {
+    Error::Sample {
+        index: pick.index(index),
+        what: pick.describe(index),
+        reason,
     }
 }
 
@@ -493,8 +644,8 @@ fn write_image(
     result
 }
 
-fn replacement_rng(key: BatchKey, index: usize) -> Rng {
-    Rng::for_key(key.seed, Stream::Replace, key.epoch, index as u64)
+fn replacement_rng(key: BatchKey, index: u64) -> Rng {
+    Rng::for_key(key.seed, Stream::Replace, key.epoch, index)
 }
 
 fn gave_up(first: Error) -> Error {

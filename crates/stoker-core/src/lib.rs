@@ -45,7 +45,8 @@ pub use options::{Device, LoaderOptions, OnError};
 pub use resume::ResumeState;
 pub use sampler::{BatchPlan, Deal, Sampler, SamplerKind};
 pub use source::{
-    FieldKind, FieldSpec, ImageFolderSource, MemorySource, NpySource, Sample, Source, SourceSpec,
+    FieldKind, FieldSpec, ImageFolderSource, IterableSource, MemorySource, NpySource, Sample,
+    SampleStream, SampleWriter, Source, SourceSpec, StreamInfo, TarSource, TarStream,
 };
 pub use stats::{Stage, Stats, StatsHandle};
 pub use transform::Pipeline;

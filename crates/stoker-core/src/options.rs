@@ -5,6 +5,7 @@
 //! unknown-key message all come from it.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::collate::ImageStages;
 use crate::dtype::{DType, Layout};
@@ -12,8 +13,10 @@ use crate::error::{Error, Result};
 use crate::launch::{usable_cores, Launch};
 use crate::memory::MemoryBudget;
 use crate::sampler::{Deal, SamplerKind};
+use crate::source::streaming::StreamSource;
+use crate::source::tar::{Split, TarConfig, TarSource, TarStream};
 pub use crate::source::SourceSpec;
-use crate::source::{FieldKind, Source};
+use crate::source::{FieldKind, FieldSpec, IterableStream, Source};
 use crate::transform::Pipeline;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -106,6 +109,11 @@ pub struct LoaderOptions {
     pub(crate) memory_budget: Option<MemoryBudget>,
     /// Live control of the worker count and prefetch depth (see [`crate::autotune`]).
     pub(crate) autotune: bool,
+    /// Streaming mode's shuffle buffer (tar and iterable sources); 0: indexed tar, or an
+    /// iterable in stream order.
+    pub(crate) shuffle_buffer: usize,
+    /// Tar members to deliver, as parsed by `parse_fields`.
+    pub(crate) fields: Option<Vec<(String, String)>>,
 }
 
 impl Default for LoaderOptions {
@@ -145,6 +153,8 @@ impl Default for LoaderOptions {
             trace: None,
             memory_budget: None,
             autotune: false,
+            shuffle_buffer: 0,
+            fields: None,
         }
     }
 }
@@ -163,7 +173,7 @@ pub struct OptionDoc {
 /// Every key [`LoaderOptions::set`] accepts.
 #[rustfmt::skip]
 pub const OPTIONS: &[OptionDoc] = &[
-    OptionDoc { key: "source", values: "`npy:PATH`, `image_folder:ROOT`", default: "required", meaning: "an npy array (memory-mapped; uint8, int32, int64, float16, float32), or one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules); custom and callback sources are set in code" },
+    OptionDoc { key: "source", values: "`npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`", default: "required", meaning: "an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists; `.tar.gz` when streaming); custom, callback and iterable sources are set in code" },
     OptionDoc { key: "labels", values: "`npy:PATH`", default: "none", meaning: "integer labels for an npy source (field `label`, int64)" },
     OptionDoc { key: "batch_size", values: "integer 1..=16777216", default: "1", meaning: "samples per batch" },
     OptionDoc { key: "shuffle", values: "bool", default: "false", meaning: "a new permutation every epoch, a function of (seed, epoch) only" },
@@ -176,7 +186,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "world_size", values: "integer ≥ 1, `auto` (`env` is an alias)", default: "`auto`", meaning: "number of ranks (`auto`: from the launcher's variables, else 1); every sampler is dealt to ranks, each getting the same number of batches" },
     OptionDoc { key: "shard_drop_last", values: "bool", default: "false", meaning: "distributed: drop the tail instead of padding every rank to the same length" },
     OptionDoc { key: "replacement", values: "bool", default: "false", meaning: "`RandomSampler(replacement=True)`" },
-    OptionDoc { key: "num_samples", values: "integer ≥ 1", default: "dataset size", meaning: "samples per epoch of the random and weighted samplers" },
+    OptionDoc { key: "num_samples", values: "integer ≥ 1", default: "dataset size", meaning: "samples per epoch of the random and weighted samplers; of an iterable source, the epoch's total over all ranks (each rank delivers `ceil(N / world_size)`, wrapping its stream around if short)" },
     OptionDoc { key: "weights", values: "`w0,w1,...` (finite, ≥ 0)", default: "none", meaning: "`WeightedRandomSampler` (with replacement)" },
     OptionDoc { key: "subset", values: "`3,5,9` or `0..1000`, mixed", default: "none", meaning: "`SubsetRandomSampler`: these indices, shuffled every epoch" },
     OptionDoc { key: "indices", values: "`3,5,9` or `0..1000`, mixed", default: "none", meaning: "these indices in this order every epoch (a torch `sampler=` given as a sequence)" },
@@ -188,12 +198,14 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "cuda_stream", values: "a CUstream, decimal or `0x` hex", default: "the loader's own", meaning: "device=cuda: copy on the caller's stream (borrowed, never destroyed)" },
     OptionDoc { key: "on_error", values: "`raise`, `skip`", default: "raise", meaning: "bad sample: an error naming it, or a deterministic replacement counted in stats" },
     OptionDoc { key: "timeout_ms", values: "integer ≥ 0", default: "0 (none)", meaning: "longest wait for one batch" },
-    OptionDoc { key: "resume_state", values: "a string from `save_state`", default: "none", meaning: "continue exactly where a saved job stopped, at any world size; an error names what differs if the source, sampler, batch_size, drop_last or transform changed" },
+    OptionDoc { key: "resume_state", values: "a string from `save_state`", default: "none", meaning: "continue exactly where a saved job stopped, at any world size (a streaming loader's state: at the same world size only, by replay); an error names what differs if the source, sampler, batch_size, drop_last or transform changed" },
     OptionDoc { key: "pad", values: "a finite number", default: "none", meaning: "pad ragged fields to the batch's longest, with a `<name>_lengths` field" },
     OptionDoc { key: "max_image_pixels", values: "integer ≥ 1", default: "89478485", meaning: "larger images are bad samples (decompression bombs), refused before allocating" },
     OptionDoc { key: "memory_budget", values: "bytes (`8GiB`, `500MB`) or `N%` of physical memory", default: "50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE`", meaning: "bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`)" },
     OptionDoc { key: "autotune", values: "bool", default: "false", meaning: "live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace" },
     OptionDoc { key: "trace", values: "a file path", default: "none", meaning: "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped" },
+    OptionDoc { key: "shuffle_buffer", values: "integer 0..=16777216", default: "0", meaning: "tar: 0 = indexed (random access, every sampler); N ≥ 1 = streaming: shards shuffled per (seed, epoch), split across ranks into equal runs, read sequentially through a seeded buffer of N samples; iterable sources: a buffer of N samples (0: stream order)" },
+    OptionDoc { key: "fields", values: "`EXT:NAME,...` (`jpg;png:image,cls:label,txt:caption`)", default: "image + label", meaning: "tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, anything else raw bytes (uint8, padded with 0, with `NAME_lengths`)" },
 ];
 
 /// Every key [`LoaderOptions::set`] accepts, in [`OPTIONS`] order.
@@ -288,10 +300,17 @@ impl LoaderOptions {
                     SourceSpec::Npy(non_empty_path(key, p)?)
                 } else if let Some(p) = v.strip_prefix("image_folder:") {
                     SourceSpec::ImageFolder(non_empty_path(key, p)?)
+                } else if let Some(p) = v.strip_prefix("tar:") {
+                    // Expanded (and checked) when the loader opens the shards: a pattern may
+                    // name shards that do not exist yet.
+                    if p.is_empty() {
+                        return Err(Error::option(key, "the shard pattern is empty"));
+                    }
+                    SourceSpec::Tar(p.to_owned())
                 } else {
                     return Err(Error::option(
                         key,
-                        format!("`{v}` is not a source; expected npy:PATH or image_folder:ROOT"),
+                        format!("`{v}` is not a source; expected npy:PATH, image_folder:ROOT or tar:PATTERN"),
                     ));
                 })
             }
@@ -411,6 +430,8 @@ impl LoaderOptions {
                     Some(PathBuf::from(v))
                 }
             }
+            "shuffle_buffer" => self.shuffle_buffer = parse_int(key, v, 0, 1 << 24)? as usize,
+            "fields" => self.fields = Some(crate::source::tar::parse_fields(v)?),
             _ => {
                 return Err(Error::InvalidOption {
                     key: key.to_owned(),
@@ -530,15 +551,160 @@ impl LoaderOptions {
     }
 }
 
+/// A loader's source once opened: map-style (read by index) or a stream.
+pub(crate) enum OpenedSource {
+    Indexed(Arc<dyn Source>),
+    Stream(Arc<dyn StreamSource>),
+}
+
+/// What opening a source found: the source, and the damaged tar shards `on_error=skip` passes
+/// over (each counts as one skipped sample).
+pub(crate) struct Opened {
+    pub source: OpenedSource,
+    pub damaged: Vec<String>,
+}
+
 impl LoaderOptions {
-    /// The image stages (decode limits and transform) for `source`: `None` for a source with
-    /// no encoded-image field, where `transform`, `dtype` and `layout` are errors.
-    pub fn image_stages(&self, source: &dyn Source) -> Result<Option<ImageStages>> {
+    /// Whether these options make a streaming loader: tar shards with `shuffle_buffer ≥ 1`, or
+    /// an iterable source.
+    pub fn is_streaming(&self) -> bool {
+        match &self.source {
+            Some(SourceSpec::Tar(_)) => self.shuffle_buffer > 0,
+            Some(SourceSpec::Iterable(_)) => true,
+            _ => false,
+        }
+    }
+
+    /// How tar shards are read under these options.
+    pub(crate) fn tar_config(&self) -> TarConfig {
+        TarConfig {
+            fields: self.fields.clone(),
+            pad: self.pad.is_some(),
+            skip_damaged: self.on_error == OnError::Skip,
+            ..TarConfig::default()
+        }
+    }
+
+    /// Opens the source. A stream (tar with `shuffle_buffer ≥ 1`, an iterable source) is opened
+    /// for this rank; an iterable's stream of `epoch` is opened (continuing from `resume`, a
+    /// state it saved after `given` samples) to learn the fields from its first sample.
+    pub(crate) fn open_source(
+        &self,
+        seed: u64,
+        epoch: u64,
+        resume: Option<&str>,
+        given: u64,
+    ) -> Result<Opened> {
+        let spec = self.source.as_ref().ok_or_else(|| {
+            Error::option("source", "required, e.g. npy:PATH or image_folder:ROOT")
+        })?;
+        let is_tar = matches!(spec, SourceSpec::Tar(_));
+        if self.fields.is_some() && !is_tar {
+            return Err(Error::option("fields", "applies to tar sources only"));
+        }
+        let streaming = self.is_streaming();
+        if self.shuffle_buffer > 0 && !streaming {
+            return Err(Error::option(
+                "shuffle_buffer",
+                "applies to tar and iterable sources only",
+            ));
+        }
+        if streaming {
+            self.check_stream_keys(matches!(spec, SourceSpec::Iterable(_)))?;
+        }
+        // Streams are split by the resolved launch, as the indexed samplers are dealt.
+        let launch = self.launch()?;
+        let split = Split {
+            rank: launch.rank,
+            world_size: launch.world_size,
+            seed,
+            drop_tail: self.shard_drop_last,
+        };
+        Ok(match spec {
+            SourceSpec::Tar(pattern) if streaming => {
+                let stream = TarStream::open_pattern(pattern, self.tar_config(), split)?;
+                let damaged = stream.damaged().to_vec();
+                Opened {
+                    source: OpenedSource::Stream(Arc::new(stream)),
+                    damaged,
+                }
+            }
+            SourceSpec::Tar(pattern) => {
+                let source = TarSource::open_pattern(pattern, self.tar_config())?;
+                let damaged = source.damaged().to_vec();
+                Opened {
+                    source: OpenedSource::Indexed(Arc::new(source)),
+                    damaged,
+                }
+            }
+            SourceSpec::Iterable(iterable) => {
+                if split.world_size == 0 || split.rank >= split.world_size {
+                    return Err(Error::option(
+                        "rank",
+                        format!(
+                            "rank {} is out of range for world_size {}",
+                            split.rank, split.world_size
+                        ),
+                    ));
+                }
+                let stream = IterableStream::new(
+                    Arc::clone(iterable),
+                    split,
+                    epoch,
+                    resume,
+                    given,
+                    self.num_samples,
+                    self.pad.is_some(),
+                )?;
+                Opened {
+                    source: OpenedSource::Stream(Arc::new(stream)),
+                    damaged: Vec::new(),
+                }
+            }
+            other => Opened {
+                source: OpenedSource::Indexed(
+                    other.open(self.labels.as_deref(), self.pad.is_some())?,
+                ),
+                damaged: Vec::new(),
+            },
+        })
+    }
+
+    /// Keys that choose a sampler have no meaning for a stream, which is read in order.
+    fn check_stream_keys(&self, iterable: bool) -> Result<()> {
+        for (key, set) in [
+            ("weights", self.weights.is_some()),
+            ("subset", self.subset.is_some()),
+            ("replacement", self.replacement),
+            ("sampler", self.sampler.is_some()),
+            ("num_samples", self.num_samples.is_some() && !iterable),
+        ] {
+            if set {
+                return Err(Error::option(
+                    key,
+                    if iterable {
+                        "does not apply to an iterable source, which is read in order".to_owned()
+                    } else {
+                        "applies to indexed tar shards (shuffle_buffer=0) only: streaming reads shards in order".to_owned()
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The shuffle buffer of a streaming loader.
+    pub fn shuffle_buffer(&self) -> usize {
+        self.shuffle_buffer
+    }
+}
+
+impl LoaderOptions {
+    /// The image stages (decode limits and transform) for a source of `fields`: `None` for a
+    /// source with no encoded-image field, where `transform`, `dtype` and `layout` are errors.
+    pub fn image_stages(&self, fields: &[FieldSpec]) -> Result<Option<ImageStages>> {
         let options = self;
-        let has_images = source
-            .fields()
-            .iter()
-            .any(|f| f.kind == FieldKind::EncodedImage);
+        let has_images = fields.iter().any(|f| f.kind == FieldKind::EncodedImage);
         if !has_images {
             // Tensors are delivered as stored: a conversion here would be a second copy that a
             // caller asking for one should see, not get silently.

@@ -50,8 +50,8 @@ pub(crate) struct Builder {
 
 /// What one thread that builds batches keeps: its scratch memory and its counters.
 pub(crate) struct WorkerCtx {
-    scratch: Scratch,
-    slot: Arc<WorkerSlot>,
+    pub(crate) scratch: Scratch,
+    pub(crate) slot: Arc<WorkerSlot>,
 }
 
 impl WorkerCtx {

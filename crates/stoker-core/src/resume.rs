@@ -12,6 +12,13 @@
 //! the sampler, `batch_size`, `drop_last`, the transform); resuming with any of them changed is an
 //! error naming it. States of the first format (`stoker-state-v1`: a batch position, checked by
 //! the batch count only) are still read, for the same world size.
+//!
+//! A streaming loader (`mode=stream`: tar shards with `shuffle_buffer ≥ 1`, an iterable source)
+//! has no global order: each rank reads its own stream. Its state is this rank's batch position
+//! in the epoch and the world size; it resumes at the same world size only, by replaying the
+//! epoch's stream and shuffle buffer from the epoch's start (reading, not decoding) up to the
+//! position. An iterable source that saves its own position adds it (`stream=`, hex-encoded) and
+//! is opened there instead.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -50,6 +57,16 @@ pub enum Position {
         world_size: usize,
         fingerprint: Fingerprint,
     },
+    /// `mode=stream`: batches of the epoch this rank delivered in order out of its own stream,
+    /// the world size (a stream resumes at the same world size only), the batches per epoch
+    /// (`None`: unknown, a stream with no length) and the stream's own position after batch
+    /// `position - 1`, when it gives one.
+    Stream {
+        position: usize,
+        world_size: usize,
+        batches_per_epoch: Option<usize>,
+        state: Option<String>,
+    },
 }
 
 /// A job's position: everything needed to continue exactly where it stopped.
@@ -59,7 +76,7 @@ pub struct ResumeState {
     pub epoch: u64,
     pub at: Position,
     /// With `in_order=false`: batches after the position also delivered by this rank, as
-    /// offsets from it (v2; v1 states hold absolute positions).
+    /// offsets from it (v2 indexed; v1 and streaming states hold absolute positions).
     pub ahead: Vec<usize>,
 }
 
@@ -113,10 +130,32 @@ impl ResumeState {
                 .map(|p| p.parse().map_err(|_| bad("has a malformed `ahead`")))
                 .collect::<Result<Vec<usize>>>()?,
         };
+        let mode = match fields.get("mode") {
+            None | Some(&"indexed") => "indexed",
+            Some(&"stream") if version == V2 => "stream",
+            Some(_) => return Err(bad("has an unknown `mode`")),
+        };
         let at = if version == V1 {
             Position::Batches {
                 position: count("position")?,
                 batches_per_epoch: count("batches")?,
+            }
+        } else if mode == "stream" {
+            let world_size = count("world_size")?;
+            if world_size == 0 {
+                return Err(bad("has world_size 0"));
+            }
+            Position::Stream {
+                position: count("position")?,
+                world_size,
+                batches_per_epoch: match field("batches")? {
+                    "unknown" => None,
+                    _ => Some(count("batches")?),
+                },
+                state: match fields.get("stream") {
+                    None => None,
+                    Some(hex) => Some(unhex(hex).ok_or_else(|| bad("has a malformed `stream`"))?),
+                },
             }
         } else {
             let drop_last = match field("drop_last")? {
@@ -155,6 +194,29 @@ impl std::fmt::Display for ResumeState {
         let ahead: Vec<String> = self.ahead.iter().map(|p| p.to_string()).collect();
         let ahead = ahead.join(",");
         match &self.at {
+            Position::Stream {
+                position,
+                world_size,
+                batches_per_epoch,
+                state,
+            } => {
+                write!(
+                    f,
+                    "{V2};seed={};epoch={};mode=stream;position={position};world_size={world_size};ahead={ahead};batches=",
+                    self.seed, self.epoch
+                )?;
+                match batches_per_epoch {
+                    Some(n) => write!(f, "{n}")?,
+                    None => f.write_str("unknown")?,
+                }
+                if let Some(state) = state {
+                    f.write_str(";stream=")?;
+                    for b in state.bytes() {
+                        write!(f, "{b:02x}")?;
+                    }
+                }
+                Ok(())
+            }
             Position::Batches {
                 position,
                 batches_per_epoch,
@@ -281,6 +343,18 @@ impl std::fmt::Write for Fnv {
     }
 }
 
+/// The string whose bytes `hex` spells (lower or upper case), if it is one.
+fn unhex(hex: &str) -> Option<String> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,5 +444,48 @@ mod tests {
             "{m}"
         );
         assert!(!m.contains("sampler"), "{m}");
+    }
+
+    #[test]
+    fn stream_states_round_trip() {
+        let mut state = ResumeState {
+            seed: 7,
+            epoch: 2,
+            at: Position::Stream {
+                position: 5,
+                world_size: 2,
+                batches_per_epoch: Some(12),
+                state: None,
+            },
+            ahead: vec![7, 9],
+        };
+        let text = state.to_string();
+        assert!(
+            text.starts_with("stoker-state-v2;seed=7;epoch=2;mode=stream;position=5;world_size=2;"),
+            "{text}"
+        );
+        assert!(!text.contains("stream="), "{text}");
+        assert_eq!(ResumeState::parse(&text).unwrap(), state);
+        state.at = Position::Stream {
+            position: 5,
+            world_size: 1,
+            batches_per_epoch: None,
+            state: Some("offset=3;é".into()),
+        };
+        let text = state.to_string();
+        assert!(text.contains(";batches=unknown;stream="), "{text}");
+        assert_eq!(ResumeState::parse(&text).unwrap(), state);
+        for bad in ["mode=fast", "stream=abc", "stream=zz", "world_size=0"] {
+            let e = ResumeState::parse(&format!(
+                "stoker-state-v2;seed=1;epoch=0;mode=stream;position=0;batches=1;world_size=1;{bad}"
+            ))
+            .unwrap_err();
+            assert!(e.to_string().contains("resume_state"), "{bad}: {e}");
+        }
+        // v1 never had streaming states.
+        assert!(ResumeState::parse(
+            "stoker-state-v1;seed=1;epoch=0;position=0;batches=1;mode=stream"
+        )
+        .is_err());
     }
 }

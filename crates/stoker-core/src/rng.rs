@@ -15,6 +15,8 @@ pub enum Stream {
     Augment = 0x6175_676d,
     /// Replacement choices under `on_error=skip`.
     Replace = 0x7265_706c,
+    /// Streaming mode: which sample leaves the shuffle buffer.
+    Buffer = 0x6275_6666,
 }
 
 /// One SplitMix64 step: a strong 64-bit mixer.

@@ -493,6 +493,12 @@ impl StatsRecorder {
         }
     }
 
+    /// Samples passed over before any batch: the damaged tail of a tar shard under
+    /// `on_error=skip` counts as one.
+    pub(crate) fn add_skipped(&self, n: u64) {
+        self.lock().skipped += n;
+    }
+
     pub(crate) fn snapshot(&self) -> Stats {
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(self.created).as_nanos() as u64;

@@ -198,6 +198,50 @@ class Source {
   virtual void get(uint64_t index, Sample& out) const = 0;
 };
 
+// Which stream an IterableSource is asked for: this rank's share of one epoch. `worker` is
+// always 0 and `num_workers` 1: stoker reads one stream per rank, in order, so that batches are
+// the same for a seed whatever num_workers is (its workers still decode and collate in parallel).
+struct StreamInfo {
+  uint64_t rank = 0;
+  uint64_t world_size = 1;
+  uint64_t worker = 0;
+  uint64_t num_workers = 1;
+  uint64_t seed = 0;
+  uint64_t epoch = 0;
+};
+
+// One open stream of an IterableSource. stoker calls its methods one at a time, possibly from
+// different threads (its own, then its feeder thread's), and destroys it (on any thread) when the
+// stream ended or is no longer needed: that is the stream's close.
+class SampleStream {
+ public:
+  virtual ~SampleStream() = default;
+  // Fills `out` with the next sample and returns true, or returns false at the end of the stream.
+  // The first sample of the first stream fixes the fields, as sample 0 of a Source. An exception
+  // fails this sample with status CALLBACK and its what() (or, with on_error=skip, replaces it);
+  // the stream is then asked for the next one.
+  virtual bool next(Sample& out) = 0;
+  // The position after the samples given so far, to reopen the stream there (see
+  // IterableSource::open); std::nullopt if it cannot say. Used only with shuffle_buffer 0.
+  virtual std::optional<std::string> save_state() { return std::nullopt; }
+};
+
+// The trainer's own stream of samples with no length (PyTorch's IterableDataset). stoker opens
+// one stream per rank and epoch and reads it to its end (the epoch's end). A stream must give the
+// same samples for the same StreamInfo: a resumed loader replays the epoch from its start unless
+// the stream saves its state. With the option `num_samples` every rank delivers the same number
+// of samples (a stream that ends sooner is opened again), so ranks get equal batch counts.
+// `open` and `saves_state` must be thread-safe.
+class IterableSource {
+ public:
+  virtual ~IterableSource() = default;
+  // The stream `info` describes; `resume` is null, or a state one of its streams saved: continue
+  // after it. Throw to fail (the loader reports CALLBACK with the exception's what()).
+  virtual std::unique_ptr<SampleStream> open(const StreamInfo& info, const std::string* resume) const = 0;
+  // Whether its streams implement save_state.
+  virtual bool saves_state() const { return false; }
+};
+
 // Loader options: string keys of the C ABI (documented in stoker.h), validated when set. Every
 // setter throws `stoker::Error` (INVALID_ARGUMENT, naming the key) on an unknown key or a bad
 // value, and returns *this for chaining.
@@ -216,7 +260,7 @@ class Options {
     return *this;
   }
 
-  // `npy:PATH` or `image_folder:ROOT`.
+  // `npy:PATH`, `image_folder:ROOT` or `tar:PATTERN`.
   Options& source(std::string_view spec) { return set("source", spec); }
   // A custom source; the options (and every loader made from them) share it.
   Options& source(std::shared_ptr<const Source> source) {
@@ -225,6 +269,20 @@ class Options {
     detail::call([&] { handle_->set_source(std::move(bridge)); });
     return *this;
   }
+  // An iterable source; the options (and every loader made from them) share it.
+  // Loader::batches_per_epoch() is -1 for it unless `num_samples` is set.
+  Options& source(std::shared_ptr<const IterableSource> source) {
+    if (!source) throw Error(Status::InvalidArgument, "source: null stoker::IterableSource");
+    auto bridge = std::make_unique<ffi::IterableBridge>(std::move(source));
+    detail::call([&] { handle_->set_iterable(std::move(bridge)); });
+    return *this;
+  }
+  // Streaming: shuffle through a buffer of n samples (tar shards: 0 reads them indexed).
+  Options& shuffle_buffer(std::size_t n) { return set("shuffle_buffer", std::to_string(n)); }
+  // Tar members to deliver, `EXT:NAME,...` (e.g. "jpg;png:image,cls:label,txt:caption").
+  Options& fields(std::string_view spec) { return set("fields", spec); }
+  // Samples per epoch over all ranks: of an iterable source, the equal-batches rule.
+  Options& num_samples(uint64_t n) { return set("num_samples", std::to_string(n)); }
   // `npy:PATH`: per-sample labels for an npy source.
   Options& labels(std::string_view spec) { return set("labels", spec); }
   Options& batch_size(std::size_t n) { return set("batch_size", std::to_string(n)); }
@@ -513,6 +571,7 @@ class Loader {
 
   // The epoch the next batch belongs to; it advances when next() reports the end of one.
   uint64_t current_epoch() const { return h().epoch(); }
+  // The same on every rank; -1 when unknown (an iterable source without num_samples).
   int64_t batches_per_epoch() const { return h().batches_per_epoch(); }
 
   // Where the job is, for `Options::resume_state` of a new loader: the same string on every rank

@@ -1,7 +1,7 @@
 """stoker: a data loader for ML training, over the libstoker C ABI (loaded with ctypes).
 
-``Loader`` reads a source spec (``npy:PATH``, ``image_folder:ROOT``) or a map-style Python
-dataset and yields ``Batch`` objects whose fields are zero-copy NumPy arrays
+``Loader`` reads a source spec (``npy:PATH``, ``image_folder:ROOT``, ``tar:PATTERN``), a
+map-style Python dataset or an iterable one (``stream_info()`` inside its ``__iter__``) and yields ``Batch`` objects whose fields are zero-copy NumPy arrays
 (``batch["data"]``) or torch tensors through DLPack (``batch.torch()``);
 ``stoker.torch.DataLoader`` mimics ``torch.utils.data.DataLoader`` for porting code.
 """
@@ -21,6 +21,7 @@ from .errors import (
     StokerTimeoutError,
     UnsupportedError,
 )
+from .iterable import StreamInfo, stream_info
 from .loader import Launch, Loader, Stats, launch
 
 __version__: str = _lib.stoker_version().decode()
@@ -42,8 +43,10 @@ __all__ = [
     "OutOfMemoryError",
     "Stats",
     "StokerError",
+    "StreamInfo",
     "StokerIOError",
     "StokerTimeoutError",
     "UnsupportedError",
     "launch",
+    "stream_info",
 ]

@@ -173,6 +173,39 @@ class SourceCallbacks(ctypes.Structure):
     _fields_ = [("user", ctypes.c_void_p), ("len", LenFn), ("read", ReadFn), ("drop", DropFn)]
 
 
+class StreamInfo(ctypes.Structure):
+    """``stoker_stream_info``: which stream an iterable source opens."""
+
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in ("rank", "world_size", "worker", "num_workers", "seed", "epoch")
+    ]
+
+
+# stoker_iterable_callbacks: the caller's stream of samples.
+OpenFn = ctypes.CFUNCTYPE(
+    ctypes.c_int32,
+    ctypes.c_void_p,
+    ctypes.POINTER(StreamInfo),
+    ctypes.c_char_p,
+    ctypes.POINTER(ctypes.c_void_p),
+)
+NextFn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+CloseFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+SaveStateFn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class IterableCallbacks(ctypes.Structure):
+    _fields_ = [
+        ("user", ctypes.c_void_p),
+        ("open", OpenFn),
+        ("next", NextFn),
+        ("close", CloseFn),
+        ("drop", DropFn),
+        ("save_state", SaveStateFn),
+    ]
+
+
 _SIGNATURES = {
     "stoker_abi_version": (ctypes.c_uint32, []),
     "stoker_version": (ctypes.c_char_p, []),
@@ -189,6 +222,8 @@ _SIGNATURES = {
     ),
     "stoker_sample_put_label": (_STATUS, [_P, ctypes.c_int64]),
     "stoker_sample_fail": (_STATUS, [_P, ctypes.c_char_p]),
+    "stoker_options_set_iterable_callbacks": (_STATUS, [_P, ctypes.POINTER(IterableCallbacks)]),
+    "stoker_stream_fail": (_STATUS, [ctypes.c_char_p]),
     "stoker_loader_new": (_STATUS, [_P, ctypes.POINTER(_P)]),
     "stoker_loader_next": (_STATUS, [_P, ctypes.POINTER(_P)]),
     "stoker_loader_batches_per_epoch": (ctypes.c_int64, [_P]),

@@ -14,6 +14,7 @@ from . import _ffi
 from .batch import Batch
 from .dataset import set_source
 from .errors import ClosedError, InternalError, check
+from .iterable import is_iterable_source, set_iterable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +139,10 @@ def _new_loader(options: dict[str, str], dataset: Any = None) -> int:
         raise MemoryError("stoker_options_new returned NULL")
     try:
         if dataset is not None:
-            set_source(opts, dataset)
+            if is_iterable_source(dataset):
+                set_iterable(opts, dataset)
+            else:
+                set_source(opts, dataset)
         for key, value in options.items():
             check(_ffi.lib.stoker_options_set(opts, key.encode(), value.encode()))
         out = ctypes.c_void_p()
@@ -163,11 +167,12 @@ def _close_python_source_loaders() -> None:
 
 
 class Loader:
-    """A stoker loader. ``source`` is a source spec (``"npy:PATH"``, ``"image_folder:ROOT"``)
-    or a map-style Python dataset (see ``stoker.dataset``). Every keyword is an option key of
-    the C ABI (the README's Options table, and ``include/stoker.h``); ``None`` leaves the
-    library's default. Options the library rejects raise ``InvalidArgumentError`` naming the
-    key.
+    """A stoker loader. ``source`` is a source spec (``"npy:PATH"``, ``"image_folder:ROOT"``,
+    ``"tar:train-{000..146}.tar"``), a map-style Python dataset (see ``stoker.dataset``) or an
+    iterable one, with ``__iter__`` and no ``__len__`` (see ``stoker.iterable``). Every keyword is
+    an option key of the C ABI (the README's Options table, and ``include/stoker.h``); ``None``
+    leaves the library's default. Options the library rejects raise ``InvalidArgumentError``
+    naming the key.
 
     ``for batch in loader:`` runs to the end of the current epoch; the next ``for`` continues
     with the next epoch (or with the rest of the epoch, after a ``break``). Batches and the
@@ -192,10 +197,12 @@ class Loader:
         **options: Any,
     ):
         is_spec = isinstance(source, (str, os.PathLike))
-        if not is_spec and not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+        map_style = hasattr(source, "__len__") and hasattr(source, "__getitem__")
+        if not is_spec and not map_style and not is_iterable_source(source):
             raise TypeError(
-                f"source must be a spec such as 'npy:PATH' or a map-style dataset "
-                f"(__len__ and __getitem__), not {type(source).__name__}"
+                f"source must be a spec such as 'npy:PATH', a map-style dataset "
+                f"(__len__ and __getitem__) or an iterable one (__iter__ and no __len__), "
+                f"not {type(source).__name__}"
             )
         self._dataset = None if is_spec else source
         options.update(
@@ -244,8 +251,15 @@ class Loader:
     def __len__(self) -> int:
         n = int(_ffi.lib.stoker_loader_batches_per_epoch(self._handle()))
         if n < 0:
-            raise TypeError("this loader's source is streaming: batches per epoch are unknown")
+            raise TypeError("this loader's source is a stream of unknown length: set num_samples")
         return n
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        """Batches per epoch (the same on every rank), or ``None`` when unknown (an iterable
+        source without ``num_samples``)."""
+        n = _ffi.lib.stoker_loader_batches_per_epoch(self._handle())
+        return None if n < 0 else int(n)
 
     @property
     def epoch(self) -> int:

@@ -20,13 +20,15 @@ use crate::cuda::{HostBatches, Pulled};
 use crate::error::{Error, Result};
 use crate::launch::Launch;
 use crate::memory::BudgetPlan;
-use crate::options::{LoaderOptions, OnError};
+use crate::options::{LoaderOptions, OnError, OpenedSource};
 use crate::pool::{Builder, Pool, Task, WorkerCtx};
 use crate::resume::{Fingerprint, FingerprintText, Fnv, Position, ResumeState};
 use crate::sampler::{batches_for, BatchPlan, Sampler};
 use crate::source::Source;
 use crate::stats::{StatsHandle, StatsRecorder};
 use crate::trace::{Trace, Track};
+
+use super::{Facts, Scheduler};
 
 /// Epoch plans by (epoch, start); holds the two the loader is working on (delivering and
 /// submitting), so a plan is computed once.
@@ -66,13 +68,15 @@ impl Plans {
 }
 
 /// Where delivery stands: epoch `epoch` is dealt from entry `start` of its global order, and
-/// its batches below `position`, and those in `ahead`, are delivered.
+/// its batches below `position`, and those in `ahead`, are delivered; `stream` is a streaming
+/// source's own position after batch `position - 1`, when it gives one.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Cursor {
     pub(super) epoch: u64,
     pub(super) start: usize,
     pub(super) position: usize,
     pub(super) ahead: Vec<usize>,
+    pub(super) stream: Option<String>,
 }
 
 /// The facts of a loader's schedule that do not change while it runs: enough to count the
@@ -144,6 +148,7 @@ pub(super) enum Mode {
 pub(super) struct HostLoader {
     /// Whether deliveries count in stats here (off when the prefetcher's consumer counts them).
     record_delivery: bool,
+    source: Arc<dyn Source>,
     builder: Arc<Builder>,
     sampler: Sampler,
     schedule: Schedule,
@@ -197,11 +202,13 @@ impl HostBatches for HostLoader {
 
 impl HostLoader {
     pub(super) fn new(options: &LoaderOptions, mode: Mode) -> Result<HostLoader> {
-        let spec = options.source.as_ref().ok_or_else(|| {
-            Error::option("source", "required, e.g. npy:PATH or image_folder:ROOT")
-        })?;
-        let source = spec.open(options.labels.as_deref(), options.pad.is_some())?;
-        let image = options.image_stages(source.as_ref())?.map(Arc::new);
+        let opened = options.open_source(options.seed, 0, None, 0)?;
+        let OpenedSource::Indexed(source) = opened.source else {
+            return Err(Error::Internal(
+                "the host scheduler was given a stream".into(),
+            ));
+        };
+        let image = options.image_stages(source.fields())?.map(Arc::new);
         let collator = Collator::new(
             Arc::clone(&source),
             options.pad,
@@ -302,6 +309,7 @@ impl HostLoader {
         if let Some(trace) = stats.trace().filter(|_| options.autotune) {
             trace.name_track(Track::Control, "autotune".into());
         }
+        stats.add_skipped(opened.damaged.len() as u64);
         let builder = Arc::new(Builder {
             collator,
             arena,
@@ -322,6 +330,7 @@ impl HostLoader {
 
         let mut loader = HostLoader {
             record_delivery: !feed,
+            source: Arc::clone(&source),
             builder,
             sampler,
             schedule,
@@ -357,38 +366,6 @@ impl HostLoader {
         Ok(loader)
     }
 
-    pub(super) fn schedule(&self) -> &Schedule {
-        &self.schedule
-    }
-
-    pub(super) fn batches_per_epoch(&self) -> usize {
-        self.batches_per_epoch
-    }
-
-    pub(super) fn samples_per_epoch(&self) -> usize {
-        self.sampler.len()
-    }
-
-    pub(super) fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    pub(super) fn position(&self) -> usize {
-        self.position
-    }
-
-    pub(super) fn source(&self) -> &Arc<dyn Source> {
-        self.builder.collator.source()
-    }
-
-    pub(super) fn stats_handle(&self) -> StatsHandle {
-        StatsHandle {
-            recorder: Arc::clone(&self.stats),
-            arena: self.builder.arena.clone(),
-            launch: self.schedule.launch,
-        }
-    }
-
     fn restore(&mut self, state: ResumeState) -> Result<()> {
         let bad = |why: String| Err(Error::option("resume_state", why));
         match state.at {
@@ -413,6 +390,11 @@ impl HostLoader {
                 self.position = position;
                 self.ahead = state.ahead.into_iter().collect();
             }
+            Position::Stream { .. } => {
+                return bad(
+                    "was saved by a streaming loader (shuffle_buffer or an iterable source), but this one is indexed: the options differ".into(),
+                );
+            }
             Position::Global {
                 consumed,
                 world_size,
@@ -434,7 +416,9 @@ impl HostLoader {
                 let here = self.sampler.deal().world_size;
                 if !state.ahead.is_empty() && world_size != here {
                     return bad(format!(
-                        "was saved with in_order=false while batches were delivered out of                          order, at world_size {world_size}; such a state resumes only at the                          same world size (here {here})"
+                        "was saved with in_order=false while batches were delivered out of \
+                         order, at world_size {world_size}; such a state resumes only at the \
+                         same world size (here {here})"
                     ));
                 }
                 let batches = self.schedule.segment_batches(consumed);
@@ -453,37 +437,6 @@ impl HostLoader {
         Ok(())
     }
 
-    pub(super) fn cursor(&self) -> Cursor {
-        Cursor {
-            epoch: self.epoch,
-            start: self.start,
-            position: self.position,
-            ahead: self.ahead.iter().copied().collect(),
-        }
-    }
-
-    /// Makes the next batch the first of epoch `epoch`: in-flight work is discarded (queued
-    /// tasks unbuilt, finished batches dropped). Nothing changes when the loader already stands
-    /// at that epoch's start, or was just resumed into it (so the usual
-    /// `set_epoch(e); for batch in loader` loop continues a resumed epoch).
-    pub(super) fn set_epoch(&mut self, epoch: u64) -> Result<()> {
-        let at_start =
-            self.epoch == epoch && self.start == 0 && self.position == 0 && self.ahead.is_empty();
-        if at_start || (self.fresh && self.epoch == epoch) {
-            return self.top_up();
-        }
-        self.discard_in_flight();
-        self.epoch = epoch;
-        self.start = 0;
-        self.position = 0;
-        self.ahead.clear();
-        self.submit_epoch = epoch;
-        self.submit_start = 0;
-        self.submit_position = 0;
-        self.fresh = false;
-        self.top_up()
-    }
-
     /// Starts a new generation: tasks in flight are discarded when they come back, and
     /// finished batches not yet delivered are dropped (their slabs go back to the arena now).
     fn discard_in_flight(&mut self) {
@@ -497,25 +450,6 @@ impl HostLoader {
         }
         self.ready.clear();
         self.plans.clear();
-    }
-
-    /// Moves delivery back to `cursor` (what the consumer of a prefetch thread, which ran
-    /// ahead, last saw), discarding the work done past it. `fresh`: whether that consumer has
-    /// had nothing from this loader yet.
-    pub(super) fn rewind_to(&mut self, cursor: &Cursor, fresh: bool) {
-        self.discard_in_flight();
-        self.epoch = cursor.epoch;
-        self.start = cursor.start;
-        self.position = cursor.position;
-        self.ahead = cursor.ahead.iter().copied().collect();
-        self.submit_epoch = cursor.epoch;
-        self.submit_start = cursor.start;
-        self.submit_position = cursor.position;
-        self.fresh = fresh;
-    }
-
-    pub(super) fn next(&mut self) -> Result<Option<Batch>> {
-        self.next_within(self.timeout)
     }
 
     /// The next batch, waiting at most `timeout` for the pool (`Err(Timeout)` consumes nothing).
@@ -685,6 +619,77 @@ impl HostLoader {
             self.in_flight += 1;
         }
         Ok(())
+    }
+}
+
+impl Scheduler for HostLoader {
+    fn next(&mut self) -> Result<Option<Batch>> {
+        self.next_within(self.timeout)
+    }
+
+    fn cursor(&self) -> Cursor {
+        Cursor {
+            epoch: self.epoch,
+            start: self.start,
+            position: self.position,
+            ahead: self.ahead.iter().copied().collect(),
+            stream: None,
+        }
+    }
+
+    /// Makes the next batch the first of epoch `epoch`: in-flight work is discarded (queued
+    /// tasks unbuilt, finished batches dropped). Nothing changes when the loader already stands
+    /// at that epoch's start, or was just resumed into it (so the usual
+    /// `set_epoch(e); for batch in loader` loop continues a resumed epoch).
+    fn set_epoch(&mut self, epoch: u64) -> Result<()> {
+        let at_start =
+            self.epoch == epoch && self.start == 0 && self.position == 0 && self.ahead.is_empty();
+        if at_start || (self.fresh && self.epoch == epoch) {
+            return self.top_up();
+        }
+        self.discard_in_flight();
+        self.epoch = epoch;
+        self.start = 0;
+        self.position = 0;
+        self.ahead.clear();
+        self.submit_epoch = epoch;
+        self.submit_start = 0;
+        self.submit_position = 0;
+        self.fresh = false;
+        self.top_up()
+    }
+
+    /// Moves delivery back to `cursor` (what the consumer of a prefetch thread, which ran
+    /// ahead, last saw), discarding the work done past it. `fresh`: whether that consumer has
+    /// had nothing from this loader yet.
+    fn rewind_to(&mut self, cursor: &Cursor, fresh: bool) {
+        self.discard_in_flight();
+        self.epoch = cursor.epoch;
+        self.start = cursor.start;
+        self.position = cursor.position;
+        self.ahead = cursor.ahead.iter().copied().collect();
+        self.submit_epoch = cursor.epoch;
+        self.submit_start = cursor.start;
+        self.submit_position = cursor.position;
+        self.fresh = fresh;
+    }
+
+    fn facts(&self) -> Facts {
+        Facts {
+            seed: self.schedule.seed,
+            launch: self.schedule.launch,
+            schedule: Some(self.schedule.clone()),
+            batches_per_epoch: Some(self.batches_per_epoch),
+            samples_per_epoch: Some(self.sampler.len()),
+            source: Some(Arc::clone(&self.source)),
+            fields: self.source.fields().to_vec(),
+            stats: StatsHandle {
+                recorder: Arc::clone(&self.stats),
+                arena: self.builder.arena.clone(),
+                launch: self.schedule.launch,
+            },
+            streaming: false,
+        }
     }
 }
 

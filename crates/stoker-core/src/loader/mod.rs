@@ -4,10 +4,14 @@
 //! epoch and position, stats, and the resume state. Behind it, `host` is the scheduler that
 //! plans each epoch from the sampler, keeps up to `cap` batch tasks in flight on the pool
 //! (running ahead into the next epoch, so there is no stall at the boundary) and delivers them in
-//! sampler order (or as they finish, with `in_order=false`); with a device, that scheduler runs
-//! on the CUDA prefetch thread instead of the caller's.
+//! sampler order (or as they finish, with `in_order=false`); [`stream`] is its counterpart for
+//! streams (tar shards with `shuffle_buffer=N`, iterable sources): one sequential reader per
+//! rank, a seeded shuffle buffer, batches of owned samples built by the workers. With a device,
+//! the scheduler runs on the CUDA prefetch thread instead of the caller's.
 
+mod buffer;
 mod host;
+mod stream;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,14 +20,55 @@ use crossbeam_channel::Receiver;
 
 use crate::arena::{Arena, SlabRegistrar};
 use crate::batch::Batch;
+use crate::cuda::HostBatches;
 use crate::cuda::{DeviceBackend, PrefetchConfig, Prefetcher, Stream};
 use crate::error::{Error, Result};
 use crate::launch::Launch;
 use crate::options::{Device, LoaderOptions};
-use crate::source::Source;
+use crate::resume::{Position, ResumeState};
+use crate::source::{FieldSpec, Source};
 use crate::stats::{Stats, StatsHandle};
 
 use host::{Cursor, HostLoader, Mode, Schedule};
+use stream::StreamLoader;
+
+/// A scheduler of host batches: the host one (indexed sources) or the streaming one.
+trait Scheduler: HostBatches<Mark = Cursor> + Send {
+    fn next(&mut self) -> Result<Option<Batch>>;
+    /// Where delivery stands (what `save_state` records).
+    fn cursor(&self) -> Cursor;
+    /// What the consumer's side keeps (the scheduler may move to the prefetch thread).
+    fn facts(&self) -> Facts;
+    /// Makes the next batch the first of epoch `epoch` (see [`Loader::set_epoch`]).
+    fn set_epoch(&mut self, epoch: u64) -> Result<()>;
+    /// Moves delivery back to `cursor` (what the consumer of a prefetch thread, which ran
+    /// ahead, last saw). `fresh`: whether that consumer has had nothing from this loader yet.
+    fn rewind_to(&mut self, cursor: &Cursor, fresh: bool);
+}
+
+impl HostBatches for Box<dyn Scheduler> {
+    type Mark = Cursor;
+
+    fn pull(&mut self, poll: Duration) -> crate::cuda::Pulled<Cursor> {
+        (**self).pull(poll)
+    }
+}
+
+/// The facts of a loader's dataset, known when it is made.
+struct Facts {
+    seed: u64,
+    launch: Launch,
+    /// The global order's schedule of an indexed source (`None` for a stream).
+    schedule: Option<Schedule>,
+    /// `None`: unknown (a stream with no length).
+    batches_per_epoch: Option<usize>,
+    samples_per_epoch: Option<usize>,
+    /// The map-style source (`None` for a stream).
+    source: Option<Arc<dyn Source>>,
+    fields: Vec<FieldSpec>,
+    stats: StatsHandle,
+    streaming: bool,
+}
 
 /// The public loader: `next()` gives host batches with `device=cpu` and device batches with
 /// `device=cuda[:N]` (one [`Batch`] type for both).
@@ -35,10 +80,15 @@ use host::{Cursor, HostLoader, Mode, Schedule};
 pub struct Loader {
     engine: Engine,
     device: Device,
-    schedule: Schedule,
-    batches_per_epoch: usize,
-    samples_per_epoch: usize,
-    source: Arc<dyn Source>,
+    seed: u64,
+    launch: Launch,
+    /// The global order's schedule of an indexed source (`None` for a stream).
+    schedule: Option<Schedule>,
+    batches_per_epoch: Option<usize>,
+    samples_per_epoch: Option<usize>,
+    source: Option<Arc<dyn Source>>,
+    fields: Vec<FieldSpec>,
+    streaming: bool,
     stats: StatsHandle,
     timeout: Option<Duration>,
 }
@@ -46,12 +96,12 @@ pub struct Loader {
 // One engine per loader, made once: the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 enum Engine {
-    Host(Box<HostLoader>),
+    Host(Box<dyn Scheduler>),
     Device {
         prefetcher: Option<Prefetcher<Cursor>>,
         delivered: Cursor,
         /// Where the prefetch thread hands the host loader back when it stops (`set_epoch`).
-        returned: Receiver<HostLoader>,
+        returned: Receiver<Box<dyn Scheduler>>,
         backend: Arc<dyn DeviceBackend>,
         config: PrefetchConfig,
         /// Nothing delivered to the consumer yet (see [`Loader::set_epoch`]).
@@ -78,11 +128,9 @@ impl Loader {
     pub fn new(options: &LoaderOptions) -> Result<Loader> {
         // `device=cuda` means this rank's GPU on its node.
         match options.device_for(&options.launch()?) {
-            Device::Cpu => {
-                Loader::assemble(HostLoader::new(options, Mode::Host)?, options, |host| {
-                    Ok((Device::Cpu, Engine::Host(Box::new(host))))
-                })
-            }
+            Device::Cpu => Loader::assemble(schedule(options, Mode::Host)?, options, |host| {
+                Ok((Device::Cpu, Engine::Host(host)))
+            }),
             Device::Cuda(n) => {
                 let backend = crate::cuda::open(n).map_err(|e| match e {
                     Error::Unsupported(m) => Error::Unsupported(format!("device=cuda:{n}: {m}")),
@@ -109,11 +157,11 @@ impl Loader {
         } else {
             None
         };
-        let host = HostLoader::new(options, Mode::Feed { registrar })?;
+        let host = schedule(options, Mode::Feed { registrar })?;
         let config = PrefetchConfig {
             slots: options.prefetch_factor + 1,
             stream: options.cuda_stream.map(Stream),
-            stats: Some(host.stats_handle()),
+            stats: Some(host.facts().stats),
         };
         Loader::assemble(host, options, |host| {
             let device = Device::Cuda(backend.ordinal());
@@ -141,24 +189,24 @@ impl Loader {
 
     /// Takes the facts the consumer's side needs from `host`, then hands it to `engine`.
     fn assemble(
-        host: HostLoader,
+        host: Box<dyn Scheduler>,
         options: &LoaderOptions,
-        engine: impl FnOnce(HostLoader) -> Result<(Device, Engine)>,
+        engine: impl FnOnce(Box<dyn Scheduler>) -> Result<(Device, Engine)>,
     ) -> Result<Loader> {
-        let schedule = host.schedule().clone();
-        let batches_per_epoch = host.batches_per_epoch();
-        let samples_per_epoch = host.samples_per_epoch();
-        let source = Arc::clone(host.source());
-        let stats = host.stats_handle();
+        let facts = host.facts();
         let (device, engine) = engine(host)?;
         Ok(Loader {
             engine,
             device,
-            schedule,
-            batches_per_epoch,
-            samples_per_epoch,
-            source,
-            stats,
+            seed: facts.seed,
+            launch: facts.launch,
+            schedule: facts.schedule,
+            batches_per_epoch: facts.batches_per_epoch,
+            samples_per_epoch: facts.samples_per_epoch,
+            source: facts.source,
+            fields: facts.fields,
+            streaming: facts.streaming,
+            stats: facts.stats,
             timeout: (options.timeout_ms > 0).then(|| Duration::from_millis(options.timeout_ms)),
         })
     }
@@ -215,20 +263,12 @@ impl Loader {
 
     /// The epoch the next batch belongs to; it advances when `next()` reports the end of one.
     pub fn epoch(&self) -> u64 {
-        match &self.engine {
-            Engine::Host(host) => host.epoch(),
-            Engine::Device { delivered, .. } => delivered.epoch,
-            Engine::Closed => 0,
-        }
+        self.cursor().epoch
     }
 
     /// Batches of the current epoch delivered so far (in sampler order).
     pub fn position(&self) -> usize {
-        match &self.engine {
-            Engine::Host(host) => host.position(),
-            Engine::Device { delivered, .. } => delivered.position,
-            Engine::Closed => 0,
-        }
+        self.cursor().position
     }
 
     /// Writes the trace (option `trace`) now, with the events recorded so far; the loader also
@@ -240,24 +280,50 @@ impl Loader {
         }
     }
 
-    /// Batches per epoch.
+    /// Batches per epoch; `usize::MAX` when unknown (an iterable source without
+    /// `num_samples`). See [`Loader::known_batches_per_epoch`].
     pub fn batches_per_epoch(&self) -> usize {
+        self.batches_per_epoch.unwrap_or(usize::MAX)
+    }
+
+    /// Batches per epoch, `None` when unknown (an iterable source without `num_samples`).
+    /// Equal on every rank.
+    pub fn known_batches_per_epoch(&self) -> Option<usize> {
         self.batches_per_epoch
     }
 
     /// Batches per epoch as every face reports it (`stoker_loader_batches_per_epoch`): -1 when
     /// unknown (a stream with no length) or beyond `i64`.
     pub fn batches_per_epoch_i64(&self) -> i64 {
-        i64::try_from(self.batches_per_epoch).unwrap_or(-1)
+        self.batches_per_epoch
+            .and_then(|n| i64::try_from(n).ok())
+            .unwrap_or(-1)
     }
 
-    /// Samples per epoch (the sampler's length).
+    /// Samples per epoch on this rank (the sampler's length); `usize::MAX` when unknown.
     pub fn samples_per_epoch(&self) -> usize {
+        self.samples_per_epoch.unwrap_or(usize::MAX)
+    }
+
+    /// Samples per epoch on this rank, `None` when unknown.
+    pub fn known_samples_per_epoch(&self) -> Option<usize> {
         self.samples_per_epoch
     }
 
-    pub fn source(&self) -> &Arc<dyn Source> {
-        &self.source
+    /// Whether this loader streams (tar shards with `shuffle_buffer ≥ 1`, an iterable source).
+    pub fn is_streaming(&self) -> bool {
+        self.streaming
+    }
+
+    /// The map-style source; `None` for a stream.
+    pub fn source(&self) -> Option<&Arc<dyn Source>> {
+        self.source.as_ref()
+    }
+
+    /// The fields of every sample, as the source declares them (before collate adds
+    /// `<name>_lengths` fields).
+    pub fn fields(&self) -> &[FieldSpec] {
+        &self.fields
     }
 
     pub fn stats(&self) -> Stats {
@@ -277,12 +343,27 @@ impl Loader {
     /// writes the same string, and it resumes at any world size. With a device, the position of
     /// the last batch handed to the consumer (batches copied ahead are not counted).
     pub fn save_state(&self) -> String {
-        self.schedule.state_at(&self.cursor()).to_string()
+        let cursor = self.cursor();
+        match &self.schedule {
+            Some(schedule) => schedule.state_at(&cursor).to_string(),
+            None => ResumeState {
+                seed: self.seed,
+                epoch: cursor.epoch,
+                at: Position::Stream {
+                    position: cursor.position,
+                    world_size: self.launch.world_size,
+                    batches_per_epoch: self.batches_per_epoch,
+                    state: cursor.stream,
+                },
+                ahead: cursor.ahead,
+            }
+            .to_string(),
+        }
     }
 
     /// This process's place in the job (rank, world size, local rank, which launcher said so).
     pub fn launch(&self) -> Launch {
-        self.schedule.launch
+        self.launch
     }
 
     /// Makes the next batch the first of epoch `epoch` (the `DistributedSampler.set_epoch`
@@ -302,6 +383,10 @@ impl Loader {
                 config,
                 fresh,
             } => {
+                if self.streaming {
+                    // Checked against what the consumer saw; the prefetch thread goes on.
+                    return stream::check_set_epoch(delivered, *fresh, epoch);
+                }
                 // Stop the prefetch thread (dropping what it copied ahead), take the host
                 // loader back, move it, and start a new thread on it.
                 let Some(old) = prefetcher.take() else {
@@ -350,6 +435,16 @@ impl std::fmt::Debug for Loader {
             .field("batches_per_epoch", &self.batches_per_epoch)
             .finish_non_exhaustive()
     }
+}
+
+/// The scheduler `options` call for: streaming (tar with `shuffle_buffer ≥ 1`, an iterable
+/// source) or host.
+fn schedule(options: &LoaderOptions, mode: Mode) -> Result<Box<dyn Scheduler>> {
+    Ok(if options.is_streaming() {
+        Box::new(StreamLoader::new(options, mode)?)
+    } else {
+        Box::new(HostLoader::new(options, mode)?)
+    })
 }
 
 /// The batches of one epoch; ends at the epoch's end (after which the loader is on the next).

@@ -150,6 +150,39 @@ impl<'a> SampleWriter<'a> {
         }
     }
 
+    /// A writer for the first sample of a stream: each put declares a field into `fields`.
+    pub(crate) fn probing(
+        buf: &'a mut Vec<u8>,
+        fields: &'a mut Vec<FieldSpec>,
+        pad: bool,
+    ) -> SampleWriter<'a> {
+        SampleWriter::new(buf, Mode::Probe { fields, pad })
+    }
+
+    /// A writer for a later sample of a stream: each put must match a field of `fields`.
+    pub(crate) fn checking(buf: &'a mut Vec<u8>, fields: &'a [FieldSpec]) -> SampleWriter<'a> {
+        SampleWriter::new(buf, Mode::Check { fields })
+    }
+
+    /// The byte range in the buffer of each field, once every one was given; otherwise the
+    /// first misuse, or which field is missing.
+    pub(crate) fn finish(
+        mut self,
+    ) -> std::result::Result<[Option<(usize, usize)>; MAX_FIELDS], String> {
+        if let Some(reason) = self.misuse.take() {
+            return Err(reason);
+        }
+        if let Mode::Check { fields } = &self.mode {
+            if let Some(missing) = (0..fields.len()).find(|&f| self.ranges[f].is_none()) {
+                return Err(format!(
+                    "field `{}` was not given (the first sample had it)",
+                    fields[missing].name
+                ));
+            }
+        }
+        Ok(self.ranges)
+    }
+
     /// Encoded JPEG or PNG bytes, decoded and transformed into field `image`.
     pub fn put_encoded(&mut self, bytes: &[u8]) -> std::result::Result<(), String> {
         self.put(IMAGE_FIELD, None, &[], bytes)

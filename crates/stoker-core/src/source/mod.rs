@@ -6,13 +6,17 @@
 
 mod callback;
 mod image_folder;
+mod iterable;
 mod memory;
 mod npy;
+pub mod streaming;
 pub mod tar;
 
-pub use self::tar::{TarConfig, TarSource};
+pub use self::tar::{TarConfig, TarSource, TarStream};
 pub use callback::{CallbackSource, ReadFn, SampleWriter, IMAGE_FIELD, LABEL_FIELD};
 pub use image_folder::{ImageFolderSource, IMAGE_EXTENSIONS};
+pub(crate) use iterable::IterableStream;
+pub use iterable::{IterableSource, SampleStream, StreamInfo};
 pub use memory::MemorySource;
 pub use npy::{npy_bytes, npy_descr, npy_header, write_npy, NpyArray, NpySource};
 
@@ -139,6 +143,11 @@ pub enum SourceSpec {
     /// The user's dataset through a read function (see [`crate::source::CallbackSource`]); the
     /// fields are learnt from sample 0 when the loader is made.
     Callback { len: usize, read: Arc<ReadFn> },
+    /// `tar:PATTERN`: WebDataset shards, indexed (`shuffle_buffer=0`) or streamed.
+    Tar(String),
+    /// The user's stream of samples with no length (see [`IterableSource`]); the fields are
+    /// learnt from the first sample when the loader is made.
+    Iterable(Arc<dyn IterableSource>),
 }
 
 impl std::fmt::Debug for SourceSpec {
@@ -148,14 +157,17 @@ impl std::fmt::Debug for SourceSpec {
             SourceSpec::ImageFolder(p) => write!(f, "image_folder:{}", p.display()),
             SourceSpec::Custom(s) => write!(f, "custom source of {} samples", s.len()),
             SourceSpec::Callback { len, .. } => write!(f, "callback source of {len} samples"),
+            SourceSpec::Tar(pattern) => write!(f, "tar:{pattern}"),
+            SourceSpec::Iterable(_) => f.write_str("iterable source"),
         }
     }
 }
 
 impl SourceSpec {
-    /// Opens the source: maps the npy file, scans the image folder, or learns a callback
-    /// source's fields from sample 0. `labels` is an npy of per-sample labels (npy sources
-    /// only); `pad` says whether ragged callback fields may be padded.
+    /// Opens a map-style source: maps the npy file, scans the image folder, or learns a
+    /// callback source's fields from sample 0. `labels` is an npy of per-sample labels (npy
+    /// sources only); `pad` says whether ragged callback fields may be padded. Tar shards and
+    /// iterable sources need the loader's options (fields, ranks): `LoaderOptions` opens them.
     pub fn open(&self, labels: Option<&Path>, pad: bool) -> Result<Arc<dyn Source>> {
         if labels.is_some() && !matches!(self, SourceSpec::Npy(_)) {
             return Err(Error::option(
@@ -169,6 +181,18 @@ impl SourceSpec {
             SourceSpec::Custom(source) => Arc::clone(source),
             SourceSpec::Callback { len, read } => {
                 Arc::new(CallbackSource::new(*len, Arc::clone(read), pad)?)
+            }
+            SourceSpec::Tar(pattern) => Arc::new(TarSource::open_pattern(
+                pattern,
+                TarConfig {
+                    pad,
+                    ..TarConfig::default()
+                },
+            )?),
+            SourceSpec::Iterable(_) => {
+                return Err(Error::InvalidArgument(
+                    "an iterable source is a stream, not a map-style source".into(),
+                ))
             }
         })
     }

@@ -18,6 +18,7 @@ use rayon::prelude::*;
 use super::fields::{Located, SampleRef, TarFields};
 use super::index::{IndexOrigin, IndexPlaces, ShardIndex, Stamp};
 use super::scan::{scan_members, ScannedMember, ScannedSample};
+use super::stream::readable_prefix;
 use super::TarConfig;
 use crate::error::{Error, Result};
 use crate::source::{FieldSpec, Sample, Source, MAX_FIELDS};
@@ -29,6 +30,8 @@ pub struct TarSource {
     starts: Vec<usize>,
     fields: TarFields,
     max_member_bytes: u64,
+    /// Why each damaged shard stops early (with `skip_damaged`).
+    damaged: Vec<String>,
 }
 
 struct Shard {
@@ -76,13 +79,16 @@ impl TarSource {
             beside: config.index_beside,
             dir: config.index_dir.clone().or_else(IndexPlaces::default_dir),
         };
-        let opened: Vec<Result<(Mmap, ShardIndex, IndexOrigin)>> = shards
+        let opened: Vec<Result<Opened>> = shards
             .par_iter()
-            .map(|path| open_shard(path, &places))
+            .map(|path| open_shard(path, &places, &config))
             .collect();
         let mut maps = Vec::with_capacity(shards.len());
+        let mut damaged = Vec::new();
         for result in opened {
-            maps.push(result?);
+            let (map, index, origin, damage) = result?;
+            damaged.extend(damage);
+            maps.push((map, index, origin));
         }
 
         let first = maps
@@ -131,7 +137,14 @@ impl TarSource {
             starts,
             fields,
             max_member_bytes: config.max_member_bytes,
+            damaged,
         })
+    }
+
+    /// With `skip_damaged`: why each damaged shard stops early (the samples before the damage
+    /// are kept; the rest of the shard cannot be reached).
+    pub fn damaged(&self) -> &[String] {
+        &self.damaged
     }
 
     /// Expands `pattern` (see [`super::pattern`]) and opens the shards; `file://` URLs are local
@@ -193,8 +206,12 @@ impl Shard {
     }
 }
 
+/// A mapped shard, its index, where the index came from, and (with `skip_damaged`) why the
+/// shard stops early.
+type Opened = (Mmap, ShardIndex, IndexOrigin, Option<String>);
+
 /// Maps a shard and gets its index (from a file or by scanning).
-fn open_shard(path: &Path, places: &IndexPlaces) -> Result<(Mmap, ShardIndex, IndexOrigin)> {
+fn open_shard(path: &Path, places: &IndexPlaces, config: &TarConfig) -> Result<Opened> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
@@ -215,10 +232,20 @@ fn open_shard(path: &Path, places: &IndexPlaces) -> Result<(Mmap, ShardIndex, In
         return Err(Error::io(path, "the file changed size while being opened"));
     }
     let name = path.to_string_lossy();
-    let (index, origin) = places.load_or_build(path, &stamp, || {
+    let scanned = places.load_or_build(path, &stamp, || {
         scan_members(&name, &map).map(|samples| ShardIndex::from_samples(&samples))
-    })?;
-    Ok((map, index, origin))
+    });
+    match scanned {
+        Ok((index, origin)) => Ok((map, index, origin, None)),
+        Err(damage @ Error::Format { .. }) if config.skip_damaged => {
+            // Not saved: a later loader without skip must see the damage again.
+            let (samples, _) = readable_prefix(&name, &map[..], config.max_member_bytes);
+            let index = ShardIndex::from_samples(&samples);
+            let origin = IndexOrigin::Scanned { saved: None };
+            Ok((map, index, origin, Some(damage.to_string())))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Resolves every sample's fields to slots.

@@ -11,7 +11,9 @@
 //! - [`index`]: the per-shard index, cached on disk beside the shard or in a cache directory;
 //! - [`TarSource`]: indexed mode, a map-style [`Source`](crate::source::Source) over every
 //!   sample of every shard, each shard mapped once and read without copies;
-//! - [`ShardReader`]: streaming mode's sequential reader of one shard (also `.tar.gz`).
+//! - [`ShardReader`]: streaming mode's sequential reader of one shard (also `.tar.gz`);
+//! - [`TarStream`]: streaming mode, each rank's share of each epoch's shuffled shards, with the
+//!   equal-batches rule (see `epoch`).
 //!
 //! Tar parsing is the `tar` crate's (ustar, GNU long names, pax headers, header checksums);
 //! gzip is `flate2`'s; globs are the `glob` crate's. What is written here is WebDataset's
@@ -22,6 +24,7 @@
 //! decompressing from the start for every sample, so indexed mode refuses them with an error
 //! saying to stream them (`shuffle_buffer=N`) or to decompress them.
 
+mod epoch;
 pub mod fields;
 pub mod index;
 mod indexed;
@@ -31,6 +34,7 @@ pub mod stream;
 
 use std::path::PathBuf;
 
+pub use epoch::{Split, TarStream};
 pub use fields::{parse_fields, TarFields, INT_EXTENSIONS};
 pub use index::IndexOrigin;
 pub use indexed::TarSource;
@@ -58,6 +62,10 @@ pub struct TarConfig {
     /// The largest member accepted (indexed mode: larger is a per-sample error; streaming: an
     /// error before anything is allocated). At most `u32::MAX - 1` in indexed mode.
     pub max_member_bytes: u64,
+    /// A damaged shard (truncated, a bad header, a member cut short, a name that is not UTF-8)
+    /// keeps the samples before the damage instead of failing the source (`on_error=skip`);
+    /// [`TarSource::damaged`] says which and why.
+    pub skip_damaged: bool,
 }
 
 impl Default for TarConfig {
@@ -68,6 +76,7 @@ impl Default for TarConfig {
             index_dir: None,
             index_beside: true,
             max_member_bytes: DEFAULT_MAX_MEMBER_BYTES,
+            skip_damaged: false,
         }
     }
 }

@@ -107,7 +107,7 @@ pub fn read_samples(
     let shard: Arc<str> = Arc::from(shard);
     let stream = decompressing(BufReader::with_capacity(BUFFER_BYTES, reader))
         .map_err(|e| Error::format(&*shard, format!("cannot read: {e}")))?;
-    parse(&shard, stream, options, &mut emit).map(|_| ())
+    parse(&shard, stream, 0, options, &mut emit).map(|_| ())
 }
 
 /// Wraps `reader` in a gzip decoder when it starts with the gzip magic bytes.
@@ -178,18 +178,22 @@ impl<R: Read> Read for Metered<R> {
 }
 
 /// The parse shared by [`read_samples`] and [`ShardReader`]. `Ok(false)`: `emit` asked to stop.
+///
+/// `base` is the byte offset in the shard where `stream` starts (a reader that seeked to a
+/// sample's first header); every offset reported counts from the start of the shard.
 fn parse(
     shard: &Arc<str>,
     stream: impl Read,
+    base: u64,
     options: &ReadOptions,
     emit: &mut dyn FnMut(StreamSample) -> bool,
 ) -> Result<bool> {
     let fail = |reason: String| Error::format(&**shard, reason);
     let meter = Rc::new(Meter {
-        pos: Cell::new(0),
-        limit: Cell::new(MAX_EXTENSION_BYTES + BLOCK),
+        pos: Cell::new(base),
+        limit: Cell::new(base.saturating_add(MAX_EXTENSION_BYTES + BLOCK)),
         eof: Cell::new(false),
-        header_at: Cell::new(0),
+        header_at: Cell::new(base),
         name_field: Cell::new([0; 100]),
     });
     let mut archive = ::tar::Archive::new(Metered {
@@ -207,9 +211,9 @@ fn parse(
     };
     // Where the next header starts, where the last member's data started and ended, the last
     // member seen.
-    let mut end = 0u64;
-    let mut data_at = 0u64;
-    let mut data_end = 0u64;
+    let mut end = base;
+    let mut data_at = base;
+    let mut data_end = base;
     let mut prev: Option<String> = None;
     let mut grouper: Grouper<StreamMember> = Grouper::new();
     // Unwanted members take part in grouping (as empty placeholders), so that samples are cut
@@ -244,8 +248,8 @@ fn parse(
                 )
             })
         })?;
-        let header_at = entry.raw_header_position();
-        data_at = entry.raw_file_position();
+        let header_at = base + entry.raw_header_position();
+        data_at = base + entry.raw_file_position();
         let size = entry.size();
         let name_bytes = entry.path_bytes();
         let name = std::str::from_utf8(&name_bytes)
@@ -374,9 +378,21 @@ impl ShardReader {
     /// Opens `path` for one front-to-back pass, telling the kernel so
     /// (`posix_fadvise(SEQUENTIAL)`, which doubles its read-ahead).
     pub fn open(path: &Path, options: ReadOptions) -> Result<ShardReader> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        ShardReader::open_at(path, 0, options)
+    }
+
+    /// Opens an uncompressed shard for a front-to-back pass from byte `offset`, which must be
+    /// where a member's headers start (a sample's start, from the shard's index). Offsets in
+    /// samples and errors still count from the start of the shard.
+    pub fn open_at(path: &Path, offset: u64, options: ReadOptions) -> Result<ShardReader> {
+        use std::io::{Seek, SeekFrom};
+        let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
         advise_sequential(&file);
-        ShardReader::from_reader(&path.to_string_lossy(), file, options)
+        if offset > 0 {
+            file.seek(SeekFrom::Start(offset))
+                .map_err(|e| Error::io(path, format!("seeking to byte offset {offset}: {e}")))?;
+        }
+        ShardReader::start(&path.to_string_lossy(), file, offset, options)
     }
 
     /// Reads a shard from any stream (`shard` names it in samples and errors).
@@ -385,12 +401,21 @@ impl ShardReader {
         reader: impl Read + Send + 'static,
         options: ReadOptions,
     ) -> Result<ShardReader> {
+        ShardReader::start(shard, reader, 0, options)
+    }
+
+    fn start(
+        shard: &str,
+        reader: impl Read + Send + 'static,
+        base: u64,
+        options: ReadOptions,
+    ) -> Result<ShardReader> {
         let shard: Arc<str> = Arc::from(shard);
         let (tx, rx) = crossbeam_channel::bounded(READ_AHEAD_SAMPLES);
         let name = Arc::clone(&shard);
         let thread = std::thread::Builder::new()
             .name("stoker-tar-read".into())
-            .spawn(move || pump(name, reader, options, tx))
+            .spawn(move || pump(name, reader, base, options, tx))
             .map_err(|e| Error::Internal(format!("cannot start a thread to read {shard}: {e}")))?;
         Ok(ShardReader {
             shard,
@@ -451,11 +476,11 @@ impl Drop for ShardReader {
 }
 
 /// The reader thread: parse, sending each sample; then `End` or the error.
-fn pump(shard: Arc<str>, reader: impl Read, options: ReadOptions, tx: Sender<Msg>) {
+fn pump(shard: Arc<str>, reader: impl Read, base: u64, options: ReadOptions, tx: Sender<Msg>) {
     let outcome = decompressing(BufReader::with_capacity(BUFFER_BYTES, reader))
         .map_err(|e| Error::format(&*shard, format!("cannot read: {e}")))
         .and_then(|stream| {
-            parse(&shard, stream, &options, &mut |s| {
+            parse(&shard, stream, base, &options, &mut |s| {
                 tx.send(Msg::Sample(s)).is_ok()
             })
         });
@@ -464,6 +489,41 @@ fn pump(shard: Arc<str>, reader: impl Read, options: ReadOptions, tx: Sender<Msg
         Ok(false) => Ok(()),
         Err(e) => tx.send(Msg::Failed(e)),
     };
+}
+
+/// The samples of a damaged shard up to the damage, as the scan would list them, and the error
+/// that stopped the read (`None` if the shard reads to its end). Every member is read (copied)
+/// to learn its size: this is for the rare damaged shard under `on_error=skip`, not for every
+/// shard. A sample is listed only once the next one starts, so the last complete sample before
+/// the damage may be lost with it.
+pub(super) fn readable_prefix(
+    shard: &str,
+    reader: impl Read,
+    max_member_bytes: u64,
+) -> (Vec<super::scan::ScannedSample>, Option<Error>) {
+    use super::scan::{ScannedMember, ScannedSample};
+    let options = ReadOptions {
+        max_member_bytes,
+        wanted: None,
+    };
+    let mut samples = Vec::new();
+    let outcome = read_samples(shard, reader, &options, |s| {
+        samples.push(ScannedSample {
+            key: s.key,
+            offset: s.offset,
+            members: s
+                .members
+                .into_iter()
+                .map(|m| ScannedMember {
+                    ext: m.ext,
+                    offset: m.offset,
+                    size: m.data.len() as u64,
+                })
+                .collect(),
+        });
+        true
+    });
+    (samples, outcome.err())
 }
 
 /// Tells the kernel `file` is read front to back; only a hint, so failure is ignored.

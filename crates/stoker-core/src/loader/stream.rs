@@ -1,0 +1,814 @@
+//! The streaming scheduler: stream → shuffle buffer → batches built by the workers.
+//!
+//! For tar shards in streaming mode and iterable sources. Each epoch, this rank's stream (see
+//! [`crate::source::streaming`]) is read by one thread, the *feeder*, in order; its samples pass
+//! through the seeded [`ShuffleBuffer`] and are cut into batches of owned samples, which the
+//! worker threads build (decode, transform, collate) in parallel. Reading is sequential and
+//! single-threaded per rank on purpose: which samples make up batch `k` of an epoch depends only
+//! on `(seed, epoch, rank, world_size)`, never on `num_workers`, and with `num_workers=0`
+//! everything runs in the caller's thread and gives the same batches.
+//!
+//! In flight: the feeder takes a token for every batch it cuts (and for every epoch end); the
+//! consumer returns it when it delivers that batch. So at most `cap` batches are cut and not
+//! delivered, and memory holds at most the buffer's `N` samples plus `cap` batches of encoded
+//! samples. The feeder runs ahead into the next epoch like the host scheduler.
+//!
+//! Resume: the epoch, the batches delivered (`position`, and `ahead` with `in_order=false`) and,
+//! for an iterable source that saves its position while unbuffered, that position. Otherwise the
+//! epoch's stream and buffer are replayed from the start: samples are read again but batches
+//! already delivered are not built.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use super::buffer::ShuffleBuffer;
+use super::host::{Cursor, Mode};
+use super::{Facts, Scheduler};
+use crate::arena::Arena;
+use crate::batch::Batch;
+use crate::collate::{BatchKey, Collator, OwnedSample, Scratch};
+use crate::cuda::{HostBatches, Pulled};
+use crate::error::{panic_message, Error, Result};
+use crate::launch::Launch;
+use crate::options::{LoaderOptions, OnError, OpenedSource};
+use crate::pool::WorkerCtx;
+use crate::resume::{Position, ResumeState};
+use crate::rng::{Rng, Stream};
+use crate::sampler::batches_for;
+use crate::source::streaming::{EpochStream, StreamSource};
+use crate::stats::{StatsHandle, StatsRecorder};
+use crate::trace::Trace;
+
+type Samples = Vec<Box<dyn OwnedSample>>;
+
+/// What the feeder produces next.
+enum Cut {
+    /// A batch of samples to build; `state` is the stream's position after its last sample.
+    Batch {
+        key: BatchKey,
+        samples: Samples,
+        state: Option<String>,
+    },
+    /// A batch that failed before it had samples (the epoch's stream did not open); the epoch
+    /// ends after it.
+    Failed { key: BatchKey, error: Error },
+    /// The epoch `epoch` has `batches` batches.
+    End { epoch: u64, batches: usize },
+}
+
+/// Where a resumed loader starts.
+struct Restart {
+    epoch: u64,
+    position: usize,
+    ahead: BTreeSet<usize>,
+    /// The stream's own position after batch `position - 1` (then no replay).
+    state: Option<String>,
+}
+
+/// The stream reader and batch cutter: runs on the feeder thread, or in the caller's thread
+/// with `num_workers=0`.
+struct Feed {
+    source: Arc<dyn StreamSource>,
+    seed: u64,
+    rank: usize,
+    batch_size: usize,
+    drop_last: bool,
+    buffer_capacity: usize,
+    /// Ask the stream for its position after each batch (a resumable, unbuffered iterable).
+    want_states: bool,
+    epoch: u64,
+    /// Next batch position to cut in `epoch`.
+    position: usize,
+    stream: Option<Box<dyn EpochStream>>,
+    buffer: ShuffleBuffer<Box<dyn OwnedSample>>,
+    stream_done: bool,
+    /// The epoch's stream failed to open: it ends after the failed batch.
+    broken: bool,
+    restart: Option<Restart>,
+}
+
+impl Feed {
+    fn buffer_for(&self, epoch: u64) -> ShuffleBuffer<Box<dyn OwnedSample>> {
+        let rng = Rng::for_key(self.seed, Stream::Buffer, epoch, self.rank as u64);
+        ShuffleBuffer::new(self.buffer_capacity, rng)
+    }
+
+    fn key(&self, position: usize) -> BatchKey {
+        BatchKey {
+            seed: self.seed,
+            epoch: self.epoch,
+            position,
+        }
+    }
+
+    /// Whether batch `position` of the current epoch was delivered before a resume.
+    fn delivered_before(&self, position: usize) -> bool {
+        match &self.restart {
+            Some(r) if r.epoch == self.epoch => {
+                position < r.position || r.ahead.contains(&position)
+            }
+            _ => false,
+        }
+    }
+
+    /// The next sample out of the buffer.
+    fn pull(&mut self) -> Option<Box<dyn OwnedSample>> {
+        while !self.stream_done {
+            let stream = self.stream.as_mut()?;
+            match stream.next_sample() {
+                Some(sample) => {
+                    if let Some(out) = self.buffer.offer(sample) {
+                        return Some(out);
+                    }
+                }
+                None => self.stream_done = true,
+            }
+        }
+        self.buffer.drain_one()
+    }
+
+    fn next_cut(&mut self) -> Cut {
+        loop {
+            if self.stream.is_none() && !self.broken {
+                let (resume, given) = match &self.restart {
+                    Some(r) if r.epoch == self.epoch && r.state.is_some() => {
+                        self.position = r.position;
+                        (r.state.clone(), (r.position * self.batch_size) as u64)
+                    }
+                    _ => (None, 0),
+                };
+                match self.source.open(self.epoch, resume.as_deref(), given) {
+                    Ok(stream) => {
+                        self.stream = Some(stream);
+                        self.stream_done = false;
+                        self.buffer = self.buffer_for(self.epoch);
+                    }
+                    Err(error) => {
+                        self.broken = true;
+                        let key = self.key(self.position);
+                        self.position += 1;
+                        return Cut::Failed { key, error };
+                    }
+                }
+            }
+            let mut samples = Vec::with_capacity(self.batch_size);
+            if !self.broken {
+                while samples.len() < self.batch_size {
+                    match self.pull() {
+                        Some(s) => samples.push(s),
+                        None => break,
+                    }
+                }
+            }
+            if samples.is_empty() || (samples.len() < self.batch_size && self.drop_last) {
+                let end = Cut::End {
+                    epoch: self.epoch,
+                    batches: self.position,
+                };
+                if self.restart.as_ref().is_some_and(|r| r.epoch == self.epoch) {
+                    self.restart = None;
+                }
+                self.epoch += 1;
+                self.position = 0;
+                self.stream = None;
+                self.broken = false;
+                return end;
+            }
+            let position = self.position;
+            self.position += 1;
+            if self.delivered_before(position) {
+                continue; // replayed: read, not built
+            }
+            let state = match (self.want_states, self.stream.as_mut()) {
+                // A state that cannot be saved only costs a replay on resume.
+                (true, Some(stream)) => stream.state().ok().flatten(),
+                _ => None,
+            };
+            return Cut::Batch {
+                key: self.key(position),
+                samples,
+                state,
+            };
+        }
+    }
+}
+
+/// Builds batches of owned samples (shared by the workers, or used by the caller's thread).
+struct Builder {
+    collator: Collator,
+    arena: Arena,
+    stats: Arc<StatsRecorder>,
+}
+
+impl Builder {
+    /// Builds one batch, turning a panic into an error, and records its time in the worker's
+    /// counters and the trace, as the indexed path's pool does.
+    fn build(&self, key: BatchKey, samples: &Samples, ctx: &mut WorkerCtx) -> Result<Batch> {
+        let start = Instant::now();
+        let scratch = &mut ctx.scratch;
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            self.collator
+                .build_owned(key, samples, &self.arena, scratch)
+        }))
+        .unwrap_or_else(|panic| {
+            *scratch = Scratch::default();
+            Err(Error::Internal(format!(
+                "panic while building batch {} of epoch {}: {}",
+                key.position,
+                key.epoch,
+                panic_message(&*panic)
+            )))
+        });
+        let end = Instant::now();
+        if let Some(trace) = self.stats.trace() {
+            trace.batch_built(
+                ctx.slot.id,
+                key.epoch,
+                key.position,
+                start,
+                end,
+                ctx.scratch.spans.spans(),
+            );
+        }
+        ctx.slot.add_batch(end - start, &mut ctx.scratch.spans);
+        outcome
+    }
+}
+
+/// What the threads hand the consumer.
+enum Delivery {
+    Built {
+        key: BatchKey,
+        outcome: Result<Batch>,
+        state: Option<String>,
+    },
+    End {
+        epoch: u64,
+        batches: usize,
+    },
+}
+
+struct Task {
+    key: BatchKey,
+    samples: Samples,
+    state: Option<String>,
+}
+
+/// The feeder thread and the workers (`num_workers ≥ 1`).
+struct Threads {
+    stop: Arc<AtomicBool>,
+    /// Tokens go back to the feeder as batches are delivered.
+    tokens: Option<Sender<()>>,
+    results: Receiver<Delivery>,
+    feeder: Option<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Threads {
+    fn start(mut feed: Feed, builder: Arc<Builder>, workers: usize, cap: usize) -> Result<Threads> {
+        let (token_tx, token_rx) = crossbeam_channel::bounded::<()>(cap);
+        for _ in 0..cap {
+            // Cannot fail: the channel holds exactly `cap`.
+            let _ = token_tx.send(());
+        }
+        let (task_tx, task_rx) = crossbeam_channel::bounded::<Task>(cap);
+        let (result_tx, result_rx) = crossbeam_channel::bounded::<Delivery>(cap);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Threads {
+            stop: Arc::clone(&stop),
+            tokens: Some(token_tx),
+            results: result_rx,
+            feeder: None,
+            workers: Vec::with_capacity(workers),
+        };
+        for i in 0..workers {
+            let (builder, tasks, results, stop) = (
+                Arc::clone(&builder),
+                task_rx.clone(),
+                result_tx.clone(),
+                Arc::clone(&stop),
+            );
+            let handle = std::thread::Builder::new()
+                .name(format!("stoker-worker-{i}"))
+                .spawn(move || {
+                    let mut ctx = WorkerCtx::new(&builder.stats, |n| format!("stoker-worker-{n}"));
+                    for task in tasks {
+                        if stop.load(Ordering::Acquire) {
+                            break;
+                        }
+                        let outcome = builder.build(task.key, &task.samples, &mut ctx);
+                        // The samples' memory goes before the result waits in the queue.
+                        drop(task.samples);
+                        let delivery = Delivery::Built {
+                            key: task.key,
+                            outcome,
+                            state: task.state,
+                        };
+                        if results.send(delivery).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .map_err(|e| Error::Internal(format!("starting worker thread {i}: {e}")))?;
+            threads.workers.push(handle);
+        }
+        let feeder_stop = Arc::clone(&stop);
+        let feeder = std::thread::Builder::new()
+            .name("stoker-feeder".into())
+            .spawn(move || {
+                while token_rx.recv().is_ok() {
+                    if feeder_stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let sent = match feed.next_cut() {
+                        Cut::Batch {
+                            key,
+                            samples,
+                            state,
+                        } => task_tx
+                            .send(Task {
+                                key,
+                                samples,
+                                state,
+                            })
+                            .is_ok(),
+                        Cut::Failed { key, error } => result_tx
+                            .send(Delivery::Built {
+                                key,
+                                outcome: Err(error),
+                                state: None,
+                            })
+                            .is_ok(),
+                        Cut::End { epoch, batches } => {
+                            result_tx.send(Delivery::End { epoch, batches }).is_ok()
+                        }
+                    };
+                    if !sent {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| Error::Internal(format!("starting the feeder thread: {e}")))?;
+        threads.feeder = Some(feeder);
+        Ok(threads)
+    }
+
+    fn give_token(&self) {
+        if let Some(tokens) = &self.tokens {
+            // The feeder may be gone (shutting down); then there is no one to give it to.
+            let _ = tokens.try_send(());
+        }
+    }
+}
+
+impl Drop for Threads {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // The feeder waiting for a token sees the channel closed; workers waiting to hand over
+        // a result see the results queue closed; then the task queue closes with the feeder.
+        drop(self.tokens.take());
+        drop(std::mem::replace(
+            &mut self.results,
+            crossbeam_channel::never(),
+        ));
+        if let Some(feeder) = self.feeder.take() {
+            let _ = feeder.join();
+        }
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// A batch ready to deliver.
+struct Ready {
+    outcome: Result<Batch>,
+    state: Option<String>,
+}
+
+/// The streaming pipeline of host batches.
+pub(super) struct StreamLoader {
+    record_delivery: bool,
+    source: Arc<dyn StreamSource>,
+    builder: Arc<Builder>,
+    seed: u64,
+    batches_per_epoch: Option<usize>,
+    samples_per_epoch: Option<usize>,
+    /// `num_workers=0`: the feed, run in `next()`.
+    inline: Option<Feed>,
+    threads: Option<Threads>,
+    /// The calling thread's context when it builds batches (`num_workers=0`).
+    ctx: Option<WorkerCtx>,
+    in_order: bool,
+    timeout: Option<Duration>,
+    /// The epoch being delivered, and which of its batches have been.
+    epoch: u64,
+    position: usize,
+    ahead: BTreeSet<usize>,
+    /// The stream's position after batch `position - 1`, and after each batch in `ahead`.
+    state: Option<String>,
+    ahead_states: BTreeMap<usize, Option<String>>,
+    ready: BTreeMap<(u64, usize), Ready>,
+    /// Batches of each epoch the feeder has finished.
+    ends: BTreeMap<u64, usize>,
+    stats: Arc<StatsRecorder>,
+    launch: Launch,
+    /// Resumed, and nothing delivered since (see [`Scheduler::set_epoch`]).
+    fresh: bool,
+}
+
+impl StreamLoader {
+    pub(super) fn new(options: &LoaderOptions, mode: Mode) -> Result<StreamLoader> {
+        let resume = options
+            .resume_state
+            .as_deref()
+            .map(ResumeState::parse)
+            .transpose()?;
+        let launch = options.launch()?;
+        // A streaming state: (epoch, this rank's batch position, absolute `ahead` positions,
+        // batches per epoch, the stream's own state).
+        let resume = match resume {
+            None => None,
+            Some(ResumeState {
+                seed,
+                epoch,
+                at:
+                    Position::Stream {
+                        position,
+                        world_size,
+                        batches_per_epoch,
+                        state,
+                    },
+                ahead,
+            }) => {
+                if world_size != launch.world_size {
+                    return Err(Error::option(
+                        "resume_state",
+                        format!(
+                            "was saved by a streaming loader at world_size {world_size}, but this one has world_size {}: each rank reads its own stream, so a streaming state resumes (by replay) at the same world size only",
+                            launch.world_size
+                        ),
+                    ));
+                }
+                Some((seed, epoch, position, ahead, batches_per_epoch, state))
+            }
+            Some(_) => {
+                return Err(Error::option(
+                    "resume_state",
+                    "saved by an indexed loader, but this one streams (shuffle_buffer or an iterable source): the options differ",
+                ));
+            }
+        };
+        let seed = resume.as_ref().map_or(options.seed, |s| s.0);
+        let (start_epoch, start_state, start_given) = match &resume {
+            Some((_, epoch, position, _, _, state)) => (
+                *epoch,
+                state.clone(),
+                (*position * options.batch_size) as u64,
+            ),
+            None => (0, None, 0),
+        };
+        let opened = options.open_source(
+            seed,
+            start_epoch,
+            start_state.as_deref(),
+            if start_state.is_some() {
+                start_given
+            } else {
+                0
+            },
+        )?;
+        let OpenedSource::Stream(source) = opened.source else {
+            return Err(Error::Internal(
+                "the streaming scheduler was given a map-style source".into(),
+            ));
+        };
+        let fields = source.fields().to_vec();
+        let image = options.image_stages(&fields)?.map(Arc::new);
+        let collator = Collator::for_fields(
+            &fields,
+            options.pad,
+            image,
+            options.on_error == OnError::Skip,
+        )?;
+        let samples_per_epoch = source.samples_per_epoch();
+        let batches_per_epoch =
+            samples_per_epoch.map(|n| batches_for(n, options.batch_size, options.drop_last));
+
+        let workers = options.resolved_workers();
+
+        let cap = options.in_flight_cap();
+        let (pin, registrar, feed_mode) = match mode {
+            Mode::Host => (options.pin_memory.unwrap_or(false), None, false),
+            Mode::Feed { registrar } => (false, registrar, true),
+        };
+        let arena = Arena::new(pin, cap + 2, registrar);
+        let trace = options.trace.as_deref().map(Trace::create).transpose()?;
+        let stats = Arc::new(StatsRecorder::new(trace));
+        stats.set_current_workers(workers.max(1));
+        stats.set_prefetch(options.prefetch_factor);
+        stats.add_skipped(opened.damaged.len() as u64);
+        let builder = Arc::new(Builder {
+            collator,
+            arena,
+            stats: Arc::clone(&stats),
+        });
+
+        let want_states = source.restores_state() && options.shuffle_buffer == 0;
+        let mut loader = StreamLoader {
+            record_delivery: !feed_mode,
+            source: Arc::clone(&source),
+            builder: Arc::clone(&builder),
+            seed,
+            batches_per_epoch,
+            samples_per_epoch,
+            inline: None,
+            threads: None,
+            ctx: (workers == 0)
+                .then(|| WorkerCtx::new(&stats, |_| "caller (num_workers=0)".into())),
+            in_order: options.in_order,
+            timeout: (options.timeout_ms > 0 && !feed_mode)
+                .then(|| Duration::from_millis(options.timeout_ms)),
+            epoch: 0,
+            position: 0,
+            ahead: BTreeSet::new(),
+            state: None,
+            ahead_states: BTreeMap::new(),
+            ready: BTreeMap::new(),
+            ends: BTreeMap::new(),
+            stats,
+            launch,
+            fresh: false,
+        };
+        let mut restart = None;
+        if let Some((_, epoch, position, ahead, saved, stream_state)) = resume {
+            let saved = saved.unwrap_or(usize::MAX);
+            let ours = batches_per_epoch.unwrap_or(usize::MAX);
+            if saved != ours
+                || (ours != usize::MAX && (position > ours || ahead.iter().any(|&p| p >= ours)))
+                || ahead.iter().any(|&p| p <= position)
+            {
+                return Err(Error::option(
+                    "resume_state",
+                    format!(
+                        "saved by a loader with {} batches per epoch at position {}, but this loader has {}: the source, ranks, batch_size or drop_last differ",
+                        count(saved),
+                        position,
+                        count(ours)
+                    ),
+                ));
+            }
+            loader.epoch = epoch;
+            loader.position = position;
+            loader.ahead = ahead.iter().copied().collect();
+            loader.state = stream_state.filter(|_| want_states);
+            loader.fresh = true;
+            restart = Some(Restart {
+                epoch,
+                position,
+                ahead: loader.ahead.clone(),
+                state: loader.state.clone(),
+            });
+        }
+        let feed = Feed {
+            source,
+            seed,
+            rank: launch.rank,
+            batch_size: options.batch_size,
+            drop_last: options.drop_last,
+            buffer_capacity: options.shuffle_buffer,
+            want_states,
+            epoch: loader.epoch,
+            position: 0,
+            stream: None,
+            buffer: ShuffleBuffer::new(0, Rng::for_key(seed, Stream::Buffer, 0, 0)),
+            stream_done: false,
+            broken: false,
+            restart,
+        };
+        if workers == 0 {
+            loader.inline = Some(feed);
+        } else {
+            loader.threads = Some(Threads::start(feed, builder, workers, cap)?);
+        }
+        Ok(loader)
+    }
+
+    fn next_within(&mut self, timeout: Option<Duration>) -> Result<Option<Batch>> {
+        let start = Instant::now();
+        loop {
+            if self.ends.get(&self.epoch) == Some(&self.position) {
+                self.ends.remove(&self.epoch);
+                self.give_token();
+                self.epoch += 1;
+                self.position = 0;
+                self.ahead.clear();
+                self.ahead_states.clear();
+                self.state = None;
+                return Ok(None);
+            }
+            if let Some((position, ready)) = self.take_ready() {
+                self.give_token();
+                self.mark_delivered(position, ready.state);
+                let batch = ready.outcome?;
+                if self.record_delivery {
+                    self.stats.delivered(&batch, start);
+                }
+                return Ok(Some(batch));
+            }
+            if let Some(feed) = self.inline.as_mut() {
+                match feed.next_cut() {
+                    Cut::Batch {
+                        key,
+                        samples,
+                        state,
+                    } => {
+                        let ctx = self.ctx.as_mut().ok_or_else(|| {
+                            Error::Internal("no worker context for num_workers=0".into())
+                        })?;
+                        let outcome = self.builder.build(key, &samples, ctx);
+                        self.ready
+                            .insert((key.epoch, key.position), Ready { outcome, state });
+                    }
+                    Cut::Failed { key, error } => {
+                        self.ready.insert(
+                            (key.epoch, key.position),
+                            Ready {
+                                outcome: Err(error),
+                                state: None,
+                            },
+                        );
+                    }
+                    Cut::End { epoch, batches } => {
+                        self.ends.insert(epoch, batches);
+                    }
+                }
+                continue;
+            }
+            let Some(threads) = &self.threads else {
+                return Err(Error::Internal("a streaming loader with no feed".into()));
+            };
+            let delivery = match timeout {
+                None => threads
+                    .results
+                    .recv()
+                    .map_err(|_| Error::Internal("the feeder and workers have exited".into()))?,
+                Some(t) => {
+                    let remaining = t
+                        .checked_sub(start.elapsed())
+                        .ok_or(Error::Timeout(t.as_millis() as u64))?;
+                    threads
+                        .results
+                        .recv_timeout(remaining)
+                        .map_err(|e| match e {
+                            RecvTimeoutError::Timeout => Error::Timeout(t.as_millis() as u64),
+                            RecvTimeoutError::Disconnected => {
+                                Error::Internal("the feeder and workers have exited".into())
+                            }
+                        })?
+                }
+            };
+            match delivery {
+                Delivery::Built {
+                    key,
+                    outcome,
+                    state,
+                } => {
+                    self.ready
+                        .insert((key.epoch, key.position), Ready { outcome, state });
+                }
+                Delivery::End { epoch, batches } => {
+                    self.ends.insert(epoch, batches);
+                }
+            }
+        }
+    }
+
+    fn give_token(&self) {
+        if let Some(threads) = &self.threads {
+            threads.give_token();
+        }
+    }
+
+    /// A built batch that may be delivered now: the next in order, or with `in_order=false`
+    /// any of the current epoch.
+    fn take_ready(&mut self) -> Option<(usize, Ready)> {
+        let key = if self.in_order {
+            (self.epoch, self.position)
+        } else {
+            *self
+                .ready
+                .range((self.epoch, 0)..(self.epoch + 1, 0))
+                .next()?
+                .0
+        };
+        let ready = self.ready.remove(&key)?;
+        Some((key.1, ready))
+    }
+
+    fn mark_delivered(&mut self, position: usize, state: Option<String>) {
+        self.fresh = false;
+        if position == self.position {
+            self.state = state;
+            self.position += 1;
+            while self.ahead.remove(&self.position) {
+                self.state = self.ahead_states.remove(&self.position).flatten();
+                self.position += 1;
+            }
+        } else {
+            self.ahead.insert(position);
+            self.ahead_states.insert(position, state);
+        }
+    }
+}
+
+/// A batch count for messages.
+fn count(n: usize) -> String {
+    if n == usize::MAX {
+        "an unknown number of".into()
+    } else {
+        n.to_string()
+    }
+}
+
+impl HostBatches for StreamLoader {
+    type Mark = Cursor;
+
+    fn pull(&mut self, poll: Duration) -> Pulled<Cursor> {
+        match self.next_within(Some(poll)) {
+            Err(Error::Timeout(_)) => Pulled::Idle,
+            item => Pulled::Item(item, self.cursor()),
+        }
+    }
+}
+
+impl Scheduler for StreamLoader {
+    fn next(&mut self) -> Result<Option<Batch>> {
+        self.next_within(self.timeout)
+    }
+
+    fn cursor(&self) -> Cursor {
+        Cursor {
+            epoch: self.epoch,
+            position: self.position,
+            start: 0,
+            ahead: self.ahead.iter().copied().collect(),
+            stream: self.state.clone(),
+        }
+    }
+
+    fn facts(&self) -> Facts {
+        Facts {
+            seed: self.seed,
+            launch: self.launch,
+            schedule: None,
+            batches_per_epoch: self.batches_per_epoch,
+            samples_per_epoch: self.samples_per_epoch,
+            source: None,
+            fields: self.source.fields().to_vec(),
+            stats: StatsHandle {
+                recorder: Arc::clone(&self.stats),
+                arena: self.builder.arena.clone(),
+                launch: self.launch,
+            },
+            streaming: true,
+        }
+    }
+
+    fn set_epoch(&mut self, epoch: u64) -> Result<()> {
+        check_set_epoch(&self.cursor(), self.fresh, epoch)
+    }
+
+    /// Not called by [`super::Loader`], which checks a streaming loader's `set_epoch` on the
+    /// consumer's side (a stream cannot rewind what the prefetch thread copied ahead); it
+    /// moves the cursor only.
+    fn rewind_to(&mut self, cursor: &Cursor, fresh: bool) {
+        self.epoch = cursor.epoch;
+        self.position = cursor.position;
+        self.ahead = cursor.ahead.iter().copied().collect();
+        self.state = cursor.stream.clone();
+        self.fresh = fresh;
+    }
+}
+
+/// `set_epoch(epoch)` on a streaming loader whose consumer stands at `cursor` (`fresh`: resumed
+/// or made, and nothing delivered since). A stream is read in order, once per epoch: the next
+/// batch can be the first of `epoch` when the loader stands at that epoch's start (or was just
+/// resumed into it), the usual `set_epoch(e)` before each epoch's loop; nothing changes then.
+/// Jumping elsewhere would mean reopening the streams mid-flight, which is refused.
+pub(super) fn check_set_epoch(cursor: &Cursor, fresh: bool, epoch: u64) -> Result<()> {
+    let at_start = cursor.epoch == epoch && cursor.position == 0 && cursor.ahead.is_empty();
+    if at_start || (fresh && cursor.epoch == epoch) {
+        return Ok(());
+    }
+    Err(Error::Unsupported(format!(
+        "set_epoch({epoch}) on a streaming loader (shuffle_buffer or an iterable source) that stands at batch {} of epoch {}: a stream moves to an epoch only from that epoch's start; make a new loader (with resume_state to continue elsewhere)",
+        cursor.position, cursor.epoch
+    )))
+}

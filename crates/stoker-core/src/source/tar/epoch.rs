@@ -1,0 +1,642 @@
+//! Streaming mode (`shuffle_buffer=N`): each epoch, this rank's part of the shards, read front
+//! to back.
+//!
+//! The rule, the same on every rank, is a pure function of `(seed, epoch)`:
+//!
+//! 1. The shards are shuffled (a permutation of `(seed, epoch)`) and laid end to end: one
+//!    sequence of all `N` samples.
+//! 2. Each rank takes `P = ceil(N / world_size)` samples (`floor` with `shard_drop_last=true`),
+//!    rank `r` the contiguous run at positions `r·P .. (r+1)·P` of that sequence; positions past
+//!    `N` wrap around to its start, as `DistributedSampler` pads by repeating the head. So every
+//!    rank delivers exactly the same number of samples (and batches) whatever the shard sizes,
+//!    and across the ranks every sample is read once per epoch, plus the padding.
+//! 3. A run is read shard by shard, sequentially: it starts in the middle of at most one shard
+//!    (found through the shard's index: a seek, for an uncompressed shard) and ends in the middle
+//!    of at most one.
+//!
+//! Splitting at sample boundaries instead of giving each rank whole shards is what makes the
+//! counts equal: with whole shards, ranks holding larger shards would have more batches and a
+//! distributed job would hang at the end of every epoch.
+//!
+//! The per-shard sample counts and sample offsets come from the same index files as indexed
+//! mode (see [`super::index`]), scanned once and cached; a gzip-compressed shard, which has no
+//! random access, is counted by one decompressing pass when the source opens (not cached) and
+//! read from its start, skipping the samples before the run.
+//!
+//! A shard that breaks off while being read (changed or removed since it was indexed) gives one
+//! failed sample naming it, and the rest of its run is made up from the samples after this
+//! rank's run, so the count stays equal.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+
+use super::fields::TarFields;
+use super::index::{IndexPlaces, ShardIndex, Stamp};
+use super::scan::{next_header, scan_members, ScannedSample};
+use super::stream::{read_samples, readable_prefix, ReadOptions, ShardReader, StreamSample};
+use super::TarConfig;
+use crate::collate::OwnedSample;
+use crate::error::{Error, Result};
+use crate::rng::{Rng, Stream};
+use crate::source::streaming::{EpochStream, FailedSample, StreamSource};
+use crate::source::{FieldSpec, Sample};
+
+/// How the shards are dealt to ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub rank: usize,
+    pub world_size: usize,
+    pub seed: u64,
+    /// `shard_drop_last`: each rank takes `floor(N / world_size)` samples instead of
+    /// `ceil(N / world_size)` (no padding).
+    pub drop_tail: bool,
+}
+
+/// WebDataset tar shards read as one stream per rank and epoch (see the module docs).
+pub struct TarStream {
+    shared: Arc<Shared>,
+    split: Split,
+    per_rank: usize,
+    pattern: String,
+}
+
+struct Shared {
+    shards: Vec<ShardEntry>,
+    total: usize,
+    fields: Arc<TarFields>,
+    read: ReadOptions,
+    damaged: Vec<String>,
+}
+
+struct ShardEntry {
+    path: PathBuf,
+    count: usize,
+    /// Byte offset where each sample's headers start (uncompressed shards; empty for gzip).
+    starts: Vec<u64>,
+    gzip: bool,
+}
+
+/// A run of consecutive samples of one shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Segment {
+    shard: usize,
+    first: usize,
+    count: usize,
+    /// Position of the first in the epoch's (padded) sequence.
+    position: u64,
+}
+
+/// Sample failures per epoch after which a rank stops making up for them (every shard broken).
+const MAX_MAKE_UPS: usize = 64;
+
+impl TarStream {
+    /// Expands `pattern`, indexes (or counts) every shard and learns the fields from the first
+    /// sample. `file://` URLs are local paths; other URLs are refused.
+    pub fn open_pattern(pattern: &str, config: TarConfig, split: Split) -> Result<TarStream> {
+        let mut paths = Vec::new();
+        for name in super::pattern::expand_shards(pattern)? {
+            if let Some(local) = name.strip_prefix("file://") {
+                paths.push(PathBuf::from(local));
+            } else if super::pattern::is_url(&name) {
+                return Err(Error::Unsupported(format!(
+                    "tar shard `{name}`: remote shards are not supported yet"
+                )));
+            } else {
+                paths.push(PathBuf::from(name));
+            }
+        }
+        TarStream::open(&paths, config, split, pattern)
+    }
+
+    /// Opens `shards` (plain or gzip-compressed tar).
+    pub fn open(
+        shards: &[PathBuf],
+        config: TarConfig,
+        split: Split,
+        name: &str,
+    ) -> Result<TarStream> {
+        if shards.is_empty() {
+            return Err(Error::InvalidArgument("tar source: no shard given".into()));
+        }
+        if split.world_size == 0 || split.rank >= split.world_size {
+            return Err(Error::option(
+                "rank",
+                format!(
+                    "rank {} is out of range for world_size {} (need 0 <= rank < world_size)",
+                    split.rank, split.world_size
+                ),
+            ));
+        }
+        let places = IndexPlaces {
+            beside: config.index_beside,
+            dir: config.index_dir.clone().or_else(IndexPlaces::default_dir),
+        };
+        let entries: Vec<Result<(ShardEntry, Option<String>)>> = shards
+            .par_iter()
+            .map(|path| shard_entry(path, &places, &config))
+            .collect();
+        let mut table = Vec::with_capacity(entries.len());
+        let mut damaged = Vec::new();
+        for entry in entries {
+            let (entry, damage) = entry?;
+            damaged.extend(damage);
+            table.push(entry);
+        }
+        let total: usize = table.iter().map(|s| s.count).sum();
+        let first = table.iter().find(|s| s.count > 0).ok_or_else(|| {
+            Error::format(
+                &shards[0],
+                format!("no sample in any of the {} shard(s)", shards.len()),
+            )
+        })?;
+        let fields = learn_fields(&first.path, &config)?;
+        let read = ReadOptions::new(&config, Some(&fields));
+        let per_rank = if split.drop_tail {
+            total / split.world_size
+        } else {
+            total.div_ceil(split.world_size)
+        };
+        Ok(TarStream {
+            shared: Arc::new(Shared {
+                shards: table,
+                total,
+                fields: Arc::new(fields),
+                read,
+                damaged,
+            }),
+            split,
+            per_rank,
+            pattern: name.to_owned(),
+        })
+    }
+
+    /// Samples in all shards.
+    pub fn total_samples(&self) -> usize {
+        self.shared.total
+    }
+
+    /// Samples in each shard, in the order given.
+    pub fn shard_counts(&self) -> Vec<usize> {
+        self.shared.shards.iter().map(|s| s.count).collect()
+    }
+
+    /// With `skip_damaged`: why each damaged shard stops early.
+    pub fn damaged(&self) -> &[String] {
+        &self.shared.damaged
+    }
+
+    /// The resolved fields.
+    pub fn tar_fields(&self) -> &TarFields {
+        &self.shared.fields
+    }
+
+    /// The runs this rank reads in `epoch`: (shard index, first sample, count), in order.
+    pub fn epoch_runs(&self, epoch: u64) -> Vec<(usize, usize, usize)> {
+        let plan = EpochPlan::new(&self.shared, self.split.seed, epoch);
+        let from = self.split.rank as u64 * self.per_rank as u64;
+        plan.cover(from, self.per_rank as u64)
+            .into_iter()
+            .map(|s| (s.shard, s.first, s.count))
+            .collect()
+    }
+}
+
+/// Indexes (or, for gzip, counts) one shard.
+fn shard_entry(
+    path: &Path,
+    places: &IndexPlaces,
+    config: &TarConfig,
+) -> Result<(ShardEntry, Option<String>)> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::io(path, "not a regular file"));
+    }
+    let name = path.to_string_lossy();
+    let mut head = [0u8; 2];
+    let gzip = {
+        let mut probe = &file;
+        let n = probe.read(&mut head).map_err(|e| Error::io(path, e))?;
+        n == 2 && head == [0x1f, 0x8b]
+    };
+    if gzip {
+        // Counted, not indexed: there is no random access to seek with.
+        let reader = File::open(path).map_err(|e| Error::io(path, e))?;
+        let options = ReadOptions {
+            max_member_bytes: config.max_member_bytes,
+            wanted: Some(Vec::new()),
+        };
+        let mut count = 0usize;
+        let outcome = read_samples(&name, BufReader::new(reader), &options, |_| {
+            count += 1;
+            true
+        });
+        let damage = match outcome {
+            Ok(()) => None,
+            Err(e @ Error::Format { .. }) if config.skip_damaged => Some(e.to_string()),
+            Err(e) => return Err(e),
+        };
+        let entry = ShardEntry {
+            path: path.to_owned(),
+            count,
+            starts: Vec::new(),
+            gzip: true,
+        };
+        return Ok((entry, damage));
+    }
+    // SAFETY: read-only mapping of a shard we only read; as in indexed mode, the shard must not
+    // be truncated while mapped (the scan stays inside the mapped length).
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    let stamp = Stamp::of(path, &meta);
+    if map.len() as u64 != stamp.size {
+        return Err(Error::io(path, "the file changed size while being opened"));
+    }
+    let scanned = places.load_or_build(path, &stamp, || {
+        scan_members(&name, &map).map(|samples| ShardIndex::from_samples(&samples))
+    });
+    let (starts, damage) = match scanned {
+        Ok((index, _)) => (sample_starts_of_index(&index), None),
+        Err(e @ Error::Format { .. }) if config.skip_damaged => {
+            let (samples, _) = readable_prefix(&name, &map[..], config.max_member_bytes);
+            (sample_starts(&samples), Some(e.to_string()))
+        }
+        Err(e) => return Err(e),
+    };
+    let entry = ShardEntry {
+        path: path.to_owned(),
+        count: starts.len(),
+        starts,
+        gzip: false,
+    };
+    Ok((entry, damage))
+}
+
+/// Where each sample's headers start: right after the previous sample's last member (its
+/// extension headers, a GNU long name or pax record, come before its first member's header).
+fn sample_starts_of_index(index: &ShardIndex) -> Vec<u64> {
+    let mut starts = Vec::with_capacity(index.len());
+    let mut at = 0u64;
+    for i in 0..index.len() {
+        starts.push(at);
+        let end = index
+            .members(i)
+            .iter()
+            .map(|m| m.offset.saturating_add(m.size))
+            .max()
+            .unwrap_or(at);
+        at = next_header(end).unwrap_or(u64::MAX);
+    }
+    starts
+}
+
+fn sample_starts(samples: &[ScannedSample]) -> Vec<u64> {
+    let mut starts = Vec::with_capacity(samples.len());
+    let mut at = 0u64;
+    for s in samples {
+        starts.push(at);
+        let end = s
+            .members
+            .iter()
+            .map(|m| m.offset.saturating_add(m.size))
+            .max()
+            .unwrap_or(at);
+        at = next_header(end).unwrap_or(u64::MAX);
+    }
+    starts
+}
+
+/// The fields, from the first sample of `path` with every member kept.
+fn learn_fields(path: &Path, config: &TarConfig) -> Result<TarFields> {
+    let options = ReadOptions::new(config, None);
+    let mut reader = ShardReader::open(path, options)?;
+    let first = reader.next_sample()?.ok_or_else(|| {
+        Error::format(
+            path,
+            "the shard's index lists samples but none could be read",
+        )
+    })?;
+    TarFields::resolve_streamed(config, &first)
+}
+
+/// One epoch's order of the shards, laid end to end.
+struct EpochPlan {
+    order: Vec<usize>,
+    /// `cum[i]`: samples in the shards before `order[i]`; then the total.
+    cum: Vec<u64>,
+}
+
+impl EpochPlan {
+    fn new(shared: &Shared, seed: u64, epoch: u64) -> EpochPlan {
+        let mut order: Vec<usize> = (0..shared.shards.len()).collect();
+        Rng::for_key(seed, Stream::Order, epoch, 0).shuffle(&mut order);
+        let mut cum = Vec::with_capacity(order.len() + 1);
+        let mut total = 0u64;
+        for &s in &order {
+            cum.push(total);
+            total += shared.shards[s].count as u64;
+        }
+        cum.push(total);
+        EpochPlan { order, cum }
+    }
+
+    fn total(&self) -> u64 {
+        self.cum[self.cum.len() - 1]
+    }
+
+    /// The segments holding positions `from .. from + len` of the padded sequence (position `p`
+    /// is sample `p mod N`).
+    fn cover(&self, from: u64, len: u64) -> Vec<Segment> {
+        let n = self.total();
+        let mut out = Vec::new();
+        if n == 0 {
+            return out;
+        }
+        let mut p = from;
+        let end = from.saturating_add(len);
+        while p < end {
+            let v = p % n;
+            // The shard holding v: the last i with cum[i] <= v, skipping empty shards.
+            let i = self.cum.partition_point(|&c| c <= v) - 1;
+            let take = (self.cum[i + 1] - v).min(end - p);
+            out.push(Segment {
+                shard: self.order[i],
+                first: (v - self.cum[i]) as usize,
+                count: take as usize,
+                position: p,
+            });
+            p += take;
+        }
+        out
+    }
+}
+
+impl StreamSource for TarStream {
+    fn fields(&self) -> &[FieldSpec] {
+        self.shared.fields.specs()
+    }
+
+    fn samples_per_epoch(&self) -> Option<usize> {
+        Some(self.per_rank)
+    }
+
+    fn describe(&self) -> String {
+        format!("tar:{} (streaming)", self.pattern)
+    }
+
+    fn open(&self, epoch: u64, _resume: Option<&str>, _given: u64) -> Result<Box<dyn EpochStream>> {
+        let plan = EpochPlan::new(&self.shared, self.split.seed, epoch);
+        let from = self.split.rank as u64 * self.per_rank as u64;
+        let segments: VecDeque<Segment> = plan.cover(from, self.per_rank as u64).into();
+        Ok(Box::new(TarEpoch {
+            shared: Arc::clone(&self.shared),
+            plan,
+            segments,
+            current: None,
+            prefetched: None,
+            make_up_from: from + self.per_rank as u64,
+            make_ups: 0,
+        }))
+    }
+}
+
+/// One epoch of one rank: its segments, read in order.
+struct TarEpoch {
+    shared: Arc<Shared>,
+    plan: EpochPlan,
+    segments: VecDeque<Segment>,
+    current: Option<Current>,
+    /// The next segment's reader, opened while the current one is read (shard read-ahead).
+    prefetched: Option<(Segment, Result<ShardReader>)>,
+    /// Where samples that make up for failed ones come from: the positions after this rank's.
+    make_up_from: u64,
+    make_ups: usize,
+}
+
+struct Current {
+    segment: Segment,
+    reader: ShardReader,
+    /// Samples given from the segment.
+    done: usize,
+    /// Samples still to pass over before the segment's first (gzip shards have no seek).
+    discard: usize,
+}
+
+impl TarEpoch {
+    fn open_reader(&self, segment: &Segment) -> Result<ShardReader> {
+        let shard = &self.shared.shards[segment.shard];
+        if shard.gzip || segment.first == 0 {
+            ShardReader::open(&shard.path, self.shared.read.clone())
+        } else {
+            ShardReader::open_at(
+                &shard.path,
+                shard.starts[segment.first],
+                self.shared.read.clone(),
+            )
+        }
+    }
+
+    /// A failed sample at `done` of `segment`, and the rest of the segment made up from
+    /// later positions.
+    fn fail(&mut self, segment: Segment, done: usize, error: Error) -> Box<dyn OwnedSample> {
+        self.current = None;
+        let shard = &self.shared.shards[segment.shard];
+        let what = format!(
+            "shard {} sample #{}",
+            shard.path.display(),
+            segment.first + done
+        );
+        let rest = (segment.count - done - 1) as u64;
+        if rest > 0 && self.make_ups < MAX_MAKE_UPS {
+            self.make_ups += 1;
+            let extra = self.plan.cover(self.make_up_from, rest);
+            self.make_up_from += rest;
+            // Made-up segments go first: the samples keep their place in the stream.
+            for s in extra.into_iter().rev() {
+                self.segments.push_front(s);
+            }
+            self.prefetched = None;
+        }
+        Box::new(FailedSample::new(
+            segment.position + done as u64,
+            what,
+            error,
+        ))
+    }
+}
+
+impl EpochStream for TarEpoch {
+    fn next_sample(&mut self) -> Option<Box<dyn OwnedSample>> {
+        loop {
+            if self.current.is_none() {
+                let segment = self.segments.pop_front()?;
+                let reader = match self.prefetched.take() {
+                    Some((s, reader)) if s == segment => reader,
+                    _ => self.open_reader(&segment),
+                };
+                if let Some(next) = self.segments.front().copied() {
+                    self.prefetched = Some((next, self.open_reader(&next)));
+                }
+                match reader {
+                    Ok(reader) => {
+                        let gzip = self.shared.shards[segment.shard].gzip;
+                        self.current = Some(Current {
+                            segment,
+                            reader,
+                            done: 0,
+                            discard: if gzip { segment.first } else { 0 },
+                        });
+                    }
+                    Err(e) => return Some(self.fail(segment, 0, e)),
+                }
+            }
+            let current = self.current.as_mut()?;
+            let segment = current.segment;
+            if current.done == segment.count {
+                self.current = None;
+                continue;
+            }
+            match current.reader.next_sample() {
+                Ok(Some(_)) if current.discard > 0 => current.discard -= 1,
+                Ok(Some(sample)) => {
+                    let ordinal = segment.position + current.done as u64;
+                    current.done += 1;
+                    return Some(Box::new(TarItem {
+                        sample,
+                        fields: Arc::clone(&self.shared.fields),
+                        ordinal,
+                    }));
+                }
+                Ok(None) => {
+                    let done = current.done;
+                    let shard = &self.shared.shards[segment.shard];
+                    let error = Error::format(
+                        &shard.path,
+                        format!(
+                            "the shard ends after {} samples, but its index lists {}: it changed since it was indexed",
+                            segment.first + done,
+                            shard.count
+                        ),
+                    );
+                    return Some(self.fail(segment, done, error));
+                }
+                Err(e) => {
+                    let done = current.done;
+                    return Some(self.fail(segment, done, e));
+                }
+            }
+        }
+    }
+}
+
+/// One streamed tar sample, with the fields to read it as.
+struct TarItem {
+    sample: StreamSample,
+    fields: Arc<TarFields>,
+    ordinal: u64,
+}
+
+impl OwnedSample for TarItem {
+    fn read<'a>(&'a self, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+        let what = || self.sample.describe();
+        self.fields
+            .stream_sample(&self.sample, self.ordinal, &what, scratch)
+    }
+
+    fn describe(&self) -> String {
+        self.sample.describe()
+    }
+
+    fn ordinal(&self) -> u64 {
+        self.ordinal
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(counts: &[usize]) -> Shared {
+        Shared {
+            shards: counts
+                .iter()
+                .map(|&count| ShardEntry {
+                    path: PathBuf::new(),
+                    count,
+                    starts: Vec::new(),
+                    gzip: false,
+                })
+                .collect(),
+            total: counts.iter().sum(),
+            fields: Arc::new(
+                TarFields::resolve(
+                    &TarConfig::default(),
+                    "x",
+                    "k",
+                    &[("jpg", b"x"), ("cls", b"1")],
+                )
+                .unwrap(),
+            ),
+            read: ReadOptions {
+                max_member_bytes: 1,
+                wanted: None,
+            },
+            damaged: Vec::new(),
+        }
+    }
+
+    /// Every rank gets the same count, the runs of all ranks cover every sample once (plus the
+    /// padding, which repeats the head), for any world size and uneven shards.
+    #[test]
+    fn runs_cover_every_sample_once_with_equal_counts() {
+        let counts = [7, 0, 3, 12, 1, 5];
+        let s = shared(&counts);
+        let n: usize = counts.iter().sum();
+        for world in 1..=7 {
+            for drop_tail in [false, true] {
+                let per_rank = if drop_tail {
+                    n / world
+                } else {
+                    n.div_ceil(world)
+                };
+                for epoch in 0..3 {
+                    let plan = EpochPlan::new(&s, 11, epoch);
+                    let mut seen = vec![0usize; n];
+                    for rank in 0..world {
+                        let segs = plan.cover((rank * per_rank) as u64, per_rank as u64);
+                        let got: usize = segs.iter().map(|g| g.count).sum();
+                        assert_eq!(got, per_rank);
+                        for g in segs {
+                            assert!(g.first + g.count <= counts[g.shard]);
+                            let base: usize = counts[..g.shard].iter().sum();
+                            for i in g.first..g.first + g.count {
+                                seen[base + i] += 1;
+                            }
+                        }
+                    }
+                    let total = per_rank * world;
+                    if total <= n {
+                        assert_eq!(seen.iter().filter(|&&c| c == 1).count(), total);
+                    } else {
+                        assert!(seen.iter().all(|&c| c >= 1), "{seen:?}");
+                        assert_eq!(seen.iter().sum::<usize>(), total);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shard_order_changes_with_the_epoch_and_not_with_the_rank() {
+        let s = shared(&[1; 16]);
+        let a = EpochPlan::new(&s, 3, 0).order;
+        assert_eq!(a, EpochPlan::new(&s, 3, 0).order);
+        assert_ne!(a, EpochPlan::new(&s, 3, 1).order);
+        assert_ne!(a, EpochPlan::new(&s, 4, 0).order);
+    }
+}
