@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
+use stoker_core::autotune::process_cpu_ns;
 use stoker_core::{FieldKind, Loader, LoaderOptions, Stats};
 
 /// `stoker doctor`'s arguments.
@@ -152,6 +153,9 @@ pub(crate) struct Pipeline {
     pub(crate) worker_busy: f64,
     pub(crate) h2d_us: Option<f64>,
     pub(crate) batch_size: usize,
+    /// Cores' worth of CPU time the process got (less than the workers asked for when other
+    /// work shares the cores).
+    pub(crate) cpu_cores: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -267,6 +271,21 @@ impl Phase {
     }
 }
 
+/// This thread's time on a CPU and waiting for one (runnable but not running: cores shared with
+/// other work), from Linux's schedstat; without it, the CPU time alone.
+fn thread_times() -> (Duration, Duration) {
+    let sched = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|f| f.parse::<u64>().ok());
+            Some((it.next()??, it.next()??))
+        });
+    match sched {
+        Some((run, wait)) => (Duration::from_nanos(run), Duration::from_nanos(wait)),
+        None => (thread_cpu(), Duration::ZERO),
+    }
+}
+
 /// This thread's CPU time.
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
@@ -320,21 +339,31 @@ fn stage_run(options: &LoaderOptions, config: &Config) -> Result<Costs, String> 
     let mut loader = Loader::new(&o).map_err(|e| e.to_string())?;
     // One batch first: the first touches of memory and files are not the steady state.
     consume(&mut loader, 1, 1, config.phase_limit, || {})?;
-    let (s0, cpu0) = (loader.stats(), thread_cpu());
+    let (s0, (cpu0, queued0)) = (loader.stats(), thread_times());
     consume(&mut loader, config.samples, 1, config.phase_limit, || {})?;
-    let (s1, cpu1) = (loader.stats(), thread_cpu());
+    let (s1, (cpu1, queued1)) = (loader.stats(), thread_times());
     let n = s1.samples.saturating_sub(s0.samples).max(1);
     let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e3 / n as f64;
     let read_us = per(s0.read_ns, s1.read_ns);
     let busy_us = per(s0.busy_ns, s1.busy_ns);
     let cpu_us = (cpu1.saturating_sub(cpu0)).as_nanos() as f64 / 1e3 / n as f64;
+    let queued_us = (queued1.saturating_sub(queued0)).as_nanos() as f64 / 1e3 / n as f64;
+    // Building is all this thread did: what it spent neither on a CPU nor waiting for one, it
+    // waited for I/O.
+    let io_wait_us = (busy_us - cpu_us - queued_us).clamp(0.0, read_us);
+    // Time spent runnable but not running (cores shared with other work) is no stage's cost:
+    // the stages' CPU time is their share of the time on a CPU.
+    let on_cpu = if cpu_us + queued_us > 0.0 {
+        cpu_us / (cpu_us + queued_us)
+    } else {
+        1.0
+    };
     Ok(Costs {
-        read_us,
-        // Building is all this thread did; what it did not spend on a CPU, it waited for.
-        io_wait_us: (busy_us - cpu_us).clamp(0.0, read_us),
-        decode_us: per(s0.decode_ns, s1.decode_ns),
-        transform_us: per(s0.transform_ns, s1.transform_ns),
-        collate_us: per(s0.collate_ns, s1.collate_ns),
+        read_us: io_wait_us + (read_us - io_wait_us) * on_cpu,
+        io_wait_us,
+        decode_us: per(s0.decode_ns, s1.decode_ns) * on_cpu,
+        transform_us: per(s0.transform_ns, s1.transform_ns) * on_cpu,
+        collate_us: per(s0.collate_ns, s1.collate_ns) * on_cpu,
         samples: n,
     })
 }
@@ -354,14 +383,16 @@ fn pipeline_run(
     let warm = loader.stats().in_flight_cap as usize;
     // Fill the pipeline first: its start is not its steady state.
     consume(&mut loader, 1, warm.max(1), config.phase_limit, || {})?;
-    let (s0, t0) = (loader.stats(), Instant::now());
+    let (s0, t0, cpu0) = (loader.stats(), Instant::now(), process_cpu_ns());
     let step = config.step;
     consume(&mut loader, config.samples, 8, config.phase_limit, || {
         std::thread::sleep(step)
     })?;
-    let (s1, elapsed) = (loader.stats(), t0.elapsed());
+    let (s1, elapsed, cpu1) = (loader.stats(), t0.elapsed(), process_cpu_ns());
     drop(loader); // writes the trace
-    Ok(pipeline_from(&s0, &s1, elapsed, options.batch_size()))
+    let mut p = pipeline_from(&s0, &s1, elapsed, options.batch_size());
+    p.cpu_cores = cpu1.saturating_sub(cpu0) as f64 / 1e9 / elapsed.as_secs_f64().max(1e-9);
+    Ok(p)
 }
 
 fn pipeline_from(s0: &Stats, s1: &Stats, elapsed: Duration, batch_size: usize) -> Pipeline {
@@ -378,6 +409,7 @@ fn pipeline_from(s0: &Stats, s1: &Stats, elapsed: Duration, batch_size: usize) -
         worker_busy: (busy / (secs * workers as f64)).clamp(0.0, 1.0),
         h2d_us: (h2d > 0).then(|| h2d as f64 / 1e3 / samples.max(1) as f64),
         batch_size,
+        cpu_cores: 0.0,
     }
 }
 
@@ -654,12 +686,15 @@ fn analyse(
     }
     // The model's ratio applied to the measured rate: on a machine whose cores are shared with
     // other work, absolute rates are lower than the model's but the gains carry over.
-    let after_model = Limits::of(&after, workers, cores, pipeline.h2d_us, consumer).rate();
-    let predicted = if model > 0.0 && pipeline.samples_per_s > 0.0 && model.is_finite() {
-        (pipeline.samples_per_s * after_model / model).min(consumer)
+    // The loader's own limits scale; the consumer's step is an absolute cap.
+    let loader_now = Limits::of(&costs, w, cores, pipeline.h2d_us, f64::INFINITY).rate();
+    let loader_after = Limits::of(&after, workers, cores, pipeline.h2d_us, f64::INFINITY).rate();
+    let predicted = if loader_now > 0.0 && loader_now.is_finite() && pipeline.samples_per_s > 0.0 {
+        pipeline.samples_per_s * loader_after / loader_now
     } else {
-        after_model
+        loader_after
     }
+    .min(consumer)
     .max(pipeline.samples_per_s.min(consumer));
 
     let mut stages = vec![
@@ -736,6 +771,7 @@ impl Report {
             "model_samples_per_s": num(self.model_samples_per_s),
             "predicted_samples_per_s": num(self.predicted_samples_per_s),
             "readiness": num(self.pipeline.readiness),
+            "cpu_cores_used": num(self.pipeline.cpu_cores),
             "num_workers": self.pipeline.workers,
             "cores": self.cores,
             "batch_size": self.pipeline.batch_size,
@@ -789,12 +825,28 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "\n  pipeline   {} samples/s measured (readiness {:.0}%, workers {:.0}% busy); model {}",
+            "\n  pipeline   {} samples/s measured (readiness {:.0}%, workers {:.0}% busy, {:.1} of {} cores used)",
             fmt_rate(self.pipeline.samples_per_s),
             self.pipeline.readiness * 100.0,
             self.pipeline.worker_busy * 100.0,
-            fmt_rate(self.model_samples_per_s)
+            self.pipeline.cpu_cores,
+            self.cores,
         );
+        let _ = writeln!(
+            out,
+            "  model      {} samples/s from the stage costs on {} free cores",
+            fmt_rate(self.model_samples_per_s),
+            self.cores
+        );
+        // Busy workers that got little CPU: other processes hold the cores.
+        let wanted = self.pipeline.worker_busy * self.pipeline.workers.min(self.cores) as f64;
+        if self.pipeline.cpu_cores > 0.0 && self.pipeline.cpu_cores < 0.7 * wanted {
+            let _ = writeln!(
+                out,
+                "  note       the workers were busy on {wanted:.1} cores but the process got {:.1}: other work shares this machine's cores, so rates here are below what free cores give",
+                self.pipeline.cpu_cores
+            );
+        }
         let _ = writeln!(out, "  bottleneck {}", describe(self.bottleneck));
         if self.advice.is_empty() {
             let _ = writeln!(out, "  advice     none: the settings fit this machine");

@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::Value;
 
 /// Batches delivered that the picture spans (the last ones of the run).
-const BATCHES: usize = 12;
+const BATCHES: usize = 8;
 const LABEL_W: f64 = 190.0;
 const PLOT_W: f64 = 1100.0;
 const ROW_H: f64 = 30.0;
@@ -163,7 +163,7 @@ pub(crate) fn draw(json: &Value) -> Result<String, String> {
         };
         let _ = writeln!(
             out,
-            r#"<rect x="{x0:.2}" y="{:.1}" width="{:.2}" height="{h:.1}" fill="{colour}"><title>{} {:.3} ms</title></rect>"#,
+            r#"<rect x="{x0:.1}" y="{:.1}" width="{:.1}" height="{h:.1}" fill="{colour}"><title>{} {:.3} ms</title></rect>"#,
             y + dy,
             (x1 - x0).max(0.5),
             s.name,
