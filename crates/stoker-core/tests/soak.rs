@@ -14,6 +14,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::{DType, Loader, LoaderOptions, MemorySource, Source};
 
+#[allow(dead_code)] // this test uses only `options` from the shared helpers
 mod common;
 use common::options;
 
