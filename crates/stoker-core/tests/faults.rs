@@ -11,6 +11,7 @@ use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use stoker_core::cuda::FakeDevice;
 use stoker_core::source::{CallbackSource, ReadFn};
 use stoker_core::{
     Batch, DType, Error, ErrorKind, FieldSpec, Loader, LoaderOptions, Sample, Source,
@@ -354,6 +355,38 @@ fn a_consumer_holding_every_host_batch_gets_them_all_and_memory_returns_on_relea
         mapped,
         "no new slab after release"
     );
+}
+
+#[test]
+fn a_consumer_holding_the_whole_device_ring_gets_a_clear_error_at_once_not_a_hang() {
+    // Device batches are ring buffers the prefetcher reuses: holding all of them would stall it
+    // forever, so asking for one more fails at once (with or without timeout_ms) and consumes
+    // nothing; releasing one lets the loader go on.
+    let fake = FakeDevice::new(0).unwrap();
+    let o = options(
+        counting_source(40),
+        &[
+            ("device", "cuda"),
+            ("batch_size", "2"),
+            ("num_workers", "1"),
+            ("prefetch_factor", "1"),
+            ("timeout_ms", "10000"),
+        ],
+    );
+    let mut l = Loader::with_device_backend(&o, fake.clone()).unwrap();
+    let first = l.next_device().unwrap().unwrap();
+    let second = l.next_device().unwrap().unwrap();
+    for _ in 0..3 {
+        let err = l.next_device().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert!(
+            err.to_string().contains("held by batches not yet released"),
+            "{err}"
+        );
+    }
+    drop(first);
+    assert_eq!(l.next_device().unwrap().unwrap().position(), 2);
+    drop(second);
 }
 
 #[test]
