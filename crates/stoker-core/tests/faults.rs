@@ -445,6 +445,48 @@ fn files_deleted_or_truncated_mid_epoch_are_errors_naming_them_and_the_loader_go
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// A (4096, 64) uint8 `.npy` file whose row `i` is `i % 251` repeated.
+fn write_npy(path: &Path) {
+    let mut header = "{'descr': '|u1', 'fortran_order': False, 'shape': (4096, 64), }".to_owned();
+    while !(10 + header.len() + 1).is_multiple_of(64) {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for i in 0..4096 {
+        bytes.extend_from_slice(&[(i % 251) as u8; 64]);
+    }
+    std::fs::write(path, &bytes).unwrap();
+}
+
+fn npy_loader(path: &Path) -> Loader {
+    let mut o = LoaderOptions::new();
+    o.set("source", &format!("npy:{}", path.display())).unwrap();
+    for (k, v) in [("batch_size", "512"), ("num_workers", "0")] {
+        o.set(k, v).unwrap();
+    }
+    Loader::new(&o).unwrap()
+}
+
+#[test]
+fn an_npy_file_deleted_mid_epoch_keeps_serving_the_mapped_rows() {
+    // Unlinking a file keeps its data while it is mapped: the epoch goes on unharmed.
+    let dir = std::env::temp_dir().join(format!("stoker-faults-{}-npydel", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("x.npy");
+    write_npy(&path);
+    let mut l = npy_loader(&path);
+    assert!(l.next().unwrap().is_some());
+    std::fs::remove_file(&path).unwrap();
+    let batches: Vec<Batch> = l.epoch_iter().map(|b| b.unwrap()).collect();
+    assert_eq!(batches.len(), 7);
+    let last = batches[6].field_by_name("data").unwrap().data;
+    assert_eq!(last[last.len() - 1], (4095 % 251) as u8);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Runs the `#[ignore]`d test `name` of this binary in a child process with
 /// `STOKER_FAULTS_CHILD` set.
 fn run_child(name: &str) -> std::process::Output {
@@ -576,24 +618,8 @@ fn child_npy_truncated() {
     let dir = std::env::temp_dir().join(format!("stoker-faults-{}-npy", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("x.npy");
-    // (4096, 64) uint8: 256 KiB of rows, well past the first page.
-    let mut header = "{'descr': '|u1', 'fortran_order': False, 'shape': (4096, 64), }".to_owned();
-    while !(10 + header.len() + 1).is_multiple_of(64) {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(header.as_bytes());
-    bytes.resize(bytes.len() + 4096 * 64, 7);
-    std::fs::write(&path, &bytes).unwrap();
-
-    let mut o = LoaderOptions::new();
-    o.set("source", &format!("npy:{}", path.display())).unwrap();
-    for (k, v) in [("batch_size", "512"), ("num_workers", "0")] {
-        o.set(k, v).unwrap();
-    }
-    let mut l = Loader::new(&o).unwrap();
+    write_npy(&path); // 256 KiB of rows, well past the first page
+    let mut l = npy_loader(&path);
     assert!(l.next().unwrap().is_some());
     std::fs::OpenOptions::new()
         .write(true)
