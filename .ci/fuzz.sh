@@ -9,7 +9,7 @@
 # with the committed parser seeds and the test images; any crash, panic, leak, timeout or
 # allocation over the limit fails the script and leaves the input under fuzz/artifacts/TARGET/.
 #
-#   FUZZ_SECONDS=600 FUZZ_TARGETS="npy_header options" .ci/fuzz.sh   # a longer local run
+#   FUZZ_SECONDS=600 FUZZ_KEEP_CORPUS=1 FUZZ_TARGETS="npy_header options" .ci/fuzz.sh
 #
 # Reproduce a crash: cd crates/stoker-core/fuzz && cargo +nightly fuzz run TARGET ARTIFACT
 set -euo pipefail
@@ -36,10 +36,12 @@ echo "==> building fuzz targets (cargo +nightly fuzz build, AddressSanitizer)"
 built=$(date +%s)
 echo "fuzz: targets built in $((built - start)) s"
 
-# Corpora live under fuzz/corpus (git-ignored) and grow across local runs; the seeds are
-# copied in every run so a fresh checkout starts from them.
+# Each run starts from the seeds (a fresh fuzz/corpus/TARGET, git-ignored), so a bounded run
+# spends its time fuzzing rather than re-reading a corpus grown by earlier runs, and every run
+# starts alike. FUZZ_KEEP_CORPUS=1 keeps and grows the corpus instead (long local runs).
 seed() { [ -e "$2/$(basename "$1")" ] || cp "$1" "$2/"; }
 for t in "${targets[@]}"; do
+  [ "${FUZZ_KEEP_CORPUS:-0}" = 1 ] || rm -rf "${fuzz_dir:?}/corpus/$t"
   mkdir -p "$fuzz_dir/corpus/$t" "$fuzz_dir/artifacts/$t"
   for f in "$fuzz_dir/seeds/$t"/*; do [ -f "$f" ] && seed "$f" "$fuzz_dir/corpus/$t"; done
 done

@@ -13,16 +13,20 @@ import numpy as np
 import stoker
 
 EPOCHS, WARM_UP, THREADS = 300, 10, 4
-# Generous: allocator arenas and thread-stack caches settle after warm-up; a leak of one batch
-# (or one Python object graph) per loader or per batch is far larger over ~200 loaders.
-RSS_SLACK = 24 << 20
+# Generous: allocator arenas and thread-stack caches settle after warm-up. A batch slab or a
+# thread stack leaked per batch (~2100) or per loader (~200) exceeds the mapping bound by far;
+# the ~2 MB per epoch once reported would exceed the memory bound twenty times over.
+RSS_SLACK = 16 << 20
 FD_SLACK = 4
+MAPS_SLACK = 64
 
 
 def figures(epoch):
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    return {"epoch": epoch, "rss": rss, "fds": len(os.listdir("/proc/self/fd"))}
+    with open("/proc/self/maps") as f:
+        maps = sum(1 for _ in f)
+    return {"epoch": epoch, "rss": rss, "fds": len(os.listdir("/proc/self/fd")), "maps": maps}
 
 
 def stoker_threads():
@@ -36,11 +40,14 @@ def stoker_threads():
     return [n for n in names if n.startswith("stoker-")]
 
 
+ROW = (16, 32, 32)  # 16 KiB a sample, 256 KiB a batch of 16: a leaked batch shows
+
+
 class Rows:
-    """A Python dataset: 64 samples of a uint8 row and a label."""
+    """A Python dataset: 64 samples of a uint8 tensor and a label."""
 
     def __init__(self):
-        self.x = np.arange(64 * 12, dtype=np.uint8).reshape(64, 12)
+        self.x = np.random.default_rng(5).integers(0, 256, (64, *ROW), dtype=np.uint8)
 
     def __len__(self):
         return 64
@@ -49,10 +56,14 @@ class Rows:
         return self.x[i], i
 
 
-def test_soak_hundreds_of_epochs_keep_memory_fds_and_threads_flat(npy_data, capsys):
-    data_path, labels_path, data, _ = npy_data
+def test_soak_hundreds_of_epochs_keep_memory_fds_and_threads_flat(tmp_path, capsys):
+    rng = np.random.default_rng(7)
+    data = rng.integers(0, 256, (103, *ROW), dtype=np.uint8)
+    data_path, labels_path = tmp_path / "data.npy", tmp_path / "labels.npy"
+    np.save(data_path, data)
+    np.save(labels_path, np.arange(103, dtype=np.int64))
     dataset = Rows()
-    batches_per_epoch = 7  # 103 samples in batches of 16 (and 64 in batches of 10)
+    batches_per_epoch = 7  # 103 samples in batches of 16, and 64 in batches of 10
     state = {"batches": 0, "warm": None, "stop": False, "failure": None, "loaders": 0}
     lock = threading.Lock()
 
@@ -74,23 +85,22 @@ def test_soak_hundreds_of_epochs_keep_memory_fds_and_threads_flat(npy_data, caps
             seed=rng.randrange(2**32),
         )
         if rng.random() < 0.25:
-            loader, field = stoker.Loader(dataset, batch_size=10, **options), "data"
+            loader = stoker.Loader(dataset, batch_size=10, **options)
         else:
             loader = stoker.Loader(
                 f"npy:{data_path}", labels=f"npy:{labels_path}", batch_size=16, **options
             )
-            field = "data"
         kept = None
         stop_after = rng.randrange(3 * batches_per_epoch + 1)
         for n in range(stop_after):
             batch = loader.next_batch()
             if batch is None:
                 continue  # end of an epoch; the next call starts the next one
-            assert batch[field].shape[0] in (4, 7, 10, 16)
+            assert batch["data"].shape[0] in (4, 7, 10, 16)
             with lock:
                 state["batches"] += 1
             if n == stop_after // 2 and rng.random() < 0.3:
-                kept = batch[field]  # an array outliving its loader
+                kept = batch["data"]  # an array outliving its loader
         if rng.random() < 0.5:
             loader.close()
         del loader
@@ -125,11 +135,12 @@ def test_soak_hundreds_of_epochs_keep_memory_fds_and_threads_flat(npy_data, caps
         for f in (warm, end):
             print(
                 f"soak (python): at epoch {f['epoch']:>3}: RSS {f['rss'] / 2**20:.1f} MiB, "
-                f"{f['fds']} open fds"
+                f"{f['fds']} open fds, {f['maps']} memory mappings"
             )
     assert end["epoch"] >= EPOCHS
     assert end["rss"] <= warm["rss"] + RSS_SLACK, (warm, end)
     assert end["fds"] <= warm["fds"] + FD_SLACK, (warm, end)
+    assert end["maps"] <= warm["maps"] + MAPS_SLACK, (warm, end)
     assert stoker_threads() == [], stoker_threads()
     # The data a loader delivers is still right after all that churn.
     with stoker.Loader(f"npy:{data_path}", batch_size=16) as loader:

@@ -11,6 +11,7 @@ use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use stoker_core::cuda::FakeDevice;
 use stoker_core::source::{CallbackSource, ReadFn};
 use stoker_core::{
     Batch, DType, Error, ErrorKind, FieldSpec, Loader, LoaderOptions, Sample, Source,
@@ -362,6 +363,38 @@ fn a_consumer_holding_every_host_batch_gets_them_all_and_memory_returns_on_relea
 }
 
 #[test]
+fn a_consumer_holding_the_whole_device_ring_gets_a_clear_error_at_once_not_a_hang() {
+    // Device batches are ring buffers the prefetcher reuses: holding all of them would stall it
+    // forever, so asking for one more fails at once (with or without timeout_ms) and consumes
+    // nothing; releasing one lets the loader go on.
+    let fake = FakeDevice::new(0).unwrap();
+    let o = options(
+        counting_source(40),
+        &[
+            ("device", "cuda"),
+            ("batch_size", "2"),
+            ("num_workers", "1"),
+            ("prefetch_factor", "1"),
+            ("timeout_ms", "10000"),
+        ],
+    );
+    let mut l = Loader::with_device_backend(&o, fake.clone()).unwrap();
+    let first = l.next().unwrap().unwrap();
+    let second = l.next().unwrap().unwrap();
+    for _ in 0..3 {
+        let err = l.next().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert!(
+            err.to_string().contains("held by batches not yet released"),
+            "{err}"
+        );
+    }
+    drop(first);
+    assert_eq!(l.next().unwrap().unwrap().position(), 2);
+    drop(second);
+}
+
+#[test]
 fn files_deleted_or_truncated_mid_epoch_are_errors_naming_them_and_the_loader_goes_on() {
     let root = std::env::temp_dir().join(format!("stoker-faults-{}-folder", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
@@ -415,6 +448,48 @@ fn files_deleted_or_truncated_mid_epoch_are_errors_naming_them_and_the_loader_go
     assert_eq!(l.epoch_iter().map(|b| b.unwrap().len()).sum::<usize>(), 7);
     assert_eq!(l.stats().samples_skipped, 1);
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A (4096, 64) uint8 `.npy` file whose row `i` is `i % 251` repeated.
+fn write_npy(path: &Path) {
+    let mut header = "{'descr': '|u1', 'fortran_order': False, 'shape': (4096, 64), }".to_owned();
+    while !(10 + header.len() + 1).is_multiple_of(64) {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for i in 0..4096 {
+        bytes.extend_from_slice(&[(i % 251) as u8; 64]);
+    }
+    std::fs::write(path, &bytes).unwrap();
+}
+
+fn npy_loader(path: &Path) -> Loader {
+    let mut o = LoaderOptions::new();
+    o.set("source", &format!("npy:{}", path.display())).unwrap();
+    for (k, v) in [("batch_size", "512"), ("num_workers", "0")] {
+        o.set(k, v).unwrap();
+    }
+    Loader::new(&o).unwrap()
+}
+
+#[test]
+fn an_npy_file_deleted_mid_epoch_keeps_serving_the_mapped_rows() {
+    // Unlinking a file keeps its data while it is mapped: the epoch goes on unharmed.
+    let dir = std::env::temp_dir().join(format!("stoker-faults-{}-npydel", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("x.npy");
+    write_npy(&path);
+    let mut l = npy_loader(&path);
+    assert!(l.next().unwrap().is_some());
+    std::fs::remove_file(&path).unwrap();
+    let batches: Vec<Batch> = l.epoch_iter().map(|b| b.unwrap()).collect();
+    assert_eq!(batches.len(), 7);
+    let last = batches[6].field_by_name("data").unwrap().data.unwrap();
+    assert_eq!(last[last.len() - 1], (4095 % 251) as u8);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Runs the `#[ignore]`d test `name` of this binary in a child process with
@@ -548,24 +623,8 @@ fn child_npy_truncated() {
     let dir = std::env::temp_dir().join(format!("stoker-faults-{}-npy", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("x.npy");
-    // (4096, 64) uint8: 256 KiB of rows, well past the first page.
-    let mut header = "{'descr': '|u1', 'fortran_order': False, 'shape': (4096, 64), }".to_owned();
-    while !(10 + header.len() + 1).is_multiple_of(64) {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(header.as_bytes());
-    bytes.resize(bytes.len() + 4096 * 64, 7);
-    std::fs::write(&path, &bytes).unwrap();
-
-    let mut o = LoaderOptions::new();
-    o.set("source", &format!("npy:{}", path.display())).unwrap();
-    for (k, v) in [("batch_size", "512"), ("num_workers", "0")] {
-        o.set(k, v).unwrap();
-    }
-    let mut l = Loader::new(&o).unwrap();
+    write_npy(&path); // 256 KiB of rows, well past the first page
+    let mut l = npy_loader(&path);
     assert!(l.next().unwrap().is_some());
     std::fs::OpenOptions::new()
         .write(true)

@@ -7,16 +7,16 @@
 //! run beside it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
-use std::path::{Path, PathBuf};
 use stoker_core::rng::{Rng, Stream};
+use stoker_core::{DType, Loader, LoaderOptions, MemorySource, Source};
 
-use stoker_core::{Loader, LoaderOptions};
-
+#[allow(dead_code, unused_imports)] // this test uses only `options` from the shared helpers
 mod common;
-use common::{counting_source, options};
+use common::options;
 
 const SAMPLES: usize = 64;
 const BATCH: usize = 8;
@@ -24,16 +24,19 @@ const BATCHES_PER_EPOCH: u64 = (SAMPLES / BATCH) as u64;
 const EPOCHS: u64 = 300;
 const WARM_UP_EPOCHS: u64 = 10;
 const THREADS: u64 = 4;
+/// int64 elements a sample: 16 KiB, so a batch is 128 KiB and a leaked one shows.
+const ROW: usize = 2048;
 /// Resident memory may grow this much after warm-up (allocator arenas and thread-stack caches
-/// settling); the ~2 MB per epoch once reported would exceed it twenty times over.
+/// settling; measured: +0.2 MiB). Leaking one batch in eight grows it by ~130 MiB, and the
+/// ~2 MB per epoch once reported would exceed it twenty times over.
 const RSS_SLACK_BYTES: u64 = 16 << 20;
 /// A few descriptors of slack for the test harness itself.
 const FD_SLACK: usize = 4;
 /// Memory mappings may grow by what glibc keeps after threads exit, which is bounded by the
 /// most threads alive at once (here 4 + 4 × 3 workers), not by how many loaders come and go:
 /// one malloc arena (up to 2 mappings) per concurrent thread, and cached thread stacks (2
-/// mappings each). Measured: 82 at epoch 11, 98 at epoch 300, 100 at epoch 3000. A slab or
-/// thread stack leaked per loader (~220 loaders) or per batch (2400) is far above it.
+/// mappings each). Measured: +8 to +16 by epoch 300, +18 by epoch 3000. Leaking every loader
+/// (~220) adds ~1400.
 const MAPS_SLACK: usize = 64;
 
 #[derive(Clone, Copy, Debug)]
@@ -74,14 +77,30 @@ fn stoker_threads() -> Vec<String> {
         .collect()
 }
 
-/// `counting_source`'s field `x` as an int64 `.npy` file of shape (SAMPLES, 3), so that some
-/// loaders map a file (and would leak its mapping or descriptor if they leaked anything).
-fn write_counting_npy() -> PathBuf {
+/// Sample `i` is `ROW` int64 values equal to `i`.
+fn sample_bytes() -> Vec<u8> {
+    (0..SAMPLES as i64)
+        .flat_map(|i| std::iter::repeat_n(i, ROW))
+        .flat_map(|v| v.to_le_bytes())
+        .collect()
+}
+
+fn memory_source() -> Arc<dyn Source> {
+    Arc::new(
+        MemorySource::new()
+            .with_tensor("data", DType::I64, &[ROW], sample_bytes())
+            .expect("the soak source"),
+    )
+}
+
+/// The same samples as an int64 `.npy` file of shape (SAMPLES, ROW), so that some loaders map
+/// a file (and would leak its mapping or descriptor if they leaked anything).
+fn write_npy() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("stoker-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("creating the soak directory");
-    let path = dir.join("x.npy");
+    let path = dir.join("data.npy");
     let mut header =
-        format!("{{'descr': '<i8', 'fortran_order': False, 'shape': ({SAMPLES}, 3), }}");
+        format!("{{'descr': '<i8', 'fortran_order': False, 'shape': ({SAMPLES}, {ROW}), }}");
     while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(' ');
     }
@@ -89,11 +108,7 @@ fn write_counting_npy() -> PathBuf {
     let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
     bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
     bytes.extend_from_slice(header.as_bytes());
-    for i in 0..SAMPLES as i64 {
-        for v in [i, i + 1, i + 2] {
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
-    }
+    bytes.extend_from_slice(&sample_bytes());
     std::fs::write(&path, bytes).expect("writing the soak npy file");
     path
 }
@@ -101,7 +116,7 @@ fn write_counting_npy() -> PathBuf {
 /// One loader's life: random options over the in-memory source or the npy file, a random
 /// number of batches (past epoch ends, up to three epochs), sometimes a batch kept past the
 /// loader, then dropped wherever it stands.
-fn one_loader(rng: &mut Rng, npy: &Path, batches_seen: &AtomicU64) {
+fn one_loader(rng: &mut Rng, source: &Arc<dyn Source>, npy: &Path, batches_seen: &AtomicU64) {
     let workers = rng.below(4).to_string();
     let prefetch = [1, 2, 4][rng.below(3) as usize].to_string();
     let shuffle = if rng.below(2) == 0 { "false" } else { "true" };
@@ -116,16 +131,16 @@ fn one_loader(rng: &mut Rng, npy: &Path, batches_seen: &AtomicU64) {
         ("seed", seed),
     ];
     let kv: Vec<(&str, &str)> = kv.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let (o, field) = if rng.below(4) == 0 {
+    let o = if rng.below(4) == 0 {
         let mut o = LoaderOptions::new();
         o.set("source", &format!("npy:{}", npy.display()))
             .expect("source=npy:");
         for (k, v) in &kv {
             o.set(k, v).expect("a soak option");
         }
-        (o, "data")
+        o
     } else {
-        (options(counting_source(SAMPLES), &kv), "x")
+        options(Arc::clone(source), &kv)
     };
     let mut loader = Loader::new(&o).expect("creating a soak loader");
     let stop_after = rng.below(3 * BATCHES_PER_EPOCH + 1);
@@ -133,18 +148,17 @@ fn one_loader(rng: &mut Rng, npy: &Path, batches_seen: &AtomicU64) {
     for n in 0..stop_after {
         match loader.next().expect("a soak batch") {
             Some(batch) => {
-                // Row i starts with i: every sample is one of the dataset's.
+                // Every sample is one of the dataset's: ROW copies of its index.
                 let x = batch
-                    .field_by_name(field)
+                    .field_by_name("data")
                     .expect("the data field")
                     .data
                     .expect("host memory");
-                assert_eq!(x.len(), BATCH * 3 * 8);
-                assert!(x
-                    .chunks_exact(24)
-                    .all(
-                        |row| (i64::from_ne_bytes(row[..8].try_into().unwrap()) as usize) < SAMPLES
-                    ));
+                assert_eq!(x.len(), BATCH * ROW * 8);
+                assert!(x.chunks_exact(ROW * 8).all(|row| {
+                    let first = i64::from_ne_bytes(row[..8].try_into().unwrap());
+                    (first as usize) < SAMPLES && row[ROW * 8 - 8..] == row[..8]
+                }));
                 batches_seen.fetch_add(1, Ordering::Relaxed);
                 if n == stop_after / 2 && rng.below(3) == 0 {
                     kept = Some(batch);
@@ -162,7 +176,8 @@ fn one_loader(rng: &mut Rng, npy: &Path, batches_seen: &AtomicU64) {
 
 #[test]
 fn hundreds_of_epochs_with_loaders_dropped_mid_epoch_keep_memory_fds_and_threads_flat() {
-    let npy = Arc::new(write_counting_npy());
+    let npy = Arc::new(write_npy());
+    let source = memory_source();
     let batches_seen = Arc::new(AtomicU64::new(0));
     let warm: Arc<Mutex<Option<Figures>>> = Arc::new(Mutex::new(None));
     let barrier = Arc::new(Barrier::new(THREADS as usize));
@@ -171,7 +186,8 @@ fn hundreds_of_epochs_with_loaders_dropped_mid_epoch_keep_memory_fds_and_threads
     let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
-            let (npy, batches_seen, warm, barrier, loaders, stop, failure) = (
+            let (source, npy, batches_seen, warm, barrier, loaders, stop, failure) = (
+                Arc::clone(&source),
                 Arc::clone(&npy),
                 Arc::clone(&batches_seen),
                 Arc::clone(&warm),
@@ -189,7 +205,7 @@ fn hundreds_of_epochs_with_loaders_dropped_mid_epoch_keep_memory_fds_and_threads
                 // ~6 epochs, so ~50 rounds; 1000 is a safety stop.
                 for _round in 0..1000 {
                     let outcome = catch_unwind(AssertUnwindSafe(|| {
-                        one_loader(&mut rng, &npy, &batches_seen)
+                        one_loader(&mut rng, &source, &npy, &batches_seen)
                     }));
                     if let Err(panic) = outcome {
                         let msg = panic
