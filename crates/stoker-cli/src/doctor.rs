@@ -907,35 +907,10 @@ fn fmt_rate(x: f64) -> String {
 mod tests {
     use std::sync::Arc;
 
-    use stoker_core::{DType, FieldSpec, MemorySource, Sample, Source, SourceSpec};
+    use stoker_core::testing::SlowRead;
+    use stoker_core::{DType, MemorySource, Source, SourceSpec};
 
     use super::*;
-
-    /// Tiny tensor rows whose every read waits `delay` (a slow disk or network).
-    struct SlowRead {
-        inner: MemorySource,
-        delay: Duration,
-    }
-
-    impl Source for SlowRead {
-        fn len(&self) -> usize {
-            self.inner.len()
-        }
-        fn fields(&self) -> &[FieldSpec] {
-            self.inner.fields()
-        }
-        fn describe(&self, index: usize) -> String {
-            self.inner.describe(index)
-        }
-        fn read<'a>(
-            &'a self,
-            index: usize,
-            scratch: &'a mut Vec<u8>,
-        ) -> stoker_core::Result<Sample<'a>> {
-            std::thread::sleep(self.delay);
-            self.inner.read(index, scratch)
-        }
-    }
 
     fn config() -> Config {
         Config {
@@ -988,9 +963,11 @@ mod tests {
     fn a_slow_read_is_an_io_bottleneck_and_more_workers_are_advised() {
         let rows: Vec<u8> = (0..64 * 16).map(|i| i as u8).collect();
         let source = SlowRead {
-            inner: MemorySource::new()
-                .with_tensor("x", DType::U8, &[16], rows)
-                .unwrap(),
+            inner: Arc::new(
+                MemorySource::new()
+                    .with_tensor("x", DType::U8, &[16], rows)
+                    .unwrap(),
+            ),
             delay: Duration::from_millis(2),
         };
         let report = diagnose(

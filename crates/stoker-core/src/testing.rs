@@ -2,9 +2,11 @@
 //! default: nothing here is in a normal build).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::dtype::DType;
-use crate::source::{MemorySource, Source};
+use crate::error::Result;
+use crate::source::{FieldSpec, MemorySource, Sample, Source};
 
 pub use crate::cuda::{FailAt, FakeCounters, FakeDevice};
 
@@ -35,4 +37,34 @@ pub fn counting_indices(batch: &crate::Batch) -> Vec<i64> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// `inner` with every read taking at least `delay`: a slow disk or network.
+pub struct SlowRead {
+    pub inner: Arc<dyn Source>,
+    pub delay: Duration,
+}
+
+impl Source for SlowRead {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn fields(&self) -> &[FieldSpec] {
+        self.inner.fields()
+    }
+    fn describe(&self, index: usize) -> String {
+        self.inner.describe(index)
+    }
+    fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+        std::thread::sleep(self.delay);
+        self.inner.read(index, scratch)
+    }
+}
+
+/// [`counting_source`] of `n` samples behind a [`SlowRead`] of `delay`.
+pub fn slow_counting_source(n: usize, delay: Duration) -> Arc<dyn Source> {
+    Arc::new(SlowRead {
+        inner: counting_source(n),
+        delay,
+    })
 }

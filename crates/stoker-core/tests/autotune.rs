@@ -5,39 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use stoker_core::{Error, FieldSpec, Loader, LoaderOptions, Sample, Source, SourceSpec, Stats};
-
-/// `n` samples; field `i` (int64) is the sample index; every read waits `delay`.
-struct Slow {
-    inner: Arc<dyn Source>,
-    delay: Duration,
-}
-
-impl Source for Slow {
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn fields(&self) -> &[FieldSpec] {
-        self.inner.fields()
-    }
-    fn describe(&self, index: usize) -> String {
-        self.inner.describe(index)
-    }
-    fn read<'a>(
-        &'a self,
-        index: usize,
-        scratch: &'a mut Vec<u8>,
-    ) -> stoker_core::Result<Sample<'a>> {
-        std::thread::sleep(self.delay);
-        self.inner.read(index, scratch)
-    }
-}
+use stoker_core::{Error, Loader, LoaderOptions, Source, SourceSpec, Stats};
 
 fn slow(n: usize, delay_ms: u64) -> Arc<dyn Source> {
-    Arc::new(Slow {
-        inner: stoker_core::testing::counting_source(n),
-        delay: Duration::from_millis(delay_ms),
-    })
+    stoker_core::testing::slow_counting_source(n, Duration::from_millis(delay_ms))
 }
 
 fn options(source: Arc<dyn Source>, kv: &[(&str, &str)]) -> LoaderOptions {

@@ -6,36 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stoker_core::testing::FakeDevice;
-use stoker_core::{FieldSpec, Loader, MemorySource, Sample, Source, Stage, Stats};
+use stoker_core::{Loader, MemorySource, Stage, Stats};
 
 mod common;
 use common::{counting_source, options};
 
-/// `inner` with every read taking at least `delay` (a slow disk or network).
-struct SlowRead {
-    inner: Arc<dyn Source>,
-    delay: Duration,
-}
-
-impl Source for SlowRead {
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn fields(&self) -> &[FieldSpec] {
-        self.inner.fields()
-    }
-    fn describe(&self, index: usize) -> String {
-        self.inner.describe(index)
-    }
-    fn read<'a>(
-        &'a self,
-        index: usize,
-        scratch: &'a mut Vec<u8>,
-    ) -> stoker_core::Result<Sample<'a>> {
-        std::thread::sleep(self.delay);
-        self.inner.read(index, scratch)
-    }
-}
+use stoker_core::testing::SlowRead;
 
 fn drain_epoch(l: &mut Loader) -> usize {
     let mut n = 0;
