@@ -54,6 +54,9 @@ summarize() {
     echo "sanitizer $name: FAILED (exit $rc); the report:"
     grep -nE -A30 '==[0-9]+==ERROR|WARNING: ThreadSanitizer|Undefined Behavior|unsupported operation|panicked|FAILED' "$log" | head -120 || true
     tail -n 20 "$log"
+    if grep -q 'Miri only supports calls to mmap' "$log"; then
+      echo "hint: Miri maps only MAP_PRIVATE|MAP_ANONYMOUS; arena.rs must leave out MAP_POPULATE under cfg(miri)"
+    fi
   fi
 }
 
