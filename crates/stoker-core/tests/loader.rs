@@ -527,12 +527,12 @@ fn pin_memory_locks_the_batch_where_the_limit_allows() {
 /// batches come unpinned and stats count the refusals. Runs in a child process, since limits
 /// and identity are per process.
 #[test]
-fn pin_memory_falls_back_and_counts_when_mlock_is_refused() {
+fn pin_memory_falls_back_and_counts_when_mlock_refused() {
     if std::env::var_os("STOKER_TEST_MEMLOCK_REFUSED").is_none() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "pin_memory_falls_back_and_counts_when_mlock_is_refused",
+                "pin_memory_falls_back_and_counts_when_mlock_refused",
                 "--nocapture",
                 "--test-threads=1",
             ])
