@@ -60,7 +60,7 @@ const ORDER_ENTRY_BYTES: u64 = 2 * std::mem::size_of::<usize>() as u64;
 /// `num_samples=1000000000000000` must be an error, not an abort.
 pub fn check_order_size(key: &str, count: usize) -> Result<()> {
     let need = (count as u64).saturating_mul(ORDER_ENTRY_BYTES);
-    let limit = physical_memory() / 4;
+    let limit = crate::memory::physical_memory() / 4;
     if need > limit {
         return Err(Error::OutOfMemory(format!(
             "option `{key}`: an epoch of {count} samples needs {need} bytes for its order, more \
@@ -69,21 +69,6 @@ pub fn check_order_size(key: &str, count: usize) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Physical memory in bytes (`u64::MAX` if the system will not say).
-fn physical_memory() -> u64 {
-    // SAFETY: sysconf reads system constants; no pointers involved.
-    let (pages, size) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    if pages <= 0 || size <= 0 {
-        return u64::MAX;
-    }
-    (pages as u64).saturating_mul(size as u64)
 }
 
 /// How an epoch's global order is dealt to the ranks of a job, as `DistributedSampler` does:
