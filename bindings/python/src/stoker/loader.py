@@ -267,6 +267,7 @@ class Loader:
         return int(_ffi.lib.stoker_loader_epoch(self._handle()))
 
     def stats(self) -> Stats:
+        """A snapshot of the loader's statistics; callable at any time, also mid-epoch."""
         ptr = self._handle()
         # Per-worker times first: the totals read after them are at least their sum.
         count = ctypes.c_size_t()

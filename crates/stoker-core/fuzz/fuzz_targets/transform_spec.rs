@@ -6,6 +6,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
+use stoker_core::decode::{decode_rgb, DecodeBuffers};
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::transform::parse;
 use stoker_core::{DType, Layout, Pipeline};
@@ -78,7 +79,7 @@ fuzz_target!(|data: &[u8]| {
         2 => (Some(DType::F16), Layout::Nchw),
         _ => (Some(DType::BF16), Layout::Nhwc),
     };
-    let Ok(pipeline) = Pipeline::new(Some(spec), dtype, layout, 1 << 16) else {
+    let Ok(pipeline) = Pipeline::new(Some(spec), dtype, layout) else {
         return;
     };
     let bytes = pipeline.output_bytes();
@@ -86,8 +87,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let mut out = vec![0u8; bytes];
+    let mut bufs = DecodeBuffers::default();
+    let Ok(dims) = decode_rgb(tiny_png(), 1 << 16, &mut bufs) else {
+        return;
+    };
     for index in 0..4 {
         let mut rng = Rng::for_key(1, Stream::Augment, 0, index);
-        let _ = pipeline.run(tiny_png(), &mut rng, &mut out);
+        let _ = pipeline.apply_rgb(&bufs.rgb, dims.width, dims.height, &mut rng, &mut out);
     }
 });
