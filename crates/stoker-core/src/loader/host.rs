@@ -465,8 +465,9 @@ impl HostLoader {
             return Ok(None);
         }
         loop {
-            if let Some((key, outcome)) = self.take_ready() {
-                self.mark_delivered(key.1);
+            let next = super::take_ready(&mut self.ready, self.in_order, self.epoch, self.position);
+            if let Some((position, outcome)) = next {
+                self.mark_delivered(position);
                 self.tune()?;
                 self.top_up()?;
                 let batch = outcome?;
@@ -516,22 +517,6 @@ impl HostLoader {
                 }
             }
         }
-    }
-
-    /// A finished batch that may be delivered now: the next in sampler order, or with
-    /// `in_order=false` any of the current epoch.
-    fn take_ready(&mut self) -> Option<((u64, usize), Result<Batch>)> {
-        let key = if self.in_order {
-            (self.epoch, self.position)
-        } else {
-            *self
-                .ready
-                .range((self.epoch, 0)..(self.epoch + 1, 0))
-                .next()?
-                .0
-        };
-        let outcome = self.ready.remove(&key)?;
-        Some((key, outcome))
     }
 
     fn mark_delivered(&mut self, position: usize) {

@@ -439,6 +439,23 @@ impl std::fmt::Debug for Loader {
 
 /// The scheduler `options` call for: streaming (tar with `shuffle_buffer ≥ 1`, an iterable
 /// source) or host.
+/// Takes a finished batch of the epoch being delivered out of `ready` (keyed by
+/// `(epoch, position)`) if one may be delivered now: the one at `position` in order, or with
+/// `in_order=false` any of `epoch`. Both schedulers deliver by this rule.
+fn take_ready<T>(
+    ready: &mut std::collections::BTreeMap<(u64, usize), T>,
+    in_order: bool,
+    epoch: u64,
+    position: usize,
+) -> Option<(usize, T)> {
+    let key = if in_order {
+        (epoch, position)
+    } else {
+        *ready.range((epoch, 0)..(epoch + 1, 0)).next()?.0
+    };
+    ready.remove(&key).map(|item| (key.1, item))
+}
+
 fn schedule(options: &LoaderOptions, mode: Mode) -> Result<Box<dyn Scheduler>> {
     Ok(if options.is_streaming() {
         Box::new(StreamLoader::new(options, mode)?)

@@ -613,7 +613,8 @@ impl StreamLoader {
                 self.state = None;
                 return Ok(None);
             }
-            if let Some((position, ready)) = self.take_ready() {
+            let next = super::take_ready(&mut self.ready, self.in_order, self.epoch, self.position);
+            if let Some((position, ready)) = next {
                 self.give_token();
                 self.mark_delivered(position, ready.state);
                 let batch = ready.outcome?;
@@ -694,22 +695,6 @@ impl StreamLoader {
         if let Some(threads) = &self.threads {
             threads.give_token();
         }
-    }
-
-    /// A built batch that may be delivered now: the next in order, or with `in_order=false`
-    /// any of the current epoch.
-    fn take_ready(&mut self) -> Option<(usize, Ready)> {
-        let key = if self.in_order {
-            (self.epoch, self.position)
-        } else {
-            *self
-                .ready
-                .range((self.epoch, 0)..(self.epoch + 1, 0))
-                .next()?
-                .0
-        };
-        let ready = self.ready.remove(&key)?;
-        Some((key.1, ready))
     }
 
     fn mark_delivered(&mut self, position: usize, state: Option<String>) {

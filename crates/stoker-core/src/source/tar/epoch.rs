@@ -99,18 +99,7 @@ impl TarStream {
     /// Expands `pattern`, indexes (or counts) every shard and learns the fields from the first
     /// sample. `file://` URLs are local paths; other URLs are refused.
     pub fn open_pattern(pattern: &str, config: TarConfig, split: Split) -> Result<TarStream> {
-        let mut paths = Vec::new();
-        for name in super::pattern::expand_shards(pattern)? {
-            if let Some(local) = name.strip_prefix("file://") {
-                paths.push(PathBuf::from(local));
-            } else if super::pattern::is_url(&name) {
-                return Err(Error::Unsupported(format!(
-                    "tar shard `{name}`: remote shards are not supported yet"
-                )));
-            } else {
-                paths.push(PathBuf::from(name));
-            }
-        }
+        let paths = super::pattern::local_shards(pattern)?;
         TarStream::open(&paths, config, split, pattern)
     }
 

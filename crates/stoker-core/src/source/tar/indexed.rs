@@ -150,18 +150,7 @@ impl TarSource {
     /// Expands `pattern` (see [`super::pattern`]) and opens the shards; `file://` URLs are local
     /// paths, other URLs are not read by this source (an `Unsupported` error naming them).
     pub fn open_pattern(pattern: &str, config: TarConfig) -> Result<TarSource> {
-        let mut paths = Vec::new();
-        for name in super::pattern::expand_shards(pattern)? {
-            if let Some(local) = name.strip_prefix("file://") {
-                paths.push(PathBuf::from(local));
-            } else if super::pattern::is_url(&name) {
-                return Err(Error::Unsupported(format!(
-                    "tar shard `{name}`: remote shards are not supported by the indexed tar source"
-                )));
-            } else {
-                paths.push(PathBuf::from(name));
-            }
-        }
+        let paths = super::pattern::local_shards(pattern)?;
         TarSource::open(&paths, config)
     }
 

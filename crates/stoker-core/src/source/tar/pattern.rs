@@ -35,6 +35,24 @@ pub fn is_url(s: &str) -> bool {
     URL_SCHEMES.iter().any(|scheme| s.starts_with(scheme))
 }
 
+/// The local shard files `pattern` expands to: `file://` URLs are local paths; any other URL is
+/// refused (`Unsupported`, naming it: remote shards are not read yet).
+pub fn local_shards(pattern: &str) -> Result<Vec<std::path::PathBuf>> {
+    let mut paths = Vec::new();
+    for name in expand_shards(pattern)? {
+        if let Some(local) = name.strip_prefix("file://") {
+            paths.push(std::path::PathBuf::from(local));
+        } else if is_url(&name) {
+            return Err(crate::error::Error::Unsupported(format!(
+                "tar shard `{name}`: remote shards are not supported yet"
+            )));
+        } else {
+            paths.push(std::path::PathBuf::from(name));
+        }
+    }
+    Ok(paths)
+}
+
 /// Expands a shard pattern into shard paths or URLs, in order.
 pub fn expand_shards(spec: &str) -> Result<Vec<String>> {
     let bad = |reason: String| Error::InvalidArgument(format!("shard pattern `{spec}`: {reason}"));
