@@ -66,7 +66,7 @@ def _message(what: str, e: BaseException) -> bytes:
     return f"{what} raised {type(e).__name__}: {e}".encode("utf-8", "replace")
 
 
-def _open(user: int, info_p, resume: bytes | None, out) -> int:
+def _open(user: int, info_p: Any, resume: bytes | None, out: Any) -> int:
     try:
         raw = info_p.contents
         info = StreamInfo(
