@@ -47,6 +47,7 @@ int main(void) {
   stoker_stats stats;
   stats.size = sizeof stats;
   CHECK_NULL_ARG(stoker_loader_stats(NULL, &stats), "l");
+  CHECK_NULL_ARG(stoker_loader_close(NULL), "l");
   CHECK_NULL_ARG(stoker_loader_stats(l, NULL), "out");
   size_t needed = 0;
   char state[256];

@@ -155,8 +155,8 @@ typedef enum stoker_launcher {
 typedef struct stoker_batch stoker_batch;
 
 /**
- * A loader (opaque). Driven by one thread at a time; `stoker_loader_stats` may be called from
- * any thread.
+ * A loader (opaque). Driven by one thread at a time; `stoker_loader_stats` and
+ * `stoker_loader_close` may be called from any thread.
  */
 typedef struct stoker_loader stoker_loader;
 
@@ -682,6 +682,17 @@ uint64_t stoker_loader_epoch(const struct stoker_loader *l);
  * before each epoch continues a resumed epoch instead of restarting it.
  */
 enum stoker_status stoker_loader_set_epoch(struct stoker_loader *l, uint64_t epoch);
+
+/**
+ * Closes the loader from any thread: a `stoker_loader_next` waiting for a batch in another
+ * thread returns `STOKER_ERR_CLOSED` at once, and so does every later call on the loader
+ * (except `stoker_loader_stats` and `stoker_loader_free`). Closing twice is closing once.
+ * Freeing stays with the thread that drives the loader, after its `next` has returned: call
+ * `stoker_loader_free` as usual (it joins the worker threads; one stuck in a stalled read is
+ * joined once that read returns). With `num_workers=0` the batch is built by the calling thread
+ * itself, so a close takes effect when that build returns.
+ */
+enum stoker_status stoker_loader_close(const struct stoker_loader *l);
 
 /**
  * The loader's counters, safe to call from any thread. The caller sets `out->size` to

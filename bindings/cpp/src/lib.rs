@@ -111,6 +111,7 @@ mod ffi {
         type LoaderHandle;
         type BatchHandle;
         type StatsReader;
+        type LoaderCloser;
 
         fn version() -> &'static str;
 
@@ -132,6 +133,8 @@ mod ffi {
         /// A reader of this loader's counters, usable from any thread while another drives it.
         fn stats_reader(self: &LoaderHandle) -> Box<StatsReader>;
         fn snapshot(self: &StatsReader) -> StatsInfo;
+        fn closer(self: &LoaderHandle) -> Box<LoaderCloser>;
+        fn close(self: &LoaderCloser);
 
         fn is_end(self: &BatchHandle) -> bool;
         fn len(self: &BatchHandle) -> usize;
@@ -455,6 +458,20 @@ impl LoaderHandle {
 
     fn stats_reader(&self) -> Box<StatsReader> {
         Box::new(StatsReader(self.0.stats_handle()))
+    }
+
+    fn closer(&self) -> Box<LoaderCloser> {
+        Box::new(LoaderCloser(self.0.closer()))
+    }
+}
+
+/// Closes a loader from any thread: like [`StatsReader`], a separate object so that closing
+/// never aliases the loader another thread is driving.
+pub struct LoaderCloser(stoker_core::Closer);
+
+impl LoaderCloser {
+    fn close(&self) {
+        self.0.close();
     }
 }
 

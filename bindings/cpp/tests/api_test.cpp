@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <memory>
 #include <stdexcept>
 #include <cstdint>
@@ -624,6 +627,52 @@ TEST(CustomSource, FeedsTheLoaderFromWorkerThreads) {
   }
   EXPECT_EQ(seen.size(), 30u);
   EXPECT_GE(source->calls.load(), 30);
+}
+
+// Sample 1 blocks until `release()` (at most 10 s, so a broken test fails instead of hanging).
+class Stalls : public stoker::Source {
+ public:
+  uint64_t size() const override { return 16; }
+  void get(uint64_t index, stoker::Sample& out) const override {
+    if (index == 1) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(10), [&] { return released_; });
+    }
+    out.put_label(static_cast<int64_t>(index));
+  }
+  void release() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable bool released_ = false;
+};
+
+TEST(Loader, CloseFromAnotherThreadWakesAWaitingNext) {
+  auto source = std::make_shared<Stalls>();
+  stoker::Loader loader(stoker::Options().source(source).batch_size(2).num_workers(2));
+  const auto start = std::chrono::steady_clock::now();
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    loader.close();
+  });
+  try {
+    loader.next();
+    FAIL() << "next() returned while its batch is stalled";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::Closed) << e.what();
+  }
+  const auto waited = std::chrono::steady_clock::now() - start;
+  closer.join();
+  EXPECT_LT(waited, std::chrono::seconds(5)) << "woken by the source, not by close()";
+  EXPECT_THROW(loader.next(), stoker::Error);
+  EXPECT_NO_THROW(loader.stats());
+  loader.close();  // twice is once
+  source->release();  // the destructor joins the worker once its read returns
 }
 
 TEST(CustomSource, AnExceptionInGetBecomesACallbackErrorWithItsMessage) {

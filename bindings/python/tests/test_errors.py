@@ -1,7 +1,10 @@
 """Library errors arrive as Python exceptions with the library's message."""
 
 import ctypes.util
+import threading
+import time
 
+import numpy as np
 import pytest
 
 import stoker
@@ -42,6 +45,36 @@ def test_closed_loader(make_loader):
         loader.next_batch()
     with pytest.raises(stoker.ClosedError):
         len(loader)
+
+
+def test_close_from_another_thread_wakes_a_waiting_next():
+    # Sample 1 stalls until the test lets it go: the main thread waits inside next_batch (the
+    # GIL released) until another thread closes the loader.
+    release = threading.Event()
+
+    class Stalls:
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            if i == 1:
+                release.wait(timeout=30)
+            return np.full(3, i, dtype=np.int64)
+
+    loader = stoker.Loader(Stalls(), batch_size=2, num_workers=2)
+    closer = threading.Thread(target=lambda: (time.sleep(0.1), loader.close()))
+    start = time.monotonic()
+    closer.start()
+    with pytest.raises(stoker.ClosedError, match="closed"):
+        loader.next_batch()
+    waited = time.monotonic() - start
+    # close() frees the loader once its workers finish; the stalled read finishes now.
+    release.set()
+    closer.join(timeout=30)
+    assert not closer.is_alive()
+    assert waited < 10, f"next_batch returned after {waited:.1f} s, not when closed"
+    with pytest.raises(stoker.ClosedError):
+        loader.next_batch()
 
 
 def test_context_manager_closes(make_loader):

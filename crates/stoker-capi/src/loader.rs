@@ -106,6 +106,21 @@ pub extern "C" fn stoker_loader_set_epoch(l: *mut stoker_loader, epoch: u64) -> 
     })
 }
 
+/// Closes the loader from any thread: a `stoker_loader_next` waiting for a batch in another
+/// thread returns `STOKER_ERR_CLOSED` at once, and so does every later call on the loader
+/// (except `stoker_loader_stats` and `stoker_loader_free`). Closing twice is closing once.
+/// Freeing stays with the thread that drives the loader, after its `next` has returned: call
+/// `stoker_loader_free` as usual (it joins the worker threads; one stuck in a stalled read is
+/// joined once that read returns). With `num_workers=0` the batch is built by the calling thread
+/// itself, so a close takes effect when that build returns.
+#[no_mangle]
+pub extern "C" fn stoker_loader_close(l: *const stoker_loader) -> stoker_status {
+    ffi_boundary!(stoker_loader_close => {
+        try_ref!(l).closer.close();
+        stoker_status::STOKER_OK
+    })
+}
+
 /// The loader's counters, safe to call from any thread. The caller sets `out->size` to
 /// `sizeof(stoker_stats)`; only the fields that fit in `size` bytes are written.
 #[no_mangle]

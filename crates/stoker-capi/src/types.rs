@@ -5,7 +5,7 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::Arc;
 
-use stoker_core::{Batch, DType, ErrorKind, Loader, LoaderOptions, StatsHandle};
+use stoker_core::{Batch, Closer, DType, ErrorKind, Loader, LoaderOptions, StatsHandle};
 
 /// Most dimensions a `stoker_tensor` describes. DLPack exports have no such limit.
 pub const STOKER_MAX_DIMS: usize = 8;
@@ -269,12 +269,13 @@ pub struct stoker_options {
     pub(crate) inner: LoaderOptions,
 }
 
-/// A loader (opaque). Driven by one thread at a time; `stoker_loader_stats` may be called from
-/// any thread.
-// The fields `stoker_loader_stats` reads sit outside the `UnsafeCell` that the driving thread
-// borrows mutably, so reading stats never creates a reference to the `Loader`.
+/// A loader (opaque). Driven by one thread at a time; `stoker_loader_stats` and
+/// `stoker_loader_close` may be called from any thread.
+// The fields `stoker_loader_stats` and `stoker_loader_close` use sit outside the `UnsafeCell`
+// that the driving thread borrows mutably, so they never create a reference to the `Loader`.
 pub struct stoker_loader {
     pub(crate) stats: StatsHandle,
+    pub(crate) closer: Closer,
     pub(crate) batches_per_epoch: i64,
     pub(crate) loader: UnsafeCell<Loader>,
 }
@@ -284,6 +285,7 @@ impl stoker_loader {
     pub(crate) fn from_loader(loader: Loader) -> stoker_loader {
         stoker_loader {
             stats: loader.stats_handle(),
+            closer: loader.closer(),
             batches_per_epoch: loader.batches_per_epoch_i64(),
             loader: UnsafeCell::new(loader),
         }

@@ -14,6 +14,7 @@
 pub mod arena;
 pub mod autotune;
 pub mod batch;
+pub mod close;
 pub mod collate;
 pub mod cuda;
 pub mod decode;
@@ -36,6 +37,7 @@ pub mod transform;
 
 pub use arena::{Arena, SlabRegistrar};
 pub use batch::{Batch, DeviceType, FieldMeta, FieldRef};
+pub use close::Closer;
 pub use cuda::{DeviceBackend, Event, Stream};
 pub use dtype::{DType, Layout};
 pub use error::{panic_message, Error, ErrorKind, Result};

@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use crate::arena::Arena;
 use crate::batch::Batch;
+use crate::close::{Closer, Wait};
 use crate::collate::{BatchKey, Collator, Scratch};
 use crate::error::{panic_message, Error, Result};
 use crate::sampler::BatchPlan;
@@ -208,15 +209,16 @@ impl Pool {
             .map_err(|_| Error::Internal("every worker thread has exited".into()))
     }
 
-    /// The next finished batch; `Err(Timeout)` if none arrives within `timeout`.
-    pub fn recv(&self, timeout: Option<Duration>) -> Result<Done> {
-        let disconnected = || Error::Internal("every worker thread has exited".into());
-        match timeout {
-            None => self.done.recv().map_err(|_| disconnected()),
-            Some(t) => self.done.recv_timeout(t).map_err(|e| match e {
-                RecvTimeoutError::Timeout => Error::Timeout(t.as_millis() as u64),
-                RecvTimeoutError::Disconnected => disconnected(),
-            }),
+    /// The next finished batch; `Err(Timeout)` if none arrives within `timeout`, `Err(Closed)`
+    /// as soon as the loader is closed from another thread.
+    pub fn recv(&self, timeout: Option<Duration>, closer: &Closer) -> Result<Done> {
+        match closer.recv(&self.done, timeout) {
+            Wait::Got(done) => Ok(done),
+            Wait::TimedOut => Err(Error::Timeout(
+                timeout.unwrap_or_default().as_millis() as u64
+            )),
+            Wait::Disconnected => Err(Error::Internal("every worker thread has exited".into())),
+            Wait::Closed => Err(crate::close::closed_error()),
         }
     }
 }

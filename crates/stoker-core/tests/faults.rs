@@ -9,12 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use stoker_core::cuda::FakeDevice;
-use stoker_core::source::{CallbackSource, ReadFn};
+use stoker_core::source::{
+    CallbackSource, IterableSource, ReadFn, SampleStream, SampleWriter, StreamInfo,
+};
 use stoker_core::{
-    Batch, DType, Error, ErrorKind, FieldSpec, Loader, LoaderOptions, Sample, Source,
+    Batch, DType, Error, ErrorKind, FieldSpec, Loader, LoaderOptions, Sample, Source, SourceSpec,
 };
 
 mod common;
@@ -292,32 +294,150 @@ fn a_stalled_source_times_out_without_consuming_and_then_delivers_in_order() {
 }
 
 #[test]
-#[ignore = "finding: with num_workers=0 the batch is built on the calling thread, so timeout_ms \
-            never applies and next() blocks for as long as the source stalls"]
-fn a_stalled_source_times_out_with_num_workers_0() {
+fn timeout_ms_with_num_workers_0_is_refused_not_ignored() {
+    // With no workers the batch is built on the calling thread: no timeout could interrupt it,
+    // so the combination is an error naming the key instead of a bound that silently fails.
+    let err = Loader::new(&options(
+        counting_source(8),
+        &[("num_workers", "0"), ("timeout_ms", "50")],
+    ))
+    .expect_err("timeout_ms with num_workers=0");
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("timeout_ms") && msg.contains("num_workers"),
+        "{msg}"
+    );
+    // Without the timeout, num_workers=0 works.
+    let mut l = Loader::new(&options(counting_source(8), &[("num_workers", "0")])).unwrap();
+    assert!(l.next().unwrap().is_some());
+}
+
+/// Closes `loader` from another thread after `after` while this one waits in `next`.
+fn close_while_waiting(l: &mut Loader, after: Duration) -> stoker_core::Result<Option<Batch>> {
+    let closer = l.closer();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(after);
+        closer.close();
+    });
+    let outcome = l.next();
+    t.join().unwrap();
+    outcome
+}
+
+#[test]
+fn close_from_another_thread_wakes_a_next_stalled_on_the_source() {
     let gate = Arc::new(Gate::default());
     let mut l = Loader::new(&options(
         faulty(1, Fault::Stall(Arc::clone(&gate))),
-        &[
-            ("batch_size", "2"),
-            ("num_workers", "0"),
-            ("timeout_ms", "50"),
-        ],
+        &[("batch_size", "2"), ("num_workers", "2")],
     ))
     .unwrap();
-    // Opens the gate after a while so that today's behaviour ends (with a wrong result)
-    // instead of hanging.
-    let opener = {
-        let gate = Arc::clone(&gate);
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_secs(1));
-            gate.open();
-        })
-    };
-    let outcome = l.next();
-    opener.join().unwrap();
-    let err = outcome.expect_err("a stalled read with timeout_ms=50 should time out");
-    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    let start = Instant::now();
+    let err =
+        close_while_waiting(&mut l, Duration::from_millis(100)).expect_err("a next woken by close");
+    assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+    // Woken by the close, not by the source (which stays stalled for up to 10 s).
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    // Every later call says closed too, without waiting.
+    assert_eq!(l.next().unwrap_err().kind(), ErrorKind::Closed);
+    assert_eq!(l.set_epoch(3).unwrap_err().kind(), ErrorKind::Closed);
+    // Let the stalled read return so that dropping the loader can join its workers.
+    gate.open();
+    drop(l);
+    // A new loader on the same data works.
+    let mut again = Loader::new(&options(counting_source(8), &[("num_workers", "2")])).unwrap();
+    assert!(again.next().unwrap().is_some());
+}
+
+/// An iterable source whose stream gives sample 0, then stalls on `gate` before each later one.
+struct Stalling(Arc<Gate>);
+
+struct StallingStream {
+    gate: Arc<Gate>,
+    at: i64,
+}
+
+impl IterableSource for Stalling {
+    fn open(&self, _: &StreamInfo, _: Option<&str>) -> Result<Box<dyn SampleStream>, String> {
+        Ok(Box::new(StallingStream {
+            gate: Arc::clone(&self.0),
+            at: 0,
+        }))
+    }
+}
+
+impl SampleStream for StallingStream {
+    fn next(&mut self, out: &mut SampleWriter<'_>) -> Result<bool, String> {
+        if self.at > 0 {
+            self.gate.wait();
+        }
+        self.at += 1;
+        out.put_label(self.at)?;
+        Ok(self.at < 8)
+    }
+}
+
+fn stalling_stream(gate: Arc<Gate>) -> Arc<dyn IterableSource> {
+    Arc::new(Stalling(gate))
+}
+
+#[test]
+fn close_from_another_thread_wakes_a_streaming_next() {
+    // A stream whose feeder stalls: the consumer waits on the stream's workers.
+    let gate = Arc::new(Gate::default());
+    let stream = stalling_stream(Arc::clone(&gate));
+    let mut o = LoaderOptions::new().with_source(SourceSpec::Iterable(stream));
+    o.set("batch_size", "2").unwrap();
+    o.set("num_workers", "1").unwrap();
+    let mut l = Loader::new(&o).unwrap();
+    let err = close_while_waiting(&mut l, Duration::from_millis(100)).expect_err("woken by close");
+    assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+    gate.open();
+}
+
+#[test]
+fn close_from_another_thread_wakes_a_next_waiting_for_the_device() {
+    // With a device the consumer waits for the prefetch thread, which waits for the pool.
+    let gate = Arc::new(Gate::default());
+    let o = options(
+        faulty(1, Fault::Stall(Arc::clone(&gate))),
+        &[
+            ("device", "cuda"),
+            ("batch_size", "2"),
+            ("num_workers", "1"),
+        ],
+    );
+    let mut l = Loader::with_device_backend(&o, FakeDevice::new(0).unwrap()).unwrap();
+    let start = Instant::now();
+    let err = close_while_waiting(&mut l, Duration::from_millis(100)).expect_err("woken by close");
+    assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    gate.open();
+}
+
+#[test]
+fn closing_a_loader_between_batches_ends_it_and_joins_its_threads() {
+    let mut l = Loader::new(&options(
+        counting_source(64),
+        &[("batch_size", "4"), ("num_workers", "2")],
+    ))
+    .unwrap();
+    let held = l.next().unwrap().unwrap();
+    l.closer().close();
+    assert_eq!(l.next().unwrap_err().kind(), ErrorKind::Closed);
+    // A batch handed out before the close stays valid.
+    assert_eq!(ids(&held), vec![0, 1, 2, 3]);
+    drop(l);
+    drop(held);
 }
 
 #[test]

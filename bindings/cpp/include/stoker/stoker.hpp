@@ -541,16 +541,20 @@ class Loader {
   // DECODE (malformed file), UNSUPPORTED, ...
   explicit Loader(const Options& options)
       : handle_(detail::call([&] { return ffi::loader_new(options.handle()); })),
-        stats_((*handle_)->stats_reader()) {}
+        stats_((*handle_)->stats_reader()),
+        closer_((*handle_)->closer()) {}
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
   // Movable; a moved-from Loader throws CLOSED from every call.
   Loader(Loader&& other) noexcept
-      : handle_(std::exchange(other.handle_, std::nullopt)), stats_(std::exchange(other.stats_, std::nullopt)) {}
+      : handle_(std::exchange(other.handle_, std::nullopt)),
+        stats_(std::exchange(other.stats_, std::nullopt)),
+        closer_(std::exchange(other.closer_, std::nullopt)) {}
   Loader& operator=(Loader&& other) noexcept {
     if (this != &other) {
       handle_ = std::exchange(other.handle_, std::nullopt);
       stats_ = std::exchange(other.stats_, std::nullopt);
+      closer_ = std::exchange(other.closer_, std::nullopt);
     }
     return *this;
   }
@@ -583,6 +587,14 @@ class Loader {
   // of `epoch`, or right after resuming into it.
   void set_epoch(uint64_t epoch) {
     detail::call([&] { h().set_epoch(epoch); });
+  }
+
+  // Closes the loader from any thread: a next() waiting for a batch in another thread throws
+  // CLOSED at once, and so does every later call (stats() still answers). The threads are joined
+  // when the loader is destroyed, by the thread that drives it. With num_workers(0) the waiting
+  // thread builds the batch itself, so the close takes effect when that build returns.
+  void close() const {
+    if (closer_) (*closer_)->close();
   }
 
   // May be called from any thread, also while another thread is in next().
@@ -645,6 +657,7 @@ class Loader {
   }
   std::optional<rust::Box<ffi::LoaderHandle>> handle_;
   std::optional<rust::Box<ffi::StatsReader>> stats_;
+  std::optional<rust::Box<ffi::LoaderCloser>> closer_;
 };
 
 inline EpochRange::iterator::iterator(Loader* loader) : loader_(loader), current_(loader->next()) {}

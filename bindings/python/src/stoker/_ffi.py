@@ -230,6 +230,7 @@ _SIGNATURES = {
     "stoker_loader_epoch": (ctypes.c_uint64, [_P]),
     "stoker_loader_set_epoch": (_STATUS, [_P, ctypes.c_uint64]),
     "stoker_loader_stats": (_STATUS, [_P, ctypes.POINTER(Stats)]),
+    "stoker_loader_close": (_STATUS, [_P]),
     "stoker_loader_worker_busy_ns": (
         _STATUS,
         [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],

@@ -213,9 +213,12 @@ class Loader:
             num_workers=num_workers,
         )
         self._options = {k: option_value(v) for k, v in options.items() if v is not None}
-        # The C loader is driven by one thread at a time; the lock makes concurrent Python
+        # The C loader is driven by one thread at a time; `_lock` makes concurrent Python
         # callers take turns instead of racing (ctypes releases the GIL inside next()).
+        # `_ptr_lock` only guards the pointer's lifetime, so that close() from another thread
+        # can wake a next() waiting under `_lock`, and stats() can read meanwhile.
         self._lock = threading.Lock()
+        self._ptr_lock = threading.Lock()
         self._ptr = _new_loader(self._options, self._dataset)
         if self._dataset is not None:
             _python_source_loaders.add(self)
@@ -267,8 +270,12 @@ class Loader:
         return int(_ffi.lib.stoker_loader_epoch(self._handle()))
 
     def stats(self) -> Stats:
-        """A snapshot of the loader's statistics; callable at any time, also mid-epoch."""
-        ptr = self._handle()
+        """A snapshot of the loader's statistics; callable at any time, from any thread, also
+        while another thread waits for a batch."""
+        with self._ptr_lock:
+            return self._stats(self._handle())
+
+    def _stats(self, ptr: int) -> Stats:
         # Per-worker times first: the totals read after them are at least their sum.
         count = ctypes.c_size_t()
         check(_ffi.lib.stoker_loader_worker_busy_ns(ptr, None, 0, ctypes.byref(count)))
@@ -312,15 +319,24 @@ class Loader:
         options plus ``resume_state``."""
         options = dict(self._options, resume_state=state_dict["state"])
         new = _new_loader(options, self._dataset)
-        with self._lock:
+        with self._lock, self._ptr_lock:
             old, self._ptr, self._options = self._ptr, new, options
             _ffi.lib.stoker_loader_free(old)
 
     def close(self) -> None:
-        """Stops and joins the loader's threads. Batches already handed out stay valid."""
-        with self._lock:
+        """Stops the loader and joins its threads; callable from any thread, and more than
+        once. A ``next_batch`` (or iteration) waiting for a batch in another thread raises
+        :class:`ClosedError` at once; this call then frees the loader after that one has
+        returned. With ``num_workers=0`` the waiting thread is building the batch itself, so
+        the close takes effect when that build returns. Batches already handed out stay
+        valid."""
+        with self._ptr_lock:
+            if self._ptr:
+                _ffi.lib.stoker_loader_close(self._ptr)
+        with self._lock, self._ptr_lock:
             ptr, self._ptr = self._ptr, None
-            _ffi.lib.stoker_loader_free(ptr)
+            if ptr:
+                _ffi.lib.stoker_loader_free(ptr)
 
     def __enter__(self) -> Loader:
         return self

@@ -20,10 +20,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use super::device::{DeviceBackend, DevicePtr, Event, Stream};
 use crate::batch::{Batch, DeviceMemory};
+use crate::close::{Closer, Wait};
 use crate::error::{Error, Result};
 use crate::stats::StatsHandle;
 
@@ -363,6 +364,7 @@ impl<M: Send + 'static> Prefetcher<M> {
     pub fn next(
         &mut self,
         timeout: Option<Duration>,
+        closer: &Closer,
     ) -> Result<(Result<Option<Batch>>, Option<M>)> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let delivery = loop {
@@ -378,14 +380,11 @@ impl<M: Send + 'static> Prefetcher<M> {
                         .min(Duration::from_millis(5)),
                 ),
             };
-            let got = match wait {
-                None => self.out.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                Some(w) => self.out.recv_timeout(w),
-            };
-            match got {
-                Ok(d) => break d,
-                Err(RecvTimeoutError::Disconnected) => return Err(self.exited()),
-                Err(RecvTimeoutError::Timeout) => {
+            match closer.recv(&self.out, wait) {
+                Wait::Got(d) => break d,
+                Wait::Disconnected => return Err(self.exited()),
+                Wait::Closed => return Err(crate::close::closed_error()),
+                Wait::TimedOut => {
                     // Order matters: the thread sets `starved` only after sending everything
                     // that came before the batch it needs a buffer for.
                     if self.starved.load(Ordering::Acquire)
@@ -649,13 +648,13 @@ mod tests {
             stats: None,
         };
         let mut p = Prefetcher::start(Panicking(false), fake.clone(), config).unwrap();
-        let (item, mark) = p.next(None).unwrap();
+        let (item, mark) = p.next(None, &crate::close::Closer::new()).unwrap();
         assert!(matches!(item, Ok(None)) && mark == Some(7));
-        let (item, mark) = p.next(None).unwrap();
+        let (item, mark) = p.next(None, &crate::close::Closer::new()).unwrap();
         let err = item.unwrap_err();
         assert!(err.to_string().contains("feed exploded"), "{err}");
         assert!(mark.is_none());
-        let err = p.next(None).unwrap_err();
+        let err = p.next(None, &crate::close::Closer::new()).unwrap_err();
         assert!(err.to_string().contains("has exited"), "{err}");
         drop(p);
         let c = fake.counters();

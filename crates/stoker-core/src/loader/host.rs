@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crate::arena::{Arena, SlabRegistrar};
 use crate::autotune::{Controller, Observation};
 use crate::batch::Batch;
+use crate::close::Closer;
 use crate::collate::{BatchKey, Collator};
 use crate::cuda::{HostBatches, Pulled};
 use crate::error::{Error, Result};
@@ -186,6 +187,8 @@ pub(super) struct HostLoader {
     /// Finished batches not yet delivered, by (epoch, position).
     ready: BTreeMap<(u64, usize), Result<Batch>>,
     stats: Arc<StatsRecorder>,
+    /// Wakes the consumer's wait when the loader is closed from another thread.
+    closer: Closer,
 }
 
 impl HostBatches for HostLoader {
@@ -355,6 +358,7 @@ impl HostLoader {
             position: 0,
             ahead: BTreeSet::new(),
             fresh: true,
+            closer: Closer::new(),
             generation: 0,
             ready: BTreeMap::new(),
             stats,
@@ -485,10 +489,14 @@ impl HostLoader {
                                 .ok_or(Error::Timeout(t.as_millis() as u64))?,
                         ),
                     };
-                    let done = pool.recv(remaining).map_err(|e| match (e, timeout) {
-                        (Error::Timeout(_), Some(t)) => Error::Timeout(t.as_millis() as u64),
-                        (e, _) => e,
-                    })?;
+                    let done =
+                        pool.recv(remaining, &self.closer)
+                            .map_err(|e| match (e, timeout) {
+                                (Error::Timeout(_), Some(t)) => {
+                                    Error::Timeout(t.as_millis() as u64)
+                                }
+                                (e, _) => e,
+                            })?;
                     if done.generation != self.generation {
                         // Submitted before set_epoch: discarded (its slab, if any, returns now).
                         self.in_flight -= 1;
@@ -674,6 +682,7 @@ impl Scheduler for HostLoader {
                 launch: self.schedule.launch,
             },
             streaming: false,
+            closer: self.closer.clone(),
         }
     }
 }

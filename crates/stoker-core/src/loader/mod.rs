@@ -20,6 +20,7 @@ use crossbeam_channel::Receiver;
 
 use crate::arena::{Arena, SlabRegistrar};
 use crate::batch::Batch;
+use crate::close::Closer;
 use crate::cuda::HostBatches;
 use crate::cuda::{DeviceBackend, PrefetchConfig, Prefetcher, Stream};
 use crate::error::{Error, Result};
@@ -68,6 +69,7 @@ struct Facts {
     fields: Vec<FieldSpec>,
     stats: StatsHandle,
     streaming: bool,
+    closer: Closer,
 }
 
 /// The public loader: `next()` gives host batches with `device=cpu` and device batches with
@@ -91,6 +93,7 @@ pub struct Loader {
     streaming: bool,
     stats: StatsHandle,
     timeout: Option<Duration>,
+    closer: Closer,
 }
 
 // One engine per loader, made once: the variants' sizes do not matter.
@@ -208,6 +211,7 @@ impl Loader {
             streaming: facts.streaming,
             stats: facts.stats,
             timeout: (options.timeout_ms > 0).then(|| Duration::from_millis(options.timeout_ms)),
+            closer: facts.closer,
         })
     }
 
@@ -221,8 +225,23 @@ impl Loader {
     /// [`Loader::epoch_iter`] for an iterator over one epoch).
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Batch>> {
+        if self.closer.is_closed() {
+            return Err(crate::close::closed_error());
+        }
+        self.next_batch()
+    }
+
+    /// A handle that closes this loader from any thread: a `next` waiting for a batch returns
+    /// `Error::Closed` at once, and so does every later call (see [`crate::close`]). The
+    /// loader's threads are joined when the thread that drives it drops it (a worker stuck in a
+    /// stalled read is joined once that read returns).
+    pub fn closer(&self) -> Closer {
+        self.closer.clone()
+    }
+
+    fn next_batch(&mut self) -> Result<Option<Batch>> {
         match &mut self.engine {
-            Engine::Closed => Err(Error::Closed("the loader is closed".into())),
+            Engine::Closed => Err(crate::close::closed_error()),
             Engine::Host(host) => host.next(),
             Engine::Device {
                 prefetcher,
@@ -235,7 +254,7 @@ impl Loader {
                 let prefetcher = prefetcher.as_mut().ok_or_else(|| {
                     Error::Closed("an earlier set_epoch failed; make a new loader".into())
                 })?;
-                let (item, cursor) = prefetcher.next(self.timeout)?;
+                let (item, cursor) = prefetcher.next(self.timeout, &self.closer)?;
                 if let Some(cursor) = cursor {
                     *delivered = cursor;
                 }
@@ -372,8 +391,11 @@ impl Loader {
     /// `epoch`, or was just resumed into it and has delivered nothing since (so that a
     /// `set_epoch(e)` before each epoch's loop continues a resumed epoch instead of restarting it).
     pub fn set_epoch(&mut self, epoch: u64) -> Result<()> {
+        if self.closer.is_closed() {
+            return Err(crate::close::closed_error());
+        }
         match &mut self.engine {
-            Engine::Closed => Err(Error::Closed("the loader is closed".into())),
+            Engine::Closed => Err(crate::close::closed_error()),
             Engine::Host(host) => host.set_epoch(epoch),
             Engine::Device {
                 prefetcher,
@@ -437,8 +459,6 @@ impl std::fmt::Debug for Loader {
     }
 }
 
-/// The scheduler `options` call for: streaming (tar with `shuffle_buffer ≥ 1`, an iterable
-/// source) or host.
 /// Takes a finished batch of the epoch being delivered out of `ready` (keyed by
 /// `(epoch, position)`) if one may be delivered now: the one at `position` in order, or with
 /// `in_order=false` any of `epoch`. Both schedulers deliver by this rule.
@@ -456,7 +476,20 @@ fn take_ready<T>(
     ready.remove(&key).map(|item| (key.1, item))
 }
 
+/// The scheduler `options` call for: streaming (tar with `shuffle_buffer ≥ 1`, an iterable
+/// source) or host.
 fn schedule(options: &LoaderOptions, mode: Mode) -> Result<Box<dyn Scheduler>> {
+    if matches!(mode, Mode::Host) && options.num_workers == Some(0) && options.timeout_ms > 0 {
+        // Refused rather than ignored: the caller asked for a bound that cannot hold.
+        return Err(Error::option(
+            "timeout_ms",
+            format!(
+                "timeout_ms={} needs num_workers >= 1: with num_workers=0 each batch is built \
+                 on the calling thread, which a timeout cannot interrupt",
+                options.timeout_ms
+            ),
+        ));
+    }
     Ok(if options.is_streaming() {
         Box::new(StreamLoader::new(options, mode)?)
     } else {

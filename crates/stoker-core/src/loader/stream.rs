@@ -25,13 +25,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 
 use super::buffer::ShuffleBuffer;
 use super::host::{Cursor, Mode};
 use super::{Facts, Scheduler};
 use crate::arena::Arena;
 use crate::batch::Batch;
+use crate::close::{Closer, Wait};
 use crate::collate::{BatchKey, Collator, OwnedSample, Scratch};
 use crate::cuda::{HostBatches, Pulled};
 use crate::error::{panic_message, Error, Result};
@@ -421,6 +422,8 @@ pub(super) struct StreamLoader {
     launch: Launch,
     /// Resumed, and nothing delivered since (see [`Scheduler::set_epoch`]).
     fresh: bool,
+    /// Wakes the consumer's wait when the loader is closed from another thread.
+    closer: Closer,
 }
 
 impl StreamLoader {
@@ -545,6 +548,7 @@ impl StreamLoader {
             stats,
             launch,
             fresh: false,
+            closer: Closer::new(),
         };
         let mut restart = None;
         if let Some((_, epoch, position, ahead, saved, stream_state)) = resume {
@@ -655,25 +659,24 @@ impl StreamLoader {
             let Some(threads) = &self.threads else {
                 return Err(Error::Internal("a streaming loader with no feed".into()));
             };
-            let delivery = match timeout {
-                None => threads
-                    .results
-                    .recv()
-                    .map_err(|_| Error::Internal("the feeder and workers have exited".into()))?,
-                Some(t) => {
-                    let remaining = t
-                        .checked_sub(start.elapsed())
-                        .ok_or(Error::Timeout(t.as_millis() as u64))?;
-                    threads
-                        .results
-                        .recv_timeout(remaining)
-                        .map_err(|e| match e {
-                            RecvTimeoutError::Timeout => Error::Timeout(t.as_millis() as u64),
-                            RecvTimeoutError::Disconnected => {
-                                Error::Internal("the feeder and workers have exited".into())
-                            }
-                        })?
+            let remaining = match timeout {
+                None => None,
+                Some(t) => Some(
+                    t.checked_sub(start.elapsed())
+                        .ok_or(Error::Timeout(t.as_millis() as u64))?,
+                ),
+            };
+            let delivery = match self.closer.recv(&threads.results, remaining) {
+                Wait::Got(delivery) => delivery,
+                Wait::TimedOut => {
+                    return Err(Error::Timeout(
+                        timeout.unwrap_or_default().as_millis() as u64
+                    ))
                 }
+                Wait::Disconnected => {
+                    return Err(Error::Internal("the feeder and workers have exited".into()))
+                }
+                Wait::Closed => return Err(crate::close::closed_error()),
             };
             match delivery {
                 Delivery::Built {
@@ -763,6 +766,7 @@ impl Scheduler for StreamLoader {
                 launch: self.launch,
             },
             streaming: true,
+            closer: self.closer.clone(),
         }
     }
 
