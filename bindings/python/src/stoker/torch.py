@@ -16,7 +16,8 @@ verbatim; each one is mapped to stoker's options or refused with a message sayin
   ``SubsetRandomSampler``, ``WeightedRandomSampler(replacement=True)``, ``SequentialSampler``,
   ``BatchSampler``), and a sequence of indices is the order of every epoch; a custom sampler
   object is refused (stoker draws the order in the library);
-* ``timeout`` (seconds) is ``timeout_ms``; ``generator`` seeds the order in a one-process job;
+* ``timeout`` (seconds) is ``timeout_ms``, refused with ``num_workers=0`` (where torch ignores it:
+  the batch is built on the calling thread); ``generator`` seeds the order in a one-process job;
 * ``collate_fn`` other than torch's default is refused (batches are collated in the library);
 * ``worker_init_fn``, ``multiprocessing_context``, ``persistent_workers`` and
   ``pin_memory_device`` are accepted and change nothing: workers are threads of this process,
