@@ -112,6 +112,11 @@ trait Pick {
     fn describe(&self, candidate: usize) -> String;
     /// The sample's index for randomness and messages.
     fn index(&self, candidate: usize) -> u64;
+    /// After the batch is written: whether what was read can be trusted (see
+    /// [`Source::verify`]).
+    fn verify(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Indices of a map-style source: any sample of the dataset may replace a bad one.
@@ -129,6 +134,9 @@ impl Pick for FromSource<'_> {
     }
     fn index(&self, candidate: usize) -> u64 {
         candidate as u64
+    }
+    fn verify(&self) -> Result<()> {
+        self.0.verify()
     }
 }
 
@@ -358,6 +366,9 @@ impl Collator {
                 start,
             );
         }
+        // Bytes copied from a file mapped while another process truncated it are zeros, not
+        // the file's: the batch fails instead of carrying them.
+        pick.verify()?;
         Ok(Batch::host(
             metas,
             lease,

@@ -7,6 +7,7 @@
 mod callback;
 mod image_folder;
 mod iterable;
+pub mod mapped;
 mod memory;
 mod npy;
 pub mod streaming;
@@ -129,6 +130,13 @@ pub trait Source: Send + Sync {
     /// Reads sample `index` (`< len()`). Field bytes may borrow from the source (a memory map)
     /// or from `scratch`, a buffer the calling worker reuses for every sample it reads.
     fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>>;
+
+    /// Called after a batch's samples were read and copied: `Err` when the bytes read may not
+    /// be the file's, because a mapped file was truncated while in use (see [`mapped`]). The
+    /// default is `Ok`: sources that read through system calls see a short read instead.
+    fn verify(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Where samples come from.

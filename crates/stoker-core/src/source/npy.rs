@@ -4,8 +4,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
-
+use super::mapped::Mapping;
 use super::{FieldSpec, Sample, Source};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -13,7 +12,7 @@ use crate::error::{Error, Result};
 /// A C-order `.npy` array mapped read-only.
 pub struct NpyArray {
     path: PathBuf,
-    map: Mmap,
+    map: Mapping,
     dtype: DType,
     shape: Vec<usize>,
     data_offset: usize,
@@ -24,10 +23,9 @@ impl NpyArray {
     /// Maps `path` and validates its header and size.
     pub fn open(path: &Path) -> Result<NpyArray> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        // SAFETY: the mapping is read-only and private. Like every mmap-based reader (NumPy's
-        // mmap_mode included) we rely on the file not being truncated while it is mapped; the
-        // size is validated below against the header.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        // Guarded against a truncation while mapped (see `mapped`); the size is validated below
+        // against the header.
+        let map = Mapping::map(&file, path)?;
         let header = parse_header(&map).map_err(|reason| Error::format(path, reason))?;
         if header.shape.is_empty() {
             return Err(Error::format(
@@ -99,6 +97,11 @@ impl NpyArray {
     pub fn row(&self, i: usize) -> &[u8] {
         let start = self.data_offset + i * self.row_bytes;
         &self.map[start..start + self.row_bytes]
+    }
+
+    /// `Err(Io)` naming the file if it was truncated while mapped (see [`Mapping::check`]).
+    pub fn check(&self) -> Result<()> {
+        self.map.check()
     }
 
     /// Every element as `i64`, for small integer arrays such as labels.
@@ -303,6 +306,10 @@ impl Source for NpySource {
             sample.set(1, &labels[index * 8..index * 8 + 8]);
         }
         Ok(sample)
+    }
+
+    fn verify(&self) -> Result<()> {
+        self.data.check()
     }
 }
 

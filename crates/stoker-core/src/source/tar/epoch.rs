@@ -33,7 +33,6 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::Mmap;
 use rayon::prelude::*;
 
 use super::fields::TarFields;
@@ -44,6 +43,7 @@ use super::TarConfig;
 use crate::collate::OwnedSample;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
+use crate::source::mapped::Mapping;
 use crate::source::streaming::{EpochStream, FailedSample, StreamSource};
 use crate::source::{FieldSpec, Sample};
 
@@ -239,15 +239,17 @@ fn shard_entry(
         };
         return Ok((entry, damage));
     }
-    // SAFETY: read-only mapping of a shard we only read; as in indexed mode, the shard must not
-    // be truncated while mapped (the scan stays inside the mapped length).
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    // Guarded against a truncation while mapped (see `mapped`): a scan that read past a
+    // truncation fails before its index is kept.
+    let map = Mapping::map(&file, path)?;
     let stamp = Stamp::of(path, &meta);
     if map.len() as u64 != stamp.size {
         return Err(Error::io(path, "the file changed size while being opened"));
     }
     let scanned = places.load_or_build(path, &stamp, || {
-        scan_members(&name, &map).map(|samples| ShardIndex::from_samples(&samples))
+        let samples = scan_members(&name, &map)?;
+        map.check()?;
+        Ok(ShardIndex::from_samples(&samples))
     });
     let (starts, damage) = match scanned {
         Ok((index, _)) => (sample_starts_of_index(&index), None),

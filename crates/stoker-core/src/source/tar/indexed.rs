@@ -12,7 +12,6 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use rayon::prelude::*;
 
 use super::fields::{Located, SampleRef, TarFields};
@@ -21,6 +20,7 @@ use super::scan::{scan_members, ScannedMember, ScannedSample};
 use super::stream::readable_prefix;
 use super::TarConfig;
 use crate::error::{Error, Result};
+use crate::source::mapped::{self, Mapping};
 use crate::source::{FieldSpec, Sample, Source, MAX_FIELDS};
 
 /// WebDataset tar shards as a map-style source.
@@ -36,7 +36,7 @@ pub struct TarSource {
 
 struct Shard {
     path: PathBuf,
-    map: Mmap,
+    map: Mapping,
     keys: String,
     key_ends: Vec<usize>,
     /// Byte offset of each sample's first header.
@@ -197,7 +197,7 @@ impl Shard {
 
 /// A mapped shard, its index, where the index came from, and (with `skip_damaged`) why the
 /// shard stops early.
-type Opened = (Mmap, ShardIndex, IndexOrigin, Option<String>);
+type Opened = (Mapping, ShardIndex, IndexOrigin, Option<String>);
 
 /// Maps a shard and gets its index (from a file or by scanning).
 fn open_shard(path: &Path, places: &IndexPlaces, config: &TarConfig) -> Result<Opened> {
@@ -206,10 +206,10 @@ fn open_shard(path: &Path, places: &IndexPlaces, config: &TarConfig) -> Result<O
     if !meta.is_file() {
         return Err(Error::io(path, "not a regular file"));
     }
-    // SAFETY: the mapping is read-only. Like every mmap-based reader we rely on the shard not
-    // being truncated while it is mapped; its size is checked against the index (stamp), and
-    // every member range in the index lies inside the size it was stamped with.
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    // Guarded against a truncation while mapped (see `mapped`); its size is checked against the
+    // index (stamp), and every member range in the index lies inside the size it was stamped
+    // with.
+    let map = Mapping::map(&file, path)?;
     if map.starts_with(&[0x1f, 0x8b]) {
         return Err(Error::Unsupported(format!(
             "{}: a gzip-compressed shard cannot be read in indexed mode (random access would decompress it from the start for every sample); set shuffle_buffer=N to stream it, or decompress it (gunzip)",
@@ -222,7 +222,9 @@ fn open_shard(path: &Path, places: &IndexPlaces, config: &TarConfig) -> Result<O
     }
     let name = path.to_string_lossy();
     let scanned = places.load_or_build(path, &stamp, || {
-        scan_members(&name, &map).map(|samples| ShardIndex::from_samples(&samples))
+        let samples = scan_members(&name, &map)?;
+        map.check()?;
+        Ok(ShardIndex::from_samples(&samples))
     });
     match scanned {
         Ok((index, origin)) => Ok((map, index, origin, None)),
@@ -240,7 +242,7 @@ fn open_shard(path: &Path, places: &IndexPlaces, config: &TarConfig) -> Result<O
 /// Resolves every sample's fields to slots.
 fn build_shard(
     path: &Path,
-    map: Mmap,
+    map: Mapping,
     index: &ShardIndex,
     origin: IndexOrigin,
     fields: &TarFields,
@@ -287,6 +289,13 @@ fn build_shard(
 }
 
 impl Source for TarSource {
+    fn verify(&self) -> Result<()> {
+        if !mapped::any_truncated() {
+            return Ok(());
+        }
+        self.shards.iter().try_for_each(|shard| shard.map.check())
+    }
+
     fn len(&self) -> usize {
         self.starts[self.starts.len() - 1]
     }
