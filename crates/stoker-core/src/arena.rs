@@ -86,6 +86,7 @@ pub struct SlabLease {
     arena: Arc<ArenaInner>,
 }
 
+/// The system's page size in bytes (4096 if `sysconf` cannot say): the granularity of slabs.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -122,6 +123,7 @@ impl Arena {
         self.inner.budget.store(bytes, Ordering::Relaxed);
     }
 
+    /// Whether slabs are page-locked when mapped (`pin_memory`).
     pub fn pins(&self) -> bool {
         self.inner.pin
     }
@@ -158,6 +160,7 @@ impl Arena {
         })
     }
 
+    /// What the arena has done so far, as of now.
     pub fn counters(&self) -> ArenaCounters {
         let i = &self.inner;
         ArenaCounters {
@@ -274,6 +277,7 @@ impl SlabLease {
         self.len
     }
 
+    /// Whether the requested length was 0.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -288,12 +292,15 @@ impl SlabLease {
         self.slab.as_ref().is_some_and(|s| s.registered)
     }
 
+    /// The start of the slab, page-aligned; writable through for [`len`](Self::len) bytes while
+    /// the lease is held exclusively.
     pub fn as_ptr(&self) -> *mut u8 {
         self.slab
             .as_ref()
             .map_or(std::ptr::null_mut(), |s| s.ptr.as_ptr())
     }
 
+    /// The first [`len`](Self::len) bytes of the slab.
     pub fn as_slice(&self) -> &[u8] {
         match &self.slab {
             // SAFETY: the slab is at least `len` bytes, mapped read-write, and exclusively ours
@@ -303,6 +310,7 @@ impl SlabLease {
         }
     }
 
+    /// The first [`len`](Self::len) bytes of the slab, to write.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match &mut self.slab {
             // SAFETY: as in `as_slice`, and `&mut self` makes this the only borrow.

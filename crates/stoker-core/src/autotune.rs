@@ -41,24 +41,28 @@ const SHED_BELOW: f64 = 0.7;
 /// What the loader measured so far (cumulative counters).
 #[derive(Clone, Copy, Debug)]
 pub struct Observation {
+    /// When the counters were read.
     pub at: Instant,
     /// Batches delivered to the consumer.
     pub batches: u64,
-    /// The consumer's total wait.
+    /// The consumer's total wait, in nanoseconds.
     pub wait_ns: u64,
-    /// The workers' total busy time.
+    /// The workers' total busy time, in nanoseconds.
     pub busy_ns: u64,
-    /// The process's CPU time.
+    /// The process's CPU time, every thread, in nanoseconds.
     pub cpu_ns: u64,
 }
 
 /// A change of settings and why.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Decision {
+    /// Worker threads to run from now on.
     pub workers: usize,
+    /// Batches in flight per worker from now on (`prefetch_factor`).
     pub prefetch: usize,
     /// The window's readiness that prompted it.
     pub readiness: f64,
+    /// Why, in words, as the trace shows it.
     pub reason: &'static str,
 }
 
@@ -74,6 +78,8 @@ pub struct Controller {
 }
 
 impl Controller {
+    /// A controller that never runs more than `max_workers` workers (the cores this process may
+    /// run on) nor more than `fit` batches in flight (what the memory budget holds).
     pub fn new(max_workers: usize, fit: usize) -> Controller {
         Controller {
             max_workers: max_workers.max(1),

@@ -14,13 +14,18 @@ use crate::error::{Error, Result};
 /// Where one field lives inside the batch's memory. Fields are C-contiguous.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FieldMeta {
+    /// The field's name (`image`, `label`, `<name>_lengths`, ...).
     pub name: String,
+    /// Element type.
     pub dtype: DType,
+    /// Dimensions, the batch's sample count first.
     pub shape: Vec<usize>,
+    /// Byte offset of the first element from the start of the batch's memory.
     pub offset: usize,
 }
 
 impl FieldMeta {
+    /// Bytes the field occupies: the product of `shape` times the element size.
     pub fn num_bytes(&self) -> usize {
         self.shape.iter().product::<usize>() * self.dtype.size()
     }
@@ -48,8 +53,11 @@ impl DeviceType {
 /// A borrowed view of one field.
 #[derive(Clone, Copy, Debug)]
 pub struct FieldRef<'a> {
+    /// The field's name.
     pub name: &'a str,
+    /// Element type.
     pub dtype: DType,
+    /// Dimensions, the batch's sample count first; C-contiguous.
     pub shape: &'a [usize],
     /// Address of the first element: a host address, or for a device batch a device address
     /// (`CUdeviceptr`). Valid as long as the batch lives; the batch owns the memory exclusively,
@@ -79,6 +87,8 @@ enum Memory {
     Device(Box<dyn DeviceMemory>),
 }
 
+/// One batch: its fields laid out in host memory (an arena slab) or device memory (a buffer of
+/// the CUDA prefetch ring), which it holds until dropped.
 pub struct Batch {
     fields: Vec<FieldMeta>,
     epoch: u64,
@@ -125,6 +135,7 @@ impl Batch {
         self.samples
     }
 
+    /// Whether the batch holds no sample.
     pub fn is_empty(&self) -> bool {
         self.samples == 0
     }
@@ -144,14 +155,17 @@ impl Batch {
         self.skipped
     }
 
+    /// Fields in the batch, `<name>_lengths` fields of ragged fields included.
     pub fn num_fields(&self) -> usize {
         self.fields.len()
     }
 
+    /// Every field, in field order.
     pub fn fields(&self) -> impl Iterator<Item = FieldRef<'_>> {
         (0..self.fields.len()).filter_map(|i| self.field(i))
     }
 
+    /// Field `i`; `None` when `i >= num_fields()`.
     pub fn field(&self, i: usize) -> Option<FieldRef<'_>> {
         let meta = self.fields.get(i)?;
         let (address, data) = match &self.memory {
@@ -170,10 +184,12 @@ impl Batch {
         })
     }
 
+    /// The index of the field called `name`, if any.
     pub fn field_index(&self, name: &str) -> Option<usize> {
         self.fields.iter().position(|f| f.name == name)
     }
 
+    /// The field called `name`, if any.
     pub fn field_by_name(&self, name: &str) -> Option<FieldRef<'_>> {
         self.field(self.field_index(name)?)
     }
@@ -183,6 +199,7 @@ impl Batch {
         self.fields.iter().map(|f| f.name.as_str()).collect()
     }
 
+    /// Field `i`'s layout; `None` when `i >= num_fields()`.
     pub fn field_meta(&self, i: usize) -> Option<&FieldMeta> {
         self.fields.get(i)
     }

@@ -28,7 +28,9 @@ const MAX_SIDE: usize = 65_535;
 /// An encoded image format, told by its first bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
+    /// JPEG: baseline or progressive, decoded by zune-jpeg.
     Jpeg,
+    /// PNG: any color type and bit depth, decoded by zune-png.
     Png,
 }
 
@@ -49,7 +51,9 @@ impl Format {
 /// Width and height of a decoded image, in pixels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dims {
+    /// Pixels per row.
     pub width: usize,
+    /// Rows.
     pub height: usize,
 }
 

@@ -7,11 +7,17 @@ use std::str::FromStr;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum DType {
+    /// Unsigned 8-bit integer (`uint8`): decoded pixels.
     U8 = 0,
+    /// Signed 32-bit integer (`int32`).
     I32 = 1,
+    /// Signed 64-bit integer (`int64`): labels and `<name>_lengths` fields.
     I64 = 2,
+    /// IEEE 754 half precision (`float16`).
     F16 = 3,
+    /// bfloat16: `float32`'s exponent, 7 bits of mantissa (`bfloat16`).
     BF16 = 4,
+    /// IEEE 754 single precision (`float32`).
     F32 = 5,
 }
 

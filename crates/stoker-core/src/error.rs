@@ -3,28 +3,48 @@
 
 use std::path::PathBuf;
 
+/// The engine's `Result`, with [`Error`] as its default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What went wrong, as data: each kind is something a caller can react to differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorKind {
+    /// An unknown option key, a malformed or out-of-range value, a bad argument
+    /// (`STOKER_ERR_INVALID_ARGUMENT`, -1).
     InvalidArgument,
+    /// A file or directory missing, unreadable or too short (`STOKER_ERR_IO`, -2).
     Io,
+    /// A corrupt or malformed sample or file (`STOKER_ERR_DECODE`, -3).
     Decode,
+    /// Something this build or this data cannot do: no CUDA driver, a gzip shard in indexed
+    /// mode (`STOKER_ERR_UNSUPPORTED`, -4).
     Unsupported,
+    /// No batch arrived within `timeout_ms` (`STOKER_ERR_TIMEOUT`, -5).
     Timeout,
+    /// A user callback reported failure (`STOKER_ERR_CALLBACK`, -6).
     Callback,
+    /// The loader was closed, or can no longer deliver (`STOKER_ERR_CLOSED`, -7).
     Closed,
+    /// A bug: a caught panic, a broken invariant (`STOKER_ERR_INTERNAL`, -8).
     Internal,
+    /// Host or device memory could not be had (`STOKER_ERR_OUT_OF_MEMORY`, -9).
     OutOfMemory,
+    /// The CUDA driver reported a failure (`STOKER_ERR_CUDA`, -10).
     Cuda,
 }
 
+/// An engine error: its [`kind`](Error::kind) says how to react, its message names the option,
+/// file or sample concerned.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An option key that does not exist, or a value that does not parse or is out of range.
     #[error("option `{key}`: {reason}")]
-    InvalidOption { key: String, reason: String },
+    InvalidOption {
+        /// The option key, as given.
+        key: String,
+        /// What is wrong with the key or its value.
+        reason: String,
+    },
 
     /// A bad argument that is not an option (a field name, an index, a resume state).
     #[error("{0}")]
@@ -32,30 +52,54 @@ pub enum Error {
 
     /// A file or directory that is missing, unreadable or too short.
     #[error("{}: {reason}", path.display())]
-    Io { path: PathBuf, reason: String },
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error, or what was short.
+        reason: String,
+    },
 
     /// A sample that cannot be turned into its slot of the batch: corrupt, truncated, wrong shape.
     #[error("sample {index} ({what}): {reason}")]
     Sample {
+        /// The sample's dataset index.
         index: u64,
+        /// Where the sample lives (a file, a tar member, an in-memory row), as the source
+        /// describes it.
         what: String,
+        /// What is wrong with it.
         reason: String,
     },
 
     /// A malformed file detected before any sample is read (an npy header, say).
     #[error("{}: {reason}", path.display())]
-    Format { path: PathBuf, reason: String },
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is malformed.
+        reason: String,
+    },
 
+    /// Something this build or this data cannot do (no CUDA driver, a gzip-compressed shard in
+    /// indexed mode, `set_epoch` in the middle of a stream); the message says why.
     #[error("{0}")]
     Unsupported(String),
 
+    /// No batch arrived within `timeout_ms` (the value carried, in milliseconds).
     #[error("no batch arrived within timeout_ms={0}")]
     Timeout(u64),
 
     /// A user callback reported failure.
     #[error("sample {index}: source callback failed: {message}")]
-    Callback { index: u64, message: String },
+    Callback {
+        /// The dataset index the callback was reading.
+        index: u64,
+        /// The callback's own message.
+        message: String,
+    },
 
+    /// The loader was closed ([`Closer`](crate::Closer)), or cannot deliver any more (a failed
+    /// `set_epoch`, a batch discarded by `set_epoch`).
     #[error("{0}")]
     Closed(String),
 
@@ -63,9 +107,12 @@ pub enum Error {
     #[error("internal error: {0}")]
     Internal(String),
 
+    /// Host or device memory refused: a slab `mmap`, a device allocation, an epoch's order
+    /// larger than a quarter of physical memory.
     #[error("out of memory: {0}")]
     OutOfMemory(String),
 
+    /// A CUDA driver call failed (other than for lack of memory).
     #[error("CUDA: {0}")]
     Cuda(String),
 }
@@ -121,6 +168,7 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Error {
+    /// Which [`ErrorKind`], hence which status code, the faces report for this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidOption { .. } | Error::InvalidArgument(_) => ErrorKind::InvalidArgument,

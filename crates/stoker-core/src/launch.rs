@@ -75,12 +75,15 @@ impl std::fmt::Display for Launcher {
 /// This process's place in the job, as resolved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
+    /// This process's rank in the job, below `world_size`.
     pub rank: usize,
+    /// Processes in the job.
     pub world_size: usize,
     /// Rank among the processes of this node: `device=cuda` means `cuda:local_rank`.
     pub local_rank: usize,
     /// Processes of this job on this node: `num_workers=auto` divides the cores by it.
     pub local_world_size: usize,
+    /// Who said so.
     pub launcher: Launcher,
 }
 

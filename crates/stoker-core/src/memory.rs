@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 /// `memory_budget` as given.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum MemoryBudget {
+    /// A number of bytes, more than 0.
     Bytes(u64),
     /// A percentage of physical memory, in (0, 100].
     Percent(f64),
@@ -126,6 +127,7 @@ pub fn physical_memory() -> u64 {
 /// How many batches the budget lets the loader keep, and what it reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BudgetPlan {
+    /// The budget, in bytes.
     pub budget: u64,
     /// One batch's slab, rounded up to whole pages (a lower bound for ragged fields).
     pub batch_bytes: u64,

@@ -31,11 +31,14 @@ use crate::error::{Error, Result};
 pub struct Fingerprint {
     /// Hash of the source's identity (`Source::identity`).
     pub source: u64,
+    /// Samples in the source.
     pub source_len: usize,
     /// Hash of the global order's sampler and the shard padding rule (`shard_drop_last`); not
     /// the rank or world size, which may change.
     pub sampler: u64,
+    /// Samples per batch (`batch_size`).
     pub batch_size: usize,
+    /// Whether the last, short batch of an epoch is dropped (`drop_last`).
     pub drop_last: bool,
     /// Hash of the image stages (`transform`, `dtype`, `layout`).
     pub transform: u64,
@@ -47,14 +50,19 @@ pub enum Position {
     /// `stoker-state-v1`: batches of the epoch this rank delivered in order, with the loader's
     /// batches per epoch as the only check.
     Batches {
+        /// Batches of the epoch delivered in order.
         position: usize,
+        /// The saving loader's batches per epoch.
         batches_per_epoch: usize,
     },
     /// Entries of the epoch's global order consumed by the whole job (the same on every rank),
     /// the world size that consumed them, and the fingerprint.
     Global {
+        /// Entries of the epoch's padded global order consumed, capped at its length.
         consumed: usize,
+        /// Ranks in the job that saved the state.
         world_size: usize,
+        /// What the order and the batches depended on.
         fingerprint: Fingerprint,
     },
     /// `mode=stream`: batches of the epoch this rank delivered in order out of its own stream,
@@ -62,9 +70,13 @@ pub enum Position {
     /// (`None`: unknown, a stream with no length) and the stream's own position after batch
     /// `position - 1`, when it gives one.
     Stream {
+        /// Batches of the epoch this rank delivered in order.
         position: usize,
+        /// Ranks in the job that saved the state; resuming needs the same.
         world_size: usize,
+        /// The saving loader's batches per epoch; `None` for a stream with no length.
         batches_per_epoch: Option<usize>,
+        /// The iterable source's own position after batch `position - 1`, as it saved it.
         state: Option<String>,
     },
 }
@@ -72,8 +84,11 @@ pub enum Position {
 /// A job's position: everything needed to continue exactly where it stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResumeState {
+    /// The saving loader's `seed`: every random choice depends on it.
     pub seed: u64,
+    /// The epoch the position is in.
     pub epoch: u64,
+    /// Where in that epoch the job stood.
     pub at: Position,
     /// With `in_order=false`: batches after the position also delivered by this rank, as
     /// offsets from it (v2 indexed; v1 and streaming states hold absolute positions).
@@ -84,6 +99,8 @@ const V1: &str = "stoker-state-v1";
 const V2: &str = "stoker-state-v2";
 
 impl ResumeState {
+    /// Reads a state written by [`Display`](std::fmt::Display) (this version's or the first
+    /// format); a malformed or newer state is an `InvalidOption` error for `resume_state`.
     pub fn parse(s: &str) -> Result<ResumeState> {
         let bad = |why: &str| Error::option("resume_state", format!("`{s}` {why}"));
         let mut parts = s.split(';');
@@ -296,8 +313,11 @@ impl Fingerprint {
 /// Readable forms of what a [`Fingerprint`] hashes, for messages.
 #[derive(Clone, Debug, Default)]
 pub struct FingerprintText {
+    /// The source's identity (`Source::identity`).
     pub source: String,
+    /// The sampler's kind and settings in words (`random, replacement=false, ...`).
     pub sampler: String,
+    /// `transform`, `dtype` and `layout`.
     pub transform: String,
 }
 
@@ -306,10 +326,12 @@ pub struct FingerprintText {
 pub struct Fnv(u64);
 
 impl Fnv {
+    /// A hasher at FNV-1a's offset basis (nothing written yet).
     pub fn new() -> Fnv {
         Fnv(0xcbf2_9ce4_8422_2325)
     }
 
+    /// Hashes `bytes` in.
     pub fn bytes(&mut self, bytes: &[u8]) {
         for &b in bytes {
             self.0 ^= u64::from(b);
@@ -317,6 +339,7 @@ impl Fnv {
         }
     }
 
+    /// The hash of everything written so far (writing may continue).
     pub fn finish(&self) -> u64 {
         self.0
     }

@@ -29,6 +29,7 @@ pub fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A xoshiro256++ generator seeded from one key; not cryptographic.
 #[derive(Clone, Debug)]
 pub struct Rng {
     s: [u64; 4],
@@ -54,6 +55,7 @@ impl Rng {
         Rng { s }
     }
 
+    /// The next 64 uniformly random bits.
     #[inline]
     pub fn next_u64(&mut self) -> u64 {
         let s = &mut self.s;

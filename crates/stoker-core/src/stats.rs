@@ -35,8 +35,11 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// Every stage, in the order a sample goes through them.
     pub const ALL: [Stage; 4] = [Stage::Read, Stage::Decode, Stage::Transform, Stage::Collate];
 
+    /// The stage's name in stats (`<name>_ns`) and in the trace: `read`, `decode`, `transform`,
+    /// `collate`.
     pub fn name(self) -> &'static str {
         match self {
             Stage::Read => "read",
@@ -58,63 +61,87 @@ pub struct Stats {
     pub samples: u64,
     /// Bad samples replaced under `on_error=skip`.
     pub samples_skipped: u64,
-    /// Time the consumer spent blocked in `next()`.
+    /// Time the consumer spent blocked in `next()`, in nanoseconds.
     pub wait_ns_total: u64,
+    /// Median wait of one `next()` that delivered a batch, in nanoseconds (≤ 6% high).
     pub wait_ns_p50: u64,
+    /// 95th percentile of the per-batch wait, in nanoseconds (≤ 6% high).
     pub wait_ns_p95: u64,
+    /// Longest per-batch wait, in nanoseconds (exact).
     pub wait_ns_max: u64,
-    /// Since the loader was created.
+    /// Nanoseconds since the loader was created.
     pub elapsed_ns: u64,
-    /// `1 - wait_ns_total / elapsed_ns`: the fraction of time the consumer was not starved.
+    /// `1 - wait_ns_total / elapsed_ns`, in [0, 1]: the fraction of time the consumer was not
+    /// starved.
     pub readiness: f64,
-    /// Fraction of worker-thread time spent building batches.
+    /// Fraction of worker-thread time spent building batches, in [0, 1]: `busy_ns` over the
+    /// time each worker was alive, summed.
     pub worker_busy: f64,
-    /// Arena slabs page-locked, and those `mlock` refused (RLIMIT_MEMLOCK).
+    /// Arena slabs page-locked (`pin_memory`).
     pub slabs_pinned: u64,
+    /// Slabs `mlock` refused (RLIMIT_MEMLOCK): they are delivered unpinned.
     pub pin_failures: u64,
-    /// This process's place in the job, as resolved (see [`crate::launch`]).
+    /// This process's rank, as resolved (see [`crate::launch`]).
     pub rank: u64,
+    /// Processes in the job, as resolved.
     pub world_size: u64,
+    /// Rank among this job's processes on this node (`device=cuda` is `cuda:local_rank`).
     pub local_rank: u64,
+    /// This job's processes on this node (`num_workers=auto` divides the cores by it).
     pub local_world_size: u64,
     /// Which launcher said so: [`Launcher::code`] (0 none, 1 explicit, 2 torchrun, 3 Slurm,
     /// 4 Open MPI, 5 PMI).
     pub launcher: u64,
-    /// Time spent in each stage, summed over every worker (and over every sample built, whether
-    /// or not it was delivered yet). A sample read again under `on_error=skip` counts each read.
+    /// Nanoseconds spent reading samples from the source, summed over every worker (and over
+    /// every sample built, whether or not it was delivered yet). A sample read again under
+    /// `on_error=skip` counts each read.
     pub read_ns: u64,
+    /// Nanoseconds spent decoding images, summed like `read_ns`.
     pub decode_ns: u64,
+    /// Nanoseconds spent in the image transform pipeline, summed like `read_ns`.
     pub transform_ns: u64,
+    /// Nanoseconds spent copying, padding and laying out fields in batch memory, summed like
+    /// `read_ns`.
     pub collate_ns: u64,
-    /// Host-to-device copies (`device=cuda`): from queueing a batch's copies to their completion,
-    /// summed over batches.
+    /// Host-to-device copies (`device=cuda`), in nanoseconds: from queueing a batch's copies to
+    /// their completion, summed over batches.
     pub h2d_ns: u64,
     /// Worker threads building batches now (1 when batches are built in the calling thread).
     pub num_workers: u64,
-    /// Per-sample percentiles of each stage, over the samples that went through it (decode and
-    /// transform: image samples only).
+    /// Median time one sample spent reading, in nanoseconds (≤ 6% high). Like every per-sample
+    /// percentile, over the samples that went through the stage.
     pub read_ns_p50: u64,
+    /// 95th percentile of one sample's read time, in nanoseconds.
     pub read_ns_p95: u64,
+    /// Median decode time of one image sample, in nanoseconds.
     pub decode_ns_p50: u64,
+    /// 95th percentile of one image sample's decode time, in nanoseconds.
     pub decode_ns_p95: u64,
+    /// Median transform time of one image sample, in nanoseconds.
     pub transform_ns_p50: u64,
+    /// 95th percentile of one image sample's transform time, in nanoseconds.
     pub transform_ns_p95: u64,
+    /// Median collate time of one sample, in nanoseconds.
     pub collate_ns_p50: u64,
+    /// 95th percentile of one sample's collate time, in nanoseconds.
     pub collate_ns_p95: u64,
-    /// Per-batch percentiles of the host-to-device copy.
+    /// Median host-to-device copy time of one batch, in nanoseconds.
     pub h2d_ns_p50: u64,
+    /// 95th percentile of one batch's host-to-device copy time, in nanoseconds.
     pub h2d_ns_p95: u64,
-    /// Time spent building batches, summed over every worker; `worker_busy_ns` splits it by
-    /// worker (index = worker number, in the order workers were started).
+    /// Nanoseconds spent building batches, summed over every worker.
     pub busy_ns: u64,
+    /// `busy_ns` split by worker: index = worker number, in the order workers were started
+    /// (workers autotune retired included).
     pub worker_busy_ns: Vec<u64>,
-    /// The memory budget in bytes (`memory_budget`) and one batch's slab (page-rounded; ragged
-    /// fields counted empty).
+    /// The memory budget in bytes (`memory_budget`, or its default).
     pub memory_budget: u64,
+    /// One batch's slab in bytes, page-rounded (ragged fields counted empty).
     pub batch_bytes: u64,
-    /// Batches in flight at most, and what `num_workers × prefetch_factor` asked for: lower when
-    /// the memory budget (or autotune) lowered it.
+    /// Batches in flight at most now; lower than `in_flight_cap_requested` when the memory
+    /// budget (or autotune) lowered it.
     pub in_flight_cap: u64,
+    /// The in-flight cap asked for: `max(1, num_workers) × prefetch_factor`.
     pub in_flight_cap_requested: u64,
     /// Batches in flight per worker now (`prefetch_factor`, or autotune's choice).
     pub prefetch_factor: u64,
@@ -143,6 +170,7 @@ pub struct StatsHandle {
 }
 
 impl StatsHandle {
+    /// The counters now, launch fields and arena pinning counts included.
     pub fn snapshot(&self) -> Stats {
         let mut s = self.recorder.snapshot();
         let c = self.arena.counters();

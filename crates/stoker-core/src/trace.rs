@@ -165,6 +165,7 @@ impl Trace {
         self.ring.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The file the trace is written to (option `trace`).
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -47,6 +47,8 @@ pub enum Pulled<M> {
 
 /// Where the prefetch thread gets host batches from; it is moved onto that thread.
 pub trait HostBatches: Send + 'static {
+    /// The feed's position after an item (the loader's resume cursor), handed back with each
+    /// device batch.
     type Mark: Send + 'static;
     /// The next item, waiting at most about `poll` before returning [`Pulled::Idle`].
     fn pull(&mut self, poll: Duration) -> Pulled<Self::Mark>;

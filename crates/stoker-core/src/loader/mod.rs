@@ -345,14 +345,17 @@ impl Loader {
         &self.fields
     }
 
+    /// A snapshot of the counters (`stoker_stats` in C); see [`Stats`] for each field.
     pub fn stats(&self) -> Stats {
         self.stats.snapshot()
     }
 
+    /// A handle that reads this loader's stats from any thread, while another drives it.
     pub fn stats_handle(&self) -> StatsHandle {
         self.stats.clone()
     }
 
+    /// The arena host batches are built in (shared with every batch not yet dropped).
     pub fn arena(&self) -> &Arena {
         &self.stats.arena
     }

@@ -17,10 +17,13 @@ use crate::error::{Error, Result};
 pub type ReadFn =
     dyn Fn(usize, &mut SampleWriter<'_>) -> std::result::Result<(), String> + Send + Sync;
 
-/// The field an encoded image goes to, and the field a label goes to.
+/// The field an encoded image goes to ([`SampleWriter::put_encoded`]).
 pub const IMAGE_FIELD: &str = "image";
+/// The field a label goes to ([`SampleWriter::put_label`]).
 pub const LABEL_FIELD: &str = "label";
 
+/// A map-style source whose samples a user's [`ReadFn`] writes, called concurrently from the
+/// worker threads; its fields are those sample 0 puts.
 pub struct CallbackSource {
     len: usize,
     read: Arc<ReadFn>,

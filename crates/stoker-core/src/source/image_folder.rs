@@ -28,6 +28,8 @@ pub const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png"];
 /// Deeper directory trees than this are not walked (a guard against symlink cycles).
 const MAX_DEPTH: usize = 64;
 
+/// A source of the images under `ROOT/<class>/`, in torchvision `ImageFolder`'s order: fields
+/// `image` (encoded bytes, decoded by the pipeline) and `label` (int64, the class's index).
 pub struct ImageFolderSource {
     root: PathBuf,
     classes: Vec<String>,
@@ -116,6 +118,7 @@ impl ImageFolderSource {
         })
     }
 
+    /// The directory indexed, as given to [`open`](Self::open).
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -22,6 +22,7 @@ pub struct MemorySource {
 }
 
 impl MemorySource {
+    /// A source with no field and no sample.
     pub fn new() -> MemorySource {
         MemorySource::default()
     }
