@@ -5,6 +5,11 @@ Workloads
   images  bench/.data/imagenet_like (real photos, ~500x375 JPEG) -> random_resized_crop(224)
           + hflip + normalize(imagenet), float32 NCHW, shuffled batches of 64
   npy     uint8 [2048, 3, 224, 224] .npy with int64 labels, shuffled batches of 256
+  tar     the same photos as WebDataset shards (bench/.data/shards, written by
+          webdataset.TarWriter, 8 shards), same transform and batches: stoker streaming
+          (shuffle_buffer=1000) against stoker indexed, stoker image_folder on the folder, and
+          webdataset + torch DataLoader (shard shuffle, shuffle(1000), PIL + torchvision
+          transforms, 2 workers)
 
 Each workload has a second stoker row, "stoker, Python dataset": the same loader fed by a
 map-style Python object instead of a built-in source (images: __getitem__ opens and reads the
@@ -79,7 +84,15 @@ RUNS = [
     ("npy", "stoker"),
     ("npy", PY_DATASET),
     ("npy", "torch DataLoader (mmap)"),
+    ("tar", "stoker"),
+    ("tar", "stoker, tar indexed"),
+    ("tar", "stoker, image_folder"),
+    ("tar", "webdataset + torch DataLoader"),
 ]
+SHARDS = DATA / "shards"
+NUM_SHARDS = 8
+TAR_PATTERN = f"{SHARDS}/train-{{000000..{NUM_SHARDS - 1:06d}}}.tar"
+TAR_SHUFFLE_BUFFER = 1000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,7 +174,7 @@ def measure(make_epoch, batch_len, epochs: int) -> dict:
     }
 
 
-def stoker_images(source=None):
+def stoker_images(source=None, **options):
     import stoker
 
     def make():
@@ -172,6 +185,7 @@ def stoker_images(source=None):
             transform=SPEC,
             num_workers=WORKERS,
             prefetch_factor=IMAGE_PREFETCH,
+            **options,
         )
         return lambda: iter(loader)
 
@@ -350,6 +364,45 @@ def torch_npy():
     return measure(make, lambda b: b[0].shape[0], NPY_EPOCHS)
 
 
+def stoker_tar_streaming():
+    return stoker_images(lambda: f"tar:{TAR_PATTERN}", shuffle_buffer=TAR_SHUFFLE_BUFFER)
+
+
+def stoker_tar_indexed():
+    return stoker_images(lambda: f"tar:{TAR_PATTERN}")
+
+
+def webdataset_torch():
+    """WebDataset's documented recipe: shards shuffled, a shuffle buffer, PIL decode and the
+    torchvision transforms in each of 2 worker processes, batched in the workers."""
+    import torch
+    import torchvision.transforms as T
+    import webdataset as wds
+
+    def make():
+        transform = T.Compose(
+            [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
+        )
+        dataset = (
+            wds.WebDataset(TAR_PATTERN, shardshuffle=NUM_SHARDS, empty_check=False)
+            .shuffle(TAR_SHUFFLE_BUFFER)
+            .decode("pil")
+            .to_tuple("jpg", "cls")
+            .map_tuple(transform, lambda c: c)
+            .batched(IMAGE_BATCH)
+        )
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=WORKERS,
+            persistent_workers=True,
+            prefetch_factor=IMAGE_PREFETCH,
+        )
+        return lambda: iter(loader)
+
+    return measure(make, lambda b: b[0].shape[0], IMAGE_EPOCHS)
+
+
 CHILDREN = {
     ("images", "stoker"): stoker_images,
     ("images", PY_DATASET): stoker_py_images,
@@ -359,6 +412,10 @@ CHILDREN = {
     ("npy", "stoker"): stoker_npy,
     ("npy", PY_DATASET): stoker_py_npy,
     ("npy", "torch DataLoader (mmap)"): torch_npy,
+    ("tar", "stoker"): stoker_tar_streaming,
+    ("tar", "stoker, tar indexed"): stoker_tar_indexed,
+    ("tar", "stoker, image_folder"): stoker_images,
+    ("tar", "webdataset + torch DataLoader"): webdataset_torch,
 }
 
 
@@ -375,6 +432,27 @@ def child(workload: str, name: str) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Parent side: data, limits, one subprocess per loader, the table.
+
+
+def make_shards() -> None:
+    """The photos as WebDataset shards, written by webdataset's own TarWriter (key, jpg, cls),
+    in a fixed shuffled order so that every shard holds every class."""
+    if (SHARDS / ".complete").exists():
+        return
+    import random
+
+    import webdataset as wds
+
+    classes = sorted(d.name for d in IMAGES.iterdir() if d.is_dir())
+    files = [(f, label) for label, c in enumerate(classes) for f in sorted((IMAGES / c).glob("*.JPEG"))]
+    random.Random(0).shuffle(files)
+    SHARDS.mkdir(parents=True, exist_ok=True)
+    per_shard = -(-len(files) // NUM_SHARDS)
+    for s in range(NUM_SHARDS):
+        with wds.TarWriter(str(SHARDS / f"train-{s:06d}.tar")) as sink:
+            for i, (f, label) in enumerate(files[s * per_shard : (s + 1) * per_shard]):
+                sink.write({"__key__": f"{s:06d}_{i:06d}", "jpg": f.read_bytes(), "cls": label})
+    (SHARDS / ".complete").touch()
 
 
 def make_npy() -> None:
@@ -462,7 +540,7 @@ def table(results: dict, limits: dict) -> str:
         f" {'peak PSS':>10}   stoker: speed  first batch   RSS   PSS"
     )
     lines = [head, "-" * len(head)]
-    for workload in ("images", "npy"):
+    for workload in dict.fromkeys(w for w, _ in results):
         ours = results[(workload, "stoker")]
         for (w, name), r in results.items():
             if w != workload:
@@ -506,20 +584,27 @@ def table(results: dict, limits: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "LOADER"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--workloads", default="images,npy,tar", help="comma-separated subset of images, npy, tar"
+    )
     args = parser.parse_args()
     if args.child:
         child(*args.child)
         return
     if not (IMAGES / ".complete").exists():
         raise SystemExit(f"{IMAGES} is missing: run bash bench/run.sh, which builds it")
+    workloads = [w for w in args.workloads.split(",") if w]
+    runs = [(w, n) for w, n in RUNS if w in workloads]
     make_npy()
+    if "tar" in workloads:
+        make_shards()
     print(f"{os.cpu_count()} cores; images: {sum(1 for _ in IMAGES.rglob('*.JPEG'))} JPEGs in {IMAGES}; "
           f"npy: {NPY_SHAPE} uint8", flush=True)
     results = {}
     baseline = run_child("-", BASELINE)
     memcpy = decode_only = 0.0
     for round_ in range(ROUNDS):
-        for workload, name in RUNS:
+        for workload, name in runs:
             print(f"round {round_ + 1}/{ROUNDS}: {workload}: {name} ...", flush=True)
             results[(workload, name)] = best(results.get((workload, name)), run_child(workload, name))
         memcpy = max(memcpy, memcpy_samples_per_s())
@@ -527,6 +612,7 @@ def main() -> None:
     limits = {
         "npy": ("memcpy, 1 thread", memcpy),
         "images": ("decode only, Pillow, 2 procs", decode_only),
+        "tar": ("decode only, Pillow, 2 procs", decode_only),
     }
     print()
     print(table(results, limits))

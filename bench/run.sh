@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The side-by-side benchmark in one command: stoker vs torch DataLoader, torchvision
-# decode_jpeg + transforms.v2 and NVIDIA DALI (CPU), on the same data in one run.
+# decode_jpeg + transforms.v2, NVIDIA DALI (CPU) and webdataset, on the same data in one run.
+# `bash bench/run.sh --workloads tar` runs a subset (images, npy, tar).
 # Idempotent: the venv (bench/.venv, several GB: torch, DALI), the photos and the data under
 # bench/.data are made once and reused. Takes about 2 minutes on 2 cores once installed.
 set -euo pipefail
@@ -9,7 +10,7 @@ cd "$(dirname "$0")/.."
 venv=bench/.venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q torch torchvision nvidia-dali-cuda130 pillow numpy psutil
+"$venv/bin/python" -m pip install -q torch torchvision nvidia-dali-cuda130 pillow numpy psutil webdataset
 # Builds libstoker with cargo (or bundles $STOKER_LIBRARY) into the package.
 "$venv/bin/python" -m pip install -q --force-reinstall --no-deps ./bindings/python
 
@@ -28,4 +29,4 @@ if [ ! -e "$images/.complete" ]; then
   "$venv/bin/python" bench/make_imagenet_like.py "$images" "$photos"/usr/share/backgrounds/mate/nature/*.jpg
 fi
 
-"$venv/bin/python" bench/compare.py
+"$venv/bin/python" bench/compare.py "$@"
