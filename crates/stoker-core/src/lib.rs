@@ -23,6 +23,7 @@ pub mod launch;
 pub mod loader;
 pub mod memory;
 pub mod options;
+pub mod pack;
 pub mod pool;
 pub mod resume;
 pub mod rng;

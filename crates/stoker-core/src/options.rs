@@ -307,10 +307,15 @@ impl LoaderOptions {
                         return Err(Error::option(key, "the shard pattern is empty"));
                     }
                     SourceSpec::Tar(p.to_owned())
+                } else if let Some(p) = v.strip_prefix("packed:") {
+                    if p.is_empty() {
+                        return Err(Error::option(key, "the packed path is empty"));
+                    }
+                    SourceSpec::Packed(p.to_owned())
                 } else {
                     return Err(Error::option(
                         key,
-                        format!("`{v}` is not a source; expected npy:PATH, image_folder:ROOT or tar:PATTERN"),
+                        format!("`{v}` is not a source; expected npy:PATH, image_folder:ROOT, tar:PATTERN or packed:PATH"),
                     ));
                 })
             }

@@ -9,6 +9,7 @@ mod image_folder;
 mod iterable;
 mod memory;
 mod npy;
+pub mod packed;
 pub mod streaming;
 pub mod tar;
 
@@ -19,6 +20,7 @@ pub(crate) use iterable::IterableStream;
 pub use iterable::{IterableSource, SampleStream, StreamInfo};
 pub use memory::MemorySource;
 pub use npy::{npy_bytes, npy_descr, npy_header, write_npy, NpyArray, NpySource};
+pub use packed::PackedSource;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -145,6 +147,9 @@ pub enum SourceSpec {
     Callback { len: usize, read: Arc<ReadFn> },
     /// `tar:PATTERN`: WebDataset shards, indexed (`shuffle_buffer=0`) or streamed.
     Tar(String),
+    /// `packed:PATH`: stoker's packed format (a file, a dataset directory or index, or a
+    /// pattern of shard files).
+    Packed(String),
     /// The user's stream of samples with no length (see [`IterableSource`]); the fields are
     /// learnt from the first sample when the loader is made.
     Iterable(Arc<dyn IterableSource>),
@@ -158,6 +163,7 @@ impl std::fmt::Debug for SourceSpec {
             SourceSpec::Custom(s) => write!(f, "custom source of {} samples", s.len()),
             SourceSpec::Callback { len, .. } => write!(f, "callback source of {len} samples"),
             SourceSpec::Tar(pattern) => write!(f, "tar:{pattern}"),
+            SourceSpec::Packed(path) => write!(f, "packed:{path}"),
             SourceSpec::Iterable(_) => f.write_str("iterable source"),
         }
     }
@@ -189,6 +195,7 @@ impl SourceSpec {
                     ..TarConfig::default()
                 },
             )?),
+            SourceSpec::Packed(path) => Arc::new(PackedSource::open(path)?),
             SourceSpec::Iterable(_) => {
                 return Err(Error::InvalidArgument(
                     "an iterable source is a stream, not a map-style source".into(),

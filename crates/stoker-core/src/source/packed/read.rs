@@ -1,0 +1,320 @@
+//! Reading packed files: one read-only memory map per shard, shared by every worker; a field's
+//! bytes are a view into it. Opening checks each shard's magic, version, size and checksum and
+//! fails naming the file and what differs; reading a sample checks its entries against the data
+//! region and the CRC-32 of its bytes, so a corrupt sample is that sample's error (replaced
+//! under `on_error=skip`), never a wrong batch.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::{Advice, Mmap};
+use rayon::prelude::*;
+
+use super::format::{
+    checksum, decode_schema, Entry, Header, ImageMode, PackedField, PackedKind, HEADER_BYTES,
+    MAX_SCHEMA_BYTES,
+};
+use super::index::{resolve, ShardListing};
+use crate::error::{Error, Result};
+use crate::source::{FieldSpec, Sample, Source};
+
+/// One packed file, mapped and checked.
+pub struct PackedFile {
+    path: PathBuf,
+    map: Mmap,
+    header: Header,
+    fields: Vec<PackedField>,
+    /// The metadata table: `num_samples × num_fields` entries.
+    table_at: usize,
+}
+
+impl PackedFile {
+    /// Maps `path` and checks its header, schema, size and checksum.
+    pub fn open(path: &Path) -> Result<PackedFile> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+        if !meta.is_file() {
+            return Err(Error::io(path, "not a regular file"));
+        }
+        // SAFETY: the mapping is read-only. Like every mmap-based reader we rely on the file not
+        // being truncated while it is mapped; its size is checked against the header here, and
+        // every range read later is checked against the mapped length.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let bad = |reason: String| Error::format(path, reason);
+        let header = Header::decode(&map).map_err(bad)?;
+        let size = map.len() as u64;
+        let table_len = header
+            .table_len()
+            .ok_or_else(|| bad("the header's sample and field counts overflow".into()))?;
+        if header.schema_len > MAX_SCHEMA_BYTES {
+            return Err(bad(format!(
+                "the header declares a {}-byte schema (at most {MAX_SCHEMA_BYTES})",
+                header.schema_len
+            )));
+        }
+        let expected = header.table_offset.checked_add(table_len);
+        if expected != Some(size) {
+            return Err(bad(match expected {
+                Some(e) if e > size => format!(
+                    "truncated: the header says the file has {e} bytes ({} samples), it has {size}",
+                    header.num_samples
+                ),
+                Some(e) => format!(
+                    "{} bytes after the table: the header says the file has {e} bytes, it has {size}",
+                    size - e
+                ),
+                None => "the header's table offset overflows".into(),
+            }));
+        }
+        let schema_end = HEADER_BYTES as u64 + header.schema_len as u64;
+        let data_end = header.data_offset.checked_add(header.data_len);
+        if schema_end > header.data_offset
+            || data_end.is_none_or(|end| end > header.table_offset)
+            || header.page_size == 0
+        {
+            return Err(bad(format!(
+                "inconsistent header: schema ends at {schema_end}, data {}+{}, table at {}, page size {}",
+                header.data_offset, header.data_len, header.table_offset, header.page_size
+            )));
+        }
+        let schema = &map[HEADER_BYTES..schema_end as usize];
+        let table_at = header.table_offset as usize;
+        let table = &map[table_at..];
+        let computed = checksum(&header, schema, table);
+        if computed != header.checksum {
+            return Err(bad(format!(
+                "checksum mismatch: the header says {:08x}, the header, schema and table hash to {computed:08x} (the file is corrupt)",
+                header.checksum
+            )));
+        }
+        let fields = decode_schema(schema, header.num_fields as usize).map_err(bad)?;
+        Ok(PackedFile {
+            path: path.to_owned(),
+            map,
+            header,
+            fields,
+            table_at,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn fields(&self) -> &[PackedField] {
+        &self.fields
+    }
+
+    pub fn len(&self) -> usize {
+        self.header.num_samples as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The table entry of `field` of sample `i`.
+    pub fn entry(&self, i: usize, field: usize) -> Entry {
+        Entry::decode(&self.map[self.table_at..], i * self.fields.len() + field)
+    }
+
+    /// The page of the data region sample `i` starts in.
+    pub fn page_of(&self, i: usize) -> u64 {
+        let offset = self.entry(i, 0).offset;
+        offset.saturating_sub(self.header.data_offset) / self.header.page_size as u64
+    }
+
+    /// The bytes of `field` of sample `i`, checked against the data region and its CRC-32.
+    pub fn field_bytes(&self, i: usize, field: usize) -> std::result::Result<&[u8], String> {
+        let e = self.entry(i, field);
+        let data_end = self.header.data_offset + self.header.data_len;
+        let end = e.offset.checked_add(e.len);
+        if e.offset < self.header.data_offset || end.is_none_or(|end| end > data_end) {
+            return Err(format!(
+                "field `{}` at {}+{} lies outside the data region {}..{data_end}",
+                self.fields[field].name, e.offset, e.len, self.header.data_offset
+            ));
+        }
+        let bytes = &self.map[e.offset as usize..(e.offset + e.len) as usize];
+        let crc = crc32fast::hash(bytes);
+        if crc != e.crc {
+            return Err(format!(
+                "field `{}` is corrupt: its {} bytes at offset {} hash to {crc:08x}, the table says {:08x}",
+                self.fields[field].name, e.len, e.offset, e.crc
+            ));
+        }
+        if self.fields[field].kind == PackedKind::Image && ImageMode::from_code(e.mode).is_none() {
+            return Err(format!(
+                "field `{}`: unknown image mode {}",
+                self.fields[field].name, e.mode
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// Tells the kernel how the data will be read (`madvise`): random for a shuffled order
+    /// (no read-ahead wasted on neighbours), sequential for an in-order pass or page-window
+    /// shuffles (read-ahead of whole pages pays). Advice is a hint; failure is ignored.
+    pub fn advise(&self, sequential: bool) {
+        let advice = if sequential {
+            Advice::Sequential
+        } else {
+            Advice::Random
+        };
+        let _ = self.map.advise(advice);
+    }
+}
+
+/// A packed dataset (one file or the shards of an index) as a map-style source.
+pub struct PackedSource {
+    shards: Vec<PackedFile>,
+    /// Global index of each shard's first sample, then the total.
+    starts: Vec<usize>,
+    specs: Vec<FieldSpec>,
+    listing: ShardListing,
+}
+
+impl PackedSource {
+    /// Opens `path`: a packed file, a dataset directory or index file (`index.stkidx`), or a
+    /// pattern of shard files (`train-{00000..00009}.stkpack`, globs, comma lists).
+    pub fn open(path: &str) -> Result<PackedSource> {
+        let listing = resolve(path)?;
+        let opened: Vec<Result<PackedFile>> = listing
+            .shards
+            .par_iter()
+            .map(|s| PackedFile::open(&s.path))
+            .collect();
+        let mut shards = Vec::with_capacity(opened.len());
+        for (file, listed) in opened.into_iter().zip(&listing.shards) {
+            let file = file?;
+            listed.check(&file)?;
+            shards.push(file);
+        }
+        let first = shards
+            .first()
+            .ok_or_else(|| Error::InvalidArgument(format!("packed `{path}`: no shard")))?;
+        for shard in &shards[1..] {
+            if shard.fields != first.fields {
+                return Err(Error::format(
+                    shard.path(),
+                    format!(
+                        "its fields {:?} differ from those of {} ({:?})",
+                        shard.fields,
+                        first.path().display(),
+                        first.fields
+                    ),
+                ));
+            }
+        }
+        let specs = first.fields.iter().map(field_spec).collect();
+        let mut starts = Vec::with_capacity(shards.len() + 1);
+        let mut total = 0usize;
+        for shard in &shards {
+            starts.push(total);
+            total += shard.len();
+        }
+        starts.push(total);
+        Ok(PackedSource {
+            shards,
+            starts,
+            specs,
+            listing,
+        })
+    }
+
+    /// The shard and the position in it of sample `index`.
+    pub fn locate(&self, index: usize) -> (usize, usize) {
+        let shard = self.starts.partition_point(|&s| s <= index) - 1;
+        (shard, index - self.starts[shard])
+    }
+
+    pub fn shards(&self) -> &[PackedFile] {
+        &self.shards
+    }
+
+    /// Global index of each shard's first sample, then the number of samples.
+    pub fn shard_starts(&self) -> &[usize] {
+        &self.starts
+    }
+
+    /// The global data page of each sample: shard pages are numbered one shard after another.
+    /// `order=quasi_random` shuffles within windows of these.
+    pub fn pages(&self) -> Vec<u64> {
+        let mut pages = Vec::with_capacity(self.len());
+        let mut base = 0u64;
+        for shard in &self.shards {
+            let mut last = 0;
+            for i in 0..shard.len() {
+                last = shard.page_of(i);
+                pages.push(base + last);
+            }
+            base += last + 1;
+        }
+        pages
+    }
+
+    /// madvise every shard for the order it will be read in (see [`PackedFile::advise`]).
+    pub fn advise(&self, sequential: bool) {
+        for shard in &self.shards {
+            shard.advise(sequential);
+        }
+    }
+
+    /// The stored size of image `field` of sample `index` (from the metadata table).
+    pub fn image_size(&self, index: usize, field: usize) -> (u32, u32) {
+        let (s, i) = self.locate(index);
+        let e = self.shards[s].entry(i, field);
+        (e.width, e.height)
+    }
+}
+
+fn field_spec(f: &PackedField) -> FieldSpec {
+    match f.kind {
+        PackedKind::Image => FieldSpec::encoded_image(&f.name),
+        PackedKind::Tensor => FieldSpec::tensor(&f.name, f.dtype, &f.dims),
+        PackedKind::Ragged | PackedKind::Bytes => FieldSpec::ragged(&f.name, f.dtype, &f.dims),
+    }
+}
+
+impl Source for PackedSource {
+    fn len(&self) -> usize {
+        self.starts[self.starts.len() - 1]
+    }
+
+    fn fields(&self) -> &[FieldSpec] {
+        &self.specs
+    }
+
+    fn describe(&self, index: usize) -> String {
+        let (s, i) = self.locate(index);
+        format!("packed {} sample {i}", self.shards[s].path().display())
+    }
+
+    fn identity(&self) -> String {
+        format!(
+            "packed {} samples of {:?} in shards {}",
+            self.len(),
+            self.specs,
+            self.listing.identity()
+        )
+    }
+
+    fn read<'a>(&'a self, index: usize, _scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+        let (s, i) = self.locate(index);
+        let shard = &self.shards[s];
+        let mut sample = Sample::default();
+        for f in 0..self.specs.len() {
+            let bytes = shard.field_bytes(i, f).map_err(|reason| Error::Sample {
+                index: index as u64,
+                what: self.describe(index),
+                reason,
+            })?;
+            sample.set(f, bytes);
+        }
+        Ok(sample)
+    }
+}
