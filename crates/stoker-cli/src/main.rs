@@ -1,9 +1,10 @@
-//! The `stoker` command: a demo of the loader, side-by-side benchmarks, and `doctor`.
+//! The `stoker` command: a demo of the loader, side-by-side benchmarks, `doctor` and `pack`.
 
 mod args;
 mod bench;
 mod demo;
 mod doctor;
+mod pack;
 mod photos;
 mod report;
 
@@ -21,6 +22,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Npy(args)) => bench::npy(args),
         Command::Bench(BenchCommand::Images(args)) => bench::images(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Pack(args) => pack::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,6 +14,7 @@ use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
@@ -22,6 +23,7 @@ use rayon::prelude::*;
 use crate::decode::{decode_rgb, dimensions, raw_header, raw_pixels, DecodeBuffers, Dims, Format};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::options::LoaderOptions;
 use crate::source::packed::format::{
     align_up, checksum, encode_schema, Entry, Header, ImageMode, PackedField, PackedKind,
     DEFAULT_PAGE_SIZE, HEADER_BYTES, RECORD_ALIGN, VERSION,
@@ -595,4 +597,39 @@ impl ShardWriter {
         std::fs::rename(&tmp, &self.path).map_err(|e| Error::io(&self.path, e))?;
         Ok((self.path, self.samples, size))
     }
+}
+
+/// Opens the map-style source `spec` names (`image_folder:ROOT`, `tar:PATTERN` of local
+/// shards, `npy:PATH`, `packed:PATH`) for packing.
+pub fn open_source(spec: &str) -> Result<Arc<dyn Source>> {
+    let mut options = LoaderOptions::new();
+    options.set("source", spec)?;
+    let spec = options
+        .source()
+        .ok_or_else(|| Error::option("source", "required"))?;
+    // Ragged fields (tar `txt` members, say) are packed as they are; padding is the loader's.
+    spec.open(None, true)
+}
+
+/// Packs the source `spec` names into `out` (see [`pack`]).
+pub fn pack_spec(
+    spec: &str,
+    out: &Path,
+    options: &PackOptions,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<PackReport> {
+    let source = open_source(spec)?;
+    pack(&*source, out, options, progress)
+}
+
+/// A byte size as people write it (`512MiB`, `2GB`, `1000000`), for `shard_size`.
+pub fn parse_size(key: &str, v: &str) -> Result<u64> {
+    let bytes: bytesize::ByteSize = v
+        .trim()
+        .parse()
+        .map_err(|e| Error::option(key, format!("`{v}` is not a size such as 512MiB: {e}")))?;
+    if bytes.as_u64() == 0 {
+        return Err(Error::option(key, "must be more than 0 bytes"));
+    }
+    Ok(bytes.as_u64())
 }
