@@ -42,7 +42,7 @@ pub use dtype::{DType, Layout};
 pub use error::{panic_message, Error, ErrorKind, Result};
 pub use launch::{Launch, Launcher};
 pub use loader::{EpochIter, Loader};
-pub use options::{Device, LoaderOptions, OnError};
+pub use options::{Device, LoaderOptions, OnError, Order};
 pub use resume::ResumeState;
 pub use sampler::{BatchPlan, Deal, Sampler, SamplerKind};
 pub use source::{

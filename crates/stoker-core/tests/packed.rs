@@ -392,3 +392,83 @@ fn a_corrupt_sample_is_that_samples_error_or_skipped() {
     let b = l.next().unwrap().unwrap();
     assert_eq!((b.len(), b.skipped()), (6, 1));
 }
+
+fn labels(b: &Batch) -> Vec<i64> {
+    b.field_by_name("label")
+        .unwrap()
+        .data
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn quasi_random_order_covers_the_epoch_and_resumes() {
+    let dir = tmp("quasi");
+    let out = dir.join("d.stkpack");
+    // Raw images of at most 20x20: a few samples per 4 KiB page, many pages.
+    let opts = PackOptions {
+        mode: PackMode::Raw,
+        max_side: Some(20),
+        ..small_pages()
+    };
+    pack(&*dataset(60), &out, &opts, &no_progress).unwrap();
+    let spec = format!("packed:{}", out.display());
+    let kv = [
+        ("batch_size", "8"),
+        ("shuffle", "true"),
+        ("order", "quasi_random"),
+        ("seed", "3"),
+        ("pad", "0"),
+        ("num_workers", "2"),
+        ("transform", "resize(8) | center_crop(8)"),
+    ];
+    let run = |kv: &[(&str, &str)]| {
+        let mut l = loader(&spec, kv).unwrap();
+        let mut got = Vec::new();
+        while let Some(b) = l.next().unwrap() {
+            got.extend(labels(&b));
+        }
+        got
+    };
+    let order = run(&kv);
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..60).map(|i| i * 10).collect::<Vec<i64>>());
+    assert_ne!(order, sorted, "shuffled");
+    assert_eq!(order, run(&kv), "deterministic");
+
+    let mut l = loader(&spec, &kv).unwrap();
+    let mut got = labels(&l.next().unwrap().unwrap());
+    let state = l.save_state();
+    let mut kv2 = kv.to_vec();
+    kv2.push(("resume_state", &state));
+    let mut resumed = loader(&spec, &kv2).unwrap();
+    while let Some(b) = resumed.next().unwrap() {
+        got.extend(labels(&b));
+    }
+    assert_eq!(got, order, "resumed mid-epoch");
+
+    // quasi_random shuffles, and needs page-organised data.
+    let e = loader(
+        &spec,
+        &[
+            ("order", "quasi_random"),
+            ("pad", "0"),
+            ("transform", "resize(8) | center_crop(8)"),
+        ],
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("shuffle=true"), "{e}");
+    let npy = dir.join("x.npy");
+    stoker_core::source::write_npy(&npy, DType::U8, &[4, 2], &[0; 8]).unwrap();
+    let e = loader(
+        &format!("npy:{}", npy.display()),
+        &[("order", "quasi_random"), ("shuffle", "true")],
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("packed"), "{e}");
+}

@@ -106,6 +106,17 @@ impl<'a> Sample<'a> {
     }
 }
 
+/// How an epoch reads a source, for read-ahead hints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// In index order.
+    Sequential,
+    /// Uniformly shuffled: read-ahead would fetch neighbours that are not needed soon.
+    Random,
+    /// Page windows (`order=quasi_random`): whole pages are read, in a shuffled order.
+    PageWindows,
+}
+
 /// A map-style dataset (PyTorch's `Dataset.__getitem__`).
 pub trait Source: Send + Sync {
     /// Number of samples.
@@ -127,6 +138,16 @@ pub trait Source: Send + Sync {
     fn identity(&self) -> String {
         format!("{} samples of {:?}", self.len(), self.fields())
     }
+
+    /// The data page each sample starts in (non-decreasing), for `order=quasi_random`; `None`
+    /// for sources that are not page-organised.
+    fn pages(&self) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// How the loader will read the source (a hint a memory-mapped source passes to the
+    /// kernel); the default ignores it.
+    fn advise(&self, _access: Access) {}
 
     /// Reads sample `index` (`< len()`). Field bytes may borrow from the source (a memory map)
     /// or from `scratch`, a buffer the calling worker reuses for every sample it reads.

@@ -16,7 +16,7 @@ use super::format::{
 };
 use super::index::{resolve, ShardListing};
 use crate::error::{Error, Result};
-use crate::source::{FieldSpec, Sample, Source};
+use crate::source::{Access, FieldSpec, Sample, Source};
 
 /// One packed file, mapped and checked.
 pub struct PackedFile {
@@ -156,14 +156,15 @@ impl PackedFile {
         Ok(bytes)
     }
 
-    /// Tells the kernel how the data will be read (`madvise`): random for a shuffled order
-    /// (no read-ahead wasted on neighbours), sequential for an in-order pass or page-window
-    /// shuffles (read-ahead of whole pages pays). Advice is a hint; failure is ignored.
-    pub fn advise(&self, sequential: bool) {
-        let advice = if sequential {
-            Advice::Sequential
-        } else {
-            Advice::Random
+    /// Tells the kernel how the data will be read (`madvise`): sequential for an in-order pass
+    /// (aggressive read-ahead), random for a uniform shuffle (no read-ahead wasted on
+    /// neighbours), normal for page windows (the default read-ahead fetches the rest of a page
+    /// whose samples are all read soon). Advice is a hint; failure changes nothing else.
+    pub fn advise(&self, access: Access) {
+        let advice = match access {
+            Access::Sequential => Advice::Sequential,
+            Access::Random => Advice::Random,
+            Access::PageWindows => Advice::Normal,
         };
         let _ = self.map.advise(advice);
     }
@@ -243,7 +244,7 @@ impl PackedSource {
 
     /// The global data page of each sample: shard pages are numbered one shard after another.
     /// `order=quasi_random` shuffles within windows of these.
-    pub fn pages(&self) -> Vec<u64> {
+    pub fn global_pages(&self) -> Vec<u64> {
         let mut pages = Vec::with_capacity(self.len());
         let mut base = 0u64;
         for shard in &self.shards {
@@ -255,13 +256,6 @@ impl PackedSource {
             base += last + 1;
         }
         pages
-    }
-
-    /// madvise every shard for the order it will be read in (see [`PackedFile::advise`]).
-    pub fn advise(&self, sequential: bool) {
-        for shard in &self.shards {
-            shard.advise(sequential);
-        }
     }
 
     /// The stored size of image `field` of sample `index` (from the metadata table).
@@ -301,6 +295,16 @@ impl Source for PackedSource {
             self.specs,
             self.listing.identity()
         )
+    }
+
+    fn pages(&self) -> Option<Vec<u64>> {
+        Some(self.global_pages())
+    }
+
+    fn advise(&self, access: Access) {
+        for shard in &self.shards {
+            shard.advise(access);
+        }
     }
 
     fn read<'a>(&'a self, index: usize, _scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
