@@ -801,6 +801,40 @@ enum stoker_status stoker_batch_synchronize(struct stoker_batch *b);
  */
 void stoker_batch_release(struct stoker_batch *b);
 
+/**
+ * Packs the source `src` (a source spec: `image_folder:ROOT`, `tar:PATTERN`, `npy:PATH`,
+ * `packed:PATH`) into `out`, read back with `source=packed:OUT`.
+ *
+ * - `max_side`: images with a longer side are shrunk to it (aspect kept); 0 keeps every size.
+ * - `quality`: JPEG quality of re-encoded images, 1 to 100 (90 is `stoker pack`'s default).
+ * - `mode`: `"jpeg"` (kept, or re-encoded when shrunk), `"raw"` (RGB8 pixels, never decoded
+ *   when read) or `"smart"` (raw for images of at most 256x256 pixels, else jpeg); NULL is
+ *   `"jpeg"`.
+ * - `shard_size`: start a new shard file past this many bytes of data; 0 writes one file.
+ * - `shard_index`, `num_shards`: pack only slice `shard_index` of `num_shards` contiguous
+ *   slices (packing on many machines; then `stoker_pack_merge(out)`); `num_shards` 0 packs the
+ *   whole source.
+ *
+ * With `shard_size` or `num_shards` set, `out` is a directory. Files appear atomically
+ * (written under a temporary name, then renamed); the bytes are the same for the same input
+ * and options. Uses every core (rayon). Blocking; thread-safe.
+ */
+enum stoker_status stoker_pack(const char *src,
+                               const char *out,
+                               uint32_t max_side,
+                               uint32_t quality,
+                               const char *mode,
+                               uint64_t shard_size,
+                               uint32_t shard_index,
+                               uint32_t num_shards);
+
+/**
+ * Writes the index of the slices packed into the directory `out` by separate `stoker_pack`
+ * calls (every slice must be there; all shards must have the same fields), as
+ * `stoker pack --merge OUT`.
+ */
+enum stoker_status stoker_pack_merge(const char *out);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus
