@@ -11,4 +11,4 @@ pub mod read;
 
 pub use format::{ImageMode, PackedField, PackedKind};
 pub use index::{IndexEntry, INDEX_NAME};
-pub use read::{PackedFile, PackedSource};
+pub use read::{Layout, PackedFile, PackedSource};

@@ -18,43 +18,34 @@ use super::index::{resolve, ShardListing};
 use crate::error::{Error, Result};
 use crate::source::{Access, FieldSpec, Sample, Source};
 
-/// One packed file, mapped and checked.
-pub struct PackedFile {
-    path: PathBuf,
-    map: Mmap,
+/// What a packed file's header, schema and table say, checked against its bytes: the checks of
+/// the reader at open and per field, on any byte slice (a memory map, or a fuzzer's input).
+#[derive(Clone, Debug)]
+pub struct Layout {
     header: Header,
     fields: Vec<PackedField>,
-    /// The metadata table: `num_samples × num_fields` entries.
+    /// Where the metadata table starts: `num_samples × num_fields` entries to the end.
     table_at: usize,
 }
 
-impl PackedFile {
-    /// Maps `path` and checks its header, schema, size and checksum.
-    pub fn open(path: &Path) -> Result<PackedFile> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-        if !meta.is_file() {
-            return Err(Error::io(path, "not a regular file"));
-        }
-        // SAFETY: the mapping is read-only. Like every mmap-based reader we rely on the file not
-        // being truncated while it is mapped; its size is checked against the header here, and
-        // every range read later is checked against the mapped length.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        let bad = |reason: String| Error::format(path, reason);
-        let header = Header::decode(&map).map_err(bad)?;
-        let size = map.len() as u64;
+impl Layout {
+    /// Checks the header, size, offsets, checksum and schema of a whole file's `bytes`. Errors
+    /// say what differs, without the file name (the caller adds it).
+    pub fn parse(bytes: &[u8]) -> std::result::Result<Layout, String> {
+        let header = Header::decode(bytes)?;
+        let size = bytes.len() as u64;
         let table_len = header
             .table_len()
-            .ok_or_else(|| bad("the header's sample and field counts overflow".into()))?;
+            .ok_or_else(|| "the header's sample and field counts overflow".to_string())?;
         if header.schema_len > MAX_SCHEMA_BYTES {
-            return Err(bad(format!(
+            return Err(format!(
                 "the header declares a {}-byte schema (at most {MAX_SCHEMA_BYTES})",
                 header.schema_len
-            )));
+            ));
         }
         let expected = header.table_offset.checked_add(table_len);
         if expected != Some(size) {
-            return Err(bad(match expected {
+            return Err(match expected {
                 Some(e) if e > size => format!(
                     "truncated: the header says the file has {e} bytes ({} samples), it has {size}",
                     header.num_samples
@@ -64,7 +55,7 @@ impl PackedFile {
                     size - e
                 ),
                 None => "the header's table offset overflows".into(),
-            }));
+            });
         }
         let schema_end = HEADER_BYTES as u64 + header.schema_len as u64;
         let data_end = header.data_offset.checked_add(header.data_len);
@@ -72,33 +63,26 @@ impl PackedFile {
             || data_end.is_none_or(|end| end > header.table_offset)
             || header.page_size == 0
         {
-            return Err(bad(format!(
+            return Err(format!(
                 "inconsistent header: schema ends at {schema_end}, data {}+{}, table at {}, page size {}",
                 header.data_offset, header.data_len, header.table_offset, header.page_size
-            )));
+            ));
         }
-        let schema = &map[HEADER_BYTES..schema_end as usize];
+        let schema = &bytes[HEADER_BYTES..schema_end as usize];
         let table_at = header.table_offset as usize;
-        let table = &map[table_at..];
-        let computed = checksum(&header, schema, table);
+        let computed = checksum(&header, schema, &bytes[table_at..]);
         if computed != header.checksum {
-            return Err(bad(format!(
+            return Err(format!(
                 "checksum mismatch: the header says {:08x}, the header, schema and table hash to {computed:08x} (the file is corrupt)",
                 header.checksum
-            )));
+            ));
         }
-        let fields = decode_schema(schema, header.num_fields as usize).map_err(bad)?;
-        Ok(PackedFile {
-            path: path.to_owned(),
-            map,
+        let fields = decode_schema(schema, header.num_fields as usize)?;
+        Ok(Layout {
             header,
             fields,
             table_at,
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     pub fn header(&self) -> &Header {
@@ -117,20 +101,20 @@ impl PackedFile {
         self.len() == 0
     }
 
-    /// The table entry of `field` of sample `i`.
-    pub fn entry(&self, i: usize, field: usize) -> Entry {
-        Entry::decode(&self.map[self.table_at..], i * self.fields.len() + field)
+    /// The table entry of `field` of sample `i` (`i < len()`, `field < fields().len()`) in
+    /// the file's `bytes`.
+    pub fn entry(&self, bytes: &[u8], i: usize, field: usize) -> Entry {
+        Entry::decode(&bytes[self.table_at..], i * self.fields.len() + field)
     }
 
-    /// The page of the data region sample `i` starts in.
-    pub fn page_of(&self, i: usize) -> u64 {
-        let offset = self.entry(i, 0).offset;
-        offset.saturating_sub(self.header.data_offset) / self.header.page_size as u64
-    }
-
-    /// The bytes of `field` of sample `i`, checked against the data region and its CRC-32.
-    pub fn field_bytes(&self, i: usize, field: usize) -> std::result::Result<&[u8], String> {
-        let e = self.entry(i, field);
+    /// The bytes of `field` of sample `i`, checked against the data region and their CRC-32.
+    pub fn field_bytes<'a>(
+        &self,
+        bytes: &'a [u8],
+        i: usize,
+        field: usize,
+    ) -> std::result::Result<&'a [u8], String> {
+        let e = self.entry(bytes, i, field);
         let data_end = self.header.data_offset + self.header.data_len;
         let end = e.offset.checked_add(e.len);
         if e.offset < self.header.data_offset || end.is_none_or(|end| end > data_end) {
@@ -139,8 +123,8 @@ impl PackedFile {
                 self.fields[field].name, e.offset, e.len, self.header.data_offset
             ));
         }
-        let bytes = &self.map[e.offset as usize..(e.offset + e.len) as usize];
-        let crc = crc32fast::hash(bytes);
+        let stored = &bytes[e.offset as usize..(e.offset + e.len) as usize];
+        let crc = crc32fast::hash(stored);
         if crc != e.crc {
             return Err(format!(
                 "field `{}` is corrupt: its {} bytes at offset {} hash to {crc:08x}, the table says {:08x}",
@@ -153,7 +137,72 @@ impl PackedFile {
                 self.fields[field].name, e.mode
             ));
         }
-        Ok(bytes)
+        Ok(stored)
+    }
+}
+
+/// One packed file, mapped and checked.
+pub struct PackedFile {
+    path: PathBuf,
+    map: Mmap,
+    layout: Layout,
+}
+
+impl PackedFile {
+    /// Maps `path` and checks its header, schema, size and checksum ([`Layout::parse`]).
+    pub fn open(path: &Path) -> Result<PackedFile> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+        if !meta.is_file() {
+            return Err(Error::io(path, "not a regular file"));
+        }
+        // SAFETY: the mapping is read-only. Like every mmap-based reader we rely on the file not
+        // being truncated while it is mapped; its size is checked against the header here, and
+        // every range read later lies inside that size.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let layout = Layout::parse(&map).map_err(|reason| Error::format(path, reason))?;
+        Ok(PackedFile {
+            path: path.to_owned(),
+            map,
+            layout,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn header(&self) -> &Header {
+        self.layout.header()
+    }
+
+    pub fn fields(&self) -> &[PackedField] {
+        self.layout.fields()
+    }
+
+    pub fn len(&self) -> usize {
+        self.layout.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The table entry of `field` of sample `i`.
+    pub fn entry(&self, i: usize, field: usize) -> Entry {
+        self.layout.entry(&self.map, i, field)
+    }
+
+    /// The page of the data region sample `i` starts in.
+    pub fn page_of(&self, i: usize) -> u64 {
+        let header = self.layout.header();
+        let offset = self.entry(i, 0).offset;
+        offset.saturating_sub(header.data_offset) / header.page_size as u64
+    }
+
+    /// The bytes of `field` of sample `i`, checked against the data region and its CRC-32.
+    pub fn field_bytes(&self, i: usize, field: usize) -> std::result::Result<&[u8], String> {
+        self.layout.field_bytes(&self.map, i, field)
     }
 
     /// Tells the kernel how the data will be read (`madvise`): sequential for an in-order pass
@@ -199,19 +248,19 @@ impl PackedSource {
             .first()
             .ok_or_else(|| Error::InvalidArgument(format!("packed `{path}`: no shard")))?;
         for shard in &shards[1..] {
-            if shard.fields != first.fields {
+            if shard.fields() != first.fields() {
                 return Err(Error::format(
                     shard.path(),
                     format!(
                         "its fields {:?} differ from those of {} ({:?})",
-                        shard.fields,
+                        shard.fields(),
                         first.path().display(),
-                        first.fields
+                        first.fields()
                     ),
                 ));
             }
         }
-        let specs = first.fields.iter().map(field_spec).collect();
+        let specs = first.fields().iter().map(field_spec).collect();
         let mut starts = Vec::with_capacity(shards.len() + 1);
         let mut total = 0usize;
         for shard in &shards {
