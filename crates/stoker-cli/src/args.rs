@@ -49,6 +49,9 @@ pub(crate) enum BenchCommand {
     /// The demo's pipeline beside decode-only throughput on the same files, measured in the
     /// same run.
     Images(ImagesArgs),
+    /// The pipeline on the same photographs as a folder of JPEGs and packed three ways
+    /// (original JPEGs, shrunk to --max-side, shrunk and raw), with each pack's speed.
+    Packed(PackedBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -138,6 +141,31 @@ pub(crate) struct PackArgs {
     /// The number of slices the source is split into (see --shard-index).
     #[arg(long, value_name = "N", requires = "shard_index")]
     pub(crate) num_shards: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PackedBenchArgs {
+    /// A folder of class subfolders of JPEGs (default: an ImageNet-like folder of real
+    /// photographs in the cache directory).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// Measured epochs per round (one more runs first, to warm up).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) epochs: usize,
+    /// Rounds over the four sources; each keeps its best.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub(crate) rounds: usize,
+    /// Samples per batch.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    /// The longer side of the shrunk packs.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub(crate) max_side: u32,
+    #[command(flatten)]
+    pub(crate) workers: Workers,
+    /// Images per class when building the default folder (250: 3,000 images).
+    #[arg(long, value_name = "N", default_value_t = 250)]
+    pub(crate) per_class: usize,
 }
 
 /// `--workers`, shared by every command that builds a loader.

@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod bench_packed;
 mod demo;
 mod doctor;
 mod pack;
@@ -21,6 +22,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Bench(BenchCommand::Npy(args)) => bench::npy(args),
         Command::Bench(BenchCommand::Images(args)) => bench::images(args),
+        Command::Bench(BenchCommand::Packed(args)) => bench_packed::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Pack(args) => pack::run(args),
     };
