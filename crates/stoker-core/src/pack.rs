@@ -201,6 +201,9 @@ pub fn pack(
         }
     }
     finish_into(shard, &mut report)?;
+    if directory {
+        remove_stale_shards(out, slice, of, report.files.len())?;
+    }
     if directory && of == 1 {
         report.index = Some(merge(out)?);
     }
@@ -212,6 +215,22 @@ fn finish_into(shard: ShardWriter, report: &mut PackReport) -> Result<()> {
     report.samples += samples;
     report.bytes += bytes;
     report.files.push(path);
+    Ok(())
+}
+
+/// Removes the shards `k ≥ written` of slice `slice` of `of` left in `dir` by an earlier pack
+/// that wrote more, so that a merge sees only this pack's.
+fn remove_stale_shards(dir: &Path, slice: usize, of: usize, written: usize) -> Result<()> {
+    let listing = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    for entry in listing.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some((i, n, k)) = parse_shard_name(&name) {
+            if (i, n) == (slice, of) && k >= written {
+                let path = dir.join(&name);
+                std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            }
+        }
+    }
     Ok(())
 }
 
@@ -493,7 +512,8 @@ fn resize(
 struct ShardWriter {
     path: PathBuf,
     tmp: PathBuf,
-    file: BufWriter<File>,
+    /// `None` once finished; a writer dropped unfinished (an error) removes its temporary file.
+    file: Option<BufWriter<File>>,
     schema_len: u32,
     schema: Vec<u8>,
     fields: usize,
@@ -521,7 +541,7 @@ impl ShardWriter {
         Ok(ShardWriter {
             path,
             tmp,
-            file,
+            file: Some(file),
             schema_len: schema.len() as u32,
             schema: schema.to_vec(),
             fields,
@@ -540,9 +560,9 @@ impl ShardWriter {
     fn append(&mut self, record: &Record) -> Result<()> {
         let start = align_up(self.pos, RECORD_ALIGN);
         let pad = [0u8; RECORD_ALIGN as usize];
-        self.file
-            .write_all(&pad[..(start - self.pos) as usize])
-            .and_then(|_| self.file.write_all(&record.bytes))
+        let file = self.file.as_mut().ok_or_else(|| finished(&self.tmp))?;
+        file.write_all(&pad[..(start - self.pos) as usize])
+            .and_then(|_| file.write_all(&record.bytes))
             .map_err(|e| Error::io(&self.tmp, e))?;
         debug_assert_eq!(record.fields.len(), self.fields);
         for &(at, len, width, height, mode) in &record.fields {
@@ -564,6 +584,7 @@ impl ShardWriter {
 
     /// Writes the table and the header, syncs and renames; returns the path, samples and size.
     fn finish(mut self) -> Result<(PathBuf, u64, u64)> {
+        let mut writer = self.file.take().ok_or_else(|| finished(&self.tmp))?;
         let table_offset = align_up(self.pos, 8);
         let mut header = Header {
             version: VERSION,
@@ -580,23 +601,40 @@ impl ShardWriter {
         let pad = [0u8; 8];
         let tmp = self.tmp.clone();
         let io = |e: std::io::Error| Error::io(&tmp, e);
-        self.file
+        let removing = |e: Error| {
+            let _ = std::fs::remove_file(&tmp);
+            e
+        };
+        writer
             .write_all(&pad[..(table_offset - self.pos) as usize])
-            .map_err(io)?;
-        self.file.write_all(&self.table).map_err(io)?;
-        self.file.seek(SeekFrom::Start(0)).map_err(io)?;
-        self.file.write_all(&header.encode()).map_err(io)?;
-        let file = self
-            .file
+            .and_then(|_| writer.write_all(&self.table))
+            .and_then(|_| writer.seek(SeekFrom::Start(0)))
+            .and_then(|_| writer.write_all(&header.encode()))
+            .map_err(|e| removing(io(e)))?;
+        let file = writer
             .into_inner()
-            .map_err(|e| Error::io(&tmp, e.error()))?;
+            .map_err(|e| removing(Error::io(&tmp, e.error())))?;
         let size = table_offset + self.table.len() as u64;
         // An empty shard's data region is a hole the writes never reached.
-        file.set_len(size).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| Error::io(&self.path, e))?;
-        Ok((self.path, self.samples, size))
+        file.set_len(size)
+            .and_then(|_| file.sync_all())
+            .map_err(|e| removing(io(e)))?;
+        std::fs::rename(&tmp, &self.path).map_err(|e| removing(Error::io(&self.path, e)))?;
+        Ok((self.path.clone(), self.samples, size))
     }
+}
+
+impl Drop for ShardWriter {
+    fn drop(&mut self) {
+        // Unfinished: packing failed part-way; leave no temporary file behind.
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+fn finished(tmp: &Path) -> Error {
+    Error::Internal(format!("{}: the shard was already finished", tmp.display()))
 }
 
 /// Opens the map-style source `spec` names (`image_folder:ROOT`, `tar:PATTERN` of local

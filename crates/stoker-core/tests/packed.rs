@@ -472,3 +472,45 @@ fn quasi_random_order_covers_the_epoch_and_resumes() {
     .unwrap();
     assert!(e.to_string().contains("packed"), "{e}");
 }
+
+#[test]
+fn a_bad_source_sample_fails_the_pack_naming_it_and_leaves_no_file() {
+    let dir = tmp("badsource");
+    let mut images: Vec<Vec<u8>> = (0..300).map(|i| jpeg(20, 20, i)).collect();
+    images[290] = b"not an image".to_vec();
+    let src = Arc::new(MemorySource::new().with_encoded_images("image", images).unwrap());
+    let e = pack(&*src, &dir.join("d.stkpack"), &small_pages(), &no_progress)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("sample 290") && e.contains("field `image`"), "{e}");
+    let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "nothing written, no temporary file: {left:?}");
+}
+
+#[test]
+fn repacking_a_directory_with_fewer_shards_removes_the_stale_ones() {
+    let dir = tmp("repack");
+    let src = dataset(30);
+    let out = dir.join("set");
+    let many = PackOptions {
+        shard_size: Some(2048),
+        ..small_pages()
+    };
+    let first = pack(&*src, &out, &many, &no_progress).unwrap();
+    assert!(first.files.len() > 2);
+    let one = PackOptions {
+        shard_size: Some(1 << 30),
+        ..small_pages()
+    };
+    let second = pack(&*src, &out, &one, &no_progress).unwrap();
+    assert_eq!(second.files.len(), 1);
+    let shards = fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".stkpack"))
+        .count();
+    assert_eq!(shards, 1);
+    let packed = PackedSource::open(out.to_str().unwrap()).unwrap();
+    assert_eq!(all_samples(&packed), all_samples(&*src));
+}
