@@ -153,7 +153,9 @@ pub fn pack(
     let schema = encode_schema(&fields);
     let (slice, of) = options.slice.unwrap_or((0, 1));
     let len = source.len();
-    let range = (slice * len / of)..((slice + 1) * len / of);
+    // Slice i is [i·len/of, (i+1)·len/of): contiguous, disjoint, covering, in order.
+    let bound = |i: usize| (i as u128 * len as u128 / of as u128) as usize;
+    let range = bound(slice)..bound(slice + 1);
     let total = range.len() as u64;
     let directory = options.writes_directory();
     if directory {

@@ -478,14 +478,28 @@ fn a_bad_source_sample_fails_the_pack_naming_it_and_leaves_no_file() {
     let dir = tmp("badsource");
     let mut images: Vec<Vec<u8>> = (0..300).map(|i| jpeg(20, 20, i)).collect();
     images[290] = b"not an image".to_vec();
-    let src = Arc::new(MemorySource::new().with_encoded_images("image", images).unwrap());
+    let src = Arc::new(
+        MemorySource::new()
+            .with_encoded_images("image", images)
+            .unwrap(),
+    );
     let e = pack(&*src, &dir.join("d.stkpack"), &small_pages(), &no_progress)
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("sample 290") && e.contains("field `image`"), "{e}");
-    let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert!(left.is_empty(), "nothing written, no temporary file: {left:?}");
+    assert!(
+        e.contains("sample 290") && e.contains("field `image`"),
+        "{e}"
+    );
+    let left: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "nothing written, no temporary file: {left:?}"
+    );
 }
 
 #[test]
