@@ -47,7 +47,7 @@ for t in "${targets[@]}"; do
   for f in "$fuzz_dir/seeds/$t"/*; do [ -f "$f" ] && seed "$f" "$fuzz_dir/corpus/$t"; done
 done
 for f in crates/stoker-core/tests/data/images/*.{jpg,png,JPEG}; do
-  [ -f "$f" ] && seed "$f" "$fuzz_dir/corpus/image_pipeline"
+  [ -f "$f" ] && [ -d "$fuzz_dir/corpus/image_pipeline" ] && seed "$f" "$fuzz_dir/corpus/image_pipeline"
 done
 for f in crates/stoker-core/tests/data/tar/*.tar; do
   [ -f "$f" ] && [ -d "$fuzz_dir/corpus/tar_members" ] && seed "$f" "$fuzz_dir/corpus/tar_members"
