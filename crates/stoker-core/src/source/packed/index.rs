@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! stoker-packed-index 1
-//! part-00000-of-00002-00000.stkpack	1200	52428800	1c2b3a4d
+//! part-00000-of-00002-00000.stkpack<TAB>1200<TAB>52428800<TAB>1c2b3a4d
 //! ```
 
 use std::path::{Path, PathBuf};
