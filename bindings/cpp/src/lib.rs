@@ -22,6 +22,9 @@ use stoker_core::{
     SampleStream, SourceSpec, StatsHandle, Stream, StreamInfo,
 };
 
+// `pack` takes the eight arguments of `stoker pack` (and `stoker_pack`) one by one, as C++
+// passes them; the bridge's generated shims would repeat the lint for each.
+#[allow(clippy::too_many_arguments)]
 #[cxx::bridge(namespace = "stoker::ffi")]
 mod ffi {
     /// One field of a batch, as `stoker_tensor` of the C ABI.
@@ -114,6 +117,21 @@ mod ffi {
         type LoaderCloser;
 
         fn version() -> &'static str;
+
+        /// Packs the source spec `src` into `out` (stoker's packed format; see `stoker_pack`).
+        /// Strings as bytes, as `set`; `max_side`, `shard_size` and `num_shards` 0 mean unset.
+        fn pack(
+            src: &[u8],
+            out: &[u8],
+            max_side: u32,
+            quality: u32,
+            mode: &[u8],
+            shard_size: u64,
+            shard_index: u32,
+            num_shards: u32,
+        ) -> Result<()>;
+        /// Writes the index of the slices packed into the directory `out`.
+        fn pack_merge(out: &[u8]) -> Result<()>;
 
         fn options_new() -> Box<OptionsHandle>;
         fn options_clone(options: &OptionsHandle) -> Box<OptionsHandle>;
@@ -244,6 +262,45 @@ fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, BridgeError> {
 
 fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
+}
+
+/// UTF-8 text of a bridge argument, or an INVALID_ARGUMENT error naming it.
+fn utf8<'a>(what: &str, bytes: &'a [u8]) -> Result<&'a str, BridgeError> {
+    std::str::from_utf8(bytes).map_err(|_| {
+        BridgeError::from(Error::InvalidArgument(format!("{what} is not valid UTF-8")))
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pack(
+    src: &[u8],
+    out: &[u8],
+    max_side: u32,
+    quality: u32,
+    mode: &[u8],
+    shard_size: u64,
+    shard_index: u32,
+    num_shards: u32,
+) -> Result<(), BridgeError> {
+    let (src, out, mode) = (utf8("src", src)?, utf8("out", out)?, utf8("mode", mode)?);
+    guard(|| {
+        let options = stoker_core::pack::PackOptions {
+            max_side: (max_side > 0).then_some(max_side),
+            quality: u8::try_from(quality)
+                .map_err(|_| Error::option("quality", "must be between 1 and 100"))?,
+            mode: mode.parse()?,
+            shard_size: (shard_size > 0).then_some(shard_size),
+            slice: (num_shards > 0).then_some((shard_index as usize, num_shards as usize)),
+            ..Default::default()
+        };
+        stoker_core::pack::pack_spec(src, std::path::Path::new(out), &options, &|_, _| {})
+            .map(|_| ())
+    })
+}
+
+fn pack_merge(out: &[u8]) -> Result<(), BridgeError> {
+    let out = utf8("out", out)?;
+    guard(|| stoker_core::pack::merge(std::path::Path::new(out)).map(|_| ()))
 }
 
 pub struct OptionsHandle(LoaderOptions);

@@ -856,3 +856,52 @@ TEST(CustomSource, EncodedJpegsGiveThePixelsOfImageFolder) {
   EXPECT_EQ(batches, 2);
   fs::remove_all(root);
 }
+
+// stoker::pack: the same photographs packed (kept, raw, in two merged slices) give the batches of
+// their image folder; a bad mode throws INVALID_ARGUMENT naming it.
+TEST(Pack, PackedPhotographsGiveTheBatchesOfTheirFolder) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("stoker-cxx-pack-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  for (const char* name : {"photo_baseline.jpg", "photo_gray.jpg", "photo_cmyk.jpg", "photo_progressive.jpg"}) {
+    fs::create_directories(root / "images" / "a");
+    fs::copy_file(fs::path(STOKER_IMAGE_FIXTURES) / name, root / "images" / "a" / name);
+  }
+  const std::string folder = "image_folder:" + (root / "images").string();
+  stoker::pack(folder, (root / "kept.stkpack").string());
+  stoker::PackOptions raw;
+  raw.mode = "raw";
+  stoker::pack(folder, (root / "raw.stkpack").string(), raw);
+  for (uint32_t i = 0; i < 2; ++i) {
+    stoker::PackOptions slice;
+    slice.shard_index = i;
+    slice.num_shards = 2;
+    stoker::pack(folder, (root / "sliced").string(), slice);
+  }
+  stoker::pack_merge((root / "sliced").string());
+
+  auto first_images = [](const std::string& source) {
+    stoker::Loader loader(stoker::Options().source(source).transform("random_resized_crop(40) | hflip | normalize(imagenet)")
+                              .batch_size(4).shuffle(true).seed(5).num_workers(2));
+    std::optional<stoker::Batch> batch = loader.next();
+    EXPECT_TRUE(batch.has_value());
+    const stoker::TensorView& x = batch->field("image");
+    const auto* p = static_cast<const uint8_t*>(x.data);
+    return std::vector<uint8_t>(p, p + x.nbytes());
+  };
+  const std::vector<uint8_t> want = first_images(folder);
+  EXPECT_EQ(first_images("packed:" + (root / "kept.stkpack").string()), want);
+  EXPECT_EQ(first_images("packed:" + (root / "raw.stkpack").string()), want);
+  EXPECT_EQ(first_images("packed:" + (root / "sliced").string()), want);
+
+  stoker::PackOptions bad;
+  bad.mode = "webp";
+  try {
+    stoker::pack(folder, (root / "bad.stkpack").string(), bad);
+    ADD_FAILURE() << "a bad mode must throw";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("webp"), std::string::npos) << e.what();
+  }
+  fs::remove_all(root);
+}

@@ -37,3 +37,12 @@ def resume(path: str, state: dict[str, str]) -> stoker.Batch | None:
         return None
     finally:
         loader.close()
+
+
+def pack_then_read(root: str, out: str) -> int:
+    stoker.pack(f"image_folder:{root}", out, max_side=256, quality=90, mode="raw")
+    for i in range(2):
+        stoker.pack(f"image_folder:{root}", f"{out}.d", shard_size=1 << 30, shard_index=i, num_shards=2)
+    stoker.pack_merge(f"{out}.d")
+    with stoker.Loader(f"packed:{out}", batch_size=4, order="quasi_random", shuffle=True) as loader:
+        return len(loader)

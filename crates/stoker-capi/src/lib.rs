@@ -9,7 +9,7 @@
 //!
 //! Layout: [`types`] holds the C-visible types, [`dlpack`] the DLPack 1.0 structs and exports,
 //! and one module per handle holds its functions ([`version`], [`options`], [`source`],
-//! [`iterable`], [`loader`], [`batch`]).
+//! [`iterable`], [`loader`], [`batch`]); [`pack`] writes stoker's packed format.
 
 // The C names (`stoker_status`, `STOKER_OK`, ...) are the contract, spelled as C spells them.
 #![allow(non_camel_case_types)]
@@ -38,6 +38,8 @@ pub mod iterable;
 pub mod loader;
 
 pub mod batch;
+
+pub mod pack;
 
 pub mod dlpack;
 

@@ -34,6 +34,11 @@ pub(crate) enum Command {
     /// Where the time goes: each stage measured alone and the whole pipeline, the bottleneck
     /// named, and the settings that fix it with the predicted throughput.
     Doctor(crate::doctor::DoctorArgs),
+    /// Packs a source into stoker's packed format (`source=packed:OUT`): images kept or shrunk
+    /// to --max-side and stored as JPEG or raw pixels, in page-aligned files with a per-sample
+    /// metadata table. `stoker pack --merge OUT` writes the index of slices packed separately
+    /// (--shard-index I --num-shards N on many machines).
+    Pack(PackArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -44,6 +49,9 @@ pub(crate) enum BenchCommand {
     /// The demo's pipeline beside decode-only throughput on the same files, measured in the
     /// same run.
     Images(ImagesArgs),
+    /// The pipeline on the same photographs as a folder of JPEGs and packed three ways
+    /// (original JPEGs, shrunk to --max-side, shrunk and raw), with each pack's speed.
+    Packed(PackedBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -101,6 +109,62 @@ pub(crate) struct ImagesArgs {
     pub(crate) workers: Workers,
     /// Images per class when building the default folder.
     #[arg(long, value_name = "N", default_value_t = 100)]
+    pub(crate) per_class: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PackArgs {
+    /// SRC OUT: any source spec (`image_folder:ROOT`, `tar:PATTERN`, `npy:PATH`,
+    /// `packed:PATH`) and the output (a file; a directory with --shard-size or --num-shards).
+    /// With --merge, only OUT.
+    #[arg(value_name = "SRC OUT", num_args = 1..=2, required = true)]
+    pub(crate) paths: Vec<String>,
+    /// Write the dataset index of the slices packed into OUT (every slice must be there).
+    #[arg(long)]
+    pub(crate) merge: bool,
+    /// Shrink images whose longer side exceeds N pixels to N (aspect kept).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_side: Option<u32>,
+    /// JPEG quality of re-encoded images (1-100).
+    #[arg(long, value_name = "Q", default_value_t = 90)]
+    pub(crate) quality: u8,
+    /// How images are stored: jpeg (kept, or re-encoded when shrunk), raw (RGB8 pixels, no
+    /// decoding when read) or smart (raw for images of at most 256x256 pixels, else jpeg).
+    #[arg(long, value_name = "MODE", default_value = "jpeg", value_parser = ["jpeg", "raw", "smart"])]
+    pub(crate) mode: String,
+    /// Start a new shard file past this much data (`512MiB`, `2GB`); OUT is then a directory.
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) shard_size: Option<String>,
+    /// Pack only slice I of --num-shards (0-based): contiguous slices, one per machine or job.
+    #[arg(long, value_name = "I", requires = "num_shards")]
+    pub(crate) shard_index: Option<usize>,
+    /// The number of slices the source is split into (see --shard-index).
+    #[arg(long, value_name = "N", requires = "shard_index")]
+    pub(crate) num_shards: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PackedBenchArgs {
+    /// A folder of class subfolders of JPEGs (default: an ImageNet-like folder of real
+    /// photographs in the cache directory).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// Measured epochs per round (one more runs first, to warm up).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) epochs: usize,
+    /// Rounds over the four sources; each keeps its best.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub(crate) rounds: usize,
+    /// Samples per batch.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    /// The longer side of the shrunk packs.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub(crate) max_side: u32,
+    #[command(flatten)]
+    pub(crate) workers: Workers,
+    /// Images per class when building the default folder (250: 3,000 images).
+    #[arg(long, value_name = "N", default_value_t = 250)]
     pub(crate) per_class: usize,
 }
 

@@ -1,9 +1,11 @@
-//! The `stoker` command: a demo of the loader, side-by-side benchmarks, and `doctor`.
+//! The `stoker` command: a demo of the loader, side-by-side benchmarks, `doctor` and `pack`.
 
 mod args;
 mod bench;
+mod bench_packed;
 mod demo;
 mod doctor;
+mod pack;
 mod photos;
 mod report;
 
@@ -20,7 +22,9 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Bench(BenchCommand::Npy(args)) => bench::npy(args),
         Command::Bench(BenchCommand::Images(args)) => bench::images(args),
+        Command::Bench(BenchCommand::Packed(args)) => bench_packed::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Pack(args) => pack::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -166,3 +166,76 @@ fn demo_output_is_plain_when_not_on_a_terminal() {
         "{stdout}"
     );
 }
+
+/// An image folder of `n` small JPEGs in two classes.
+fn two_class_folder(root: &Path, n: usize) {
+    for i in 0..n {
+        let class = root.join(if i % 2 == 0 { "cat" } else { "dog" });
+        std::fs::create_dir_all(&class).unwrap();
+        let (w, h) = (40 + (i % 4) as u16 * 30, 50);
+        let px: Vec<u8> = (0..w as usize * h as usize * 3)
+            .map(|k| (k * 7 + i * 31) as u8)
+            .collect();
+        let mut jpg = Vec::new();
+        jpeg_encoder::Encoder::new(&mut jpg, 90)
+            .encode(&px, w, h, jpeg_encoder::ColorType::Rgb)
+            .unwrap();
+        std::fs::write(class.join(format!("{i:03}.jpg")), jpg).unwrap();
+    }
+}
+
+#[test]
+fn pack_writes_the_same_bytes_twice_and_slices_merge_into_one_dataset() {
+    let dir = std::env::temp_dir().join(format!("stoker-cli-pack-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let root = dir.join("images");
+    two_class_folder(&root, 12);
+    let src = format!("image_folder:{}", root.display());
+    let one = |name: &str, extra: &[&str]| {
+        let out = dir.join(name);
+        let mut args = vec!["pack", &src, out.to_str().unwrap(), "--max-side", "64"];
+        args.extend_from_slice(extra);
+        let o = stoker(&args);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        assert!(text(&o.stdout).contains("packed"), "{}", text(&o.stdout));
+        out
+    };
+    let a = one("a.stkpack", &[]);
+    let b = one("b.stkpack", &[]);
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+
+    for i in ["0", "1"] {
+        let o = one("sliced", &["--shard-index", i, "--num-shards", "2"]);
+        assert!(o.is_dir());
+    }
+    let merged = stoker(&["pack", "--merge", dir.join("sliced").to_str().unwrap()]);
+    assert!(merged.status.success(), "{}", text(&merged.stderr));
+
+    use stoker_core::source::{PackedSource, Source};
+    let whole = PackedSource::open(a.to_str().unwrap()).unwrap();
+    let sliced = PackedSource::open(dir.join("sliced").to_str().unwrap()).unwrap();
+    assert_eq!(whole.len(), 12);
+    assert_eq!(sliced.len(), 12);
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    for i in 0..12 {
+        let (s, t) = (
+            whole.read(i, &mut x).unwrap(),
+            sliced.read(i, &mut y).unwrap(),
+        );
+        assert_eq!((s.get(0), s.get(1)), (t.get(0), t.get(1)), "sample {i}");
+    }
+
+    let bad = stoker(&[
+        "pack",
+        &src,
+        dir.join("c").to_str().unwrap(),
+        "--quality",
+        "0",
+    ]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("quality"),
+        "{}",
+        text(&bad.stderr)
+    );
+}

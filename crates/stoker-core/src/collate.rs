@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use crate::arena::Arena;
 use crate::batch::{Batch, FieldMeta};
-use crate::decode::{decode_rgb, DecodeBuffers};
+use crate::decode::{decode_rgb, raw_pixels, DecodeBuffers};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
@@ -640,13 +640,23 @@ fn write_image(
 ) -> std::result::Result<(), String> {
     let Pixels { decode, transform } = pixels;
     let start = Instant::now();
-    let decoded = decode_rgb(encoded, stages.max_pixels, decode);
+    // A raw-pixel record (packed `raw` mode) is read in place: no decode, no copy.
+    let (decoded, rgb) = match raw_pixels(encoded, stages.max_pixels) {
+        Some(raw) => match raw {
+            Ok((dims, rgb)) => (Ok(dims), rgb),
+            Err(reason) => (Err(reason), &[][..]),
+        },
+        None => (
+            decode_rgb(encoded, stages.max_pixels, decode),
+            &decode.rgb[..],
+        ),
+    };
     let mid = Instant::now();
     spans.push_ended(SpanKind::Stage(Stage::Decode), slot, index, start, mid);
     let dims = decoded?;
     let result = stages
         .pipeline
-        .apply(&decode.rgb, dims.width, dims.height, rng, out, transform);
+        .apply(rgb, dims.width, dims.height, rng, out, transform);
     spans.push(SpanKind::Stage(Stage::Transform), slot, index, mid);
     // Do not keep a rare huge image's buffers for the worker's lifetime.
     if decode.rgb.capacity() > KEEP_DECODE_BYTES {

@@ -9,6 +9,10 @@
 //! * PNG (zune-png): gray, gray+alpha, RGB, RGBA and palette images at any bit depth. Alpha is
 //!   dropped (not composited), like `convert("RGB")`; 16-bit samples keep their high byte.
 //!
+//! * Raw pixels: a record of packed RGB8 behind a 16-byte header ([`RAW_MAGIC`], width,
+//!   height, channels), as stoker's packed format stores images in `raw` mode. They need no
+//!   decoding: [`raw_pixels`] hands out a view that the transform reads in place.
+//!
 //! Bad input is an error, never a panic, a hang or an unbounded allocation: the header is read
 //! first and an image with more than `max_pixels` pixels is refused before any pixel buffer is
 //! allocated, and the decoder call runs under `catch_unwind` in case a decoder bug panics.
@@ -46,6 +50,54 @@ impl Format {
             None
         }
     }
+}
+
+/// The first bytes of a raw-pixel record: `b"STKR"`, then width, height and channels as
+/// little-endian u32, then `width * height * channels` bytes of packed RGB8 (channels is 3).
+pub const RAW_MAGIC: [u8; 4] = *b"STKR";
+/// Bytes of a raw-pixel record's header.
+pub const RAW_HEADER_BYTES: usize = 16;
+
+/// The header of a raw-pixel record of a `width × height` RGB8 image.
+pub fn raw_header(width: u32, height: u32) -> [u8; RAW_HEADER_BYTES] {
+    let mut b = [0u8; RAW_HEADER_BYTES];
+    b[0..4].copy_from_slice(&RAW_MAGIC);
+    b[4..8].copy_from_slice(&width.to_le_bytes());
+    b[8..12].copy_from_slice(&height.to_le_bytes());
+    b[12..16].copy_from_slice(&3u32.to_le_bytes());
+    b
+}
+
+/// The size and pixels of a raw-pixel record, or `None` if `bytes` is not one. A record whose
+/// header disagrees with its length, or that is over `max_pixels`, is an error.
+pub fn raw_pixels(bytes: &[u8], max_pixels: u64) -> Option<Result<(Dims, &[u8]), String>> {
+    if !bytes.starts_with(&RAW_MAGIC) {
+        return None;
+    }
+    let word = |at: usize| -> u32 {
+        bytes
+            .get(at..at + 4)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u32::from_le_bytes)
+    };
+    let (width, height, channels) = (word(4) as usize, word(8) as usize, word(12));
+    Some((|| {
+        if bytes.len() < RAW_HEADER_BYTES || channels != 3 {
+            return Err(format!(
+                "corrupt raw-pixel record ({} bytes, {channels} channels; expected a 16-byte header and 3 channels)",
+                bytes.len()
+            ));
+        }
+        let len = check_size(width, height, max_pixels)?;
+        let pixels = &bytes[RAW_HEADER_BYTES..];
+        if pixels.len() != len {
+            return Err(format!(
+                "corrupt raw-pixel record: {width}x{height}x3 needs {len} bytes, it has {}",
+                pixels.len()
+            ));
+        }
+        Ok((Dims { width, height }, pixels))
+    })())
 }
 
 /// Width and height of a decoded image, in pixels.

@@ -24,6 +24,7 @@ pub mod launch;
 pub mod loader;
 pub mod memory;
 pub mod options;
+pub mod pack;
 pub mod pool;
 pub mod resume;
 pub mod rng;
@@ -43,7 +44,7 @@ pub use dtype::{DType, Layout};
 pub use error::{panic_message, Error, ErrorKind, Result};
 pub use launch::{Launch, Launcher};
 pub use loader::{EpochIter, Loader};
-pub use options::{Device, LoaderOptions, OnError};
+pub use options::{Device, LoaderOptions, OnError, Order};
 pub use resume::ResumeState;
 pub use sampler::{BatchPlan, Deal, Sampler, SamplerKind};
 pub use source::{

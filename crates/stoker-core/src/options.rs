@@ -16,7 +16,7 @@ use crate::sampler::{Deal, SamplerKind};
 use crate::source::streaming::StreamSource;
 use crate::source::tar::{Split, TarConfig, TarSource, TarStream};
 pub use crate::source::SourceSpec;
-use crate::source::{FieldKind, FieldSpec, IterableStream, Source};
+use crate::source::{Access, FieldKind, FieldSpec, IterableStream, Source};
 use crate::transform::Pipeline;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -43,6 +43,21 @@ pub enum OnError {
     Raise,
     /// Replace the sample with a deterministic other one and count it in stats.
     Skip,
+}
+
+/// Pages per window of `order=quasi_random`: 64 MiB at the packed format's 2 MiB page, a
+/// small part of the page cache of any training machine.
+pub const QUASI_RANDOM_WINDOW_PAGES: usize = 32;
+
+/// The order a shuffled epoch reads samples in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Order {
+    /// A uniform permutation.
+    #[default]
+    Random,
+    /// A page-window shuffle of page-organised data (packed sources): see
+    /// [`SamplerKind::QuasiRandom`].
+    QuasiRandom,
 }
 
 /// Which sampler, when set explicitly in code; otherwise it follows from the option keys.
@@ -96,6 +111,7 @@ pub struct LoaderOptions {
     /// batch, and is never destroyed. `Some(0)` is the legacy default stream.
     pub(crate) cuda_stream: Option<usize>,
     pub(crate) on_error: OnError,
+    pub(crate) order: Order,
     /// Longest wait for one batch; 0 waits forever.
     pub(crate) timeout_ms: u64,
     pub(crate) resume_state: Option<String>,
@@ -145,6 +161,7 @@ impl Default for LoaderOptions {
             cuda_local: false,
             cuda_stream: None,
             on_error: OnError::Raise,
+            order: Order::Random,
             timeout_ms: 0,
             resume_state: None,
             pad: None,
@@ -173,7 +190,7 @@ pub struct OptionDoc {
 /// Every key [`LoaderOptions::set`] accepts.
 #[rustfmt::skip]
 pub const OPTIONS: &[OptionDoc] = &[
-    OptionDoc { key: "source", values: "`npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`", default: "required", meaning: "an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists; `.tar.gz` when streaming); custom, callback and iterable sources are set in code" },
+    OptionDoc { key: "source", values: "`npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`", default: "required", meaning: "an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards); custom, callback and iterable sources are set in code" },
     OptionDoc { key: "labels", values: "`npy:PATH`", default: "none", meaning: "integer labels for an npy source (field `label`, int64)" },
     OptionDoc { key: "batch_size", values: "integer 1..=16777216", default: "1", meaning: "samples per batch" },
     OptionDoc { key: "shuffle", values: "bool", default: "false", meaning: "a new permutation every epoch, a function of (seed, epoch) only" },
@@ -205,6 +222,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "autotune", values: "bool", default: "false", meaning: "live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace" },
     OptionDoc { key: "trace", values: "a file path", default: "none", meaning: "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped" },
     OptionDoc { key: "shuffle_buffer", values: "integer 0..=16777216", default: "0", meaning: "tar: 0 = indexed (random access, every sampler); N ≥ 1 = streaming: shards shuffled per (seed, epoch), split across ranks into equal runs, read sequentially through a seeded buffer of N samples; iterable sources: a buffer of N samples (0: stream order)" },
+    OptionDoc { key: "order", values: "`random`, `quasi_random`", default: "`random`", meaning: "with `shuffle=true`: `quasi_random` is a page-aware shuffle for packed data larger than RAM: pages shuffled, then samples shuffled within windows of 32 pages (64 MiB at the default page size); deterministic and resumable like `random`. The packed files are advised (`madvise`) for the order: sequential, random or read-ahead per page" },
     OptionDoc { key: "fields", values: "`EXT:NAME,...` (`jpg;png:image,cls:label,txt:caption`)", default: "image + label", meaning: "tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, anything else raw bytes (uint8, padded with 0, with `NAME_lengths`)" },
 ];
 
@@ -275,6 +293,10 @@ impl LoaderOptions {
         self.device
     }
 
+    pub fn order(&self) -> Order {
+        self.order
+    }
+
     pub fn on_error(&self) -> OnError {
         self.on_error
     }
@@ -307,10 +329,15 @@ impl LoaderOptions {
                         return Err(Error::option(key, "the shard pattern is empty"));
                     }
                     SourceSpec::Tar(p.to_owned())
+                } else if let Some(p) = v.strip_prefix("packed:") {
+                    if p.is_empty() {
+                        return Err(Error::option(key, "the packed path is empty"));
+                    }
+                    SourceSpec::Packed(p.to_owned())
                 } else {
                     return Err(Error::option(
                         key,
-                        format!("`{v}` is not a source; expected npy:PATH, image_folder:ROOT or tar:PATTERN"),
+                        format!("`{v}` is not a source; expected npy:PATH, image_folder:ROOT, tar:PATTERN or packed:PATH"),
                     ));
                 })
             }
@@ -395,6 +422,18 @@ impl LoaderOptions {
                         format!("`{v}` is not a stream address; expected a CUstream as decimal or 0x-prefixed hex"),
                     )
                 })?);
+            }
+            "order" => {
+                self.order = match v {
+                    "random" => Order::Random,
+                    "quasi_random" => Order::QuasiRandom,
+                    _ => {
+                        return Err(Error::option(
+                            key,
+                            format!("`{v}` is not an order; expected random or quasi_random"),
+                        ))
+                    }
+                }
             }
             "on_error" => {
                 self.on_error = match v {
@@ -497,6 +536,41 @@ impl LoaderOptions {
             world_size: launch.world_size,
             drop_last: self.shard_drop_last,
         }
+    }
+
+    /// The sampler of `source` these options select ([`sampler_kind`](Self::sampler_kind)),
+    /// with `order=quasi_random` applied to a shuffle of a paged source; tells the source how
+    /// it will be read (`madvise` for packed files).
+    pub(crate) fn sampler_kind_for(&self, source: &dyn Source) -> Result<SamplerKind> {
+        let mut kind = self.sampler_kind(source.len())?;
+        if self.order == Order::QuasiRandom {
+            kind = match kind {
+                SamplerKind::Random {
+                    replacement: false,
+                    num_samples: None,
+                } => SamplerKind::QuasiRandom {
+                    pages: source.pages().ok_or_else(|| {
+                        Error::option(
+                            "order",
+                            "quasi_random applies to page-organised sources (packed:PATH)",
+                        )
+                    })?,
+                    window: QUASI_RANDOM_WINDOW_PAGES,
+                },
+                _ => {
+                    return Err(Error::option(
+                        "order",
+                        "quasi_random shuffles: it needs shuffle=true, without replacement, num_samples, weights, subset or indices",
+                    ))
+                }
+            };
+        }
+        source.advise(match &kind {
+            SamplerKind::Sequential | SamplerKind::Indices { .. } => Access::Sequential,
+            SamplerKind::QuasiRandom { .. } => Access::PageWindows,
+            _ => Access::Random,
+        });
+        Ok(kind)
     }
 
     /// The sampler of the global order these options select: an explicit one, else weights →
@@ -678,6 +752,7 @@ impl LoaderOptions {
             ("replacement", self.replacement),
             ("sampler", self.sampler.is_some()),
             ("num_samples", self.num_samples.is_some() && !iterable),
+            ("order", self.order != Order::Random),
         ] {
             if set {
                 return Err(Error::option(

@@ -34,6 +34,13 @@ pub enum SamplerKind {
         num_samples: usize,
         replacement: bool,
     },
+    /// `order=quasi_random`: a shuffle that reads a page-organised file (stoker's packed format)
+    /// a window of pages at a time, for data larger than RAM. `pages[i]` is the data page
+    /// sample `i` starts in (non-decreasing). Each epoch the pages are shuffled, cut into
+    /// windows of `window` pages, and the samples of each window shuffled together: every
+    /// sample once, pages read close together in time. A function of `(seed, epoch)` like the
+    /// others, so it is deterministic and resumable.
+    QuasiRandom { pages: Vec<u64>, window: usize },
     /// `DistributedSampler(num_replicas=world_size, rank, shuffle, drop_last)`: the sequential
     /// or random order dealt by [`Deal`] (every other sampler can be dealt the same way, see
     /// [`Sampler::dealt`]).
@@ -235,6 +242,17 @@ impl Sampler {
                     ));
                 }
             }
+            SamplerKind::QuasiRandom { pages, window } => {
+                if pages.len() != dataset_len || *window == 0 {
+                    return bad(format!(
+                        "quasi_random: {} page numbers (window {window}) for a dataset of {dataset_len} samples",
+                        pages.len()
+                    ));
+                }
+                if pages.windows(2).any(|w| w[0] > w[1]) {
+                    return bad("quasi_random: page numbers must not decrease".into());
+                }
+            }
             SamplerKind::Distributed { .. } => {
                 return Err(Error::Internal(
                     "a distributed sampler was not dealt".into(),
@@ -285,7 +303,7 @@ impl Sampler {
                 indices.len()
             }
             SamplerKind::WeightedRandom { num_samples, .. } => *num_samples,
-            SamplerKind::Distributed { .. } => n,
+            SamplerKind::QuasiRandom { .. } | SamplerKind::Distributed { .. } => n,
         }
     }
 
@@ -377,10 +395,33 @@ impl Sampler {
                 keyed.truncate(*num_samples);
                 keyed.into_iter().map(|(_, i)| i).collect()
             }
+            SamplerKind::QuasiRandom { pages, window } => quasi_random(pages, *window, &mut rng),
             // Dealt in `dealt`; never stored.
             SamplerKind::Distributed { .. } => (0..n).collect(),
         }
     }
+}
+
+/// The page-window shuffle of [`SamplerKind::QuasiRandom`].
+fn quasi_random(pages: &[u64], window: usize, rng: &mut Rng) -> Vec<usize> {
+    // Runs of samples on the same page (pages never decrease with the index).
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, page) in pages.iter().enumerate() {
+        match runs.last_mut() {
+            Some((start, end)) if pages[*start] == *page => *end = i + 1,
+            _ => runs.push((i, i + 1)),
+        }
+    }
+    rng.shuffle(&mut runs);
+    let mut out = Vec::with_capacity(pages.len());
+    for group in runs.chunks(window) {
+        let from = out.len();
+        for &(start, end) in group {
+            out.extend(start..end);
+        }
+        rng.shuffle(&mut out[from..]);
+    }
+    out
 }
 
 /// One epoch's indices cut into batches (`BatchSampler(sampler, batch_size, drop_last)`):
@@ -502,6 +543,37 @@ mod tests {
         let s = sampler(SamplerKind::Sequential, 5, 0);
         assert_eq!(s.epoch_indices(3), vec![0, 1, 2, 3, 4]);
         assert_eq!(s.len(), 5);
+    }
+
+    #[test]
+    fn quasi_random_shuffles_pages_and_samples_within_windows_of_pages() {
+        // 4 pages of 3 samples each, windows of 2 pages.
+        let pages: Vec<u64> = (0..12).map(|i| i / 3).collect();
+        let kind = SamplerKind::QuasiRandom {
+            pages: pages.clone(),
+            window: 2,
+        };
+        let s = Sampler::new(kind, 12, 5).unwrap();
+        let e0 = s.global_indices(0);
+        let mut sorted = e0.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..12).collect::<Vec<_>>(), "every sample once");
+        assert_eq!(e0, s.global_indices(0), "a function of (seed, epoch)");
+        assert!(
+            (1..8).any(|e| s.global_indices(e) != e0),
+            "changes per epoch"
+        );
+        for window in e0.chunks(6) {
+            let mut touched: Vec<u64> = window.iter().map(|&i| pages[i]).collect();
+            touched.sort_unstable();
+            touched.dedup();
+            assert_eq!(touched.len(), 2, "each window reads whole pages: {e0:?}");
+        }
+        let bad = SamplerKind::QuasiRandom {
+            pages: vec![1, 0],
+            window: 2,
+        };
+        assert!(Sampler::new(bad, 2, 0).is_err());
     }
 
     #[test]

@@ -147,6 +147,30 @@ inline rust::Slice<const uint8_t> bytes(std::string_view s) noexcept {
 
 inline std::string version() { return std::string(ffi::version()); }
 
+// stoker's packed format (docs/packed-format.md): `stoker pack` from C++.
+struct PackOptions {
+  uint32_t max_side = 0;       // shrink images whose longer side is larger; 0 keeps every size
+  uint32_t quality = 90;       // JPEG quality of re-encoded images, 1 to 100
+  std::string mode = "jpeg";   // "jpeg", "raw" or "smart"
+  uint64_t shard_size = 0;     // bytes of data per shard file; 0 writes one file
+  uint32_t shard_index = 0;    // with num_shards: pack only this contiguous slice
+  uint32_t num_shards = 0;     // 0 packs the whole source
+};
+
+// Packs the source spec `src` (image_folder:, tar:, npy:, packed:) into `out`, read back with
+// `source("packed:" + out)`. Throws stoker::Error naming what is wrong.
+inline void pack(std::string_view src, std::string_view out, const PackOptions& options = {}) {
+  detail::call([&] {
+    ffi::pack(detail::bytes(src), detail::bytes(out), options.max_side, options.quality,
+              detail::bytes(options.mode), options.shard_size, options.shard_index, options.num_shards);
+  });
+}
+
+// Writes the index of the slices packed into the directory `out` (stoker pack --merge).
+inline void pack_merge(std::string_view out) {
+  detail::call([&] { ffi::pack_merge(detail::bytes(out)); });
+}
+
 // The sample a custom Source is filling, valid only during one `Source::get` call. Data is
 // copied before each put_* returns. Fields, their dtypes and shapes are fixed by sample 0; every
 // put_* throws `stoker::Error` (INVALID_ARGUMENT) on misuse.

@@ -1,6 +1,7 @@
 """stoker: a data loader for ML training, over the libstoker C ABI (loaded with ctypes).
 
-``Loader`` reads a source spec (``npy:PATH``, ``image_folder:ROOT``, ``tar:PATTERN``), a
+``Loader`` reads a source spec (``npy:PATH``, ``image_folder:ROOT``, ``tar:PATTERN``,
+``packed:PATH``, written by ``pack``), a
 map-style Python dataset or an iterable one (``stream_info()`` inside its ``__iter__``) and yields ``Batch`` objects whose fields are zero-copy NumPy arrays
 (``batch["data"]``) or torch tensors through DLPack (``batch.torch()``);
 ``stoker.torch.DataLoader`` mimics ``torch.utils.data.DataLoader`` for porting code.
@@ -23,6 +24,7 @@ from .errors import (
 )
 from .iterable import StreamInfo, stream_info
 from .loader import Launch, Loader, Stats, launch
+from .pack import pack, pack_merge
 
 __version__: str = _lib.stoker_version().decode()
 """Version of the loaded library (the package is versioned with it)."""
@@ -48,5 +50,7 @@ __all__ = [
     "StokerTimeoutError",
     "UnsupportedError",
     "launch",
+    "pack",
+    "pack_merge",
     "stream_info",
 ]

@@ -229,6 +229,20 @@ _SIGNATURES = {
     "stoker_loader_batches_per_epoch": (ctypes.c_int64, [_P]),
     "stoker_loader_epoch": (ctypes.c_uint64, [_P]),
     "stoker_loader_set_epoch": (_STATUS, [_P, ctypes.c_uint64]),
+    "stoker_pack": (
+        _STATUS,
+        [
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_uint32,
+            ctypes.c_uint32,
+            ctypes.c_char_p,
+            ctypes.c_uint64,
+            ctypes.c_uint32,
+            ctypes.c_uint32,
+        ],
+    ),
+    "stoker_pack_merge": (_STATUS, [ctypes.c_char_p]),
     "stoker_loader_stats": (_STATUS, [_P, ctypes.POINTER(Stats)]),
     "stoker_loader_close": (_STATUS, [_P]),
     "stoker_loader_worker_busy_ns": (

@@ -229,7 +229,7 @@ impl HostLoader {
             seed = state.seed;
         }
         let launch = options.launch()?;
-        let kind = options.sampler_kind(source.len())?;
+        let kind = options.sampler_kind_for(&*source)?;
         let sampler = Sampler::dealt(kind, source.len(), seed, options.deal(&launch))?;
         let schedule = Schedule {
             seed,
@@ -709,6 +709,9 @@ fn sampler_text(sampler: &Sampler) -> String {
             "{} weights, num_samples={num_samples}, replacement={replacement}",
             weights.len()
         ),
+        SamplerKind::QuasiRandom { window, .. } => {
+            format!("quasi_random, windows of {window} pages")
+        }
         SamplerKind::Distributed { .. } => "distributed".to_owned(),
     };
     format!("{order}, shard_drop_last={}", sampler.deal().drop_last)

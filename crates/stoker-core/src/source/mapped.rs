@@ -85,6 +85,13 @@ pub fn any_truncated() -> bool {
 /// Truncations caught so far (process-wide).
 static TRUNCATIONS: AtomicUsize = AtomicUsize::new(0);
 
+impl Mapping {
+    /// Passes an access-pattern hint for the whole mapping to the kernel (`madvise`).
+    pub fn advise(&self, advice: memmap2::Advice) -> std::io::Result<()> {
+        self.map.advise(advice)
+    }
+}
+
 impl Deref for Mapping {
     type Target = [u8];
 

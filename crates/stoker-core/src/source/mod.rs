@@ -10,6 +10,7 @@ mod iterable;
 pub mod mapped;
 mod memory;
 mod npy;
+pub mod packed;
 pub mod streaming;
 pub mod tar;
 
@@ -20,6 +21,7 @@ pub(crate) use iterable::IterableStream;
 pub use iterable::{IterableSource, SampleStream, StreamInfo};
 pub use memory::MemorySource;
 pub use npy::{npy_bytes, npy_descr, npy_header, write_npy, NpyArray, NpySource};
+pub use packed::PackedSource;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -105,6 +107,17 @@ impl<'a> Sample<'a> {
     }
 }
 
+/// How an epoch reads a source, for read-ahead hints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// In index order.
+    Sequential,
+    /// Uniformly shuffled: read-ahead would fetch neighbours that are not needed soon.
+    Random,
+    /// Page windows (`order=quasi_random`): whole pages are read, in a shuffled order.
+    PageWindows,
+}
+
 /// A map-style dataset (PyTorch's `Dataset.__getitem__`).
 pub trait Source: Send + Sync {
     /// Number of samples.
@@ -126,6 +139,16 @@ pub trait Source: Send + Sync {
     fn identity(&self) -> String {
         format!("{} samples of {:?}", self.len(), self.fields())
     }
+
+    /// The data page each sample starts in (non-decreasing), for `order=quasi_random`; `None`
+    /// for sources that are not page-organised.
+    fn pages(&self) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// How the loader will read the source (a hint a memory-mapped source passes to the
+    /// kernel); the default ignores it.
+    fn advise(&self, _access: Access) {}
 
     /// Reads sample `index` (`< len()`). Field bytes may borrow from the source (a memory map)
     /// or from `scratch`, a buffer the calling worker reuses for every sample it reads.
@@ -153,6 +176,9 @@ pub enum SourceSpec {
     Callback { len: usize, read: Arc<ReadFn> },
     /// `tar:PATTERN`: WebDataset shards, indexed (`shuffle_buffer=0`) or streamed.
     Tar(String),
+    /// `packed:PATH`: stoker's packed format (a file, a dataset directory or index, or a
+    /// pattern of shard files).
+    Packed(String),
     /// The user's stream of samples with no length (see [`IterableSource`]); the fields are
     /// learnt from the first sample when the loader is made.
     Iterable(Arc<dyn IterableSource>),
@@ -166,6 +192,7 @@ impl std::fmt::Debug for SourceSpec {
             SourceSpec::Custom(s) => write!(f, "custom source of {} samples", s.len()),
             SourceSpec::Callback { len, .. } => write!(f, "callback source of {len} samples"),
             SourceSpec::Tar(pattern) => write!(f, "tar:{pattern}"),
+            SourceSpec::Packed(path) => write!(f, "packed:{path}"),
             SourceSpec::Iterable(_) => f.write_str("iterable source"),
         }
     }
@@ -197,6 +224,7 @@ impl SourceSpec {
                     ..TarConfig::default()
                 },
             )?),
+            SourceSpec::Packed(path) => Arc::new(PackedSource::open(path)?),
             SourceSpec::Iterable(_) => {
                 return Err(Error::InvalidArgument(
                     "an iterable source is a stream, not a map-style source".into(),

@@ -1,0 +1,80 @@
+//! `stoker pack`: a source into stoker's packed format, with a progress bar (rate and ETA), and
+//! `stoker pack --merge OUT` for slices packed separately.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use stoker_core::pack::{merge, open_source, pack, parse_size, PackOptions};
+
+use crate::args::PackArgs;
+
+pub(crate) fn run(args: &PackArgs) -> Result<(), String> {
+    if args.merge {
+        let [out] = &args.paths[..] else {
+            return Err("--merge takes one path: the directory the slices were packed into".into());
+        };
+        let index = merge(Path::new(out)).map_err(|e| e.to_string())?;
+        println!("wrote {}", index.display());
+        return Ok(());
+    }
+    let [src, out] = &args.paths[..] else {
+        return Err("expected SRC OUT (or --merge OUT)".into());
+    };
+    let options = PackOptions {
+        max_side: args.max_side,
+        quality: args.quality,
+        mode: args
+            .mode
+            .parse()
+            .map_err(|e: stoker_core::Error| e.to_string())?,
+        shard_size: args
+            .shard_size
+            .as_deref()
+            .map(|v| parse_size("shard-size", v))
+            .transpose()
+            .map_err(|e| e.to_string())?,
+        slice: args.shard_index.zip(args.num_shards),
+        ..PackOptions::default()
+    };
+    let source = open_source(src).map_err(|e| e.to_string())?;
+    let interactive = std::io::stderr().is_terminal();
+    let bar = interactive.then(|| {
+        // The template is a constant; should indicatif ever reject it, the default bar still
+        // shows progress.
+        let style = ProgressStyle::with_template(
+            "stoker pack [{bar:30}] {pos}/{len} samples  {per_sec}  ETA {eta}",
+        )
+        .map(|s| s.progress_chars("#>."))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        ProgressBar::new(0).with_style(style)
+    });
+    let start = Instant::now();
+    let progress = |done: u64, total: u64| {
+        if let Some(bar) = &bar {
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+    };
+    let report = pack(&*source, Path::new(out), &options, &progress).map_err(|e| e.to_string())?;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "packed {} samples into {} file(s), {:.1} MiB, in {secs:.2} s ({:.0} samples/s){}",
+        report.samples,
+        report.files.len(),
+        report.bytes as f64 / (1 << 20) as f64,
+        report.samples as f64 / secs.max(1e-9),
+        match &report.index {
+            Some(index) => format!("; index {}", index.display()),
+            None if options.slice.is_some() => {
+                "; run `stoker pack --merge OUT` once every slice is packed".to_owned()
+            }
+            None => String::new(),
+        }
+    );
+    Ok(())
+}
