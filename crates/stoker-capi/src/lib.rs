@@ -41,6 +41,8 @@ pub mod batch;
 
 pub mod dlpack;
 
+pub mod transform;
+
 #[cfg(test)]
 mod tests;
 

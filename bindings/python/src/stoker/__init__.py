@@ -23,6 +23,7 @@ from .errors import (
 )
 from .iterable import StreamInfo, stream_info
 from .loader import Launch, Loader, Stats, launch
+from .transform import transform_image
 
 __version__: str = _lib.stoker_version().decode()
 """Version of the loaded library (the package is versioned with it)."""
@@ -49,4 +50,5 @@ __all__ = [
     "UnsupportedError",
     "launch",
     "stream_info",
+    "transform_image",
 ]

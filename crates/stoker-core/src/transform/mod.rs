@@ -50,14 +50,18 @@
 //! [`Plan`] per sample, [`pipeline`] is the validated [`Pipeline`] that runs a plan, and
 //! `kernels` holds the pixel loops (the resample and the one output pass).
 
+mod augment;
+mod color;
 pub mod geometry;
 mod kernels;
 pub mod pipeline;
 pub mod spec;
+pub mod warp;
 
+pub use augment::AugOp;
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
 pub use pipeline::{Pipeline, Scratch};
-pub use spec::{parse, Op, IMAGENET_MEAN, IMAGENET_STD};
+pub use spec::{parse, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD};
 
 #[cfg(test)]
 mod tests;
