@@ -800,6 +800,28 @@ enum stoker_status stoker_batch_synchronize(struct stoker_batch *b);
  */
 void stoker_batch_release(struct stoker_batch *b);
 
+/**
+ * Transforms one decoded RGB8 image (`width * height * 3` bytes at `rgb`, row-major, HWC) by
+ * the transform spec `spec` exactly as a loader's worker does for draw `index` of `epoch` under
+ * `seed`, writing the uint8 HWC output (`out_len` must equal the pipeline's output bytes, see
+ * `stoker_options_set`'s `transform`) to `out`. When `params` is not NULL, the parameters each
+ * randomized operation drew are written there as JSON objects, one per line (at most
+ * `params_len - 1` bytes plus a NUL); `*params_needed` (if not NULL) receives the full length.
+ * For tests and debugging: a loader never needs it.
+ */
+enum stoker_status stoker_transform_apply(const char *spec,
+                                          const uint8_t *rgb,
+                                          size_t width,
+                                          size_t height,
+                                          uint64_t seed,
+                                          uint64_t epoch,
+                                          uint64_t index,
+                                          uint8_t *out,
+                                          size_t out_len,
+                                          char *params,
+                                          size_t params_len,
+                                          size_t *params_needed);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus
