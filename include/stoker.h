@@ -544,7 +544,7 @@ struct stoker_options *stoker_options_new(void);
  * | `weights` | `w0,w1,...` (finite, ≥ 0) | none | `WeightedRandomSampler` (with replacement) |
  * | `subset` | `3,5,9` or `0..1000`, mixed | none | `SubsetRandomSampler`: these indices, shuffled every epoch |
  * | `indices` | `3,5,9` or `0..1000`, mixed | none | these indices in this order every epoch (a torch `sampler=` given as a sequence) |
- * | `transform` | e.g. `random_resized_crop(224) \| hflip \| normalize(imagenet)` | none | `resize(S)`, `resize(H,W)`, `center_crop(S)`, `random_resized_crop(S, scale=a:b, ratio=a:b)`, `hflip(p=0.5)`, `normalize(mean=…, std=…)`, run fused into the batch slot |
+ * | `transform` | e.g. `random_resized_crop(224) \| hflip \| normalize(imagenet)` | none | operations separated by `\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize` (see the README's transform table); run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument |
  * | `dtype` | `uint8`, `float32`, `float16`, `bfloat16` | float32 after normalize, else uint8 | image output element type (tensor sources deliver data as stored) |
  * | `layout` | `nchw`, `nhwc` | nchw | image batch layout |
  * | `pin_memory` | bool | true with cuda | page-locked batch memory (`mlock`, or driver registration on cuda) |
