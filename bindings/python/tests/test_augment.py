@@ -245,3 +245,66 @@ def test_bad_specs_name_the_op_and_parameter(tmp_path, npy_data, spec, words):
         stoker.Loader(f"image_folder:{tmp_path / 'imgs'}", batch_size=1, transform=spec)
     for w in words:
         assert w in str(e.value), (w, str(e.value))
+
+
+def photo_folder(tmp_path, n=6):
+    """An image_folder of `n` distinct photos in 3 classes."""
+    from PIL import Image
+
+    root = tmp_path / "mixfolder"
+    for i in range(n):
+        d = root / f"c{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.roll(photo(), 7 * i, axis=1)).save(d / f"{i}.png")
+    return root
+
+
+def first_batch(root, transform, workers=1):
+    loader = stoker.Loader(
+        f"image_folder:{root}", batch_size=6, seed=4, num_workers=workers, transform=transform, dtype="float32"
+    )
+    b = next(iter(loader))
+    return np.array(b["image"]), np.array(b["label"])
+
+
+@pytest.mark.parametrize("op", ["mixup(alpha=0.8, num_classes=3)", "cutmix(alpha=1.0, num_classes=3)"])
+def test_mixup_and_cutmix_make_soft_labels_and_mix_the_reversed_batch(tmp_path, op):
+    root = photo_folder(tmp_path)
+    base = f"{CROP} | color_jitter(brightness=0.3)"
+    plain, labels = first_batch(root, base)
+    mixed, soft = first_batch(root, f"{base} | {op}")
+    again, soft2 = first_batch(root, f"{base} | {op}", workers=3)
+    assert soft.dtype == np.float32 and soft.shape == (6, 3)
+    assert np.array_equal(mixed, again) and np.array_equal(soft, soft2)  # any worker count
+    np.testing.assert_allclose(soft.sum(axis=1), 1.0, rtol=1e-6)
+    lam = soft[0, labels[0]] if labels[0] != labels[5] else None
+    partner = plain[::-1]
+    if op.startswith("mixup"):
+        # x'_i = lam x_i + (1 - lam) x_{B-1-i}; lam read back from the soft label.
+        for i in range(6):
+            if labels[i] == labels[5 - i]:
+                continue
+            lam = soft[i, labels[i]]
+            np.testing.assert_allclose(mixed[i], lam * plain[i] + (1 - lam) * partner[i], atol=1e-5)
+    else:
+        for i in range(6):
+            from_partner = np.isclose(mixed[i], partner[i]) & ~np.isclose(plain[i], partner[i])
+            from_self = np.isclose(mixed[i], plain[i])
+            assert (from_partner | from_self).all()
+            if labels[i] != labels[5 - i]:
+                # The pasted box's share of the area is 1 - lam (timm's corrected lam).
+                area = from_partner.any(axis=0).mean()
+                assert abs(area - (1 - soft[i, labels[i]])) < 0.05
+    assert lam is None or 0.0 <= lam <= 1.0
+
+
+def test_mix_errors_name_the_op(tmp_path):
+    root = photo_folder(tmp_path)
+    with pytest.raises(stoker.InvalidArgumentError, match="num_classes"):
+        stoker.Loader(f"image_folder:{root}", batch_size=2, transform=f"{CROP} | mixup(alpha=0.2)")
+    with pytest.raises(stoker.InvalidArgumentError, match="cutmix.*alpha"):
+        stoker.Loader(f"image_folder:{root}", batch_size=2, transform=f"{CROP} | cutmix(alpha=-1, num_classes=3)")
+    # A label outside num_classes is a sample error naming the label.
+    loader = stoker.Loader(f"image_folder:{root}", batch_size=6, transform=f"{CROP} | mixup(num_classes=2)")
+    with pytest.raises(stoker.StokerError, match="label 2 is outside 0..2"):
+        next(iter(loader))

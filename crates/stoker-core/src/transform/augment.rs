@@ -560,7 +560,11 @@ pub(super) fn run(
             });
         }
         Op::Normalize { .. } => {}
-        Op::ResizeShorter(_) | Op::Resize { .. } | Op::RandomResizedCrop { .. } => {
+        Op::ResizeShorter(_)
+        | Op::Resize { .. }
+        | Op::RandomResizedCrop { .. }
+        | Op::Mixup { .. }
+        | Op::Cutmix { .. } => {
             return Err(format!("internal: {op:?} after the geometry plan"));
         }
     }

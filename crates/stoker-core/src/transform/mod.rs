@@ -71,12 +71,14 @@ mod augment;
 mod color;
 pub mod geometry;
 mod kernels;
+pub mod mix;
 pub mod pipeline;
 pub mod spec;
 pub mod warp;
 
 pub use augment::AugOp;
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
+pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch};
 pub use spec::{parse, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD};
 

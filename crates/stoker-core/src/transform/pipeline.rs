@@ -6,6 +6,7 @@ use fast_image_resize::Resizer;
 use super::augment::{self, Erase, Frame};
 use super::geometry::Plan;
 use super::kernels::{resample, write_erase, write_lut, write_u8, SrcView};
+use super::mix::BatchMix;
 use super::spec::{parse, Op};
 use crate::dtype::{DType, Layout};
 use crate::rng::Rng;
@@ -22,6 +23,8 @@ pub struct Pipeline {
     ops: Vec<Op>,
     /// How many leading ops the geometry plan folds; the rest run on the materialised image.
     planned: usize,
+    /// The batch-level mixing (`mixup`, `cutmix`), run by collate on the whole batch.
+    mix: Option<BatchMix>,
     height: usize,
     width: usize,
     dtype: DType,
@@ -84,6 +87,8 @@ fn op_name(op: &Op) -> &'static str {
         Op::TrivialAugment => "trivial_augment",
         Op::AutoAugment => "auto_augment",
         Op::RandomErasing { .. } => "random_erasing",
+        Op::Mixup { .. } => "mixup",
+        Op::Cutmix { .. } => "cutmix",
     }
 }
 
@@ -96,10 +101,20 @@ impl Pipeline {
         dtype: Option<DType>,
         layout: Layout,
     ) -> Result<Pipeline, String> {
-        let ops = match spec {
+        let mut ops = match spec {
             Some(s) => parse(s)?,
             None => Vec::new(),
         };
+        // Batch-level ops leave the per-sample list: collate runs them on the whole batch.
+        let mix = BatchMix::from_ops(&ops)?;
+        ops.retain(|op| !matches!(op, Op::Mixup { .. } | Op::Cutmix { .. }));
+        if mix.is_some() && ops.is_empty() {
+            return Err(
+                "mixup/cutmix: need per-sample operations that fix the image size \
+                        before them (e.g. `random_resized_crop(224) | mixup(...)`)"
+                    .into(),
+            );
+        }
         let mut size = None;
         let mut normalize = None;
         // The first op the geometry plan cannot fold: it and every later op run on the
@@ -131,7 +146,7 @@ impl Pipeline {
                 | Op::CenterCrop { height, width }
                 | Op::RandomResizedCrop { height, width, .. }
                 | Op::RandomCrop { height, width, .. } => size = Some((*height, *width)),
-                Op::HFlip { .. } | Op::VFlip { .. } => {}
+                Op::HFlip { .. } | Op::VFlip { .. } | Op::Mixup { .. } | Op::Cutmix { .. } => {}
                 Op::Normalize { mean, std } => {
                     if normalize.is_some() {
                         return Err("normalize appears twice".into());
@@ -230,12 +245,23 @@ impl Pipeline {
         Ok(Pipeline {
             ops,
             planned,
+            mix,
             height,
             width,
             dtype,
             layout,
             lut,
         })
+    }
+
+    /// The batch-level mixing, if the spec has `mixup` or `cutmix`.
+    pub fn batch_mix(&self) -> Option<&BatchMix> {
+        self.mix.as_ref()
+    }
+
+    /// Output layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     pub fn ops(&self) -> &[Op] {

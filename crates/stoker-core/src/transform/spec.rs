@@ -80,6 +80,20 @@ pub enum Op {
     TrivialAugment,
     /// `AutoAugment(AutoAugmentPolicy.IMAGENET)`.
     AutoAugment,
+    /// Batch-level `Mixup` (timm): images and one-hot labels blended with the batch reversed.
+    Mixup {
+        alpha: f64,
+        num_classes: usize,
+        p: f64,
+        label_smoothing: f64,
+    },
+    /// Batch-level `CutMix` (timm); `switch`: with mixup also given, the chance of cutmix.
+    Cutmix {
+        alpha: f64,
+        num_classes: usize,
+        p: f64,
+        switch: f64,
+    },
     /// `RandomErasing`; `value` is in the output's units (after `normalize`).
     RandomErasing {
         p: f64,
@@ -104,7 +118,7 @@ pub const MAGNITUDE_BINS: usize = 31;
 /// Every operation name, for messages.
 const KNOWN: &str = "resize, center_crop, random_resized_crop, random_crop, hflip, vflip, \
                      color_jitter, grayscale, gaussian_blur, rotate, affine, rand_augment, \
-                     trivial_augment, auto_augment, random_erasing, normalize";
+                     trivial_augment, auto_augment, random_erasing, normalize, mixup, cutmix";
 
 /// Parses a pipeline spec: operations separated by `|`, each `name` or `name(args)`, with
 /// positional arguments first and then `key=value` ones (a value may hold commas:
@@ -511,6 +525,50 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
                 scale,
                 ratio,
                 value,
+            })
+        }
+        "mixup" | "cutmix" => {
+            let extra = if name == "mixup" {
+                "label_smoothing"
+            } else {
+                "switch"
+            };
+            args.check(0, &["alpha", "num_classes", "p", extra])?;
+            let alpha = match args.named("alpha") {
+                Some(a) => number(a)?,
+                None => 1.0,
+            };
+            if !(alpha > 0.0 && alpha <= 100.0) {
+                return Err(format!("alpha={alpha} must be in (0, 100]"));
+            }
+            let num_classes = match args.named("num_classes").map(|n| n.parse::<usize>()) {
+                Some(Ok(n)) if (1..=1 << 20).contains(&n) => n,
+                Some(_) => return Err("num_classes must be an integer in 1..=1048576".into()),
+                None => return Err("num_classes=N is required".into()),
+            };
+            let p = probability(args, 1.0)?;
+            let extra_value = match args.named(extra) {
+                Some(v) => number(v)?,
+                None if name == "mixup" => 0.0,
+                None => 0.5,
+            };
+            if !(0.0..=1.0).contains(&extra_value) {
+                return Err(format!("{extra}={extra_value} must be in [0, 1]"));
+            }
+            Ok(if name == "mixup" {
+                Op::Mixup {
+                    alpha,
+                    num_classes,
+                    p,
+                    label_smoothing: extra_value,
+                }
+            } else {
+                Op::Cutmix {
+                    alpha,
+                    num_classes,
+                    p,
+                    switch: extra_value,
+                }
             })
         }
         _ => Err(format!("unknown operation `{name}` (known: {KNOWN})")),

@@ -741,3 +741,98 @@ fn inverse_affine_matches_torchvision() {
         assert!((a - b).abs() < 1e-6, "{m:?}");
     }
 }
+
+#[test]
+fn beta_draws_have_the_beta_moments() {
+    for alpha in [0.2, 0.8, 1.0, 4.0] {
+        let mut r = rng(9);
+        let n = 20_000;
+        let draws: Vec<f64> = (0..n).map(|_| mix::beta(&mut r, alpha)).collect();
+        assert!(draws.iter().all(|x| (0.0..=1.0).contains(x)));
+        let mean = draws.iter().sum::<f64>() / n as f64;
+        let var = draws.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64;
+        // Beta(a, a): mean 1/2, variance 1 / (4 (2a + 1)).
+        let expected = 1.0 / (4.0 * (2.0 * alpha + 1.0));
+        assert!((mean - 0.5).abs() < 0.01, "alpha {alpha}: mean {mean}");
+        assert!(
+            (var - expected).abs() < 0.1 * expected,
+            "alpha {alpha}: var {var}"
+        );
+    }
+}
+
+#[test]
+fn mix_specs_parse_and_cutmix_corrects_lam() {
+    let p = pipeline(
+        "center_crop(8) | mixup(alpha=0.8, num_classes=10, label_smoothing=0.1) | cutmix(alpha=1.0, num_classes=10, switch=0.25)",
+        Some(DType::F32),
+        Layout::Nchw,
+    );
+    let m = p.batch_mix().unwrap().clone();
+    assert_eq!(
+        (
+            m.mixup_alpha,
+            m.cutmix_alpha,
+            m.switch,
+            m.label_smoothing,
+            m.num_classes
+        ),
+        (Some(0.8), Some(1.0), 0.25, 0.1, 10)
+    );
+    assert_eq!(p.ops().len(), 1, "batch ops leave the per-sample list");
+    let mut cuts = 0;
+    for i in 0..400 {
+        let d = m.draw(&mut rng(i), 32, 48);
+        assert!((0.0..=1.0).contains(&d.lam));
+        assert_eq!(d, m.draw(&mut rng(i), 32, 48), "deterministic per key");
+        if let Some((t, b, l, r)) = d.cut {
+            cuts += 1;
+            let area = ((b - t) * (r - l)) as f64 / (32.0 * 48.0);
+            assert!((d.lam - (1.0 - area)).abs() < 1e-12);
+        }
+    }
+    // switch=0.25: about a quarter of the batches cut.
+    assert!((60..140).contains(&cuts), "{cuts}");
+    for (spec, words) in [
+        (
+            "center_crop(8) | mixup(alpha=1)",
+            &["mixup", "num_classes"][..],
+        ),
+        (
+            "center_crop(8) | cutmix(alpha=0, num_classes=3)",
+            &["cutmix", "alpha"],
+        ),
+        (
+            "center_crop(8) | mixup(num_classes=3) | cutmix(num_classes=4)",
+            &["cutmix", "num_classes"],
+        ),
+        (
+            "center_crop(8) | mixup(num_classes=3, switch=1)",
+            &["mixup", "switch"],
+        ),
+    ] {
+        let err = Pipeline::new(Some(spec), None, Layout::Nchw).unwrap_err();
+        for w in words {
+            assert!(err.contains(w), "{spec}: `{err}` lacks `{w}`");
+        }
+    }
+}
+
+#[test]
+fn blend_pairs_and_swap_boxes_mix_with_the_reversed_batch() {
+    // 3 rows of 2 f32: row 1 (the middle) is its own partner.
+    let rows: Vec<f32> = vec![1.0, 2.0, 5.0, 6.0, 3.0, 4.0];
+    let mut bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    mix::blend_pairs(&mut bytes, 3, 8, DType::F32, 0.25);
+    let out: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(out, vec![2.5, 3.5, 5.0, 6.0, 1.5, 2.5]);
+    // Two 2x2 uint8 NHWC images: swapping the top-left pixel box.
+    let mut imgs: Vec<u8> = (0..24).collect();
+    mix::swap_boxes(&mut imgs, 2, (2, 2), Layout::Nhwc, DType::U8, (0, 1, 0, 1));
+    assert_eq!(&imgs[..3], &[12, 13, 14]);
+    assert_eq!(&imgs[12..15], &[0, 1, 2]);
+    assert_eq!(&imgs[3..12], &(3..12).collect::<Vec<u8>>()[..]);
+}
