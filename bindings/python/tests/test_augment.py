@@ -308,3 +308,32 @@ def test_mix_errors_name_the_op(tmp_path):
     loader = stoker.Loader(f"image_folder:{root}", batch_size=6, transform=f"{CROP} | mixup(num_classes=2)")
     with pytest.raises(stoker.StokerError, match="label 2 is outside 0..2"):
         next(iter(loader))
+
+
+def test_uint8_image_tensors_from_npy_are_transformed(make_loader, npy_data):
+    """An npy of uint8 [N, 3, 8, 8] images (chw, from the shape) goes through the transform like
+    decoded images; a [N, 8, 8, 3] one with input_layout=hwc too."""
+    _, _, data, _ = npy_data
+    spec = "center_crop(8) | vflip(p=1) | normalize(mean=0.5, std=0.25)"
+    loader = make_loader(transform=spec, batch_size=103)
+    batch = next(iter(loader))
+    x = np.asarray(batch["data"])
+    assert x.dtype == np.float32 and x.shape == (103, 3, 8, 8)
+    expected = (data[:, :, ::-1, :].astype(np.float64) / 255 - 0.5) / 0.25
+    np.testing.assert_allclose(x, expected, atol=1e-5)
+
+    hwc_path = npy_data[0].parent / "hwc.npy"
+    np.save(hwc_path, np.ascontiguousarray(data.transpose(0, 2, 3, 1)))
+    loader = stoker.Loader(
+        f"npy:{hwc_path}", batch_size=103, input_layout="hwc", layout="nhwc", transform="center_crop(8) | hflip(p=1)"
+    )
+    y = np.asarray(next(iter(loader))["data"])
+    assert y.dtype == np.uint8 and y.shape == (103, 8, 8, 3)
+    assert np.array_equal(y, data.transpose(0, 2, 3, 1)[:, :, ::-1, :])
+
+
+def test_transform_on_a_tensor_source_without_images_is_an_error(tmp_path):
+    path = tmp_path / "f.npy"
+    np.save(path, np.zeros((4, 5), dtype=np.float32))
+    with pytest.raises(stoker.InvalidArgumentError, match="transform.*uint8 tensor"):
+        stoker.Loader(f"npy:{path}", batch_size=2, transform="center_crop(4)")

@@ -41,7 +41,47 @@ pub const MAX_REPLACEMENTS: usize = 16;
 /// allocating), then transformed by `pipeline` straight into the slot.
 pub struct ImageStages {
     pub max_pixels: u64,
+    /// How image-shaped uint8 tensor fields are stored (`None`: from their shape).
+    pub input_layout: Option<InputLayout>,
     pub pipeline: Pipeline,
+}
+
+/// How an image-shaped uint8 tensor field is stored (option `input_layout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputLayout {
+    Hwc,
+    Chw,
+}
+
+/// `(height, width, layout)` of a uint8 tensor field holding RGB images: `[H, W, 3]` (hwc) or
+/// `[3, H, W]` (chw), as `input_layout` says or, unset, hwc if the last dimension is 3, else chw
+/// if the first is.
+pub fn tensor_image_shape(
+    field: &FieldSpec,
+    input_layout: Option<InputLayout>,
+) -> Option<(usize, usize, InputLayout)> {
+    let FieldKind::Tensor {
+        dtype: DType::U8,
+        shape,
+    } = &field.kind
+    else {
+        return None;
+    };
+    let &[a, b, c] = shape.as_slice() else {
+        return None;
+    };
+    let layout = input_layout.or(if c == 3 {
+        Some(InputLayout::Hwc)
+    } else if a == 3 {
+        Some(InputLayout::Chw)
+    } else {
+        None
+    })?;
+    match layout {
+        InputLayout::Hwc if c == 3 && a > 0 && b > 0 => Some((a, b, layout)),
+        InputLayout::Chw if a == 3 && b > 0 && c > 0 => Some((b, c, layout)),
+        _ => None,
+    }
 }
 
 /// Decode buffers larger than this are released after use instead of kept for the next image.
@@ -59,6 +99,13 @@ enum Output {
         pad: Vec<u8>,
     },
     Image(Arc<ImageStages>),
+    /// A uint8 RGB tensor (`[H, W, 3]` or `[3, H, W]`) transformed like a decoded image.
+    TensorImage {
+        stages: Arc<ImageStages>,
+        height: usize,
+        width: usize,
+        layout: InputLayout,
+    },
     /// An integer class label written as a float32 one-hot row of `num_classes` (label smoothing
     /// folded in), later blended by the batch's mixup/cutmix.
     SoftLabel {
@@ -222,9 +269,19 @@ impl Collator {
                         smoothing: mix.label_smoothing,
                     }
                 }
-                FieldKind::Tensor { dtype, shape } => Output::Copy {
-                    dtype: *dtype,
-                    shape: shape.clone(),
+                FieldKind::Tensor { dtype, shape } => match image.as_ref().and_then(|stages| {
+                    tensor_image_shape(spec, stages.input_layout).map(|s| (stages, s))
+                }) {
+                    Some((stages, (height, width, layout))) => Output::TensorImage {
+                        stages: stages.clone(),
+                        height,
+                        width,
+                        layout,
+                    },
+                    None => Output::Copy {
+                        dtype: *dtype,
+                        shape: shape.clone(),
+                    },
                 },
                 FieldKind::Ragged { dtype, inner_shape } => {
                     // Raw bytes (a tar `txt` or `json` member, say) have an obvious pad, 0;
@@ -515,6 +572,7 @@ impl Collator {
                 }
                 Output::Image(_) => got > 0,
                 Output::SoftLabel { src, .. } => got == src.size(),
+                Output::TensorImage { height, width, .. } => got == height * width * 3,
             };
             if !ok {
                 let reason = match out {
@@ -528,6 +586,10 @@ impl Collator {
                         self.names[f]
                     ),
                     Output::Image(_) => format!("field `{}` is empty (0 bytes)", self.names[f]),
+                    Output::TensorImage { height, width, .. } => format!(
+                        "field `{}` has {got} bytes; expected a uint8 {height}x{width}x3 image",
+                        self.names[f]
+                    ),
                     Output::SoftLabel { src, .. } => format!(
                         "field `{}` has {got} bytes; expected one {src}",
                         self.names[f]
@@ -572,7 +634,9 @@ impl Collator {
                         .chain(inner.iter().copied())
                         .collect(),
                 ),
-                Output::Image(stages) => (stages.pipeline.dtype(), stages.pipeline.shape()),
+                Output::Image(stages) | Output::TensorImage { stages, .. } => {
+                    (stages.pipeline.dtype(), stages.pipeline.shape())
+                }
                 Output::SoftLabel { num_classes, .. } => (DType::F32, vec![*num_classes]),
             };
             push(
@@ -655,6 +719,41 @@ impl Collator {
                         e.copy_from_slice(&v.to_ne_bytes());
                     }
                 }
+                Output::TensorImage {
+                    stages,
+                    height,
+                    width,
+                    layout,
+                } => {
+                    let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
+                    let Pixels { decode, transform } = pixels;
+                    let rgb = match layout {
+                        InputLayout::Hwc => src,
+                        InputLayout::Chw => {
+                            // Interleave the planes into the worker's pixel buffer.
+                            let plane = height * width;
+                            decode.rgb.clear();
+                            decode.rgb.resize(plane * 3, 0);
+                            for (i, px) in decode.rgb.chunks_exact_mut(3).enumerate() {
+                                for (c, v) in px.iter_mut().enumerate() {
+                                    *v = src[c * plane + i];
+                                }
+                            }
+                            &decode.rgb
+                        }
+                    };
+                    stages
+                        .pipeline
+                        .apply(rgb, *width, *height, &mut rng, dst, transform)
+                        .map_err(|reason| sample_error(pick, index, reason))?;
+                    spans.push(
+                        SpanKind::Stage(Stage::Transform),
+                        slot,
+                        pick.index(index) as usize,
+                        start,
+                    );
+                    continue;
+                }
                 Output::Image(stages) => {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let at = (slot, pick.index(index) as usize);
@@ -679,7 +778,7 @@ impl Collator {
     /// images and soft labels of sample `i` blended with those of sample `n - 1 - i`.
     fn mix_batch(&self, key: BatchKey, n: usize, metas: &[FieldMeta], slab: &mut [u8]) {
         let Some((f_img, stages)) = self.outputs.iter().enumerate().find_map(|(f, o)| match o {
-            Output::Image(stages) => Some((f, stages)),
+            Output::Image(stages) | Output::TensorImage { stages, .. } => Some((f, stages)),
             _ => None,
         }) else {
             return;
