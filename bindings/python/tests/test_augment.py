@@ -337,3 +337,22 @@ def test_transform_on_a_tensor_source_without_images_is_an_error(tmp_path):
     np.save(path, np.zeros((4, 5), dtype=np.float32))
     with pytest.raises(stoker.InvalidArgumentError, match="transform.*uint8 tensor"):
         stoker.Loader(f"npy:{path}", batch_size=2, transform="center_crop(4)")
+
+
+def test_uint8_image_tensors_from_a_python_dataset_are_transformed():
+    """Callback sources too: HWC uint8 arrays from __getitem__ go through the transform."""
+
+    class Images:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3) + i, i
+
+    loader = stoker.Loader(Images(), batch_size=4, transform="center_crop(6) | vflip(p=1) | normalize(mean=0, std=1)")
+    batch = next(iter(loader))
+    names = [n for n in batch.keys() if n != "label"]
+    x = np.asarray(batch[names[0]])
+    assert x.shape == (4, 3, 6, 6) and x.dtype == np.float32
+    src = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3)[1:7, 1:7][::-1].transpose(2, 0, 1)
+    np.testing.assert_allclose(x[0], src / 255.0, atol=1e-6)
