@@ -40,6 +40,11 @@ compare the built-in source with the Python one (speed 1.50x: the Python dataset
 the built-in source's samples/s); the line marked * under each workload gives that row's own
 ratios: its fraction of the built-in row's samples/s and its speed / each peer's.
 
+Augmentation (--augment): the timm-like recipe random_resized_crop(224) + hflip +
+TrivialAugmentWide + RandomErasing(p=0.25) + normalize, float32 NCHW, on the same photos: stoker
+against torchvision v2 (decode_jpeg + transforms.v2) in torch DataLoader with 2 workers, in one
+run, interleaved ROUNDS times (best kept); prints samples/s and stoker's speed ratio.
+
 Limits, same run: memcpy bandwidth (NumPy copy of one npy batch, one thread) for the npy
 workload, decode-only throughput (Pillow/libjpeg-turbo, 2 processes) for the images.
 """
@@ -66,6 +71,9 @@ ROUNDS = 3  # every loader (and limit) runs this many times, interleaved; best k
 IMAGE_BATCH, IMAGE_PREFETCH, IMAGE_EPOCHS = 64, 4, 3
 NPY_BATCH, NPY_PREFETCH, NPY_EPOCHS = 256, 2, 5
 SPEC = "random_resized_crop(224) | hflip | normalize(imagenet)"
+# The timm-like recipe (--augment); random_erasing runs on the normalized tensor in both.
+AUG_SPEC = "random_resized_crop(224) | hflip | trivial_augment | random_erasing(p=0.25) | normalize(imagenet)"
+AUG_EPOCHS = 2
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 # RSS of a child that only imports torch: the floor under every row's peak RSS.
@@ -174,7 +182,7 @@ def measure(make_epoch, batch_len, epochs: int) -> dict:
     }
 
 
-def stoker_images(source=None, **options):
+def stoker_images(source=None, spec=SPEC, epochs=IMAGE_EPOCHS, **options):
     import stoker
 
     def make():
@@ -182,7 +190,7 @@ def stoker_images(source=None, **options):
             f"image_folder:{IMAGES}" if source is None else source(),
             batch_size=IMAGE_BATCH,
             shuffle=True,
-            transform=SPEC,
+            transform=spec,
             num_workers=WORKERS,
             prefetch_factor=IMAGE_PREFETCH,
             **options,
@@ -190,7 +198,7 @@ def stoker_images(source=None, **options):
         return lambda: iter(loader)
 
     # The trainer gets torch tensors, as from the torch peers (DLPack, no copy).
-    return measure(make, lambda b: b.torch()["image"].shape[0], IMAGE_EPOCHS)
+    return measure(make, lambda b: b.torch()["image"].shape[0], epochs)
 
 
 class JpegFiles:
@@ -249,20 +257,19 @@ def decode_jpeg_file(path: str):
     return decode_jpeg(read_file(path), mode=ImageReadMode.RGB)
 
 
-def torchvision_v2_images():
+def torchvision_v2_images(augment: bool = False):
     import torch
     from torchvision.datasets import ImageFolder
     from torchvision.transforms import v2
 
     def make():
-        transform = v2.Compose(
-            [
-                v2.RandomResizedCrop(224, antialias=True),
-                v2.RandomHorizontalFlip(),
-                v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize(MEAN, STD),
-            ]
-        )
+        ops = [v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()]
+        if augment:
+            ops.append(v2.TrivialAugmentWide())
+        ops += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+        if augment:
+            ops.append(v2.RandomErasing(p=0.25))
+        transform = v2.Compose(ops)
         loader = torch.utils.data.DataLoader(
             ImageFolder(str(IMAGES), loader=decode_jpeg_file, transform=transform),
             batch_size=IMAGE_BATCH,
@@ -273,7 +280,7 @@ def torchvision_v2_images():
         )
         return lambda: iter(loader)
 
-    return measure(make, lambda b: b[0].shape[0], IMAGE_EPOCHS)
+    return measure(make, lambda b: b[0].shape[0], AUG_EPOCHS if augment else IMAGE_EPOCHS)
 
 
 def dali_images():
@@ -416,6 +423,8 @@ CHILDREN = {
     ("tar", "stoker, tar indexed"): stoker_tar_indexed,
     ("tar", "stoker, image_folder"): stoker_images,
     ("tar", "webdataset + torch DataLoader"): webdataset_torch,
+    ("augment", "stoker"): lambda: stoker_images(spec=AUG_SPEC, epochs=AUG_EPOCHS),
+    ("augment", "torchvision decode_jpeg + v2"): lambda: torchvision_v2_images(augment=True),
 }
 
 
@@ -587,12 +596,16 @@ def main() -> None:
     parser.add_argument(
         "--workloads", default="images,npy,tar", help="comma-separated subset of images, npy, tar"
     )
+    parser.add_argument("--augment", action="store_true", help="only the augmentation recipe")
     args = parser.parse_args()
     if args.child:
         child(*args.child)
         return
     if not (IMAGES / ".complete").exists():
         raise SystemExit(f"{IMAGES} is missing: run bash bench/run.sh, which builds it")
+    if args.augment:
+        augment_comparison()
+        return
     workloads = [w for w in args.workloads.split(",") if w]
     runs = [(w, n) for w, n in RUNS if w in workloads]
     make_npy()
@@ -623,6 +636,28 @@ def main() -> None:
         )
     out = DATA / "results.json"
     out.write_text(json.dumps({f"{w}/{n}": r for (w, n), r in results.items()}, indent=1))
+
+
+def augment_comparison() -> None:
+    """The timm-like recipe, stoker vs torchvision v2 in torch DataLoader, one run."""
+    peer = "torchvision decode_jpeg + v2"
+    print(f"{os.cpu_count()} cores; {sum(1 for _ in IMAGES.rglob('*.JPEG'))} JPEGs in {IMAGES}; "
+          f"stoker transform: {AUG_SPEC}; {WORKERS} workers each", flush=True)
+    results: dict = {}
+    for round_ in range(ROUNDS):
+        for name in ("stoker", peer):
+            print(f"round {round_ + 1}/{ROUNDS}: augment: {name} ...", flush=True)
+            results[name] = best(results.get(name), run_child("augment", name))
+    print()
+    for name, r in results.items():
+        if "error" in r:
+            print(f"augment  {name:<30} failed: {r['error']}")
+        else:
+            print(f"augment  {name:<30} {r['samples_per_s']:>8.0f} samples/s  first batch "
+                  f"{r['first_batch_s'] * 1000:.0f} ms  peak RSS {r['peak_rss'] / 2**20:.0f} MiB")
+    ours, theirs = results["stoker"], results[peer]
+    if "error" not in ours and "error" not in theirs:
+        print(f"augment  stoker speed = {ours['samples_per_s'] / theirs['samples_per_s']:.2f}x {peer}")
 
 
 if __name__ == "__main__":

@@ -199,6 +199,58 @@ int main(int argc, char **argv) {
   CHECK(none == NULL);
   stoker_options_free(o);
 
+  /* Augmentations: the same batch bytes with 1 and 3 workers (keyed by the draw, not the
+   * worker), the erased box written as 0 after normalize, and a bad parameter naming the op. */
+  const char *recipe =
+      "random_resized_crop(32) | hflip | trivial_augment | color_jitter(brightness=0.4, hue=0.1) "
+      "| random_erasing(p=1, value=0) | normalize(imagenet)";
+  float first[2 * 3 * 32 * 32];
+  for (int run = 0; run < 2; run++) {
+    o = stoker_options_new();
+    CHECK_STATUS(stoker_options_set(o, "source", source), STOKER_OK);
+    CHECK_STATUS(stoker_options_set(o, "transform", recipe), STOKER_OK);
+    CHECK_STATUS(stoker_options_set(o, "batch_size", "2"), STOKER_OK);
+    CHECK_STATUS(stoker_options_set(o, "num_workers", run == 0 ? "1" : "3"), STOKER_OK);
+    CHECK_STATUS(stoker_loader_new(o, &l), STOKER_OK);
+    stoker_options_free(o);
+    CHECK_STATUS(stoker_loader_next(l, &b), STOKER_OK);
+    CHECK_STATUS(stoker_batch_field(b, 0, &image), STOKER_OK);
+    CHECK(image.dtype == STOKER_DTYPE_F32 && image.shape[2] == 32 && image.shape[3] == 32);
+    const float *aug = image.data;
+    if (run == 0) {
+      memcpy(first, aug, sizeof first);
+      size_t zeros = 0;
+      for (size_t i = 0; i < 2 * 3 * 32 * 32; i++) zeros += aug[i] == 0.0f;
+      CHECK(zeros >= 2 * 3 * 16); /* each image has an erased box of at least 2% of its area */
+    } else {
+      CHECK(memcmp(first, aug, sizeof first) == 0);
+    }
+    stoker_batch_release(b);
+    stoker_loader_free(l);
+  }
+  o = stoker_options_new();
+  CHECK_STATUS(stoker_options_set(o, "source", source), STOKER_OK);
+  CHECK_STATUS(stoker_options_set(o, "transform", "center_crop(32) | rand_augment(magnitude=40)"), STOKER_OK);
+  CHECK_STATUS(stoker_loader_new(o, &none), STOKER_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("rand_augment");
+  CHECK_ERROR_HAS("magnitude");
+  stoker_options_free(o);
+
+  /* stoker_transform_apply: one image through a spec, with the drawn parameters. */
+  unsigned char rgb[4 * 6 * 3], flipped[4 * 6 * 3];
+  for (int i = 0; i < 4 * 6 * 3; i++) rgb[i] = (unsigned char)(i * 7);
+  char params[256];
+  size_t needed = 0;
+  CHECK_STATUS(stoker_transform_apply("center_crop(4, 6) | vflip(p=1)", rgb, 6, 4, 1, 0, 0, flipped,
+                                      sizeof flipped, params, sizeof params, &needed),
+               STOKER_OK);
+  CHECK(memcmp(flipped, rgb + 3 * 18, 18) == 0 && memcmp(flipped + 3 * 18, rgb, 18) == 0);
+  CHECK(needed > 0 && strstr(params, "\"op\":\"vflip\"") != NULL);
+  CHECK_STATUS(stoker_transform_apply("center_crop(4, 6) | vflip(p=1)", rgb, 6, 4, 1, 0, 0, flipped,
+                                      sizeof flipped - 1, NULL, 0, NULL),
+               STOKER_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("out_len");
+
   remove_folder(&good);
   remove_folder(&bad);
   return t_finish("test_images");

@@ -19,7 +19,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 TORCH_VERSION=2.15.0 # the LibTorch version of bindings/cpp/run_tests.sh
 VENV="$ROOT/.venv-test"
-REQUIREMENTS="numpy pillow pytest mypy webdataset torch==$TORCH_VERSION"
+TORCHVISION_VERSION=0.29.2 # torchvision v2, the reference of the augmentation tests (requires torch >= 2.14)
+REQUIREMENTS="numpy pillow pytest mypy webdataset torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 START=$SECONDS
 checks=0

@@ -43,6 +43,8 @@ pub mod pack;
 
 pub mod dlpack;
 
+pub mod transform;
+
 #[cfg(test)]
 mod tests;
 

@@ -40,9 +40,10 @@ pub extern "C" fn stoker_options_new() -> *mut stoker_options {
 /// | `weights` | `w0,w1,...` (finite, ≥ 0) | none | `WeightedRandomSampler` (with replacement) |
 /// | `subset` | `3,5,9` or `0..1000`, mixed | none | `SubsetRandomSampler`: these indices, shuffled every epoch |
 /// | `indices` | `3,5,9` or `0..1000`, mixed | none | these indices in this order every epoch (a torch `sampler=` given as a sequence) |
-/// | `transform` | e.g. `random_resized_crop(224) \| hflip \| normalize(imagenet)` | none | `resize(S)`, `resize(H,W)`, `center_crop(S)`, `random_resized_crop(S, scale=a:b, ratio=a:b)`, `hflip(p=0.5)`, `normalize(mean=…, std=…)`, run fused into the batch slot |
+/// | `transform` | e.g. `random_resized_crop(224) \| hflip \| normalize(imagenet)` | none | operations separated by `\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see the README's transform table); run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument |
 /// | `dtype` | `uint8`, `float32`, `float16`, `bfloat16` | float32 after normalize, else uint8 | image output element type (tensor sources deliver data as stored) |
 /// | `layout` | `nchw`, `nhwc` | nchw | image batch layout |
+/// | `input_layout` | `hwc`, `chw` | `hwc` if the last dimension is 3, else `chw` if the first is | how an image-shaped uint8 tensor field (npy, tar `npy`, packed raw, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images |
 /// | `pin_memory` | bool | true with cuda | page-locked batch memory (`mlock`, or driver registration on cuda) |
 /// | `device` | `cpu`, `cuda`, `cuda:N` | cpu | where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node) |
 /// | `cuda_stream` | a CUstream, decimal or `0x` hex | the loader's own | device=cuda: copy on the caller's stream (borrowed, never destroyed) |

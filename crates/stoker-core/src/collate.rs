@@ -29,7 +29,7 @@ use crate::rng::{Rng, Stream};
 use crate::sampler::Draws;
 use crate::source::{FieldKind, FieldSpec, Sample, Source};
 use crate::stats::{SpanKind, Spans, Stage};
-use crate::transform::{Pipeline, Scratch as TransformScratch};
+use crate::transform::{mix, Pipeline, Scratch as TransformScratch};
 
 /// Alignment of every field inside a slab (DLPack recommends 256 bytes for device copies).
 const FIELD_ALIGN: usize = 256;
@@ -41,7 +41,47 @@ pub const MAX_REPLACEMENTS: usize = 16;
 /// allocating), then transformed by `pipeline` straight into the slot.
 pub struct ImageStages {
     pub max_pixels: u64,
+    /// How image-shaped uint8 tensor fields are stored (`None`: from their shape).
+    pub input_layout: Option<InputLayout>,
     pub pipeline: Pipeline,
+}
+
+/// How an image-shaped uint8 tensor field is stored (option `input_layout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputLayout {
+    Hwc,
+    Chw,
+}
+
+/// `(height, width, layout)` of a uint8 tensor field holding RGB images: `[H, W, 3]` (hwc) or
+/// `[3, H, W]` (chw), as `input_layout` says or, unset, hwc if the last dimension is 3, else chw
+/// if the first is.
+pub fn tensor_image_shape(
+    field: &FieldSpec,
+    input_layout: Option<InputLayout>,
+) -> Option<(usize, usize, InputLayout)> {
+    let FieldKind::Tensor {
+        dtype: DType::U8,
+        shape,
+    } = &field.kind
+    else {
+        return None;
+    };
+    let &[a, b, c] = shape.as_slice() else {
+        return None;
+    };
+    let layout = input_layout.or(if c == 3 {
+        Some(InputLayout::Hwc)
+    } else if a == 3 {
+        Some(InputLayout::Chw)
+    } else {
+        None
+    })?;
+    match layout {
+        InputLayout::Hwc if c == 3 && a > 0 && b > 0 => Some((a, b, layout)),
+        InputLayout::Chw if a == 3 && b > 0 && c > 0 => Some((b, c, layout)),
+        _ => None,
+    }
 }
 
 /// Decode buffers larger than this are released after use instead of kept for the next image.
@@ -59,6 +99,20 @@ enum Output {
         pad: Vec<u8>,
     },
     Image(Arc<ImageStages>),
+    /// A uint8 RGB tensor (`[H, W, 3]` or `[3, H, W]`) transformed like a decoded image.
+    TensorImage {
+        stages: Arc<ImageStages>,
+        height: usize,
+        width: usize,
+        layout: InputLayout,
+    },
+    /// An integer class label written as a float32 one-hot row of `num_classes` (label smoothing
+    /// folded in), later blended by the batch's mixup/cutmix.
+    SoftLabel {
+        src: DType,
+        num_classes: usize,
+        smoothing: f64,
+    },
 }
 
 /// Per-worker scratch memory, reused for every batch the worker builds.
@@ -192,11 +246,50 @@ impl Collator {
     ) -> Result<Collator> {
         let mut outputs = Vec::new();
         let mut names = Vec::new();
+        let mix = image
+            .as_ref()
+            .and_then(|stages| stages.pipeline.batch_mix().cloned());
+        if let Some(mix) = &mix {
+            let labelled = fields.iter().any(|f| {
+                f.name == "label"
+                    && matches!(&f.kind, FieldKind::Tensor { dtype: DType::I64 | DType::I32, shape } if shape.is_empty())
+            });
+            if !labelled {
+                return Err(Error::option(
+                    "transform",
+                    format!(
+                        "mixup/cutmix (num_classes={}) need an integer scalar field `label` to \
+                         turn into soft targets; this source has none",
+                        mix.num_classes
+                    ),
+                ));
+            }
+        }
         for spec in fields {
             let output = match &spec.kind {
-                FieldKind::Tensor { dtype, shape } => Output::Copy {
-                    dtype: *dtype,
-                    shape: shape.clone(),
+                FieldKind::Tensor { dtype, shape }
+                    if spec.name == "label" && shape.is_empty() && mix.is_some() =>
+                {
+                    let mix = mix.as_ref().ok_or_else(|| Error::Internal("mix".into()))?;
+                    Output::SoftLabel {
+                        src: *dtype,
+                        num_classes: mix.num_classes,
+                        smoothing: mix.label_smoothing,
+                    }
+                }
+                FieldKind::Tensor { dtype, shape } => match image.as_ref().and_then(|stages| {
+                    tensor_image_shape(spec, stages.input_layout).map(|s| (stages, s))
+                }) {
+                    Some((stages, (height, width, layout))) => Output::TensorImage {
+                        stages: stages.clone(),
+                        height,
+                        width,
+                        layout,
+                    },
+                    None => Output::Copy {
+                        dtype: *dtype,
+                        shape: shape.clone(),
+                    },
                 },
                 FieldKind::Ragged { dtype, inner_shape } => {
                     // Raw bytes (a tar `txt` or `json` member, say) have an obvious pad, 0;
@@ -369,6 +462,7 @@ impl Collator {
         // Bytes copied from a file mapped while another process truncated it are zeros, not
         // the file's: the batch fails instead of carrying them.
         pick.verify()?;
+        self.mix_batch(key, n, &metas, slab);
         Ok(Batch::host(
             metas,
             lease,
@@ -488,6 +582,8 @@ impl Collator {
                     got.is_multiple_of((inner.iter().product::<usize>() * dtype.size()).max(1))
                 }
                 Output::Image(_) => got > 0,
+                Output::SoftLabel { src, .. } => got == src.size(),
+                Output::TensorImage { height, width, .. } => got == height * width * 3,
             };
             if !ok {
                 let reason = match out {
@@ -501,6 +597,14 @@ impl Collator {
                         self.names[f]
                     ),
                     Output::Image(_) => format!("field `{}` is empty (0 bytes)", self.names[f]),
+                    Output::TensorImage { height, width, .. } => format!(
+                        "field `{}` has {got} bytes; expected a uint8 {height}x{width}x3 image",
+                        self.names[f]
+                    ),
+                    Output::SoftLabel { src, .. } => format!(
+                        "field `{}` has {got} bytes; expected one {src}",
+                        self.names[f]
+                    ),
                 };
                 return Err(sample_error(pick, index, reason));
             }
@@ -541,7 +645,10 @@ impl Collator {
                         .chain(inner.iter().copied())
                         .collect(),
                 ),
-                Output::Image(stages) => (stages.pipeline.dtype(), stages.pipeline.shape()),
+                Output::Image(stages) | Output::TensorImage { stages, .. } => {
+                    (stages.pipeline.dtype(), stages.pipeline.shape())
+                }
+                Output::SoftLabel { num_classes, .. } => (DType::F32, vec![*num_classes]),
             };
             push(
                 self.names[f].clone(),
@@ -592,6 +699,72 @@ impl Collator {
                     let len = self.ragged_len(f, sample) as i64;
                     slab[len_meta.offset + slot * 8..][..8].copy_from_slice(&len.to_ne_bytes());
                 }
+                Output::SoftLabel {
+                    src: label_type,
+                    num_classes,
+                    smoothing,
+                } => {
+                    let label = match label_type {
+                        DType::I32 => src
+                            .try_into()
+                            .map(|b: [u8; 4]| i32::from_ne_bytes(b) as i64),
+                        _ => src.try_into().map(i64::from_ne_bytes),
+                    }
+                    .map_err(|_| sample_error(pick, index, "label has the wrong size".into()))?;
+                    if !(0..*num_classes as i64).contains(&label) {
+                        return Err(sample_error(
+                            pick,
+                            index,
+                            format!(
+                                "field `{}`: label {label} is outside 0..{num_classes} \
+                                 (mixup/cutmix num_classes)",
+                                self.names[f]
+                            ),
+                        ));
+                    }
+                    // timm's one-hot with smoothing: off = s / N, on = 1 - s + off.
+                    let off = (*smoothing / *num_classes as f64) as f32;
+                    let on = (1.0 - *smoothing) as f32 + off;
+                    for (c, e) in dst.chunks_exact_mut(4).enumerate() {
+                        let v = if c as i64 == label { on } else { off };
+                        e.copy_from_slice(&v.to_ne_bytes());
+                    }
+                }
+                Output::TensorImage {
+                    stages,
+                    height,
+                    width,
+                    layout,
+                } => {
+                    let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
+                    let Pixels { decode, transform } = pixels;
+                    let rgb = match layout {
+                        InputLayout::Hwc => src,
+                        InputLayout::Chw => {
+                            // Interleave the planes into the worker's pixel buffer.
+                            let plane = height * width;
+                            decode.rgb.clear();
+                            decode.rgb.resize(plane * 3, 0);
+                            for (i, px) in decode.rgb.chunks_exact_mut(3).enumerate() {
+                                for (c, v) in px.iter_mut().enumerate() {
+                                    *v = src[c * plane + i];
+                                }
+                            }
+                            &decode.rgb
+                        }
+                    };
+                    stages
+                        .pipeline
+                        .apply(rgb, *width, *height, &mut rng, dst, transform)
+                        .map_err(|reason| sample_error(pick, index, reason))?;
+                    spans.push(
+                        SpanKind::Stage(Stage::Transform),
+                        slot,
+                        pick.index(index) as usize,
+                        start,
+                    );
+                    continue;
+                }
                 Output::Image(stages) => {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let at = (slot, pick.index(index) as usize);
@@ -608,6 +781,52 @@ impl Collator {
             );
         }
         Ok(())
+    }
+}
+
+impl Collator {
+    /// mixup/cutmix over the written batch: one draw keyed by (seed, epoch, batch position),
+    /// images and soft labels of sample `i` blended with those of sample `n - 1 - i`.
+    fn mix_batch(&self, key: BatchKey, n: usize, metas: &[FieldMeta], slab: &mut [u8]) {
+        let Some((f_img, stages)) = self.outputs.iter().enumerate().find_map(|(f, o)| match o {
+            Output::Image(stages) | Output::TensorImage { stages, .. } => Some((f, stages)),
+            _ => None,
+        }) else {
+            return;
+        };
+        let Some(mix) = stages.pipeline.batch_mix() else {
+            return;
+        };
+        let Some(f_label) = self
+            .outputs
+            .iter()
+            .position(|o| matches!(o, Output::SoftLabel { .. }))
+        else {
+            return;
+        };
+        let (height, width) = stages.pipeline.output_size();
+        let mut rng = Rng::for_key(key.seed, Stream::Mix, key.epoch, key.position as u64);
+        let draw = mix.draw(&mut rng, height, width);
+        if draw.lam >= 1.0 || n < 2 {
+            return;
+        }
+        let img = &metas[f_img];
+        let images = &mut slab[img.offset..img.offset + img.num_bytes()];
+        let dtype = stages.pipeline.dtype();
+        match draw.cut {
+            Some(cut) => mix::swap_boxes(
+                images,
+                n,
+                (height, width),
+                stages.pipeline.layout(),
+                dtype,
+                cut,
+            ),
+            None => mix::blend_pairs(images, n, img.num_bytes() / n, dtype, draw.lam),
+        }
+        let lab = &metas[f_label];
+        let labels = &mut slab[lab.offset..lab.offset + lab.num_bytes()];
+        mix::blend_pairs(labels, n, lab.num_bytes() / n, DType::F32, draw.lam);
     }
 }
 

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::collate::ImageStages;
+use crate::collate::{tensor_image_shape, InputLayout};
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::launch::{usable_cores, Launch};
@@ -101,6 +102,8 @@ pub struct LoaderOptions {
     pub(crate) transform: Option<String>,
     pub(crate) dtype: Option<DType>,
     pub(crate) layout: Layout,
+    /// How image-shaped uint8 tensor fields are stored (`None`: from their shape).
+    pub(crate) input_layout: Option<InputLayout>,
     /// `None`: page-locked when the device is CUDA.
     pub(crate) pin_memory: Option<bool>,
     pub(crate) device: Device,
@@ -156,6 +159,7 @@ impl Default for LoaderOptions {
             transform: None,
             dtype: None,
             layout: Layout::Nchw,
+            input_layout: None,
             pin_memory: None,
             device: Device::Cpu,
             cuda_local: false,
@@ -207,9 +211,10 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "weights", values: "`w0,w1,...` (finite, ≥ 0)", default: "none", meaning: "`WeightedRandomSampler` (with replacement)" },
     OptionDoc { key: "subset", values: "`3,5,9` or `0..1000`, mixed", default: "none", meaning: "`SubsetRandomSampler`: these indices, shuffled every epoch" },
     OptionDoc { key: "indices", values: "`3,5,9` or `0..1000`, mixed", default: "none", meaning: "these indices in this order every epoch (a torch `sampler=` given as a sequence)" },
-    OptionDoc { key: "transform", values: "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`", default: "none", meaning: "`resize(S)`, `resize(H,W)`, `center_crop(S)`, `random_resized_crop(S, scale=a:b, ratio=a:b)`, `hflip(p=0.5)`, `normalize(mean=…, std=…)`, run fused into the batch slot" },
+    OptionDoc { key: "transform", values: "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`", default: "none", meaning: "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see the README's transform table); run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument" },
     OptionDoc { key: "dtype", values: "`uint8`, `float32`, `float16`, `bfloat16`", default: "float32 after normalize, else uint8", meaning: "image output element type (tensor sources deliver data as stored)" },
     OptionDoc { key: "layout", values: "`nchw`, `nhwc`", default: "nchw", meaning: "image batch layout" },
+    OptionDoc { key: "input_layout", values: "`hwc`, `chw`", default: "`hwc` if the last dimension is 3, else `chw` if the first is", meaning: "how an image-shaped uint8 tensor field (npy, tar `npy`, packed raw, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images" },
     OptionDoc { key: "pin_memory", values: "bool", default: "true with cuda", meaning: "page-locked batch memory (`mlock`, or driver registration on cuda)" },
     OptionDoc { key: "device", values: "`cpu`, `cuda`, `cuda:N`", default: "cpu", meaning: "where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node)" },
     OptionDoc { key: "cuda_stream", values: "a CUstream, decimal or `0x` hex", default: "the loader's own", meaning: "device=cuda: copy on the caller's stream (borrowed, never destroyed)" },
@@ -394,6 +399,13 @@ impl LoaderOptions {
             }
             "dtype" => self.dtype = Some(v.parse().map_err(|e| Error::option(key, e))?),
             "layout" => self.layout = v.parse().map_err(|e| Error::option(key, e))?,
+            "input_layout" => {
+                self.input_layout = Some(match v {
+                    "hwc" => InputLayout::Hwc,
+                    "chw" => InputLayout::Chw,
+                    _ => return Err(Error::option(key, format!("`{v}` is not hwc or chw"))),
+                })
+            }
             "pin_memory" => self.pin_memory = Some(parse_bool(key, v)?),
             "device" => {
                 self.cuda_local = v == "cuda";
@@ -780,9 +792,16 @@ impl LoaderOptions {
     pub fn image_stages(&self, fields: &[FieldSpec]) -> Result<Option<ImageStages>> {
         let options = self;
         let has_images = fields.iter().any(|f| f.kind == FieldKind::EncodedImage);
-        if !has_images {
-            // Tensors are delivered as stored: a conversion here would be a second copy that a
-            // caller asking for one should see, not get silently.
+        let tensor_images = fields
+            .iter()
+            .filter(|f| tensor_image_shape(f, options.input_layout).is_some())
+            .count();
+        let wants_pixels = options.transform.is_some()
+            || options.dtype.is_some()
+            || options.layout != Layout::Nchw;
+        if !has_images && (tensor_images == 0 || !wants_pixels) {
+            // Tensors are delivered as stored unless an image-shaped uint8 field is asked to be
+            // transformed: a conversion here would be a second copy a caller should see.
             for (key, set) in [
                 ("transform", options.transform.is_some()),
                 ("dtype", options.dtype.is_some()),
@@ -791,7 +810,8 @@ impl LoaderOptions {
                 if set {
                     return Err(Error::option(
                         key,
-                        "applies to image sources only; tensor fields are delivered as stored",
+                        "applies to images: encoded image fields, or uint8 tensor fields of \
+                         shape [H, W, 3] or [3, H, W] (see input_layout); this source has none",
                     ));
                 }
             }
@@ -807,6 +827,7 @@ impl LoaderOptions {
             .map_err(|reason| Error::option("transform", reason))?;
         Ok(Some(ImageStages {
             max_pixels: options.max_image_pixels,
+            input_layout: options.input_layout,
             pipeline,
         }))
     }

@@ -17,6 +17,8 @@ pub enum Stream {
     Replace = 0x7265_706c,
     /// Streaming mode: which sample leaves the shuffle buffer.
     Buffer = 0x6275_6666,
+    /// Batch-level mixing (mixup, cutmix), keyed by the batch's position.
+    Mix = 0x006d_6978,
 }
 
 /// One SplitMix64 step: a strong 64-bit mixer.

@@ -25,6 +25,7 @@ from .errors import (
 from .iterable import StreamInfo, stream_info
 from .loader import Launch, Loader, Stats, launch
 from .pack import pack, pack_merge
+from .transform import transform_image
 
 __version__: str = _lib.stoker_version().decode()
 """Version of the loaded library (the package is versioned with it)."""
@@ -53,4 +54,5 @@ __all__ = [
     "pack",
     "pack_merge",
     "stream_info",
+    "transform_image",
 ]

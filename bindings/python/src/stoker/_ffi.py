@@ -263,6 +263,23 @@ _SIGNATURES = {
     ),
     "stoker_batch_wait": (_STATUS, [_P, ctypes.c_void_p]),
     "stoker_batch_release": (None, [_P]),
+    "stoker_transform_apply": (
+        _STATUS,
+        [
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_size_t,
+            ctypes.c_uint64,
+            ctypes.c_uint64,
+            ctypes.c_uint64,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_size_t),
+        ],
+    ),
 }
 
 

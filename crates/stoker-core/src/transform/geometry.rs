@@ -180,6 +180,11 @@ pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Pl
                 }
             }
             Op::Normalize { .. } => {}
+            ref other => {
+                return Err(format!(
+                    "internal: {other:?} is not folded into the geometry plan"
+                ))
+            }
         }
     }
     // Keep the source rectangle inside the image despite float rounding.

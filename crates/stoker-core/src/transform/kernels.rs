@@ -4,8 +4,9 @@
 use fast_image_resize::images::{CroppedImage, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
+use super::augment::Erase;
 use super::geometry::Plan;
-use crate::dtype::Layout;
+use crate::dtype::{DType, Layout};
 
 /// Resamples `plan.rect` of the clip region of `rgb` into `resized` (`plan.width` x
 /// `plan.height` RGB8) with antialiased bilinear filtering (Pillow's algorithm: the filter
@@ -150,6 +151,41 @@ pub(super) fn write_lut<T: Copy, const N: usize>(
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Overwrites the erased box of the written output with its value (in output units: uint8
+/// rounded, float16 and bfloat16 rounded to nearest even), as torchvision's `RandomErasing` on
+/// the final tensor.
+pub(super) fn write_erase(
+    e: &Erase,
+    width: usize,
+    height: usize,
+    layout: Layout,
+    dtype: DType,
+    out: &mut [u8],
+) {
+    let n = dtype.size();
+    let mut values = [[0u8; 4]; 3];
+    for (c, v) in values.iter_mut().enumerate() {
+        let x = e.value[c];
+        match dtype {
+            DType::F32 => v.copy_from_slice(&(x as f32).to_ne_bytes()),
+            DType::F16 => v[..2].copy_from_slice(&half::f16::from_f64(x).to_bits().to_ne_bytes()),
+            DType::BF16 => v[..2].copy_from_slice(&half::bf16::from_f64(x).to_bits().to_ne_bytes()),
+            _ => v[0] = x.round().clamp(0.0, 255.0) as u8,
+        }
+    }
+    for y in e.top..(e.top + e.height).min(height) {
+        for x in e.left..(e.left + e.width).min(width) {
+            for (c, v) in values.iter().enumerate() {
+                let at = match layout {
+                    Layout::Nhwc => ((y * width + x) * 3 + c) * n,
+                    Layout::Nchw => ((c * height + y) * width + x) * n,
+                };
+                out[at..at + n].copy_from_slice(&v[..n]);
             }
         }
     }

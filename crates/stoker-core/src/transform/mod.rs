@@ -11,6 +11,14 @@
 //! | `random_resized_crop(S, scale=a:b, ratio=a:b)` | `RandomResizedCrop`: defaults scale `0.08:1`, ratio `3/4:4/3`; `S` or `H, W` |
 //! | `hflip`, `hflip(p=0.5)` | flip left-right with probability `p` (`RandomHorizontalFlip`) |
 //! | `normalize(mean=a,b,c, std=a,b,c)`, `normalize(imagenet)` | `(x / 255 - mean) / std` per channel |
+//! | `random_crop(S, padding=P, pad_mode=M, fill=V)` | `RandomCrop` (constant, edge, reflect, symmetric) |
+//! | `vflip(p=0.5)` | `RandomVerticalFlip` |
+//! | `color_jitter(brightness=, contrast=, saturation=, hue=)` | `ColorJitter`, random order |
+//! | `grayscale(p=0.1)` | `RandomGrayscale` |
+//! | `gaussian_blur(K, sigma=a:b)` | `GaussianBlur` |
+//! | `rotate(D, fill=V)`, `affine(degrees=, translate=, scale=, shear=, fill=)` | `RandomRotation`, `RandomAffine`, bilinear |
+//! | `rand_augment(num_ops=2, magnitude=9)`, `trivial_augment`, `auto_augment(imagenet)` | `RandAugment`, `TrivialAugmentWide`, `AutoAugment` |
+//! | `random_erasing(p=0.5, scale=a:b, ratio=a:b, value=V)` | `RandomErasing` on the final tensor (value in output units) |
 //!
 //! Resizing is antialiased bilinear (Pillow's `BILINEAR`, torchvision's `antialias=True`) through
 //! fast_image_resize. The output type is `uint8`, `float32`, `float16` or `bfloat16` (default
@@ -46,18 +54,33 @@
 //! Decoding is not done here: [`crate::decode`] turns bytes into RGB8 and [`crate::collate`]
 //! hands the decoded image to [`Pipeline::apply`].
 //!
+//! # After the plan
+//!
+//! The ops the plan cannot fold (and every op after the first of them) run on the
+//! materialised, crop-sized RGB8 image in the worker's reused buffers ([`Scratch`]): colour ops
+//! in place, warps and crops through one spare buffer swapped in. They need the size fixed
+//! before them. `random_erasing` is kept as a box and written by the output pass, in output
+//! units, as torchvision erases the final (normalized) tensor.
+//!
 //! Layout: [`spec`] parses the spec language, [`geometry`] folds the geometric ops into one
 //! [`Plan`] per sample, [`pipeline`] is the validated [`Pipeline`] that runs a plan, and
-//! `kernels` holds the pixel loops (the resample and the one output pass).
+//! `kernels` holds the pixel loops (the resample and the one output pass); `augment` draws and
+//! runs the ops after the plan, with `color` and [`warp`] their kernels.
 
+mod augment;
+mod color;
 pub mod geometry;
 mod kernels;
+pub mod mix;
 pub mod pipeline;
 pub mod spec;
+pub mod warp;
 
+pub use augment::AugOp;
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
+pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch};
-pub use spec::{parse, Op, IMAGENET_MEAN, IMAGENET_STD};
+pub use spec::{parse, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD};
 
 #[cfg(test)]
 mod tests;

@@ -3,8 +3,10 @@
 
 use fast_image_resize::Resizer;
 
+use super::augment::{self, Erase, Frame};
 use super::geometry::Plan;
-use super::kernels::{resample, write_lut, write_u8, SrcView};
+use super::kernels::{resample, write_erase, write_lut, write_u8, SrcView};
+use super::mix::BatchMix;
 use super::spec::{parse, Op};
 use crate::dtype::{DType, Layout};
 use crate::rng::Rng;
@@ -19,6 +21,10 @@ enum Lut {
 /// A parsed, validated pipeline with a fixed output size.
 pub struct Pipeline {
     ops: Vec<Op>,
+    /// How many leading ops the geometry plan folds; the rest run on the materialised image.
+    planned: usize,
+    /// The batch-level mixing (`mixup`, `cutmix`), run by collate on the whole batch.
+    mix: Option<BatchMix>,
     height: usize,
     width: usize,
     dtype: DType,
@@ -45,6 +51,45 @@ impl std::fmt::Debug for Pipeline {
 pub struct Scratch {
     resized: Vec<u8>,
     resizer: Resizer,
+    /// The crop-sized image the ops after the geometry plan work on, and their buffers.
+    frame: Frame,
+}
+
+/// Whether the geometry plan can fold `op` (while no later-stage op precedes it).
+fn foldable(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::ResizeShorter(_)
+            | Op::Resize { .. }
+            | Op::CenterCrop { .. }
+            | Op::RandomResizedCrop { .. }
+            | Op::HFlip { .. }
+            | Op::Normalize { .. }
+    )
+}
+
+/// The spec name of `op`, for messages.
+fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::ResizeShorter(_) | Op::Resize { .. } => "resize",
+        Op::CenterCrop { .. } => "center_crop",
+        Op::RandomResizedCrop { .. } => "random_resized_crop",
+        Op::HFlip { .. } => "hflip",
+        Op::Normalize { .. } => "normalize",
+        Op::RandomCrop { .. } => "random_crop",
+        Op::VFlip { .. } => "vflip",
+        Op::ColorJitter { .. } => "color_jitter",
+        Op::Grayscale { .. } => "grayscale",
+        Op::GaussianBlur { .. } => "gaussian_blur",
+        Op::Rotate { .. } => "rotate",
+        Op::Affine { .. } => "affine",
+        Op::RandAugment { .. } => "rand_augment",
+        Op::TrivialAugment => "trivial_augment",
+        Op::AutoAugment => "auto_augment",
+        Op::RandomErasing { .. } => "random_erasing",
+        Op::Mixup { .. } => "mixup",
+        Op::Cutmix { .. } => "cutmix",
+    }
 }
 
 impl Pipeline {
@@ -56,24 +101,77 @@ impl Pipeline {
         dtype: Option<DType>,
         layout: Layout,
     ) -> Result<Pipeline, String> {
-        let ops = match spec {
+        let mut ops = match spec {
             Some(s) => parse(s)?,
             None => Vec::new(),
         };
+        // Batch-level ops leave the per-sample list: collate runs them on the whole batch.
+        let mix = BatchMix::from_ops(&ops)?;
+        ops.retain(|op| !matches!(op, Op::Mixup { .. } | Op::Cutmix { .. }));
+        if mix.is_some() && ops.is_empty() {
+            return Err(
+                "mixup/cutmix: need per-sample operations that fix the image size \
+                        before them (e.g. `random_resized_crop(224) | mixup(...)`)"
+                    .into(),
+            );
+        }
         let mut size = None;
         let mut normalize = None;
-        for op in &ops {
+        // The first op the geometry plan cannot fold: it and every later op run on the
+        // materialised image.
+        let planned = ops.iter().position(|op| !foldable(op)).unwrap_or(ops.len());
+        let mut erasing = None;
+        for (i, op) in ops.iter().enumerate() {
+            let name = op_name(op);
+            if let Some(e) = erasing {
+                if !matches!(op, Op::Normalize { .. }) {
+                    return Err(format!(
+                        "{name}: must come before {e}, which works on the final image (only \
+                         normalize may follow it)"
+                    ));
+                }
+            }
             match op {
+                Op::ResizeShorter(_) | Op::Resize { .. } | Op::RandomResizedCrop { .. }
+                    if i > planned =>
+                {
+                    return Err(format!(
+                        "{name}: must come before {} (resampling runs before the operations \
+                         on the crop-sized image)",
+                        op_name(&ops[planned])
+                    ));
+                }
                 Op::ResizeShorter(_) => size = None,
                 Op::Resize { height, width }
                 | Op::CenterCrop { height, width }
-                | Op::RandomResizedCrop { height, width, .. } => size = Some((*height, *width)),
-                Op::HFlip { .. } => {}
+                | Op::RandomResizedCrop { height, width, .. }
+                | Op::RandomCrop { height, width, .. } => size = Some((*height, *width)),
+                Op::HFlip { .. } | Op::VFlip { .. } | Op::Mixup { .. } | Op::Cutmix { .. } => {}
                 Op::Normalize { mean, std } => {
                     if normalize.is_some() {
                         return Err("normalize appears twice".into());
                     }
                     normalize = Some((*mean, *std));
+                }
+                Op::ColorJitter { .. }
+                | Op::Grayscale { .. }
+                | Op::GaussianBlur { .. }
+                | Op::Rotate { .. }
+                | Op::Affine { .. }
+                | Op::RandAugment { .. }
+                | Op::TrivialAugment
+                | Op::AutoAugment
+                | Op::RandomErasing { .. } => {
+                    if size.is_none() {
+                        return Err(format!(
+                            "{name}: needs a fixed size before it: put it after resize(H, W), \
+                             center_crop, random_crop or random_resized_crop, so that it runs \
+                             on the crop-sized image"
+                        ));
+                    }
+                    if let Op::RandomErasing { .. } = op {
+                        erasing = Some(name);
+                    }
                 }
             }
         }
@@ -135,14 +233,35 @@ impl Pipeline {
                 ))
             }
         };
+        if let Some(Op::RandomErasing { value, .. }) =
+            ops.iter().find(|op| matches!(op, Op::RandomErasing { .. }))
+        {
+            if dtype == DType::U8 && value.iter().any(|v| !(0.0..=255.0).contains(v)) {
+                return Err(format!(
+                    "random_erasing: value={value:?} is outside 0..=255 of the uint8 output"
+                ));
+            }
+        }
         Ok(Pipeline {
             ops,
+            planned,
+            mix,
             height,
             width,
             dtype,
             layout,
             lut,
         })
+    }
+
+    /// The batch-level mixing, if the spec has `mixup` or `cutmix`.
+    pub fn batch_mix(&self) -> Option<&BatchMix> {
+        self.mix.as_ref()
+    }
+
+    /// Output layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     pub fn ops(&self) -> &[Op] {
@@ -174,8 +293,9 @@ impl Pipeline {
 
     /// Folds the ops for a `width`x`height` decoded image, drawing the random choices from `rng`
     /// in op order.
+    /// Only the leading ops the plan can fold take part; the rest run after it.
     pub fn plan(&self, width: usize, height: usize, rng: &mut Rng) -> Result<Plan, String> {
-        super::geometry::plan(&self.ops, width, height, rng)
+        super::geometry::plan(&self.ops[..self.planned], width, height, rng)
     }
 
     /// Transforms a decoded RGB8 image (`width * height * 3` bytes) into `out`, with fresh
@@ -202,7 +322,28 @@ impl Pipeline {
         out: &mut [u8],
         scratch: &mut Scratch,
     ) -> Result<(), String> {
-        let Scratch { resized, resizer } = scratch;
+        self.apply_traced(rgb, width, height, rng, out, scratch, None)
+    }
+
+    /// [`apply`](Self::apply), appending each randomized op's drawn parameters to `trace` as
+    /// one JSON object (`{"op": "rotate", "angle": 12.5}`) when given: the hook the
+    /// equivalence tests replay through torchvision.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_traced(
+        &self,
+        rgb: &[u8],
+        width: usize,
+        height: usize,
+        rng: &mut Rng,
+        out: &mut [u8],
+        scratch: &mut Scratch,
+        mut trace: Option<&mut Vec<String>>,
+    ) -> Result<(), String> {
+        let Scratch {
+            resized,
+            resizer,
+            frame,
+        } = scratch;
         if out.len() != self.output_bytes() {
             return Err(format!(
                 "output slot has {} bytes, the pipeline writes {}",
@@ -217,6 +358,16 @@ impl Pipeline {
             ));
         }
         let plan = self.plan(width, height, rng)?;
+        if let Some(t) = trace.as_deref_mut() {
+            let [left, top, w, h] = plan.rect;
+            t.push(format!(
+                r#"{{"op":"plan","left":{left},"top":{top},"width":{w},"height":{h},"flip":{}}}"#,
+                plan.flip
+            ));
+        }
+        if self.planned < self.ops.len() {
+            return self.apply_stages(rgb, width, height, &plan, rng, out, trace, resizer, frame);
+        }
         if (plan.width, plan.height) != (self.width, self.height) {
             return Err(format!(
                 "internal: planned {}x{}, pipeline output {}x{}",
@@ -238,11 +389,76 @@ impl Pipeline {
             height: plan.height,
             flip: plan.flip,
         };
-        match &self.lut {
-            Lut::U8 => write_u8(&img, self.layout, out),
-            Lut::F32(t) => write_lut(&img, self.layout, t, out, f32::to_ne_bytes),
-            Lut::Half(t) => write_lut(&img, self.layout, t, out, u16::to_ne_bytes),
-        }
+        self.write_out(&img, out, None);
         Ok(())
+    }
+
+    /// The ops after the geometry plan: materialise the planned image (flipped if the plan
+    /// flips) in the frame, run each op on it in place or through the frame's spare buffer,
+    /// then the one output pass.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_stages(
+        &self,
+        rgb: &[u8],
+        width: usize,
+        height: usize,
+        plan: &Plan,
+        rng: &mut Rng,
+        out: &mut [u8],
+        mut trace: Option<&mut Vec<String>>,
+        resizer: &mut Resizer,
+        frame: &mut Frame,
+    ) -> Result<(), String> {
+        let (pw, ph) = (plan.width, plan.height);
+        if plan.is_copy() {
+            let (x0, y0) = (plan.rect[0] as usize, plan.rect[1] as usize);
+            frame.img.clear();
+            for y in y0..y0 + ph {
+                let start = (y * width + x0) * 3;
+                frame.img.extend_from_slice(&rgb[start..start + pw * 3]);
+            }
+        } else {
+            resample(rgb, width, height, plan, &mut frame.img, resizer)?;
+        }
+        if plan.flip {
+            super::warp::hflip(&mut frame.img, pw);
+        }
+        frame.width = pw;
+        frame.height = ph;
+        let mut erase = None;
+        for op in &self.ops[self.planned..] {
+            if let Some(e) = augment::run(op, frame, rng, &mut trace)? {
+                erase = Some(e);
+            }
+        }
+        if (frame.width, frame.height) != (self.width, self.height) {
+            return Err(format!(
+                "internal: transformed to {}x{}, pipeline output {}x{}",
+                frame.width, frame.height, self.width, self.height
+            ));
+        }
+        let img = SrcView {
+            data: &frame.img,
+            stride: frame.width * 3,
+            x0: 0,
+            y0: 0,
+            width: frame.width,
+            height: frame.height,
+            flip: false,
+        };
+        self.write_out(&img, out, erase.as_ref());
+        Ok(())
+    }
+
+    /// The one output pass (type, normalisation, layout), then the erased box if any.
+    fn write_out(&self, img: &SrcView<'_>, out: &mut [u8], erase: Option<&Erase>) {
+        match &self.lut {
+            Lut::U8 => write_u8(img, self.layout, out),
+            Lut::F32(t) => write_lut(img, self.layout, t, out, f32::to_ne_bytes),
+            Lut::Half(t) => write_lut(img, self.layout, t, out, u16::to_ne_bytes),
+        }
+        if let Some(e) = erase {
+            write_erase(e, img.width, img.height, self.layout, self.dtype, out);
+        }
     }
 }

@@ -32,7 +32,93 @@ pub enum Op {
         mean: [f64; 3],
         std: [f64; 3],
     },
+    /// `RandomCrop`: pad each side by `padding` (`left, top, right, bottom`), then crop
+    /// `height`x`width` at a uniformly drawn position.
+    RandomCrop {
+        height: usize,
+        width: usize,
+        padding: [usize; 4],
+        pad_mode: PadMode,
+        fill: [u8; 3],
+    },
+    VFlip {
+        p: f64,
+    },
+    /// `ColorJitter`: factor ranges (`None`: not applied); hue is an offset in turns.
+    ColorJitter {
+        brightness: Option<(f64, f64)>,
+        contrast: Option<(f64, f64)>,
+        saturation: Option<(f64, f64)>,
+        hue: Option<(f64, f64)>,
+    },
+    /// `RandomGrayscale`.
+    Grayscale {
+        p: f64,
+    },
+    /// `GaussianBlur`: odd kernel size, sigma drawn uniformly from the range.
+    GaussianBlur {
+        kernel: usize,
+        sigma: (f64, f64),
+    },
+    /// `RandomRotation` (bilinear): angle uniform in `degrees`.
+    Rotate {
+        degrees: (f64, f64),
+        fill: [u8; 3],
+    },
+    /// `RandomAffine` (bilinear).
+    Affine {
+        degrees: (f64, f64),
+        translate: Option<(f64, f64)>,
+        scale: Option<(f64, f64)>,
+        shear: Option<(f64, f64)>,
+        fill: [u8; 3],
+    },
+    RandAugment {
+        num_ops: usize,
+        magnitude: usize,
+    },
+    TrivialAugment,
+    /// `AutoAugment(AutoAugmentPolicy.IMAGENET)`.
+    AutoAugment,
+    /// Batch-level `Mixup` (timm): images and one-hot labels blended with the batch reversed.
+    Mixup {
+        alpha: f64,
+        num_classes: usize,
+        p: f64,
+        label_smoothing: f64,
+    },
+    /// Batch-level `CutMix` (timm); `switch`: with mixup also given, the chance of cutmix.
+    Cutmix {
+        alpha: f64,
+        num_classes: usize,
+        p: f64,
+        switch: f64,
+    },
+    /// `RandomErasing`; `value` is in the output's units (after `normalize`).
+    RandomErasing {
+        p: f64,
+        scale: (f64, f64),
+        ratio: (f64, f64),
+        value: [f64; 3],
+    },
 }
+
+/// How `random_crop` fills its padding (torchvision's `padding_mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PadMode {
+    Constant,
+    Edge,
+    Reflect,
+    Symmetric,
+}
+
+/// Number of magnitude bins of RandAugment and TrivialAugmentWide (torchvision's default).
+pub const MAGNITUDE_BINS: usize = 31;
+
+/// Every operation name, for messages.
+const KNOWN: &str = "resize, center_crop, random_resized_crop, random_crop, hflip, vflip, \
+                     color_jitter, grayscale, gaussian_blur, rotate, affine, rand_augment, \
+                     trivial_augment, auto_augment, random_erasing, normalize, mixup, cutmix";
 
 /// Parses a pipeline spec: operations separated by `|`, each `name` or `name(args)`, with
 /// positional arguments first and then `key=value` ones (a value may hold commas:
@@ -52,7 +138,7 @@ pub fn parse(spec: &str) -> Result<Vec<Op>, String> {
             }
             None => (part, Args::default()),
         };
-        let op = parse_op(name, &args).map_err(|e| format!("`{part}`: {e}"))?;
+        let op = parse_op(name, &args).map_err(|e| format!("`{part}`: {name}: {e}"))?;
         ops.push(op);
     }
     Ok(ops)
@@ -206,15 +292,9 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
         }
         "hflip" => {
             args.check(1, &["p"])?;
-            let p = match (args.positional.first().map(String::as_str), args.named("p")) {
-                (Some(_), Some(_)) => return Err("give p once".into()),
-                (Some(p), None) | (None, Some(p)) => number(p)?,
-                (None, None) => 0.5,
-            };
-            if !(0.0..=1.0).contains(&p) {
-                return Err(format!("p={p} is not a probability in [0, 1]"));
-            }
-            Ok(Op::HFlip { p })
+            Ok(Op::HFlip {
+                p: probability(args, 0.5)?,
+            })
         }
         "normalize" => {
             if args.positional.len() == 1 && args.positional[0] == "imagenet" {
@@ -225,15 +305,348 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
                 });
             }
             args.check(0, &["mean", "std"])?;
-            let mean = triple(args.named("mean").ok_or("needs mean=... and std=..., or imagenet")?, "mean")?;
-            let std = triple(args.named("std").ok_or("needs mean=... and std=..., or imagenet")?, "std")?;
+            let mean = triple(
+                args.named("mean")
+                    .ok_or("needs mean=... and std=..., or imagenet")?,
+                "mean",
+            )?;
+            let std = triple(
+                args.named("std")
+                    .ok_or("needs mean=... and std=..., or imagenet")?,
+                "std",
+            )?;
             if std.contains(&0.0) {
                 return Err("std must not be 0".into());
             }
             Ok(Op::Normalize { mean, std })
         }
+        "random_crop" => {
+            args.check(2, &["padding", "pad_mode", "fill"])?;
+            let (height, width) = sizes(args)?;
+            let padding = match args.named("padding") {
+                None => [0; 4],
+                Some(p) => padding(p)?,
+            };
+            let pad_mode = match args.named("pad_mode") {
+                None | Some("constant") => PadMode::Constant,
+                Some("edge") => PadMode::Edge,
+                Some("reflect") => PadMode::Reflect,
+                Some("symmetric") => PadMode::Symmetric,
+                Some(other) => {
+                    return Err(format!(
+                        "pad_mode `{other}` is not one of constant, edge, reflect, symmetric"
+                    ))
+                }
+            };
+            Ok(Op::RandomCrop {
+                height,
+                width,
+                padding,
+                pad_mode,
+                fill: fill(args)?,
+            })
+        }
+        "vflip" => {
+            args.check(1, &["p"])?;
+            Ok(Op::VFlip {
+                p: probability(args, 0.5)?,
+            })
+        }
+        "grayscale" => {
+            args.check(1, &["p"])?;
+            Ok(Op::Grayscale {
+                p: probability(args, 0.1)?,
+            })
+        }
+        "color_jitter" => {
+            args.check(0, &["brightness", "contrast", "saturation", "hue"])?;
+            let factor = |key: &str| -> Result<Option<(f64, f64)>, String> {
+                let Some(v) = args.named(key) else {
+                    return Ok(None);
+                };
+                let (a, b) = match v.split_once(':') {
+                    Some((a, b)) => (number(a)?, number(b)?),
+                    None => {
+                        let x = number(v)?;
+                        if x < 0.0 {
+                            return Err(format!("{key}={v} must be >= 0"));
+                        }
+                        ((1.0 - x).max(0.0), 1.0 + x)
+                    }
+                };
+                if !(0.0 <= a && a <= b) {
+                    return Err(format!("{key}={v} needs 0 <= a <= b"));
+                }
+                // torchvision skips a factor whose range is exactly (1, 1).
+                Ok((a, b).ne(&(1.0, 1.0)).then_some((a, b)))
+            };
+            let hue = match args.named("hue") {
+                None => None,
+                Some(v) => {
+                    let (a, b) = match v.split_once(':') {
+                        Some((a, b)) => (number(a)?, number(b)?),
+                        None => {
+                            let x = number(v)?;
+                            (-x, x)
+                        }
+                    };
+                    if !(-0.5 <= a && a <= b && b <= 0.5) {
+                        return Err(format!("hue={v} needs -0.5 <= a <= b <= 0.5"));
+                    }
+                    (a, b).ne(&(0.0, 0.0)).then_some((a, b))
+                }
+            };
+            Ok(Op::ColorJitter {
+                brightness: factor("brightness")?,
+                contrast: factor("contrast")?,
+                saturation: factor("saturation")?,
+                hue,
+            })
+        }
+        "gaussian_blur" => {
+            args.check(1, &["sigma"])?;
+            let kernel = match args.positional.as_slice() {
+                [k] => match k.parse::<usize>() {
+                    Ok(k) if k % 2 == 1 && k <= 255 => k,
+                    _ => return Err(format!("kernel size `{k}` must be odd, in 1..=255")),
+                },
+                _ => return Err("expected gaussian_blur(K, sigma=a:b)".into()),
+            };
+            let sigma = match args.named("sigma") {
+                None => (0.1, 2.0),
+                Some(s) if s.contains(':') => range(s, "sigma")?,
+                Some(s) => {
+                    let x = number(s)?;
+                    if x <= 0.0 {
+                        return Err(format!("sigma={s} must be > 0"));
+                    }
+                    (x, x)
+                }
+            };
+            Ok(Op::GaussianBlur { kernel, sigma })
+        }
+        "rotate" => {
+            args.check(1, &["degrees", "fill"])?;
+            let degrees = match (
+                args.positional.first().map(String::as_str),
+                args.named("degrees"),
+            ) {
+                (Some(d), None) | (None, Some(d)) => angle_range(d, "degrees")?,
+                _ => return Err("expected rotate(D) or rotate(degrees=a:b)".into()),
+            };
+            Ok(Op::Rotate {
+                degrees,
+                fill: fill(args)?,
+            })
+        }
+        "affine" => {
+            args.check(0, &["degrees", "translate", "scale", "shear", "fill"])?;
+            let degrees = match args.named("degrees") {
+                Some(d) => angle_range(d, "degrees")?,
+                None => (0.0, 0.0),
+            };
+            let translate = match args.named("translate") {
+                None => None,
+                Some(t) => {
+                    let (a, b) = pair(t, "translate")?;
+                    if !((0.0..=1.0).contains(&a) && (0.0..=1.0).contains(&b)) {
+                        return Err(format!("translate={t} needs fractions in [0, 1]"));
+                    }
+                    Some((a, b))
+                }
+            };
+            let scale = args.named("scale").map(|s| range(s, "scale")).transpose()?;
+            let shear = args
+                .named("shear")
+                .map(|s| angle_range(s, "shear"))
+                .transpose()?;
+            Ok(Op::Affine {
+                degrees,
+                translate,
+                scale,
+                shear,
+                fill: fill(args)?,
+            })
+        }
+        "rand_augment" => {
+            args.check(0, &["num_ops", "magnitude"])?;
+            let num_ops = match args.named("num_ops") {
+                None => 2,
+                Some(n) => match n.parse::<usize>() {
+                    Ok(n) if n <= 16 => n,
+                    _ => return Err(format!("num_ops={n} is not an integer in 0..=16")),
+                },
+            };
+            let magnitude = match args.named("magnitude") {
+                None => 9,
+                Some(m) => match m.parse::<usize>() {
+                    Ok(m) if m < MAGNITUDE_BINS => m,
+                    _ => {
+                        return Err(format!(
+                            "magnitude={m} is not an integer in 0..={}",
+                            MAGNITUDE_BINS - 1
+                        ))
+                    }
+                },
+            };
+            Ok(Op::RandAugment { num_ops, magnitude })
+        }
+        "trivial_augment" => {
+            args.check(0, &[])?;
+            Ok(Op::TrivialAugment)
+        }
+        "auto_augment" => {
+            args.check(1, &[])?;
+            match args.positional.first().map(String::as_str) {
+                None | Some("imagenet") => Ok(Op::AutoAugment),
+                Some(other) => Err(format!("policy `{other}` is not known (expected imagenet)")),
+            }
+        }
+        "random_erasing" => {
+            args.check(1, &["p", "scale", "ratio", "value"])?;
+            let p = probability(args, 0.5)?;
+            let scale = match args.named("scale") {
+                Some(s) => range(s, "scale")?,
+                None => (0.02, 0.33),
+            };
+            if scale.1 > 1.0 {
+                return Err(format!("scale={}:{} must lie in (0, 1]", scale.0, scale.1));
+            }
+            let ratio = match args.named("ratio") {
+                Some(s) => range(s, "ratio")?,
+                None => (0.3, 3.3),
+            };
+            let value = match args.named("value") {
+                Some(v) => triple(v, "value")?,
+                None => [0.0; 3],
+            };
+            Ok(Op::RandomErasing {
+                p,
+                scale,
+                ratio,
+                value,
+            })
+        }
+        "mixup" | "cutmix" => {
+            let extra = if name == "mixup" {
+                "label_smoothing"
+            } else {
+                "switch"
+            };
+            args.check(0, &["alpha", "num_classes", "p", extra])?;
+            let alpha = match args.named("alpha") {
+                Some(a) => number(a)?,
+                None => 1.0,
+            };
+            if !(alpha > 0.0 && alpha <= 100.0) {
+                return Err(format!("alpha={alpha} must be in (0, 100]"));
+            }
+            let num_classes = match args.named("num_classes").map(|n| n.parse::<usize>()) {
+                Some(Ok(n)) if (1..=1 << 20).contains(&n) => n,
+                Some(_) => return Err("num_classes must be an integer in 1..=1048576".into()),
+                None => return Err("num_classes=N is required".into()),
+            };
+            let p = probability(args, 1.0)?;
+            let extra_value = match args.named(extra) {
+                Some(v) => number(v)?,
+                None if name == "mixup" => 0.0,
+                None => 0.5,
+            };
+            if !(0.0..=1.0).contains(&extra_value) {
+                return Err(format!("{extra}={extra_value} must be in [0, 1]"));
+            }
+            Ok(if name == "mixup" {
+                Op::Mixup {
+                    alpha,
+                    num_classes,
+                    p,
+                    label_smoothing: extra_value,
+                }
+            } else {
+                Op::Cutmix {
+                    alpha,
+                    num_classes,
+                    p,
+                    switch: extra_value,
+                }
+            })
+        }
+        _ => Err(format!("unknown operation `{name}` (known: {KNOWN})")),
+    }
+}
+
+/// `p` given once, positionally or as `p=`, a probability; `default` when absent (the caller
+/// checks the argument names).
+fn probability(args: &Args, default: f64) -> Result<f64, String> {
+    let p = match (args.positional.first().map(String::as_str), args.named("p")) {
+        (Some(_), Some(_)) => return Err("give p once".into()),
+        (Some(p), None) | (None, Some(p)) => number(p)?,
+        (None, None) => default,
+    };
+    if !(0.0..=1.0).contains(&p) {
+        return Err(format!("p={p} is not a probability in [0, 1]"));
+    }
+    Ok(p)
+}
+
+/// `D` (meaning `-D:D`, `D >= 0`) or `a:b` with `a <= b`, in degrees.
+fn angle_range(s: &str, what: &str) -> Result<(f64, f64), String> {
+    let (a, b) = match s.split_once(':') {
+        Some((a, b)) => (number(a)?, number(b)?),
+        None => {
+            let d = number(s)?;
+            if d < 0.0 {
+                return Err(format!("{what}={s} must be >= 0 (or a range a:b)"));
+            }
+            (-d, d)
+        }
+    };
+    if a > b || a.abs() > 360.0 || b.abs() > 360.0 {
+        return Err(format!("{what}={s} needs a <= b within [-360, 360]"));
+    }
+    Ok((a, b))
+}
+
+/// `a:b` of any two numbers.
+fn pair(s: &str, what: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{what} `{s}` is not a pair a:b"))?;
+    Ok((number(a)?, number(b)?))
+}
+
+/// `P` (every side), `LR,TB` or `L,T,R,B` pixels.
+fn padding(s: &str) -> Result<[usize; 4], String> {
+    let values = s
+        .split(',')
+        .map(|v| match v.trim().parse::<usize>() {
+            Ok(n) if n <= 4096 => Ok(n),
+            _ => Err(format!("padding `{v}` is not an integer in 0..=4096")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    match values.as_slice() {
+        [p] => Ok([*p; 4]),
+        [lr, tb] => Ok([*lr, *tb, *lr, *tb]),
+        [l, t, r, b] => Ok([*l, *t, *r, *b]),
         _ => Err(format!(
-            "unknown operation `{name}` (known: resize, center_crop, random_resized_crop, hflip, normalize)"
+            "padding needs 1, 2 or 4 values, got {}",
+            values.len()
         )),
     }
+}
+
+/// `fill=V` or `fill=R,G,B` (0..=255), default 0.
+fn fill(args: &Args) -> Result<[u8; 3], String> {
+    let Some(v) = args.named("fill") else {
+        return Ok([0; 3]);
+    };
+    let t = triple(v, "fill")?;
+    let mut out = [0u8; 3];
+    for (o, x) in out.iter_mut().zip(t) {
+        if !(0.0..=255.0).contains(&x) || x.fract() != 0.0 {
+            return Err(format!("fill={v} needs integers in 0..=255"));
+        }
+        *o = x as u8;
+    }
+    Ok(out)
 }

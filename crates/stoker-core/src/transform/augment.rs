@@ -1,0 +1,572 @@
+//! The operations that run on the materialised, crop-sized RGB8 image, after the geometry plan:
+//! each draws its random parameters from the sample's [`Rng`] in spec order (torchvision's
+//! sampling rules), then runs its kernel on the worker's reused buffers. When a trace is asked
+//! for, each operation appends its drawn parameters as one JSON object (the equivalence tests
+//! replay them through torchvision).
+
+use std::fmt::Write as _;
+
+use super::color;
+use super::spec::{Op, PadMode};
+use super::warp::{self, inverse_affine, Sampling};
+use crate::rng::Rng;
+
+/// The image the stage ops work on and the worker's spare buffers, all reused.
+#[derive(Default)]
+pub(super) struct Frame {
+    pub(super) img: Vec<u8>,
+    pub(super) spare: Vec<u8>,
+    pub(super) floats: Vec<f32>,
+    pub(super) kernel: Vec<f32>,
+    pub(super) width: usize,
+    pub(super) height: usize,
+}
+
+impl Frame {
+    /// Runs `kernel(src, dst)` into the spare buffer (resized to `width`x`height`), then makes
+    /// it the image.
+    fn replace(&mut self, width: usize, height: usize, kernel: impl FnOnce(&[u8], &mut [u8])) {
+        self.spare.clear();
+        self.spare.resize(width * height * 3, 0);
+        kernel(&self.img, &mut self.spare);
+        std::mem::swap(&mut self.img, &mut self.spare);
+        self.width = width;
+        self.height = height;
+    }
+}
+
+/// A random-erasing box, applied in the output pass: `(top, left, height, width)` and the value
+/// in output units.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Erase {
+    pub(super) top: usize,
+    pub(super) left: usize,
+    pub(super) height: usize,
+    pub(super) width: usize,
+    pub(super) value: [f64; 3],
+}
+
+/// The operations of the AutoAugment family (torchvision's names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AugOp {
+    Identity,
+    ShearX,
+    ShearY,
+    TranslateX,
+    TranslateY,
+    Rotate,
+    Brightness,
+    Color,
+    Contrast,
+    Sharpness,
+    Posterize,
+    Solarize,
+    AutoContrast,
+    Equalize,
+    Invert,
+}
+
+/// RandAugment's and TrivialAugmentWide's op set, in torchvision's order.
+const WIDE_OPS: [AugOp; 14] = [
+    AugOp::Identity,
+    AugOp::ShearX,
+    AugOp::ShearY,
+    AugOp::TranslateX,
+    AugOp::TranslateY,
+    AugOp::Rotate,
+    AugOp::Brightness,
+    AugOp::Color,
+    AugOp::Contrast,
+    AugOp::Sharpness,
+    AugOp::Posterize,
+    AugOp::Solarize,
+    AugOp::AutoContrast,
+    AugOp::Equalize,
+];
+
+/// Which policy's magnitude table to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Policy {
+    Auto,
+    Rand,
+    Trivial,
+}
+
+/// `torch.linspace(lo, hi, n)[i]`.
+fn linspace(lo: f64, hi: f64, n: usize, i: usize) -> f64 {
+    if n <= 1 {
+        return lo;
+    }
+    lo + (hi - lo) * i as f64 / (n - 1) as f64
+}
+
+/// The magnitude of bin `i` of `bins` for `op` under `policy` (torchvision's
+/// `_AUGMENTATION_SPACE` tables), and whether the op is signed; `None` for ops without a
+/// magnitude.
+fn magnitude(
+    policy: Policy,
+    op: AugOp,
+    bins: usize,
+    i: usize,
+    width: usize,
+    height: usize,
+) -> Option<(f64, bool)> {
+    let wide = policy == Policy::Trivial;
+    let m = match op {
+        AugOp::Identity | AugOp::AutoContrast | AugOp::Equalize | AugOp::Invert => return None,
+        AugOp::ShearX | AugOp::ShearY => {
+            (linspace(0.0, if wide { 0.99 } else { 0.3 }, bins, i), true)
+        }
+        AugOp::TranslateX | AugOp::TranslateY => {
+            let side = if op == AugOp::TranslateX {
+                width
+            } else {
+                height
+            };
+            let hi = if wide {
+                32.0
+            } else {
+                150.0 / 331.0 * side as f64
+            };
+            (linspace(0.0, hi, bins, i), true)
+        }
+        AugOp::Rotate => (
+            linspace(0.0, if wide { 135.0 } else { 30.0 }, bins, i),
+            true,
+        ),
+        AugOp::Brightness | AugOp::Color | AugOp::Contrast | AugOp::Sharpness => {
+            (linspace(0.0, if wide { 0.99 } else { 0.9 }, bins, i), true)
+        }
+        AugOp::Posterize => {
+            // (8 - arange(bins) / ((bins - 1) / k)).round(), k = 6 for the wide set, else 4.
+            let k = if wide { 6.0 } else { 4.0 };
+            let bits = (8.0 - i as f64 / ((bins - 1) as f64 / k)).round_ties_even();
+            (bits, false)
+        }
+        AugOp::Solarize => (linspace(1.0, 0.0, bins, i), false),
+    };
+    Some(m)
+}
+
+/// Applies one AutoAugment-family op with its signed `magnitude` (torchvision's
+/// `_apply_image_or_video_transform`, nearest sampling, no fill).
+pub(super) fn apply_aug(frame: &mut Frame, op: AugOp, magnitude: f64) {
+    let (w, h) = (frame.width, frame.height);
+    let affine = |frame: &mut Frame, m: [f64; 6]| {
+        frame.replace(w, h, |src, dst| {
+            warp::warp(src, dst, w, h, &m, Sampling::Nearest)
+        });
+    };
+    // center=[0, 0] in pixels is the top-left corner: (-w/2, -h/2) in centred coordinates.
+    let corner = (-(w as f64) * 0.5, -(h as f64) * 0.5);
+    match op {
+        AugOp::Identity => {}
+        AugOp::ShearX => affine(
+            frame,
+            inverse_affine(
+                corner,
+                0.0,
+                (0.0, 0.0),
+                1.0,
+                (magnitude.atan().to_degrees(), 0.0),
+            ),
+        ),
+        AugOp::ShearY => affine(
+            frame,
+            inverse_affine(
+                corner,
+                0.0,
+                (0.0, 0.0),
+                1.0,
+                (0.0, magnitude.atan().to_degrees()),
+            ),
+        ),
+        AugOp::TranslateX => affine(
+            frame,
+            inverse_affine((0.0, 0.0), 0.0, (magnitude.trunc(), 0.0), 1.0, (0.0, 0.0)),
+        ),
+        AugOp::TranslateY => affine(
+            frame,
+            inverse_affine((0.0, 0.0), 0.0, (0.0, magnitude.trunc()), 1.0, (0.0, 0.0)),
+        ),
+        AugOp::Rotate => affine(
+            frame,
+            inverse_affine((0.0, 0.0), -magnitude, (0.0, 0.0), 1.0, (0.0, 0.0)),
+        ),
+        AugOp::Brightness => color::brightness(&mut frame.img, 1.0 + magnitude),
+        AugOp::Color => color::saturation(&mut frame.img, 1.0 + magnitude),
+        AugOp::Contrast => color::contrast(&mut frame.img, 1.0 + magnitude),
+        AugOp::Sharpness => frame.replace(w, h, |src, dst| {
+            color::sharpness(src, dst, w, h, 1.0 + magnitude)
+        }),
+        AugOp::Posterize => color::posterize(&mut frame.img, magnitude.clamp(0.0, 8.0) as u32),
+        AugOp::Solarize => color::solarize(&mut frame.img, 255.0 * magnitude),
+        AugOp::AutoContrast => color::autocontrast(&mut frame.img),
+        AugOp::Equalize => color::equalize(&mut frame.img),
+        AugOp::Invert => color::invert(&mut frame.img),
+    }
+}
+
+/// AutoAugment's ImageNet policy: 25 sub-policies of two `(op, probability, magnitude bin)`.
+const IMAGENET_POLICY: [[(AugOp, f64, usize); 2]; 25] = {
+    use AugOp::*;
+    [
+        [(Posterize, 0.4, 8), (Rotate, 0.6, 9)],
+        [(Solarize, 0.6, 5), (AutoContrast, 0.6, 0)],
+        [(Equalize, 0.8, 0), (Equalize, 0.6, 0)],
+        [(Posterize, 0.6, 7), (Posterize, 0.6, 6)],
+        [(Equalize, 0.4, 0), (Solarize, 0.2, 4)],
+        [(Equalize, 0.4, 0), (Rotate, 0.8, 8)],
+        [(Solarize, 0.6, 3), (Equalize, 0.6, 0)],
+        [(Posterize, 0.8, 5), (Equalize, 1.0, 0)],
+        [(Rotate, 0.2, 3), (Solarize, 0.6, 8)],
+        [(Equalize, 0.6, 0), (Posterize, 0.4, 6)],
+        [(Rotate, 0.8, 8), (Color, 0.4, 0)],
+        [(Rotate, 0.4, 9), (Equalize, 0.6, 0)],
+        [(Equalize, 0.0, 0), (Equalize, 0.8, 0)],
+        [(Invert, 0.6, 0), (Equalize, 1.0, 0)],
+        [(Color, 0.6, 4), (Contrast, 1.0, 8)],
+        [(Rotate, 0.8, 8), (Color, 1.0, 2)],
+        [(Color, 0.8, 8), (Solarize, 0.8, 7)],
+        [(Sharpness, 0.4, 7), (Invert, 0.6, 0)],
+        [(ShearX, 0.6, 5), (Equalize, 1.0, 0)],
+        [(Color, 0.4, 0), (Equalize, 0.6, 0)],
+        [(Equalize, 0.4, 0), (Solarize, 0.2, 4)],
+        [(Solarize, 0.6, 5), (AutoContrast, 0.6, 0)],
+        [(Invert, 0.6, 0), (Equalize, 1.0, 0)],
+        [(Color, 0.6, 4), (Contrast, 1.0, 8)],
+        [(Equalize, 0.8, 0), (Equalize, 0.6, 0)],
+    ]
+};
+
+/// Appends `{"op": name, ...}` to the trace.
+fn record(trace: &mut Option<&mut Vec<String>>, json: impl FnOnce() -> String) {
+    if let Some(t) = trace.as_deref_mut() {
+        t.push(json());
+    }
+}
+
+/// Draws one AutoAugment-family op's magnitude (bin `bin`, or drawn when `None`) and sign and
+/// applies it.
+#[allow(clippy::too_many_arguments)]
+fn draw_and_apply(
+    frame: &mut Frame,
+    policy: Policy,
+    op: AugOp,
+    bins: usize,
+    bin: Option<usize>,
+    rng: &mut Rng,
+    trace: &mut Option<&mut Vec<String>>,
+    name: &str,
+) {
+    let mut m = 0.0;
+    let (w, h) = (frame.width, frame.height);
+    // torchvision draws a bin (and a sign) only for ops with a magnitude table.
+    if magnitude(policy, op, bins, 0, w, h).is_some() {
+        let i = bin.unwrap_or_else(|| rng.below(bins as u64) as usize);
+        if let Some((value, signed)) = magnitude(policy, op, bins, i, w, h) {
+            m = value;
+            // `torch.rand(()) <= 0.5`.
+            if signed && rng.unit_f64() <= 0.5 {
+                m = -m;
+            }
+        }
+    }
+    record(trace, || {
+        format!(r#"{{"op":"{name}","name":"{op:?}","magnitude":{m}}}"#)
+    });
+    apply_aug(frame, op, m);
+}
+
+/// Runs one stage op on `frame`; `random_erasing` returns its box (applied by the output pass).
+pub(super) fn run(
+    op: &Op,
+    frame: &mut Frame,
+    rng: &mut Rng,
+    trace: &mut Option<&mut Vec<String>>,
+) -> Result<Option<Erase>, String> {
+    let (w, h) = (frame.width, frame.height);
+    match *op {
+        Op::CenterCrop { height, width } => {
+            if height > h || width > w {
+                return Err(format!(
+                    "image is {w}x{h} at center_crop({height}, {width}), smaller than the crop"
+                ));
+            }
+            let top = ((h - height) as f64 / 2.0).round_ties_even() as usize;
+            let left = ((w - width) as f64 / 2.0).round_ties_even() as usize;
+            frame.replace(width, height, |src, dst| {
+                warp::padded_crop(
+                    src,
+                    w,
+                    h,
+                    dst,
+                    (top, left),
+                    (width, height),
+                    (0, 0),
+                    PadMode::Constant,
+                    [0; 3],
+                )
+            });
+        }
+        Op::RandomCrop {
+            height,
+            width,
+            padding: [pl, pt, pr, pb],
+            pad_mode,
+            fill,
+        } => {
+            for (pad, side) in [(pl, w), (pr, w), (pt, h), (pb, h)] {
+                warp::check_padding(pad, side, pad_mode)
+                    .map_err(|e| format!("random_crop: padding: {e}"))?;
+            }
+            let (ph, pw) = (h + pt + pb, w + pl + pr);
+            if height > ph || width > pw {
+                return Err(format!(
+                    "image is {w}x{h} ({pw}x{ph} padded) at random_crop({height}, {width}), \
+                     smaller than the crop"
+                ));
+            }
+            let top = rng.below((ph - height + 1) as u64) as usize;
+            let left = rng.below((pw - width + 1) as u64) as usize;
+            record(trace, || {
+                format!(r#"{{"op":"random_crop","top":{top},"left":{left}}}"#)
+            });
+            frame.replace(width, height, |src, dst| {
+                warp::padded_crop(
+                    src,
+                    w,
+                    h,
+                    dst,
+                    (top, left),
+                    (width, height),
+                    (pl, pt),
+                    pad_mode,
+                    fill,
+                )
+            });
+        }
+        Op::HFlip { p } | Op::VFlip { p } => {
+            let vertical = matches!(op, Op::VFlip { .. });
+            let apply = rng.unit_f64() < p;
+            record(trace, || {
+                let name = if vertical { "vflip" } else { "hflip" };
+                format!(r#"{{"op":"{name}","apply":{apply}}}"#)
+            });
+            if apply {
+                if vertical {
+                    warp::vflip(&mut frame.img, w, h);
+                } else {
+                    warp::hflip(&mut frame.img, w);
+                }
+            }
+        }
+        Op::Grayscale { p } => {
+            let apply = rng.unit_f64() < p;
+            record(trace, || format!(r#"{{"op":"grayscale","apply":{apply}}}"#));
+            if apply {
+                color::grayscale(&mut frame.img);
+            }
+        }
+        Op::ColorJitter {
+            brightness,
+            contrast,
+            saturation,
+            hue,
+        } => {
+            // torchvision: a random permutation of the four, then every factor drawn.
+            let mut order = [0usize, 1, 2, 3];
+            rng.shuffle(&mut order);
+            let mut draw = |r: Option<(f64, f64)>| r.map(|(a, b)| rng.uniform(a, b));
+            let factors = [
+                draw(brightness),
+                draw(contrast),
+                draw(saturation),
+                draw(hue),
+            ];
+            record(trace, || {
+                let f = |x: Option<f64>| x.map_or("null".to_string(), |v| v.to_string());
+                format!(
+                    r#"{{"op":"color_jitter","order":[{},{},{},{}],"brightness":{},"contrast":{},"saturation":{},"hue":{}}}"#,
+                    order[0],
+                    order[1],
+                    order[2],
+                    order[3],
+                    f(factors[0]),
+                    f(factors[1]),
+                    f(factors[2]),
+                    f(factors[3])
+                )
+            });
+            for i in order {
+                let Some(f) = factors[i] else { continue };
+                match i {
+                    0 => color::brightness(&mut frame.img, f),
+                    1 => color::contrast(&mut frame.img, f),
+                    2 => color::saturation(&mut frame.img, f),
+                    _ => color::hue(&mut frame.img, f),
+                }
+            }
+        }
+        Op::GaussianBlur { kernel, sigma } => {
+            if kernel / 2 >= w || kernel / 2 >= h {
+                return Err(format!(
+                    "gaussian_blur: kernel {kernel} is too large for a {w}x{h} image (reflect \
+                     padding needs kernel / 2 < each side)"
+                ));
+            }
+            let s = rng.uniform(sigma.0, sigma.1);
+            record(trace, || format!(r#"{{"op":"gaussian_blur","sigma":{s}}}"#));
+            let Frame {
+                img,
+                floats,
+                kernel: k,
+                ..
+            } = frame;
+            warp::gaussian_kernel(kernel, s, k);
+            warp::blur(img, w, h, k, floats);
+        }
+        Op::Rotate { degrees, fill } => {
+            let angle = rng.uniform(degrees.0, degrees.1);
+            record(trace, || format!(r#"{{"op":"rotate","angle":{angle}}}"#));
+            let m = inverse_affine((0.0, 0.0), -angle, (0.0, 0.0), 1.0, (0.0, 0.0));
+            frame.replace(w, h, |src, dst| {
+                warp::warp(src, dst, w, h, &m, Sampling::Bilinear(fill))
+            });
+        }
+        Op::Affine {
+            degrees,
+            translate,
+            scale,
+            shear,
+            fill,
+        } => {
+            // RandomAffine.get_params: angle, translations (rounded), scale, shear x (then y).
+            let angle = rng.uniform(degrees.0, degrees.1);
+            let (tx, ty) = match translate {
+                Some((a, b)) => {
+                    let (mx, my) = (a * w as f64, b * h as f64);
+                    (
+                        rng.uniform(-mx, mx).round_ties_even(),
+                        rng.uniform(-my, my).round_ties_even(),
+                    )
+                }
+                None => (0.0, 0.0),
+            };
+            let s = scale.map_or(1.0, |(a, b)| rng.uniform(a, b));
+            let sx = shear.map_or(0.0, |(a, b)| rng.uniform(a, b));
+            record(trace, || {
+                format!(
+                    r#"{{"op":"affine","angle":{angle},"translate":[{tx},{ty}],"scale":{s},"shear":[{sx},0.0]}}"#
+                )
+            });
+            let m = inverse_affine((0.0, 0.0), angle, (tx, ty), s, (sx, 0.0));
+            frame.replace(w, h, |src, dst| {
+                warp::warp(src, dst, w, h, &m, Sampling::Bilinear(fill))
+            });
+        }
+        Op::TrivialAugment => {
+            let op = WIDE_OPS[rng.below(WIDE_OPS.len() as u64) as usize];
+            draw_and_apply(
+                frame,
+                Policy::Trivial,
+                op,
+                super::spec::MAGNITUDE_BINS,
+                None,
+                rng,
+                trace,
+                "trivial_augment",
+            );
+        }
+        Op::RandAugment { num_ops, magnitude } => {
+            for _ in 0..num_ops {
+                let op = WIDE_OPS[rng.below(WIDE_OPS.len() as u64) as usize];
+                draw_and_apply(
+                    frame,
+                    Policy::Rand,
+                    op,
+                    super::spec::MAGNITUDE_BINS,
+                    Some(magnitude),
+                    rng,
+                    trace,
+                    "rand_augment",
+                );
+            }
+        }
+        Op::AutoAugment => {
+            let sub = &IMAGENET_POLICY[rng.below(IMAGENET_POLICY.len() as u64) as usize];
+            for &(op, p, bin) in sub {
+                // `if not torch.rand(()) <= p: continue`
+                if rng.unit_f64() > p {
+                    record(trace, || {
+                        format!(r#"{{"op":"auto_augment","name":"{op:?}","skipped":true}}"#)
+                    });
+                    continue;
+                }
+                draw_and_apply(
+                    frame,
+                    Policy::Auto,
+                    op,
+                    10,
+                    Some(bin),
+                    rng,
+                    trace,
+                    "auto_augment",
+                );
+            }
+        }
+        Op::RandomErasing {
+            p,
+            scale,
+            ratio,
+            value,
+        } => {
+            if rng.unit_f64() >= p {
+                record(trace, || {
+                    r#"{"op":"random_erasing","apply":false}"#.to_string()
+                });
+                return Ok(None);
+            }
+            let area = (w * h) as f64;
+            let (log_lo, log_hi) = (ratio.0.ln(), ratio.1.ln());
+            for _ in 0..10 {
+                let erase_area = area * rng.uniform(scale.0, scale.1);
+                let aspect = rng.uniform(log_lo, log_hi).exp();
+                let eh = (erase_area * aspect).sqrt().round_ties_even() as usize;
+                let ew = (erase_area / aspect).sqrt().round_ties_even() as usize;
+                if !(eh < h && ew < w) {
+                    continue;
+                }
+                let top = rng.below((h - eh + 1) as u64) as usize;
+                let left = rng.below((w - ew + 1) as u64) as usize;
+                record(trace, || {
+                    let mut s = String::new();
+                    let _ = write!(
+                        s,
+                        r#"{{"op":"random_erasing","apply":true,"top":{top},"left":{left},"height":{eh},"width":{ew}}}"#
+                    );
+                    s
+                });
+                return Ok(Some(Erase {
+                    top,
+                    left,
+                    height: eh,
+                    width: ew,
+                    value,
+                }));
+            }
+            record(trace, || {
+                r#"{"op":"random_erasing","apply":false}"#.to_string()
+            });
+        }
+        Op::Normalize { .. } => {}
+        Op::ResizeShorter(_)
+        | Op::Resize { .. }
+        | Op::RandomResizedCrop { .. }
+        | Op::Mixup { .. }
+        | Op::Cutmix { .. } => {
+            return Err(format!("internal: {op:?} after the geometry plan"));
+        }
+    }
+    Ok(None)
+}
