@@ -9,6 +9,7 @@ mod image_folder;
 mod iterable;
 mod memory;
 mod npy;
+pub mod remote;
 pub mod streaming;
 pub mod tar;
 
