@@ -452,7 +452,10 @@ impl LoaderOptions {
             }
             "cache_limit" => {
                 let bytes: bytesize::ByteSize = v.parse().map_err(|e| {
-                    Error::option(key, format!("`{v}` is not a size such as 500GB or 64GiB: {e}"))
+                    Error::option(
+                        key,
+                        format!("`{v}` is not a size such as 500GB or 64GiB: {e}"),
+                    )
                 })?;
                 self.cache_limit = Some(bytes.as_u64());
             }

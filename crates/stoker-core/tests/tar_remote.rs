@@ -42,7 +42,10 @@ fn write_shards(dir: &Path, sizes: &[usize]) -> Vec<String> {
         let members: Vec<_> = (0..n)
             .map(|_| {
                 g += 1;
-                (format!("k{:06}.cls", g - 1), (g - 1).to_string().into_bytes())
+                (
+                    format!("k{:06}.cls", g - 1),
+                    (g - 1).to_string().into_bytes(),
+                )
             })
             .collect();
         let name = format!("shard-{s:03}.tar");
@@ -113,7 +116,9 @@ impl FileServer {
                                 }
                                 out
                             }
-                            Err(_) => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
+                            Err(_) => {
+                                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec()
+                            }
                         };
                         if stream.write_all(&reply).is_err() {
                             return;
@@ -203,7 +208,10 @@ fn http_shards_read_as_local_ones_and_the_cache_serves_the_next_loader() {
             .filter(|p| p.to_str().unwrap().ends_with(name))
             .collect();
         assert_eq!(cached.len(), 1, "{cached:?}");
-        assert_eq!(fs::read(&cached[0]).unwrap(), fs::read(data.join(name)).unwrap());
+        assert_eq!(
+            fs::read(&cached[0]).unwrap(),
+            fs::read(data.join(name)).unwrap()
+        );
     }
     // Without cache_dir: a private cache, downloaded again, removed with the loader.
     let mut private = loader(&url, &[]);
@@ -262,5 +270,6 @@ fn missing_shard_fails_naming_it_or_is_skipped() {
     assert!(err.contains("HTTP 404"), "{err}");
     let mut skip = loader(&url, &[("on_error", "skip")]);
     assert_eq!(epoch(&mut skip).len(), 30);
+    assert_eq!(skip.stats().samples_skipped, 1);
     fs::remove_dir_all(&data).unwrap();
 }

@@ -95,8 +95,13 @@ impl ShardCache {
         let data = self.dir.join(&name);
         let meta_path = self.dir.join(format!("{name}.meta"));
         let lock = self.lock_file(&name)?;
-        lock.lock_exclusive()
-            .map_err(|e| io_error(&self.dir, &format!("lock the cache entry of {}", url.shown), e))?;
+        lock.lock_exclusive().map_err(|e| {
+            io_error(
+                &self.dir,
+                &format!("lock the cache entry of {}", url.shown),
+                e,
+            )
+        })?;
         let found = read_meta(&meta_path)
             .filter(|meta| fs::metadata(&data).is_ok_and(|m| m.len() == meta.size))
             .filter(|meta| {
@@ -193,8 +198,13 @@ impl ShardCache {
                     return None;
                 }
                 let meta = e.metadata().ok()?;
-                meta.is_file()
-                    .then(|| (name, meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
+                meta.is_file().then(|| {
+                    (
+                        name,
+                        meta.len(),
+                        meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    )
+                })
             })
             .collect()
     }
@@ -320,7 +330,11 @@ mod tests {
         assert!(a.downloaded);
         assert_eq!(fs::read(&a.path).unwrap(), b"hello");
         let again = cache
-            .get(&url("a.tar"), || None, |_| panic!("must not download again"))
+            .get(
+                &url("a.tar"),
+                || None,
+                |_| panic!("must not download again"),
+            )
             .unwrap();
         assert!(!again.downloaded);
         // A changed ETag at the store makes the entry stale.
@@ -328,7 +342,9 @@ mod tests {
             size: 5,
             etag: Some("\"e2\"".into()),
         };
-        let fresh = cache.get(&url("a.tar"), || Some(now), write(b"world")).unwrap();
+        let fresh = cache
+            .get(&url("a.tar"), || Some(now), write(b"world"))
+            .unwrap();
         assert!(fresh.downloaded);
         assert_eq!(fs::read(&fresh.path).unwrap(), b"world");
         fs::remove_dir_all(&dir).unwrap();
@@ -339,13 +355,17 @@ mod tests {
         let dir = tempdir("fail");
         let cache = ShardCache::open(&dir, None).unwrap();
         let err = cache
-            .get(&url("b.tar"), || None, |p| {
-                fs::write(p, b"partial").unwrap();
-                Err(Error::Io {
-                    path: "x".into(),
-                    reason: "cut short".into(),
-                })
-            })
+            .get(
+                &url("b.tar"),
+                || None,
+                |p| {
+                    fs::write(p, b"partial").unwrap();
+                    Err(Error::Io {
+                        path: "x".into(),
+                        reason: "cut short".into(),
+                    })
+                },
+            )
             .unwrap_err();
         assert!(err.to_string().contains("cut short"));
         let left: Vec<_> = fs::read_dir(&dir)
@@ -399,15 +419,19 @@ mod tests {
                     let cache = ShardCache::open(&dir, None).unwrap();
                     barrier.wait();
                     let shard = cache
-                        .get(&url("s.tar"), || None, |p| {
-                            downloads.fetch_add(1, Ordering::SeqCst);
-                            std::thread::sleep(std::time::Duration::from_millis(100));
-                            fs::write(p, b"shard").unwrap();
-                            Ok(ObjectMeta {
-                                size: 5,
-                                etag: None,
-                            })
-                        })
+                        .get(
+                            &url("s.tar"),
+                            || None,
+                            |p| {
+                                downloads.fetch_add(1, Ordering::SeqCst);
+                                std::thread::sleep(std::time::Duration::from_millis(100));
+                                fs::write(p, b"shard").unwrap();
+                                Ok(ObjectMeta {
+                                    size: 5,
+                                    etag: None,
+                                })
+                            },
+                        )
                         .unwrap();
                     fs::read(&shard.path).unwrap()
                 })

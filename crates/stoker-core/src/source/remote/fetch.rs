@@ -230,7 +230,8 @@ impl Fetcher {
                 .min(self.policy.max_backoff);
             // Full jitter: uniform in [0, cap], so ranks that failed together do not retry
             // together.
-            let unit = (crate::rng::splitmix64(&mut jitter_state) >> 11) as f64 / (1u64 << 53) as f64;
+            let unit =
+                (crate::rng::splitmix64(&mut jitter_state) >> 11) as f64 / (1u64 << 53) as f64;
             let sleep = cap.mul_f64(unit);
             std::thread::sleep(sleep);
         }
@@ -239,7 +240,11 @@ impl Fetcher {
 
 fn object_path(url: &ShardUrl) -> Result<object_store::path::Path> {
     object_store::path::Path::from_url_path(url.object_path()).map_err(|e| {
-        Error::InvalidArgument(format!("shard URL `{}`: {}", url.shown, url.scrub(&e.to_string())))
+        Error::InvalidArgument(format!(
+            "shard URL `{}`: {}",
+            url.shown,
+            url.scrub(&e.to_string())
+        ))
     })
 }
 
@@ -253,10 +258,7 @@ async fn stall<F: std::future::Future>(
         .map_err(|_| Failure {
             transient: true,
             status: None,
-            reason: format!(
-                "no response for {} s",
-                policy.stall_timeout.as_secs_f64()
-            ),
+            reason: format!("no response for {} s", policy.stall_timeout.as_secs_f64()),
         })
 }
 

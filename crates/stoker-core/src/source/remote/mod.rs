@@ -80,6 +80,20 @@ mod url;
 #[cfg(feature = "remote")]
 pub use resolve::resolve;
 
+/// A shard name as errors show it: without a query, fragment or user info (which may hold
+/// credentials). For names that may not parse as URLs.
+pub(crate) fn shown_without_credentials(name: &str) -> String {
+    let mut out = name.split(['?', '#']).next().unwrap_or_default().to_owned();
+    if let Some(scheme_end) = out.find("://") {
+        let rest = &out[scheme_end + 3..];
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        if let Some(at) = rest[..authority_end].rfind('@') {
+            out = format!("{}{}", &out[..scheme_end + 3], &rest[at + 1..]);
+        }
+    }
+    out
+}
+
 /// Without the `remote` feature: local paths and `file://` only.
 #[cfg(not(feature = "remote"))]
 pub fn resolve(
@@ -94,7 +108,7 @@ pub fn resolve(
         } else if crate::source::tar::is_url(name) {
             return Err(crate::error::Error::Unsupported(format!(
                 "tar shard `{}`: this build of stoker has no remote shard support (built without the `remote` feature)",
-                name.split(['?', '#']).next().unwrap_or_default()
+                shown_without_credentials(name)
             )));
         } else {
             paths.push(PathBuf::from(name));
@@ -214,7 +228,10 @@ mod resolve {
                 (Item::Remote(_), Some(Err(e))) if skip_failed => skipped.push(e.to_string()),
                 (Item::Remote(_), Some(Err(e))) => return Err(e),
                 (Item::Remote(u), None) => {
-                    return Err(Error::Internal(format!("shard {} was not fetched", u.shown)))
+                    return Err(Error::Internal(format!(
+                        "shard {} was not fetched",
+                        u.shown
+                    )))
                 }
             }
         }
@@ -249,9 +266,11 @@ mod resolve {
                 scope.spawn(|| loop {
                     let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some((_, url)) = remote.get(k) else { break };
-                    let result = cache.get(url, || fetcher.head_once(url).ok(), |part| {
-                        fetcher.download(url, part)
-                    });
+                    let result = cache.get(
+                        url,
+                        || fetcher.head_once(url).ok(),
+                        |part| fetcher.download(url, part),
+                    );
                     if let Ok(mut slot) = slots[k].lock() {
                         *slot = Some(result);
                     }
@@ -271,3 +290,26 @@ mod resolve {
 
 #[cfg(all(test, feature = "remote"))]
 mod tests;
+
+#[cfg(all(test, not(feature = "remote")))]
+mod without_remote {
+    #[test]
+    fn urls_are_refused_with_the_reason_and_without_credentials() {
+        let names = vec![
+            "local.tar".to_owned(),
+            "https://u:pw@host/a.tar?sig=secret".to_owned(),
+        ];
+        let err = super::resolve(names, &super::RemoteConfig::default(), false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("without the `remote` feature"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+        let ok = super::resolve(
+            vec!["file:///x/a.tar".to_owned()],
+            &super::RemoteConfig::default(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(ok.paths, vec![std::path::PathBuf::from("/x/a.tar")]);
+    }
+}

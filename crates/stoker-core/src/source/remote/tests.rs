@@ -187,10 +187,7 @@ fn policy() -> RetryPolicy {
 }
 
 fn cache_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "stoker-remote-test-{tag}-{}",
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("stoker-remote-test-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
@@ -232,7 +229,10 @@ fn retries_503_then_succeeds_and_caches() {
     assert_eq!(std::fs::read(&shards.paths[0]).unwrap(), body());
     assert_eq!(server.requests("GET"), 3);
     assert_eq!(shards.names[0], server.url("a.tar"));
-    assert_eq!((shards.downloaded, shards.downloaded_bytes), (1, BODY_LEN as u64));
+    assert_eq!(
+        (shards.downloaded, shards.downloaded_bytes),
+        (1, BODY_LEN as u64)
+    );
     drop(shards);
     // Second open: one HEAD to revalidate, no GET.
     let again = fetch(&server, &dir).unwrap();
@@ -329,7 +329,10 @@ fn credentials_stay_out_of_errors() {
     assert!(!err.contains("s3cr3tpass"), "{err}");
     assert!(!err.contains("t0ps3cr3t"), "{err}");
     assert!(err.contains("HTTP 503"), "{err}");
-    assert!(err.contains(&format!("127.0.0.1:{}/d/a.tar", server.port)), "{err}");
+    assert!(
+        err.contains(&format!("127.0.0.1:{}/d/a.tar", server.port)),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -342,7 +345,11 @@ fn skip_leaves_out_failed_shards() {
     let shards = resolve_with(vec![good.clone(), bad], &config(&dir), true, policy()).unwrap();
     assert_eq!(shards.names, vec![good]);
     assert_eq!(shards.skipped.len(), 1);
-    assert!(shards.skipped[0].contains("HTTP 404"), "{:?}", shards.skipped);
+    assert!(
+        shards.skipped[0].contains("HTTP 404"),
+        "{:?}",
+        shards.skipped
+    );
     drop(shards);
     std::fs::remove_dir_all(&dir).unwrap();
 }

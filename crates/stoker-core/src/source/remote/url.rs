@@ -28,7 +28,10 @@ impl ShardUrl {
     /// Parses `text` (`s3://`, `gs://`, `az://`, `http://`, `https://`).
     pub(crate) fn parse(text: &str) -> Result<ShardUrl> {
         let full = url::Url::parse(text).map_err(|e| {
-            Error::InvalidArgument(format!("shard URL `{}`: {e}", redact_text(text)))
+            Error::InvalidArgument(format!(
+                "shard URL `{}`: {e}",
+                super::shown_without_credentials(text)
+            ))
         })?;
         let scheme = match full.scheme() {
             "s3" | "s3a" => Scheme::S3,
@@ -132,20 +135,6 @@ pub(crate) fn redact_url(url: &url::Url) -> String {
     text
 }
 
-/// A string that did not parse as a URL, shown without anything that looks like user info or a
-/// query.
-pub(crate) fn redact_text(text: &str) -> String {
-    let mut out = text.split(['?', '#']).next().unwrap_or_default().to_owned();
-    if let Some(scheme_end) = out.find("://") {
-        let rest = &out[scheme_end + 3..];
-        let authority_end = rest.find('/').unwrap_or(rest.len());
-        if let Some(at) = rest[..authority_end].rfind('@') {
-            out = format!("{}{}", &out[..scheme_end + 3], &rest[at + 1..]);
-        }
-    }
-    out
-}
-
 /// Credentials the stores read from the environment, masked in messages (an error body from a
 /// misconfigured proxy could echo a header).
 fn env_secrets() -> Vec<String> {
@@ -176,10 +165,7 @@ mod tests {
         assert_eq!(u.scheme, Scheme::S3);
         assert_eq!(u.object_path(), "prefix/train-0001.tar");
         assert_eq!(u.shown, "s3://bucket/prefix/train-0001.tar");
-        assert_eq!(
-            ShardUrl::parse("gs://b/x.tar").unwrap().scheme,
-            Scheme::Gcs
-        );
+        assert_eq!(ShardUrl::parse("gs://b/x.tar").unwrap().scheme, Scheme::Gcs);
         assert_eq!(
             ShardUrl::parse("az://container/x.tar").unwrap().scheme,
             Scheme::Azure
@@ -206,7 +192,7 @@ mod tests {
         assert!(!scrubbed.contains("hunter22"), "{scrubbed}");
         assert!(!scrubbed.contains("abcdef123456"), "{scrubbed}");
         assert!(!u.cache_name().contains("hunter22"));
-        let bad = redact_text("https://bob:pw@host/x?token=t");
+        let bad = super::super::shown_without_credentials("https://bob:pw@host/x?token=t");
         assert_eq!(bad, "https://host/x");
     }
 
