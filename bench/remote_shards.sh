@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Remote shards beside local ones in one run (see bench/remote_shards.py): nginx on 127.0.0.1
 # serves the shards, a proxy adds LATENCY_MS (default 50) to every request. Needs nginx (apt)
-# and a venv with numpy and Pillow (made here as bench/.venv-remote); builds libstoker.
+# and a venv with numpy and Pillow (made here as .venv-remote-bench); builds libstoker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt-get install -y -q nginx-light >/dev/null
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
-venv=bench/.venv-remote
+venv=.venv-remote-bench
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -c 'import numpy, PIL' 2>/dev/null || "$venv/bin/pip" install -q numpy pillow
 cargo build -q --release -p stoker-capi
