@@ -3,7 +3,7 @@
 //! The cache is the mechanism: every remote shard is downloaded whole into a local cache
 //! directory (`cache_dir`, or a private temporary one removed when the source closes), and the
 //! tar readers then read the cached file exactly as a local shard, memory-mapped and indexed.
-//! `shard_prefetch` downloads run at once; a shard is indexed as soon as it is in place.
+//! `shard_prefetch` downloads run at once; the shards are indexed once all are in place.
 //!
 //! Both tar modes need every shard's sample count before the first batch (indexed mode for its
 //! random access, streaming mode for its equal-batches rule), so a source opens once all its
@@ -290,26 +290,3 @@ mod resolve {
 
 #[cfg(all(test, feature = "remote"))]
 mod tests;
-
-#[cfg(all(test, not(feature = "remote")))]
-mod without_remote {
-    #[test]
-    fn urls_are_refused_with_the_reason_and_without_credentials() {
-        let names = vec![
-            "local.tar".to_owned(),
-            "https://u:pw@host/a.tar?sig=secret".to_owned(),
-        ];
-        let err = super::resolve(names, &super::RemoteConfig::default(), false)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("without the `remote` feature"), "{err}");
-        assert!(!err.contains("secret"), "{err}");
-        let ok = super::resolve(
-            vec!["file:///x/a.tar".to_owned()],
-            &super::RemoteConfig::default(),
-            false,
-        )
-        .unwrap();
-        assert_eq!(ok.paths, vec![std::path::PathBuf::from("/x/a.tar")]);
-    }
-}
