@@ -39,6 +39,9 @@ echo "cargo test (no cuda feature): ${passed} passed, 0 failed"
 step "C ABI: header freshness, CTest, find_package consumer, ASan/UBSan, valgrind"
 bash ctests/run.sh
 
+step "remote shards: nginx (http://) and an S3 server (s3://) on 127.0.0.1, from Rust, Python and C"
+bash ctests/remote/run.sh
+
 step "C++ API: GoogleTest suite, LibTorch adapter, install consumer, example trainer"
 bash bindings/cpp/run_tests.sh
 

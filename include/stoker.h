@@ -562,6 +562,9 @@ struct stoker_options *stoker_options_new(void);
  * | `shuffle_buffer` | integer 0..=16777216 | 0 | tar: 0 = indexed (random access, every sampler); N ≥ 1 = streaming: shards shuffled per (seed, epoch), split across ranks into equal runs, read sequentially through a seeded buffer of N samples; iterable sources: a buffer of N samples (0: stream order) |
  * | `order` | `random`, `quasi_random` | `random` | with `shuffle=true`: `quasi_random` is a page-aware shuffle for packed data larger than RAM: pages shuffled, then samples shuffled within windows of 32 pages (64 MiB at the default page size); deterministic and resumable like `random`. The packed files are advised (`madvise`) for the order: sequential, random or read-ahead per page |
  * | `fields` | `EXT:NAME,...` (`jpg;png:image,cls:label,txt:caption`) | image + label | tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, anything else raw bytes (uint8, padded with 0, with `NAME_lengths`) |
+ * | `shard_prefetch` | integer 0..=64 | 2 | tar with URLs (`s3://`, `gs://`, `az://`, `https://`): remote shards downloaded at once while the loader opens (0 is taken as 1) |
+ * | `cache_dir` | a directory path | none (a private temporary directory, removed when the loader closes) | local cache of remote shards, shared safely by the ranks of a node (file locks; each shard downloaded once); a later loader checks each cached shard's size and ETag with one HEAD request and reads it locally |
+ * | `cache_limit` | bytes (`500GB`, `64GiB`) | unlimited | cache_dir: least recently used shards not in use by any loader are removed after a download, down to this size |
  * <!-- options:end -->
  */
 enum stoker_status stoker_options_set(struct stoker_options *o,

@@ -133,6 +133,10 @@ pub struct LoaderOptions {
     pub(crate) shuffle_buffer: usize,
     /// Tar members to deliver, as parsed by `parse_fields`.
     pub(crate) fields: Option<Vec<(String, String)>>,
+    /// Remote tar shards: downloads in flight at once, and the local cache.
+    pub(crate) shard_prefetch: usize,
+    pub(crate) cache_dir: Option<PathBuf>,
+    pub(crate) cache_limit: Option<u64>,
 }
 
 impl Default for LoaderOptions {
@@ -176,6 +180,9 @@ impl Default for LoaderOptions {
             autotune: false,
             shuffle_buffer: 0,
             fields: None,
+            shard_prefetch: crate::source::remote::RemoteConfig::default().shard_prefetch,
+            cache_dir: None,
+            cache_limit: None,
         }
     }
 }
@@ -229,6 +236,9 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "shuffle_buffer", values: "integer 0..=16777216", default: "0", meaning: "tar: 0 = indexed (random access, every sampler); N ≥ 1 = streaming: shards shuffled per (seed, epoch), split across ranks into equal runs, read sequentially through a seeded buffer of N samples; iterable sources: a buffer of N samples (0: stream order)" },
     OptionDoc { key: "order", values: "`random`, `quasi_random`", default: "`random`", meaning: "with `shuffle=true`: `quasi_random` is a page-aware shuffle for packed data larger than RAM: pages shuffled, then samples shuffled within windows of 32 pages (64 MiB at the default page size); deterministic and resumable like `random`. The packed files are advised (`madvise`) for the order: sequential, random or read-ahead per page" },
     OptionDoc { key: "fields", values: "`EXT:NAME,...` (`jpg;png:image,cls:label,txt:caption`)", default: "image + label", meaning: "tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, anything else raw bytes (uint8, padded with 0, with `NAME_lengths`)" },
+    OptionDoc { key: "shard_prefetch", values: "integer 0..=64", default: "2", meaning: "tar with URLs (`s3://`, `gs://`, `az://`, `https://`): remote shards downloaded at once while the loader opens (0 is taken as 1)" },
+    OptionDoc { key: "cache_dir", values: "a directory path", default: "none (a private temporary directory, removed when the loader closes)", meaning: "local cache of remote shards, shared safely by the ranks of a node (file locks; each shard downloaded once); a later loader checks each cached shard's size and ETag with one HEAD request and reads it locally" },
+    OptionDoc { key: "cache_limit", values: "bytes (`500GB`, `64GiB`)", default: "unlimited", meaning: "cache_dir: least recently used shards not in use by any loader are removed after a download, down to this size" },
 ];
 
 /// Every key [`LoaderOptions::set`] accepts, in [`OPTIONS`] order.
@@ -483,6 +493,23 @@ impl LoaderOptions {
             }
             "shuffle_buffer" => self.shuffle_buffer = parse_int(key, v, 0, 1 << 24)? as usize,
             "fields" => self.fields = Some(crate::source::tar::parse_fields(v)?),
+            "shard_prefetch" => self.shard_prefetch = parse_int(key, v, 0, 64)? as usize,
+            "cache_dir" => {
+                self.cache_dir = if v.is_empty() {
+                    None
+                } else {
+                    Some(PathBuf::from(v))
+                }
+            }
+            "cache_limit" => {
+                let bytes: bytesize::ByteSize = v.parse().map_err(|e| {
+                    Error::option(
+                        key,
+                        format!("`{v}` is not a size such as 500GB or 64GiB: {e}"),
+                    )
+                })?;
+                self.cache_limit = Some(bytes.as_u64());
+            }
             _ => {
                 return Err(Error::InvalidOption {
                     key: key.to_owned(),
@@ -667,6 +694,11 @@ impl LoaderOptions {
             fields: self.fields.clone(),
             pad: self.pad.is_some(),
             skip_damaged: self.on_error == OnError::Skip,
+            remote: crate::source::remote::RemoteConfig {
+                shard_prefetch: self.shard_prefetch,
+                cache_dir: self.cache_dir.clone(),
+                cache_limit: self.cache_limit,
+            },
             ..TarConfig::default()
         }
     }

@@ -72,6 +72,8 @@ struct Shared {
     fields: Arc<TarFields>,
     read: ReadOptions,
     damaged: Vec<String>,
+    /// Keeps remote shards in the cache while any epoch's stream reads them.
+    remote: crate::source::remote::ShardHolder,
 }
 
 struct ShardEntry {
@@ -97,10 +99,23 @@ const MAX_MAKE_UPS: usize = 64;
 
 impl TarStream {
     /// Expands `pattern`, indexes (or counts) every shard and learns the fields from the first
-    /// sample. `file://` URLs are local paths; other URLs are refused.
+    /// sample. `file://` URLs are local paths; remote URLs are downloaded into the cache first
+    /// (see [`crate::source::remote`]).
     pub fn open_pattern(pattern: &str, config: TarConfig, split: Split) -> Result<TarStream> {
-        let paths = super::pattern::local_shards(pattern)?;
-        TarStream::open(&paths, config, split, pattern)
+        let resolved =
+            super::pattern::resolve_shards(pattern, &config.remote, config.skip_damaged)?;
+        if resolved.paths.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "tar source `{pattern}`: no shard could be fetched: {}",
+                resolved.skipped.join("; ")
+            )));
+        }
+        let mut stream = TarStream::open(&resolved.paths, config, split, pattern)?;
+        let shared = Arc::get_mut(&mut stream.shared)
+            .ok_or_else(|| Error::Internal("a new tar stream's state is shared".into()))?;
+        shared.damaged.extend(resolved.skipped);
+        shared.remote = resolved.holder;
+        Ok(stream)
     }
 
     /// Opens `shards` (plain or gzip-compressed tar).
@@ -158,6 +173,7 @@ impl TarStream {
                 fields: Arc::new(fields),
                 read,
                 damaged,
+                remote: crate::source::remote::ShardHolder::default(),
             }),
             split,
             per_rank,
@@ -578,6 +594,7 @@ mod tests {
                 wanted: None,
             },
             damaged: Vec::new(),
+            remote: crate::source::remote::ShardHolder::default(),
         }
     }
 

@@ -32,6 +32,8 @@ pub struct TarSource {
     max_member_bytes: u64,
     /// Why each damaged shard stops early (with `skip_damaged`).
     damaged: Vec<String>,
+    /// Keeps remote shards in the cache while mapped.
+    remote: crate::source::remote::ShardHolder,
 }
 
 struct Shard {
@@ -138,6 +140,7 @@ impl TarSource {
             fields,
             max_member_bytes: config.max_member_bytes,
             damaged,
+            remote: crate::source::remote::ShardHolder::default(),
         })
     }
 
@@ -148,10 +151,20 @@ impl TarSource {
     }
 
     /// Expands `pattern` (see [`super::pattern`]) and opens the shards; `file://` URLs are local
-    /// paths, other URLs are not read by this source (an `Unsupported` error naming them).
+    /// paths, remote URLs are downloaded into the cache first (see [`crate::source::remote`]).
     pub fn open_pattern(pattern: &str, config: TarConfig) -> Result<TarSource> {
-        let paths = super::pattern::local_shards(pattern)?;
-        TarSource::open(&paths, config)
+        let resolved =
+            super::pattern::resolve_shards(pattern, &config.remote, config.skip_damaged)?;
+        if resolved.paths.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "tar source `{pattern}`: no shard could be fetched: {}",
+                resolved.skipped.join("; ")
+            )));
+        }
+        let mut source = TarSource::open(&resolved.paths, config)?;
+        source.damaged.extend(resolved.skipped);
+        source.remote = resolved.holder;
+        Ok(source)
     }
 
     /// The shards, in sample order.

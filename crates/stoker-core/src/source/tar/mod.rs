@@ -6,6 +6,8 @@
 //! `webdataset.TarWriter`, by GNU `tar` or by any other tar writer read the same:
 //!
 //! - [`pattern`]: shard patterns (`train-{000000..000146}.tar`, globs, comma lists, URLs);
+//!   remote URLs are downloaded into a local cache first ([`crate::source::remote`]) and read
+//!   from there like local shards;
 //! - [`scan`]: members and the grouping rule, over a memory-mapped shard, without copying data;
 //! - [`fields`]: which members become which fields (`fields=EXT:NAME,...`), and their kinds;
 //! - [`index`]: the per-shard index, cached on disk beside the shard or in a cache directory;
@@ -38,7 +40,7 @@ pub use epoch::{Split, TarStream};
 pub use fields::{parse_fields, TarFields, INT_EXTENSIONS};
 pub use index::IndexOrigin;
 pub use indexed::TarSource;
-pub use pattern::{expand_shards, is_url, MAX_SHARDS};
+pub use pattern::{expand_shards, is_url, resolve_shards, MAX_SHARDS};
 pub use scan::{scan_members, split_key, ScannedMember, ScannedSample, MAX_MEMBERS_PER_SAMPLE};
 pub use stream::{read_samples, ReadOptions, ShardReader, StreamMember, StreamSample};
 
@@ -66,6 +68,8 @@ pub struct TarConfig {
     /// keeps the samples before the damage instead of failing the source (`on_error=skip`);
     /// [`TarSource::damaged`] says which and why.
     pub skip_damaged: bool,
+    /// Remote shards (URLs): prefetch depth and cache (see [`crate::source::remote`]).
+    pub remote: crate::source::remote::RemoteConfig,
 }
 
 impl Default for TarConfig {
@@ -77,6 +81,7 @@ impl Default for TarConfig {
             index_beside: true,
             max_member_bytes: DEFAULT_MAX_MEMBER_BYTES,
             skip_damaged: false,
+            remote: crate::source::remote::RemoteConfig::default(),
         }
     }
 }

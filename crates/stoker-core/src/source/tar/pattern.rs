@@ -35,16 +35,28 @@ pub fn is_url(s: &str) -> bool {
     URL_SCHEMES.iter().any(|scheme| s.starts_with(scheme))
 }
 
-/// The local shard files `pattern` expands to: `file://` URLs are local paths; any other URL is
-/// refused (`Unsupported`, naming it: remote shards are not read yet).
+/// The local shard files `pattern` expands to: local paths as they are, `file://` URLs as
+/// paths, remote URLs downloaded into the cache (see [`crate::source::remote`]; refused in a
+/// build without the `remote` feature). With `skip_failed` (`on_error=skip`), a remote shard
+/// that cannot be fetched is left out and named in `skipped`.
+pub fn resolve_shards(
+    pattern: &str,
+    remote: &crate::source::remote::RemoteConfig,
+    skip_failed: bool,
+) -> Result<crate::source::remote::ResolvedShards> {
+    crate::source::remote::resolve(expand_shards(pattern)?, remote, skip_failed)
+}
+
+/// The local files `pattern` expands to, for readers of local files only (packed shards):
+/// `file://` URLs are local paths; any other URL is refused (`Unsupported`, naming it).
 pub fn local_shards(pattern: &str) -> Result<Vec<std::path::PathBuf>> {
     let mut paths = Vec::new();
     for name in expand_shards(pattern)? {
         if let Some(local) = name.strip_prefix("file://") {
             paths.push(std::path::PathBuf::from(local));
         } else if is_url(&name) {
-            return Err(crate::error::Error::Unsupported(format!(
-                "tar shard `{name}`: remote shards are not supported yet"
+            return Err(Error::Unsupported(format!(
+                "`{name}`: packed shards are read from local files only (tar: shards may be URLs)"
             )));
         } else {
             paths.push(std::path::PathBuf::from(name));

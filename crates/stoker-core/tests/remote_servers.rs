@@ -1,0 +1,99 @@
+//! Reads shards served by real servers on 127.0.0.1: nginx over HTTP and an S3-compatible
+//! server (moto) over `s3://`. `ctests/remote/run.sh` starts the servers, uploads the shards,
+//! sets `STOKER_REMOTE_HTTP`, `STOKER_REMOTE_S3` (shard patterns), `STOKER_REMOTE_SAMPLES` and
+//! the `AWS_*` variables, and runs these with `--ignored`; plain `cargo test` skips them.
+#![cfg(feature = "remote")]
+
+use std::path::PathBuf;
+
+use stoker_core::{Loader, LoaderOptions};
+
+fn env(key: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| panic!("{key} is set by ctests/remote/run.sh"))
+}
+
+fn labels(l: &mut Loader) -> Vec<i64> {
+    let mut out: Vec<i64> = l
+        .epoch_iter()
+        .flat_map(|b| {
+            let b = b.unwrap();
+            b.field_by_name("label")
+                .unwrap()
+                .data
+                .unwrap()
+                .chunks_exact(8)
+                .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every sample once, in both modes, the second loader from the cache, the second epoch too.
+fn read_all(pattern: &str, tag: &str) {
+    let samples: i64 = env("STOKER_REMOTE_SAMPLES").parse().unwrap();
+    let cache: PathBuf = std::env::temp_dir().join(format!(
+        "stoker-remote-servers-{tag}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&cache);
+    for shuffle_buffer in ["0", "16"] {
+        let mut o = LoaderOptions::new();
+        o.set("source", &format!("tar:{pattern}")).unwrap();
+        o.set("fields", "cls:label").unwrap();
+        o.set("batch_size", "5").unwrap();
+        o.set("shuffle_buffer", shuffle_buffer).unwrap();
+        o.set("cache_dir", cache.to_str().unwrap()).unwrap();
+        o.set("shard_prefetch", "3").unwrap();
+        let mut l = Loader::new(&o).unwrap();
+        assert_eq!(labels(&mut l), (0..samples).collect::<Vec<_>>());
+        l.set_epoch(1).unwrap();
+        assert_eq!(labels(&mut l), (0..samples).collect::<Vec<_>>());
+    }
+    let parts = std::fs::read_dir(&cache)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_str().unwrap().ends_with(".part")
+        })
+        .count();
+    assert_eq!(parts, 0);
+    std::fs::remove_dir_all(&cache).unwrap();
+}
+
+#[test]
+#[ignore = "needs nginx on 127.0.0.1: run by ctests/remote/run.sh"]
+fn nginx_http_shards() {
+    read_all(&env("STOKER_REMOTE_HTTP"), "http");
+}
+
+#[test]
+#[ignore = "needs an S3 server on 127.0.0.1: run by ctests/remote/run.sh"]
+fn s3_shards() {
+    read_all(&env("STOKER_REMOTE_S3"), "s3");
+}
+
+#[test]
+#[ignore = "needs nginx on 127.0.0.1: run by ctests/remote/run.sh"]
+fn nginx_missing_shard_is_a_404_naming_the_url() {
+    let pattern = env("STOKER_REMOTE_HTTP").replace("shard-", "absent-");
+    let mut o = LoaderOptions::new();
+    o.set("source", &format!("tar:{pattern}")).unwrap();
+    let err = Loader::new(&o).err().unwrap().to_string();
+    assert!(err.contains("absent-000.tar"), "{err}");
+    assert!(err.contains("HTTP 404"), "{err}");
+}
+
+#[test]
+#[ignore = "needs an S3 server on 127.0.0.1: run by ctests/remote/run.sh"]
+fn s3_wrong_credentials_fail_without_showing_them() {
+    let secret = std::env::var("AWS_SECRET_ACCESS_KEY").unwrap();
+    let pattern = env("STOKER_REMOTE_S3").replace("stoker-test", "no-such-bucket");
+    let mut o = LoaderOptions::new();
+    o.set("source", &format!("tar:{pattern}")).unwrap();
+    let err = Loader::new(&o).err().unwrap().to_string();
+    assert!(err.contains("s3://no-such-bucket/"), "{err}");
+    assert!(err.contains("HTTP 404"), "{err}");
+    assert!(!err.contains(&secret), "{err}");
+}

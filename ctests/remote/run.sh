@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Remote shards against real servers on 127.0.0.1: nginx (Debian's package) serving WebDataset
+# shards over plain HTTP, and moto's S3-compatible server for s3://. Reads them from Rust (the
+# ignored tests of crates/stoker-core/tests/remote_servers.rs), Python and C. Installs nginx
+# (apt) and moto (pip, into .venv-remote) when missing; the servers listen on free loopback
+# ports, live at most 15 minutes, and are stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+
+step() { printf '\n--> %s\n' "$*"; }
+
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+  step "installing nginx (apt)"
+  as_root=""
+  [ "$(id -u)" = 0 ] || as_root="sudo"
+  timeout 300 $as_root apt-get install -y -q nginx-light >/dev/null 2>&1 \
+    || { timeout 300 $as_root apt-get update -q >/dev/null && timeout 300 $as_root apt-get install -y -q nginx-light >/dev/null; }
+fi
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+
+venv=${STOKER_REMOTE_VENV:-$root/.venv-remote}
+if [ ! -x "$venv/bin/moto_server" ]; then
+  step "installing moto[server], boto3, numpy into $venv"
+  python3 -m venv "$venv"
+  timeout 600 "$venv/bin/pip" install -q "moto[server]>=5,<6" "boto3>=1.34" "numpy>=1.22"
+fi
+py="$venv/bin/python"
+
+work=$(mktemp -d /tmp/stoker-remote.XXXXXX)
+# nginx workers run as an unprivileged user when started as root: they must read the shards.
+chmod 755 "$work"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_port() {
+  "$py" - "$1" <<'PY'
+import socket, sys, time
+deadline = time.time() + 30
+while time.time() < deadline:
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.1)
+sys.exit("server on 127.0.0.1:%s did not start in 30 s" % sys.argv[1])
+PY
+}
+
+step "shards"
+samples=40
+mkdir -p "$work/www"
+"$py" - "$work/www" "$samples" <<'PY'
+import io, sys, tarfile
+out, samples = sys.argv[1], int(sys.argv[2])
+sizes = [13, 7, 12, samples - 32]
+g = 0
+for s, n in enumerate(sizes):
+    with tarfile.open(f"{out}/shard-{s:03d}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+        for _ in range(n):
+            for ext, data in (("cls", str(g).encode()), ("txt", b"x" * (1 + g % 7))):
+                info = tarfile.TarInfo(f"k{g:06d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+            g += 1
+PY
+ls "$work/www"
+
+step "nginx on 127.0.0.1"
+http_port=$(free_port)
+mkdir -p "$work/nginx"
+cat > "$work/nginx/nginx.conf" <<CONF
+worker_processes 1;
+pid $work/nginx/nginx.pid;
+error_log $work/nginx/error.log;
+events { worker_connections 64; }
+http {
+  access_log $work/nginx/access.log;
+  client_body_temp_path $work/nginx/body;
+  proxy_temp_path $work/nginx/proxy;
+  fastcgi_temp_path $work/nginx/fastcgi;
+  uwsgi_temp_path $work/nginx/uwsgi;
+  scgi_temp_path $work/nginx/scgi;
+  server {
+    listen 127.0.0.1:$http_port;
+    root $work/www;
+  }
+}
+CONF
+timeout 900 "$nginx_bin" -c "$work/nginx/nginx.conf" -p "$work/nginx" -g 'daemon off;' &
+pids+=($!)
+wait_port "$http_port"
+# nginx answers range requests on static files (206 Partial Content).
+"$py" - "$http_port" <<'PY'
+import sys, urllib.request
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/shard-000.tar", headers={"Range": "bytes=0-99"})
+with urllib.request.urlopen(req, timeout=10) as r:
+    assert r.status == 206 and len(r.read()) == 100, r.status
+print("nginx: range request answered 206")
+PY
+
+step "moto S3 server on 127.0.0.1"
+s3_port=$(free_port)
+timeout 900 "$venv/bin/moto_server" -H 127.0.0.1 -p "$s3_port" >"$work/moto.log" 2>&1 &
+pids+=($!)
+wait_port "$s3_port"
+export AWS_ACCESS_KEY_ID=stoker-test-key AWS_SECRET_ACCESS_KEY=stoker-test-secret-7f3a9
+export AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1 AWS_ENDPOINT_URL=http://127.0.0.1:$s3_port
+"$py" - "$work/www" <<'PY'
+import os, sys, boto3
+s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+s3.create_bucket(Bucket="stoker-test")
+for name in sorted(os.listdir(sys.argv[1])):
+    s3.upload_file(os.path.join(sys.argv[1], name), "stoker-test", f"shards/{name}")
+print("s3: uploaded", len(os.listdir(sys.argv[1])), "shards")
+PY
+
+export STOKER_REMOTE_SAMPLES=$samples
+export STOKER_REMOTE_HTTP="http://127.0.0.1:$http_port/shard-{000..003}.tar"
+export STOKER_REMOTE_S3="s3://stoker-test/shards/shard-{000..003}.tar"
+
+step "Rust"
+cargo test -q -p stoker-core --test remote_servers -- --ignored 2>&1 | tail -3
+
+step "library for Python and C"
+cargo build -q --release -p stoker-capi
+lib="$root/target/release/libstoker.so"
+
+step "Python"
+STOKER_LIBRARY="$lib" PYTHONPATH="$root/bindings/python/src" "$py" ctests/remote/read_shards.py
+
+step "C"
+# The library's SONAME is libstoker.so.0, as an installed copy is named.
+mkdir -p "$work/lib"
+ln -sf "$lib" "$work/lib/libstoker.so.0"
+ln -sf "$lib" "$work/lib/libstoker.so"
+cc -std=c11 -Wall -Werror -Iinclude ctests/remote/read_shards.c -L"$work/lib" -lstoker \
+  -Wl,-rpath,"$work/lib" -o "$work/read_shards"
+"$work/read_shards" "$work/c-cache" "$samples" "$STOKER_REMOTE_HTTP" "$STOKER_REMOTE_S3"
+
+echo "remote shards: nginx http:// and moto s3:// read from Rust, Python and C"
