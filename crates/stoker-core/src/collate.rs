@@ -40,16 +40,20 @@ pub const MAX_REPLACEMENTS: usize = 16;
 /// How encoded-image fields become slots: decoded (refusing images over `max_pixels` before
 /// allocating), then transformed by `pipeline` straight into the slot.
 pub struct ImageStages {
+    /// Largest `width * height` a decoded image may have (option `max_image_pixels`).
     pub max_pixels: u64,
     /// How image-shaped uint8 tensor fields are stored (`None`: from their shape).
     pub input_layout: Option<InputLayout>,
+    /// The transforms that write each image into its slot.
     pub pipeline: Pipeline,
 }
 
 /// How an image-shaped uint8 tensor field is stored (option `input_layout`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InputLayout {
+    /// `[H, W, 3]`, channels last.
     Hwc,
+    /// `[3, H, W]`, channels first.
     Chw,
 }
 
@@ -138,8 +142,11 @@ struct Pixels {
 /// Identifies the batch being built, for randomness and messages.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchKey {
+    /// The loader's seed (option `seed`).
     pub seed: u64,
+    /// The epoch the batch belongs to.
     pub epoch: u64,
+    /// The batch's position in its epoch on this rank, from 0.
     pub position: usize,
 }
 
@@ -213,6 +220,7 @@ impl Pick for FromOwned<'_> {
     }
 }
 
+/// Builds batches from samples into pooled buffers: decoding, transforms, stacking, padding.
 pub struct Collator {
     /// The map-style source `build` reads; `None` for a collator of streamed samples.
     source: Option<Arc<dyn Source>>,

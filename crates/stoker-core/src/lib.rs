@@ -11,6 +11,8 @@
 //!
 //! Everything a user can cause returns an [`Error`] that names the key, file or index involved.
 
+#![warn(missing_docs)]
+
 pub mod arena;
 pub mod autotune;
 pub mod batch;

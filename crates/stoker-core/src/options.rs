@@ -20,10 +20,13 @@ pub use crate::source::SourceSpec;
 use crate::source::{Access, FieldKind, FieldSpec, IterableStream, Source};
 use crate::transform::Pipeline;
 
+/// Where batches are delivered (option `device`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Device {
     #[default]
+    /// Host memory.
     Cpu,
+    /// The CUDA device with this ordinal (`cuda:N`).
     Cuda(u32),
 }
 
@@ -191,10 +194,13 @@ impl Default for LoaderOptions {
 /// and the README (tests check both against this table).
 #[derive(Clone, Copy, Debug)]
 pub struct OptionDoc {
+    /// The option's name, as given to [`LoaderOptions::set`].
     pub key: &'static str,
     /// Accepted values.
     pub values: &'static str,
+    /// The value used when the option is not set.
     pub default: &'static str,
+    /// What the option does, in one phrase.
     pub meaning: &'static str,
 }
 
@@ -259,6 +265,7 @@ pub fn options_markdown() -> String {
 }
 
 impl LoaderOptions {
+    /// Options at their defaults, with no source.
     pub fn new() -> LoaderOptions {
         LoaderOptions::default()
     }
@@ -292,38 +299,47 @@ impl LoaderOptions {
         self.sampler = Some(kind);
     }
 
+    /// The source set in code or by the `source` key, if any.
     pub fn source(&self) -> Option<&SourceSpec> {
         self.source.as_ref()
     }
 
+    /// Samples per batch (option `batch_size`).
     pub fn batch_size(&self) -> usize {
         self.batch_size
     }
 
+    /// The seed all order and augmentation randomness derives from (option `seed`).
     pub fn seed(&self) -> u64 {
         self.seed
     }
 
+    /// Where batches are delivered (option `device`).
     pub fn device(&self) -> Device {
         self.device
     }
 
+    /// The shuffle order (option `order`).
     pub fn order(&self) -> Order {
         self.order
     }
 
+    /// What a bad sample does (option `on_error`).
     pub fn on_error(&self) -> OnError {
         self.on_error
     }
 
+    /// Batches in flight per worker (option `prefetch_factor`).
     pub fn prefetch_factor(&self) -> usize {
         self.prefetch_factor
     }
 
+    /// Longest wait for one batch in milliseconds, 0 for none (option `timeout_ms`).
     pub fn timeout_ms(&self) -> u64 {
         self.timeout_ms
     }
 
+    /// The caller's `CUstream` as an address, if one was given (option `cuda_stream`).
     pub fn cuda_stream(&self) -> Option<usize> {
         self.cuda_stream
     }

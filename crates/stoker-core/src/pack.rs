@@ -76,6 +76,7 @@ pub struct PackOptions {
     pub max_side: Option<u32>,
     /// JPEG quality (1..=100) of re-encoded images.
     pub quality: u8,
+    /// How image fields are stored.
     pub mode: PackMode,
     /// Start a new shard file when the next sample would take the data region past this many
     /// bytes (a sample larger than it gets a shard of its own).
@@ -133,8 +134,11 @@ impl PackOptions {
 /// What a pack wrote.
 #[derive(Clone, Debug)]
 pub struct PackReport {
+    /// Samples written.
     pub samples: u64,
+    /// Bytes written, over all files.
     pub bytes: u64,
+    /// The shard files written, in sample order.
     pub files: Vec<PathBuf>,
     /// The dataset index, when this pack wrote the whole dataset into a directory.
     pub index: Option<PathBuf>,

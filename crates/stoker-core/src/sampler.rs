@@ -19,19 +19,30 @@ pub enum SamplerKind {
     /// `num_samples % n` of one more (`num_samples` defaults to `n`). With replacement:
     /// `num_samples` independent uniform draws from `[0, n)`.
     Random {
+        /// Draw with replacement.
         replacement: bool,
+        /// Entries per epoch; `None` means the dataset's length.
         num_samples: Option<usize>,
     },
     /// `SubsetRandomSampler(indices)`: a fresh permutation of the given indices every epoch.
-    SubsetRandom { indices: Vec<usize> },
+    SubsetRandom {
+        /// Dataset indices to permute, each `< n`.
+        indices: Vec<usize>,
+    },
     /// These indices, in this order, every epoch: a torch `sampler=` given as a sequence.
-    Indices { indices: Vec<usize> },
+    Indices {
+        /// Dataset indices to visit, each `< n`.
+        indices: Vec<usize>,
+    },
     /// `WeightedRandomSampler(weights, num_samples, replacement)`: index `i` is drawn with
     /// probability `weights[i] / sum(weights)`; without replacement, drawn indices are removed
     /// (sequential weighted sampling, as `torch.multinomial(replacement=False)`).
     WeightedRandom {
+        /// One finite, non-negative weight per dataset index.
         weights: Vec<f64>,
+        /// Entries per epoch.
         num_samples: usize,
+        /// Draw with replacement.
         replacement: bool,
     },
     /// `order=quasi_random`: a shuffle that reads a page-organised file (stoker's packed format)
@@ -40,7 +51,12 @@ pub enum SamplerKind {
     /// windows of `window` pages, and the samples of each window shuffled together: every
     /// sample once, pages read close together in time. A function of `(seed, epoch)` like the
     /// others, so it is deterministic and resumable.
-    QuasiRandom { pages: Vec<u64>, window: usize },
+    QuasiRandom {
+        /// The data page each sample starts in, one per dataset index, non-decreasing.
+        pages: Vec<u64>,
+        /// Pages per shuffled window, at least 1.
+        window: usize,
+    },
     /// `DistributedSampler(num_replicas=world_size, rank, shuffle, drop_last)`: the sequential
     /// or random order dealt by [`Deal`] (every other sampler can be dealt the same way, see
     /// [`Sampler::dealt`]).
@@ -51,9 +67,13 @@ pub enum SamplerKind {
     /// `total` by repeating its head, or truncated to `total` with `drop_last`, and rank `r` takes
     /// `order[r..total].step_by(world_size)`.
     Distributed {
+        /// This process's rank, `< world_size`.
         rank: usize,
+        /// Number of ranks, at least 1.
         world_size: usize,
+        /// Shuffle the order (a permutation of `(seed, epoch)`) instead of visiting `0..n`.
         shuffle: bool,
+        /// Truncate the order to a multiple of `world_size` instead of padding it.
         drop_last: bool,
     },
 }
@@ -84,7 +104,9 @@ pub fn check_order_size(key: &str, count: usize) -> Result<()> {
 /// samples, so the same number of batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deal {
+    /// This process's rank, `< world_size`.
     pub rank: usize,
+    /// Number of ranks (`num_replicas`), at least 1.
     pub world_size: usize,
     /// Drop the tail instead of padding (`DistributedSampler(drop_last=True)`).
     pub drop_last: bool,
@@ -281,14 +303,17 @@ impl Sampler {
         &self.kind
     }
 
+    /// How the global order is dealt to the ranks.
     pub fn deal(&self) -> Deal {
         self.deal
     }
 
+    /// The seed every epoch's order derives from, with the epoch number.
     pub fn seed(&self) -> u64 {
         self.seed
     }
 
+    /// Samples of the dataset the indices refer to (`n`).
     pub fn dataset_len(&self) -> usize {
         self.dataset_len
     }
@@ -312,6 +337,7 @@ impl Sampler {
         self.deal.per_rank(self.global_len())
     }
 
+    /// Whether an epoch yields no sample on this rank.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -446,7 +472,12 @@ pub enum Draws {
     /// Keyed by the dataset index of each sample (for batches not cut from a global order).
     ByIndex,
     /// Slot `i` is draw `first + i * stride`.
-    Positions { first: u64, stride: u64 },
+    Positions {
+        /// Draw of slot 0.
+        first: u64,
+        /// Distance between the draws of consecutive slots (the world size).
+        stride: u64,
+    },
 }
 
 impl Draws {
@@ -493,6 +524,7 @@ impl BatchPlan {
         }
     }
 
+    /// Batches of the plan: `ceil(len / batch_size)`, or `floor` with `drop_last`.
     pub fn num_batches(&self) -> usize {
         batches_for(self.indices.len(), self.batch_size, self.drop_last)
     }

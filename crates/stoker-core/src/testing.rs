@@ -41,7 +41,9 @@ pub fn counting_indices(batch: &crate::Batch) -> Vec<i64> {
 
 /// `inner` with every read taking at least `delay`: a slow disk or network.
 pub struct SlowRead {
+    /// The source read.
     pub inner: Arc<dyn Source>,
+    /// Least time each read takes.
     pub delay: Duration,
 }
 

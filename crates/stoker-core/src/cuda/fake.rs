@@ -32,13 +32,19 @@ pub enum FailAt {
 /// Counters of a [`FakeDevice`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FakeCounters {
+    /// Device buffers alive now.
     pub live_buffers: usize,
     /// Most device buffers alive at once.
     pub max_live_buffers: usize,
+    /// Device buffers allocated so far.
     pub allocations: u64,
+    /// Streams alive now.
     pub live_streams: usize,
+    /// Events alive now.
     pub live_events: usize,
+    /// Host ranges registered (page-locked) now.
     pub live_registrations: usize,
+    /// Copies run so far, failed ones included.
     pub copies_done: u64,
 }
 
@@ -106,6 +112,7 @@ pub struct FakeDevice {
 }
 
 impl FakeDevice {
+    /// A fake device with this ordinal, its copy thread started.
     pub fn new(ordinal: u32) -> Result<Arc<FakeDevice>> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -138,6 +145,7 @@ impl FakeDevice {
         self.shared.lock().fail = Some((copy, at));
     }
 
+    /// A snapshot of the counters.
     pub fn counters(&self) -> FakeCounters {
         let s = self.shared.lock();
         FakeCounters {

@@ -31,13 +31,17 @@ use crate::error::{Error, Result};
 /// Which stream to open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StreamInfo {
+    /// This process's rank, `< world_size`.
     pub rank: usize,
+    /// Number of ranks, at least 1.
     pub world_size: usize,
     /// Always 0: one stream per rank (see the module docs).
     pub worker: usize,
     /// Always 1.
     pub num_workers: usize,
+    /// The loader's seed (option `seed`).
     pub seed: u64,
+    /// The epoch to stream, from 0.
     pub epoch: u64,
 }
 

@@ -37,24 +37,35 @@ pub const MAX_FIELDS: usize = 8;
 #[derive(Clone, Debug, PartialEq)]
 pub enum FieldKind {
     /// The same shape for every sample; stacked into `[N, shape...]`.
-    Tensor { dtype: DType, shape: Vec<usize> },
+    Tensor {
+        /// Element type.
+        dtype: DType,
+        /// Shape of one sample's value (`[]` for a scalar such as a label).
+        shape: Vec<usize>,
+    },
     /// A leading dimension that varies per sample (a sequence); padded to the longest in the
     /// batch, with a `<name>_lengths` field added.
     Ragged {
+        /// Element type.
         dtype: DType,
+        /// The dimensions after the varying leading one.
         inner_shape: Vec<usize>,
     },
     /// Encoded image bytes (JPEG or PNG), decoded and transformed into the batch slot.
     EncodedImage,
 }
 
+/// One named field of every sample.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FieldSpec {
+    /// The field's name in the batch.
     pub name: String,
+    /// What the field holds.
     pub kind: FieldKind,
 }
 
 impl FieldSpec {
+    /// A [`FieldKind::Tensor`] field of this element type and per-sample shape.
     pub fn tensor(name: &str, dtype: DType, shape: &[usize]) -> FieldSpec {
         FieldSpec {
             name: name.to_owned(),
@@ -65,6 +76,7 @@ impl FieldSpec {
         }
     }
 
+    /// A [`FieldKind::Ragged`] field of this element type and inner shape.
     pub fn ragged(name: &str, dtype: DType, inner_shape: &[usize]) -> FieldSpec {
         FieldSpec {
             name: name.to_owned(),
@@ -75,6 +87,7 @@ impl FieldSpec {
         }
     }
 
+    /// A [`FieldKind::EncodedImage`] field.
     pub fn encoded_image(name: &str) -> FieldSpec {
         FieldSpec {
             name: name.to_owned(),
@@ -99,10 +112,12 @@ impl Default for Sample<'_> {
 }
 
 impl<'a> Sample<'a> {
+    /// Sets field `field`'s bytes (`field < MAX_FIELDS`, else a panic).
     pub fn set(&mut self, field: usize, bytes: &'a [u8]) {
         self.parts[field] = bytes;
     }
 
+    /// Field `field`'s bytes, empty if never set (`field < MAX_FIELDS`, else a panic).
     pub fn get(&self, field: usize) -> &'a [u8] {
         self.parts[field]
     }
@@ -124,6 +139,7 @@ pub trait Source: Send + Sync {
     /// Number of samples.
     fn len(&self) -> usize;
 
+    /// Whether the source has no sample.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -174,7 +190,12 @@ pub enum SourceSpec {
     Custom(Arc<dyn Source>),
     /// The user's dataset through a read function (see [`crate::source::CallbackSource`]); the
     /// fields are learnt from sample 0 when the loader is made.
-    Callback { len: usize, read: Arc<ReadFn> },
+    Callback {
+        /// Number of samples.
+        len: usize,
+        /// Reads one sample into a writer.
+        read: Arc<ReadFn>,
+    },
     /// `tar:PATTERN`: WebDataset shards, indexed (`shuffle_buffer=0`) or streamed.
     Tar(String),
     /// `packed:PATH`: stoker's packed format (a file, a dataset directory or index, or a

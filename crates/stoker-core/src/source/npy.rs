@@ -76,10 +76,12 @@ impl NpyArray {
         })
     }
 
+    /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
@@ -89,6 +91,7 @@ impl NpyArray {
         &self.shape
     }
 
+    /// Rows: the length of the first axis.
     pub fn rows(&self) -> usize {
         self.shape[0]
     }
@@ -243,6 +246,8 @@ pub struct NpySource {
 }
 
 impl NpySource {
+    /// Maps the `.npy` at `path` as field `data` and, with `labels`, a `.npy` of one integer per
+    /// row as int64 field `label`.
     pub fn open(path: &Path, labels: Option<&Path>) -> Result<NpySource> {
         let data = NpyArray::open(path)?;
         let mut fields = vec![FieldSpec::tensor("data", data.dtype(), &data.shape()[1..])];

@@ -49,20 +49,35 @@ pub(super) struct Erase {
 /// The operations of the AutoAugment family (torchvision's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AugOp {
+    /// The image unchanged.
     Identity,
+    /// Horizontal shear by a factor (`F.affine(shear=[atan(m) in degrees, 0])`).
     ShearX,
+    /// Vertical shear by a factor.
     ShearY,
+    /// Horizontal shift in pixels.
     TranslateX,
+    /// Vertical shift in pixels.
     TranslateY,
+    /// Rotation by an angle in degrees.
     Rotate,
+    /// `F.adjust_brightness` by `1 + magnitude`.
     Brightness,
+    /// `F.adjust_saturation` by `1 + magnitude`.
     Color,
+    /// `F.adjust_contrast` by `1 + magnitude`.
     Contrast,
+    /// `F.adjust_sharpness` by `1 + magnitude`.
     Sharpness,
+    /// `F.posterize`: keep this many high bits per channel.
     Posterize,
+    /// `F.solarize`: invert the values at or above a threshold (a fraction of 255).
     Solarize,
+    /// `F.autocontrast`: stretch each channel to the full range.
     AutoContrast,
+    /// `F.equalize`: equalize each channel's histogram.
     Equalize,
+    /// `F.invert`: `255 - x`.
     Invert,
 }
 

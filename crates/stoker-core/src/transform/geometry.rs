@@ -13,9 +13,11 @@ pub struct Plan {
     /// Source rectangle (left, top, width, height) mapped onto the output, in pixel-edge
     /// coordinates of the decoded image.
     pub rect: [f64; 4],
-    /// Output size.
+    /// Output width.
     pub width: usize,
+    /// Output height.
     pub height: usize,
+    /// Mirror the output left to right (a folded `hflip`).
     pub flip: bool,
 }
 

@@ -11,13 +11,17 @@ use crate::rng::Rng;
 /// The batch-level mixing of a pipeline.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchMix {
+    /// `alpha` of mixup's Beta(alpha, alpha); `None` without `mixup`.
     pub mixup_alpha: Option<f64>,
+    /// `alpha` of cutmix's Beta(alpha, alpha); `None` without `cutmix`.
     pub cutmix_alpha: Option<f64>,
     /// Probability a batch is mixed at all (timm's `prob`).
     pub p: f64,
     /// With both: the chance of cutmix (timm's `switch_prob`).
     pub switch: f64,
+    /// Label smoothing of the soft targets, in `[0, 1]` (timm's `label_smoothing`).
     pub label_smoothing: f64,
+    /// Number of classes: the soft targets' width.
     pub num_classes: usize,
 }
 

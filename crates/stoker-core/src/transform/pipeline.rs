@@ -264,6 +264,7 @@ impl Pipeline {
         self.layout
     }
 
+    /// The parsed operations, in spec order.
     pub fn ops(&self) -> &[Op] {
         &self.ops
     }

@@ -3,6 +3,7 @@
 
 /// ImageNet's channel means and standard deviations (torchvision's reference scripts).
 pub const IMAGENET_MEAN: [f64; 3] = [0.485, 0.456, 0.406];
+/// ImageNet's per-channel standard deviations (torchvision's reference scripts).
 pub const IMAGENET_STD: [f64; 3] = [0.229, 0.224, 0.225];
 
 /// One operation of a pipeline spec.
@@ -12,93 +13,148 @@ pub enum Op {
     ResizeShorter(usize),
     /// Exactly this size.
     Resize {
+        /// Output height in pixels.
         height: usize,
+        /// Output width in pixels.
         width: usize,
     },
+    /// `CenterCrop((height, width))`: the central `height`x`width` window (`center_crop(H, W)`).
     CenterCrop {
+        /// Crop height in pixels.
         height: usize,
+        /// Crop width in pixels.
         width: usize,
     },
+    /// `RandomResizedCrop((height, width), scale, ratio)`: a random area and aspect ratio,
+    /// resized to `height`x`width` (`random_resized_crop(H, W, scale=a:b, ratio=a:b)`).
     RandomResizedCrop {
+        /// Output height in pixels.
         height: usize,
+        /// Output width in pixels.
         width: usize,
+        /// Range of the crop's area as a fraction of the image's (default `0.08:1`).
         scale: (f64, f64),
+        /// Range of the crop's width/height ratio (default `3/4:4/3`).
         ratio: (f64, f64),
     },
+    /// `RandomHorizontalFlip(p)` (`hflip(p=0.5)`).
     HFlip {
+        /// Probability of flipping, in `[0, 1]`.
         p: f64,
     },
+    /// `Normalize(mean, std)` on values scaled to `[0, 1]` (`normalize(imagenet)` or
+    /// `normalize(mean=..., std=...)`).
     Normalize {
+        /// Per-channel means subtracted.
         mean: [f64; 3],
+        /// Per-channel standard deviations divided by; none is 0.
         std: [f64; 3],
     },
     /// `RandomCrop`: pad each side by `padding` (`left, top, right, bottom`), then crop
     /// `height`x`width` at a uniformly drawn position.
     RandomCrop {
+        /// Output height in pixels.
         height: usize,
+        /// Output width in pixels.
         width: usize,
+        /// Pixels added on each side, in `left, top, right, bottom` order.
         padding: [usize; 4],
+        /// How the padding is filled.
         pad_mode: PadMode,
+        /// RGB fill of the padding when `pad_mode` is [`PadMode::Constant`].
         fill: [u8; 3],
     },
+    /// `RandomVerticalFlip(p)` (`vflip(p=0.5)`).
     VFlip {
+        /// Probability of flipping, in `[0, 1]`.
         p: f64,
     },
     /// `ColorJitter`: factor ranges (`None`: not applied); hue is an offset in turns.
     ColorJitter {
+        /// Brightness factor range, `0 <= a <= b`.
         brightness: Option<(f64, f64)>,
+        /// Contrast factor range, `0 <= a <= b`.
         contrast: Option<(f64, f64)>,
+        /// Saturation factor range, `0 <= a <= b`.
         saturation: Option<(f64, f64)>,
+        /// Hue offset range in turns, within `[-0.5, 0.5]`.
         hue: Option<(f64, f64)>,
     },
     /// `RandomGrayscale`.
     Grayscale {
+        /// Probability of converting to grayscale, in `[0, 1]` (default 0.1).
         p: f64,
     },
     /// `GaussianBlur`: odd kernel size, sigma drawn uniformly from the range.
     GaussianBlur {
+        /// Kernel side in pixels: odd, in `1..=255`.
         kernel: usize,
+        /// Range the standard deviation is drawn from, in pixels (default `0.1:2`).
         sigma: (f64, f64),
     },
     /// `RandomRotation` (bilinear): angle uniform in `degrees`.
     Rotate {
+        /// Angle range in degrees (counter-clockwise), within `[-360, 360]`.
         degrees: (f64, f64),
+        /// RGB fill of the area outside the rotated image.
         fill: [u8; 3],
     },
     /// `RandomAffine` (bilinear).
     Affine {
+        /// Angle range in degrees, within `[-360, 360]` (default no rotation).
         degrees: (f64, f64),
+        /// Largest horizontal and vertical shifts as fractions of width and height, in `[0, 1]`.
         translate: Option<(f64, f64)>,
+        /// Range of the scale factor.
         scale: Option<(f64, f64)>,
+        /// Range of the x-shear angle in degrees.
         shear: Option<(f64, f64)>,
+        /// RGB fill of the area outside the transformed image.
         fill: [u8; 3],
     },
+    /// `RandAugment(num_ops, magnitude)` with [`MAGNITUDE_BINS`] bins
+    /// (`rand_augment(num_ops=2, magnitude=9)`).
     RandAugment {
+        /// Operations applied per image, in `0..=16`.
         num_ops: usize,
+        /// Magnitude bin, in `0..MAGNITUDE_BINS`.
         magnitude: usize,
     },
+    /// `TrivialAugmentWide()` with [`MAGNITUDE_BINS`] bins (`trivial_augment`).
     TrivialAugment,
     /// `AutoAugment(AutoAugmentPolicy.IMAGENET)`.
     AutoAugment,
     /// Batch-level `Mixup` (timm): images and one-hot labels blended with the batch reversed.
     Mixup {
+        /// `alpha` of the Beta(alpha, alpha) the weight `lam` is drawn from, in `(0, 100]`.
         alpha: f64,
+        /// Number of classes of the one-hot labels, in `1..=2^20`.
         num_classes: usize,
+        /// Probability of mixing a batch, in `[0, 1]`.
         p: f64,
+        /// Label smoothing applied to the one-hot labels, in `[0, 1]`.
         label_smoothing: f64,
     },
     /// Batch-level `CutMix` (timm); `switch`: with mixup also given, the chance of cutmix.
     Cutmix {
+        /// `alpha` of the Beta(alpha, alpha) `lam` is drawn from (the box covers about `1 - lam`).
         alpha: f64,
+        /// Number of classes of the one-hot labels, in `1..=2^20`.
         num_classes: usize,
+        /// Probability of mixing a batch, in `[0, 1]`.
         p: f64,
+        /// With `mixup` also in the spec, the probability of cutmix instead of mixup, in `[0, 1]`.
         switch: f64,
     },
     /// `RandomErasing`; `value` is in the output's units (after `normalize`).
     RandomErasing {
+        /// Probability of erasing, in `[0, 1]`.
         p: f64,
+        /// Range of the erased area as a fraction of the image's, within `(0, 1]`.
         scale: (f64, f64),
+        /// Range of the erased box's width/height ratio.
         ratio: (f64, f64),
+        /// Per-channel value written into the box.
         value: [f64; 3],
     },
 }
@@ -106,9 +162,13 @@ pub enum Op {
 /// How `random_crop` fills its padding (torchvision's `padding_mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PadMode {
+    /// Pads with `fill`.
     Constant,
+    /// Repeats the edge pixel.
     Edge,
+    /// Mirrors without repeating the edge pixel.
     Reflect,
+    /// Mirrors repeating the edge pixel.
     Symmetric,
 }
 

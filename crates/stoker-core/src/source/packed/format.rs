@@ -15,6 +15,7 @@ use crate::dtype::DType;
 pub const MAGIC: [u8; 8] = *b"STKPACK\0";
 /// The version this code writes and reads.
 pub const VERSION: u32 = 1;
+/// Bytes of the fixed header at the start of the file.
 pub const HEADER_BYTES: usize = 64;
 /// Bytes of one (sample, field) entry of the metadata table.
 pub const ENTRY_BYTES: usize = 32;
@@ -27,6 +28,7 @@ pub const RECORD_ALIGN: u64 = 64;
 pub const MAX_FIELDS: usize = crate::source::MAX_FIELDS;
 /// Bounds on what a header may declare before anything sized by it is allocated.
 pub const MAX_SCHEMA_BYTES: u32 = 1 << 16;
+/// The most dims a schema field may declare.
 pub const MAX_DIMS: usize = 8;
 
 /// What one field of a packed file holds.
@@ -57,9 +59,13 @@ impl PackedKind {
 /// One field of the schema. `dims` is the shape of a `Tensor`, the inner shape of a `Ragged`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PackedField {
+    /// The field's name, UTF-8 (the schema stores its length in one byte).
     pub name: String,
+    /// What the field holds.
     pub kind: PackedKind,
+    /// Element type of a `Tensor` or `Ragged` field; `U8` for images and bytes.
     pub dtype: DType,
+    /// A `Tensor`'s shape or a `Ragged`'s inner shape, at most [`MAX_DIMS`] dims.
     pub dims: Vec<usize>,
 }
 
@@ -68,13 +74,16 @@ pub struct PackedField {
 pub enum ImageMode {
     /// Not an image field.
     None = 0,
+    /// Encoded JPEG bytes.
     Jpeg = 1,
+    /// Encoded PNG bytes.
     Png = 2,
     /// A raw-pixel record (see [`crate::decode::RAW_MAGIC`]).
     Raw = 3,
 }
 
 impl ImageMode {
+    /// The mode of a table entry's mode byte; `None` for an unknown code.
     pub fn from_code(code: u8) -> Option<ImageMode> {
         Some(match code {
             0 => ImageMode::None,
@@ -89,14 +98,23 @@ impl ImageMode {
 /// The fixed header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// Header offset 8: the format version, [`VERSION`].
     pub version: u32,
+    /// Header offset 12: the data region's page in bytes, a power of two >= 4096.
     pub page_size: u32,
+    /// Header offset 16: number of samples.
     pub num_samples: u64,
+    /// Header offset 24: fields per sample, as many as the schema declares.
     pub num_fields: u32,
+    /// Header offset 28: bytes of the schema, at most [`MAX_SCHEMA_BYTES`].
     pub schema_len: u32,
+    /// Header offset 32: absolute offset of the data region, a multiple of `page_size`.
     pub data_offset: u64,
+    /// Header offset 40: bytes of the data region.
     pub data_len: u64,
+    /// Header offset 48: absolute offset of the metadata table, a multiple of 8.
     pub table_offset: u64,
+    /// Header offset 56: CRC-32 of the header (this field read as 0), the schema and the table.
     pub checksum: u32,
 }
 
@@ -245,15 +263,22 @@ pub fn decode_schema(bytes: &[u8], count: usize) -> Result<Vec<PackedField>, Str
 /// and the CRC-32 of the bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Entry {
+    /// Absolute file offset of the field's bytes (inside the data region).
     pub offset: u64,
+    /// Length of the field's bytes.
     pub len: u64,
+    /// Image width as stored, in pixels (0 for other kinds).
     pub width: u32,
+    /// Image height as stored, in pixels (0 for other kinds).
     pub height: u32,
+    /// The [`ImageMode`] code of an image; 0 for other kinds.
     pub mode: u8,
+    /// CRC-32 of the field's bytes.
     pub crc: u32,
 }
 
 impl Entry {
+    /// Appends the entry's [`ENTRY_BYTES`] bytes to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.offset.to_le_bytes());
         out.extend_from_slice(&self.len.to_le_bytes());

@@ -24,8 +24,11 @@ const MAX_INDEX_BYTES: u64 = 256 << 20;
 pub struct IndexEntry {
     /// The file name, relative to the index's directory.
     pub name: String,
+    /// Samples in the shard (its header's `num_samples`).
     pub samples: u64,
+    /// The shard file's size in bytes.
     pub bytes: u64,
+    /// The shard's header checksum.
     pub checksum: u32,
 }
 
@@ -116,7 +119,9 @@ pub fn parse_index(path: &Path, text: &str) -> Result<Vec<IndexEntry>> {
 /// One shard to open, with what the index (if any) says it must be.
 #[derive(Clone, Debug)]
 pub struct ListedShard {
+    /// The shard file's path.
     pub path: PathBuf,
+    /// Its index entry; `None` when no index lists it.
     pub expect: Option<IndexEntry>,
 }
 
@@ -146,6 +151,7 @@ impl ListedShard {
 /// The shards `packed:PATH` names, in sample order.
 #[derive(Clone, Debug)]
 pub struct ShardListing {
+    /// The shards, in sample order.
     pub shards: Vec<ListedShard>,
 }
 

@@ -86,18 +86,22 @@ impl Layout {
         })
     }
 
+    /// The parsed header.
     pub fn header(&self) -> &Header {
         &self.header
     }
 
+    /// The fields of the schema, in storage order.
     pub fn fields(&self) -> &[PackedField] {
         &self.fields
     }
 
+    /// Number of samples (`num_samples` of the header).
     pub fn len(&self) -> usize {
         self.header.num_samples as usize
     }
 
+    /// Whether the file holds no sample.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -168,22 +172,27 @@ impl PackedFile {
         })
     }
 
+    /// The file's path, for messages.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The file's parsed header.
     pub fn header(&self) -> &Header {
         self.layout.header()
     }
 
+    /// The fields of the file's schema, in storage order.
     pub fn fields(&self) -> &[PackedField] {
         self.layout.fields()
     }
 
+    /// Number of samples in the file.
     pub fn len(&self) -> usize {
         self.layout.len()
     }
 
+    /// Whether the file holds no sample.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -282,6 +291,7 @@ impl PackedSource {
         (shard, index - self.starts[shard])
     }
 
+    /// The shards' files, in sample order.
     pub fn shards(&self) -> &[PackedFile] {
         &self.shards
     }

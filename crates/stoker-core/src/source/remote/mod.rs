@@ -11,9 +11,9 @@
 //! cost), later opens with the same `cache_dir` check each shard's size and ETag with one HEAD
 //! request and read locally.
 //!
-//! - [`url`]: parsing, the shown (credential-free) form, cache file names;
-//! - [`fetch`]: `object_store` clients, downloads with retries, error classification;
-//! - [`cache`]: atomic cache files, LRU eviction within `cache_limit`, locks shared by the ranks
+//! - `url`: parsing, the shown (credential-free) form, cache file names;
+//! - `fetch`: `object_store` clients, downloads with retries, error classification;
+//! - `cache`: atomic cache files, LRU eviction within `cache_limit`, locks shared by the ranks
 //!   of one node.
 
 use std::path::PathBuf;
@@ -50,6 +50,7 @@ pub struct ResolvedShards {
     pub skipped: Vec<String>,
     /// Remote shards downloaded now, and their bytes (the others were found in the cache).
     pub downloaded: usize,
+    /// Bytes of the shards downloaded now.
     pub downloaded_bytes: u64,
     /// Keeps the cached shards in place (and a private cache alive) while the source lives.
     pub holder: ShardHolder,

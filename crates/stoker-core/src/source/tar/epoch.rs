@@ -50,8 +50,11 @@ use crate::source::{FieldSpec, Sample};
 /// How the shards are dealt to ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Split {
+    /// This process's rank, `< world_size`.
     pub rank: usize,
+    /// Number of ranks, at least 1.
     pub world_size: usize,
+    /// The loader's seed, from which each epoch's shard order derives.
     pub seed: u64,
     /// `shard_drop_last`: each rank takes `floor(N / world_size)` samples instead of
     /// `ceil(N / world_size)` (no padding).

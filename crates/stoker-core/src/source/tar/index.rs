@@ -316,7 +316,10 @@ pub enum IndexOrigin {
     /// Read from this index file.
     Loaded(PathBuf),
     /// Built by scanning the shard, then saved to this file (`None`: kept in memory only).
-    Scanned { saved: Option<PathBuf> },
+    Scanned {
+        /// The index file written, if any.
+        saved: Option<PathBuf>,
+    },
 }
 
 /// Where to look for and put index files.

@@ -39,15 +39,18 @@ pub struct ScannedMember {
     pub ext: String,
     /// Byte offset of the member's data in the shard.
     pub offset: u64,
+    /// Bytes of the member's data.
     pub size: u64,
 }
 
 /// One sample: consecutive members sharing a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScannedSample {
+    /// The WebDataset key shared by its members.
     pub key: String,
     /// Byte offset of the tar header of the sample's first member.
     pub offset: u64,
+    /// The sample's members, in tar order.
     pub members: Vec<ScannedMember>,
 }
 

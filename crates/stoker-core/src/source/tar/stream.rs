@@ -46,6 +46,7 @@ pub struct StreamMember {
     pub ext: String,
     /// Byte offset of the member's data in the (decompressed) tar stream.
     pub offset: u64,
+    /// The member's bytes.
     pub data: Vec<u8>,
 }
 
@@ -54,9 +55,11 @@ pub struct StreamMember {
 pub struct StreamSample {
     /// The shard it came from, as given to the reader.
     pub shard: Arc<str>,
+    /// The WebDataset key shared by its members.
     pub key: String,
     /// Byte offset of the tar header of its first member.
     pub offset: u64,
+    /// The members kept, in tar order.
     pub members: Vec<StreamMember>,
 }
 
