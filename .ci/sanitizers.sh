@@ -27,6 +27,11 @@ tests=(--lib --test loader --test cuda_prefetch --test faults)
 # ASan and TSan intercept mlock and make it a no-op that succeeds, so the test of a refused
 # mlock cannot refuse it under them.
 skips=(-- --skip mlock_refused)
+# The remote-shard fetcher runs on tokio, whose I/O driver hands readiness from epoll to its
+# tasks through the kernel (epoll's event data), an edge ThreadSanitizer cannot see: it reports a
+# race inside tokio's ScheduledIo that is not one. The fetcher is not part of the concurrency
+# core checked here (its tests run under ASan and in every other step), so TSan leaves it out.
+tsan_skips=(--skip source::remote)
 
 start=$(date +%s)
 command -v rustup >/dev/null || { echo "sanitizers: rustup is required (nightly toolchain)"; exit 1; }
@@ -76,7 +81,7 @@ for s in "${which[@]}"; do
       RUSTFLAGS="-Zsanitizer=thread" RUSTDOCFLAGS="-Zsanitizer=thread" \
         TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
         cargo +nightly test -Zbuild-std -p stoker-core --no-default-features --target "$triple" \
-        --target-dir "$target_root/tsan" "${tests[@]}" "${skips[@]}" >"$log" 2>&1
+        --target-dir "$target_root/tsan" "${tests[@]}" "${skips[@]}" "${tsan_skips[@]}" >"$log" 2>&1
       ;;
     miri)
       # Permissive provenance: the fake device hands out device pointers as integers, as a
