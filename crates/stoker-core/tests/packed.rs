@@ -13,12 +13,8 @@ use stoker_core::source::packed::{PackedFile, PackedSource};
 use stoker_core::source::{MemorySource, Source};
 use stoker_core::{Batch, DType, Error, Loader, LoaderOptions};
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stoker-packed-{}-{name}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
+mod files;
+use files::tmp;
 
 /// A `w × h` JPEG of a smooth pattern that differs per `seed`.
 fn jpeg(w: u16, h: u16, seed: usize) -> Vec<u8> {

@@ -6,29 +6,12 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use stoker_core::{Batch, Error, Loader, LoaderOptions};
 
-/// A fresh temporary directory for one test.
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stoker-tarl-{}-{name}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Writes one tar shard of `members` (name, bytes) with the tar crate (GNU headers).
-fn write_tar(path: &Path, members: &[(String, Vec<u8>)]) {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        b.append_data(&mut h, name, &data[..]).unwrap();
-    }
-    fs::write(path, b.into_inner().unwrap()).unwrap();
-}
+mod files;
+use files::{tmp, write_tar};
 
 /// Shards of `sizes` samples each: sample `g` (numbered across shards in order) has
 /// `g.cls` = g and `g.txt` = "s" repeated 1 + g % 5 times. Returns the pattern.

@@ -16,23 +16,8 @@ use std::time::{Duration, Instant};
 
 use stoker_core::{Batch, Loader, LoaderOptions};
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stoker-tarr-{}-{name}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn write_tar(path: &Path, members: &[(String, Vec<u8>)]) {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        b.append_data(&mut h, name, &data[..]).unwrap();
-    }
-    fs::write(path, b.into_inner().unwrap()).unwrap();
-}
+mod files;
+use files::{tmp, write_tar};
 
 /// Shards of `sizes` samples; sample `g` has `g.cls` = g. Returns the file names.
 fn write_shards(dir: &Path, sizes: &[usize]) -> Vec<String> {

@@ -16,19 +16,14 @@ use stoker_core::source::tar::{
 use stoker_core::source::{FieldKind, Source};
 use stoker_core::{DType, Error, Loader, LoaderOptions, SourceSpec};
 
+mod files;
+use files::tmp;
+
 const LABELS: [i64; 8] = [3, 1, 4, 1, 5, 9, 2, 6];
 const SHARDS: [&str; 2] = ["wds-000000", "wds-000001"];
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tar")
-}
-
-/// A fresh temporary directory for one test.
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stoker-tar-{}-{name}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn key_of(i: usize) -> String {
