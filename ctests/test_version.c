@@ -34,6 +34,7 @@ int main(void) {
   CHECK(offsetof(stoker_stats, busy_ns) == 34 * 8);
   CHECK(offsetof(stoker_stats, in_flight_cap_requested) == 38 * 8);
   CHECK(offsetof(stoker_stats, autotune_decisions) == 40 * 8);
+  CHECK(offsetof(stoker_stats, decoded_turbo_scaled) == 44 * 8);
   CHECK(sizeof(stoker_launch) == 5 * 8);
   CHECK(STOKER_LAUNCHER_NONE == 0 && STOKER_LAUNCHER_EXPLICIT == 1 && STOKER_LAUNCHER_TORCHRUN == 2);
   CHECK(STOKER_LAUNCHER_SLURM == 3 && STOKER_LAUNCHER_OPENMPI == 4 && STOKER_LAUNCHER_PMI == 5);

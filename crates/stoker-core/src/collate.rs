@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use crate::arena::Arena;
 use crate::batch::{Batch, FieldMeta};
-use crate::decode::{decode_rgb, raw_pixels, DecodeBuffers};
+use crate::decode::{decode as decode_part, raw_pixels, read_header, DecodeBuffers, JpegDecoder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
@@ -42,6 +42,8 @@ pub const MAX_REPLACEMENTS: usize = 16;
 pub struct ImageStages {
     /// Largest `width * height` a decoded image may have (option `max_image_pixels`).
     pub max_pixels: u64,
+    /// Which decoder decodes JPEGs (option `jpeg_decoder`).
+    pub jpeg_decoder: JpegDecoder,
     /// How image-shaped uint8 tensor fields are stored (`None`: from their shape).
     pub input_layout: Option<InputLayout>,
     /// The transforms that write each image into its slot.
@@ -868,22 +870,33 @@ fn write_image(
     let Pixels { decode, transform } = pixels;
     let start = Instant::now();
     // A raw-pixel record (packed `raw` mode) is read in place: no decode, no copy.
-    let (decoded, rgb) = match raw_pixels(encoded, stages.max_pixels) {
-        Some(raw) => match raw {
-            Ok((dims, rgb)) => (Ok(dims), rgb),
-            Err(reason) => (Err(reason), &[][..]),
-        },
-        None => (
-            decode_rgb(encoded, stages.max_pixels, decode),
-            &decode.rgb[..],
-        ),
-    };
+    if let Some(raw) = raw_pixels(encoded, stages.max_pixels) {
+        let mid = Instant::now();
+        spans.push_ended(SpanKind::Stage(Stage::Decode), slot, index, start, mid);
+        let (dims, rgb) = raw?;
+        let result = stages
+            .pipeline
+            .apply(rgb, dims.width, dims.height, rng, out, transform);
+        spans.push(SpanKind::Stage(Stage::Transform), slot, index, mid);
+        return result;
+    }
+    // The crop is planned from the header's size, so the decoder reads only what the
+    // transform will (see `decode`); the random draws are the same as after a whole decode.
+    let decoded =
+        read_header(encoded, stages.max_pixels, stages.jpeg_decoder, decode).and_then(|header| {
+            let plan = stages
+                .pipeline
+                .plan(header.dims.width, header.dims.height, rng)?;
+            let window = stages.pipeline.window(&plan);
+            Ok((decode_part(encoded, &header, Some(window), decode)?, plan))
+        });
     let mid = Instant::now();
     spans.push_ended(SpanKind::Stage(Stage::Decode), slot, index, start, mid);
-    let dims = decoded?;
+    let (decoded, plan) = decoded?;
+    spans.count_decode(decoded.path);
     let result = stages
         .pipeline
-        .apply(rgb, dims.width, dims.height, rng, out, transform);
+        .apply_decoded(&decode.rgb, &decoded, plan, rng, out, transform);
     spans.push(SpanKind::Stage(Stage::Transform), slot, index, mid);
     // Do not keep a rare huge image's buffers for the worker's lifetime.
     if decode.rgb.capacity() > KEEP_DECODE_BYTES {
