@@ -149,6 +149,7 @@ impl JpegDecoder {
     }
 
     /// Whether JPEGs go to libjpeg-turbo.
+    #[cfg_attr(not(feature = "turbojpeg"), allow(dead_code))]
     fn turbo(self) -> bool {
         match self {
             JpegDecoder::Auto => cfg!(all(feature = "turbojpeg", turbojpeg_simd)),
@@ -335,6 +336,8 @@ pub fn decode(
     };
     // The size was checked by read_header.
     let max_pixels = u64::MAX;
+    #[cfg(not(feature = "turbojpeg"))]
+    let _ = window; // only libjpeg-turbo decodes part of an image
     match header.kind {
         Kind::Png => guarded(Format::Png, || zune::decode_png(encoded, max_pixels, bufs))
             .map(|_| whole(DecodePath::Zune)),
