@@ -38,7 +38,6 @@ pub(crate) struct Header {
     lossless: bool,
     /// Bits per sample; only 8 decodes to RGB8.
     precision: i32,
-    pub(crate) progressive: bool,
 }
 
 impl Header {
@@ -132,7 +131,6 @@ impl Turbo {
                 || colorspace == tj::TJCS_TJCS_YCCK as i32,
             lossless: self.get(tj::TJPARAM_TJPARAM_LOSSLESS) == 1,
             precision: self.get(tj::TJPARAM_TJPARAM_PRECISION),
-            progressive: self.get(tj::TJPARAM_TJPARAM_PROGRESSIVE) == 1,
         })
     }
 
@@ -230,7 +228,7 @@ impl Turbo {
                 jpeg.len() as _,
                 out.as_mut_ptr(),
                 pitch as i32,
-                tj::TJPF_TJPF_RGB as i32,
+                tj::TJPF_TJPF_RGB,
             )
         };
         // A warning (extraneous bytes, a damaged restart interval) still decodes the image,
