@@ -10,7 +10,7 @@
 //! Building happens in two phases: every sample of the batch is read first (views into a memory
 //! map cost nothing; file bytes land in per-worker buffers that are reused), which fixes the
 //! padded shapes; then one slab is taken from the arena and every slot is written. A batch may
-//! also be built in parts by several workers at once ([`PartedBatch`]), each part running both
+//! also be built in parts by several workers at once (`PartedBatch`), each part running both
 //! phases on its own slots.
 //!
 //! A batch is built either from sample indices of a map-style [`Source`] ([`Collator::build`])

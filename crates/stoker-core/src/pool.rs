@@ -8,7 +8,7 @@
 //! A task may be submitted split into parts (intra-batch parallelism, for the first batches of a
 //! loader, when one batch is all the consumer waits for): the parts are queued one after the
 //! other, so the workers free next all take parts of that batch before any later batch. Each
-//! part holds a reference to the batch's shared state ([`Split`]); the part that drops the last
+//! part holds a reference to the batch's shared state (`Split`); the part that drops the last
 //! one — the last to end, whichever worker runs it — finishes the batch and sends it on. Nobody
 //! waits for a part: a worker that ends its part takes the next job. A panic in a part is that
 //! part's outcome, so the batch still finishes, with the panic as its error; a part dropped

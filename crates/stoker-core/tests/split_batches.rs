@@ -107,8 +107,8 @@ fn run(o: &LoaderOptions) -> Vec<Result<Bytes, String>> {
     out
 }
 
-/// Events of a trace file: (name, args) of the `batch` and `sample` spans, and the stage spans'
-/// total duration in nanoseconds by stage name.
+/// What a trace file holds: the `batch` spans, where each `sample` span lies, and the stage
+/// spans' total duration in nanoseconds by stage name.
 struct Trace {
     batches: Vec<Value>,
     /// (epoch, position) of the enclosing batch, slot, phase of every `sample` span.
