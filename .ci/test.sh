@@ -4,7 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> %s (%ds; %s free on disk)\n' "$*" "$SECONDS" "$(df -h --output=avail . | tail -1 | tr -d ' ')"; }
+
+if [ "${CI:-}" = true ]; then
+  # A clean machine builds everything once: incremental artifacts and pip's wheel cache would
+  # only take disk (torch's wheels are gigabytes).
+  export CARGO_INCREMENTAL=0 PIP_NO_CACHE_DIR=1
+fi
 
 step "toolchain"
 command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
