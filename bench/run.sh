@@ -7,12 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+bash .ci/native-deps.sh  # CMake and nasm, for the vendored libjpeg-turbo
 venv=bench/.venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q torch torchvision nvidia-dali-cuda130 pillow numpy psutil webdataset
 # Builds libstoker with cargo (or bundles $STOKER_LIBRARY) into the package.
 "$venv/bin/python" -m pip install -q --force-reinstall --no-deps ./bindings/python
+# The CLI, for the decode-only limit (`stoker bench decoders`).
+cargo build --release -q -p stoker-cli
 
 images=bench/.data/imagenet_like
 if [ ! -e "$images/.complete" ]; then

@@ -183,6 +183,10 @@ pub(crate) struct DecodersBenchArgs {
     /// Images per class when building the default folder.
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub(crate) per_class: usize,
+    /// Print the figures as one JSON object (images per second per decoder and thread count)
+    /// instead of the table.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// `--workers`, shared by every command that builds a loader.

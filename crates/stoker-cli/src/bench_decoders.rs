@@ -85,6 +85,28 @@ pub(crate) fn run(args: &DecodersBenchArgs) -> Result<(), String> {
     }
     eprintln!();
 
+    if args.json {
+        let mut rows: Vec<serde_json::Value> = decoders
+            .iter()
+            .zip(&best)
+            .map(|(d, rates)| serde_json::json!({ "decoder": d.name(), "images_per_s": rates }))
+            .collect();
+        rows.push(serde_json::json!({
+            "decoder": "Pillow (libjpeg-turbo), whole image",
+            "images_per_s": pillow,
+            "error": pillow_note,
+        }));
+        let out = serde_json::json!({
+            "images": images.len(),
+            "root": root.display().to_string(),
+            "jpeg_decoder_auto": jpeg_decoder_summary(),
+            "threads": thread_counts,
+            "decoders": rows,
+        });
+        println!("{out}");
+        return Ok(());
+    }
+
     println!(
         "{} JPEGs in {} (decoded from memory); region rows decode what {CROP} reads",
         images.len(),

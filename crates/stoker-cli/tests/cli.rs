@@ -167,6 +167,51 @@ fn demo_output_is_plain_when_not_on_a_terminal() {
     );
 }
 
+#[test]
+fn bench_decoders_json_has_a_rate_for_every_decoder_and_thread_count() {
+    let root = image_folder();
+    // No Python with Pillow here on purpose: its row must say why it has no figures.
+    let out = Command::new(env!("CARGO_BIN_EXE_stoker"))
+        .args([
+            "bench",
+            "decoders",
+            root.to_str().unwrap(),
+            "--rounds",
+            "1",
+            "--json",
+        ])
+        .env("PYTHON", "/nonexistent/python")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["images"], 4, "{v}");
+    let threads = v["threads"].as_array().unwrap().len();
+    let rows = v["decoders"].as_array().unwrap();
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["decoder"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"zune-jpeg, whole image"), "{names:?}");
+    for row in rows {
+        let rates = row["images_per_s"].as_array().unwrap();
+        assert_eq!(rates.len(), threads, "{row}");
+        if row["decoder"].as_str().unwrap().starts_with("Pillow") {
+            assert!(rates.iter().all(|r| r.is_null()), "{row}");
+            assert!(
+                row["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("/nonexistent/python"),
+                "{row}"
+            );
+        } else {
+            assert!(rates.iter().all(|r| r.as_f64().unwrap() > 0.0), "{row}");
+        }
+    }
+}
+
 /// An image folder of `n` small JPEGs in two classes.
 fn two_class_folder(root: &Path, n: usize) {
     for i in 0..n {
