@@ -117,6 +117,10 @@ pub(crate) fn print_stats(s: &Stats) {
         s.readiness
     );
     println!("worker busy    {:.3}", s.worker_busy);
+    println!(
+        "in flight      {} batches at most now, of a cap of {}",
+        s.in_flight_depth, s.in_flight_cap
+    );
     if s.slabs_pinned + s.pin_failures > 0 {
         println!(
             "pinned slabs   {} locked, {} fell back to pageable (RLIMIT_MEMLOCK)",

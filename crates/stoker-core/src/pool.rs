@@ -209,6 +209,11 @@ impl Pool {
             .map_err(|_| Error::Internal("every worker thread has exited".into()))
     }
 
+    /// A finished batch if one is waiting, without blocking.
+    pub fn try_recv(&self) -> Option<Done> {
+        self.done.try_recv().ok()
+    }
+
     /// The next finished batch; `Err(Timeout)` if none arrives within `timeout`, `Err(Closed)`
     /// as soon as the loader is closed from another thread.
     pub fn recv(&self, timeout: Option<Duration>, closer: &Closer) -> Result<Done> {
@@ -235,12 +240,23 @@ fn worker_loop(
         if let Err(TryRecvError::Disconnected) = retire.try_recv() {
             break;
         }
-        let task = crossbeam_channel::select! {
-            recv(tasks) -> task => match task {
-                Ok(task) => task,
-                Err(_) => break,
-            },
-            recv(retire) -> _ => break,
+        let task = match tasks.try_recv() {
+            Ok(task) => task,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => {
+                // No task: the scheduler's in-flight depth is full (or it has not submitted
+                // yet). The time held back is what lets it judge whether to build deeper.
+                let idle = Instant::now();
+                let task = crossbeam_channel::select! {
+                    recv(tasks) -> task => match task {
+                        Ok(task) => task,
+                        Err(_) => break,
+                    },
+                    recv(retire) -> _ => break,
+                };
+                builder.stats.held_back(idle.elapsed());
+                task
+            }
         };
         if builder.stop.load(Ordering::Acquire) {
             break;
