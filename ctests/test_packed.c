@@ -98,7 +98,17 @@ int main(int argc, char **argv) {
   CHECK(memcmp(want, got, sizeof want) == 0);
   snprintf(source, sizeof source, "packed:%s", raw);
   first_batch(source, got);
-  CHECK(memcmp(want, got, sizeof want) == 0);
+  /* The raw pack holds whole decodes; the JPEGs are decoded for the crop (only its region,
+   * shrunk in the DCT domain when the crop is 6x the output): the same crops and flips, pixels
+   * within 1 level on average and 8 at most (levels of 1/255 over the smallest std, 0.225). */
+  double sum = 0, worst = 0;
+  for (int i = 0; i < PIXELS; i++) {
+    double d = ((double)want[i] - (double)got[i]) * 0.225 * 255.0;
+    d = d < 0 ? -d : d;
+    sum += d;
+    worst = d > worst ? d : worst;
+  }
+  CHECK(sum / PIXELS <= 1.0 && worst <= 8.5);
   snprintf(source, sizeof source, "packed:%s", sliced);
   first_batch(source, got);
   CHECK(memcmp(want, got, sizeof want) == 0);

@@ -405,6 +405,22 @@ typedef struct stoker_stats {
    * Changes autotune made to the worker count or the prefetch depth.
    */
   uint64_t autotune_decisions;
+  /**
+   * Images decoded whole by zune-jpeg or zune-png (option jpeg_decoder).
+   */
+  uint64_t decoded_zune;
+  /**
+   * Images decoded whole by libjpeg-turbo.
+   */
+  uint64_t decoded_turbo;
+  /**
+   * Images of which libjpeg-turbo decoded only the region the crop reads.
+   */
+  uint64_t decoded_turbo_region;
+  /**
+   * Of those, the regions shrunk in the DCT domain (1/2, 1/4, 1/8).
+   */
+  uint64_t decoded_turbo_scaled;
 } stoker_stats;
 
 /**
@@ -556,6 +572,7 @@ struct stoker_options *stoker_options_new(void);
  * | `resume_state` | a string from `save_state` | none | continue exactly where a saved job stopped, at any world size (a streaming loader's state: at the same world size only, by replay); an error names what differs if the source, sampler, batch_size, drop_last or transform changed |
  * | `pad` | a finite number | none | pad ragged fields to the batch's longest, with a `<name>_lengths` field |
  * | `max_image_pixels` | integer ≥ 1 | 89478485 | larger images are bad samples (decompression bombs), refused before allocating |
+ * | `jpeg_decoder` | `auto`, `zune`, `turbo` | `auto` (or `STOKER_JPEG_DECODER`) | `turbo`: libjpeg-turbo decodes only the rows and columns a crop reads, shrinking in the DCT domain when the crop is at least twice the output; `zune`: zune-jpeg (pure Rust) decodes whole images; `auto`: `turbo` when it was built with SIMD, else `zune`. CMYK/YCCK JPEGs always go to zune-jpeg; stats count each path (`decoded_*`) |
  * | `memory_budget` | bytes (`8GiB`, `500MB`) or `N%` of physical memory | 50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE` | bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`) |
  * | `autotune` | bool | false | live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace |
  * | `trace` | a file path | none | write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped |

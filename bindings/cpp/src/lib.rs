@@ -89,6 +89,11 @@ mod ffi {
         /// Batches in flight per worker now, and the changes autotune made.
         prefetch_factor: u64,
         autotune_decisions: u64,
+        /// Images by decode path (option jpeg_decoder).
+        decoded_zune: u64,
+        decoded_turbo: u64,
+        decoded_turbo_region: u64,
+        decoded_turbo_scaled: u64,
         /// Busy time of each worker, by worker number.
         worker_busy_ns: Vec<u64>,
     }
@@ -580,6 +585,10 @@ impl StatsReader {
             in_flight_cap_requested: s.in_flight_cap_requested,
             prefetch_factor: s.prefetch_factor,
             autotune_decisions: s.autotune_decisions,
+            decoded_zune: s.decoded_zune,
+            decoded_turbo: s.decoded_turbo,
+            decoded_turbo_region: s.decoded_turbo_region,
+            decoded_turbo_scaled: s.decoded_turbo_scaled,
             worker_busy_ns: s.worker_busy_ns,
         }
     }

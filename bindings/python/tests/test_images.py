@@ -4,6 +4,9 @@ These need a library built with the image pipeline; one without it says so with
 UnsupportedError, and then the tests skip with that reason.
 """
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 from _optional import import_torch
@@ -152,3 +155,61 @@ def test_corrupt_file_is_a_decode_error_naming_it(png_folder):
     files[1].write_bytes(files[1].read_bytes()[:100])
     with pytest.raises(stoker.DecodeError, match="img_1.png"):
         one_batch(root, transform=SAME_SIZE)
+
+
+PHOTOS = Path(__file__).resolve().parents[3] / "crates" / "stoker-core" / "tests" / "data" / "images"
+# Real camera photos (500x375): 4:2:0 baseline, progressive, grayscale, 4:4:4 and CMYK.
+PHOTO_NAMES = ["photo_444.jpg", "photo_baseline.jpg", "photo_cmyk.jpg", "photo_gray.jpg", "photo_progressive.jpg"]
+
+
+def torchvision_resize_then_center_crop(img, size, crop):
+    """Pillow's bilinear resize of the shorter side to `size`, then torchvision's center crop."""
+    w, h = img.size
+    new = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
+    img = img.resize(new, Image.BILINEAR)
+    if crop is None:
+        return np.asarray(img)
+    top, left = round((new[1] - crop) / 2), round((new[0] - crop) / 2)
+    return np.asarray(img)[top : top + crop, left : left + crop]
+
+
+@pytest.mark.parametrize("decoder", ["turbo", "zune"])
+@pytest.mark.parametrize(
+    "spec, size, crop",
+    [
+        # 375 -> 56: more than 6 times smaller, so libjpeg-turbo shrinks 1/2 in the DCT domain
+        # and the resample shrinks the rest (3.3x).
+        ("resize(56, 74)", 56, None),
+        # A crop of the middle: only its rows and columns are decoded.
+        ("resize(256) | center_crop(160)", 256, 160),
+    ],
+)
+def test_crop_aware_decode_agrees_with_pillow_crop_and_resize(tmp_path, decoder, spec, size, crop):
+    """Decoding only what the crop reads keeps today's tolerance against Pillow decoding the
+    whole file and resizing it: mean absolute difference <= 1 level, at most 8 levels."""
+    (tmp_path / "photos" / "a").mkdir(parents=True)
+    for name in PHOTO_NAMES:
+        shutil.copy(PHOTOS / name, tmp_path / "photos" / "a" / name)
+    options = dict(batch_size=len(PHOTO_NAMES), transform=spec, layout="nhwc", jpeg_decoder=decoder, num_workers=0)
+    with stoker.Loader(f"image_folder:{tmp_path / 'photos'}", **options) as loader:
+        image = next(iter(loader))["image"]
+        stats = loader.stats()
+    for i, name in enumerate(PHOTO_NAMES):
+        want = torchvision_resize_then_center_crop(Image.open(PHOTOS / name).convert("RGB"), size, crop)
+        assert image[i].shape == want.shape
+        diff = np.abs(image[i].astype(int) - want.astype(int))
+        assert diff.mean() <= 1.0 and diff.max() <= 8, (name, decoder, diff.mean(), diff.max())
+    # The decoder is chosen per image, and each choice is counted.
+    decoded = (stats.decoded_zune, stats.decoded_turbo, stats.decoded_turbo_region, stats.decoded_turbo_scaled)
+    if decoder == "zune":
+        assert decoded == (5, 0, 0, 0)
+    elif crop is None:
+        # CMYK goes to zune-jpeg; the other four are shrunk regions (the whole frame here).
+        assert decoded == (1, 0, 4, 4), decoded
+    else:
+        assert decoded == (1, 0, 4, 0), decoded
+
+
+def test_an_unknown_jpeg_decoder_is_an_option_error(tmp_path):
+    with pytest.raises(stoker.InvalidArgumentError, match="jpeg_decoder"):
+        stoker.Loader(f"image_folder:{tmp_path}", jpeg_decoder="pillow")

@@ -183,6 +183,10 @@ pub extern "C" fn stoker_loader_stats(
             in_flight_cap_requested: s.in_flight_cap_requested,
             prefetch_factor: s.prefetch_factor,
             autotune_decisions: s.autotune_decisions,
+            decoded_zune: s.decoded_zune,
+            decoded_turbo: s.decoded_turbo,
+            decoded_turbo_region: s.decoded_turbo_region,
+            decoded_turbo_scaled: s.decoded_turbo_scaled,
         };
         // Every field is 8 bytes, so the fields that fit end at `size` rounded down to 8.
         let fit = (size.min(std::mem::size_of::<stoker_stats>() as u64) as usize) & !7;

@@ -231,6 +231,14 @@ pub struct stoker_stats {
     pub prefetch_factor: u64,
     /// Changes autotune made to the worker count or the prefetch depth.
     pub autotune_decisions: u64,
+    /// Images decoded whole by zune-jpeg or zune-png (option jpeg_decoder).
+    pub decoded_zune: u64,
+    /// Images decoded whole by libjpeg-turbo.
+    pub decoded_turbo: u64,
+    /// Images of which libjpeg-turbo decoded only the region the crop reads.
+    pub decoded_turbo_region: u64,
+    /// Of those, the regions shrunk in the DCT domain (1/2, 1/4, 1/8).
+    pub decoded_turbo_scaled: u64,
 }
 
 /// This process's place in a distributed job, as `stoker_options_launch` resolves it.

@@ -52,6 +52,10 @@ pub(crate) enum BenchCommand {
     /// The pipeline on the same photographs as a folder of JPEGs and packed three ways
     /// (original JPEGs, shrunk to --max-side, shrunk and raw), with each pack's speed.
     Packed(PackedBenchArgs),
+    /// The JPEG decoders side by side on the same files from memory, one thread and all:
+    /// zune-jpeg and libjpeg-turbo whole, libjpeg-turbo on a crop's region (with and without
+    /// DCT scaling), and Pillow.
+    Decoders(DecodersBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -165,6 +169,19 @@ pub(crate) struct PackedBenchArgs {
     pub(crate) workers: Workers,
     /// Images per class when building the default folder (250: 3,000 images).
     #[arg(long, value_name = "N", default_value_t = 250)]
+    pub(crate) per_class: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DecodersBenchArgs {
+    /// A folder of class subfolders of JPEGs (default: the demo's ImageNet-like folder).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// Rounds over the decoders, interleaved; each keeps its best.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub(crate) rounds: usize,
+    /// Images per class when building the default folder.
+    #[arg(long, value_name = "N", default_value_t = 100)]
     pub(crate) per_class: usize,
 }
 

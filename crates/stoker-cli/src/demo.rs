@@ -42,6 +42,10 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), String> {
         options.resolved_workers()
     );
     println!(
+        "  JPEG decoder: {}",
+        stoker_core::decode::jpeg_decoder_summary()
+    );
+    println!(
         "  each batch is held for a simulated {} ms training step (--step-ms)",
         step.as_millis()
     );

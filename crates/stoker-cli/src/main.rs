@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod bench_decoders;
 mod bench_packed;
 mod demo;
 mod doctor;
@@ -23,6 +24,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Npy(args)) => bench::npy(args),
         Command::Bench(BenchCommand::Images(args)) => bench::images(args),
         Command::Bench(BenchCommand::Packed(args)) => bench_packed::run(args),
+        Command::Bench(BenchCommand::Decoders(args)) => bench_decoders::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Pack(args) => pack::run(args),
     };

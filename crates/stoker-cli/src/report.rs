@@ -121,6 +121,14 @@ pub(crate) fn print_stats(s: &Stats) {
         "in flight      {} batches at most now, of a cap of {}",
         s.in_flight_depth, s.in_flight_cap
     );
+    let decoded = s.decoded_zune + s.decoded_turbo + s.decoded_turbo_region;
+    if decoded > 0 {
+        println!(
+            "decoded        {} crop regions by libjpeg-turbo ({} of them DCT-scaled), {} whole by \
+             libjpeg-turbo, {} whole by zune",
+            s.decoded_turbo_region, s.decoded_turbo_scaled, s.decoded_turbo, s.decoded_zune
+        );
+    }
     if s.slabs_pinned + s.pin_failures > 0 {
         println!(
             "pinned slabs   {} locked, {} fell back to pageable (RLIMIT_MEMLOCK)",

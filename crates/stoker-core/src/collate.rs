@@ -9,7 +9,9 @@
 //!
 //! Building happens in two phases: every sample of the batch is read first (views into a memory
 //! map cost nothing; file bytes land in per-worker buffers that are reused), which fixes the
-//! padded shapes; then one slab is taken from the arena and every slot is written.
+//! padded shapes; then one slab is taken from the arena and every slot is written. A batch may
+//! also be built in parts by several workers at once (`PartedBatch`), each part running both
+//! phases on its own slots.
 //!
 //! A batch is built either from sample indices of a map-style [`Source`] ([`Collator::build`])
 //! or from samples a stream handed over, owned ([`Collator::build_owned`]: tar shards read
@@ -17,12 +19,14 @@
 //! where a sample's bytes come from and which samples can replace a bad one under
 //! `on_error=skip` (any sample of the dataset, or another sample of the same batch).
 
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
-use crate::arena::Arena;
+use crate::arena::{Arena, SlabLease};
 use crate::batch::{Batch, FieldMeta};
-use crate::decode::{decode_rgb, raw_pixels, DecodeBuffers};
+use crate::decode::{decode as decode_part, raw_pixels, read_header, DecodeBuffers, JpegDecoder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
@@ -42,6 +46,8 @@ pub const MAX_REPLACEMENTS: usize = 16;
 pub struct ImageStages {
     /// Largest `width * height` a decoded image may have (option `max_image_pixels`).
     pub max_pixels: u64,
+    /// Which decoder decodes JPEGs (option `jpeg_decoder`).
+    pub jpeg_decoder: JpegDecoder,
     /// How image-shaped uint8 tensor fields are stored (`None`: from their shape).
     pub input_layout: Option<InputLayout>,
     /// The transforms that write each image into its slot.
@@ -409,15 +415,7 @@ impl Collator {
         }
 
         // Phase 1: read and validate every sample, replacing bad ones under on_error=skip.
-        let mut samples: Vec<(usize, Sample<'_>)> = Vec::with_capacity(n);
-        let mut skipped = 0;
-        for (slot, (&index, buf)) in indices.iter().zip(reads.iter_mut()).enumerate() {
-            let start = Instant::now();
-            let (used, sample, replaced) = self.read_valid(key, pick, slot, index, buf, spans)?;
-            spans.push(SpanKind::SampleRead, slot, pick.index(used) as usize, start);
-            skipped += usize::from(replaced);
-            samples.push((used, sample));
-        }
+        let (samples, mut skipped) = self.read_slots(key, pick, indices, 0..n, reads, spans)?;
 
         // The padded length of each ragged field is the batch's longest.
         let mut max_len = vec![0usize; self.outputs.len()];
@@ -431,11 +429,62 @@ impl Collator {
         let start = Instant::now();
         let (metas, total) = self.layout(n, &max_len);
         let mut lease = arena.acquire(total)?;
-        let slab = lease.as_mut_slice();
         spans.push(SpanKind::Stage(Stage::Collate), usize::MAX, 0, start);
 
         // Phase 2: write every slot.
-        for (slot, (index, sample)) in samples.iter().enumerate() {
+        let mut slots = Slots::whole(&metas, lease.as_mut_slice());
+        skipped += self.write_slots(
+            key, pick, indices, draws, &samples, &max_len, &mut slots, spare, pixels, spans,
+        )?;
+        self.finish(key, pick, n, metas, lease, skipped)
+    }
+
+    /// Phase 1 for slots `range` of the batch of `indices`: reads each sample into its buffer
+    /// of `reads` (`reads[0]` for the range's first slot) and validates it, replacing a bad one
+    /// under on_error=skip. Returns the samples (with the index each slot uses) and how many
+    /// were replaced; stops at the first slot that fails.
+    fn read_slots<'a>(
+        &self,
+        key: BatchKey,
+        pick: &'a dyn Pick,
+        indices: &[usize],
+        range: Range<usize>,
+        reads: &'a mut [Vec<u8>],
+        spans: &mut Spans,
+    ) -> Result<(Vec<(usize, Sample<'a>)>, usize)> {
+        let mut samples = Vec::with_capacity(range.len());
+        let mut skipped = 0;
+        for (slot, buf) in range.zip(reads.iter_mut()) {
+            let start = Instant::now();
+            let (used, sample, replaced) =
+                self.read_valid(key, pick, slot, indices[slot], buf, spans)?;
+            spans.push(SpanKind::SampleRead, slot, pick.index(used) as usize, start);
+            skipped += usize::from(replaced);
+            samples.push((used, sample));
+        }
+        Ok((samples, skipped))
+    }
+
+    /// Phase 2 for the slots `slots` holds: writes `samples[i]` (read by phase 1) into slot
+    /// `slots.first + i`, replacing a sample whose write fails under on_error=skip. Returns how
+    /// many were replaced; stops at the first slot that fails.
+    #[allow(clippy::too_many_arguments)]
+    fn write_slots(
+        &self,
+        key: BatchKey,
+        pick: &dyn Pick,
+        indices: &[usize],
+        draws: Option<Draws>,
+        samples: &[(usize, Sample<'_>)],
+        max_len: &[usize],
+        slots: &mut Slots<'_>,
+        spare: &mut Vec<u8>,
+        pixels: &mut Pixels,
+        spans: &mut Spans,
+    ) -> Result<usize> {
+        let mut skipped = 0;
+        for (i, (index, sample)) in samples.iter().enumerate() {
+            let slot = slots.first + i;
             // The slot's draw: a replacement keeps the draw of the sample it replaces. Streamed
             // samples are keyed by their position in this rank's stream.
             let draw = match draws {
@@ -444,17 +493,13 @@ impl Collator {
             };
             let start = Instant::now();
             let mut used = *index;
-            if let Err(err) = self.write(
-                key, pick, slot, *index, draw, sample, &metas, slab, pixels, spans,
-            ) {
+            if let Err(err) =
+                self.write(key, pick, slot, *index, draw, sample, slots, pixels, spans)
+            {
                 if !(self.skip_bad && err.is_sample_error()) {
                     return Err(err);
                 }
-                let target = Target {
-                    metas: &metas,
-                    max_len: &max_len,
-                    slab,
-                };
+                let target = Target { max_len, slots };
                 used = self.write_replacement(
                     key, pick, slot, *index, draw, target, spare, pixels, spans, err,
                 )?;
@@ -467,10 +512,24 @@ impl Collator {
                 start,
             );
         }
+        Ok(skipped)
+    }
+
+    /// After every slot is written: checks what was read, mixes the batch (mixup/cutmix) and
+    /// hands it over.
+    fn finish(
+        &self,
+        key: BatchKey,
+        pick: &dyn Pick,
+        n: usize,
+        metas: Vec<FieldMeta>,
+        mut lease: SlabLease,
+        skipped: usize,
+    ) -> Result<Batch> {
         // Bytes copied from a file mapped while another process truncated it are zeros, not
         // the file's: the batch fails instead of carrying them.
         pick.verify()?;
-        self.mix_batch(key, n, &metas, slab);
+        self.mix_batch(key, n, &metas, lease.as_mut_slice());
         Ok(Batch::host(
             metas,
             lease,
@@ -536,17 +595,13 @@ impl Collator {
         slot: usize,
         index: usize,
         draw: u64,
-        target: Target<'_>,
+        target: Target<'_, '_>,
         spare: &mut Vec<u8>,
         pixels: &mut Pixels,
         spans: &mut Spans,
         err: Error,
     ) -> Result<usize> {
-        let Target {
-            metas,
-            max_len,
-            slab,
-        } = target;
+        let Target { max_len, slots } = target;
         let mut rng = replacement_rng(key, pick.index(index));
         for _ in 0..MAX_REPLACEMENTS {
             let candidate = rng.below(pick.len() as u64) as usize;
@@ -568,7 +623,7 @@ impl Collator {
             if fits
                 && self
                     .write(
-                        key, pick, slot, candidate, draw, &sample, metas, slab, pixels, spans,
+                        key, pick, slot, candidate, draw, &sample, slots, pixels, spans,
                     )
                     .is_ok()
             {
@@ -683,17 +738,14 @@ impl Collator {
         index: usize,
         draw: u64,
         sample: &Sample<'_>,
-        metas: &[FieldMeta],
-        slab: &mut [u8],
+        slots: &mut Slots<'_>,
         pixels: &mut Pixels,
         spans: &mut Spans,
     ) -> Result<()> {
         let mut ragged_seen = 0;
         for (f, out) in self.outputs.iter().enumerate() {
             let start = Instant::now();
-            let meta = &metas[f];
-            let slot_bytes = meta.num_bytes() / meta.shape[0].max(1);
-            let dst = &mut slab[meta.offset + slot * slot_bytes..][..slot_bytes];
+            let dst = slots.slot(f, slot);
             let src = sample.get(f);
             match out {
                 Output::Copy { .. } => dst.copy_from_slice(src),
@@ -702,10 +754,11 @@ impl Collator {
                     for chunk in dst[src.len()..].chunks_exact_mut(pad.len()) {
                         chunk.copy_from_slice(pad);
                     }
-                    let len_meta = &metas[self.outputs.len() + ragged_seen];
-                    ragged_seen += 1;
                     let len = self.ragged_len(f, sample) as i64;
-                    slab[len_meta.offset + slot * 8..][..8].copy_from_slice(&len.to_ne_bytes());
+                    slots
+                        .slot(self.outputs.len() + ragged_seen, slot)
+                        .copy_from_slice(&len.to_ne_bytes());
+                    ragged_seen += 1;
                 }
                 Output::SoftLabel {
                     src: label_type,
@@ -838,6 +891,310 @@ impl Collator {
     }
 }
 
+/// Most parts one batch is split into (more would leave each part only a few samples).
+pub(crate) const MAX_PARTS: usize = 8;
+
+/// One batch built in parts by several workers at once (the first batches of a loader: see
+/// `loader::host`). Each part reads and writes its own contiguous range of slots into one shared
+/// slab; whoever ends last finishes the batch ([`Collator::finish_parted`]).
+///
+/// Only a batch whose layout is known before any sample is read is split: one without ragged
+/// fields, whose padded length is the batch's longest sample. Each part can then run both
+/// phases on its own slots — reading is parallel too, and no sample read by one thread is lent
+/// to another — where splitting only phase 2 would first read the whole batch on one thread.
+/// The batch is the one [`Collator::build`] makes: every random choice is keyed by the slot's
+/// draw and a replacement by the bad sample's index, never by who builds it; and the error
+/// reported is the one the whole build would have stopped at (see [`Failure`]).
+pub(crate) struct PartedBatch {
+    key: BatchKey,
+    n: usize,
+    /// The parts' slot ranges: disjoint, in order, covering `0..n`.
+    ranges: Vec<Range<usize>>,
+    /// Whether each part's slots were handed out (each is, once).
+    taken: Vec<AtomicBool>,
+    metas: Vec<FieldMeta>,
+    bytes: usize,
+    /// The slab, taken from the arena by the first part to need it; `None` if that failed (the
+    /// part that tried reports why).
+    slab: OnceLock<Option<SlabLease>>,
+    /// What each part did, by part.
+    outcomes: Mutex<Vec<Option<PartOutcome>>>,
+}
+
+/// What one part of a [`PartedBatch`] did.
+enum PartOutcome {
+    /// Its slots are written; `skipped` samples were replaced (on_error=skip).
+    Written {
+        skipped: usize,
+    },
+    Failed(Failure, Error),
+}
+
+/// Where a part failed, in the order a whole build meets these failures: phase 1 reads every
+/// slot before the slab is taken, and phase 2 writes every slot after. Among parts failing
+/// alike, the first part's error is the batch's (a part stops at its first failing slot, so
+/// that is the batch's first failing slot); a part that ended outside the build (a panic, a
+/// discarded task) wins over any sample's error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Failure {
+    Aborted,
+    Read,
+    Slab,
+    Write,
+}
+
+impl PartedBatch {
+    /// Parts the batch has.
+    pub(crate) fn parts(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// Records that part `part` ended without building its slots (a panic, a discarded task),
+    /// with the error the batch then fails with.
+    pub(crate) fn abort(&self, part: usize, error: Error) {
+        self.record(part, PartOutcome::Failed(Failure::Aborted, error));
+    }
+
+    fn record(&self, part: usize, outcome: PartOutcome) {
+        let mut outcomes = self.outcomes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot @ None) = outcomes.get_mut(part) {
+            *slot = Some(outcome);
+        }
+    }
+
+    /// The slab, taken from `arena` by the first part to ask (the others wait for it; taking it
+    /// never waits for a part); `Ok(None)` when another part failed to take it.
+    fn slab(&self, arena: &Arena, spans: &mut Spans) -> Result<Option<&SlabLease>> {
+        let mut failed = None;
+        let slab = self.slab.get_or_init(|| {
+            let start = Instant::now();
+            let lease = arena.acquire(self.bytes);
+            spans.push(SpanKind::Stage(Stage::Collate), usize::MAX, 0, start);
+            lease.map_err(|e| failed = Some(e)).ok()
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(slab.as_ref()),
+        }
+    }
+
+    /// Part `part`'s slots of every field in `lease` (this batch's slab); `None` if they were
+    /// handed out before.
+    fn part_slots<'s>(&'s self, part: usize, lease: &'s SlabLease) -> Option<Slots<'s>> {
+        let range = self.ranges.get(part)?;
+        if self.taken[part].swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let base = lease.as_ptr();
+        let fields = self
+            .metas
+            .iter()
+            .map(|meta| {
+                let size = meta.num_bytes() / meta.shape[0].max(1);
+                // SAFETY: in bounds: `layout` placed this field at `offset..offset + num_bytes`
+                // (`size` bytes per slot, `n` slots) inside `bytes`, the lease's length, and
+                // `range` lies in `0..n`. Valid for writes: the lease maps its slab read-write,
+                // and the slices borrow `self`, which holds the lease; only
+                // `Collator::finish_parted`, owning `self`, takes it out. Not aliased: fields
+                // do not overlap (each starts past the end of the one before), parts' ranges
+                // do not overlap (`Collator::parted`), `taken` hands each part's slots out
+                // once, and nothing else touches the slab while `self` is shared. Parts write
+                // from several threads; the finisher reads after `Arc::into_inner` on the
+                // parts' shared handle, whose release/acquire orders every part's writes
+                // before it.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        base.add(meta.offset + range.start * size),
+                        range.len() * size,
+                    )
+                };
+                (bytes, size)
+            })
+            .collect();
+        Some(Slots {
+            first: range.start,
+            fields,
+        })
+    }
+}
+
+impl Collator {
+    /// Batch `key` of `n` samples split into (at most) `parts` parts to build on as many
+    /// workers, or `None` when it cannot be: a layout that depends on the samples (ragged
+    /// fields), streamed samples, or fewer than two parts of at least one sample each.
+    pub(crate) fn parted(&self, key: BatchKey, n: usize, parts: usize) -> Option<PartedBatch> {
+        let parts = parts.min(n).min(MAX_PARTS);
+        let ragged = self.outputs.iter().any(|o| matches!(o, Output::Pad { .. }));
+        if parts < 2 || ragged || self.source.is_none() {
+            return None;
+        }
+        let (metas, bytes) = self.layout(n, &vec![0; self.outputs.len()]);
+        Some(PartedBatch {
+            key,
+            n,
+            ranges: (0..parts)
+                .map(|p| p * n / parts..(p + 1) * n / parts)
+                .collect(),
+            taken: (0..parts).map(|_| AtomicBool::new(false)).collect(),
+            metas,
+            bytes,
+            slab: OnceLock::new(),
+            outcomes: Mutex::new((0..parts).map(|_| None).collect()),
+        })
+    }
+
+    /// Builds part `part` of `batch`, whose samples are `indices` of the source: phase 1 then
+    /// phase 2 on the part's slots, into the slab the first part takes from `arena`. The
+    /// outcome is recorded in `batch`; the stages in `scratch.spans`.
+    pub(crate) fn build_part(
+        &self,
+        batch: &PartedBatch,
+        part: usize,
+        indices: &[usize],
+        draws: Draws,
+        arena: &Arena,
+        scratch: &mut Scratch,
+    ) {
+        scratch.spans.clear();
+        let outcome = match self.source.as_deref() {
+            Some(source) => self.write_part(
+                batch,
+                part,
+                &FromSource(source),
+                indices,
+                draws,
+                arena,
+                scratch,
+            ),
+            None => PartOutcome::Failed(
+                Failure::Aborted,
+                Error::Internal("a collator of streamed samples was asked for indices".into()),
+            ),
+        };
+        batch.record(part, outcome);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_part(
+        &self,
+        batch: &PartedBatch,
+        part: usize,
+        pick: &dyn Pick,
+        indices: &[usize],
+        draws: Draws,
+        arena: &Arena,
+        scratch: &mut Scratch,
+    ) -> PartOutcome {
+        let Some(range) = batch.ranges.get(part).cloned() else {
+            return PartOutcome::Failed(
+                Failure::Aborted,
+                Error::Internal(format!("batch {} has no part {part}", batch.key.position)),
+            );
+        };
+        let key = batch.key;
+        let Scratch {
+            reads,
+            spare,
+            pixels,
+            spans,
+        } = scratch;
+        if reads.len() < range.len() {
+            reads.resize_with(range.len(), Vec::new);
+        }
+        let (samples, read_skipped) = match self.read_slots(key, pick, indices, range, reads, spans)
+        {
+            Ok(read) => read,
+            Err(e) => return PartOutcome::Failed(Failure::Read, e),
+        };
+        let lease = match batch.slab(arena, spans) {
+            Ok(Some(lease)) => lease,
+            // Another part failed to take the slab and reports why.
+            Ok(None) => return PartOutcome::Written { skipped: 0 },
+            Err(e) => return PartOutcome::Failed(Failure::Slab, e),
+        };
+        let Some(mut slots) = batch.part_slots(part, lease) else {
+            return PartOutcome::Failed(
+                Failure::Aborted,
+                Error::Internal(format!(
+                    "part {part} of batch {} was built twice",
+                    key.position
+                )),
+            );
+        };
+        // No ragged field: nothing is padded.
+        let max_len = vec![0; self.outputs.len()];
+        match self.write_slots(
+            key,
+            pick,
+            indices,
+            Some(draws),
+            &samples,
+            &max_len,
+            &mut slots,
+            spare,
+            pixels,
+            spans,
+        ) {
+            Ok(skipped) => PartOutcome::Written {
+                skipped: read_skipped + skipped,
+            },
+            Err(e) => PartOutcome::Failed(Failure::Write, e),
+        }
+    }
+
+    /// The batch of `batch`'s parts once every part has ended: the error the whole build would
+    /// have reported first (see [`Failure`]), or the batch, verified and mixed (mixup/cutmix)
+    /// here, once.
+    pub(crate) fn finish_parted(&self, batch: PartedBatch) -> Result<Batch> {
+        let PartedBatch {
+            key,
+            n,
+            metas,
+            slab,
+            outcomes,
+            ..
+        } = batch;
+        let mut skipped = 0;
+        let mut first: Option<(Failure, Error)> = None;
+        let outcomes = outcomes
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (part, outcome) in outcomes.into_iter().enumerate() {
+            let (failure, error) = match outcome {
+                Some(PartOutcome::Written { skipped: s }) => {
+                    skipped += s;
+                    continue;
+                }
+                Some(PartOutcome::Failed(failure, error)) => (failure, error),
+                None => (
+                    Failure::Aborted,
+                    Error::Internal(format!(
+                        "part {part} of batch {} of epoch {} never ran",
+                        key.position, key.epoch
+                    )),
+                ),
+            };
+            // Parts in order: on a tie the first part's error stays.
+            if first.as_ref().is_none_or(|(f, _)| failure < *f) {
+                first = Some((failure, error));
+            }
+        }
+        if let Some((_, error)) = first {
+            return Err(error);
+        }
+        let lease = slab.into_inner().flatten().ok_or_else(|| {
+            Error::Internal(format!(
+                "batch {} of epoch {} was written without a slab",
+                key.position, key.epoch
+            ))
+        })?;
+        let source = self.source.as_deref().ok_or_else(|| {
+            Error::Internal("a collator of streamed samples finished a split batch".into())
+        })?;
+        self.finish(key, &FromSource(source), n, metas, lease, skipped)
+    }
+}
+
 fn sample_error(pick: &dyn Pick, index: usize, reason: String) -> Error {
     Error::Sample {
         index: pick.index(index),
@@ -846,12 +1203,43 @@ fn sample_error(pick: &dyn Pick, index: usize, reason: String) -> Error {
     }
 }
 
-/// Where a batch's slots are written: its field layout, the padded length of each ragged field,
-/// and the slab.
-struct Target<'a> {
-    metas: &'a [FieldMeta],
+/// Where a replacement is written: the padded length of each ragged field (it must fit them)
+/// and the slots.
+struct Target<'a, 's> {
     max_len: &'a [usize],
-    slab: &'a mut [u8],
+    slots: &'a mut Slots<'s>,
+}
+
+/// The slots one build writes: for every field of the batch's layout (`<name>_lengths` fields
+/// included), the bytes of slots `first..first + count` — the whole batch, or one part's range.
+struct Slots<'a> {
+    first: usize,
+    /// Per field: its slots' bytes, and the bytes of one slot.
+    fields: Vec<(&'a mut [u8], usize)>,
+}
+
+impl<'a> Slots<'a> {
+    /// Every slot of the batch laid out as `metas` in `slab`.
+    fn whole(metas: &[FieldMeta], slab: &'a mut [u8]) -> Slots<'a> {
+        let mut fields = Vec::with_capacity(metas.len());
+        let mut rest = slab;
+        let mut at = 0;
+        // Fields are laid out in order, each past the end of the one before.
+        for meta in metas {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(meta.offset - at);
+            let (bytes, tail) = tail.split_at_mut(meta.num_bytes());
+            rest = tail;
+            at = meta.offset + meta.num_bytes();
+            fields.push((bytes, meta.num_bytes() / meta.shape[0].max(1)));
+        }
+        Slots { first: 0, fields }
+    }
+
+    /// The bytes of slot `slot` (of the batch) in field `field`.
+    fn slot(&mut self, field: usize, slot: usize) -> &mut [u8] {
+        let (bytes, size) = &mut self.fields[field];
+        &mut bytes[(slot - self.first) * *size..][..*size]
+    }
 }
 
 /// Decodes one encoded image into the worker's buffer, then transforms it into `out`; records
@@ -868,22 +1256,33 @@ fn write_image(
     let Pixels { decode, transform } = pixels;
     let start = Instant::now();
     // A raw-pixel record (packed `raw` mode) is read in place: no decode, no copy.
-    let (decoded, rgb) = match raw_pixels(encoded, stages.max_pixels) {
-        Some(raw) => match raw {
-            Ok((dims, rgb)) => (Ok(dims), rgb),
-            Err(reason) => (Err(reason), &[][..]),
-        },
-        None => (
-            decode_rgb(encoded, stages.max_pixels, decode),
-            &decode.rgb[..],
-        ),
-    };
+    if let Some(raw) = raw_pixels(encoded, stages.max_pixels) {
+        let mid = Instant::now();
+        spans.push_ended(SpanKind::Stage(Stage::Decode), slot, index, start, mid);
+        let (dims, rgb) = raw?;
+        let result = stages
+            .pipeline
+            .apply(rgb, dims.width, dims.height, rng, out, transform);
+        spans.push(SpanKind::Stage(Stage::Transform), slot, index, mid);
+        return result;
+    }
+    // The crop is planned from the header's size, so the decoder reads only what the
+    // transform will (see `decode`); the random draws are the same as after a whole decode.
+    let decoded =
+        read_header(encoded, stages.max_pixels, stages.jpeg_decoder, decode).and_then(|header| {
+            let plan = stages
+                .pipeline
+                .plan(header.dims.width, header.dims.height, rng)?;
+            let window = stages.pipeline.window(&plan);
+            Ok((decode_part(encoded, &header, Some(window), decode)?, plan))
+        });
     let mid = Instant::now();
     spans.push_ended(SpanKind::Stage(Stage::Decode), slot, index, start, mid);
-    let dims = decoded?;
+    let (decoded, plan) = decoded?;
+    spans.count_decode(decoded.path);
     let result = stages
         .pipeline
-        .apply(rgb, dims.width, dims.height, rng, out, transform);
+        .apply_decoded(&decode.rgb, &decoded, plan, rng, out, transform);
     spans.push(SpanKind::Stage(Stage::Transform), slot, index, mid);
     // Do not keep a rare huge image's buffers for the worker's lifetime.
     if decode.rgb.capacity() > KEEP_DECODE_BYTES {

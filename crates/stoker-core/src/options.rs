@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::collate::ImageStages;
 use crate::collate::{tensor_image_shape, InputLayout};
+use crate::decode::JpegDecoder;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::launch::{usable_cores, Launch};
@@ -125,6 +126,8 @@ pub struct LoaderOptions {
     pub(crate) pad: Option<f64>,
     /// Largest image (width × height) a decoder will allocate for; larger ones are bad samples.
     pub(crate) max_image_pixels: u64,
+    /// Which decoder decodes JPEGs; `None`: `STOKER_JPEG_DECODER`, else auto.
+    pub(crate) jpeg_decoder: Option<JpegDecoder>,
     /// Where to write the Chrome trace-event timeline (see [`crate::trace`]).
     pub(crate) trace: Option<PathBuf>,
     /// Bound on the batch memory the loader keeps; `None` is the default (see [`crate::memory`]).
@@ -178,6 +181,7 @@ impl Default for LoaderOptions {
             pad: None,
             // Pillow's MAX_IMAGE_PIXELS: larger images are decompression bombs until proven otherwise.
             max_image_pixels: 89_478_485,
+            jpeg_decoder: None,
             trace: None,
             memory_budget: None,
             autotune: false,
@@ -236,6 +240,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "resume_state", values: "a string from `save_state`", default: "none", meaning: "continue exactly where a saved job stopped, at any world size (a streaming loader's state: at the same world size only, by replay); an error names what differs if the source, sampler, batch_size, drop_last or transform changed" },
     OptionDoc { key: "pad", values: "a finite number", default: "none", meaning: "pad ragged fields to the batch's longest, with a `<name>_lengths` field" },
     OptionDoc { key: "max_image_pixels", values: "integer ≥ 1", default: "89478485", meaning: "larger images are bad samples (decompression bombs), refused before allocating" },
+    OptionDoc { key: "jpeg_decoder", values: "`auto`, `zune`, `turbo`", default: "`auto` (or `STOKER_JPEG_DECODER`)", meaning: "`turbo`: libjpeg-turbo decodes only the rows and columns a crop reads, shrinking in the DCT domain when the crop is at least twice the output; `zune`: zune-jpeg (pure Rust) decodes whole images; `auto`: `turbo` when it was built with SIMD, else `zune`. CMYK/YCCK JPEGs always go to zune-jpeg; stats count each path (`decoded_*`)" },
     OptionDoc { key: "memory_budget", values: "bytes (`8GiB`, `500MB`) or `N%` of physical memory", default: "50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE`", meaning: "bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`)" },
     OptionDoc { key: "autotune", values: "bool", default: "false", meaning: "live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace" },
     OptionDoc { key: "trace", values: "a file path", default: "none", meaning: "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped" },
@@ -498,6 +503,10 @@ impl LoaderOptions {
                     })?);
             }
             "max_image_pixels" => self.max_image_pixels = parse_int(key, v, 1, u64::MAX)?,
+            "jpeg_decoder" => {
+                self.jpeg_decoder =
+                    Some(JpegDecoder::parse(v).map_err(|reason| Error::option(key, reason))?)
+            }
             "memory_budget" => self.memory_budget = Some(MemoryBudget::parse(key, v)?),
             "autotune" => self.autotune = parse_bool(key, v)?,
             "trace" => {
@@ -873,8 +882,23 @@ impl LoaderOptions {
         }
         let pipeline = Pipeline::new(options.transform.as_deref(), options.dtype, options.layout)
             .map_err(|reason| Error::option("transform", reason))?;
+        let jpeg_decoder = match options.jpeg_decoder {
+            Some(d) => d,
+            // The environment picks the decoder of every loader that does not say, so a test
+            // suite or a job can run on the other decoder unchanged.
+            None => match std::env::var("STOKER_JPEG_DECODER") {
+                Ok(v) => JpegDecoder::parse(&v).map_err(|reason| {
+                    Error::option(
+                        "jpeg_decoder",
+                        format!("from STOKER_JPEG_DECODER: {reason}"),
+                    )
+                })?,
+                Err(_) => JpegDecoder::Auto,
+            },
+        };
         Ok(Some(ImageStages {
             max_pixels: options.max_image_pixels,
+            jpeg_decoder,
             input_layout: options.input_layout,
             pipeline,
         }))

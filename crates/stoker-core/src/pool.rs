@@ -4,6 +4,16 @@
 //! batches, in whatever order workers finish them; ordering is the loader's job. Workers persist
 //! across epochs. A panic while building a batch is caught and becomes that batch's error. Dropping
 //! the pool raises the stop flag, closes the task queue and joins every thread.
+//!
+//! A task may be submitted split into parts (intra-batch parallelism, for the first batches of a
+//! loader, when one batch is all the consumer waits for): the parts are queued one after the
+//! other, so the workers free next all take parts of that batch before any later batch. Each
+//! part holds a reference to the batch's shared state (`Split`); the part that drops the last
+//! one — the last to end, whichever worker runs it — finishes the batch and sends it on. Nobody
+//! waits for a part: a worker that ends its part takes the next job. A panic in a part is that
+//! part's outcome, so the batch still finishes, with the panic as its error; a part dropped
+//! unbuilt (the pool shutting down) frees the shared state, slab included, with its last
+//! reference.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,7 +26,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use crate::arena::Arena;
 use crate::batch::Batch;
 use crate::close::{Closer, Wait};
-use crate::collate::{BatchKey, Collator, Scratch};
+use crate::collate::{BatchKey, Collator, PartedBatch, Scratch, MAX_PARTS};
 use crate::error::{panic_message, Error, Result};
 use crate::sampler::BatchPlan;
 use crate::stats::{StatsRecorder, WorkerSlot};
@@ -30,6 +40,26 @@ pub(crate) struct Task {
     /// an old one are discarded unbuilt.
     pub generation: u64,
 }
+
+/// What a worker takes from the queue.
+pub(crate) enum Job {
+    /// A whole batch.
+    Batch(Task),
+    /// Part `part` of a batch split across workers.
+    Part { split: Arc<Split>, part: usize },
+}
+
+/// A batch split into parts: its task and the state its parts share. Each queued or running part
+/// holds one `Arc` of it, so the `Arc`'s count is the parts not yet ended.
+pub(crate) struct Split {
+    task: Task,
+    batch: PartedBatch,
+}
+
+/// Room the task queue keeps for parts beyond one entry per batch: enough for [`MAX_PARTS`]
+/// batches of [`MAX_PARTS`] parts. A task is split only while the parts fit in it, so the
+/// queue's bound still holds and a submission never blocks on it.
+const SPLIT_ROOM: usize = MAX_PARTS * MAX_PARTS;
 
 /// A finished task.
 pub(crate) struct Done {
@@ -81,10 +111,7 @@ impl Builder {
     /// (before a `set_epoch`) is discarded unbuilt.
     pub fn build(&self, task: &Task, ctx: &mut WorkerCtx) -> Result<Batch> {
         if task.generation != self.generation.load(Ordering::Acquire) {
-            return Err(Error::Closed(format!(
-                "batch {} of epoch {} was discarded by set_epoch",
-                task.key.position, task.key.epoch
-            )));
+            return Err(discarded(task.key));
         }
         let start = Instant::now();
         let indices = task.plan.batch(task.key.position);
@@ -97,35 +124,103 @@ impl Builder {
         .unwrap_or_else(|panic| {
             // The scratch buffers may be half-written; start afresh.
             *scratch = Scratch::default();
-            Err(Error::Internal(format!(
-                "panic while building batch {} of epoch {}: {}",
-                task.key.position,
-                task.key.epoch,
-                panic_message(&*panic)
-            )))
+            Err(panicked(task.key, &*panic))
         });
-        let end = Instant::now();
-        if let Some(trace) = self.stats.trace() {
-            trace.batch_built(
-                ctx.slot.id,
-                task.key.epoch,
-                task.key.position,
-                start,
-                end,
-                ctx.scratch.spans.spans(),
-            );
-        }
-        ctx.slot.add_batch(end - start, &mut ctx.scratch.spans);
+        self.record(ctx, task.key, None, start);
         outcome
     }
+
+    /// Builds part `part` of a split batch, like [`Builder::build`] a whole one; when this part
+    /// is the last to end, finishes the batch (verify, mixup/cutmix) and returns it.
+    pub fn build_part(&self, split: Arc<Split>, part: usize, ctx: &mut WorkerCtx) -> Option<Done> {
+        let (key, generation) = (split.task.key, split.task.generation);
+        let start = Instant::now();
+        let current = generation == self.generation.load(Ordering::Acquire);
+        if current {
+            let indices = split.task.plan.batch(key.position);
+            let draws = split.task.plan.draws(key.position);
+            let scratch = &mut ctx.scratch;
+            let built = catch_unwind(AssertUnwindSafe(|| {
+                self.collator
+                    .build_part(&split.batch, part, indices, draws, &self.arena, scratch)
+            }));
+            if let Err(panic) = built {
+                *scratch = Scratch::default();
+                split.batch.abort(part, panicked(key, &*panic));
+            }
+        } else {
+            split.batch.abort(part, discarded(key));
+        }
+        let parts = split.batch.parts();
+        // Exactly one part gets the shared state back: the last to end, after every other
+        // part's writes (`into_inner` orders them before it).
+        let done = Arc::into_inner(split).map(|Split { batch, .. }| {
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.collator.finish_parted(batch)))
+                .unwrap_or_else(|panic| Err(panicked(key, &*panic)));
+            Done {
+                key,
+                generation,
+                outcome,
+            }
+        });
+        // A discarded part built nothing and records nothing, like a discarded task.
+        if current {
+            self.record(ctx, key, Some((part, parts)), start);
+        }
+        done
+    }
+
+    /// Records the batch (or part `part` of `parts`) the worker of `ctx` built since `start`:
+    /// busy time and stages in its counters, spans in the trace.
+    fn record(
+        &self,
+        ctx: &mut WorkerCtx,
+        key: BatchKey,
+        part: Option<(usize, usize)>,
+        start: Instant,
+    ) {
+        let end = Instant::now();
+        if let Some(trace) = self.stats.trace() {
+            let spans = ctx.scratch.spans.spans();
+            match part {
+                None => trace.batch_built(ctx.slot.id, key.epoch, key.position, start, end, spans),
+                Some(part) => trace.part_built(
+                    ctx.slot.id,
+                    key.epoch,
+                    key.position,
+                    part,
+                    start,
+                    end,
+                    spans,
+                ),
+            }
+        }
+        ctx.slot.add_batch(end - start, &mut ctx.scratch.spans);
+    }
+}
+
+fn panicked(key: BatchKey, panic: &(dyn std::any::Any + Send)) -> Error {
+    Error::Internal(format!(
+        "panic while building batch {} of epoch {}: {}",
+        key.position,
+        key.epoch,
+        panic_message(panic)
+    ))
+}
+
+fn discarded(key: BatchKey) -> Error {
+    Error::Closed(format!(
+        "batch {} of epoch {} was discarded by set_epoch",
+        key.position, key.epoch
+    ))
 }
 
 pub(crate) struct Pool {
     builder: Arc<Builder>,
-    tasks: Option<Sender<Task>>,
+    tasks: Option<Sender<Job>>,
     done: Receiver<Done>,
     /// Kept to start more workers later (autotune).
-    task_rx: Receiver<Task>,
+    task_rx: Receiver<Job>,
     done_tx: Sender<Done>,
     /// Live workers, in start order.
     workers: Vec<Worker>,
@@ -141,9 +236,10 @@ struct Worker {
 
 impl Pool {
     /// Starts `workers` threads. `capacity` bounds both queues: the most tasks the loader will
-    /// ever have submitted and undelivered (the in-flight cap, or its ceiling under autotune).
+    /// ever have submitted and undelivered (the in-flight cap, or its ceiling under autotune);
+    /// the task queue holds [`SPLIT_ROOM`] more entries for the parts of split tasks.
     pub fn start(builder: Arc<Builder>, workers: usize, capacity: usize) -> Result<Pool> {
-        let (task_tx, task_rx) = crossbeam_channel::bounded::<Task>(capacity.max(1));
+        let (task_tx, task_rx) = crossbeam_channel::bounded::<Job>(capacity.max(1) + SPLIT_ROOM);
         let (done_tx, done_rx) = crossbeam_channel::bounded::<Done>(capacity.max(1));
         let mut pool = Pool {
             builder,
@@ -199,14 +295,47 @@ impl Pool {
         Ok(())
     }
 
-    pub fn submit(&self, task: Task) -> Result<()> {
+    /// Queues `task`, split into (at most) `parts` parts when it can be: the collator can build
+    /// the batch in parts ([`Collator::parted`]) and the queue has room for them (see
+    /// [`SPLIT_ROOM`]); otherwise whole.
+    pub fn submit(&self, task: Task, parts: usize) -> Result<()> {
         let tasks = self
             .tasks
             .as_ref()
             .ok_or_else(|| Error::Closed("pool is shut down".into()))?;
-        tasks
-            .send(task)
-            .map_err(|_| Error::Internal("every worker thread has exited".into()))
+        let send = |job: Job| {
+            tasks
+                .send(job)
+                .map_err(|_| Error::Internal("every worker thread has exited".into()))
+        };
+        // Each batch queued takes one entry of `capacity`; its other queued parts take entries
+        // of SPLIT_ROOM. Those are fewer than the entries queued now, so splitting only while
+        // `len + parts - 1 <= SPLIT_ROOM` keeps them within it and `send` never waits for room
+        // (only this thread sends, and workers only shorten the queue meanwhile).
+        let room = tasks.len() + parts.min(MAX_PARTS) <= SPLIT_ROOM + 1;
+        let parted = if parts > 1 && room {
+            let n = task.plan.batch(task.key.position).len();
+            self.builder.collator.parted(task.key, n, parts)
+        } else {
+            None
+        };
+        let Some(batch) = parted else {
+            return send(Job::Batch(task));
+        };
+        let parts = batch.parts();
+        let split = Arc::new(Split { task, batch });
+        for part in 0..parts - 1 {
+            send(Job::Part {
+                split: Arc::clone(&split),
+                part,
+            })?;
+        }
+        // The last part takes this reference: the queue's parts must hold them all, or the
+        // batch would never finish.
+        send(Job::Part {
+            split,
+            part: parts - 1,
+        })
     }
 
     /// A finished batch if one is waiting, without blocking.
@@ -231,7 +360,7 @@ impl Pool {
 fn worker_loop(
     builder: &Builder,
     mut ctx: WorkerCtx,
-    tasks: &Receiver<Task>,
+    tasks: &Receiver<Job>,
     retire: &Receiver<()>,
     done: &Sender<Done>,
 ) {
@@ -240,37 +369,40 @@ fn worker_loop(
         if let Err(TryRecvError::Disconnected) = retire.try_recv() {
             break;
         }
-        let task = match tasks.try_recv() {
-            Ok(task) => task,
+        let job = match tasks.try_recv() {
+            Ok(job) => job,
             Err(TryRecvError::Disconnected) => break,
             Err(TryRecvError::Empty) => {
-                // No task: the scheduler's in-flight depth is full (or it has not submitted
+                // No job: the scheduler's in-flight depth is full (or it has not submitted
                 // yet). The time held back is what lets it judge whether to build deeper.
                 let idle = Instant::now();
-                let task = crossbeam_channel::select! {
-                    recv(tasks) -> task => match task {
-                        Ok(task) => task,
+                let job = crossbeam_channel::select! {
+                    recv(tasks) -> job => match job {
+                        Ok(job) => job,
                         Err(_) => break,
                     },
                     recv(retire) -> _ => break,
                 };
                 builder.stats.held_back(idle.elapsed());
-                task
+                job
             }
         };
         if builder.stop.load(Ordering::Acquire) {
             break;
         }
-        let outcome = builder.build(&task, &mut ctx);
-        if done
-            .send(Done {
+        let finished = match job {
+            Job::Batch(task) => Some(Done {
+                outcome: builder.build(&task, &mut ctx),
                 key: task.key,
                 generation: task.generation,
-                outcome,
-            })
-            .is_err()
-        {
-            break;
+            }),
+            // Only the part that ends the batch hands it on.
+            Job::Part { split, part } => builder.build_part(split, part, &mut ctx),
+        };
+        if let Some(finished) = finished {
+            if done.send(finished).is_err() {
+                break;
+            }
         }
     }
 }

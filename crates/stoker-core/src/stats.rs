@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::arena::Arena;
+use crate::decode::DecodePath;
 use crate::launch::Launch;
 #[cfg(doc)]
 use crate::launch::Launcher;
@@ -151,6 +152,15 @@ pub struct Stats {
     pub prefetch_factor: u64,
     /// Changes autotune made to the worker count or the prefetch depth.
     pub autotune_decisions: u64,
+    /// Images decoded whole by zune-jpeg or zune-png (see option `jpeg_decoder`).
+    pub decoded_zune: u64,
+    /// Images decoded whole by libjpeg-turbo (progressive scans, lossless JPEGs, or crops of
+    /// nearly all of the image).
+    pub decoded_turbo: u64,
+    /// Images of which libjpeg-turbo decoded only the rows and columns the crop reads.
+    pub decoded_turbo_region: u64,
+    /// Of those regions, the ones shrunk in the DCT domain (1/2, 1/4, 1/8).
+    pub decoded_turbo_scaled: u64,
 }
 
 impl Stats {
@@ -259,10 +269,24 @@ pub(crate) enum SpanKind {
     SampleWrite,
 }
 
+/// Decode paths counted per worker.
+const DECODE_PATHS: usize = 4;
+
+fn decode_path_index(path: DecodePath) -> usize {
+    match path {
+        DecodePath::Zune => 0,
+        DecodePath::Turbo => 1,
+        DecodePath::TurboRegion => 2,
+        DecodePath::TurboScaled => 3,
+    }
+}
+
 /// A worker's record of the batch it is building; reused from batch to batch.
 #[derive(Default)]
 pub(crate) struct Spans {
     spans: Vec<Span>,
+    /// Images of this batch by decode path ([`DecodePath`] order).
+    decoded: [u64; DECODE_PATHS],
     /// Per-slot stage sums (`None`: the sample did not go through that stage), rebuilt for
     /// each batch.
     per_slot: Vec<[Option<u64>; STAGES]>,
@@ -271,6 +295,12 @@ pub(crate) struct Spans {
 impl Spans {
     pub(crate) fn clear(&mut self) {
         self.spans.clear();
+        self.decoded = [0; DECODE_PATHS];
+    }
+
+    /// Counts one image decoded by `path`.
+    pub(crate) fn count_decode(&mut self, path: DecodePath) {
+        self.decoded[decode_path_index(path)] += 1;
     }
 
     pub(crate) fn push(&mut self, kind: SpanKind, slot: usize, index: usize, start: Instant) {
@@ -307,6 +337,7 @@ pub(crate) struct WorkerSlot {
 
 struct WorkerCounters {
     busy_ns: u64,
+    decoded: [u64; DECODE_PATHS],
     stage_ns: [u64; STAGES],
     /// Per-sample stage times.
     hist: Vec<Histogram>,
@@ -322,7 +353,11 @@ impl WorkerSlot {
 
     /// Adds one batch, built in `busy`, whose stage spans are in `spans`.
     pub(crate) fn add_batch(&self, busy: Duration, spans: &mut Spans) {
-        let Spans { spans, per_slot } = spans;
+        let Spans {
+            spans,
+            per_slot,
+            decoded,
+        } = spans;
         let slots = spans
             .iter()
             .filter(|s| s.slot != NO_SLOT)
@@ -343,6 +378,9 @@ impl WorkerSlot {
         }
         let mut c = self.lock();
         c.busy_ns += busy.as_nanos() as u64;
+        for (n, add) in c.decoded.iter_mut().zip(*decoded) {
+            *n += add;
+        }
         for (t, add) in c.stage_ns.iter_mut().zip(totals) {
             *t += add;
         }
@@ -434,6 +472,7 @@ impl StatsRecorder {
             id: workers.len(),
             inner: Mutex::new(WorkerCounters {
                 busy_ns: 0,
+                decoded: [0; DECODE_PATHS],
                 stage_ns: [0; STAGES],
                 hist: vec![Histogram::new(); STAGES],
                 started: Instant::now(),
@@ -560,6 +599,7 @@ impl StatsRecorder {
         let mut busy = 0u64;
         let mut alive = 0u64;
         let mut stage_ns = [0u64; STAGES];
+        let mut decoded = [0u64; DECODE_PATHS];
         let mut hist = vec![Histogram::new(); STAGES];
         let mut worker_busy_ns = Vec::new();
         for w in self
@@ -576,6 +616,9 @@ impl StatsRecorder {
                 .unwrap_or(now)
                 .saturating_duration_since(c.started)
                 .as_nanos() as u64;
+            for (n, add) in decoded.iter_mut().zip(c.decoded) {
+                *n += add;
+            }
             for s in 0..STAGES {
                 stage_ns[s] += c.stage_ns[s];
                 hist[s].merge(&c.hist[s]);
@@ -632,6 +675,11 @@ impl StatsRecorder {
             in_flight_depth: self.in_flight_depth.load(Ordering::Relaxed),
             prefetch_factor: self.prefetch_factor.load(Ordering::Relaxed),
             autotune_decisions: self.autotune_decisions.load(Ordering::Relaxed),
+            decoded_zune: decoded[decode_path_index(DecodePath::Zune)],
+            decoded_turbo: decoded[decode_path_index(DecodePath::Turbo)],
+            decoded_turbo_region: decoded[decode_path_index(DecodePath::TurboRegion)]
+                + decoded[decode_path_index(DecodePath::TurboScaled)],
+            decoded_turbo_scaled: decoded[decode_path_index(DecodePath::TurboScaled)],
             // Filled by `StatsHandle::snapshot`.
             ..Stats::default()
         }

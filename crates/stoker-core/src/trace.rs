@@ -5,7 +5,9 @@
 //! - each worker (`stoker-worker-N`, or the calling thread with `num_workers=0`): a `batch` span
 //!   per batch built; inside it a `sample` span per sample and phase (phase 1 reads every sample
 //!   of the batch, phase 2 writes every slot), and inside those the stages `read`, `decode`,
-//!   `transform`, `collate` (complete events, `"ph": "X"`, that nest);
+//!   `transform`, `collate` (complete events, `"ph": "X"`, that nest). A batch split across
+//!   workers has one `batch` span per part, on the track of the worker that built it, with
+//!   `part` and `parts` among its arguments and the samples of that part's slots inside;
 //! - `stoker-prefetch`: an `h2d` span per batch copied to the device;
 //! - `consumer`: a `wait` span per `next()` call that returned a batch, and a `deliver` instant
 //!   when the batch was handed over;
@@ -61,6 +63,13 @@ pub(crate) enum Args {
     Batch {
         epoch: u64,
         position: u64,
+    },
+    /// Part `part` (from 0) of `parts` of a batch split across workers.
+    Part {
+        epoch: u64,
+        position: u64,
+        part: u32,
+        parts: u32,
     },
     /// A sample: its dataset index and its slot in the batch (`phase`: 0 read, 1 write).
     Sample {
@@ -221,8 +230,41 @@ impl Trace {
         end: Instant,
         spans: &[Span],
     ) {
+        let batch = TraceEvent::batch("batch", epoch, position, start, end);
+        self.built(worker, batch, spans);
+    }
+
+    /// Part `part.0` of `part.1` of a batch split across workers, built by `worker`: a `batch`
+    /// span with the part in its arguments, around the spans recorded.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn part_built(
+        &self,
+        worker: usize,
+        epoch: u64,
+        position: usize,
+        (part, parts): (usize, usize),
+        start: Instant,
+        end: Instant,
+        spans: &[Span],
+    ) {
+        let args = Args::Part {
+            epoch,
+            position: position as u64,
+            part: part as u32,
+            parts: parts as u32,
+        };
+        let batch = TraceEvent {
+            name: "batch",
+            start,
+            end: Some(end),
+            args,
+        };
+        self.built(worker, batch, spans);
+    }
+
+    fn built(&self, worker: usize, batch: TraceEvent, spans: &[Span]) {
         let mut events = Vec::with_capacity(spans.len() + 1);
-        events.push(TraceEvent::batch("batch", epoch, position, start, end));
+        events.push(batch);
         for s in spans {
             let (name, args) = match s.kind {
                 SpanKind::Stage(stage) if s.slot == NO_SLOT => (stage.name(), Args::None),
@@ -309,6 +351,15 @@ impl Trace {
                     Args::Batch { epoch, position } => write!(
                         out,
                         ",\"args\":{{\"epoch\":{epoch},\"position\":{position}}}}}"
+                    )?,
+                    Args::Part {
+                        epoch,
+                        position,
+                        part,
+                        parts,
+                    } => write!(
+                        out,
+                        ",\"args\":{{\"epoch\":{epoch},\"position\":{position},\"part\":{part},\"parts\":{parts}}}}}"
                     )?,
                     Args::Sample { index, slot, phase } => write!(
                         out,

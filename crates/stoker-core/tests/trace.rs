@@ -165,13 +165,35 @@ fn spans_nest_inside_their_sample_and_batch_and_add_up_to_the_stats() {
     // Every batch built (2 epochs of 3, and any built ahead before the drop) is on a worker track.
     assert!(batches.len() >= 6, "{}", batches.len());
     assert!(batches.iter().all(|b| workers.contains(&b.tid)));
-    // Each batch holds each of its samples twice: phase 1 reads, phase 2 writes.
+    // Each batch holds each of its slots twice: phase 1 reads, phase 2 writes. The first two
+    // batches are split across the two workers: one `batch` span per part, each holding its
+    // part's slots.
+    let mut slots_of: BTreeMap<(u64, u64), Vec<(u64, String)>> = BTreeMap::new();
     for b in &batches {
         let inside: Vec<&&Ev> = samples.iter().filter(|s| b.contains(s)).collect();
-        let size = if b.arg("position") == Some(2) { 2 } else { 4 };
-        assert_eq!(inside.len(), 2 * size, "{b:?}");
         let children: i64 = inside.iter().map(|s| s.dur).sum();
         assert!(children <= b.dur, "{b:?}: samples last {children} ns");
+        let key = (b.arg("epoch").unwrap(), b.arg("position").unwrap());
+        slots_of.entry(key).or_default().extend(
+            inside
+                .iter()
+                .map(|s| (s.arg("slot").unwrap(), s.args["phase"].to_string())),
+        );
+        let split = key.0 == 0 && key.1 < 2;
+        assert_eq!(b.arg("parts"), split.then_some(2), "{b:?}");
+    }
+    for ((epoch, position), mut slots) in slots_of {
+        let size = if position == 2 { 2 } else { 4 };
+        slots.sort();
+        let want: Vec<(u64, String)> = (0..size)
+            .flat_map(|slot| {
+                [
+                    (slot, "\"read\"".to_owned()),
+                    (slot, "\"write\"".to_owned()),
+                ]
+            })
+            .collect();
+        assert_eq!(slots, want, "batch {position} of epoch {epoch}");
     }
     // Every stage span lies inside a sample of the same index (reads in phase 1, the others in
     // phase 2); the batch-level collate (taking the slab) lies inside a batch.

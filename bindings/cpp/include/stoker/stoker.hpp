@@ -515,6 +515,10 @@ struct Stats {
   uint64_t in_flight_cap_requested = 0;  // max(1, num_workers) x prefetch_factor
   uint64_t prefetch_factor = 0;  // batches in flight per worker now (autotune may change it)
   uint64_t autotune_decisions = 0;  // changes autotune made to workers or prefetch
+  uint64_t decoded_zune = 0;          // images decoded whole by zune-jpeg / zune-png
+  uint64_t decoded_turbo = 0;         // images decoded whole by libjpeg-turbo
+  uint64_t decoded_turbo_region = 0;  // only the crop's region, by libjpeg-turbo
+  uint64_t decoded_turbo_scaled = 0;  // of those, shrunk in the DCT domain
 };
 
 class Loader;
@@ -666,6 +670,10 @@ class Loader {
     out.in_flight_cap_requested = s.in_flight_cap_requested;
     out.prefetch_factor = s.prefetch_factor;
     out.autotune_decisions = s.autotune_decisions;
+    out.decoded_zune = s.decoded_zune;
+    out.decoded_turbo = s.decoded_turbo;
+    out.decoded_turbo_region = s.decoded_turbo_region;
+    out.decoded_turbo_scaled = s.decoded_turbo_scaled;
     out.worker_busy_ns.assign(s.worker_busy_ns.begin(), s.worker_busy_ns.end());
     return out;
   }

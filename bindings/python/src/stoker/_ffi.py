@@ -104,6 +104,10 @@ class Stats(ctypes.Structure):
         ("in_flight_cap_requested", ctypes.c_uint64),
         ("prefetch_factor", ctypes.c_uint64),
         ("autotune_decisions", ctypes.c_uint64),
+        ("decoded_zune", ctypes.c_uint64),
+        ("decoded_turbo", ctypes.c_uint64),
+        ("decoded_turbo_region", ctypes.c_uint64),
+        ("decoded_turbo_scaled", ctypes.c_uint64),
     ]
 
 

@@ -83,6 +83,12 @@ class Stats:
     # Batches in flight per worker now, and the changes autotune made.
     prefetch_factor: int
     autotune_decisions: int
+    #: Images by decode path (option ``jpeg_decoder``): whole by zune-jpeg/zune-png, whole by
+    #: libjpeg-turbo, only the crop's region by libjpeg-turbo, and of those, DCT-scaled.
+    decoded_zune: int
+    decoded_turbo: int
+    decoded_turbo_region: int
+    decoded_turbo_scaled: int
     #: Time each worker spent building batches, by worker number (in start order).
     worker_busy_ns: tuple[int, ...] = ()
 

@@ -1,5 +1,6 @@
-//! Encoded bytes → decode → fused transform into a batch slot, as a worker does for every image
-//! sample. Must return `Ok` or `Err`, never panic, hang or allocate beyond `max_image_pixels`.
+//! Encoded bytes → header → crop plan → decode of the crop's region → fused transform into a
+//! batch slot, as a worker does for every image sample, with libjpeg-turbo or zune-jpeg. Must
+//! return `Ok` or `Err`, never panic, hang or allocate beyond `max_image_pixels`.
 //!
 //! The input is the whole file (seeds are real JPEGs and PNGs), so the pipeline cannot be chosen
 //! by a prefix byte without spoiling them: its length picks one, which still varies the
@@ -9,7 +10,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use stoker_core::decode::{decode_rgb, DecodeBuffers};
+use stoker_core::decode::{decode, decode_rgb_with, read_header, DecodeBuffers, JpegDecoder};
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::{DType, Layout, Pipeline};
 
@@ -53,9 +54,15 @@ fuzz_target!(|data: &[u8]| {
     // One input in (pipelines + 1) is decoded alone, to check what the decoder promises; the
     // others are decoded and go through a pipeline.
     let pick = data.len() % (pipes.len() + 1);
+    // Both JPEG decoders, alternating with the length too.
+    let decoder = if (data.len() / (pipes.len() + 1)) % 2 == 0 {
+        JpegDecoder::Turbo
+    } else {
+        JpegDecoder::Zune
+    };
     let Some(pipeline) = pipes.get(pick) else {
         let mut bufs = DecodeBuffers::default();
-        if let Ok(dims) = decode_rgb(data, MAX_PIXELS, &mut bufs) {
+        if let Ok(dims) = decode_rgb_with(data, MAX_PIXELS, decoder, &mut bufs) {
             let pixels = dims.width as u64 * dims.height as u64;
             assert!(
                 (1..=MAX_PIXELS).contains(&pixels),
@@ -67,13 +74,21 @@ fuzz_target!(|data: &[u8]| {
         }
         return;
     };
-    // Decode then transform, as collate does for an image field.
+    // Plan the crop from the header, decode what it reads, transform, as collate does for an
+    // image field.
     let mut bufs = DecodeBuffers::default();
-    let Ok(dims) = decode_rgb(data, MAX_PIXELS, &mut bufs) else {
+    let Ok(header) = read_header(data, MAX_PIXELS, decoder, &mut bufs) else {
         return;
     };
-    let mut out = vec![0u8; pipeline.output_bytes()];
     let mut rng = Rng::for_key(7, Stream::Augment, 0, data.len() as u64);
+    let Ok(plan) = pipeline.plan(header.dims.width, header.dims.height, &mut rng) else {
+        return;
+    };
+    let Ok(decoded) = decode(data, &header, Some(pipeline.window(&plan)), &mut bufs) else {
+        return;
+    };
+    assert_eq!(bufs.rgb.len(), decoded.dims.width * decoded.dims.height * 3);
+    let mut out = vec![0u8; pipeline.output_bytes()];
     let mut scratch = stoker_core::transform::Scratch::default();
-    let _ = pipeline.apply(&bufs.rgb, dims.width, dims.height, &mut rng, &mut out, &mut scratch);
+    let _ = pipeline.apply_decoded(&bufs.rgb, &decoded, plan, &mut rng, &mut out, &mut scratch);
 });

@@ -7,6 +7,15 @@
 //! is dealt from the entry where the saved job stopped (its `start`), possibly to a different
 //! number of ranks. `set_epoch` starts a new *generation* of the schedule: tasks of the old one
 //! still queued are discarded unbuilt, and finished ones are dropped, never delivered.
+//!
+//! When the pipeline starts empty — a new (or resumed) loader, a `set_epoch` or rewind that
+//! discarded the work in flight — the consumer waits for one batch while each worker would
+//! build a different one. So the first `num_workers` batches submitted then are split into
+//! `num_workers` parts (at most [`crate::collate::MAX_PARTS`]; see [`crate::pool`]): batch `k`
+//! is ready after about `(k + 1) / num_workers` of a batch's build time instead of one whole
+//! batch's. Later batches are submitted whole: with every worker on its own batch there is no
+//! idle worker to lend, and the scheduler already runs ahead into the next epoch, so the epoch
+//! boundary needs no split.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -193,6 +202,8 @@ pub(super) struct HostLoader {
     fresh: bool,
     /// The schedule's generation: `set_epoch` starts a new one (see `Task::generation`).
     generation: u64,
+    /// Batches still to submit split across the workers since the pipeline last started empty.
+    split_left: usize,
     /// Finished batches not yet delivered, by (epoch, position).
     ready: BTreeMap<(u64, usize), Result<Batch>>,
     stats: Arc<StatsRecorder>,
@@ -371,6 +382,7 @@ impl HostLoader {
             fresh: true,
             closer: Closer::new(),
             generation: 0,
+            split_left: workers,
             ready: BTreeMap::new(),
             stats,
         };
@@ -468,6 +480,8 @@ impl HostLoader {
         }
         self.ready.clear();
         self.plans.clear();
+        // The consumer now waits for the new schedule's first batch.
+        self.split_left = self.pool.as_ref().map_or(0, Pool::workers);
     }
 
     /// The next batch, waiting at most `timeout` for the pool (`Err(Timeout)` consumes nothing).
@@ -635,7 +649,13 @@ impl HostLoader {
                 continue; // delivered before a resume
             }
             let plan = self.plans.get(&self.schedule, &self.sampler, epoch, start);
-            pool.submit(Task {
+            let parts = if self.split_left > 0 {
+                self.split_left -= 1;
+                pool.workers()
+            } else {
+                1
+            };
+            let task = Task {
                 key: BatchKey {
                     seed: self.schedule.seed,
                     epoch,
@@ -643,7 +663,8 @@ impl HostLoader {
                 },
                 plan,
                 generation: self.generation,
-            })?;
+            };
+            pool.submit(task, parts)?;
             self.in_flight += 1;
         }
         Ok(())

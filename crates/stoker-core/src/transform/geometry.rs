@@ -3,6 +3,7 @@
 //! (see the module docs of [`crate::transform`]).
 
 use super::spec::Op;
+use crate::decode::Dims;
 use crate::rng::Rng;
 
 /// Where one sample's output pixels come from in its decoded image, after the random choices.
@@ -33,6 +34,37 @@ impl Plan {
             && top >= self.clip[1] as f64
             && left + w <= self.clip[2] as f64
             && top + h <= self.clip[3] as f64
+    }
+}
+
+impl Plan {
+    /// The same plan over a part of the image shrunk by `1/scale`: `dims` pixels whose top-left
+    /// is `(x, y)` of the shrunk image (what a region decode produced). The clip is rounded
+    /// outwards to whole shrunk pixels and kept inside the part.
+    pub fn in_region(&self, x: usize, y: usize, scale: usize, dims: Dims) -> Plan {
+        let s = scale as f64;
+        let [left, top, w, h] = self.rect;
+        let [cx0, cy0, cx1, cy1] = self.clip;
+        let inside = |v: usize, origin: usize, len: usize| v.saturating_sub(origin).min(len);
+        let clip = [
+            inside(cx0 / scale, x, dims.width),
+            inside(cy0 / scale, y, dims.height),
+            inside(cx1.div_ceil(scale), x, dims.width),
+            inside(cy1.div_ceil(scale), y, dims.height),
+        ];
+        // Float rounding must not push the rectangle out of the decoded pixels.
+        let left = (left / s - x as f64).clamp(0.0, dims.width as f64);
+        let top = (top / s - y as f64).clamp(0.0, dims.height as f64);
+        Plan {
+            clip,
+            rect: [
+                left,
+                top,
+                (w / s).min(dims.width as f64 - left),
+                (h / s).min(dims.height as f64 - top),
+            ],
+            ..*self
+        }
     }
 }
 

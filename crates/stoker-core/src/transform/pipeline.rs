@@ -8,6 +8,7 @@ use super::geometry::Plan;
 use super::kernels::{resample, write_erase, write_lut, write_u8, SrcView};
 use super::mix::BatchMix;
 use super::spec::{parse, Op};
+use crate::decode::{Decoded, Dims, Window};
 use crate::dtype::{DType, Layout};
 use crate::rng::Rng;
 
@@ -340,6 +341,82 @@ impl Pipeline {
         scratch: &mut Scratch,
         mut trace: Option<&mut Vec<String>>,
     ) -> Result<(), String> {
+        let plan = self.plan(width, height, rng)?;
+        if let Some(t) = trace.as_deref_mut() {
+            let [left, top, w, h] = plan.rect;
+            t.push(format!(
+                r#"{{"op":"plan","left":{left},"top":{top},"width":{w},"height":{h},"flip":{}}}"#,
+                plan.flip
+            ));
+        }
+        self.apply_plan(rgb, width, height, plan, rng, out, scratch, trace)
+    }
+
+    /// What of a `width`x`height` image `plan` reads: its source rectangle widened by the
+    /// resampling filter's reach (and a margin), within the clip; and how far the image may be
+    /// shrunk before resampling while the rectangle stays at least the output size (DCT
+    /// scaling when decoding, see [`crate::decode::Window`]).
+    pub fn window(&self, plan: &Plan) -> Window {
+        let [left, top, w, h] = plan.rect;
+        // The bilinear filter reaches one output pixel's width into the source on each side
+        // when shrinking (the scale factor), one source pixel when enlarging.
+        let reach_x = (w / plan.width as f64).max(1.0) + 2.0;
+        let reach_y = (h / plan.height as f64).max(1.0) + 2.0;
+        let [cx0, cy0, cx1, cy1] = plan.clip;
+        let x0 = ((left - reach_x).floor().max(0.0) as usize).clamp(cx0, cx1);
+        let y0 = ((top - reach_y).floor().max(0.0) as usize).clamp(cy0, cy1);
+        let x1 = ((left + w + reach_x).ceil() as usize).clamp(x0, cx1);
+        let y1 = ((top + h + reach_y).ceil() as usize).clamp(y0, cy1);
+        // Shrink in the DCT domain only while the resample after it still shrinks by 3 or
+        // more: its antialiasing filter then hides the difference between the DCT's box-like
+        // reduction and a bilinear one (within 1 level on average and 8 at most of Pillow's
+        // resize of the whole image, as a whole decode is). Measured on real photos, a
+        // resample of about 2x after the DCT's 1/2 left pixels up to 13 levels off, and one of
+        // 1-1.1x up to 30.
+        let mut max_scale = 1;
+        while max_scale < 8
+            && !plan.is_copy()
+            && w >= (6 * max_scale * plan.width) as f64
+            && h >= (6 * max_scale * plan.height) as f64
+        {
+            max_scale *= 2;
+        }
+        Window {
+            rect: [x0, y0, x1, y1],
+            max_scale,
+        }
+    }
+
+    /// Transforms the part of an image that [`decode`](crate::decode::decode) decoded for
+    /// `plan` (made by [`plan`](Self::plan) from the full image's size): the plan is moved
+    /// into the decoded pixels' coordinates and run as by [`apply`](Self::apply).
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_decoded(
+        &self,
+        rgb: &[u8],
+        decoded: &Decoded,
+        plan: Plan,
+        rng: &mut Rng,
+        out: &mut [u8],
+        scratch: &mut Scratch,
+    ) -> Result<(), String> {
+        let plan = plan.in_region(decoded.x, decoded.y, decoded.scale, decoded.dims);
+        let Dims { width, height } = decoded.dims;
+        self.apply_plan(rgb, width, height, plan, rng, out, scratch, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_plan(
+        &self,
+        rgb: &[u8],
+        width: usize,
+        height: usize,
+        plan: Plan,
+        rng: &mut Rng,
+        out: &mut [u8],
+        scratch: &mut Scratch,
+        trace: Option<&mut Vec<String>>,
+    ) -> Result<(), String> {
         let Scratch {
             resized,
             resizer,
@@ -356,14 +433,6 @@ impl Pipeline {
             return Err(format!(
                 "decoded image has {} bytes, expected {width}x{height}x3",
                 rgb.len()
-            ));
-        }
-        let plan = self.plan(width, height, rng)?;
-        if let Some(t) = trace.as_deref_mut() {
-            let [left, top, w, h] = plan.rect;
-            t.push(format!(
-                r#"{{"op":"plan","left":{left},"top":{top},"width":{w},"height":{h},"flip":{}}}"#,
-                plan.flip
             ));
         }
         if self.planned < self.ops.len() {

@@ -3,9 +3,19 @@
 //! The format is chosen by magic bytes, never by file name (ImageNet has PNGs named `.JPEG`).
 //! Every decoded image is RGB8, as Pillow's `Image.open(f).convert("RGB")` gives it:
 //!
-//! * JPEG (zune-jpeg): baseline and progressive; grayscale is replicated into three channels;
-//!   CMYK and YCCK are converted to RGB by the decoder. Arithmetic-coded, lossless and
-//!   12-bit JPEGs are refused with an error.
+//! * JPEG, by one of two decoders chosen per image ([`JpegDecoder`], option `jpeg_decoder`):
+//!   - libjpeg-turbo (`turbo`, feature `turbojpeg`): baseline, progressive, arithmetic-coded and
+//!     8-bit lossless JPEGs; given the rectangle the transform will read ([`Window`]) it decodes
+//!     only the iMCU rows and columns under it (plus one iMCU of margin, whose pixels would
+//!     differ from a whole decode's), and shrinks in the DCT domain (1/2, 1/4, 1/8) when the
+//!     rectangle is at least 6, 12 or 24 times the output. Used by default when it was built
+//!     with SIMD (nasm at build time); without SIMD it is slower than zune-jpeg on whole images,
+//!     so `auto` falls back to zune-jpeg (and the build says so).
+//!   - zune-jpeg (`zune`, pure Rust): baseline and progressive, whole images; also every CMYK
+//!     and YCCK JPEG, which libjpeg-turbo cannot convert to RGB. Arithmetic-coded, lossless and
+//!     12-bit JPEGs are refused with an error.
+//!
+//!   Grayscale is replicated into three channels; CMYK and YCCK are converted to RGB.
 //! * PNG (zune-png): gray, gray+alpha, RGB, RGBA and palette images at any bit depth. Alpha is
 //!   dropped (not composited), like `convert("RGB")`; 16-bit samples keep their high byte.
 //!
@@ -14,20 +24,19 @@
 //!   decoding: [`raw_pixels`] hands out a view that the transform reads in place.
 //!
 //! Bad input is an error, never a panic, a hang or an unbounded allocation: the header is read
-//! first and an image with more than `max_pixels` pixels is refused before any pixel buffer is
-//! allocated, and the decoder call runs under `catch_unwind` in case a decoder bug panics.
+//! first ([`read_header`]) and an image with more than `max_pixels` pixels is refused before any
+//! pixel buffer is allocated, and the decoder call runs under `catch_unwind` in case a decoder
+//! bug panics.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use zune_core::bytestream::ZCursor;
-use zune_core::colorspace::ColorSpace;
-use zune_core::options::DecoderOptions;
-use zune_jpeg::JpegDecoder;
-use zune_png::PngDecoder;
+#[cfg(feature = "turbojpeg")]
+mod turbo;
+mod zune;
 
 /// Largest width or height either format can store (JPEG's 16-bit fields); the real limit is
 /// `max_pixels`.
-const MAX_SIDE: usize = 65_535;
+pub(super) const MAX_SIDE: usize = 65_535;
 
 /// An encoded image format, told by its first bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,84 +118,295 @@ pub struct Dims {
     pub height: usize,
 }
 
-/// Reusable memory for decoding: the RGB8 output and, for PNGs that are not 8-bit RGB, the
-/// decoder's native samples before conversion. Keep one per thread; after the largest image
-/// has been seen, decoding allocates nothing here.
-#[derive(Default)]
-pub struct DecodeBuffers {
-    /// Packed RGB8 pixels of the last decoded image, `width * height * 3` bytes.
-    pub rgb: Vec<u8>,
-    native: Vec<u8>,
+/// Which decoder decodes JPEGs (option `jpeg_decoder`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum JpegDecoder {
+    /// libjpeg-turbo with region decoding where it was built with SIMD, else zune-jpeg.
+    #[default]
+    Auto,
+    /// zune-jpeg (pure Rust), whole images.
+    Zune,
+    /// libjpeg-turbo with region decoding, even when built without SIMD.
+    Turbo,
 }
 
-/// Decodes `encoded` into `bufs.rgb` as packed RGB8 and returns its size. Images with more
-/// than `max_pixels` pixels are refused before their pixels are allocated. Errors are
-/// human-readable reasons ("truncated JPEG: ..."), without the file name.
-pub fn decode_rgb(
-    encoded: &[u8],
-    max_pixels: u64,
-    bufs: &mut DecodeBuffers,
-) -> Result<Dims, String> {
+impl JpegDecoder {
+    /// The option's words: `auto`, `zune`, `turbo`.
+    pub fn parse(text: &str) -> Result<JpegDecoder, String> {
+        match text {
+            "auto" => Ok(JpegDecoder::Auto),
+            "zune" => Ok(JpegDecoder::Zune),
+            "turbo" if cfg!(feature = "turbojpeg") => Ok(JpegDecoder::Turbo),
+            "turbo" => Err(
+                "jpeg_decoder=turbo: this build has no libjpeg-turbo (cargo \
+                            feature `turbojpeg` is off)"
+                    .into(),
+            ),
+            other => Err(format!(
+                "jpeg_decoder={other}: expected auto, zune or turbo"
+            )),
+        }
+    }
+
+    /// Whether JPEGs go to libjpeg-turbo.
+    #[cfg_attr(not(feature = "turbojpeg"), allow(dead_code))]
+    fn turbo(self) -> bool {
+        match self {
+            JpegDecoder::Auto => cfg!(all(feature = "turbojpeg", turbojpeg_simd)),
+            JpegDecoder::Zune => false,
+            JpegDecoder::Turbo => cfg!(feature = "turbojpeg"),
+        }
+    }
+}
+
+/// Whether this build has libjpeg-turbo (feature `turbojpeg`), with or without SIMD.
+pub fn turbo_available() -> bool {
+    cfg!(feature = "turbojpeg")
+}
+
+/// What `jpeg_decoder=auto` does in this build, in words (for `stoker --version`, doctor and
+/// benchmarks).
+pub fn jpeg_decoder_summary() -> &'static str {
+    if cfg!(all(feature = "turbojpeg", turbojpeg_simd)) {
+        "libjpeg-turbo 3.1 with SIMD, crop-aware (zune-jpeg for CMYK/YCCK)"
+    } else if cfg!(feature = "turbojpeg") {
+        "zune-jpeg: libjpeg-turbo was built without SIMD (no nasm at build time), which would \
+         be slower"
+    } else {
+        "zune-jpeg: built without the `turbojpeg` feature"
+    }
+}
+
+/// How one image was decoded: the per-image choice, counted in stats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodePath {
+    /// The whole image by zune-jpeg or zune-png.
+    Zune,
+    /// The whole image by libjpeg-turbo.
+    Turbo,
+    /// Only the rows and columns under the crop, by libjpeg-turbo.
+    TurboRegion,
+    /// The crop's region shrunk in the DCT domain, by libjpeg-turbo.
+    TurboScaled,
+}
+
+/// What of an image the transform will read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// `[x0, y0, x1, y1)` in pixels of the full-size image.
+    pub rect: [usize; 4],
+    /// Largest DCT scaling denominator (1, 2, 4 or 8) the transform accepts: one that leaves
+    /// its resample shrinking by 3 or more (see `Pipeline::window`).
+    pub max_scale: usize,
+}
+
+/// The header of an encoded image: its size, and which decoder will decode it.
+#[derive(Clone, Copy, Debug)]
+pub struct Header {
+    /// Size of the full image.
+    pub dims: Dims,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Png,
+    ZuneJpeg,
+    #[cfg(feature = "turbojpeg")]
+    Turbo(turbo::Header),
+}
+
+/// Where the decoded pixels sit in the image: `bufs.rgb` holds `dims` pixels whose top-left is
+/// `(x, y)` of the image shrunk by `1/scale`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decoded {
+    /// Size of the pixels in `bufs.rgb`.
+    pub dims: Dims,
+    /// Left of the decoded pixels, in pixels of the scaled image.
+    pub x: usize,
+    /// Top of the decoded pixels, in pixels of the scaled image.
+    pub y: usize,
+    /// DCT scaling denominator: 1 (full size), 2, 4 or 8.
+    pub scale: usize,
+    /// Which decoder, and how much of the image.
+    pub path: DecodePath,
+}
+
+/// Reusable memory for decoding: the RGB8 output and, for PNGs that are not 8-bit RGB, the
+/// decoder's native samples before conversion; the worker's libjpeg-turbo decompressor. Keep
+/// one per thread; after the largest image has been seen, decoding allocates nothing here.
+#[derive(Default)]
+pub struct DecodeBuffers {
+    /// Packed RGB8 pixels of the last decoded image (or region).
+    pub rgb: Vec<u8>,
+    native: Vec<u8>,
+    #[cfg(feature = "turbojpeg")]
+    turbo: Option<turbo::Turbo>,
+}
+
+/// The worker's libjpeg-turbo decompressor, made on first use.
+#[cfg(feature = "turbojpeg")]
+fn turbo(slot: &mut Option<turbo::Turbo>) -> Result<&mut turbo::Turbo, String> {
+    if slot.is_none() {
+        *slot = Some(turbo::Turbo::new()?);
+    }
+    slot.as_mut()
+        .ok_or_else(|| "libjpeg-turbo decompressor missing".to_string())
+}
+
+fn sniff(encoded: &[u8]) -> Result<Format, String> {
     if encoded.is_empty() {
         return Err("empty file (0 bytes)".into());
     }
-    let format = Format::sniff(encoded).ok_or_else(|| {
+    Format::sniff(encoded).ok_or_else(|| {
         let head: Vec<String> = encoded.iter().take(8).map(|b| format!("{b:02x}")).collect();
         format!(
             "not a JPEG or PNG image (first bytes {}); formats are detected by content, not name",
             head.join(" ")
         )
-    })?;
-    let result = catch_unwind(AssertUnwindSafe(|| match format {
-        Format::Jpeg => decode_jpeg(encoded, max_pixels, bufs),
-        Format::Png => decode_png(encoded, max_pixels, bufs),
-    }));
-    match result {
-        Ok(r) => r,
-        Err(panic) => {
-            let msg = crate::error::panic_message(&*panic);
-            Err(format!(
-                "corrupt {} (the decoder failed: {msg})",
-                match format {
-                    Format::Jpeg => "JPEG",
-                    Format::Png => "PNG",
-                }
-            ))
+    })
+}
+
+/// Runs a decoder call, turning a panic inside it into a "corrupt" error.
+fn guarded<T>(format: Format, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let msg = crate::error::panic_message(&*panic);
+        let name = match format {
+            Format::Jpeg => "JPEG",
+            Format::Png => "PNG",
+        };
+        Err(format!("corrupt {name} (the decoder failed: {msg})"))
+    })
+}
+
+/// Reads the header of `encoded` and checks its size against `max_pixels`, without decoding
+/// pixels: the first step of [`decode`].
+pub fn read_header(
+    encoded: &[u8],
+    max_pixels: u64,
+    decoder: JpegDecoder,
+    bufs: &mut DecodeBuffers,
+) -> Result<Header, String> {
+    let format = sniff(encoded)?;
+    let header = guarded(format, || {
+        let _ = &bufs; // used only with feature `turbojpeg`
+        match format {
+            Format::Png => Ok(Header {
+                dims: zune::png_dimensions(encoded)?,
+                kind: Kind::Png,
+            }),
+            #[cfg(feature = "turbojpeg")]
+            Format::Jpeg if decoder.turbo() => {
+                let h = turbo(&mut bufs.turbo)?.header(encoded)?;
+                let kind = if h.decodable() {
+                    Kind::Turbo(h)
+                } else {
+                    Kind::ZuneJpeg
+                };
+                Ok(Header { dims: h.dims, kind })
+            }
+            Format::Jpeg => {
+                let _ = decoder;
+                Ok(Header {
+                    dims: zune::jpeg_dimensions(encoded)?,
+                    kind: Kind::ZuneJpeg,
+                })
+            }
         }
+    })?;
+    check_size(header.dims.width, header.dims.height, max_pixels)?;
+    Ok(header)
+}
+
+/// Decodes the image whose header is `header` into `bufs.rgb`: only `window` of it where the
+/// decoder can (libjpeg-turbo, lossy JPEGs), else the whole image. Errors are human-readable
+/// reasons ("truncated JPEG: ..."), without the file name.
+pub fn decode(
+    encoded: &[u8],
+    header: &Header,
+    window: Option<Window>,
+    bufs: &mut DecodeBuffers,
+) -> Result<Decoded, String> {
+    let whole = |path| Decoded {
+        dims: header.dims,
+        x: 0,
+        y: 0,
+        scale: 1,
+        path,
+    };
+    // The size was checked by read_header.
+    let max_pixels = u64::MAX;
+    #[cfg(not(feature = "turbojpeg"))]
+    let _ = window; // only libjpeg-turbo decodes part of an image
+    match header.kind {
+        Kind::Png => guarded(Format::Png, || zune::decode_png(encoded, max_pixels, bufs))
+            .map(|_| whole(DecodePath::Zune)),
+        Kind::ZuneJpeg => guarded(Format::Jpeg, || {
+            zune::decode_jpeg(encoded, max_pixels, bufs)
+        })
+        .map(|_| whole(DecodePath::Zune)),
+        #[cfg(feature = "turbojpeg")]
+        Kind::Turbo(h) => guarded(Format::Jpeg, || {
+            // libjpeg-turbo warns about a truncated stream and fills the rest with grey;
+            // Pillow (and the zune path) report it.
+            if !jpeg_has_eoi(encoded) {
+                return Err("truncated JPEG: no end-of-image marker after the image data".into());
+            }
+            let region = match window {
+                Some(w) if h.croppable() => turbo::Turbo::region(&h, w.rect, w.max_scale),
+                _ => turbo::Turbo::whole(&h),
+            };
+            turbo(&mut bufs.turbo)?.decompress(encoded, &h, region, &mut bufs.rgb)?;
+            let path = if region.scale > 1 {
+                DecodePath::TurboScaled
+            } else if region.dims != h.dims {
+                DecodePath::TurboRegion
+            } else {
+                DecodePath::Turbo
+            };
+            Ok(Decoded {
+                dims: region.dims,
+                x: region.x,
+                y: region.y,
+                scale: region.scale,
+                path,
+            })
+        }),
     }
+}
+
+/// Decodes the whole of `encoded` into `bufs.rgb` as packed RGB8 and returns its size, with
+/// the decoder `jpeg_decoder=auto` picks. Images with more than `max_pixels` pixels are
+/// refused before their pixels are allocated.
+pub fn decode_rgb(
+    encoded: &[u8],
+    max_pixels: u64,
+    bufs: &mut DecodeBuffers,
+) -> Result<Dims, String> {
+    decode_rgb_with(encoded, max_pixels, JpegDecoder::Auto, bufs)
+}
+
+/// [`decode_rgb`] with a chosen JPEG decoder.
+pub fn decode_rgb_with(
+    encoded: &[u8],
+    max_pixels: u64,
+    decoder: JpegDecoder,
+    bufs: &mut DecodeBuffers,
+) -> Result<Dims, String> {
+    let header = read_header(encoded, max_pixels, decoder, bufs)?;
+    decode(encoded, &header, None, bufs).map(|d| d.dims)
 }
 
 /// Reads only the header: the image's size, without decoding pixels.
 pub fn dimensions(encoded: &[u8]) -> Result<Dims, String> {
-    let result = catch_unwind(AssertUnwindSafe(|| match Format::sniff(encoded) {
-        Some(Format::Jpeg) => {
-            let mut d = JpegDecoder::new_with_options(ZCursor::new(encoded), options());
-            d.decode_headers().map_err(|e| jpeg_error(&e))?;
-            d.dimensions()
-                .map(|(width, height)| Dims { width, height })
-                .ok_or_else(|| "JPEG header has no frame size".to_string())
-        }
-        Some(Format::Png) => {
-            let mut d = PngDecoder::new_with_options(ZCursor::new(encoded), options());
-            d.decode_headers()
-                .map_err(|e| format!("corrupt PNG: {e:?}"))?;
-            d.dimensions()
-                .map(|(width, height)| Dims { width, height })
-                .ok_or_else(|| "PNG has no IHDR".to_string())
-        }
-        None => Err("not a JPEG or PNG image".to_string()),
-    }));
-    result.unwrap_or_else(|_| Err("corrupt image header (the decoder failed)".into()))
+    let format = Format::sniff(encoded).ok_or("not a JPEG or PNG image")?;
+    guarded(format, || match format {
+        Format::Jpeg => zune::jpeg_dimensions(encoded),
+        Format::Png => zune::png_dimensions(encoded),
+    })
 }
 
-fn options() -> DecoderOptions {
-    DecoderOptions::default()
-        .set_max_width(MAX_SIDE)
-        .set_max_height(MAX_SIDE)
-        .set_strict_mode(false)
-}
-
-fn check_size(width: usize, height: usize, max_pixels: u64) -> Result<usize, String> {
+pub(super) fn check_size(width: usize, height: usize, max_pixels: u64) -> Result<usize, String> {
     if width == 0 || height == 0 {
         return Err(format!("image has zero size ({width}x{height})"));
     }
@@ -201,66 +421,6 @@ fn check_size(width: usize, height: usize, max_pixels: u64) -> Result<usize, Str
         .ok()
         .and_then(|p| p.checked_mul(3))
         .ok_or_else(|| format!("image {width}x{height} does not fit in memory"))
-}
-
-fn jpeg_error(e: &zune_jpeg::errors::DecodeErrors) -> String {
-    let text = format!("{e:?}");
-    let lower = text.to_ascii_lowercase();
-    if lower.contains("arithmetic") || lower.contains("unsupported") || lower.contains("lossless") {
-        format!("unsupported JPEG: {text}")
-    } else if lower.contains("eof")
-        || lower.contains("exhausted")
-        || lower.contains("no more bytes")
-    {
-        format!("truncated JPEG: {text}")
-    } else {
-        format!("corrupt JPEG: {text}")
-    }
-}
-
-fn decode_jpeg(encoded: &[u8], max_pixels: u64, bufs: &mut DecodeBuffers) -> Result<Dims, String> {
-    // Refuse the coding processes zune-jpeg does not implement with a clear reason.
-    let mut unsupported = None;
-    walk_jpeg_header(encoded, |marker, _| {
-        let process = match marker {
-            0xC3 => "lossless",
-            0xC5..=0xC7 => "hierarchical",
-            0xC9 | 0xCA => "arithmetic-coded",
-            0xCB | 0xCD..=0xCF => "arithmetic-coded lossless or hierarchical",
-            _ => return,
-        };
-        unsupported.get_or_insert((process, marker));
-    });
-    if let Some((process, marker)) = unsupported {
-        return Err(format!(
-            "unsupported JPEG: {process} (SOF marker 0x{marker:02X}); only baseline, extended \
-             and progressive Huffman-coded JPEGs are supported"
-        ));
-    }
-    let opts = options().jpeg_set_out_colorspace(ColorSpace::RGB);
-    let mut d = JpegDecoder::new_with_options(ZCursor::new(encoded), opts);
-    d.decode_headers().map_err(|e| jpeg_error(&e))?;
-    let (width, height) = d
-        .dimensions()
-        .ok_or_else(|| "JPEG header has no frame size".to_string())?;
-    let len = check_size(width, height, max_pixels)?;
-    if d.output_colorspace() != Some(ColorSpace::RGB) {
-        return Err(format!(
-            "unsupported JPEG colour space {:?} (cannot convert to RGB)",
-            d.input_colorspace()
-        ));
-    }
-    if d.output_buffer_size() != Some(len) {
-        return Err("unsupported JPEG: unexpected output size".into());
-    }
-    // zune-jpeg fills the missing part of a truncated stream with grey; libjpeg-turbo (Pillow)
-    // reports it. A complete JPEG has an EOI marker after its first scan.
-    if !jpeg_has_eoi(encoded) {
-        return Err("truncated JPEG: no end-of-image marker after the image data".into());
-    }
-    bufs.rgb.resize(len, 0);
-    d.decode_into(&mut bufs.rgb).map_err(|e| jpeg_error(&e))?;
-    Ok(Dims { width, height })
 }
 
 /// Walks the marker segments of a JPEG header, calling `f(marker, offset of its 0xFF)` for each,
@@ -296,67 +456,10 @@ pub(crate) fn walk_jpeg_header(data: &[u8], mut f: impl FnMut(u8, usize)) -> Opt
 /// Whether an EOI marker (`FF D9`) follows the first scan. Entropy-coded data cannot contain it
 /// (a data 0xFF is stuffed as `FF 00`), and an embedded EXIF thumbnail's EOI sits in an APP
 /// segment before the first scan, which the header walk skips.
-fn jpeg_has_eoi(data: &[u8]) -> bool {
+pub(super) fn jpeg_has_eoi(data: &[u8]) -> bool {
     walk_jpeg_header(data, |_, _| {})
         // Searched from the end: the EOI is normally the last two bytes.
         .is_some_and(|scan| data[scan..].windows(2).rev().any(|w| w == [0xFF, 0xD9]))
-}
-
-fn decode_png(encoded: &[u8], max_pixels: u64, bufs: &mut DecodeBuffers) -> Result<Dims, String> {
-    // 16-bit samples come big-endian so that the high byte is the first of each pair.
-    let opts = options().set_byte_endian(zune_core::bit_depth::ByteEndian::BE);
-    let mut d = PngDecoder::new_with_options(ZCursor::new(encoded), opts);
-    d.decode_headers()
-        .map_err(|e| format!("corrupt PNG: {e:?}"))?;
-    let (width, height) = d
-        .dimensions()
-        .ok_or_else(|| "PNG has no IHDR".to_string())?;
-    let len = check_size(width, height, max_pixels)?;
-    let colorspace = d.colorspace().ok_or("PNG has no colour type")?;
-    let sixteen = d.depth() == Some(zune_core::bit_depth::BitDepth::Sixteen);
-    let channels = colorspace.num_components();
-    if !(1..=4).contains(&channels) {
-        return Err(format!("unsupported PNG colour space {colorspace:?}"));
-    }
-    let bytes = if sixteen { 2 } else { 1 };
-    let native_len = len / 3 * channels * bytes;
-    if d.output_buffer_size() != Some(native_len) {
-        return Err("unsupported PNG: unexpected output size".into());
-    }
-    if channels == 3 && !sixteen {
-        bufs.rgb.resize(len, 0);
-        d.decode_into(&mut bufs.rgb).map_err(|e| png_error(&e))?;
-        return Ok(Dims { width, height });
-    }
-    bufs.native.resize(native_len, 0);
-    d.decode_into(&mut bufs.native).map_err(|e| png_error(&e))?;
-    bufs.rgb.resize(len, 0);
-    let stride = channels * bytes;
-    // Gray (with or without alpha) is replicated into R, G and B; alpha is dropped. For 16-bit
-    // samples (big-endian) the first byte of each sample is the high byte.
-    for (px, out) in bufs
-        .native
-        .chunks_exact(stride)
-        .zip(bufs.rgb.chunks_exact_mut(3))
-    {
-        if channels <= 2 {
-            out.fill(px[0]);
-        } else {
-            out[0] = px[0];
-            out[1] = px[bytes];
-            out[2] = px[2 * bytes];
-        }
-    }
-    Ok(Dims { width, height })
-}
-
-fn png_error(e: &zune_png::error::PngDecodeErrors) -> String {
-    let text = format!("{e:?}");
-    if text.to_ascii_lowercase().contains("eof") || text.contains("No more bytes") {
-        format!("truncated PNG: {text}")
-    } else {
-        format!("corrupt PNG: {text}")
-    }
 }
 
 #[cfg(test)]
@@ -420,6 +523,54 @@ pub(crate) mod tests {
             }
             if name.ends_with("png") || name.ends_with("JPEG") {
                 assert_eq!(mad, [0.0; 3], "{name}: PNG decode must be exact");
+            }
+        }
+    }
+
+    /// A region decoded by libjpeg-turbo holds exactly the pixels of the whole decode at that
+    /// place (its left edge moved to the iMCU grid), for every subsampling and for
+    /// progressive files.
+    #[cfg(feature = "turbojpeg")]
+    #[test]
+    fn turbo_region_equals_the_whole_image_there() {
+        let mut rng = Rng::for_key(3, Stream::Augment, 0, 0);
+        for name in [
+            "photo_baseline.jpg",
+            "photo_progressive.jpg",
+            "photo_gray.jpg",
+            "photo_444.jpg",
+        ] {
+            let bytes = fixture(name);
+            let mut bufs = DecodeBuffers::default();
+            let header = read_header(&bytes, u64::MAX, JpegDecoder::Turbo, &mut bufs).unwrap();
+            let whole = super::decode(&bytes, &header, None, &mut bufs).unwrap();
+            assert_eq!(whole.path, DecodePath::Turbo, "{name}");
+            let full = bufs.rgb.clone();
+            let Dims { width, height } = header.dims;
+            for _ in 0..20 {
+                let x0 = rng.below(width as u64 - 1) as usize;
+                let y0 = rng.below(height as u64 - 1) as usize;
+                let x1 = x0 + 1 + rng.below((width - x0 - 1) as u64) as usize;
+                let y1 = y0 + 1 + rng.below((height - y0 - 1) as u64) as usize;
+                let window = Window {
+                    rect: [x0, y0, x1, y1],
+                    max_scale: 1,
+                };
+                let part = super::decode(&bytes, &header, Some(window), &mut bufs).unwrap();
+                assert!(
+                    part.x <= x0 && part.y <= y0,
+                    "{name}: {part:?} for {window:?}"
+                );
+                assert!(part.x + part.dims.width >= x1 && part.y + part.dims.height >= y1);
+                for y in y0..y1 {
+                    let got = &bufs.rgb[((y - part.y) * part.dims.width + x0 - part.x) * 3..]
+                        [..(x1 - x0) * 3];
+                    let at = (y * width + x0) * 3;
+                    assert!(
+                        got == &full[at..at + (x1 - x0) * 3],
+                        "{name}: row {y} of {window:?} ({part:?}) differs from the whole decode"
+                    );
+                }
             }
         }
     }
@@ -552,6 +703,11 @@ pub(crate) mod tests {
             }
         });
         let sof = sof.expect("baseline SOF0");
+        // zune-jpeg's refusal; libjpeg-turbo decodes arithmetic-coded and lossless JPEGs.
+        let decode = |bytes: &[u8]| {
+            let mut bufs = DecodeBuffers::default();
+            decode_rgb_with(bytes, u64::MAX, JpegDecoder::Zune, &mut bufs)
+        };
         bytes[sof + 1] = 0xC9; // SOF9: extended sequential, arithmetic coding
         let err = decode(&bytes).unwrap_err();
         assert!(err.contains("unsupported JPEG"), "{err}");
