@@ -148,6 +148,11 @@ pub struct Stats {
     /// first, one more each time the consumer's waits show that building further ahead would
     /// have fed it (each batch in flight holds batch memory once built).
     pub in_flight_depth: u64,
+    /// Batch memory mapped now (arena slabs: in flight, held by the consumer, or idle for
+    /// reuse), in bytes.
+    pub batch_memory_bytes: u64,
+    /// The most batch memory mapped at once so far, in bytes.
+    pub batch_memory_peak_bytes: u64,
     /// Batches in flight per worker now (`prefetch_factor`, or autotune's choice).
     pub prefetch_factor: u64,
     /// Changes autotune made to the worker count or the prefetch depth.
@@ -184,12 +189,14 @@ pub struct StatsHandle {
 }
 
 impl StatsHandle {
-    /// The counters now, launch fields and arena pinning counts included.
+    /// The counters now, launch fields and the arena's counts included.
     pub fn snapshot(&self) -> Stats {
         let mut s = self.recorder.snapshot();
         let c = self.arena.counters();
         s.slabs_pinned = c.slabs_pinned;
         s.pin_failures = c.pin_failures;
+        s.batch_memory_bytes = c.bytes_mapped;
+        s.batch_memory_peak_bytes = c.bytes_mapped_peak;
         let l = self.launch;
         s.rank = l.rank as u64;
         s.world_size = l.world_size as u64;
