@@ -64,6 +64,11 @@ int main(void) {
   CHECK(s.memory_budget > 0 && s.batch_bytes > 0 && s.batch_bytes <= s.memory_budget);
   CHECK(s.in_flight_cap == 2 && s.in_flight_cap_requested == 2);
   CHECK(s.prefetch_factor == 2 && s.autotune_decisions == 0);
+  /* How far ahead it builds (1 worker + 1, within the cap) and the batch memory that holds:
+     slabs were mapped for the three batches, and some are still mapped for reuse. */
+  CHECK(s.in_flight_depth == 2);
+  CHECK(s.batch_memory_bytes > 0 && s.batch_memory_peak_bytes >= s.batch_memory_bytes);
+  CHECK(s.batch_memory_peak_bytes <= (s.in_flight_cap + 2) * s.batch_bytes);
   /* A budget smaller than one batch fails when the loader is made, naming the option. */
   stoker_options *tight = t_options(source, NULL, "batch_size", "4", "memory_budget", "100", NULL);
   stoker_loader *none = (stoker_loader *)&s;

@@ -421,6 +421,19 @@ typedef struct stoker_stats {
    * Of those, the regions shrunk in the DCT domain (1/2, 1/4, 1/8).
    */
   uint64_t decoded_turbo_scaled;
+  /**
+   * Batches the loader lets be in flight now, at most `in_flight_cap`: `num_workers + 1` at
+   * first, deeper only when the consumer's waits show it would have been fed.
+   */
+  uint64_t in_flight_depth;
+  /**
+   * Batch memory mapped now (in flight, held by the caller, or idle for reuse), in bytes.
+   */
+  uint64_t batch_memory_bytes;
+  /**
+   * The most batch memory mapped at once so far, in bytes.
+   */
+  uint64_t batch_memory_peak_bytes;
 } stoker_stats;
 
 /**

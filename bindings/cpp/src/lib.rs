@@ -94,6 +94,12 @@ mod ffi {
         decoded_turbo: u64,
         decoded_turbo_region: u64,
         decoded_turbo_scaled: u64,
+        /// Batches the loader lets be in flight now (at most `in_flight_cap`).
+        in_flight_depth: u64,
+        /// Batch memory mapped now, in bytes.
+        batch_memory_bytes: u64,
+        /// The most batch memory mapped at once so far, in bytes.
+        batch_memory_peak_bytes: u64,
         /// Busy time of each worker, by worker number.
         worker_busy_ns: Vec<u64>,
     }
@@ -589,6 +595,9 @@ impl StatsReader {
             decoded_turbo: s.decoded_turbo,
             decoded_turbo_region: s.decoded_turbo_region,
             decoded_turbo_scaled: s.decoded_turbo_scaled,
+            in_flight_depth: s.in_flight_depth,
+            batch_memory_bytes: s.batch_memory_bytes,
+            batch_memory_peak_bytes: s.batch_memory_peak_bytes,
             worker_busy_ns: s.worker_busy_ns,
         }
     }

@@ -437,6 +437,12 @@ TEST_F(LoaderTest, StatsCountWhatWasDelivered) {
   EXPECT_LE(s.batch_bytes, s.memory_budget);
   EXPECT_EQ(s.in_flight_cap, 4u);
   EXPECT_EQ(s.in_flight_cap_requested, 4u);
+  // Within it, the loader builds workers + 1 ahead until the consumer's waits ask for more,
+  // and the batch memory mapped is what those batches (and any kept for reuse) hold.
+  EXPECT_GE(s.in_flight_depth, 3u);
+  EXPECT_LE(s.in_flight_depth, s.in_flight_cap);
+  EXPECT_GT(s.batch_memory_bytes, 0u);
+  EXPECT_GE(s.batch_memory_peak_bytes, s.batch_memory_bytes);
 }
 
 TEST_F(LoaderTest, MemoryBudgetLowersTheCapOrRefusesABatchThatCannotFit) {

@@ -69,6 +69,14 @@ def test_memory_budget_lowers_the_in_flight_cap_or_refuses_a_batch_that_cannot_f
     assert stats.in_flight_cap == stats.in_flight_cap_requested == 8
     assert 0 < stats.batch_bytes <= stats.memory_budget
     one_batch = stats.batch_bytes
+    # Within the cap it builds num_workers + 1 ahead until the consumer's waits ask for more;
+    # the batch memory mapped is what those batches hold (and any kept idle for reuse).
+    for _ in zip(range(20), loader):
+        pass
+    stats = loader.stats()
+    assert 3 <= stats.in_flight_depth <= stats.in_flight_cap
+    assert 0 < stats.batch_memory_bytes <= stats.batch_memory_peak_bytes
+    assert stats.batch_memory_peak_bytes <= (stats.in_flight_cap + 2) * one_batch
 
     with pytest.raises(stoker.InvalidArgumentError, match="memory_budget") as err:
         make_loader(memory_budget=one_batch - 1)

@@ -187,6 +187,9 @@ pub extern "C" fn stoker_loader_stats(
             decoded_turbo: s.decoded_turbo,
             decoded_turbo_region: s.decoded_turbo_region,
             decoded_turbo_scaled: s.decoded_turbo_scaled,
+            in_flight_depth: s.in_flight_depth,
+            batch_memory_bytes: s.batch_memory_bytes,
+            batch_memory_peak_bytes: s.batch_memory_peak_bytes,
         };
         // Every field is 8 bytes, so the fields that fit end at `size` rounded down to 8.
         let fit = (size.min(std::mem::size_of::<stoker_stats>() as u64) as usize) & !7;

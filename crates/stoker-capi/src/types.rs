@@ -239,6 +239,13 @@ pub struct stoker_stats {
     pub decoded_turbo_region: u64,
     /// Of those, the regions shrunk in the DCT domain (1/2, 1/4, 1/8).
     pub decoded_turbo_scaled: u64,
+    /// Batches the loader lets be in flight now, at most `in_flight_cap`: `num_workers + 1` at
+    /// first, deeper only when the consumer's waits show it would have been fed.
+    pub in_flight_depth: u64,
+    /// Batch memory mapped now (in flight, held by the caller, or idle for reuse), in bytes.
+    pub batch_memory_bytes: u64,
+    /// The most batch memory mapped at once so far, in bytes.
+    pub batch_memory_peak_bytes: u64,
 }
 
 /// This process's place in a distributed job, as `stoker_options_launch` resolves it.

@@ -2,6 +2,13 @@
 //!
 //! Batches are written into slabs from here and handed to the user as leases; a released lease
 //! returns its slab to the free list, so after the first few batches no batch maps new memory.
+//!
+//! Idle slabs are kept only as far as recent demand needs them: the arena remembers the most
+//! slabs leased at once over the last [`DEMAND_WINDOW`] acquisitions and the window before, and
+//! unmaps a released slab that would leave more slabs mapped than that (see [`Demand`]). A burst
+//! (a consumer that held many batches, a deeper prefetch that is over) is given back to the
+//! system within two windows; a steady pattern keeps exactly the slabs it cycles through, so the
+//! steady state maps nothing.
 //! With `pin_memory`, slabs are page-locked (`mlock`) when mapped; if `RLIMIT_MEMLOCK` forbids it
 //! the slab stays pageable and the fallback is counted ([`ArenaCounters::pin_failures`]). A
 //! [`SlabRegistrar`] (the CUDA layer) may register each slab with a driver when it is mapped and
@@ -27,7 +34,7 @@ pub trait SlabRegistrar: Send + Sync {
 pub struct ArenaCounters {
     /// Slabs mapped (each one a system allocation).
     pub slabs_mapped: u64,
-    /// Slabs returned to the system because the free list was full.
+    /// Slabs returned to the system: beyond recent demand, the free list's bound or the budget.
     pub slabs_unmapped: u64,
     /// Slabs page-locked successfully.
     pub slabs_pinned: u64,
@@ -37,6 +44,65 @@ pub struct ArenaCounters {
     pub bytes_mapped: u64,
     /// Slabs currently leased (held by a batch being built, delivered, or being copied).
     pub slabs_leased: u64,
+    /// Slabs currently idle in the free list, mapped and waiting for reuse.
+    pub slabs_idle: u64,
+    /// The most bytes mapped at once so far.
+    pub bytes_mapped_peak: u64,
+}
+
+/// Acquisitions per demand window: the arena keeps the slabs that the busiest moment of the last
+/// one to two windows needed. Long enough to span a steady pattern's period many times over
+/// (workers finishing in pairs, a consumer holding a few batches, an epoch's end), short enough
+/// that memory a burst needed returns after a few dozen batches.
+pub const DEMAND_WINDOW: u64 = 64;
+
+/// Slabs wanted recently: the most leased at once in the current window of acquisitions and in
+/// the previous one. Counted rather than timed, so that an idle loader and a slow one behave the
+/// same and the rule is deterministic: a loader that stops asking keeps what it last needed
+/// (at most that many slabs, freed when the arena drops), and steady use never trims a slab it
+/// is about to need again.
+#[derive(Debug, Default)]
+struct Demand {
+    /// Slabs leased now.
+    leased: u64,
+    /// Acquisitions in the current window.
+    acquired: u64,
+    /// Most leased at once in the current window, and in the previous one.
+    peak: u64,
+    peak_before: u64,
+}
+
+impl Demand {
+    /// One more slab leased. Returns whether a new window began.
+    fn acquire(&mut self) -> bool {
+        self.leased += 1;
+        self.peak = self.peak.max(self.leased);
+        self.acquired += 1;
+        if self.acquired < DEMAND_WINDOW {
+            return false;
+        }
+        self.peak_before = self.peak;
+        self.peak = self.leased;
+        self.acquired = 0;
+        true
+    }
+
+    fn release(&mut self) {
+        self.leased = self.leased.saturating_sub(1);
+    }
+
+    /// Idle slabs worth keeping: what recent demand needed beyond the slabs leased now.
+    fn idle_wanted(&self) -> usize {
+        let wanted = self.peak.max(self.peak_before).saturating_sub(self.leased);
+        usize::try_from(wanted).unwrap_or(usize::MAX)
+    }
+}
+
+/// The free list and the demand it is kept for, under one lock.
+#[derive(Default)]
+struct Idle {
+    slabs: Vec<Slab>,
+    demand: Demand,
 }
 
 /// A cheap handle to shared slab storage; clones share it.
@@ -48,17 +114,18 @@ pub struct Arena {
 struct ArenaInner {
     pin: bool,
     registrar: Option<Arc<dyn SlabRegistrar>>,
-    /// Most free slabs kept for reuse; more are unmapped when released.
+    /// Most free slabs kept for reuse, whatever the demand; more are unmapped when released.
     max_free: usize,
     /// Most bytes mapped while keeping a released slab idle (`memory_budget`); above it a
     /// released slab is unmapped.
     budget: AtomicU64,
-    free: Mutex<Vec<Slab>>,
+    free: Mutex<Idle>,
     slabs_mapped: AtomicU64,
     slabs_unmapped: AtomicU64,
     slabs_pinned: AtomicU64,
     pin_failures: AtomicU64,
     bytes_mapped: AtomicU64,
+    bytes_mapped_peak: AtomicU64,
     slabs_leased: AtomicU64,
 }
 
@@ -98,8 +165,8 @@ pub fn page_size() -> usize {
 }
 
 impl Arena {
-    /// `max_free` bounds the memory kept idle: the pool sets it to its in-flight cap plus the
-    /// batches a consumer typically holds.
+    /// `max_free` bounds the memory kept idle whatever the recent demand: the pool sets it to
+    /// its in-flight cap plus the batches a consumer typically holds.
     pub fn new(pin: bool, max_free: usize, registrar: Option<Arc<dyn SlabRegistrar>>) -> Arena {
         Arena {
             inner: Arc::new(ArenaInner {
@@ -107,12 +174,13 @@ impl Arena {
                 registrar,
                 max_free: max_free.max(1),
                 budget: AtomicU64::new(u64::MAX),
-                free: Mutex::new(Vec::new()),
+                free: Mutex::new(Idle::default()),
                 slabs_mapped: AtomicU64::new(0),
                 slabs_unmapped: AtomicU64::new(0),
                 slabs_pinned: AtomicU64::new(0),
                 pin_failures: AtomicU64::new(0),
                 bytes_mapped: AtomicU64::new(0),
+                bytes_mapped_peak: AtomicU64::new(0),
                 slabs_leased: AtomicU64::new(0),
             }),
         }
@@ -138,19 +206,39 @@ impl Arena {
     pub fn acquire(&self, len: usize) -> Result<SlabLease> {
         let inner = &self.inner;
         let rounded = len.max(1).div_ceil(page_size()) * page_size();
-        let reused = {
-            let mut free = inner.lock_free();
-            let best = free
+        let (reused, surplus) = {
+            let mut idle = inner.lock_free();
+            let best = idle
+                .slabs
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| s.len >= rounded && s.len / 2 <= rounded)
                 .min_by_key(|(_, s)| s.len)
                 .map(|(i, _)| i);
-            best.map(|i| free.swap_remove(i))
+            let reused = best.map(|i| idle.slabs.swap_remove(i));
+            // Counted as leased before a new slab is mapped, so that a failed mapping is undone
+            // below and concurrent releases see this one as wanted.
+            let surplus = if idle.demand.acquire() {
+                // A new window: what the old one needed beyond the current peak goes now.
+                let keep = idle.demand.idle_wanted();
+                take_surplus(&mut idle.slabs, keep)
+            } else {
+                Vec::new()
+            };
+            (reused, surplus)
         };
+        for slab in surplus {
+            inner.unmap(slab);
+        }
         let slab = match reused {
             Some(slab) => slab,
-            None => inner.map(len)?,
+            None => match inner.map(len) {
+                Ok(slab) => slab,
+                Err(e) => {
+                    inner.lock_free().demand.release();
+                    return Err(e);
+                }
+            },
         };
         inner.slabs_leased.fetch_add(1, Ordering::Relaxed);
         Ok(SlabLease {
@@ -158,6 +246,14 @@ impl Arena {
             len,
             arena: Arc::clone(inner),
         })
+    }
+
+    /// Unmaps every idle slab now (the free list empties; leased slabs are untouched).
+    pub fn trim(&self) {
+        let slabs = std::mem::take(&mut self.inner.lock_free().slabs);
+        for slab in slabs {
+            self.inner.unmap(slab);
+        }
     }
 
     /// What the arena has done so far, as of now.
@@ -170,13 +266,15 @@ impl Arena {
             pin_failures: i.pin_failures.load(Ordering::Relaxed),
             bytes_mapped: i.bytes_mapped.load(Ordering::Relaxed),
             slabs_leased: i.slabs_leased.load(Ordering::Relaxed),
+            slabs_idle: i.lock_free().slabs.len() as u64,
+            bytes_mapped_peak: i.bytes_mapped_peak.load(Ordering::Relaxed),
         }
     }
 }
 
 impl ArenaInner {
-    fn lock_free(&self) -> MutexGuard<'_, Vec<Slab>> {
-        // A panic while holding this lock cannot leave the Vec inconsistent: recover the guard.
+    fn lock_free(&self) -> MutexGuard<'_, Idle> {
+        // A panic while holding this lock cannot leave the list inconsistent: recover the guard.
         self.free.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -213,7 +311,8 @@ impl ArenaInner {
             registered: false,
         };
         self.slabs_mapped.fetch_add(1, Ordering::Relaxed);
-        self.bytes_mapped.fetch_add(len as u64, Ordering::Relaxed);
+        let mapped = self.bytes_mapped.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
+        self.bytes_mapped_peak.fetch_max(mapped, Ordering::Relaxed);
         if self.pin {
             // SAFETY: the range is exactly the mapping just created.
             if unsafe { libc::mlock(ptr.as_ptr().cast(), len) } == 0 {
@@ -249,22 +348,46 @@ impl ArenaInner {
         }
     }
 
+    /// Keeps a released slab idle while recent demand wants it, the free list has room and the
+    /// memory mapped is within the budget; otherwise unmaps it (munmap: the pages return to the
+    /// system at once and leave RSS, which `madvise(MADV_FREE)` would not do until memory
+    /// pressure, and which `MADV_DONTNEED` cannot do for page-locked or registered slabs).
     fn release(&self, slab: Slab) {
-        let mut free = self.lock_free();
+        let mut idle = self.lock_free();
+        idle.demand.release();
         let within_budget =
             self.bytes_mapped.load(Ordering::Relaxed) <= self.budget.load(Ordering::Relaxed);
-        if free.len() < self.max_free && within_budget {
-            free.push(slab);
+        let wanted = idle.slabs.len() < idle.demand.idle_wanted().min(self.max_free);
+        let surplus = if !within_budget {
+            slab
+        } else if wanted {
+            idle.slabs.push(slab);
+            return;
         } else {
-            drop(free);
-            self.unmap(slab);
-        }
+            // Full: keep the larger of this slab and the smallest idle one, which fits more
+            // requests (an epoch's short last batch must not leave a slab no full batch fits).
+            match idle.slabs.iter_mut().min_by_key(|s| s.len) {
+                Some(smallest) if smallest.len < slab.len => std::mem::replace(smallest, slab),
+                _ => slab,
+            }
+        };
+        drop(idle);
+        self.unmap(surplus);
     }
+}
+
+/// Removes the idle slabs beyond the `keep` largest (the largest fit the most requests).
+fn take_surplus(slabs: &mut Vec<Slab>, keep: usize) -> Vec<Slab> {
+    if slabs.len() <= keep {
+        return Vec::new();
+    }
+    slabs.sort_by_key(|s| std::cmp::Reverse(s.len));
+    slabs.split_off(keep)
 }
 
 impl Drop for ArenaInner {
     fn drop(&mut self) {
-        let slabs = std::mem::take(&mut *self.lock_free());
+        let slabs = std::mem::take(&mut self.lock_free().slabs);
         for slab in slabs {
             self.unmap(slab);
         }
@@ -373,6 +496,90 @@ mod tests {
         let c = arena.counters();
         assert_eq!(c.slabs_unmapped, 2, "{c:?}");
         assert_eq!(c.bytes_mapped, 3 * page as u64);
+    }
+
+    #[test]
+    fn idle_slabs_beyond_recent_demand_are_unmapped() {
+        let page = page_size();
+        let arena = Arena::new(false, 16, None);
+        // A burst: 8 slabs at once, all released. Recent demand was 8, so they stay mapped.
+        let burst: Vec<_> = (0..8).map(|_| arena.acquire(page).unwrap()).collect();
+        drop(burst);
+        let c = arena.counters();
+        assert_eq!(
+            (c.slabs_idle, c.bytes_mapped),
+            (8, 8 * page as u64),
+            "{c:?}"
+        );
+        // Then one batch at a time, for two demand windows: the burst is forgotten and every
+        // slab but the one in use is unmapped; the one in use was reused, never mapped anew.
+        for _ in 0..2 * DEMAND_WINDOW {
+            drop(arena.acquire(page).unwrap());
+        }
+        let c = arena.counters();
+        assert_eq!(c.slabs_mapped, 8, "{c:?}");
+        assert_eq!(c.slabs_unmapped, 7, "{c:?}");
+        assert_eq!((c.slabs_idle, c.bytes_mapped), (1, page as u64), "{c:?}");
+        assert_eq!(c.bytes_mapped_peak, 8 * page as u64);
+    }
+
+    #[test]
+    fn a_steady_pattern_reuses_its_slabs_and_maps_nothing_more() {
+        let page = page_size();
+        let arena = Arena::new(false, 16, None);
+        // Three slabs alive at the busiest moment, one or two otherwise, over many windows.
+        let mut held = std::collections::VecDeque::new();
+        for i in 0..4 * DEMAND_WINDOW {
+            held.push_back(arena.acquire(page).unwrap());
+            if held.len() == 3 || i % 2 == 0 {
+                held.pop_front();
+            }
+        }
+        let c = arena.counters();
+        assert_eq!((c.slabs_mapped, c.slabs_unmapped), (3, 0), "{c:?}");
+    }
+
+    #[test]
+    fn a_full_free_list_keeps_the_larger_slab() {
+        let page = page_size();
+        let arena = Arena::new(false, 1, None);
+        let full = arena.acquire(2 * page).unwrap();
+        let short = arena.acquire(page).unwrap();
+        drop(short);
+        drop(full);
+        // Room for one idle slab: the full batch's, which also fits the short one.
+        let c = arena.counters();
+        assert_eq!(
+            (c.slabs_idle, c.bytes_mapped),
+            (1, 2 * page as u64),
+            "{c:?}"
+        );
+        let again = arena.acquire(2 * page).unwrap();
+        assert_eq!(arena.counters().slabs_mapped, 2, "reused, not mapped");
+        drop(again);
+    }
+
+    #[test]
+    fn trim_unmaps_every_idle_slab_and_leaves_leases_alone() {
+        let arena = Arena::new(false, 8, None);
+        let mut kept = arena.acquire(100).unwrap();
+        drop(
+            (0..4)
+                .map(|_| arena.acquire(100).unwrap())
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(arena.counters().slabs_idle, 4);
+        arena.trim();
+        let c = arena.counters();
+        assert_eq!((c.slabs_idle, c.slabs_leased), (0, 1), "{c:?}");
+        assert_eq!(c.bytes_mapped, page_size() as u64);
+        kept.as_mut_slice().fill(1);
+        drop(kept);
+        assert_eq!(
+            arena.counters().slabs_idle,
+            1,
+            "a released lease is kept again"
+        );
     }
 
     #[test]

@@ -6,6 +6,9 @@
 //! (`num_workers × prefetch_factor`) is lowered to the number of batches that fit. While the
 //! loader runs, the arena unmaps a released slab instead of keeping it idle when the memory it
 //! holds is over the budget (which bounds ragged batches, whose size is only known when built).
+//! The budget is a ceiling, not a target: the loader builds ahead only as deep as its consumer
+//! needs (the in-flight depth, `loader/depth.rs`) and keeps idle only the slabs recent demand
+//! used (`arena`).
 //!
 //! Not counted: batches the consumer holds (they are its memory until released), the workers'
 //! reused read and decode buffers (one image each, bounded by `max_image_pixels`), and device

@@ -338,6 +338,11 @@ impl Pool {
         })
     }
 
+    /// A finished batch if one is waiting, without blocking.
+    pub fn try_recv(&self) -> Option<Done> {
+        self.done.try_recv().ok()
+    }
+
     /// The next finished batch; `Err(Timeout)` if none arrives within `timeout`, `Err(Closed)`
     /// as soon as the loader is closed from another thread.
     pub fn recv(&self, timeout: Option<Duration>, closer: &Closer) -> Result<Done> {
@@ -364,12 +369,23 @@ fn worker_loop(
         if let Err(TryRecvError::Disconnected) = retire.try_recv() {
             break;
         }
-        let job = crossbeam_channel::select! {
-            recv(tasks) -> job => match job {
-                Ok(job) => job,
-                Err(_) => break,
-            },
-            recv(retire) -> _ => break,
+        let job = match tasks.try_recv() {
+            Ok(job) => job,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => {
+                // No job: the scheduler's in-flight depth is full (or it has not submitted
+                // yet). The time held back is what lets it judge whether to build deeper.
+                let idle = Instant::now();
+                let job = crossbeam_channel::select! {
+                    recv(tasks) -> job => match job {
+                        Ok(job) => job,
+                        Err(_) => break,
+                    },
+                    recv(retire) -> _ => break,
+                };
+                builder.stats.held_back(idle.elapsed());
+                job
+            }
         };
         if builder.stop.load(Ordering::Acquire) {
             break;

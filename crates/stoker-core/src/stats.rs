@@ -144,6 +144,15 @@ pub struct Stats {
     pub in_flight_cap: u64,
     /// The in-flight cap asked for: `max(1, num_workers) × prefetch_factor`.
     pub in_flight_cap_requested: u64,
+    /// Batches the loader lets be in flight now, at most `in_flight_cap`: `num_workers + 1` at
+    /// first, one more each time the consumer's waits show that building further ahead would
+    /// have fed it (each batch in flight holds batch memory once built).
+    pub in_flight_depth: u64,
+    /// Batch memory mapped now (arena slabs: in flight, held by the consumer, or idle for
+    /// reuse), in bytes.
+    pub batch_memory_bytes: u64,
+    /// The most batch memory mapped at once so far, in bytes.
+    pub batch_memory_peak_bytes: u64,
     /// Batches in flight per worker now (`prefetch_factor`, or autotune's choice).
     pub prefetch_factor: u64,
     /// Changes autotune made to the worker count or the prefetch depth.
@@ -180,12 +189,14 @@ pub struct StatsHandle {
 }
 
 impl StatsHandle {
-    /// The counters now, launch fields and arena pinning counts included.
+    /// The counters now, launch fields and the arena's counts included.
     pub fn snapshot(&self) -> Stats {
         let mut s = self.recorder.snapshot();
         let c = self.arena.counters();
         s.slabs_pinned = c.slabs_pinned;
         s.pin_failures = c.pin_failures;
+        s.batch_memory_bytes = c.bytes_mapped;
+        s.batch_memory_peak_bytes = c.bytes_mapped_peak;
         let l = self.launch;
         s.rank = l.rank as u64;
         s.world_size = l.world_size as u64;
@@ -406,8 +417,13 @@ pub(crate) struct StatsRecorder {
     batch_bytes: AtomicU64,
     in_flight_cap: AtomicU64,
     in_flight_cap_requested: AtomicU64,
+    in_flight_depth: AtomicU64,
     prefetch_factor: AtomicU64,
     autotune_decisions: AtomicU64,
+    /// Nanoseconds the builders (host workers, a stream's feeder) spent waiting for work the
+    /// scheduler's in-flight depth did not yet allow, summed: what the depth weighs against the
+    /// consumer's waits.
+    held_back_ns: AtomicU64,
     trace: Option<Trace>,
 }
 
@@ -440,8 +456,10 @@ impl StatsRecorder {
             batch_bytes: AtomicU64::new(0),
             in_flight_cap: AtomicU64::new(0),
             in_flight_cap_requested: AtomicU64::new(0),
+            in_flight_depth: AtomicU64::new(0),
             prefetch_factor: AtomicU64::new(0),
             autotune_decisions: AtomicU64::new(0),
+            held_back_ns: AtomicU64::new(0),
             trace,
         }
     }
@@ -486,6 +504,11 @@ impl StatsRecorder {
             .store(requested as u64, Ordering::Relaxed);
     }
 
+    /// The in-flight depth in use.
+    pub(crate) fn set_depth(&self, depth: usize) {
+        self.in_flight_depth.store(depth as u64, Ordering::Relaxed);
+    }
+
     pub(crate) fn set_prefetch(&self, prefetch: usize) {
         self.prefetch_factor
             .store(prefetch as u64, Ordering::Relaxed);
@@ -520,6 +543,17 @@ impl StatsRecorder {
             .sum();
         let r = self.lock();
         (r.batches, r.wait_total, busy)
+    }
+
+    /// A builder waited `d` for work (a task, or a stream's token).
+    pub(crate) fn held_back(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.held_back_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// The builders' waits for work so far, summed, in nanoseconds.
+    pub(crate) fn held_back_ns(&self) -> u64 {
+        self.held_back_ns.load(Ordering::Relaxed)
     }
 
     /// How many threads build batches now.
@@ -645,6 +679,7 @@ impl StatsRecorder {
             batch_bytes: self.batch_bytes.load(Ordering::Relaxed),
             in_flight_cap: self.in_flight_cap.load(Ordering::Relaxed),
             in_flight_cap_requested: self.in_flight_cap_requested.load(Ordering::Relaxed),
+            in_flight_depth: self.in_flight_depth.load(Ordering::Relaxed),
             prefetch_factor: self.prefetch_factor.load(Ordering::Relaxed),
             autotune_decisions: self.autotune_decisions.load(Ordering::Relaxed),
             decoded_zune: decoded[decode_path_index(DecodePath::Zune)],

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use stoker_core::{
     Batch, DType, Error, FieldSpec, Loader, LoaderOptions, MemorySource, Sample, Source, SourceSpec,
@@ -205,30 +205,81 @@ fn after_warm_up_no_batch_maps_memory() {
 }
 
 #[test]
-fn in_flight_batches_are_capped() {
-    struct Counting {
-        inner: Arc<dyn Source>,
-        reads: AtomicUsize,
+fn slabs_a_burst_needed_are_unmapped_once_it_is_over() {
+    let mut l = Loader::new(&options(
+        counting_source(64),
+        &[
+            ("batch_size", "4"),
+            ("num_workers", "2"),
+            ("prefetch_factor", "2"),
+        ],
+    ))
+    .unwrap();
+    let slab = stoker_core::arena::page_size() as u64;
+    // The consumer holds 12 batches at once, then lets them go: the arena keeps them idle, as
+    // far as its free list's bound (the cap + 2) allows, since the demand was recent.
+    let held: Vec<Batch> = (0..12).map(|_| l.next().unwrap().unwrap()).collect();
+    drop(held);
+    let c = l.arena().counters();
+    assert!(c.slabs_idle >= 5, "{c:?}");
+    // Then one batch at a time for two demand windows: only what that needs stays mapped
+    // (the batches in flight, at most the cap of 4, and the one held).
+    let mut taken = 0;
+    while taken < 2 * stoker_core::arena::DEMAND_WINDOW + 8 {
+        taken += u64::from(l.next().unwrap().is_some());
     }
-    impl Source for Counting {
-        fn len(&self) -> usize {
-            self.inner.len()
-        }
-        fn fields(&self) -> &[FieldSpec] {
-            self.inner.fields()
-        }
-        fn describe(&self, i: usize) -> String {
-            self.inner.describe(i)
-        }
-        fn read<'a>(&'a self, i: usize, s: &'a mut Vec<u8>) -> stoker_core::Result<Sample<'a>> {
-            self.reads.fetch_add(1, Ordering::SeqCst);
-            self.inner.read(i, s)
-        }
+    let c = l.arena().counters();
+    assert!(c.bytes_mapped <= 5 * slab, "{c:?}");
+    assert!(c.slabs_unmapped >= 7, "{c:?}");
+}
+
+/// `inner`, counting its reads.
+struct CountingReads {
+    inner: Arc<dyn Source>,
+    reads: AtomicUsize,
+}
+
+impl CountingReads {
+    fn new(inner: Arc<dyn Source>) -> Arc<CountingReads> {
+        Arc::new(CountingReads {
+            inner,
+            reads: AtomicUsize::new(0),
+        })
     }
-    let src = Arc::new(Counting {
-        inner: counting_source(200),
-        reads: AtomicUsize::new(0),
-    });
+
+    fn reads(&self) -> usize {
+        self.reads.load(Ordering::SeqCst)
+    }
+}
+
+impl Source for CountingReads {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn fields(&self) -> &[FieldSpec] {
+        self.inner.fields()
+    }
+    fn describe(&self, i: usize) -> String {
+        self.inner.describe(i)
+    }
+    fn read<'a>(&'a self, i: usize, s: &'a mut Vec<u8>) -> stoker_core::Result<Sample<'a>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.read(i, s)
+    }
+}
+
+/// Waits until `cond` holds (the workers run concurrently), failing after 10 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_consumer_that_has_not_asked_has_one_batch_more_than_the_workers_built_ahead() {
+    let src = CountingReads::new(counting_source(200));
     let l = Loader::new(&options(
         src.clone(),
         &[
@@ -238,10 +289,82 @@ fn in_flight_batches_are_capped() {
         ],
     ))
     .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    // cap = 2 workers × 3 = 6 batches of 2 samples, none consumed yet.
-    assert_eq!(src.reads.load(Ordering::SeqCst), 12);
+    // The cap is 2 workers × 3 = 6 batches, but the loader builds ahead only as deep as the
+    // consumer has shown it needs: at first, workers + 1 = 3 batches of 2 samples.
+    eventually("3 batches read", || src.reads() >= 6);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(src.reads(), 6);
+    assert_eq!(l.stats().in_flight_cap, 6);
     drop(l);
+}
+
+#[test]
+fn with_a_consumer_faster_than_the_workers_few_slabs_are_alive() {
+    // Batches take 8 reads of 5 ms; the consumer asks at once, holding the previous batch while
+    // it does (as `for batch in loader` does). Alive: the batch held, the one handed over, and
+    // the workers' own; never the cap's worth (2 workers × 4 = 8 ready batches).
+    let mut l = Loader::new(&options(
+        stoker_core::testing::slow_counting_source(10_000, Duration::from_millis(5)),
+        &[
+            ("batch_size", "8"),
+            ("num_workers", "2"),
+            ("prefetch_factor", "4"),
+        ],
+    ))
+    .unwrap();
+    let mut held = None;
+    for _ in 0..24 {
+        held = Some(l.next().unwrap().unwrap());
+    }
+    drop(held);
+    let s = l.stats();
+    let slab = s.batch_bytes;
+    let peak = l.arena().counters().bytes_mapped_peak / slab;
+    assert_eq!(s.in_flight_cap, 8);
+    // The depth starts at workers + 1 = 3 and deepens only when the consumer's waits call for
+    // it, which they do not here (the workers are never held back for long). Alive at once: the
+    // two batches the consumer holds at the hand-over and the workers' two, i.e. depth + 1.
+    assert!(s.in_flight_depth >= 3, "{s:?}");
+    assert!(peak <= s.in_flight_depth + 1, "{peak} slabs at once: {s:?}");
+}
+
+#[test]
+fn a_bursty_consumer_deepens_the_prefetch_within_the_cap() {
+    // Batches take 4 reads of 3 ms; the consumer takes 4 batches at once, then pauses 60 ms.
+    // At depth 3 the fourth batch of every burst is started only when the first is taken, so
+    // the consumer waits for it while the workers sat idle through the pause: the loader deepens
+    // its prefetch (to 4, which covers the burst; never beyond the cap of 6).
+    let src = CountingReads::new(stoker_core::testing::slow_counting_source(
+        100_000,
+        Duration::from_millis(3),
+    ));
+    let mut l = Loader::new(&options(
+        src.clone(),
+        &[
+            ("batch_size", "4"),
+            ("num_workers", "2"),
+            ("prefetch_factor", "3"),
+        ],
+    ))
+    .unwrap();
+    let built_ahead = |l: &Loader| {
+        std::thread::sleep(Duration::from_millis(60));
+        src.reads() / 4 - l.stats().batches as usize
+    };
+    assert_eq!(built_ahead(&l), 3, "workers + 1 at first");
+    let mut most = 0;
+    for _burst in 0..24 {
+        for _ in 0..4 {
+            l.next().unwrap().unwrap();
+        }
+        let ahead = built_ahead(&l);
+        assert!(ahead <= 6, "{ahead} batches built ahead, more than the cap");
+        most = most.max(ahead);
+    }
+    assert!(
+        most >= 4,
+        "the prefetch never deepened: {most} batches built ahead"
+    );
 }
 
 /// Fails on chosen indices, panics on others, sleeps on others.

@@ -519,6 +519,9 @@ struct Stats {
   uint64_t decoded_turbo = 0;         // images decoded whole by libjpeg-turbo
   uint64_t decoded_turbo_region = 0;  // only the crop's region, by libjpeg-turbo
   uint64_t decoded_turbo_scaled = 0;  // of those, shrunk in the DCT domain
+  uint64_t in_flight_depth = 0;       // batches let be in flight now (<= in_flight_cap)
+  uint64_t batch_memory_bytes = 0;    // batch memory mapped now
+  uint64_t batch_memory_peak_bytes = 0;  // the most batch memory mapped at once
 };
 
 class Loader;
@@ -674,6 +677,9 @@ class Loader {
     out.decoded_turbo = s.decoded_turbo;
     out.decoded_turbo_region = s.decoded_turbo_region;
     out.decoded_turbo_scaled = s.decoded_turbo_scaled;
+    out.in_flight_depth = s.in_flight_depth;
+    out.batch_memory_bytes = s.batch_memory_bytes;
+    out.batch_memory_peak_bytes = s.batch_memory_peak_bytes;
     out.worker_busy_ns.assign(s.worker_busy_ns.begin(), s.worker_busy_ns.end());
     return out;
   }

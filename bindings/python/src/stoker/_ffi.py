@@ -108,6 +108,9 @@ class Stats(ctypes.Structure):
         ("decoded_turbo", ctypes.c_uint64),
         ("decoded_turbo_region", ctypes.c_uint64),
         ("decoded_turbo_scaled", ctypes.c_uint64),
+        ("in_flight_depth", ctypes.c_uint64),
+        ("batch_memory_bytes", ctypes.c_uint64),
+        ("batch_memory_peak_bytes", ctypes.c_uint64),
     ]
 
 

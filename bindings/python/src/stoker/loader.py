@@ -89,6 +89,12 @@ class Stats:
     decoded_turbo: int
     decoded_turbo_region: int
     decoded_turbo_scaled: int
+    #: Batches the loader lets be in flight now (at most ``in_flight_cap``: ``num_workers + 1``
+    #: at first, deeper only when the consumer's waits call for it), and the batch memory
+    #: mapped now and at most so far, in bytes.
+    in_flight_depth: int
+    batch_memory_bytes: int
+    batch_memory_peak_bytes: int
     #: Time each worker spent building batches, by worker number (in start order).
     worker_busy_ns: tuple[int, ...] = ()
 

@@ -1,6 +1,7 @@
 //! The host scheduler: sampler → pool → delivery of host batches, in sampler order or as they
-//! finish. It submits up to `cap` tasks, running ahead into the next epoch, and tracks which
-//! batches of the current epoch are delivered (the resume position).
+//! finish. It submits up to its depth of tasks (at most `cap`; see [`super::depth`]), running
+//! ahead into the next epoch, and tracks which batches of the current epoch are delivered (the
+//! resume position).
 //!
 //! An epoch is normally dealt from the start of its global order; the epoch a job resumes in
 //! is dealt from the entry where the saved job stopped (its `start`), possibly to a different
@@ -38,6 +39,7 @@ use crate::source::Source;
 use crate::stats::{StatsHandle, StatsRecorder};
 use crate::trace::{Trace, Track};
 
+use super::depth::Depth;
 use super::{Facts, Scheduler};
 
 /// Epoch plans by (epoch, start); holds the two the loader is working on (delivering and
@@ -169,6 +171,8 @@ pub(super) struct HostLoader {
     /// The calling thread's worker context when `num_workers` is 0.
     local: Option<WorkerCtx>,
     cap: usize,
+    /// How many of `cap` tasks are submitted now: deepens when the consumer's waits call for it.
+    depth: Depth,
     /// Batches in flight per worker (`prefetch_factor`, or autotune's choice).
     prefetch: usize,
     /// Batches the memory budget holds in flight: the ceiling of `cap`.
@@ -179,6 +183,11 @@ pub(super) struct HostLoader {
     timeout: Option<Duration>,
     /// Tasks submitted and not yet delivered (built, being built, or waiting to be).
     in_flight: usize,
+    /// Whether the last call handed the consumer a batch. It counts against the depth until the
+    /// consumer asks again: it works on that batch meanwhile, and a `for batch in loader` loop
+    /// still holds its previous one while it asks, so building its replacement earlier would
+    /// only add a slab alive at the hand-over.
+    handed_over: bool,
     /// Next task to submit: batch `submit_position` of epoch `submit_epoch` dealt from entry
     /// `submit_start`.
     submit_epoch: u64,
@@ -353,6 +362,7 @@ impl HostLoader {
             pool,
             local,
             cap,
+            depth: Depth::new(workers),
             prefetch,
             fit,
             autotune,
@@ -361,6 +371,7 @@ impl HostLoader {
             timeout: (options.timeout_ms > 0 && !feed)
                 .then(|| Duration::from_millis(options.timeout_ms)),
             in_flight: 0,
+            handed_over: false,
             submit_epoch: 0,
             submit_start: 0,
             submit_position: 0,
@@ -375,6 +386,9 @@ impl HostLoader {
             ready: BTreeMap::new(),
             stats,
         };
+        if loader.pool.is_some() {
+            loader.stats.set_depth(loader.depth.of(cap));
+        }
         if let Some(state) = resume {
             loader.restore(state)?;
         }
@@ -474,6 +488,9 @@ impl HostLoader {
     fn next_within(&mut self, timeout: Option<Duration>) -> Result<Option<Batch>> {
         let start = Instant::now();
         self.fresh = false;
+        if std::mem::take(&mut self.handed_over) {
+            self.top_up()?;
+        }
         if self.position == self.schedule.segment_batches(self.start) {
             self.epoch += 1;
             self.start = 0;
@@ -486,6 +503,10 @@ impl HostLoader {
             let next = super::take_ready(&mut self.ready, self.in_order, self.epoch, self.position);
             if let Some((position, outcome)) = next {
                 self.mark_delivered(position);
+                self.handed_over = true;
+                if self.pool.is_some() && self.depth.delivered(self.cap) {
+                    self.stats.set_depth(self.depth.of(self.cap));
+                }
                 self.tune()?;
                 self.top_up()?;
                 let batch = outcome?;
@@ -503,14 +524,25 @@ impl HostLoader {
                                 .ok_or(Error::Timeout(t.as_millis() as u64))?,
                         ),
                     };
-                    let done =
-                        pool.recv(remaining, &self.closer)
-                            .map_err(|e| match (e, timeout) {
+                    let done = match pool.try_recv() {
+                        Some(done) => done,
+                        None => {
+                            // Nothing finished: the consumer waits, which the depth weighs.
+                            let blocked = Instant::now();
+                            let done = pool.recv(remaining, &self.closer);
+                            self.depth.waited(
+                                blocked.elapsed(),
+                                self.stats.held_back_ns(),
+                                pool.workers(),
+                            );
+                            done.map_err(|e| match (e, timeout) {
                                 (Error::Timeout(_), Some(t)) => {
                                     Error::Timeout(t.as_millis() as u64)
                                 }
                                 (e, _) => e,
-                            })?;
+                            })?
+                        }
+                    };
                     if done.generation != self.generation {
                         // Submitted before set_epoch: discarded (its slab, if any, returns now).
                         self.in_flight -= 1;
@@ -584,15 +616,18 @@ impl HostLoader {
             return Ok(());
         };
         pool.resize(d.workers)?;
+        self.depth.set_workers(d.workers);
         self.prefetch = d.prefetch;
         let requested = d.workers.max(1) * d.prefetch;
         self.cap = requested.min(self.fit).max(1);
         self.stats.set_cap(self.cap, requested);
+        self.stats.set_depth(self.depth.of(self.cap));
         self.stats.decided(now, &d);
         Ok(())
     }
 
-    /// Submits tasks until `cap` are in flight, running ahead into later epochs.
+    /// Submits tasks until the depth (within `cap`) is in flight, running ahead into later
+    /// epochs.
     fn top_up(&mut self) -> Result<()> {
         let Some(pool) = &self.pool else {
             return Ok(());
@@ -600,7 +635,7 @@ impl HostLoader {
         if self.batches_per_epoch == 0 {
             return Ok(());
         }
-        while self.in_flight < self.cap {
+        while self.in_flight < self.depth.limit(self.cap, self.handed_over) {
             if self.submit_position == self.schedule.segment_batches(self.submit_start) {
                 self.submit_epoch += 1;
                 self.submit_start = 0;

@@ -2,14 +2,16 @@
 //!
 //! [`Loader`] is the facade every face drives: one `next()` for host and device batches, the
 //! epoch and position, stats, and the resume state. Behind it, `host` is the scheduler that
-//! plans each epoch from the sampler, keeps up to `cap` batch tasks in flight on the pool
-//! (running ahead into the next epoch, so there is no stall at the boundary) and delivers them in
-//! sampler order (or as they finish, with `in_order=false`); `stream` is its counterpart for
-//! streams (tar shards with `shuffle_buffer=N`, iterable sources): one sequential reader per
-//! rank, a seeded shuffle buffer, batches of owned samples built by the workers. With a device,
-//! the scheduler runs on the CUDA prefetch thread instead of the caller's.
+//! plans each epoch from the sampler, keeps batch tasks in flight on the pool (as many as its
+//! `depth` allows within the cap, running ahead into the next epoch, so there is no stall at the
+//! boundary) and delivers them in sampler order (or as they finish, with `in_order=false`);
+//! `stream` is its counterpart for streams (tar shards with `shuffle_buffer=N`, iterable
+//! sources): one sequential reader per rank, a seeded shuffle buffer, batches of owned samples
+//! built by the workers. With a device, the scheduler runs on the CUDA prefetch thread instead
+//! of the caller's.
 
 mod buffer;
+mod depth;
 mod host;
 mod stream;
 

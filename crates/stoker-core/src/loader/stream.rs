@@ -9,9 +9,11 @@
 //! everything runs in the caller's thread and gives the same batches.
 //!
 //! In flight: the feeder takes a token for every batch it cuts (and for every epoch end); the
-//! consumer returns it when it delivers that batch. So at most `cap` batches are cut and not
-//! delivered, and memory holds at most the buffer's `N` samples plus `cap` batches of encoded
-//! samples. The feeder runs ahead into the next epoch like the host scheduler.
+//! consumer returns it when it delivers that batch. There are as many tokens as the in-flight
+//! depth allows (see [`super::depth`]: `workers + 1` at first, one more each time it deepens, at
+//! most `cap`), so at most that many batches are cut and not delivered, and memory holds at most
+//! the buffer's `N` samples plus that many batches of encoded samples. The feeder runs ahead into
+//! the next epoch like the host scheduler.
 //!
 //! Resume: the epoch, the batches delivered (`position`, and `ahead` with `in_order=false`) and,
 //! for an iterable source that saves its position while unbuffered, that position. Otherwise the
@@ -25,9 +27,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use super::buffer::ShuffleBuffer;
+use super::depth::Depth;
 use super::host::{Cursor, Mode};
 use super::{Facts, Scheduler};
 use crate::arena::Arena;
@@ -272,10 +275,17 @@ struct Threads {
 }
 
 impl Threads {
-    fn start(mut feed: Feed, builder: Arc<Builder>, workers: usize, cap: usize) -> Result<Threads> {
+    /// Starts the feeder with `tokens` tokens; more may be given later, up to `cap` in all.
+    fn start(
+        mut feed: Feed,
+        builder: Arc<Builder>,
+        workers: usize,
+        cap: usize,
+        tokens: usize,
+    ) -> Result<Threads> {
         let (token_tx, token_rx) = crossbeam_channel::bounded::<()>(cap);
-        for _ in 0..cap {
-            // Cannot fail: the channel holds exactly `cap`.
+        for _ in 0..tokens.min(cap) {
+            // Cannot fail: the channel holds `cap`.
             let _ = token_tx.send(());
         }
         let (task_tx, task_rx) = crossbeam_channel::bounded::<Task>(cap);
@@ -320,10 +330,11 @@ impl Threads {
             threads.workers.push(handle);
         }
         let feeder_stop = Arc::clone(&stop);
+        let stats = Arc::clone(&builder.stats);
         let feeder = std::thread::Builder::new()
             .name("stoker-feeder".into())
             .spawn(move || {
-                while token_rx.recv().is_ok() {
+                while take_token(&token_rx, &stats) {
                     if feeder_stop.load(Ordering::Acquire) {
                         break;
                     }
@@ -368,6 +379,21 @@ impl Threads {
     }
 }
 
+/// Waits for a token; `false` once the consumer is gone. Time spent waiting is the feeder held
+/// back by the in-flight depth, which the depth weighs against the consumer's waits.
+fn take_token(tokens: &Receiver<()>, stats: &StatsRecorder) -> bool {
+    match tokens.try_recv() {
+        Ok(()) => true,
+        Err(TryRecvError::Disconnected) => false,
+        Err(TryRecvError::Empty) => {
+            let idle = Instant::now();
+            let got = tokens.recv().is_ok();
+            stats.held_back(idle.elapsed());
+            got
+        }
+    }
+}
+
 impl Drop for Threads {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
@@ -408,6 +434,12 @@ pub(super) struct StreamLoader {
     ctx: Option<WorkerCtx>,
     in_order: bool,
     timeout: Option<Duration>,
+    /// The in-flight cap, and how many tokens of it are given out now.
+    cap: usize,
+    depth: Depth,
+    /// The token of the batch the last call handed over, returned when the consumer asks again
+    /// (see the host scheduler's `handed_over`).
+    token_owed: bool,
     /// The epoch being delivered, and which of its batches have been.
     epoch: u64,
     position: usize,
@@ -538,6 +570,9 @@ impl StreamLoader {
             in_order: options.in_order,
             timeout: (options.timeout_ms > 0 && !feed_mode)
                 .then(|| Duration::from_millis(options.timeout_ms)),
+            cap,
+            depth: Depth::new(workers),
+            token_owed: false,
             epoch: 0,
             position: 0,
             ahead: BTreeSet::new(),
@@ -599,13 +634,18 @@ impl StreamLoader {
         if workers == 0 {
             loader.inline = Some(feed);
         } else {
-            loader.threads = Some(Threads::start(feed, builder, workers, cap)?);
+            let tokens = loader.depth.of(cap);
+            loader.stats.set_depth(tokens);
+            loader.threads = Some(Threads::start(feed, builder, workers, cap, tokens)?);
         }
         Ok(loader)
     }
 
     fn next_within(&mut self, timeout: Option<Duration>) -> Result<Option<Batch>> {
         let start = Instant::now();
+        if std::mem::take(&mut self.token_owed) {
+            self.give_token();
+        }
         loop {
             if self.ends.get(&self.epoch) == Some(&self.position) {
                 self.ends.remove(&self.epoch);
@@ -619,7 +659,16 @@ impl StreamLoader {
             }
             let next = super::take_ready(&mut self.ready, self.in_order, self.epoch, self.position);
             if let Some((position, ready)) = next {
-                self.give_token();
+                if self.depth.counts_handed_over(self.cap) {
+                    self.token_owed = true;
+                } else {
+                    self.give_token();
+                }
+                if self.threads.is_some() && self.depth.delivered(self.cap) {
+                    // Deeper: one more token in circulation.
+                    self.give_token();
+                    self.stats.set_depth(self.depth.of(self.cap));
+                }
                 self.mark_delivered(position, ready.state);
                 let batch = ready.outcome?;
                 if self.record_delivery {
@@ -666,7 +715,18 @@ impl StreamLoader {
                         .ok_or(Error::Timeout(t.as_millis() as u64))?,
                 ),
             };
-            let delivery = match self.closer.recv(&threads.results, remaining) {
+            let waited = match threads.results.try_recv() {
+                Ok(delivery) => Wait::Got(delivery),
+                Err(_) => {
+                    // Nothing delivered yet: the consumer waits, which the depth weighs.
+                    let blocked = Instant::now();
+                    let waited = self.closer.recv(&threads.results, remaining);
+                    self.depth
+                        .waited(blocked.elapsed(), self.stats.held_back_ns(), 1);
+                    waited
+                }
+            };
+            let delivery = match waited {
                 Wait::Got(delivery) => delivery,
                 Wait::TimedOut => {
                     return Err(Error::Timeout(
