@@ -5,7 +5,7 @@
 //!
 //! Idle slabs are kept only as far as recent demand needs them: the arena remembers the most
 //! slabs leased at once over the last [`DEMAND_WINDOW`] acquisitions and the window before, and
-//! unmaps a released slab that would leave more slabs mapped than that (see [`Demand`]). A burst
+//! unmaps a released slab that would leave more slabs mapped than that (see `Demand`). A burst
 //! (a consumer that held many batches, a deeper prefetch that is over) is given back to the
 //! system within two windows; a steady pattern keeps exactly the slabs it cycles through, so the
 //! steady state maps nothing.
