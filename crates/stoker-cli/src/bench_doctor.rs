@@ -455,24 +455,27 @@ fn table(shapes: &[Shape], cores: usize, rounds: usize, args: &DoctorBenchArgs) 
             s.checking.others_check
         );
         if shape.rounds.len() > 1 {
-            let each: Vec<String> = shape
-                .rounds
-                .iter()
-                .map(|r| {
-                    let mark = if s.rounds.iter().any(|x| std::ptr::eq(*x, r)) {
+            for (i, r) in shape.rounds.iter().enumerate() {
+                let checked = if r.checked.is_empty() {
+                    "no advice".to_owned()
+                } else {
+                    r.checked.join(", ")
+                };
+                let _ = writeln!(
+                    out,
+                    "    round {}  {:>9} {:>9} {:>+7.1}%  {}: {checked}{}",
+                    i + 1,
+                    fmt_rate(r.predicted),
+                    fmt_rate(r.measured),
+                    r.error_pct(),
+                    r.bottleneck,
+                    if s.rounds.iter().any(|x| std::ptr::eq(*x, r)) {
                         ""
                     } else {
-                        " (other settings)"
-                    };
-                    format!(
-                        "{}/{} {:+.1}%{mark}",
-                        fmt_rate(r.predicted),
-                        fmt_rate(r.measured),
-                        r.error_pct()
-                    )
-                })
-                .collect();
-            let _ = writeln!(out, "    rounds   {}", each.join(", "));
+                        " (not compared)"
+                    }
+                );
+            }
         }
     }
     out
