@@ -56,6 +56,14 @@ pub(crate) enum BenchCommand {
     /// zune-jpeg and libjpeg-turbo whole, libjpeg-turbo on a crop's region (with and without
     /// DCT scaling), and Pillow.
     Decoders(DecodersBenchArgs),
+    /// Checks `stoker doctor`'s prediction: on small JPEGs, large JPEGs and an npy file, the
+    /// samples/s the doctor predicts for the settings it advises (or those given, without
+    /// advice) beside a loader run with exactly those settings; target: within 15%.
+    Doctor(DoctorBenchArgs),
+    /// autotune=true, starting from one worker, beside every fixed setting (num_workers 1 to
+    /// the usable cores, each --prefetch): when it reaches 90% of the best fixed setting, its
+    /// steady samples/s and the decisions it made.
+    Autotune(AutotuneBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -189,6 +197,110 @@ pub(crate) struct DecodersBenchArgs {
     pub(crate) json: bool,
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct DoctorBenchArgs {
+    /// A shorter run: smaller folders, fewer samples, one round.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// The data shapes to check, comma-separated: small (160x120 JPEGs), large (1600x1200
+    /// JPEGs), npy (uint8 [N,3,224,224]).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "small,large,npy",
+          value_parser = ["small", "large", "npy"])]
+    pub(crate) shapes: Vec<String>,
+    /// Rounds over the shapes (each: the doctor, then the check); the round with the fastest
+    /// check is shown [default: 2, --quick 1].
+    #[arg(long, value_name = "N")]
+    pub(crate) rounds: Option<usize>,
+    /// Images in each JPEG folder [default: 1200 small, 240 large; --quick 480, 96].
+    #[arg(long, value_name = "N")]
+    pub(crate) images: Option<usize>,
+    /// Samples in the npy file [default: 2048, --quick 1024].
+    #[arg(long, value_name = "N")]
+    pub(crate) npy_samples: Option<usize>,
+    /// Seconds each measurement runs — each of the doctor's, and the check after filling the
+    /// pipeline (at least 8 batches) [default: 2, --quick 1].
+    #[arg(long, value_name = "S")]
+    pub(crate) seconds: Option<f64>,
+    /// Samples per JPEG batch; npy batches are four times larger.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    /// Workers the doctor is given: with fewer than the cores it advises more, and that
+    /// prediction is checked too.
+    #[arg(long = "workers", value_name = "N|auto", default_value = "1", value_parser = workers)]
+    pub(crate) workers: String,
+    /// The training step to simulate, in milliseconds per batch.
+    #[arg(long, value_name = "MS", default_value_t = 0.0)]
+    pub(crate) step_ms: f64,
+    #[command(flatten)]
+    pub(crate) data: BenchData,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AutotuneBenchArgs {
+    /// A folder of class subfolders of JPEGs (default: an ImageNet-like folder of 500x375
+    /// photographs in the data directory).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// A shorter run: a smaller folder, fewer batches, one round.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Also an npy file of uint8 [N,3,224,224] in batches four times larger.
+    #[arg(long)]
+    pub(crate) npy: bool,
+    /// Rounds, each measuring every fixed setting and then autotune; each keeps its best
+    /// [default: 3, --quick 1].
+    #[arg(long, value_name = "N")]
+    pub(crate) rounds: Option<usize>,
+    /// Images in the default folder [default: 1200, --quick 480].
+    #[arg(long, value_name = "N")]
+    pub(crate) images: Option<usize>,
+    /// Samples in the npy file [default: 2048, --quick 1024].
+    #[arg(long, value_name = "N")]
+    pub(crate) npy_samples: Option<usize>,
+    /// Batches autotune runs for, from the loader's start; npy runs four times as many
+    /// [default: 300, --quick 120].
+    #[arg(long, value_name = "N")]
+    pub(crate) batches: Option<usize>,
+    /// Batches each fixed setting is measured for, after filling its pipeline; npy four times
+    /// as many [default: 40, --quick 16].
+    #[arg(long, value_name = "N")]
+    pub(crate) fixed_batches: Option<usize>,
+    /// The prefetch_factor values of the fixed settings, comma-separated.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "2,4"
+    )]
+    pub(crate) prefetch: Vec<usize>,
+    /// Samples per image batch; npy batches are four times larger.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    /// The training step to simulate, in milliseconds per batch.
+    #[arg(long, value_name = "MS", default_value_t = 0.0)]
+    pub(crate) step_ms: f64,
+    #[command(flatten)]
+    pub(crate) data: BenchData,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Where the generated benchmark data goes, and whether its images are photographs.
+#[derive(Debug, Args)]
+pub(crate) struct BenchData {
+    /// Drawn images instead of crops of photographs (used anyway when the photographs cannot
+    /// be had).
+    #[arg(long)]
+    pub(crate) synthetic: bool,
+    /// Where the data is built, once (default: $XDG_CACHE_HOME/stoker or ~/.cache/stoker).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) data_dir: Option<PathBuf>,
+}
+
 /// `--workers`, shared by every command that builds a loader.
 #[derive(Debug, Args)]
 pub(crate) struct Workers {
@@ -278,5 +390,44 @@ mod tests {
         assert!(err.to_string().contains("--sample"), "{err}");
         assert!(Cli::try_parse_from(["stoker", "bench"]).is_err());
         assert!(Cli::try_parse_from(["stoker"]).is_err());
+    }
+
+    #[test]
+    fn bench_doctor_and_autotune_take_lists_and_defaults() {
+        let cli = Cli::try_parse_from([
+            "stoker",
+            "bench",
+            "doctor",
+            "--shapes",
+            "small,npy",
+            "--quick",
+        ])
+        .unwrap();
+        let Command::Bench(BenchCommand::Doctor(args)) = cli.command else {
+            panic!("parsed {:?}", cli.command);
+        };
+        assert_eq!(args.shapes, ["small", "npy"]);
+        assert!(args.quick && !args.json && !args.data.synthetic);
+        assert_eq!((args.workers.as_str(), args.batch_size), ("1", 64));
+        assert!(
+            Cli::try_parse_from(["stoker", "bench", "doctor", "--shapes", "huge"]).is_err(),
+            "an unknown shape"
+        );
+        let cli = Cli::try_parse_from([
+            "stoker",
+            "bench",
+            "autotune",
+            "--prefetch",
+            "2,8",
+            "--step-ms=5",
+            "--synthetic",
+        ])
+        .unwrap();
+        let Command::Bench(BenchCommand::Autotune(args)) = cli.command else {
+            panic!("parsed {:?}", cli.command);
+        };
+        assert_eq!(args.prefetch, [2, 8]);
+        assert_eq!(args.step_ms, 5.0);
+        assert!(args.data.synthetic && args.root.is_none() && !args.npy);
     }
 }

@@ -133,8 +133,12 @@ fn memcpy_gbps(bytes: usize) -> f64 {
 
 /// A random `[samples, 3, 224, 224]` uint8 npy file in the temp directory, made once.
 pub(crate) fn generated_npy(samples: usize) -> Result<PathBuf, String> {
-    let dir = std::env::temp_dir().join("stoker-bench");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    generated_npy_in(&std::env::temp_dir().join("stoker-bench"), samples)
+}
+
+/// A random `[samples, 3, 224, 224]` uint8 npy file in `dir`, made once.
+pub(crate) fn generated_npy_in(dir: &Path, samples: usize) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join(format!("u8-{samples}x3x224x224.npy"));
     let header = npy_header(samples).map_err(|e| format!("{}: {e}", path.display()))?;
     let expected = (header.len() + samples * SAMPLE_BYTES) as u64;

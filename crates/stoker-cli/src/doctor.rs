@@ -1,20 +1,27 @@
 //! `stoker doctor SOURCE`: where does the time go, what is the bottleneck, and what fixes it.
 //!
-//! Three measurements on a sample of the data, all through the loader itself:
+//! Measurements on a sample of the data, all through the loader itself:
 //! 1. each stage alone: the loader with `num_workers=0` builds batches in this thread, so its
 //!    per-stage stats are one core's cost per sample of reading, decoding, transforming and
 //!    collating, with nothing running beside them; this thread's CPU time splits reading into
 //!    CPU work and waiting on I/O;
 //! 2. the whole pipeline with the given settings, a simulated training step holding each batch
 //!    (`--step-ms`), measuring samples/s, readiness and, with a device, the copy time;
-//! 3. for an image source, the stored image size (headers only), to predict what packing at a
-//!    smaller `--max-side` saves, and with float output the transform's cost in uint8.
+//! 3. what the advice would change: for an image source, the stored image size (headers only);
+//!    when decoding large images dominates, each stage again on a sample of them packed at 256
+//!    px (`pack_probe`); with float output the transform's cost in uint8;
+//! 4. the machine (`machine`): the share of a core one thread gets and the CPU the whole
+//!    process gets beside other work, and, when collating copies at memory speed, how far the
+//!    memory's bandwidth scales with more threads copying.
 //!
-//! A model of the pipeline — workers run a sample's stages one after another, cores bound the
-//! CPU work, one thread copies to the device, the consumer takes a batch per step — predicts the
+//! A model of the pipeline — workers run a sample's stages one after another, each at the share
+//! of a core it gets, the process's cores bound the CPU work, memory bandwidth bounds the
+//! copies, one thread copies to the device, the consumer takes a batch per step — predicts the
 //! throughput of the current settings and of the advised ones; the bottleneck is the limit that
 //! binds.
 
+mod machine;
+mod pack_probe;
 mod timeline;
 
 use std::io::IsTerminal;
@@ -25,6 +32,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use stoker_core::autotune::process_cpu_ns;
 use stoker_core::{FieldKind, Loader, LoaderOptions, Stats};
+
+pub(crate) use machine::{Load, Usage};
+use pack_probe::{Probe, PROBE_SAMPLES};
 
 /// `stoker doctor`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -130,6 +140,8 @@ pub(crate) struct Costs {
     pub(crate) transform_us: f64,
     pub(crate) collate_us: f64,
     pub(crate) samples: u64,
+    /// Bytes of batch memory per sample.
+    pub(crate) bytes_per_sample: f64,
 }
 
 impl Costs {
@@ -162,6 +174,47 @@ pub(crate) struct Pipeline {
 pub(crate) struct Advice {
     pub(crate) set: String,
     pub(crate) why: String,
+    /// What following it changes, as the model assumed (`set` says it in words).
+    pub(crate) change: Change,
+}
+
+/// What an advice changes, exactly as the model assumed it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Change {
+    /// One option set to a value.
+    Set(&'static str, String),
+    /// uint8 output: `dtype=uint8`, and normalize dropped from the transform (done on the GPU).
+    Uint8,
+    /// The source packed once (`stoker pack SOURCE OUT`) and read as `packed:OUT`.
+    Pack(Pack),
+}
+
+/// How to pack the source.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Pack {
+    /// `--max-side`: images shrunk to at most this many pixels on a side.
+    pub(crate) max_side: Option<u32>,
+}
+
+/// The settings `advice` asks for, applied to `sets`: the options to set, and the packing to
+/// do first (the source is then `packed:OUT`).
+pub(crate) fn advised(
+    sets: &[(String, String)],
+    advice: &[Advice],
+) -> (Vec<(String, String)>, Option<Pack>) {
+    let mut out = sets.to_vec();
+    let mut pack = None;
+    for a in advice {
+        match &a.change {
+            Change::Set(key, value) => {
+                out.retain(|(k, _)| k != key);
+                out.push(((*key).to_owned(), value.clone()));
+            }
+            Change::Uint8 => out = uint8_sets(&out),
+            Change::Pack(p) => pack = Some(*p),
+        }
+    }
+    (out, pack)
 }
 
 pub(crate) struct Report {
@@ -170,10 +223,16 @@ pub(crate) struct Report {
     pub(crate) costs: Costs,
     pub(crate) pipeline: Pipeline,
     pub(crate) cores: usize,
+    /// What this process gets of its cores beside other work, as measured.
+    pub(crate) load: Load,
     /// The model's throughput for the settings measured.
     pub(crate) model_samples_per_s: f64,
-    /// The model's throughput with the advice applied.
+    /// The model's throughput with the advice applied: the measured rate times the model's
+    /// ratio of after to now.
     pub(crate) predicted_samples_per_s: f64,
+    /// The model's own throughput with the advice applied, from the stage costs on the cores
+    /// this process gets.
+    pub(crate) advised_model_samples_per_s: f64,
     pub(crate) advice: Vec<Advice>,
     pub(crate) step: Duration,
 }
@@ -192,7 +251,7 @@ pub(crate) fn diagnose(
     let progress = Phase::new(config.progress);
 
     progress.say("measuring each stage on one core");
-    let costs = stage_run(&options, config)?;
+    let (costs, mut load) = stage_run(&options, config)?;
 
     progress.say("measuring the pipeline");
     let trace = config
@@ -209,27 +268,53 @@ pub(crate) fn diagnose(
     // What the advice could change, measured where it can be.
     progress.say("measuring alternatives");
     let images = image_probe(&options)?;
-    let uint8 = if float_images(&options, &sets) {
+    let floats = float_images(&options, &sets);
+    let uint8 = if floats {
         let alt = uint8_sets(&sets);
         stage_run(&with(base, &alt)?, config)
             .ok()
-            .map(|c| c.transform_us)
+            .map(|(c, _)| c.transform_us)
     } else {
         None
     };
-    progress.done();
-
+    // Packing shrunk: the stages measured on a packed sample of the data, when decoding large
+    // images is what the advice would be about.
+    let packed = if packing_helps(&costs, images) {
+        progress.say("measuring a packed sample");
+        packed_costs(&options, &sets, floats, config).ok()
+    } else {
+        None
+    };
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
+    progress.say("measuring the CPU this process gets");
+    (load.on_cpu, load.available) = machine::probe_cpu(cores);
+    // Copying samples into batches shares the memory's bandwidth: measured when it is a
+    // sizeable part of the work.
+    let copy_parallelism = if costs.collate_us >= COPY_HEAVY * costs.cpu_us()
+        && costs.bytes_per_sample / costs.collate_us.max(1e-9) >= COPY_BOUND_MB_S
+    {
+        progress.say("measuring memory bandwidth");
+        machine::copy_parallelism(cores)
+    } else {
+        f64::INFINITY
+    };
+    progress.done();
+
     Ok(analyse(
         costs,
         pipeline,
-        cores,
+        Machine {
+            cores,
+            load,
+            copy_parallelism,
+        },
         config.step,
         &Alternatives {
             mean_size: images,
             uint8_transform_us: uint8,
+            packed,
             remote: config.remote || sets.iter().any(|(k, v)| k == "source" && v.contains("://")),
             remote_cache: sets.iter().any(|(k, v)| k == "cache_dir" && !v.is_empty()),
             shard_prefetch: sets
@@ -241,7 +326,11 @@ pub(crate) fn diagnose(
     ))
 }
 
-fn with(base: &LoaderOptions, sets: &[(String, String)]) -> Result<LoaderOptions, String> {
+/// `base` with the options `sets` set, in order.
+pub(crate) fn with(
+    base: &LoaderOptions,
+    sets: &[(String, String)],
+) -> Result<LoaderOptions, String> {
     let mut o = base.clone();
     for (k, v) in sets {
         o.set(k, v).map_err(|e| e.to_string())?;
@@ -336,8 +425,9 @@ fn consume(
     Ok(())
 }
 
-/// One core's cost per sample of each stage: the loader building batches in this thread.
-fn stage_run(options: &LoaderOptions, config: &Config) -> Result<Costs, String> {
+/// One core's cost per sample of each stage: the loader building batches in this thread; and
+/// the other work on the cores meanwhile.
+fn stage_run(options: &LoaderOptions, config: &Config) -> Result<(Costs, Load), String> {
     let mut o = options.clone();
     for (k, v) in [("num_workers", "0"), ("device", "cpu"), ("trace", "")] {
         o.set(k, v).map_err(|e| e.to_string())?;
@@ -346,8 +436,11 @@ fn stage_run(options: &LoaderOptions, config: &Config) -> Result<Costs, String> 
     // One batch first: the first touches of memory and files are not the steady state.
     consume(&mut loader, 1, 1, config.phase_limit, || {})?;
     let (s0, (cpu0, queued0)) = (loader.stats(), thread_times());
+    let usage = Usage::start();
     consume(&mut loader, config.samples, 1, config.phase_limit, || {})?;
     let (s1, (cpu1, queued1)) = (loader.stats(), thread_times());
+    // What the cores did besides this process: other work's CPU time.
+    let others_cores = usage.others_cores();
     let n = s1.samples.saturating_sub(s0.samples).max(1);
     let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e3 / n as f64;
     let read_us = per(s0.read_ns, s1.read_ns);
@@ -364,18 +457,30 @@ fn stage_run(options: &LoaderOptions, config: &Config) -> Result<Costs, String> 
     } else {
         1.0
     };
-    Ok(Costs {
+    let costs = Costs {
         read_us: io_wait_us + (read_us - io_wait_us) * on_cpu,
         io_wait_us,
         decode_us: per(s0.decode_ns, s1.decode_ns) * on_cpu,
         transform_us: per(s0.transform_ns, s1.transform_ns) * on_cpu,
         collate_us: per(s0.collate_ns, s1.collate_ns) * on_cpu,
         samples: n,
-    })
+        bytes_per_sample: s1.batch_bytes as f64 / options.batch_size().max(1) as f64,
+    };
+    Ok((
+        costs,
+        Load {
+            others_cores,
+            // This thread's, until the caller measures it beside the whole process's.
+            on_cpu,
+            available: f64::INFINITY,
+        },
+    ))
 }
 
-/// The pipeline with the given settings, a step of `config.step` per batch.
-fn pipeline_run(
+/// The pipeline with the given settings, a step of `config.step` per batch: filled first (as
+/// many batches as it holds in flight), then `config.samples` samples (at least 8 batches)
+/// measured.
+pub(crate) fn pipeline_run(
     options: &LoaderOptions,
     config: &Config,
     trace: Option<&std::path::Path>,
@@ -492,6 +597,55 @@ fn uint8_sets(sets: &[(String, String)]) -> Vec<(String, String)> {
     out
 }
 
+/// Whether decoding large images costs the most: packing them smaller is then advised.
+fn packing_helps(costs: &Costs, mean_size: Option<(f64, f64)>) -> bool {
+    let decode_heaviest = [
+        costs.read_us - costs.io_wait_us,
+        costs.transform_us,
+        costs.collate_us,
+    ]
+    .iter()
+    .all(|&c| costs.decode_us >= c);
+    decode_heaviest && mean_size.is_some_and(|(w, h)| w.max(h) > PACK_SIDE * 1.2)
+}
+
+/// One core's cost of each stage on a sample of the source packed at [`PACK_SIDE`], and of
+/// the transform with uint8 output when `floats`.
+fn packed_costs(
+    options: &LoaderOptions,
+    sets: &[(String, String)],
+    floats: bool,
+    config: &Config,
+) -> Result<PackedCosts, String> {
+    let spec = options.source().ok_or("no source")?;
+    let source = spec.open(None, true).map_err(|e| e.to_string())?;
+    let samples = PROBE_SAMPLES.max(options.batch_size());
+    let probe = Probe::pack(source, samples, PACK_SIDE as u32)?;
+    // The same settings, the probe as the source.
+    let on_probe = |sets: &[(String, String)]| -> Result<Costs, String> {
+        let mut o = with(options, sets)?;
+        o.set("source", &probe.spec()).map_err(|e| e.to_string())?;
+        Ok(stage_run(&o, config)?.0)
+    };
+    let costs = on_probe(sets)?;
+    let uint8_transform_us = if floats {
+        on_probe(&uint8_sets(sets)).ok().map(|c| c.transform_us)
+    } else {
+        None
+    };
+    Ok(PackedCosts {
+        costs,
+        uint8_transform_us,
+    })
+}
+
+/// The stages' costs on packed data.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PackedCosts {
+    pub(crate) costs: Costs,
+    pub(crate) uint8_transform_us: Option<f64>,
+}
+
 /// What could change and by how much, as measured.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Alternatives {
@@ -499,6 +653,8 @@ pub(crate) struct Alternatives {
     pub(crate) mean_size: Option<(f64, f64)>,
     /// The transform's cost per sample with uint8 output.
     pub(crate) uint8_transform_us: Option<f64>,
+    /// The stages' costs on a sample packed at [`PACK_SIDE`].
+    pub(crate) packed: Option<PackedCosts>,
     pub(crate) remote: bool,
     /// Remote shards: whether `cache_dir` is set, and `shard_prefetch` as set.
     pub(crate) remote_cache: bool,
@@ -509,16 +665,36 @@ pub(crate) struct Alternatives {
 /// benchmark (bench/remote_shards.sh: epoch 1 at 0.72x of local tar with 2, 0.99x with 8).
 const ADVISED_SHARD_PREFETCH: usize = 8;
 
+/// Where the cache advice suggests putting the cache: a path the user replaces.
+const CACHE_DIR_EXAMPLE: &str = "/local/disk/stoker-cache";
+
 /// The side packing would store images at.
 const PACK_SIDE: f64 = 256.0;
+/// The share of a sample's CPU time in collate above which memory bandwidth is measured.
+const COPY_HEAVY: f64 = 0.1;
+/// ... and collate copies at least this fast (bytes per microsecond, MB/s): at memory speeds,
+/// not spending its time on per-sample overheads.
+const COPY_BOUND_MB_S: f64 = 1000.0;
 /// Readiness above which the loader keeps up with the consumer.
 const KEEPS_UP: f64 = 0.9;
+
+/// The cores the workers run on, the other work on them, and the memory they share.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Machine {
+    pub(crate) cores: usize,
+    pub(crate) load: Load,
+    /// Threads' worth of copying the memory sustains with a worker on every core (infinite:
+    /// not measured, copying is too small a part of the work to matter).
+    pub(crate) copy_parallelism: f64,
+}
 
 /// The model: each limit on throughput, in samples/s.
 #[derive(Clone, Copy, Debug)]
 struct Limits {
     workers: f64,
     cores: f64,
+    /// Collating copies samples into batch memory: bound by the bandwidth the workers share.
+    memory: f64,
     transfer: f64,
     consumer: f64,
 }
@@ -527,13 +703,22 @@ impl Limits {
     fn of(
         costs: &Costs,
         workers: usize,
-        cores: usize,
+        machine: Machine,
         h2d_us: Option<f64>,
         consumer: f64,
     ) -> Limits {
+        let (cpu, wall) = (costs.cpu_us().max(1e-3), costs.wall_us().max(1e-3));
+        let cores = machine.cores.max(1);
+        // A worker needs a core for its CPU work and none while it waits on I/O; beside other
+        // work (and beyond the cores) it gets a share of one, and its CPU work stretches.
+        let runnable = workers as f64 * cpu / wall;
+        let share = machine.load.share(runnable, cores);
         Limits {
-            workers: workers as f64 * 1e6 / costs.wall_us().max(1e-3),
-            cores: cores as f64 * 1e6 / costs.cpu_us().max(1e-3),
+            workers: workers as f64 * 1e6 / (costs.io_wait_us + cpu / share),
+            // What the cores give this process with a worker on each.
+            cores: machine.load.cores_for(cores as f64, cores) * 1e6 / cpu,
+            memory: (workers as f64).min(machine.copy_parallelism) * 1e6
+                / costs.collate_us.max(1e-3),
             transfer: h2d_us.map_or(f64::INFINITY, |h| 1e6 / h.max(1e-3)),
             consumer,
         }
@@ -542,6 +727,7 @@ impl Limits {
     fn rate(&self) -> f64 {
         self.workers
             .min(self.cores)
+            .min(self.memory)
             .min(self.transfer)
             .min(self.consumer)
     }
@@ -550,10 +736,11 @@ impl Limits {
 fn analyse(
     costs: Costs,
     pipeline: Pipeline,
-    cores: usize,
+    machine: Machine,
     step: Duration,
     alt: &Alternatives,
 ) -> Report {
+    let cores = machine.cores;
     let batch = pipeline.batch_size.max(1) as f64;
     let consumer = if step.is_zero() {
         f64::INFINITY
@@ -561,7 +748,7 @@ fn analyse(
         batch / step.as_secs_f64()
     };
     let w = pipeline.workers;
-    let limits = Limits::of(&costs, w, cores, pipeline.h2d_us, consumer);
+    let limits = Limits::of(&costs, w, machine, pipeline.h2d_us, consumer);
     let model = limits.rate();
 
     // The stage with the largest CPU cost, in the bottleneck's words.
@@ -583,7 +770,14 @@ fn analyse(
         "transfer"
     } else if io_share > 0.5 {
         "io"
-    } else if w < cores && limits.workers < 0.9 * limits.cores {
+    } else if w < cores
+        && limits.workers.min(limits.memory)
+            < 0.9
+                * limits
+                    .cores
+                    .min(Limits::of(&costs, cores, machine, None, consumer).memory)
+    {
+        // A worker on every core would be faster, the memory's bandwidth permitting.
         "workers"
     } else {
         heaviest
@@ -606,6 +800,7 @@ fn analyse(
                         pipeline.readiness * 100.0,
                         w - enough
                     ),
+                    change: Change::Set("num_workers", enough.to_string()),
                 });
                 workers = enough;
             }
@@ -622,12 +817,14 @@ fn analyse(
                     costs.io_wait_us,
                     costs.wall_us()
                 ),
+                change: Change::Set("num_workers", more.to_string()),
             });
             workers = more;
             if !alt.remote {
                 advice.push(Advice {
                     set: "source=packed:OUT".into(),
                     why: "pack the data once (`stoker pack SOURCE OUT`): large sequential shards read with fewer, longer I/Os than one file per sample".into(),
+                    change: Change::Pack(Pack { max_side: None }),
                 });
             }
         }
@@ -638,25 +835,49 @@ fn analyse(
                     "{w} workers use {w} of {cores} cores; the others are idle while the consumer waits (readiness {:.0}%)",
                     pipeline.readiness * 100.0
                 ),
+                change: Change::Set("num_workers", cores.to_string()),
             });
             workers = cores;
         }
         _ => {}
     }
+    let mut packed = None;
     if bottleneck == "decode" || (bottleneck == "workers" && heaviest == "decode") {
         if let Some((w, h)) = alt.mean_size {
             let side = w.max(h);
             if side > PACK_SIDE * 1.2 {
-                // Decoding costs about the same per pixel; packing scales the longer side down.
                 let factor = (PACK_SIDE / side).powi(2);
-                after.decode_us *= factor;
+                let measured = match &alt.packed {
+                    // Measured on a packed sample: decoding, and also the transform (a smaller
+                    // crop to resample) and reading (a record of one mapped file).
+                    Some(p) => {
+                        after = Costs {
+                            samples: costs.samples,
+                            ..p.costs
+                        };
+                        packed = Some(p);
+                        format!(
+                            "; on a sample packed so, a sample costs {:.0} us on a core against {:.0} us",
+                            p.costs.cpu_us(),
+                            costs.cpu_us()
+                        )
+                    }
+                    // Decoding costs about the same per pixel.
+                    None => {
+                        after.decode_us *= factor;
+                        String::new()
+                    }
+                };
                 advice.push(Advice {
                     set: "source=packed:OUT".into(),
                     why: format!(
-                        "decode is {:.0}% of a sample's time and images average {w:.0}x{h:.0} px; `stoker pack SOURCE OUT --max-side {PACK_SIDE}` stores them at most {PACK_SIDE} px on a side, about {:.1}x fewer pixels to decode",
+                        "decode is {:.0}% of a sample's time and images average {w:.0}x{h:.0} px; `stoker pack SOURCE OUT --max-side {PACK_SIDE}` stores them at most {PACK_SIDE} px on a side, about {:.1}x fewer pixels to decode{measured}",
                         costs.decode_us / costs.wall_us().max(1e-9) * 100.0,
                         1.0 / factor
                     ),
+                    change: Change::Pack(Pack {
+                        max_side: Some(PACK_SIDE as u32),
+                    }),
                 });
             }
         }
@@ -668,13 +889,18 @@ fn analyse(
             && (share >= 0.2 || matches!(bottleneck, "transform" | "collate" | "transfer"))
             && uint8_us < costs.transform_us * 0.85
         {
-            after.transform_us = uint8_us;
+            // On packed data, the uint8 transform measured there.
+            after.transform_us = match packed {
+                Some(p) => p.uint8_transform_us.unwrap_or(after.transform_us),
+                None => uint8_us,
+            };
             advice.push(Advice {
                 set: "dtype=uint8".into(),
                 why: format!(
                     "float output costs {:.0} us per sample in the transform against {:.0} us for uint8, and 4x the bytes to copy; normalize on the GPU instead (x.float().sub_(mean).div_(std))",
                     costs.transform_us, uint8_us
                 ),
+                change: Change::Uint8,
             });
         }
     }
@@ -686,12 +912,14 @@ fn analyse(
             advice.push(Advice {
                 set: format!("shard_prefetch={ADVISED_SHARD_PREFETCH}"),
                 why: "a loader on remote shards opens once they are in the cache; with more downloads in flight, each request's latency overlaps the others'".into(),
+                change: Change::Set("shard_prefetch", ADVISED_SHARD_PREFETCH.to_string()),
             });
         }
         if !alt.remote_cache {
             advice.push(Advice {
-                set: "cache_dir=/local/disk/stoker-cache".into(),
+                set: format!("cache_dir={CACHE_DIR_EXAMPLE}"),
                 why: "without a cache directory every loader downloads the shards again into a private temporary one; with it, later loaders and the other ranks of this node read the local copies".into(),
+                change: Change::Set("cache_dir", CACHE_DIR_EXAMPLE.into()),
             });
         }
     }
@@ -707,13 +935,14 @@ fn analyse(
                 "the workers are faster than the step on average yet the consumer waits (readiness {:.0}%): more batches in flight absorb slow ones",
                 pipeline.readiness * 100.0
             ),
+            change: Change::Set("prefetch_factor", "4".into()),
         });
     }
     // The model's ratio applied to the measured rate: on a machine whose cores are shared with
     // other work, absolute rates are lower than the model's but the gains carry over.
     // The loader's own limits scale; the consumer's step is an absolute cap.
-    let loader_now = Limits::of(&costs, w, cores, pipeline.h2d_us, f64::INFINITY).rate();
-    let loader_after = Limits::of(&after, workers, cores, pipeline.h2d_us, f64::INFINITY).rate();
+    let loader_now = Limits::of(&costs, w, machine, pipeline.h2d_us, f64::INFINITY).rate();
+    let loader_after = Limits::of(&after, workers, machine, pipeline.h2d_us, f64::INFINITY).rate();
     let predicted = if loader_now > 0.0 && loader_now.is_finite() && pipeline.samples_per_s > 0.0 {
         pipeline.samples_per_s * loader_after / loader_now
     } else {
@@ -752,8 +981,10 @@ fn analyse(
         costs,
         pipeline,
         cores,
+        load: machine.load,
         model_samples_per_s: model,
         predicted_samples_per_s: predicted,
+        advised_model_samples_per_s: loader_after.min(consumer),
         advice,
         step,
     }
@@ -797,6 +1028,8 @@ impl Report {
             "predicted_samples_per_s": num(self.predicted_samples_per_s),
             "readiness": num(self.pipeline.readiness),
             "cpu_cores_used": num(self.pipeline.cpu_cores),
+            "cores_available": num(self.load.cores_for(self.cores as f64, self.cores)),
+            "others_cores_used": num(self.load.others_cores),
             "num_workers": self.pipeline.workers,
             "cores": self.cores,
             "batch_size": self.pipeline.batch_size,
@@ -857,12 +1090,23 @@ impl Report {
             self.pipeline.cpu_cores,
             self.cores,
         );
-        let _ = writeln!(
-            out,
-            "  model      {} samples/s from the stage costs on {} free cores",
-            fmt_rate(self.model_samples_per_s),
-            self.cores
-        );
+        let available = self.load.cores_for(self.cores as f64, self.cores);
+        if available < self.cores as f64 - 0.05 {
+            let _ = writeln!(
+                out,
+                "  model      {} samples/s from the stage costs on the {available:.1} of {} cores this process gets (other work used {:.1})",
+                fmt_rate(self.model_samples_per_s),
+                self.cores,
+                self.load.others_cores
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "  model      {} samples/s from the stage costs on {} free cores",
+                fmt_rate(self.model_samples_per_s),
+                self.cores
+            );
+        }
         // Busy workers that got little CPU: other processes hold the cores.
         let wanted = self.pipeline.worker_busy * self.pipeline.workers.min(self.cores) as f64;
         if self.pipeline.cpu_cores > 0.0 && self.pipeline.cpu_cores < 0.7 * wanted {
@@ -912,7 +1156,8 @@ fn bar(fraction: f64, width: usize) -> String {
     s
 }
 
-fn fmt_rate(x: f64) -> String {
+/// A rate with thousands separators; `-` for infinity.
+pub(crate) fn fmt_rate(x: f64) -> String {
     if !x.is_finite() {
         return "-".into();
     }

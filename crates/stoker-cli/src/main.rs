@@ -2,7 +2,9 @@
 
 mod args;
 mod bench;
+mod bench_autotune;
 mod bench_decoders;
+mod bench_doctor;
 mod bench_packed;
 mod demo;
 mod doctor;
@@ -25,6 +27,8 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Images(args)) => bench::images(args),
         Command::Bench(BenchCommand::Packed(args)) => bench_packed::run(args),
         Command::Bench(BenchCommand::Decoders(args)) => bench_decoders::run(args),
+        Command::Bench(BenchCommand::Doctor(args)) => bench_doctor::run(args),
+        Command::Bench(BenchCommand::Autotune(args)) => bench_autotune::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Pack(args) => pack::run(args),
     };

@@ -4,7 +4,8 @@
 //! `apt-get download` when they are not installed). Each photo becomes one class; each image of
 //! the class is a different random crop of it, resized to ImageNet's typical 500×375 (or 375×500)
 //! and re-encoded as JPEG quality 90, 4:2:0, like ImageNet's files. As in real datasets, a few
-//! are progressive and a few grayscale.
+//! are progressive and a few grayscale. [`folder`] makes the same at other sizes, and
+//! [`synthetic`] a folder of drawn images where the photographs cannot be had.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +20,38 @@ const PHOTO_DIR: &str = "usr/share/backgrounds/mate/nature";
 
 /// The folder under `cache`, built once: `per_class` images for each photograph.
 pub(crate) fn imagenet_like(cache: &Path, per_class: usize) -> Result<PathBuf, String> {
-    let root = cache.join(format!("imagenet-like-{per_class}"));
+    folder(
+        cache,
+        &format!("imagenet-like-{per_class}"),
+        per_class,
+        IMAGENET,
+    )
+}
+
+/// ImageNet's typical size: 500×375, crops of 15% to 60% of a photograph.
+pub(crate) const IMAGENET: Size = Size {
+    width: 500,
+    height: 375,
+    scale: (0.15, 0.6),
+};
+
+/// The size of the images of a folder: `width`×`height` (every fifth one turned to portrait),
+/// each a crop of `scale` (a range of fractions of the photograph's area).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Size {
+    pub(crate) width: usize,
+    pub(crate) height: usize,
+    pub(crate) scale: (f64, f64),
+}
+
+/// The folder `cache/name`, built once: `per_class` crops of `size` of each photograph.
+pub(crate) fn folder(
+    cache: &Path,
+    name: &str,
+    per_class: usize,
+    size: Size,
+) -> Result<PathBuf, String> {
+    let root = cache.join(name);
     let done = root.join(".complete");
     if done.exists() {
         return Ok(root);
@@ -35,14 +67,115 @@ pub(crate) fn imagenet_like(cache: &Path, per_class: usize) -> Result<PathBuf, S
     // Two threads: the classes are independent.
     let (first, second) = photos.split_at(photos.len() / 2);
     std::thread::scope(|s| {
-        let a = s.spawn(|| build_classes(first, &root, per_class));
-        let b = build_classes(second, &root, per_class);
+        let a = s.spawn(|| build_classes(first, &root, per_class, size));
+        let b = build_classes(second, &root, per_class, size);
         a.join()
             .map_err(|_| "a worker thread panicked".to_string())??;
         b
     })?;
     std::fs::write(&done, b"").map_err(|e| format!("{}: {e}", done.display()))?;
     Ok(root)
+}
+
+/// A folder of about `images` images of `size`, built once under `cache`: crops of the
+/// photographs, or drawn images ([`synthetic`]) when `drawn` is asked for or the photographs
+/// cannot be had, in which case the second value says why.
+pub(crate) fn photos_or_drawn(
+    cache: &Path,
+    images: usize,
+    size: Size,
+    drawn: bool,
+) -> Result<(PathBuf, Option<String>), String> {
+    let (w, h) = (size.width, size.height);
+    let why = if drawn {
+        "drawn images asked for".to_owned()
+    } else {
+        match photographs(cache) {
+            Ok(photos) => {
+                let per_class = images.div_ceil(photos.len()).max(1);
+                let name = if size == IMAGENET {
+                    format!("imagenet-like-{per_class}")
+                } else {
+                    format!("photos-{w}x{h}-{per_class}")
+                };
+                return Ok((folder(cache, &name, per_class, size)?, None));
+            }
+            Err(e) => format!("no photographs ({e}); drawn images instead"),
+        }
+    };
+    let per_class = images.div_ceil(SYNTHETIC_CLASSES).max(1);
+    let root = synthetic(
+        cache,
+        &format!("drawn-{w}x{h}-{per_class}"),
+        per_class,
+        w,
+        h,
+    )?;
+    Ok((root, Some(why)))
+}
+
+/// Classes of a synthetic folder.
+const SYNTHETIC_CLASSES: usize = 4;
+
+/// A folder `cache/name` of drawn `width`×`height` JPEGs (quality 90), `per_class` in each of
+/// four classes, built once: smooth gradients with a texture of noise, so that they compress
+/// and decode about as photographs do. For machines where the photographs cannot be had.
+pub(crate) fn synthetic(
+    cache: &Path,
+    name: &str,
+    per_class: usize,
+    width: usize,
+    height: usize,
+) -> Result<PathBuf, String> {
+    let root = cache.join(name);
+    let done = root.join(".complete");
+    if done.exists() {
+        return Ok(root);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    let (w, h) = (
+        u16::try_from(width).map_err(|_| format!("{width} px is too wide for a JPEG"))?,
+        u16::try_from(height).map_err(|_| format!("{height} px is too tall for a JPEG"))?,
+    );
+    let mut rgb = vec![0u8; width * height * 3];
+    for class in 0..SYNTHETIC_CLASSES {
+        let dir = root.join(format!("class{class}"));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for k in 0..per_class {
+            let mut rng = Rng::for_key(class as u64, Stream::Augment, 0, k as u64);
+            draw(&mut rgb, width, height, &mut rng);
+            let mut jpeg = Vec::new();
+            Encoder::new(&mut jpeg, 90)
+                .encode(&rgb, w, h, ColorType::Rgb)
+                .map_err(|e| format!("encoding a synthetic image: {e}"))?;
+            let path = dir.join(format!("class{class}_{k:05}.JPEG"));
+            std::fs::write(&path, &jpeg).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    std::fs::write(&done, b"").map_err(|e| format!("{}: {e}", done.display()))?;
+    Ok(root)
+}
+
+/// Draws a gradient whose colours and direction come from `rng`, with noise of ±16 levels.
+fn draw(rgb: &mut [u8], width: usize, height: usize, rng: &mut Rng) {
+    let mut level = [0f64; 7];
+    for v in &mut level {
+        *v = (rng.next_u64() % 256) as f64;
+    }
+    let (from, to, tilt) = (&level[0..3], &level[3..6], level[6] / 255.0);
+    let mut noise = rng.next_u64() | 1;
+    for (i, px) in rgb.chunks_exact_mut(3).enumerate() {
+        let (x, y) = ((i % width) as f64, (i / width) as f64);
+        let t = (tilt * x / width as f64 + (1.0 - tilt) * y / height as f64).clamp(0.0, 1.0);
+        for c in 0..3 {
+            // xorshift: cheap noise, different in every channel.
+            noise ^= noise << 13;
+            noise ^= noise >> 7;
+            noise ^= noise << 17;
+            let v = from[c] + (to[c] - from[c]) * t + (noise % 33) as f64 - 16.0;
+            px[c] = v.clamp(0.0, 255.0) as u8;
+        }
+    }
 }
 
 /// The default cache directory: `$XDG_CACHE_HOME/stoker` or `~/.cache/stoker`.
@@ -105,9 +238,29 @@ fn fetch_package(dir: &Path) -> Result<(), String> {
     run(Command::new("dpkg").arg("-x").arg(&deb).arg("."))
 }
 
-fn build_classes(photos: &[PathBuf], root: &Path, per_class: usize) -> Result<(), String> {
-    let landscape = crop_pipeline("random_resized_crop(375, 500, scale=0.15:0.6, ratio=1.2:1.45)")?;
-    let portrait = crop_pipeline("random_resized_crop(500, 375, scale=0.15:0.6, ratio=0.69:0.83)")?;
+fn build_classes(
+    photos: &[PathBuf],
+    root: &Path,
+    per_class: usize,
+    size: Size,
+) -> Result<(), String> {
+    let Size {
+        width: w,
+        height: h,
+        scale: (lo, hi),
+    } = size;
+    // Aspect ratios around the image's own: for 500x375, 1.2:1.45 and 0.69:0.83.
+    let aspect = w as f64 / h as f64;
+    let landscape = crop_pipeline(&format!(
+        "random_resized_crop({h}, {w}, scale={lo}:{hi}, ratio={:.2}:{:.2})",
+        aspect * 0.9,
+        aspect * 1.0875
+    ))?;
+    let portrait = crop_pipeline(&format!(
+        "random_resized_crop({w}, {h}, scale={lo}:{hi}, ratio={:.2}:{:.2})",
+        0.92 / aspect,
+        1.1067 / aspect
+    ))?;
     let mut bufs = DecodeBuffers::default();
     for photo in photos {
         let class = photo
@@ -123,9 +276,9 @@ fn build_classes(photos: &[PathBuf], root: &Path, per_class: usize) -> Result<()
             let mut rng = Rng::for_key(fnv1a(class.as_bytes()), Stream::Augment, 0, k as u64);
             // Roughly ImageNet's mix: mostly landscape, some portrait, a few progressive or gray.
             let (pipeline, w, h) = if k % 5 == 4 {
-                (&portrait, 375, 500)
+                (&portrait, h, w)
             } else {
-                (&landscape, 500, 375)
+                (&landscape, w, h)
             };
             let mut rgb = vec![0u8; w * h * 3];
             pipeline.apply_rgb(&bufs.rgb, dims.width, dims.height, &mut rng, &mut rgb)?;

@@ -284,3 +284,171 @@ fn pack_writes_the_same_bytes_twice_and_slices_merge_into_one_dataset() {
         text(&bad.stderr)
     );
 }
+
+/// The JSON a `--json` benchmark printed, after checking it succeeded.
+fn json_of(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: not JSON:\n{}", text(&out.stdout)))
+}
+
+fn positive(v: &serde_json::Value, key: &str) -> f64 {
+    let x = v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {v}"));
+    assert!(x > 0.0, "{key} = {x} in {v}");
+    x
+}
+
+#[test]
+fn bench_doctor_checks_the_prediction_on_each_shape() {
+    let data = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-doctor-data");
+    let v = json_of(&stoker(&[
+        "bench",
+        "doctor",
+        "--quick",
+        "--synthetic",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--images",
+        "8",
+        "--npy-samples",
+        "16",
+        "--seconds",
+        "0.05",
+        "--batch-size",
+        "4",
+        "--rounds",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(v["target_error_pct"].as_f64(), Some(15.0));
+    assert_eq!(v["rounds"].as_u64(), Some(1));
+    let shapes = v["shapes"].as_array().unwrap();
+    let keys: Vec<&str> = shapes
+        .iter()
+        .map(|s| s["shape"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["small", "large", "npy"]);
+    for s in shapes {
+        let name = s["shape"].as_str().unwrap();
+        assert!(
+            [
+                "io",
+                "decode",
+                "transform",
+                "collate",
+                "transfer",
+                "workers",
+                "consumer"
+            ]
+            .contains(&s["bottleneck"].as_str().unwrap()),
+            "{s}"
+        );
+        for key in [
+            "given_samples_per_s",
+            "predicted_samples_per_s",
+            "model_samples_per_s",
+            "measured_samples_per_s",
+        ] {
+            positive(s, key);
+        }
+        let error = s["error_pct"].as_f64().unwrap();
+        assert_eq!(s["pass"].as_bool(), Some(error.abs() <= 15.0), "{s}");
+        assert!(s["checked"].is_array(), "{s}");
+        assert!(s["given"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("num_workers=1")));
+        assert_eq!(s["rounds"].as_array().unwrap().len(), 1);
+        // Drawn images were asked for, and said so; the npy file has none.
+        assert_eq!(s["data_note"].is_string(), name != "npy", "{s}");
+        // Advice to pack was followed: the check read a packed copy.
+        if s["checked"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c.as_str().unwrap().starts_with("source=packed"))
+        {
+            assert!(data.join("packed").is_dir());
+        }
+    }
+}
+
+#[test]
+fn bench_autotune_reports_fixed_settings_and_autotune() {
+    let data = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-autotune-data");
+    let v = json_of(&stoker(&[
+        "bench",
+        "autotune",
+        "--quick",
+        "--synthetic",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--images",
+        "8",
+        "--npy",
+        "--npy-samples",
+        "16",
+        "--batch-size",
+        "4",
+        "--batches",
+        "10",
+        "--fixed-batches",
+        "2",
+        "--prefetch",
+        "2,4",
+        "--rounds",
+        "1",
+        "--json",
+    ]));
+    let cores = v["cores"].as_u64().unwrap() as usize;
+    assert!(cores >= 1);
+    assert_eq!(v["batches"].as_u64(), Some(10));
+    let workloads = v["workloads"].as_array().unwrap();
+    let keys: Vec<&str> = workloads
+        .iter()
+        .map(|w| w["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["jpeg", "npy"]);
+    // npy batches are built far faster: its runs are four times as long.
+    assert_eq!(workloads[0]["batches"].as_u64(), Some(10));
+    assert_eq!(workloads[1]["batches"].as_u64(), Some(40));
+    for w in workloads {
+        let fixed = w["fixed"].as_array().unwrap();
+        assert_eq!(
+            fixed.len(),
+            cores * 2,
+            "workers 1..=cores, prefetch 2 and 4"
+        );
+        for f in fixed {
+            positive(f, "samples_per_s");
+            let workers = f["num_workers"].as_u64().unwrap() as usize;
+            assert!((1..=cores).contains(&workers));
+            assert!([2, 4].contains(&f["prefetch_factor"].as_u64().unwrap()));
+        }
+        let best = positive(&w["best_fixed"], "samples_per_s");
+        assert!(fixed
+            .iter()
+            .all(|f| f["samples_per_s"].as_f64().unwrap() <= best));
+        let a = &w["autotune"];
+        positive(a, "steady_samples_per_s");
+        positive(a, "ratio_to_best_fixed");
+        let workers = a["num_workers"].as_u64().unwrap() as usize;
+        assert!((1..=cores).contains(&workers), "{a}");
+        assert!(a["prefetch_factor"].as_u64().unwrap() >= 1);
+        assert!(a["autotune_decisions"].is_u64());
+        // The first entry is where autotune started: one worker.
+        let changes = a["changes"].as_array().unwrap();
+        assert_eq!(changes[0]["batch"].as_u64(), Some(0));
+        assert_eq!(changes[0]["num_workers"].as_u64(), Some(1));
+        assert!(
+            changes.len() as u64 - 1 <= a["autotune_decisions"].as_u64().unwrap(),
+            "each change seen is a decision: {a}"
+        );
+        match a["reached_batch"].as_u64() {
+            Some(b) => assert!(b >= 1 && b <= w["batches"].as_u64().unwrap(), "{a}"),
+            None => assert!(a["reached_s"].is_null()),
+        }
+    }
+}

@@ -1,0 +1,591 @@
+//! `stoker bench doctor`: does `stoker doctor`'s prediction hold? For each data shape — small
+//! JPEGs (160×120), large JPEGs (1600×1200) and an npy file of uint8 `[N,3,224,224]` — the doctor
+//! diagnoses the given settings and predicts the samples/s of the settings it advises (of the
+//! given ones when it advises nothing); then a loader runs with exactly those settings (the
+//! source packed first when the advice is to pack) and is measured the way the doctor measures
+//! a pipeline. The error is the prediction against that measurement; the target is 15%.
+//!
+//! Each round runs the doctor and then its check for every shape in turn. Other work on a shared
+//! machine only ever makes a loader slower, so the best prediction and the best check over the
+//! rounds are compared (among the rounds that checked the settings advised most often); every
+//! round is in the JSON, with the CPU other work used during the doctor and during the check.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use stoker_core::pack::{open_source, pack, PackOptions};
+use stoker_core::LoaderOptions;
+
+use crate::args::DoctorBenchArgs;
+use crate::doctor::{self, fmt_rate, Config, Report, Usage};
+use crate::photos::{photos_or_drawn, Size};
+
+/// The largest error of a prediction that passes, in percent.
+const TARGET_PCT: f64 = 15.0;
+/// npy batches hold this many times the JPEG batch size (its samples cost far less).
+const NPY_BATCH_FACTOR: usize = 4;
+
+/// One data shape and the settings the doctor is given for it.
+struct Shape {
+    key: &'static str,
+    name: String,
+    /// How the data was made, when that is worth saying (drawn images, and why).
+    note: Option<String>,
+    /// The folder or file the source reads, and its spec.
+    path: PathBuf,
+    source: String,
+    /// Whether `stoker pack` can shrink it (a folder of images).
+    images: bool,
+    sets: Vec<(String, String)>,
+    batch_size: usize,
+    /// Packed copies made so far, by `--max-side`.
+    packed: Vec<(Option<u32>, String)>,
+    rounds: Vec<Round>,
+}
+
+/// One round of one shape: the doctor's verdict and the check of its prediction.
+struct Round {
+    bottleneck: &'static str,
+    advice: Vec<String>,
+    checked: Vec<String>,
+    /// The doctor's pipeline run, with the given settings.
+    doctor_samples_per_s: f64,
+    predicted: f64,
+    /// The model alone (stage costs on free cores) for the checked settings.
+    model: f64,
+    measured: f64,
+    /// Cores' worth of CPU the process got during the check.
+    measured_cores: f64,
+    /// Cores' worth of CPU other work used while the doctor measured the stages, and during
+    /// the check.
+    others_doctor: f64,
+    others_check: f64,
+    /// Cores' worth of CPU the doctor found this process gets with a thread on every core.
+    available: f64,
+}
+
+impl Round {
+    fn error_pct(&self) -> f64 {
+        (self.predicted - self.measured) / self.measured.max(1e-9) * 100.0
+    }
+}
+
+pub(crate) fn run(args: &DoctorBenchArgs) -> Result<(), String> {
+    if !args.step_ms.is_finite() || args.step_ms < 0.0 {
+        return Err(format!(
+            "--step-ms: {} is not a duration in milliseconds",
+            args.step_ms
+        ));
+    }
+    let quick = args.quick;
+    let rounds = args.rounds.unwrap_or(if quick { 1 } else { 2 }).max(1);
+    let seconds = args.seconds.unwrap_or(if quick { 1.0 } else { 2.0 });
+    if !seconds.is_finite() || seconds <= 0.0 {
+        return Err(format!("--seconds: {seconds} is not a positive duration"));
+    }
+    let phase = Duration::from_secs_f64(seconds);
+    let batch_size = args.batch_size.max(1);
+    let dir = args
+        .data
+        .data_dir
+        .clone()
+        .unwrap_or_else(crate::photos::cache_dir);
+    let mut shapes = Vec::new();
+    for key in &args.shapes {
+        if shapes.iter().any(|s: &Shape| s.key == key) {
+            continue;
+        }
+        shapes.push(make_shape(key, args, &dir, batch_size, quick)?);
+    }
+    let step = Duration::from_secs_f64(args.step_ms / 1000.0);
+    for round in 0..rounds {
+        for shape in &mut shapes {
+            eprintln!(
+                "bench doctor: round {}/{rounds}, {}: the doctor, then a loader with its settings",
+                round + 1,
+                shape.name
+            );
+            let r = check(shape, &dir, step, phase)?;
+            shape.rounds.push(r);
+        }
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if args.json {
+        let v = json!({
+            "target_error_pct": TARGET_PCT,
+            "rounds": rounds,
+            "cores": cores,
+            "step_ms": args.step_ms,
+            "shapes": shapes.iter().map(shape_json).collect::<Vec<_>>(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", table(&shapes, cores, rounds, args));
+    }
+    Ok(())
+}
+
+fn make_shape(
+    key: &str,
+    args: &DoctorBenchArgs,
+    dir: &Path,
+    batch_size: usize,
+    quick: bool,
+) -> Result<Shape, String> {
+    let workers = args.workers.clone();
+    let image_sets = |batch: usize| -> Vec<(String, String)> {
+        [
+            ("transform", crate::demo::STANDARD_TRANSFORM.to_owned()),
+            ("shuffle", "true".into()),
+            ("batch_size", batch.to_string()),
+            ("num_workers", workers.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    };
+    let folder = |images: usize, width: usize, height: usize, scale: (f64, f64)| {
+        photos_or_drawn(
+            dir,
+            images,
+            Size {
+                width,
+                height,
+                scale,
+            },
+            args.data.synthetic,
+        )
+    };
+    let shape = |key, name: String, note, path: PathBuf, images, sets, batch| Shape {
+        key,
+        name,
+        note,
+        source: if images {
+            format!("image_folder:{}", path.display())
+        } else {
+            format!("npy:{}", path.display())
+        },
+        path,
+        images,
+        sets,
+        batch_size: batch,
+        packed: Vec::new(),
+        rounds: Vec::new(),
+    };
+    Ok(match key {
+        "small" => {
+            let n = args.images.unwrap_or(if quick { 480 } else { 1200 });
+            // Thumbnails cut from large areas of the photographs: detailed, like web images.
+            let (root, note) = folder(n, 160, 120, (0.15, 0.6))?;
+            shape(
+                "small",
+                "JPEGs 160x120".into(),
+                note,
+                root,
+                true,
+                image_sets(batch_size),
+                batch_size,
+            )
+        }
+        "large" => {
+            let n = args.images.unwrap_or(if quick { 96 } else { 240 });
+            // Most of a photograph each: camera-sized images, barely resampled.
+            let (root, note) = folder(n, 1600, 1200, (0.5, 1.0))?;
+            shape(
+                "large",
+                "JPEGs 1600x1200".into(),
+                note,
+                root,
+                true,
+                image_sets(batch_size),
+                batch_size,
+            )
+        }
+        _ => {
+            let n = args.npy_samples.unwrap_or(if quick { 1024 } else { 2048 });
+            let path = crate::bench::generated_npy_in(&dir.join("npy"), n)?;
+            let batch = batch_size * NPY_BATCH_FACTOR;
+            let sets = [
+                ("shuffle", "true".to_owned()),
+                ("batch_size", batch.to_string()),
+                ("num_workers", workers),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+            shape(
+                "npy",
+                "npy uint8 [N,3,224,224]".into(),
+                None,
+                path,
+                false,
+                sets,
+                batch,
+            )
+        }
+    })
+}
+
+/// The doctor on `shape`'s settings, then a loader with the settings it predicts for; every
+/// measurement runs for `phase`.
+fn check(shape: &mut Shape, dir: &Path, step: Duration, phase: Duration) -> Result<Round, String> {
+    let mut base = LoaderOptions::new();
+    base.set("source", &shape.source)
+        .map_err(|e| e.to_string())?;
+    // Measurements by time, not samples: a shape's are then as long as each other, and long
+    // enough for a shared machine's scheduler to settle.
+    let config = Config {
+        step,
+        samples: usize::MAX,
+        timeline: None,
+        progress: false,
+        phase_limit: phase,
+        remote: false,
+    };
+    let report: Report = doctor::diagnose(&base, &shape.sets, &config)?;
+    let (sets, pack_as) = doctor::advised(&shape.sets, &report.advice);
+    let mut checked: Vec<String> = report.advice.iter().map(|a| a.set.clone()).collect();
+    if let Some(p) = pack_as {
+        let packed = packed_copy(shape, dir, p.max_side)?;
+        base.set("source", &packed).map_err(|e| e.to_string())?;
+        if let Some(set) = checked.iter_mut().find(|s| s.starts_with("source=")) {
+            *set = match p.max_side {
+                Some(side) => format!("source=packed (--max-side {side})"),
+                None => "source=packed".into(),
+            };
+        }
+    }
+    let options = doctor::with(&base, &sets)?;
+    let usage = Usage::start();
+    let measured = doctor::pipeline_run(&options, &config, None)?;
+    Ok(Round {
+        bottleneck: report.bottleneck,
+        advice: report.advice.iter().map(|a| a.set.clone()).collect(),
+        checked,
+        doctor_samples_per_s: report.pipeline.samples_per_s,
+        predicted: report.predicted_samples_per_s,
+        model: report.advised_model_samples_per_s,
+        measured: measured.samples_per_s,
+        measured_cores: measured.cpu_cores,
+        others_doctor: report.load.others_cores,
+        others_check: usage.others_cores(),
+        available: report.load.cores_for(report.cores as f64, report.cores),
+    })
+}
+
+/// `shape`'s source packed as the advice says (`stoker pack SOURCE OUT [--max-side N]`), made
+/// once; its `packed:` spec.
+fn packed_copy(shape: &mut Shape, dir: &Path, max_side: Option<u32>) -> Result<String, String> {
+    if let Some((_, spec)) = shape.packed.iter().find(|(s, _)| *s == max_side) {
+        return Ok(spec.clone());
+    }
+    if !shape.images {
+        return Err(format!(
+            "the doctor advised packing {}, which holds no images",
+            shape.name
+        ));
+    }
+    let name = shape
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| shape.key.to_owned());
+    let out = dir.join("packed").join(match max_side {
+        Some(side) => format!("{name}-max{side}.stkpack"),
+        None => format!("{name}.stkpack"),
+    });
+    // `pack` writes under a temporary name and renames: a file there is whole.
+    if !out.exists() {
+        std::fs::create_dir_all(dir.join("packed"))
+            .map_err(|e| format!("{}: {e}", dir.join("packed").display()))?;
+        eprintln!(
+            "bench doctor: packing {} as advised into {}",
+            shape.name,
+            out.display()
+        );
+        let source = open_source(&shape.source).map_err(|e| e.to_string())?;
+        let options = PackOptions {
+            max_side,
+            ..PackOptions::default()
+        };
+        pack(&*source, &out, &options, &|_, _| {}).map_err(|e| e.to_string())?;
+    }
+    let spec = format!("packed:{}", out.display());
+    shape.packed.push((max_side, spec.clone()));
+    Ok(spec)
+}
+
+/// A shape's result over the rounds.
+struct Summary<'a> {
+    checked: &'a [String],
+    /// The rounds that checked those settings.
+    rounds: Vec<&'a Round>,
+    /// The round with the best prediction, and the one with the best check.
+    predicting: &'a Round,
+    checking: &'a Round,
+    given: f64,
+}
+
+impl Summary<'_> {
+    fn error_pct(&self) -> f64 {
+        (self.predicting.predicted - self.checking.measured) / self.checking.measured.max(1e-9)
+            * 100.0
+    }
+}
+
+/// The settings checked most often (ties: the one with the fastest check), and the best
+/// prediction and check among those rounds.
+fn summary(shape: &Shape) -> Option<Summary<'_>> {
+    let mut groups: Vec<(&[String], Vec<&Round>)> = Vec::new();
+    for r in &shape.rounds {
+        match groups.iter_mut().find(|(c, _)| *c == r.checked.as_slice()) {
+            Some((_, rounds)) => rounds.push(r),
+            None => groups.push((&r.checked, vec![r])),
+        }
+    }
+    let fastest = |rounds: &[&Round]| rounds.iter().map(|r| r.measured).fold(0.0, f64::max);
+    let (checked, rounds) = groups.into_iter().max_by(|a, b| {
+        a.1.len()
+            .cmp(&b.1.len())
+            .then(fastest(&a.1).total_cmp(&fastest(&b.1)))
+    })?;
+    let predicting = *rounds
+        .iter()
+        .max_by(|a, b| a.predicted.total_cmp(&b.predicted))?;
+    let checking = *rounds
+        .iter()
+        .max_by(|a, b| a.measured.total_cmp(&b.measured))?;
+    let given = rounds
+        .iter()
+        .map(|r| r.doctor_samples_per_s)
+        .fold(0.0, f64::max);
+    Some(Summary {
+        checked,
+        rounds,
+        predicting,
+        checking,
+        given,
+    })
+}
+
+fn verdict(error_pct: f64) -> &'static str {
+    if error_pct.abs() <= TARGET_PCT {
+        "pass"
+    } else {
+        "FAIL"
+    }
+}
+
+fn given(shape: &Shape) -> String {
+    shape
+        .sets
+        .iter()
+        .filter(|(k, _)| k != "transform")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn table(shapes: &[Shape], cores: usize, rounds: usize, args: &DoctorBenchArgs) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "stoker doctor's prediction against a loader run with the settings predicted for \
+         (target: within {TARGET_PCT:.0}%)"
+    );
+    let _ = writeln!(
+        out,
+        "{cores} cores, step {} ms; {rounds} round{} of the doctor then its check; best \
+         prediction and best check compared",
+        args.step_ms,
+        if rounds == 1 { "" } else { "s" }
+    );
+    let _ = writeln!(
+        out,
+        "\n{:<24} {:<10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}  verdict",
+        "data", "bottleneck", "given", "predicted", "measured", "model", "error", "gain"
+    );
+    for shape in shapes {
+        let Some(s) = summary(shape) else { continue };
+        let _ = writeln!(
+            out,
+            "{:<24} {:<10} {:>10} {:>10} {:>10} {:>10} {:>+7.1}% {:>6.2}x  {}",
+            shape.name,
+            s.predicting.bottleneck,
+            fmt_rate(s.given),
+            fmt_rate(s.predicting.predicted),
+            fmt_rate(s.checking.measured),
+            fmt_rate(s.predicting.model),
+            s.error_pct(),
+            s.checking.measured / s.given.max(1e-9),
+            verdict(s.error_pct())
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n  samples/s. given: the doctor's pipeline run of the given settings; predicted: the \
+         doctor's figure for\n  the checked settings; measured: a loader with them, measured as \
+         the doctor measures; model: the\n  doctor's model alone (the stage costs on the cores \
+         other work left); error: predicted vs measured;\n  gain: measured / given."
+    );
+    for shape in shapes {
+        let Some(s) = summary(shape) else { continue };
+        let _ = writeln!(out, "\n  {}: {}", shape.name, shape.source);
+        if let Some(note) = &shape.note {
+            let _ = writeln!(out, "    data     {note}");
+        }
+        let _ = writeln!(out, "    given    {}", given(shape));
+        if s.checked.is_empty() {
+            let _ = writeln!(out, "    checked  the given settings (no advice)");
+        } else {
+            let _ = writeln!(out, "    checked  {}", s.checked.join(", "));
+        }
+        let _ = writeln!(
+            out,
+            "    cpu      the doctor found {:.1} cores for this process, other work using {:.1}; \
+             the check used {:.1}, other work {:.1}",
+            s.predicting.available,
+            s.predicting.others_doctor,
+            s.checking.measured_cores,
+            s.checking.others_check
+        );
+        if shape.rounds.len() > 1 {
+            for (i, r) in shape.rounds.iter().enumerate() {
+                let checked = if r.checked.is_empty() {
+                    "no advice".to_owned()
+                } else {
+                    r.checked.join(", ")
+                };
+                let _ = writeln!(
+                    out,
+                    "    round {}  {:>9} {:>9} {:>+7.1}%  {}: {checked}{}",
+                    i + 1,
+                    fmt_rate(r.predicted),
+                    fmt_rate(r.measured),
+                    r.error_pct(),
+                    r.bottleneck,
+                    if s.rounds.iter().any(|x| std::ptr::eq(*x, r)) {
+                        ""
+                    } else {
+                        " (not compared)"
+                    }
+                );
+            }
+        }
+    }
+    out
+}
+
+/// A rate for JSON, rounded to a hundredth.
+fn num(x: f64) -> Value {
+    if x.is_finite() {
+        json!((x * 100.0).round() / 100.0)
+    } else {
+        Value::Null
+    }
+}
+
+fn shape_json(shape: &Shape) -> Value {
+    let round = |r: &Round| {
+        json!({
+            "bottleneck": r.bottleneck,
+            "advice": r.advice,
+            "checked": r.checked,
+            "doctor_samples_per_s": num(r.doctor_samples_per_s),
+            "predicted_samples_per_s": num(r.predicted),
+            "model_samples_per_s": num(r.model),
+            "measured_samples_per_s": num(r.measured),
+            "measured_cpu_cores": num(r.measured_cores),
+            "others_cores_doctor": num(r.others_doctor),
+            "others_cores_check": num(r.others_check),
+            "cores_available_doctor": num(r.available),
+            "error_pct": num(r.error_pct()),
+        })
+    };
+    let mut v = json!({
+        "shape": shape.key,
+        "name": shape.name,
+        "source": shape.source,
+        "batch_size": shape.batch_size,
+        "given": shape.sets.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+        "data_note": shape.note,
+        "rounds": shape.rounds.iter().map(round).collect::<Vec<_>>(),
+    });
+    if let (Some(s), Some(map)) = (summary(shape), v.as_object_mut()) {
+        for (k, x) in [
+            ("bottleneck", json!(s.predicting.bottleneck)),
+            ("checked", json!(s.checked)),
+            ("given_samples_per_s", num(s.given)),
+            ("predicted_samples_per_s", num(s.predicting.predicted)),
+            ("model_samples_per_s", num(s.predicting.model)),
+            ("measured_samples_per_s", num(s.checking.measured)),
+            ("error_pct", num(s.error_pct())),
+            ("pass", json!(s.error_pct().abs() <= TARGET_PCT)),
+        ] {
+            map.insert(k.to_owned(), x);
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(checked: &[&str], predicted: f64, measured: f64) -> Round {
+        Round {
+            bottleneck: "workers",
+            advice: checked.iter().map(|s| s.to_string()).collect(),
+            checked: checked.iter().map(|s| s.to_string()).collect(),
+            doctor_samples_per_s: predicted / 2.0,
+            predicted,
+            model: predicted,
+            measured,
+            measured_cores: 1.0,
+            others_doctor: 0.0,
+            others_check: 0.0,
+            available: 2.0,
+        }
+    }
+
+    fn shape(rounds: Vec<Round>) -> Shape {
+        Shape {
+            key: "small",
+            name: "JPEGs".into(),
+            note: None,
+            path: PathBuf::from("x"),
+            source: "image_folder:x".into(),
+            images: true,
+            sets: Vec::new(),
+            batch_size: 4,
+            packed: Vec::new(),
+            rounds,
+        }
+    }
+
+    #[test]
+    fn the_settings_checked_most_often_are_summarised_by_their_best_rounds() {
+        let s = shape(vec![
+            round(&["num_workers=2"], 100.0, 80.0),
+            round(&["num_workers=2", "dtype=uint8"], 300.0, 290.0),
+            round(&["num_workers=2"], 90.0, 95.0),
+        ]);
+        let sum = summary(&s).unwrap();
+        assert_eq!(sum.checked, ["num_workers=2".to_owned()]);
+        assert_eq!(sum.rounds.len(), 2);
+        assert_eq!(
+            (sum.predicting.predicted, sum.checking.measured),
+            (100.0, 95.0)
+        );
+        assert_eq!(sum.given, 50.0);
+        assert!((sum.error_pct() - 5.0 / 95.0 * 100.0).abs() < 1e-9);
+        assert_eq!(verdict(sum.error_pct()), "pass");
+        assert_eq!(verdict(-15.1), "FAIL");
+        assert!(summary(&shape(Vec::new())).is_none());
+    }
+}
