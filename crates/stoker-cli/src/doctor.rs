@@ -382,7 +382,7 @@ fn thread_times() -> (Duration, Duration) {
 }
 
 /// This thread's CPU time.
-fn thread_cpu() -> Duration {
+pub(crate) fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

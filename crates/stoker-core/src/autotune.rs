@@ -12,7 +12,10 @@
 //! - readiness below [`TARGET`], workers busy, cores idle → one more worker (never more than the
 //!   cores this process may run on, nor more than the memory budget holds batches);
 //! - readiness below target while the workers have slack → a deeper prefetch (up to
-//!   [`MAX_PREFETCH`], within the memory budget): batches come in bursts;
+//!   [`MAX_PREFETCH`], within the memory budget): batches come in bursts. A deeper prefetch is
+//!   a trial: if the next window's readiness is not at least [`HELPED`] higher, the depth goes
+//!   back and is not tried again (a consumer that waits because the cores are the limit, not
+//!   the bursts, would otherwise get ever deeper prefetch and more memory for nothing);
 //! - readiness at target and one worker fewer would still keep up → one worker fewer: the
 //!   consumer is the bottleneck and the cores are better left to it.
 //!
@@ -37,6 +40,8 @@ const SATURATED: f64 = 0.85;
 const IDLE_CORES: f64 = 0.5;
 /// One worker fewer is enough when the rest would be at most this busy.
 const SHED_BELOW: f64 = 0.7;
+/// How much a deeper prefetch must raise readiness to be kept.
+pub const HELPED: f64 = 0.02;
 
 /// What the loader measured so far (cumulative counters).
 #[derive(Clone, Copy, Debug)]
@@ -75,6 +80,10 @@ pub struct Controller {
     fit: usize,
     base: Option<Observation>,
     settling: bool,
+    /// A deeper prefetch on trial: the depth before it and the readiness it must beat.
+    trial: Option<(usize, f64)>,
+    /// The deepest prefetch still worth trying (lowered when a trial fails).
+    ceiling: usize,
 }
 
 impl Controller {
@@ -86,6 +95,8 @@ impl Controller {
             fit: fit.max(1),
             base: None,
             settling: false,
+            trial: None,
+            ceiling: MAX_PREFETCH,
         }
     }
 
@@ -134,7 +145,12 @@ impl Controller {
             readiness,
             reason,
         };
-        let chosen = if readiness < TARGET {
+        let chosen = if let Some((before, readiness_before)) = self.trial.take() {
+            (readiness < readiness_before + HELPED && prefetch > before).then(|| {
+                self.ceiling = before;
+                decision(workers, before, "deeper prefetch did not help: back")
+            })
+        } else if readiness < TARGET {
             if busy >= SATURATED {
                 (workers < self.max_workers && idle >= IDLE_CORES && workers < self.fit).then(
                     || {
@@ -146,7 +162,8 @@ impl Controller {
                     },
                 )
             } else {
-                (prefetch < MAX_PREFETCH && workers * (prefetch + 1) <= self.fit).then(|| {
+                (prefetch < self.ceiling && workers * (prefetch + 1) <= self.fit).then(|| {
+                    self.trial = Some((prefetch, readiness));
                     decision(
                         workers,
                         prefetch + 1,
@@ -279,6 +296,48 @@ mod tests {
         assert_eq!(
             c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, MAX_PREFETCH),
             None
+        );
+    }
+
+    #[test]
+    fn a_deeper_prefetch_that_does_not_raise_readiness_goes_back_and_is_not_tried_again() {
+        let mut c = Controller::new(8, 100);
+        let mut sim = Sim::new();
+        c.observe(sim.window(2, 0.0, 0.0, 0.0), 2, 2);
+        let d = c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 2).unwrap();
+        assert_eq!(d.prefetch, 3);
+        assert_eq!(
+            c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 3),
+            None,
+            "settling"
+        );
+        let d = c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 3).unwrap();
+        assert_eq!((d.workers, d.prefetch), (2, 2), "{}", d.reason);
+        assert!(d.reason.contains("did not help"));
+        c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 2);
+        for _ in 0..4 {
+            assert_eq!(c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 2), None);
+        }
+    }
+
+    #[test]
+    fn a_deeper_prefetch_that_helps_is_kept_and_the_next_one_tried() {
+        let mut c = Controller::new(8, 100);
+        let mut sim = Sim::new();
+        c.observe(sim.window(2, 0.0, 0.0, 0.0), 2, 2);
+        assert_eq!(
+            c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 2)
+                .unwrap()
+                .prefetch,
+            3
+        );
+        c.observe(sim.window(2, 0.2, 0.5, 1.0), 2, 3);
+        assert_eq!(c.observe(sim.window(2, 0.2, 0.5, 1.0), 2, 3), None, "kept");
+        assert_eq!(
+            c.observe(sim.window(2, 0.2, 0.5, 1.0), 2, 3)
+                .unwrap()
+                .prefetch,
+            4
         );
     }
 

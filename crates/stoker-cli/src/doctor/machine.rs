@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 use stoker_core::autotune::process_cpu_ns;
 
+use super::thread_cpu;
+
 /// Bytes each thread copies per pass when measuring bandwidth: more than caches hold.
 const COPY_BYTES: usize = 32 << 20;
 /// Threads at most in the bandwidth measurement (its buffers take 64 MiB each).
@@ -121,11 +123,15 @@ pub(crate) fn copy_parallelism(threads: usize) -> f64 {
     (all / one.max(1e-9)).clamp(1.0, threads as f64)
 }
 
-/// Bytes per second `threads` threads copy together, each between its own two buffers.
+/// Bytes per second of CPU time `threads` threads copy together, each between its own two
+/// buffers: each thread's bytes over its own CPU time, summed. CPU time, not wall time, so that
+/// a thread the scheduler leaves waiting (other work on a shared machine) does not read as
+/// slow memory: a copy stalled on memory still runs on its core, so CPU time keeps the
+/// bandwidth contention and drops only the waiting, which [`probe_cpu`] measures on its own.
 fn copy_bandwidth(threads: usize) -> f64 {
-    const PASSES: usize = 3;
+    const PASSES: usize = 6;
     let start = Barrier::new(threads);
-    let secs: Vec<f64> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 s.spawn(|| {
@@ -133,22 +139,17 @@ fn copy_bandwidth(threads: usize) -> f64 {
                     let mut dst = vec![0u8; COPY_BYTES];
                     dst.copy_from_slice(&src); // the pages faulted in before timing
                     start.wait();
-                    let t = Instant::now();
+                    let cpu = thread_cpu();
                     for _ in 0..PASSES {
                         dst.copy_from_slice(std::hint::black_box(&src));
                         std::hint::black_box(&mut dst);
                     }
-                    t.elapsed().as_secs_f64()
+                    (PASSES * COPY_BYTES) as f64 / (thread_cpu() - cpu).as_secs_f64().max(1e-9)
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or(f64::INFINITY))
-            .collect()
-    });
-    let slowest = secs.iter().copied().fold(0.0, f64::max);
-    (threads * PASSES * COPY_BYTES) as f64 / slowest.max(1e-9)
+        handles.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+    })
 }
 
 /// Other work's CPU time on this process's cores over an interval: [`Usage::start`], then
