@@ -1366,7 +1366,9 @@ mod tests {
         let picture = std::fs::read_to_string(&svg).unwrap();
         std::fs::remove_file(&svg).unwrap();
         assert!(picture.starts_with("<svg"));
-        assert!(picture.contains(">stoker-worker-0<") && picture.contains(">stoker-worker-1<"));
+        // Which of the two workers builds the few tiny batches is up to the scheduler (on a busy
+        // machine one may build them all); one row per thread is the timeline module's test.
+        assert!(picture.contains(">stoker-worker-"));
         assert!(picture.contains(">consumer (next)<"));
         assert!(picture.contains("<title>read ") && picture.contains("<title>wait "));
     }
