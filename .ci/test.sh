@@ -46,11 +46,12 @@ echo "cargo test (no default features, jpeg_decoder=zune): ${passed} passed, 0 f
 step "C ABI: header freshness, CTest, find_package consumer, ASan/UBSan, valgrind"
 bash ctests/run.sh
 
-step "remote shards: nginx (http://) and an S3 server (s3://) on 127.0.0.1, from Rust, Python and C"
-bash ctests/remote/run.sh
-
 step "C++ API: GoogleTest suite, LibTorch adapter, install consumer, example trainer"
 bash bindings/cpp/run_tests.sh
+
+# After the C++ suite: its C++ reader links the C++ API that suite installed.
+step "remote shards: nginx (http://) and an S3 server (s3://) on 127.0.0.1, from Rust, Python, C and C++"
+bash ctests/remote/run.sh
 
 step "python: manylinux wheel + sdist, installed into a clean venv with torch, pytest"
 bash bindings/python/run_tests.sh

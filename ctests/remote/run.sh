@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Remote shards against real servers on 127.0.0.1: nginx (Debian's package) serving WebDataset
 # shards over plain HTTP, and moto's S3-compatible server for s3://. Reads them from Rust (the
-# ignored tests of crates/stoker-core/tests/remote_servers.rs), Python and C. Installs nginx
+# ignored tests of crates/stoker-core/tests/remote_servers.rs), Python, C and C++. Installs nginx
 # (apt) and moto (pip, into .venv-remote) when missing; the servers listen on free loopback
 # ports, live at most 15 minutes, and are stopped on exit.
+#
+# The C++ reader links the installed C++ API: bindings/cpp/run_tests.sh installs it to
+# build-cpp/install, which this script uses (STOKER_CPP_PREFIX to point elsewhere).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
+
+cpp_prefix=${STOKER_CPP_PREFIX:-$root/build-cpp/install}
+if [ ! -f "$cpp_prefix/lib/cmake/stoker/stokerConfig.cmake" ]; then
+  echo "remote shards: no installed C++ API under $cpp_prefix; run bindings/cpp/run_tests.sh first" >&2
+  exit 1
+fi
 
 step() { printf '\n--> %s\n' "$*"; }
 
@@ -144,4 +153,10 @@ cc -std=c11 -Wall -Werror -Iinclude ctests/remote/read_shards.c -L"$work/lib" -l
   -Wl,-rpath,"$work/lib" -o "$work/read_shards"
 "$work/read_shards" "$work/c-cache" "$samples" "$STOKER_REMOTE_HTTP" "$STOKER_REMOTE_S3"
 
-echo "remote shards: nginx http:// and moto s3:// read from Rust, Python and C"
+step "C++ (find_package(stoker) from $cpp_prefix)"
+cmake -S ctests/remote/cpp -B "$work/cpp" -DCMAKE_BUILD_TYPE=Release \
+  "-DCMAKE_PREFIX_PATH=$cpp_prefix" >/dev/null
+cmake --build "$work/cpp" -j "${JOBS:-2}" >/dev/null
+"$work/cpp/read_shards" "$work/cpp-cache" "$samples" "$STOKER_REMOTE_HTTP" "$STOKER_REMOTE_S3"
+
+echo "remote shards: nginx http:// and moto s3:// read from Rust, Python, C and C++"

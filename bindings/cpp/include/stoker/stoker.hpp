@@ -346,6 +346,12 @@ class Options {
   Options& autotune(bool on) { return set("autotune", flag(on)); }
   // Write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) to this path.
   Options& trace(std::string_view path) { return set("trace", path); }
+  // Remote shards (s3://, gs://, az://, http(s):// in a `tar:` pattern): shards downloaded ahead.
+  Options& shard_prefetch(std::size_t n) { return set("shard_prefetch", std::to_string(n)); }
+  // Remote shards: keep them under this directory, so later epochs read locally...
+  Options& cache_dir(std::string_view path) { return set("cache_dir", path); }
+  // ...within this many bytes ("500GB", "64GiB"), least recently used evicted.
+  Options& cache_limit(std::string_view bytes) { return set("cache_limit", bytes); }
 
   const ffi::OptionsHandle& handle() const noexcept { return *handle_; }
 
