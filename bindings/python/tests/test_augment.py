@@ -183,6 +183,34 @@ def test_erasing_after_normalize_writes_the_value_in_normalized_units(tmp_path):
     assert 0.15 <= area <= 0.35, area
 
 
+def test_erasing_with_value_random_writes_normal_noise(tmp_path):
+    """value=random (torchvision's value="random", timm's mode="pixel") fills the box with
+    standard normal noise, one draw per element, the same for the same draw."""
+    from PIL import Image
+
+    root = tmp_path / "imgs" / "cls"
+    root.mkdir(parents=True)
+    for i in range(8):
+        Image.fromarray(np.roll(photo(), i, axis=1)).save(root / f"{i}.png")
+
+    def images(value: str) -> np.ndarray:
+        loader = stoker.Loader(
+            f"image_folder:{tmp_path / 'imgs'}",
+            batch_size=8,
+            seed=4,
+            transform=f"{CROP} | random_erasing(p=1, scale=0.2:0.3, value={value}) | normalize(imagenet)",
+        )
+        return np.concatenate([np.asarray(b["image"]) for b in loader])
+
+    box = images("1000") == 1000.0  # the same draws place the box; a constant marks it
+    noise = images("random")
+    assert np.array_equal(noise, images("random"))
+    z = noise[box].astype(np.float64)
+    assert box.all(axis=1).sum() >= 0.19 * 8 * H * W  # every channel of each box pixel
+    assert abs(z.mean()) < 0.06 and abs(z.var() - 1.0) < 0.08, (z.mean(), z.var())
+    assert np.abs(noise[~box]).max() < 3.0  # normalized pixels outside
+
+
 def test_parameters_follow_torchvision_distributions():
     n = 1500
     spec = (

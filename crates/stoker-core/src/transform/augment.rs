@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use super::color;
-use super::spec::{Op, PadMode};
+use super::spec::{EraseValue, Op, PadMode};
 use super::warp::{self, inverse_affine, Sampling};
 use crate::rng::Rng;
 
@@ -35,15 +35,23 @@ impl Frame {
     }
 }
 
-/// A random-erasing box, applied in the output pass: `(top, left, height, width)` and the value
-/// in output units.
+/// A random-erasing box, applied in the output pass: `(top, left, height, width)` and what it is
+/// filled with, in output units.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Erase {
     pub(super) top: usize,
     pub(super) left: usize,
     pub(super) height: usize,
     pub(super) width: usize,
-    pub(super) value: [f64; 3],
+    pub(super) fill: EraseFill,
+}
+
+/// A box's contents: a value per channel, or normal noise drawn from a seed the sample's random
+/// stream gave (so the noise, like every draw, depends only on the sample's key).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum EraseFill {
+    Value([f64; 3]),
+    Noise(u64),
 }
 
 /// The operations of the AutoAugment family (torchvision's names).
@@ -562,12 +570,16 @@ pub(super) fn run(
                     );
                     s
                 });
+                let fill = match value {
+                    EraseValue::Fill(v) => EraseFill::Value(v),
+                    EraseValue::Random => EraseFill::Noise(rng.next_u64()),
+                };
                 return Ok(Some(Erase {
                     top,
                     left,
                     height: eh,
                     width: ew,
-                    value,
+                    fill,
                 }));
             }
             record(trace, || {

@@ -4,9 +4,10 @@
 use fast_image_resize::images::{CroppedImage, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
-use super::augment::Erase;
+use super::augment::{Erase, EraseFill};
 use super::geometry::Plan;
 use crate::dtype::{DType, Layout};
+use crate::rng::splitmix64;
 
 /// Resamples `plan.rect` of the clip region of `rgb` into `resized` (`plan.width` x
 /// `plan.height` RGB8) with antialiased bilinear filtering (Pillow's algorithm: the filter
@@ -156,9 +157,10 @@ pub(super) fn write_lut<T: Copy, const N: usize>(
     }
 }
 
-/// Overwrites the erased box of the written output with its value (in output units: uint8
+/// Overwrites the erased box of the written output with its fill (in output units: uint8
 /// rounded, float16 and bfloat16 rounded to nearest even), as torchvision's `RandomErasing` on
-/// the final tensor.
+/// the final tensor. Noise is drawn channel by channel, row by row (torchvision's `[C, h, w]`
+/// order), whatever the layout, so it does not depend on it.
 pub(super) fn write_erase(
     e: &Erase,
     width: usize,
@@ -168,19 +170,31 @@ pub(super) fn write_erase(
     out: &mut [u8],
 ) {
     let n = dtype.size();
-    let mut values = [[0u8; 4]; 3];
-    for (c, v) in values.iter_mut().enumerate() {
-        let x = e.value[c];
+    let encode = |x: f64| -> [u8; 4] {
+        let mut v = [0u8; 4];
         match dtype {
             DType::F32 => v.copy_from_slice(&(x as f32).to_ne_bytes()),
             DType::F16 => v[..2].copy_from_slice(&half::f16::from_f64(x).to_bits().to_ne_bytes()),
             DType::BF16 => v[..2].copy_from_slice(&half::bf16::from_f64(x).to_bits().to_ne_bytes()),
             _ => v[0] = x.round().clamp(0.0, 255.0) as u8,
         }
-    }
-    for y in e.top..(e.top + e.height).min(height) {
-        for x in e.left..(e.left + e.width).min(width) {
-            for (c, v) in values.iter().enumerate() {
+        v
+    };
+    let mut noise = match e.fill {
+        EraseFill::Noise(seed) => Some(Normal::new(seed)),
+        EraseFill::Value(_) => None,
+    };
+    for c in 0..3 {
+        let value = match e.fill {
+            EraseFill::Value(v) => encode(v[c]),
+            EraseFill::Noise(_) => [0; 4],
+        };
+        for y in e.top..(e.top + e.height).min(height) {
+            for x in e.left..(e.left + e.width).min(width) {
+                let v = match noise.as_mut() {
+                    Some(normal) => encode(normal.next()),
+                    None => value,
+                };
                 let at = match layout {
                     Layout::Nhwc => ((y * width + x) * 3 + c) * n,
                     Layout::Nchw => ((c * height + y) * width + x) * n,
@@ -188,5 +202,35 @@ pub(super) fn write_erase(
                 out[at..at + n].copy_from_slice(&v[..n]);
             }
         }
+    }
+}
+
+/// Standard normal draws from a seed: Box–Muller over SplitMix64, two draws per pair of
+/// uniforms. Simple and exact in distribution; the erased box is the only user, so its speed
+/// (a few ns a draw) does not matter beside the rest of a sample's work.
+struct Normal {
+    state: u64,
+    spare: Option<f64>,
+}
+
+impl Normal {
+    fn new(seed: u64) -> Normal {
+        Normal {
+            state: seed,
+            spare: None,
+        }
+    }
+
+    fn next(&mut self) -> f64 {
+        if let Some(z) = self.spare.take() {
+            return z;
+        }
+        // u1 in (0, 1]: ln(u1) is finite.
+        let u1 = ((splitmix64(&mut self.state) >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
+        let u2 = (splitmix64(&mut self.state) >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+        let r = (-2.0 * u1.ln()).sqrt();
+        let (sin, cos) = (std::f64::consts::TAU * u2).sin_cos();
+        self.spare = Some(r * sin);
+        r * cos
     }
 }

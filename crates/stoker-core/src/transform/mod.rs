@@ -18,7 +18,7 @@
 //! | `gaussian_blur(K, sigma=a:b)` | `GaussianBlur` |
 //! | `rotate(D, fill=V)`, `affine(degrees=, translate=, scale=, shear=, fill=)` | `RandomRotation`, `RandomAffine`, bilinear |
 //! | `rand_augment(num_ops=2, magnitude=9)`, `trivial_augment`, `auto_augment(imagenet)` | `RandAugment`, `TrivialAugmentWide`, `AutoAugment` |
-//! | `random_erasing(p=0.5, scale=a:b, ratio=a:b, value=V)` | `RandomErasing` on the final tensor (value in output units) |
+//! | `random_erasing(p=0.5, scale=a:b, ratio=a:b, value=V\|random)` | `RandomErasing` on the final tensor (value in output units; `random`: normal noise) |
 //!
 //! Resizing is antialiased bilinear (Pillow's `BILINEAR`, torchvision's `antialias=True`) through
 //! fast_image_resize. The output type is `uint8`, `float32`, `float16` or `bfloat16` (default
@@ -80,7 +80,7 @@ pub use augment::AugOp;
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
 pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch};
-pub use spec::{parse, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD};
+pub use spec::{parse, EraseValue, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD};
 
 #[cfg(test)]
 mod tests;

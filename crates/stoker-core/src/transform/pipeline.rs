@@ -7,7 +7,7 @@ use super::augment::{self, Erase, Frame};
 use super::geometry::Plan;
 use super::kernels::{resample, write_erase, write_lut, write_u8, SrcView};
 use super::mix::BatchMix;
-use super::spec::{parse, Op};
+use super::spec::{parse, EraseValue, Op};
 use crate::decode::{Decoded, Dims, Window};
 use crate::dtype::{DType, Layout};
 use crate::rng::Rng;
@@ -237,10 +237,21 @@ impl Pipeline {
         if let Some(Op::RandomErasing { value, .. }) =
             ops.iter().find(|op| matches!(op, Op::RandomErasing { .. }))
         {
-            if dtype == DType::U8 && value.iter().any(|v| !(0.0..=255.0).contains(v)) {
-                return Err(format!(
-                    "random_erasing: value={value:?} is outside 0..=255 of the uint8 output"
-                ));
+            match value {
+                EraseValue::Fill(v)
+                    if dtype == DType::U8 && v.iter().any(|v| !(0.0..=255.0).contains(v)) =>
+                {
+                    return Err(format!(
+                        "random_erasing: value={v:?} is outside 0..=255 of the uint8 output"
+                    ));
+                }
+                EraseValue::Random if dtype == DType::U8 => {
+                    return Err(
+                        "random_erasing: value=random (normal noise) needs a float output, not uint8"
+                            .into(),
+                    );
+                }
+                _ => {}
             }
         }
         Ok(Pipeline {

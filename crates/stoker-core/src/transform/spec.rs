@@ -154,9 +154,19 @@ pub enum Op {
         scale: (f64, f64),
         /// Range of the erased box's width/height ratio.
         ratio: (f64, f64),
-        /// Per-channel value written into the box.
-        value: [f64; 3],
+        /// What is written into the box.
+        value: EraseValue,
     },
+}
+
+/// What `random_erasing` writes into its box (torchvision's `value`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EraseValue {
+    /// One value per channel, in the output's units.
+    Fill([f64; 3]),
+    /// `value=random`: standard normal noise, one draw per element (torchvision's
+    /// `value="random"`, timm's `mode="pixel"`); float outputs only.
+    Random,
 }
 
 /// How `random_crop` fills its padding (torchvision's `padding_mode`).
@@ -577,8 +587,9 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
                 None => (0.3, 3.3),
             };
             let value = match args.named("value") {
-                Some(v) => triple(v, "value")?,
-                None => [0.0; 3],
+                Some("random") => EraseValue::Random,
+                Some(v) => EraseValue::Fill(triple(v, "value")?),
+                None => EraseValue::Fill([0.0; 3]),
             };
             Ok(Op::RandomErasing {
                 p,

@@ -572,6 +572,17 @@ fn augmentation_errors_name_the_op_and_the_parameter() {
         err.contains("random_erasing") && err.contains("value"),
         "{err}"
     );
+    // Noise cannot be written into uint8 (torchvision's would truncate it to 0 and 1).
+    let err = Pipeline::new(
+        Some("center_crop(8) | random_erasing(value=random)"),
+        Some(DType::U8),
+        Layout::Nchw,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("value=random") && err.contains("uint8"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -722,6 +733,75 @@ fn random_erasing_writes_its_value_in_output_units_after_normalize() {
     assert!(
         zeros as f64 >= 0.015 * area && zeros as f64 <= 0.34 * area,
         "{zeros}"
+    );
+}
+
+/// f32 elements of an output.
+fn floats(out: &[u8]) -> Vec<f32> {
+    out.chunks_exact(4)
+        .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[test]
+fn random_erasing_with_value_random_fills_its_box_with_standard_normal_noise() {
+    let (rgb, w, h) = synthetic();
+    let run = |value: &str, layout: Layout, index: u64| {
+        let p = pipeline(
+            &format!("center_crop({h}, {w}) | random_erasing(p=1, scale=0.3:0.33, value={value}) | normalize(imagenet)"),
+            None,
+            layout,
+        );
+        let mut out = vec![0u8; p.output_bytes()];
+        p.apply_rgb(&rgb, w, h, &mut rng(index), &mut out).unwrap();
+        floats(&out)
+    };
+    let (mut noise, mut total) = (Vec::new(), 0);
+    for index in 0..40 {
+        // The box is drawn before the noise's seed: a constant fill marks where it is.
+        let marked = run("1000", Layout::Nchw, index);
+        let random = run("random", Layout::Nchw, index);
+        let mut here = Vec::new();
+        for (m, r) in marked.iter().zip(&random) {
+            if *m == 1000.0 {
+                here.push(*r as f64);
+            } else {
+                assert!(
+                    (-3.0..=3.0).contains(r),
+                    "outside the box, normalized pixels"
+                );
+            }
+        }
+        total += marked.len();
+        assert!(!here.is_empty(), "p=1 erases");
+        // Deterministic per draw, and drawn in [C, h, w] order whatever the layout.
+        assert_eq!(random, run("random", Layout::Nchw, index));
+        let nhwc = run("random", Layout::Nhwc, index);
+        for c in 0..3 {
+            for y in 0..h {
+                for x in 0..w {
+                    assert_eq!(random[(c * h + y) * w + x], nhwc[(y * w + x) * 3 + c]);
+                }
+            }
+        }
+        noise.extend(here);
+    }
+    // 40 boxes of 30-33% of the image: ~14,000 draws; mean 0 and variance 1 within a few
+    // standard errors, and values different from draw to draw.
+    let n = noise.len() as f64;
+    assert!(n >= 0.29 * total as f64, "{n} of {total}");
+    let mean = noise.iter().sum::<f64>() / n;
+    let var = noise.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    assert!(mean.abs() < 0.05, "mean {mean}");
+    assert!((var - 1.0).abs() < 0.06, "variance {var}");
+    let beyond_2 = noise.iter().filter(|v| v.abs() > 2.0).count() as f64 / n;
+    assert!(
+        (0.035..0.056).contains(&beyond_2),
+        "P(|z| > 2) = {beyond_2}, normal: 0.0455"
+    );
+    assert_ne!(
+        run("random", Layout::Nchw, 0),
+        run("random", Layout::Nchw, 1)
     );
 }
 
