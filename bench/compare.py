@@ -45,6 +45,10 @@ TrivialAugmentWide + RandomErasing(p=0.25) + normalize, float32 NCHW, on the sam
 against torchvision v2 (decode_jpeg + transforms.v2) in torch DataLoader with 2 workers, in one
 run, interleaved ROUNDS times (best kept); prints samples/s and stoker's speed ratio.
 
+Packed format (--packed): stoker's image_folder and packed files (original JPEGs, --max-side
+256, --max-side 256 --mode raw) against FFCV 1.0.2's .beton files at the same settings, written
+and read in one run; see bench/compare_packed.py.
+
 Limits, same run: memcpy bandwidth (NumPy copy of one npy batch, one thread) for the npy
 workload; for the images, decode-only throughput of Pillow (libjpeg-turbo, 2 processes, reading
 the files) and of the fastest whole-image decoder of `stoker bench decoders` (zune-jpeg,
@@ -622,12 +626,22 @@ def table(results: dict, limits: dict, baseline: dict) -> str:
 
 
 def main() -> None:
+    if "--packed" in sys.argv[1:]:
+        # stoker's packed format against FFCV 1.0.2 has its own script; the other options go to it.
+        rest = [a for a in sys.argv[1:] if a != "--packed"]
+        os.execv(sys.executable, [sys.executable, str(HERE / "compare_packed.py"), *rest])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "LOADER"), help=argparse.SUPPRESS)
     parser.add_argument(
         "--workloads", default="images,npy,tar", help="comma-separated subset of images, npy, tar"
     )
     parser.add_argument("--augment", action="store_true", help="only the augmentation recipe")
+    parser.add_argument(
+        "--packed",
+        action="store_true",
+        help="only stoker's packed format against FFCV 1.0.2 (bench/compare_packed.py; its "
+        "--images N and --rounds R follow)",
+    )
     args = parser.parse_args()
     if args.child:
         child(*args.child)
