@@ -2,7 +2,7 @@
 //! default: nothing here is in a normal build).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::dtype::DType;
 use crate::error::Result;
@@ -69,4 +69,14 @@ pub fn slow_counting_source(n: usize, delay: Duration) -> Arc<dyn Source> {
         inner: counting_source(n),
         delay,
     })
+}
+
+/// Waits until `cond` holds (the loader's threads run concurrently), failing the test after
+/// `limit` with what was awaited.
+pub fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }

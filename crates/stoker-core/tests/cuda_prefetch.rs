@@ -3,7 +3,7 @@
 //! on its own thread, so a prefetcher that frees, reuses or reads too early fails these tests.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use stoker_core::testing::{FailAt, FakeDevice};
 use stoker_core::Stream;
@@ -44,12 +44,8 @@ fn contents(fake: &FakeDevice, b: &Batch) -> Vec<Vec<u8>> {
 }
 
 /// Waits until `cond` holds (the prefetch thread works concurrently), failing after 5 s.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+fn eventually(what: &str, cond: impl FnMut() -> bool) {
+    stoker_core::testing::eventually(what, Duration::from_secs(5), cond);
 }
 
 #[test]

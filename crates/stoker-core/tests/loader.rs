@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use stoker_core::{
     Batch, DType, Error, FieldSpec, Loader, LoaderOptions, MemorySource, Sample, Source, SourceSpec,
@@ -269,12 +269,8 @@ impl Source for CountingReads {
 }
 
 /// Waits until `cond` holds (the workers run concurrently), failing after 10 s.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+fn eventually(what: &str, cond: impl FnMut() -> bool) {
+    stoker_core::testing::eventually(what, Duration::from_secs(10), cond);
 }
 
 #[test]
