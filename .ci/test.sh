@@ -12,6 +12,17 @@ if [ "${CI:-}" = true ]; then
   export CARGO_INCREMENTAL=0 PIP_NO_CACHE_DIR=1
 fi
 
+# done_with PATH...: on CI, remove build outputs once the last step that reads them has run. The
+# whole run needs about 20 GB at its peak otherwise, more than a clean CI machine has free; a
+# developer's machine keeps them for the next run's incremental builds.
+target=${CARGO_TARGET_DIR:-target}
+cache=${STOKER_CACHE:-$HOME/.cache/stoker}
+done_with() {
+  [ "${CI:-}" = true ] || return 0
+  echo "CI: removing $*, no later step reads them"
+  rm -rf "$@"
+}
+
 step "toolchain"
 command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
 if command -v rustup >/dev/null; then
@@ -48,19 +59,23 @@ bash ctests/run.sh
 
 step "C++ API: GoogleTest suite, LibTorch adapter, install consumer, example trainer"
 bash bindings/cpp/run_tests.sh
+done_with "$cache/wheels" "$cache"/libtorch-*
 
 # After the C++ suite: its C++ reader links the C++ API that suite installed.
 step "remote shards: nginx (http://) and an S3 server (s3://) on 127.0.0.1, from Rust, Python, C and C++"
 bash ctests/remote/run.sh
+done_with "$target/debug" build-cpp .venv-remote
 
 step "python: manylinux wheel + sdist, installed into a clean venv with torch, pytest"
 bash bindings/python/run_tests.sh
 
 step "distributed: torchrun (gloo) 2 and 3 ranks with elastic resume, mpirun -np 2"
 bash bindings/python/run_distributed_tests.sh
+done_with .venv-test .venv-build "$target/release" "$target/zig"
 
 step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 30)"
 bash .ci/fuzz.sh
+done_with crates/stoker-core/fuzz/target
 
 step "sanitizers: the concurrency core under AddressSanitizer, ThreadSanitizer and Miri"
 bash .ci/sanitizers.sh
