@@ -360,6 +360,27 @@ def test_uint8_image_tensors_from_npy_are_transformed(make_loader, npy_data):
     assert np.array_equal(y, data.transpose(0, 2, 3, 1)[:, :, ::-1, :])
 
 
+def test_dtype_or_layout_alone_converts_uint8_image_tensors(tmp_path):
+    """No transform needed: the tensors' size is known, so dtype converts (x / 255) and layout
+    transposes on their own, and ops such as color_jitter may come first."""
+    data = np.random.default_rng(3).integers(0, 256, (10, 3, 6, 7), dtype=np.uint8)
+    path = tmp_path / "chw.npy"
+    np.save(path, data)
+    x = np.asarray(next(iter(stoker.Loader(f"npy:{path}", batch_size=10, dtype="float32")))["data"])
+    assert x.dtype == np.float32 and x.shape == (10, 3, 6, 7)
+    np.testing.assert_array_equal(x, (data / 255.0).astype(np.float32))
+    y = np.asarray(next(iter(stoker.Loader(f"npy:{path}", batch_size=10, layout="nhwc")))["data"])
+    assert y.dtype == np.uint8 and np.array_equal(y, data.transpose(0, 2, 3, 1))
+    z = np.asarray(
+        next(iter(stoker.Loader(f"npy:{path}", batch_size=10, transform="color_jitter(brightness=0.5) | hflip")))[
+            "data"
+        ]
+    )
+    assert z.shape == (10, 3, 6, 7)
+    with pytest.raises(stoker.InvalidArgumentError, match=r"field `data` \(7x6\).*center_crop"):
+        stoker.Loader(f"npy:{path}", batch_size=10, transform="center_crop(8)")
+
+
 def test_transform_on_a_tensor_source_without_images_is_an_error(tmp_path):
     path = tmp_path / "f.npy"
     np.save(path, np.zeros((4, 5), dtype=np.float32))

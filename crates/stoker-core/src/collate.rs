@@ -27,13 +27,13 @@ use std::time::Instant;
 use crate::arena::{Arena, SlabLease};
 use crate::batch::{Batch, FieldMeta};
 use crate::decode::{decode as decode_part, raw_pixels, read_header, DecodeBuffers, JpegDecoder};
-use crate::dtype::DType;
+use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::sampler::Draws;
 use crate::source::{FieldKind, FieldSpec, Sample, Source};
 use crate::stats::{SpanKind, Spans, Stage};
-use crate::transform::{mix, Pipeline, Scratch as TransformScratch};
+use crate::transform::{mix, Pipeline, Scratch as TransformScratch, NO_SIZE};
 
 /// Alignment of every field inside a slab (DLPack recommends 256 bytes for device copies).
 const FIELD_ALIGN: usize = 256;
@@ -41,8 +41,9 @@ const FIELD_ALIGN: usize = 256;
 /// How many replacements `on_error=skip` tries for one bad sample before giving up.
 pub const MAX_REPLACEMENTS: usize = 16;
 
-/// How encoded-image fields become slots: decoded (refusing images over `max_pixels` before
-/// allocating), then transformed by `pipeline` straight into the slot.
+/// How image fields become slots: encoded images are decoded (refusing images over
+/// `max_pixels` before allocating), then transformed by `pipeline` straight into the slot;
+/// image-shaped tensors are transformed by a pipeline built for their size.
 pub struct ImageStages {
     /// Largest `width * height` a decoded image may have (option `max_image_pixels`).
     pub max_pixels: u64,
@@ -50,8 +51,38 @@ pub struct ImageStages {
     pub jpeg_decoder: JpegDecoder,
     /// How image-shaped uint8 tensor fields are stored (`None`: from their shape).
     pub input_layout: Option<InputLayout>,
-    /// The transforms that write each image into its slot.
-    pub pipeline: Pipeline,
+    /// The transforms that write each encoded image into its slot; `None` where the spec leaves
+    /// the size as it is, which only a source of image-shaped tensors (all of one size) allows.
+    pub pipeline: Option<Arc<Pipeline>>,
+    /// Option `transform`, from which each tensor field's pipeline is built.
+    pub transform: Option<String>,
+    /// Option `dtype` (`None`: from the spec), for the tensor fields' pipelines.
+    pub dtype: Option<DType>,
+    /// Option `layout`, for the tensor fields' pipelines.
+    pub layout: Layout,
+}
+
+/// The pipeline for the image-shaped tensors of `field`, all `height`x`width`: their size is
+/// known, so the spec need not fix it, and operations such as `color_jitter` may come first.
+fn tensor_pipeline(
+    stages: &ImageStages,
+    field: &FieldSpec,
+    height: usize,
+    width: usize,
+) -> Result<Pipeline> {
+    Pipeline::for_input(
+        stages.transform.as_deref(),
+        stages.dtype,
+        stages.layout,
+        height,
+        width,
+    )
+    .map_err(|reason| {
+        Error::option(
+            "transform",
+            format!("field `{}` ({width}x{height}): {reason}", field.name),
+        )
+    })
 }
 
 /// How an image-shaped uint8 tensor field is stored (option `input_layout`).
@@ -108,10 +139,13 @@ enum Output {
         inner: Vec<usize>,
         pad: Vec<u8>,
     },
-    Image(Arc<ImageStages>),
+    Image {
+        stages: Arc<ImageStages>,
+        pipeline: Arc<Pipeline>,
+    },
     /// A uint8 RGB tensor (`[H, W, 3]` or `[3, H, W]`) transformed like a decoded image.
     TensorImage {
-        stages: Arc<ImageStages>,
+        pipeline: Arc<Pipeline>,
         height: usize,
         width: usize,
         layout: InputLayout,
@@ -154,6 +188,9 @@ pub struct BatchKey {
     pub epoch: u64,
     /// The batch's position in its epoch on this rank, from 0.
     pub position: usize,
+    /// This process's rank: batch-level randomness (mixup/cutmix) is keyed by it too, so ranks
+    /// at the same position draw apart, as timm's per-rank generators do.
+    pub rank: usize,
 }
 
 /// A sample a stream handed over: its bytes are owned (moved out of a shard reader or written by
@@ -260,9 +297,22 @@ impl Collator {
     ) -> Result<Collator> {
         let mut outputs = Vec::new();
         let mut names = Vec::new();
-        let mix = image
-            .as_ref()
-            .and_then(|stages| stages.pipeline.batch_mix().cloned());
+        // The spec's mixing is the same whatever the input size; build it once to learn it.
+        let mix = match image.as_ref() {
+            Some(stages) => match &stages.pipeline {
+                Some(p) => p.batch_mix().cloned(),
+                None => match fields
+                    .iter()
+                    .find_map(|f| Some((f, tensor_image_shape(f, stages.input_layout)?)))
+                {
+                    Some((field, (h, w, _))) => {
+                        tensor_pipeline(stages, field, h, w)?.batch_mix().cloned()
+                    }
+                    None => None,
+                },
+            },
+            None => None,
+        };
         if let Some(mix) = &mix {
             let labelled = fields.iter().any(|f| {
                 f.name == "label"
@@ -295,7 +345,7 @@ impl Collator {
                     tensor_image_shape(spec, stages.input_layout).map(|s| (stages, s))
                 }) {
                     Some((stages, (height, width, layout))) => Output::TensorImage {
-                        stages: stages.clone(),
+                        pipeline: Arc::new(tensor_pipeline(stages, spec, height, width)?),
                         height,
                         width,
                         layout,
@@ -326,12 +376,21 @@ impl Collator {
                         pad: bytes,
                     }
                 }
-                FieldKind::EncodedImage => Output::Image(image.clone().ok_or_else(|| {
-                    Error::Unsupported(format!(
-                        "field `{}` holds encoded images but no image pipeline is configured",
-                        spec.name
-                    ))
-                })?),
+                FieldKind::EncodedImage => {
+                    let stages = image.clone().ok_or_else(|| {
+                        Error::Unsupported(format!(
+                            "field `{}` holds encoded images but no image pipeline is configured",
+                            spec.name
+                        ))
+                    })?;
+                    let pipeline = stages.pipeline.clone().ok_or_else(|| {
+                        Error::option(
+                            "transform",
+                            format!("field `{}` holds encoded images: {NO_SIZE}", spec.name),
+                        )
+                    })?;
+                    Output::Image { stages, pipeline }
+                }
             };
             outputs.push(output);
             names.push(spec.name.clone());
@@ -644,7 +703,7 @@ impl Collator {
                 Output::Pad { dtype, inner, .. } => {
                     got.is_multiple_of((inner.iter().product::<usize>() * dtype.size()).max(1))
                 }
-                Output::Image(_) => got > 0,
+                Output::Image { .. } => got > 0,
                 Output::SoftLabel { src, .. } => got == src.size(),
                 Output::TensorImage { height, width, .. } => got == height * width * 3,
             };
@@ -659,7 +718,7 @@ impl Collator {
                         "field `{}` has {got} bytes, not a whole number of {dtype} {inner:?} rows",
                         self.names[f]
                     ),
-                    Output::Image(_) => format!("field `{}` is empty (0 bytes)", self.names[f]),
+                    Output::Image { .. } => format!("field `{}` is empty (0 bytes)", self.names[f]),
                     Output::TensorImage { height, width, .. } => format!(
                         "field `{}` has {got} bytes; expected a uint8 {height}x{width}x3 image",
                         self.names[f]
@@ -708,8 +767,8 @@ impl Collator {
                         .chain(inner.iter().copied())
                         .collect(),
                 ),
-                Output::Image(stages) | Output::TensorImage { stages, .. } => {
-                    (stages.pipeline.dtype(), stages.pipeline.shape())
+                Output::Image { pipeline, .. } | Output::TensorImage { pipeline, .. } => {
+                    (pipeline.dtype(), pipeline.shape())
                 }
                 Output::SoftLabel { num_classes, .. } => (DType::F32, vec![*num_classes]),
             };
@@ -792,7 +851,7 @@ impl Collator {
                     }
                 }
                 Output::TensorImage {
-                    stages,
+                    pipeline,
                     height,
                     width,
                     layout,
@@ -814,8 +873,7 @@ impl Collator {
                             &decode.rgb
                         }
                     };
-                    stages
-                        .pipeline
+                    pipeline
                         .apply(rgb, *width, *height, &mut rng, dst, transform)
                         .map_err(|reason| sample_error(pick, index, reason))?;
                     spans.push(
@@ -826,10 +884,10 @@ impl Collator {
                     );
                     continue;
                 }
-                Output::Image(stages) => {
+                Output::Image { stages, pipeline } => {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let at = (slot, pick.index(index) as usize);
-                    write_image(stages, src, &mut rng, dst, pixels, spans, at)
+                    write_image(stages, pipeline, src, &mut rng, dst, pixels, spans, at)
                         .map_err(|reason| sample_error(pick, index, reason))?;
                     continue; // decode and transform recorded their own spans
                 }
@@ -846,16 +904,18 @@ impl Collator {
 }
 
 impl Collator {
-    /// mixup/cutmix over the written batch: one draw keyed by (seed, epoch, batch position),
+    /// mixup/cutmix over the written batch: one draw keyed by (seed, epoch, rank, batch position),
     /// images and soft labels of sample `i` blended with those of sample `n - 1 - i`.
     fn mix_batch(&self, key: BatchKey, n: usize, metas: &[FieldMeta], slab: &mut [u8]) {
-        let Some((f_img, stages)) = self.outputs.iter().enumerate().find_map(|(f, o)| match o {
-            Output::Image(stages) | Output::TensorImage { stages, .. } => Some((f, stages)),
+        let Some((f_img, pipeline)) = self.outputs.iter().enumerate().find_map(|(f, o)| match o {
+            Output::Image { pipeline, .. } | Output::TensorImage { pipeline, .. } => {
+                Some((f, pipeline))
+            }
             _ => None,
         }) else {
             return;
         };
-        let Some(mix) = stages.pipeline.batch_mix() else {
+        let Some(mix) = pipeline.batch_mix() else {
             return;
         };
         let Some(f_label) = self
@@ -865,24 +925,19 @@ impl Collator {
         else {
             return;
         };
-        let (height, width) = stages.pipeline.output_size();
-        let mut rng = Rng::for_key(key.seed, Stream::Mix, key.epoch, key.position as u64);
+        let (height, width) = pipeline.output_size();
+        // Rank in the high half: a rank delivers far fewer than 2^32 batches an epoch.
+        let batch = ((key.rank as u64) << 32) | key.position as u64;
+        let mut rng = Rng::for_key(key.seed, Stream::Mix, key.epoch, batch);
         let draw = mix.draw(&mut rng, height, width);
         if draw.lam >= 1.0 || n < 2 {
             return;
         }
         let img = &metas[f_img];
         let images = &mut slab[img.offset..img.offset + img.num_bytes()];
-        let dtype = stages.pipeline.dtype();
+        let dtype = pipeline.dtype();
         match draw.cut {
-            Some(cut) => mix::swap_boxes(
-                images,
-                n,
-                (height, width),
-                stages.pipeline.layout(),
-                dtype,
-                cut,
-            ),
+            Some(cut) => mix::swap_boxes(images, n, (height, width), pipeline.layout(), dtype, cut),
             None => mix::blend_pairs(images, n, img.num_bytes() / n, dtype, draw.lam),
         }
         let lab = &metas[f_label];
@@ -1244,8 +1299,10 @@ impl<'a> Slots<'a> {
 
 /// Decodes one encoded image into the worker's buffer, then transforms it into `out`; records
 /// both stages for the sample at `(slot, index)`.
+#[allow(clippy::too_many_arguments)]
 fn write_image(
     stages: &ImageStages,
+    pipeline: &Pipeline,
     encoded: &[u8],
     rng: &mut Rng,
     out: &mut [u8],
@@ -1260,9 +1317,7 @@ fn write_image(
         let mid = Instant::now();
         spans.push_ended(SpanKind::Stage(Stage::Decode), slot, index, start, mid);
         let (dims, rgb) = raw?;
-        let result = stages
-            .pipeline
-            .apply(rgb, dims.width, dims.height, rng, out, transform);
+        let result = pipeline.apply(rgb, dims.width, dims.height, rng, out, transform);
         spans.push(SpanKind::Stage(Stage::Transform), slot, index, mid);
         return result;
     }
@@ -1270,19 +1325,15 @@ fn write_image(
     // transform will (see `decode`); the random draws are the same as after a whole decode.
     let decoded =
         read_header(encoded, stages.max_pixels, stages.jpeg_decoder, decode).and_then(|header| {
-            let plan = stages
-                .pipeline
-                .plan(header.dims.width, header.dims.height, rng)?;
-            let window = stages.pipeline.window(&plan);
+            let plan = pipeline.plan(header.dims.width, header.dims.height, rng)?;
+            let window = pipeline.window(&plan);
             Ok((decode_part(encoded, &header, Some(window), decode)?, plan))
         });
     let mid = Instant::now();
     spans.push_ended(SpanKind::Stage(Stage::Decode), slot, index, start, mid);
     let (decoded, plan) = decoded?;
     spans.count_decode(decoded.path);
-    let result = stages
-        .pipeline
-        .apply_decoded(&decode.rgb, &decoded, plan, rng, out, transform);
+    let result = pipeline.apply_decoded(&decode.rgb, &decoded, plan, rng, out, transform);
     spans.push(SpanKind::Stage(Stage::Transform), slot, index, mid);
     // Do not keep a rare huge image's buffers for the worker's lifetime.
     if decode.rgb.capacity() > KEEP_DECODE_BYTES {

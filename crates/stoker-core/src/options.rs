@@ -229,9 +229,9 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "subset", values: "`3,5,9` or `0..1000`, mixed", default: "none", meaning: "`SubsetRandomSampler`: these indices, shuffled every epoch" },
     OptionDoc { key: "indices", values: "`3,5,9` or `0..1000`, mixed", default: "none", meaning: "these indices in this order every epoch (a torch `sampler=` given as a sequence)" },
     OptionDoc { key: "transform", values: "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`", default: "none", meaning: "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see the README's transform table); run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument" },
-    OptionDoc { key: "dtype", values: "`uint8`, `float32`, `float16`, `bfloat16`", default: "float32 after normalize, else uint8", meaning: "image output element type (tensor sources deliver data as stored)" },
+    OptionDoc { key: "dtype", values: "`uint8`, `float32`, `float16`, `bfloat16`", default: "float32 after normalize, else uint8", meaning: "image output element type (other tensors are delivered as stored; image-shaped uint8 tensors are images, see `input_layout`)" },
     OptionDoc { key: "layout", values: "`nchw`, `nhwc`", default: "nchw", meaning: "image batch layout" },
-    OptionDoc { key: "input_layout", values: "`hwc`, `chw`", default: "`hwc` if the last dimension is 3, else `chw` if the first is", meaning: "how an image-shaped uint8 tensor field (npy, tar `npy`, packed raw, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images" },
+    OptionDoc { key: "input_layout", values: "`hwc`, `chw`", default: "`hwc` if the last dimension is 3, else `chw` if the first is", meaning: "how an image-shaped uint8 tensor field (npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size" },
     OptionDoc { key: "pin_memory", values: "bool", default: "true with cuda", meaning: "page-locked batch memory (`mlock`, or driver registration on cuda)" },
     OptionDoc { key: "device", values: "`cpu`, `cuda`, `cuda:N`", default: "cpu", meaning: "where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node)" },
     OptionDoc { key: "cuda_stream", values: "a CUstream, decimal or `0x` hex", default: "the loader's own", meaning: "device=cuda: copy on the caller's stream (borrowed, never destroyed)" },
@@ -880,8 +880,15 @@ impl LoaderOptions {
                 format!("images can be uint8, float32, float16 or bfloat16, not {dtype}"),
             ));
         }
-        let pipeline = Pipeline::new(options.transform.as_deref(), options.dtype, options.layout)
-            .map_err(|reason| Error::option("transform", reason))?;
+        // Encoded images vary in size, so their pipeline must fix it; image-shaped tensors get a
+        // pipeline each, built by collate for their known size (which checks the spec too).
+        let pipeline = if has_images {
+            let p = Pipeline::new(options.transform.as_deref(), options.dtype, options.layout)
+                .map_err(|reason| Error::option("transform", reason))?;
+            Some(Arc::new(p))
+        } else {
+            None
+        };
         let jpeg_decoder = match options.jpeg_decoder {
             Some(d) => d,
             // The environment picks the decoder of every loader that does not say, so a test
@@ -901,6 +908,9 @@ impl LoaderOptions {
             jpeg_decoder,
             input_layout: options.input_layout,
             pipeline,
+            transform: options.transform.clone(),
+            dtype: options.dtype,
+            layout: options.layout,
         }))
     }
 }

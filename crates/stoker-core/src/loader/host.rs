@@ -592,6 +592,7 @@ impl HostLoader {
             seed: self.schedule.seed,
             epoch,
             position,
+            rank: self.schedule.launch.rank,
         }
     }
 
@@ -656,11 +657,7 @@ impl HostLoader {
                 1
             };
             let task = Task {
-                key: BatchKey {
-                    seed: self.schedule.seed,
-                    epoch,
-                    position,
-                },
+                key: self.key(epoch, position),
                 plan,
                 generation: self.generation,
             };

@@ -108,6 +108,7 @@ impl Feed {
             seed: self.seed,
             epoch: self.epoch,
             position,
+            rank: self.rank,
         }
     }
 

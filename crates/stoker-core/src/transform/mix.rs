@@ -1,5 +1,5 @@
-//! Batch-level mixing, timm's `Mixup` in batch mode: one draw per batch (keyed by seed, epoch
-//! and batch position) decides mixup or cutmix and `lam`; sample `i` is mixed with sample
+//! Batch-level mixing, timm's `Mixup` in batch mode: one draw per batch (keyed by seed, epoch,
+//! rank and batch position) decides mixup or cutmix and `lam`; sample `i` is mixed with sample
 //! `B - 1 - i` (the batch reversed, `x.flip(0)`), and the labels become float32 soft targets
 //! `[B, num_classes]`: `lam * onehot(y_i) + (1 - lam) * onehot(y_{B-1-i})`, with label
 //! smoothing `off = s / N`, `on = 1 - s + off`.

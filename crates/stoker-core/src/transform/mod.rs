@@ -79,7 +79,7 @@ pub mod warp;
 pub use augment::AugOp;
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
 pub use mix::{BatchMix, MixDraw};
-pub use pipeline::{Pipeline, Scratch};
+pub use pipeline::{Pipeline, Scratch, NO_SIZE};
 pub use spec::{parse, EraseValue, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD};
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use super::mix::BatchMix;
 use super::spec::{parse, EraseValue, Op};
 use crate::decode::{Decoded, Dims, Window};
 use crate::dtype::{DType, Layout};
-use crate::rng::Rng;
+use crate::rng::{Rng, Stream};
 
 /// Per-channel lookup tables: the output element for each 8-bit input value.
 enum Lut {
@@ -18,6 +18,11 @@ enum Lut {
     F32(Box<[[f32; 256]; 3]>),
     Half(Box<[[u16; 256]; 3]>),
 }
+
+/// Why a pipeline for encoded images (of varying sizes) was refused.
+pub const NO_SIZE: &str = "images of a batch must all have one size: the transform must fix the \
+     output size with resize(H, W), center_crop(S) or random_resized_crop(S) (e.g. \
+     `resize(256) | center_crop(224)`)";
 
 /// A parsed, validated pipeline with a fixed output size.
 pub struct Pipeline {
@@ -94,13 +99,34 @@ fn op_name(op: &Op) -> &'static str {
 }
 
 impl Pipeline {
-    /// Builds the pipeline of `spec` (None: no transform). `dtype` None picks `float32` when the
-    /// pipeline normalizes, else `uint8`. The pipeline must end in an operation that fixes the
-    /// output size, so that every image of a batch has the same shape.
+    /// Builds the pipeline of `spec` (None: no transform) for encoded images, whose size varies.
+    /// `dtype` None picks `float32` when the pipeline normalizes, else `uint8`. The pipeline must
+    /// fix the output size, so that every image of a batch has the same shape.
     pub fn new(
         spec: Option<&str>,
         dtype: Option<DType>,
         layout: Layout,
+    ) -> Result<Pipeline, String> {
+        Self::build(spec, dtype, layout, None)
+    }
+
+    /// Builds the pipeline of `spec` for images that are all `height`x`width` (image-shaped
+    /// tensors): the output size is known from the start, so no operation has to fix it.
+    pub fn for_input(
+        spec: Option<&str>,
+        dtype: Option<DType>,
+        layout: Layout,
+        height: usize,
+        width: usize,
+    ) -> Result<Pipeline, String> {
+        Self::build(spec, dtype, layout, Some((height, width)))
+    }
+
+    fn build(
+        spec: Option<&str>,
+        dtype: Option<DType>,
+        layout: Layout,
+        input: Option<(usize, usize)>,
     ) -> Result<Pipeline, String> {
         let mut ops = match spec {
             Some(s) => parse(s)?,
@@ -109,14 +135,14 @@ impl Pipeline {
         // Batch-level ops leave the per-sample list: collate runs them on the whole batch.
         let mix = BatchMix::from_ops(&ops)?;
         ops.retain(|op| !matches!(op, Op::Mixup { .. } | Op::Cutmix { .. }));
-        if mix.is_some() && ops.is_empty() {
+        if mix.is_some() && ops.is_empty() && input.is_none() {
             return Err(
                 "mixup/cutmix: need per-sample operations that fix the image size \
                         before them (e.g. `random_resized_crop(224) | mixup(...)`)"
                     .into(),
             );
         }
-        let mut size = None;
+        let mut size = input;
         let mut normalize = None;
         // The first op the geometry plan cannot fold: it and every later op run on the
         // materialised image.
@@ -142,7 +168,12 @@ impl Pipeline {
                         op_name(&ops[planned])
                     ));
                 }
-                Op::ResizeShorter(_) => size = None,
+                Op::ResizeShorter(s) => {
+                    size = size.map(|(h, w)| {
+                        let (w, h) = super::geometry::resize_shorter(w, h, *s);
+                        (h, w)
+                    })
+                }
                 Op::Resize { height, width }
                 | Op::CenterCrop { height, width }
                 | Op::RandomResizedCrop { height, width, .. }
@@ -176,12 +207,13 @@ impl Pipeline {
                 }
             }
         }
-        let (height, width) = size.ok_or_else(|| {
-            "images of a batch must all have one size: the transform must fix the output size \
-             with resize(H, W), center_crop(S) or random_resized_crop(S) (e.g. \
-             `resize(256) | center_crop(224)`)"
-                .to_string()
-        })?;
+        let (height, width) = size.ok_or_else(|| NO_SIZE.to_string())?;
+        if let Some((h, w)) = input {
+            // Every input has this size: a crop that cannot fit it is refused now, not at each
+            // sample (the plan's random draws cannot make it fit).
+            let mut rng = Rng::for_key(0, Stream::Augment, 0, 0);
+            super::geometry::plan(&ops[..planned], w, h, &mut rng)?;
+        }
         let dtype = dtype.unwrap_or(if normalize.is_some() {
             DType::F32
         } else {

@@ -180,11 +180,31 @@ fn pipeline_needs_a_fixed_size_and_a_sensible_dtype() {
         None,
         Some("resize(256)"),
         Some("hflip"),
-        Some("center_crop(9) | resize(7)"),
+        Some("resize(7) | hflip"),
     ] {
         let err = Pipeline::new(spec, None, Layout::Nchw).unwrap_err();
         assert!(err.contains("fix the output size"), "{spec:?}: {err}");
     }
+    // A resize of the shorter side after a fixed size keeps it fixed.
+    let p = Pipeline::new(Some("center_crop(9, 12) | resize(6)"), None, Layout::Nchw).unwrap();
+    assert_eq!(p.output_size(), (6, 8));
+    // Image-shaped tensors have a known size: none of these is refused for them.
+    for spec in [
+        None,
+        Some("resize(256)"),
+        Some("hflip"),
+        Some("color_jitter(brightness=0.4)"),
+    ] {
+        let p = Pipeline::for_input(spec, None, Layout::Nchw, 32, 48).unwrap();
+        let expected = if spec == Some("resize(256)") {
+            (256, 384)
+        } else {
+            (32, 48)
+        };
+        assert_eq!(p.output_size(), expected, "{spec:?}");
+    }
+    let err = Pipeline::for_input(Some("center_crop(40)"), None, Layout::Nchw, 32, 48).unwrap_err();
+    assert!(err.contains("smaller than the crop"), "{err}");
     let err = Pipeline::new(
         Some("resize(8,8) | normalize(imagenet)"),
         Some(DType::U8),

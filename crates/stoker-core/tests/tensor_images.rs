@@ -1,0 +1,391 @@
+//! Image-shaped uint8 tensors (`[H, W, 3]` or `[3, H, W]`) from every tensor source — npy, tar
+//! `npy` members, packed tensor fields, in-memory sources — go through `transform`, `dtype` and
+//! `layout` as decoded images do. Their size is known, so the spec need not fix it: `dtype`
+//! alone converts, `layout` alone transposes, and operations such as `color_jitter` may come
+//! first. A spec that cannot fit the tensors is refused at construction, naming the field.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use stoker_core::pack::{pack, PackOptions};
+use stoker_core::source::{npy_bytes, write_npy, MemorySource, PackedSource};
+use stoker_core::{Batch, DType, Loader, LoaderOptions, Source, SourceSpec};
+
+mod files;
+use files::{tmp, write_tar};
+
+const N: usize = 6;
+const H: usize = 4;
+const W: usize = 5;
+
+/// `N` images as `[N, H, W, 3]` uint8, every value distinct enough to catch a transposition.
+fn hwc_images() -> Vec<u8> {
+    (0..N * H * W * 3).map(|i| (i * 7 % 256) as u8).collect()
+}
+
+/// `hwc` (`[N, H, W, 3]`) as `[N, 3, H, W]`.
+fn to_chw(hwc: &[u8]) -> Vec<u8> {
+    let mut out = vec![0; hwc.len()];
+    for n in 0..N {
+        for y in 0..H {
+            for x in 0..W {
+                for c in 0..3 {
+                    out[((n * 3 + c) * H + y) * W + x] = hwc[((n * H + y) * W + x) * 3 + c];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `hwc` with each image flipped left to right.
+fn hflipped(hwc: &[u8]) -> Vec<u8> {
+    let mut out = vec![0; hwc.len()];
+    for n in 0..N {
+        for y in 0..H {
+            for x in 0..W {
+                let from = ((n * H + y) * W + (W - 1 - x)) * 3;
+                let to = ((n * H + y) * W + x) * 3;
+                out[to..to + 3].copy_from_slice(&hwc[from..from + 3]);
+            }
+        }
+    }
+    out
+}
+
+fn loader(source: &str, kv: &[(&str, &str)]) -> stoker_core::Result<Loader> {
+    let mut o = LoaderOptions::new();
+    o.set("source", source)?;
+    with_options(o, kv)
+}
+
+fn memory_loader(source: Arc<dyn Source>, kv: &[(&str, &str)]) -> stoker_core::Result<Loader> {
+    with_options(
+        LoaderOptions::new().with_source(SourceSpec::Custom(source)),
+        kv,
+    )
+}
+
+fn with_options(mut o: LoaderOptions, kv: &[(&str, &str)]) -> stoker_core::Result<Loader> {
+    o.set("batch_size", &N.to_string())?;
+    for (k, v) in kv {
+        o.set(k, v)?;
+    }
+    Loader::new(&o)
+}
+
+/// The first batch's field `name`: its dtype, shape and bytes.
+fn first(l: &mut Loader, name: &str) -> (DType, Vec<usize>, Vec<u8>) {
+    let b: Batch = l.next().expect("no error").expect("a batch");
+    let f = b.field_by_name(name).expect("the field");
+    (
+        f.dtype,
+        f.shape.to_vec(),
+        f.data.expect("host data").to_vec(),
+    )
+}
+
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn npy(dir: &Path, name: &str, shape: &[usize], data: &[u8]) -> String {
+    let path = dir.join(name);
+    write_npy(&path, DType::U8, shape, data).unwrap();
+    format!("npy:{}", path.display())
+}
+
+#[test]
+fn dtype_alone_converts_and_layout_alone_transposes_without_a_transform() {
+    let dir = tmp("alone");
+    let hwc = hwc_images();
+    let chw_source = npy(&dir, "chw.npy", &[N, 3, H, W], &to_chw(&hwc));
+
+    // dtype=float32: x / 255, shape kept ([3, H, W] is read as chw and written as nchw).
+    let (dtype, shape, bytes) = first(
+        &mut loader(&chw_source, &[("dtype", "float32")]).unwrap(),
+        "data",
+    );
+    assert_eq!((dtype, shape), (DType::F32, vec![N, 3, H, W]));
+    let expected: Vec<f32> = to_chw(&hwc)
+        .iter()
+        .map(|&v| (v as f64 / 255.0) as f32)
+        .collect();
+    assert_eq!(floats(&bytes), expected);
+
+    // layout=nhwc alone: the same uint8 values, channels last.
+    let (dtype, shape, bytes) = first(
+        &mut loader(&chw_source, &[("layout", "nhwc")]).unwrap(),
+        "data",
+    );
+    assert_eq!((dtype, shape), (DType::U8, vec![N, H, W, 3]));
+    assert_eq!(bytes, hwc);
+
+    // float16 too, from an hwc file to nchw.
+    let hwc_source = npy(&dir, "hwc.npy", &[N, H, W, 3], &hwc);
+    let (dtype, shape, bytes) = first(
+        &mut loader(&hwc_source, &[("dtype", "float16")]).unwrap(),
+        "data",
+    );
+    assert_eq!((dtype, shape), (DType::F16, vec![N, 3, H, W]));
+    let halves: Vec<u8> = to_chw(&hwc)
+        .iter()
+        .flat_map(|&v| {
+            half::f16::from_f64(v as f64 / 255.0)
+                .to_bits()
+                .to_ne_bytes()
+        })
+        .collect();
+    assert_eq!(bytes, halves);
+}
+
+#[test]
+fn ops_that_need_a_known_size_may_come_first_on_tensors() {
+    let dir = tmp("known");
+    let source = npy(&dir, "hwc.npy", &[N, H, W, 3], &hwc_images());
+    for spec in [
+        "color_jitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1) | hflip",
+        "trivial_augment | random_erasing(p=1)",
+        "resize(8) | random_crop(8, padding=2)",
+        "normalize(mean=0.5, std=0.25)",
+    ] {
+        let mut l = loader(&source, &[("transform", spec), ("dtype", "float32")])
+            .unwrap_or_else(|e| panic!("{spec}: {e}"));
+        let (dtype, shape, _) = first(&mut l, "data");
+        let (h, w) = if spec.starts_with("resize") {
+            // resize(8) sets the shorter side (H = 4) to 8: W = int(8 * 5 / 4) = 10, then the
+            // random crop takes 8x8.
+            (8, 8)
+        } else {
+            (H, W)
+        };
+        assert_eq!((dtype, shape), (DType::F32, vec![N, 3, h, w]), "{spec}");
+    }
+    // The same draws whatever num_workers, as for decoded images.
+    let spec = "color_jitter(brightness=0.4, hue=0.2) | rotate(30) | hflip";
+    let run = |workers: &str| {
+        let mut l = loader(
+            &source,
+            &[
+                ("transform", spec),
+                ("num_workers", workers),
+                ("shuffle", "true"),
+                ("seed", "9"),
+                ("batch_size", "2"),
+            ],
+        )
+        .unwrap();
+        l.epoch_iter()
+            .map(|b| {
+                let b = b.unwrap();
+                b.field_by_name("data").unwrap().data.unwrap().to_vec()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run("0"), run("3"));
+}
+
+#[test]
+fn a_spec_that_cannot_fit_the_tensors_is_refused_at_construction_naming_the_field() {
+    let dir = tmp("refused");
+    let source = npy(&dir, "hwc.npy", &[N, H, W, 3], &hwc_images());
+    let e = loader(&source, &[("transform", "center_crop(10)")])
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        e.contains("transform") && e.contains("field `data` (5x4)") && e.contains("center_crop"),
+        "{e}"
+    );
+    // Encoded images still need the size fixed: their sizes vary.
+    let jpeg = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/images/photo_444.jpg"),
+    )
+    .unwrap();
+    write_tar(
+        &dir.join("s.tar"),
+        &[
+            ("a.jpg".to_owned(), jpeg),
+            ("a.cls".to_owned(), b"0".to_vec()),
+        ],
+    );
+    let e = loader(
+        &format!("tar:{}", dir.join("s.tar").display()),
+        &[("dtype", "float32")],
+    )
+    .expect_err("refused")
+    .to_string();
+    assert!(e.contains("must all have one size"), "{e}");
+}
+
+#[test]
+fn tar_npy_members_follow_input_layout() {
+    let dir = tmp("tar");
+    let hwc = hwc_images();
+    let chw = to_chw(&hwc);
+    let image = H * W * 3;
+    let write = |name: &str, data: &[u8], shape: &[usize]| {
+        let mut members = Vec::new();
+        for i in 0..N {
+            let bytes = npy_bytes(DType::U8, shape, &data[i * image..(i + 1) * image]).unwrap();
+            members.push((format!("s{i:03}.npy"), bytes));
+            members.push((format!("s{i:03}.cls"), i.to_string().into_bytes()));
+        }
+        let path = dir.join(name);
+        write_tar(&path, &members);
+        format!("tar:{}", path.display())
+    };
+    let hwc_tar = write("hwc.tar", &hwc, &[H, W, 3]);
+    let chw_tar = write("chw.tar", &chw, &[3, H, W]);
+    let fields = ("fields", "npy:image,cls:label");
+
+    // hwc members, said so, flipped and delivered channels last.
+    let mut l = loader(
+        &hwc_tar,
+        &[
+            fields,
+            ("input_layout", "hwc"),
+            ("layout", "nhwc"),
+            ("transform", "hflip(p=1)"),
+        ],
+    )
+    .unwrap();
+    let (dtype, shape, bytes) = first(&mut l, "image");
+    assert_eq!((dtype, shape), (DType::U8, vec![N, H, W, 3]));
+    assert_eq!(bytes, hflipped(&hwc));
+
+    // chw members, said so, delivered channels last without a transform: the transposition.
+    let mut l = loader(
+        &chw_tar,
+        &[fields, ("input_layout", "chw"), ("layout", "nhwc")],
+    )
+    .unwrap();
+    assert_eq!(first(&mut l, "image").2, hwc);
+
+    // The wrong input_layout for the members' shape leaves them tensors, so a transform is
+    // refused rather than reading planes as pixels.
+    let e = loader(
+        &chw_tar,
+        &[fields, ("input_layout", "hwc"), ("transform", "hflip")],
+    )
+    .expect_err("refused")
+    .to_string();
+    assert!(e.contains("input_layout"), "{e}");
+}
+
+#[test]
+fn packed_tensor_fields_are_transformed_like_the_source_they_came_from() {
+    let dir = tmp("packed");
+    let hwc = hwc_images();
+    let labels: Vec<u8> = (0..N as i64).flat_map(|i| i.to_ne_bytes()).collect();
+    let src: Arc<dyn Source> = Arc::new(
+        MemorySource::new()
+            .with_tensor("image", DType::U8, &[3, H, W], to_chw(&hwc))
+            .unwrap()
+            .with_tensor("label", DType::I64, &[], labels)
+            .unwrap(),
+    );
+    let out = dir.join("d.stkpack");
+    pack(&*src, &out, &PackOptions::default(), &|_, _| {}).unwrap();
+    assert_eq!(PackedSource::open(out.to_str().unwrap()).unwrap().len(), N);
+
+    let kv = [
+        ("transform", "hflip(p=1) | normalize(mean=0.5, std=0.5)"),
+        ("layout", "nhwc"),
+    ];
+    let from_pack = first(
+        &mut loader(&format!("packed:{}", out.display()), &kv).unwrap(),
+        "image",
+    );
+    let from_memory = first(&mut memory_loader(src, &kv).unwrap(), "image");
+    assert_eq!(from_pack, from_memory);
+    assert_eq!(
+        (from_pack.0, from_pack.1.clone()),
+        (DType::F32, vec![N, H, W, 3])
+    );
+    let expected: Vec<f32> = hflipped(&hwc)
+        .iter()
+        .map(|&v| ((v as f64 / 255.0 - 0.5) / 0.5) as f32)
+        .collect();
+    let got = floats(&from_pack.2);
+    assert!(
+        got.iter().zip(&expected).all(|(a, b)| (a - b).abs() < 1e-6),
+        "normalized values"
+    );
+}
+
+#[test]
+fn mixup_on_tensor_images_needs_no_sizing_op() {
+    let hwc = hwc_images();
+    let labels: Vec<u8> = (0..N as i64).flat_map(|i| (i % 3).to_ne_bytes()).collect();
+    let src: Arc<dyn Source> = Arc::new(
+        MemorySource::new()
+            .with_tensor("image", DType::U8, &[H, W, 3], hwc)
+            .unwrap()
+            .with_tensor("label", DType::I64, &[], labels)
+            .unwrap(),
+    );
+    let mut l = memory_loader(
+        src,
+        &[
+            ("transform", "mixup(alpha=1.0, num_classes=3)"),
+            ("dtype", "float32"),
+        ],
+    )
+    .unwrap();
+    let b = l.next().unwrap().unwrap();
+    let image = b.field_by_name("image").unwrap();
+    assert_eq!(image.shape, &[N, 3, H, W]);
+    let label = b.field_by_name("label").unwrap();
+    assert_eq!((label.dtype, label.shape), (DType::F32, &[N, 3][..]));
+    // Soft labels: each row sums to 1.
+    for row in floats(label.data.unwrap()).chunks_exact(3) {
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5, "{row:?}");
+    }
+}
+
+#[test]
+fn mixup_draws_apart_on_each_rank_and_alike_whatever_num_workers() {
+    // 4 ranks' worth of samples, labels 0..4 so the two samples mixed always differ.
+    let n = 64;
+    let images: Vec<u8> = (0..n * H * W * 3).map(|i| (i % 251) as u8).collect();
+    let labels: Vec<u8> = (0..n as i64).flat_map(|i| (i % 4).to_ne_bytes()).collect();
+    let src: Arc<dyn Source> = Arc::new(
+        MemorySource::new()
+            .with_tensor("image", DType::U8, &[H, W, 3], images)
+            .unwrap()
+            .with_tensor("label", DType::I64, &[], labels)
+            .unwrap(),
+    );
+    // Each batch's lam, read off its first soft label (the larger of lam and 1 - lam).
+    let lams = |rank: usize, workers: usize| -> Vec<f32> {
+        let mut l = memory_loader(
+            src.clone(),
+            &[
+                ("transform", "mixup(alpha=1.0, num_classes=4)"),
+                ("batch_size", "4"),
+                ("rank", &rank.to_string()),
+                ("world_size", "2"),
+                ("num_workers", &workers.to_string()),
+                ("seed", "5"),
+            ],
+        )
+        .unwrap();
+        l.epoch_iter()
+            .map(|b| {
+                let b = b.unwrap();
+                let row = floats(b.field_by_name("label").unwrap().data.unwrap());
+                row[..4].iter().copied().fold(0.0, f32::max)
+            })
+            .collect()
+    };
+    let rank0 = lams(0, 0);
+    let rank1 = lams(1, 0);
+    assert_eq!(rank0.len(), 8);
+    let same = rank0.iter().zip(&rank1).filter(|(a, b)| a == b).count();
+    assert_eq!(same, 0, "rank 0 {rank0:?}\nrank 1 {rank1:?}");
+    assert_eq!(lams(0, 3), rank0);
+    assert_eq!(lams(1, 2), rank1);
+}
