@@ -556,7 +556,7 @@ struct stoker_options *stoker_options_new(void);
  * <!-- options:begin -->
  * | key | values | default | meaning |
  * |---|---|---|---|
- * | `source` | `npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH` | required | an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards); custom, callback and iterable sources are set in code |
+ * | `source` | `npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH` | required | an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs); custom, callback and iterable sources are set in code |
  * | `labels` | `npy:PATH` | none | integer labels for an npy source (field `label`, int64) |
  * | `batch_size` | integer 1..=16777216 | 1 | samples per batch |
  * | `shuffle` | bool | false | a new permutation every epoch, a function of (seed, epoch) only |
@@ -592,7 +592,7 @@ struct stoker_options *stoker_options_new(void);
  * | `shuffle_buffer` | integer 0..=16777216 | 0 | tar: 0 = indexed (random access, every sampler); N ≥ 1 = streaming: shards shuffled per (seed, epoch), split across ranks into equal runs, read sequentially through a seeded buffer of N samples; iterable sources: a buffer of N samples (0: stream order) |
  * | `order` | `random`, `quasi_random` | `random` | with `shuffle=true`: `quasi_random` is a page-aware shuffle for packed data larger than RAM: pages shuffled, then samples shuffled within windows of 32 pages (64 MiB at the default page size); deterministic and resumable like `random`. The packed files are advised (`madvise`) for the order: sequential, random or read-ahead per page |
  * | `fields` | `EXT:NAME,...` (`jpg;png:image,cls:label,txt:caption`) | image + label | tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, anything else raw bytes (uint8, padded with 0, with `NAME_lengths`) |
- * | `shard_prefetch` | integer 0..=64 | 2 | tar with URLs (`s3://`, `gs://`, `az://`, `https://`): remote shards downloaded at once while the loader opens (0 is taken as 1) |
+ * | `shard_prefetch` | integer 0..=64 | 2 | tar or packed with URLs (`s3://`, `gs://`, `az://`, `https://`): remote shards downloaded at once while the loader opens (0 is taken as 1) |
  * | `cache_dir` | a directory path | none (a private temporary directory, removed when the loader closes) | local cache of remote shards, shared safely by the ranks of a node (file locks; each shard downloaded once); a later loader checks each cached shard's size and ETag with one HEAD request and reads it locally |
  * | `cache_limit` | bytes (`500GB`, `64GiB`) | unlimited | cache_dir: least recently used shards not in use by any loader are removed after a download, down to this size |
  * <!-- options:end -->

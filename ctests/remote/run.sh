@@ -130,7 +130,7 @@ for name in sorted(os.listdir(sys.argv[1])):
 print("s3: uploaded", len(os.listdir(sys.argv[1])), "shards")
 PY
 
-export STOKER_REMOTE_SAMPLES=$samples
+export STOKER_REMOTE_SAMPLES=$samples STOKER_REMOTE_WWW=$work/www
 export STOKER_REMOTE_HTTP="http://127.0.0.1:$http_port/shard-{000..003}.tar"
 export STOKER_REMOTE_S3="s3://stoker-test/shards/shard-{000..003}.tar"
 

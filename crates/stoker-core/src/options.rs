@@ -18,7 +18,7 @@ use crate::sampler::{Deal, SamplerKind};
 use crate::source::streaming::StreamSource;
 use crate::source::tar::{Split, TarConfig, TarSource, TarStream};
 pub use crate::source::SourceSpec;
-use crate::source::{Access, FieldKind, FieldSpec, IterableStream, Source};
+use crate::source::{Access, FieldKind, FieldSpec, IterableStream, PackedSource, Source};
 use crate::transform::Pipeline;
 
 /// Where batches are delivered (option `device`).
@@ -211,7 +211,7 @@ pub struct OptionDoc {
 /// Every key [`LoaderOptions::set`] accepts.
 #[rustfmt::skip]
 pub const OPTIONS: &[OptionDoc] = &[
-    OptionDoc { key: "source", values: "`npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`", default: "required", meaning: "an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards); custom, callback and iterable sources are set in code" },
+    OptionDoc { key: "source", values: "`npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`", default: "required", meaning: "an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs); custom, callback and iterable sources are set in code" },
     OptionDoc { key: "labels", values: "`npy:PATH`", default: "none", meaning: "integer labels for an npy source (field `label`, int64)" },
     OptionDoc { key: "batch_size", values: "integer 1..=16777216", default: "1", meaning: "samples per batch" },
     OptionDoc { key: "shuffle", values: "bool", default: "false", meaning: "a new permutation every epoch, a function of (seed, epoch) only" },
@@ -247,7 +247,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "shuffle_buffer", values: "integer 0..=16777216", default: "0", meaning: "tar: 0 = indexed (random access, every sampler); N ≥ 1 = streaming: shards shuffled per (seed, epoch), split across ranks into equal runs, read sequentially through a seeded buffer of N samples; iterable sources: a buffer of N samples (0: stream order)" },
     OptionDoc { key: "order", values: "`random`, `quasi_random`", default: "`random`", meaning: "with `shuffle=true`: `quasi_random` is a page-aware shuffle for packed data larger than RAM: pages shuffled, then samples shuffled within windows of 32 pages (64 MiB at the default page size); deterministic and resumable like `random`. The packed files are advised (`madvise`) for the order: sequential, random or read-ahead per page" },
     OptionDoc { key: "fields", values: "`EXT:NAME,...` (`jpg;png:image,cls:label,txt:caption`)", default: "image + label", meaning: "tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, anything else raw bytes (uint8, padded with 0, with `NAME_lengths`)" },
-    OptionDoc { key: "shard_prefetch", values: "integer 0..=64", default: "2", meaning: "tar with URLs (`s3://`, `gs://`, `az://`, `https://`): remote shards downloaded at once while the loader opens (0 is taken as 1)" },
+    OptionDoc { key: "shard_prefetch", values: "integer 0..=64", default: "2", meaning: "tar or packed with URLs (`s3://`, `gs://`, `az://`, `https://`): remote shards downloaded at once while the loader opens (0 is taken as 1)" },
     OptionDoc { key: "cache_dir", values: "a directory path", default: "none (a private temporary directory, removed when the loader closes)", meaning: "local cache of remote shards, shared safely by the ranks of a node (file locks; each shard downloaded once); a later loader checks each cached shard's size and ETag with one HEAD request and reads it locally" },
     OptionDoc { key: "cache_limit", values: "bytes (`500GB`, `64GiB`)", default: "unlimited", meaning: "cache_dir: least recently used shards not in use by any loader are removed after a download, down to this size" },
 ];
@@ -804,6 +804,13 @@ impl LoaderOptions {
                     damaged: Vec::new(),
                 }
             }
+            SourceSpec::Packed(path) if self.labels.is_none() => Opened {
+                source: OpenedSource::Indexed(Arc::new(PackedSource::open_with(
+                    path,
+                    &self.tar_config().remote,
+                )?)),
+                damaged: Vec::new(),
+            },
             other => Opened {
                 source: OpenedSource::Indexed(
                     other.open(self.labels.as_deref(), self.pad.is_some())?,

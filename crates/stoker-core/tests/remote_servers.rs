@@ -1,7 +1,8 @@
 //! Reads shards served by real servers on 127.0.0.1: nginx over HTTP and an S3-compatible
 //! server (moto) over `s3://`. `ctests/remote/run.sh` starts the servers, uploads the shards,
-//! sets `STOKER_REMOTE_HTTP`, `STOKER_REMOTE_S3` (shard patterns), `STOKER_REMOTE_SAMPLES` and
-//! the `AWS_*` variables, and runs these with `--ignored`; plain `cargo test` skips them.
+//! sets `STOKER_REMOTE_HTTP`, `STOKER_REMOTE_S3` (shard patterns), `STOKER_REMOTE_SAMPLES`,
+//! `STOKER_REMOTE_WWW` (the directory nginx serves, where a packed dataset is written) and the
+//! `AWS_*` variables, and runs these with `--ignored`; plain `cargo test` skips them.
 #![cfg(feature = "remote")]
 
 use std::path::PathBuf;
@@ -96,4 +97,45 @@ fn s3_wrong_credentials_fail_without_showing_them() {
     assert!(err.contains("s3://no-such-bucket/"), "{err}");
     assert!(err.contains("HTTP 404"), "{err}");
     assert!(!err.contains(&secret), "{err}");
+}
+
+#[test]
+#[ignore = "needs nginx on 127.0.0.1: run by ctests/remote/run.sh"]
+fn nginx_packed_dataset() {
+    use stoker_core::pack::{pack, PackOptions};
+    use stoker_core::source::MemorySource;
+    use stoker_core::DType;
+
+    // Packed into the directory nginx serves, then read back by its URL.
+    let samples: i64 = env("STOKER_REMOTE_SAMPLES").parse().unwrap();
+    let www = PathBuf::from(env("STOKER_REMOTE_WWW"));
+    let ids: Vec<u8> = (0..samples).flat_map(|i| i.to_ne_bytes()).collect();
+    let pixels: Vec<u8> = (0..samples as usize * 2048).map(|i| i as u8).collect();
+    let source = MemorySource::new()
+        .with_tensor("label", DType::I64, &[], ids)
+        .unwrap()
+        .with_tensor("pixels", DType::U8, &[2048], pixels)
+        .unwrap();
+    let options = PackOptions {
+        page_size: 4096,
+        shard_size: Some(24 << 10),
+        ..PackOptions::default()
+    };
+    let report = pack(&source, &www.join("packed"), &options, &|_, _| {}).unwrap();
+    assert!(report.files.len() > 1, "{:?}", report.files);
+    let http = env("STOKER_REMOTE_HTTP");
+    let base = format!("{}/packed/", &http[..http.rfind('/').unwrap()]);
+    let cache = std::env::temp_dir().join(format!("stoker-remote-packed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    for _ in 0..2 {
+        // The second loader finds every file in the cache.
+        let mut o = LoaderOptions::new();
+        o.set("source", &format!("packed:{base}")).unwrap();
+        o.set("batch_size", "5").unwrap();
+        o.set("shuffle", "true").unwrap();
+        o.set("cache_dir", cache.to_str().unwrap()).unwrap();
+        let mut l = Loader::new(&o).unwrap();
+        assert_eq!(labels(&mut l), (0..samples).collect::<Vec<_>>());
+    }
+    std::fs::remove_dir_all(&cache).unwrap();
 }

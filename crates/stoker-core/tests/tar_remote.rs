@@ -1,7 +1,7 @@
 //! `tar:http://...` through the loader: the same samples as the local shards, in indexed and
 //! streaming mode, the first loader downloading into `cache_dir` and the next reading from it;
 //! ranks sharing one cache download each shard once; `on_error=skip` leaves out a missing
-//! shard. The server is a small static file server on 127.0.0.1 written here (with the request
+//! shard; `packed:` datasets read over HTTP through the same cache. The server is a small static file server on 127.0.0.1 written here (with the request
 //! log the assertions need); `ctests/remote_servers.sh` runs the same reads against nginx and an
 //! S3 server.
 #![cfg(feature = "remote")]
@@ -257,4 +257,91 @@ fn missing_shard_fails_naming_it_or_is_skipped() {
     assert_eq!(epoch(&mut skip).len(), 30);
     assert_eq!(skip.stats().samples_skipped, 1);
     fs::remove_dir_all(&data).unwrap();
+}
+
+/// `packed:` over HTTP: a dataset directory (its index, then its shards), a list of shard URLs,
+/// the cache serving the next loader, and a shard that does not match the index named by URL.
+#[test]
+fn packed_datasets_read_over_http_as_local_ones() {
+    use stoker_core::pack::{pack, PackOptions};
+    use stoker_core::source::MemorySource;
+    use stoker_core::DType;
+
+    let data = tmp("packed-data");
+    let n = 40usize;
+    let labels: Vec<u8> = (0..n as i64).flat_map(|i| i.to_ne_bytes()).collect();
+    let extra: Vec<u8> = (0..n * 3000).map(|i| (i % 253) as u8).collect();
+    let source = MemorySource::new()
+        .with_tensor("label", DType::I64, &[], labels)
+        .unwrap()
+        .with_tensor("extra", DType::U8, &[3000], extra)
+        .unwrap();
+    let options = PackOptions {
+        page_size: 4096,
+        shard_size: Some(16 << 10),
+        ..PackOptions::default()
+    };
+    let report = pack(&source, &data.join("ds"), &options, &|_, _| {}).unwrap();
+    assert!(report.files.len() >= 3, "{:?}", report.files);
+    let server = FileServer::start(data.clone());
+    let base = format!("http://127.0.0.1:{}/ds/", server.port);
+    let packed = |spec: &str, kv: &[(&str, &str)]| {
+        let mut o = LoaderOptions::new();
+        o.set("source", &format!("packed:{spec}"))?;
+        for (k, v) in [("batch_size", "4"), ("shuffle", "true"), ("seed", "3")]
+            .iter()
+            .chain(kv)
+        {
+            o.set(k, v)?;
+        }
+        Loader::new(&o)
+    };
+    let want = epoch(&mut packed(data.join("ds").to_str().unwrap(), &[]).unwrap());
+    assert_eq!(want.len(), n);
+
+    let cache = tmp("packed-cache");
+    let cache_kv = [("cache_dir", cache.to_str().unwrap())];
+    assert_eq!(epoch(&mut packed(&base, &cache_kv).unwrap()), want);
+    let gets = server.gets();
+    assert_eq!(
+        gets,
+        report.files.len() + 1,
+        "the index and each shard once"
+    );
+    // The next loader with the same cache reads it: no download.
+    assert_eq!(
+        epoch(&mut packed(&format!("{base}index.stkidx"), &cache_kv).unwrap()),
+        want
+    );
+    assert_eq!(server.gets(), gets);
+
+    // A comma list of shard URLs (no index), into a private cache.
+    let list: Vec<String> = report
+        .files
+        .iter()
+        .map(|f| format!("{base}{}", f.file_name().unwrap().to_str().unwrap()))
+        .collect();
+    assert_eq!(epoch(&mut packed(&list.join(","), &[]).unwrap()), want);
+
+    // A shard that is not the one the index lists: refused, naming its URL.
+    let first = report.files[0].clone();
+    let second = &report.files[1];
+    fs::copy(second, &first).unwrap();
+    let err = packed(&base, &[]).err().unwrap().to_string();
+    let first_url = format!("{base}{}", first.file_name().unwrap().to_str().unwrap());
+    assert!(
+        err.contains(&first_url) && err.contains("does not match the dataset index"),
+        "{err}"
+    );
+    // No index at the URL: an error naming it.
+    let err = packed(&format!("http://127.0.0.1:{}/nothing/", server.port), &[])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("nothing/index.stkidx") && err.contains("404"),
+        "{err}"
+    );
+    fs::remove_dir_all(&data).unwrap();
+    fs::remove_dir_all(&cache).unwrap();
 }

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use super::read::PackedFile;
 use crate::error::{Error, Result};
+use crate::source::remote::{self, shown_without_credentials, RemoteConfig, ShardHolder};
+use crate::source::tar::pattern::{expand_shards, is_url};
 
 /// The index file's name inside a dataset directory.
 pub const INDEX_NAME: &str = "index.stkidx";
@@ -119,13 +121,51 @@ pub fn parse_index(path: &Path, text: &str) -> Result<Vec<IndexEntry>> {
 /// One shard to open, with what the index (if any) says it must be.
 #[derive(Clone, Debug)]
 pub struct ListedShard {
-    /// The shard file's path.
+    /// The shard file's path (for a remote shard, its copy in the cache).
     pub path: PathBuf,
     /// Its index entry; `None` when no index lists it.
     pub expect: Option<IndexEntry>,
+    /// The URL of a remote shard, without credentials: what messages name.
+    pub url: Option<String>,
 }
 
 impl ListedShard {
+    fn local(path: PathBuf, expect: Option<IndexEntry>) -> ListedShard {
+        ListedShard {
+            path,
+            expect,
+            url: None,
+        }
+    }
+
+    /// The shard as messages name it: its URL, or its path.
+    pub fn name(&self) -> String {
+        match &self.url {
+            Some(url) => url.clone(),
+            None => self.path.display().to_string(),
+        }
+    }
+
+    /// `err` about the shard's file, naming the URL for a remote shard (and the cached copy).
+    pub fn blame(&self, err: Error) -> Error {
+        let Some(url) = &self.url else {
+            return err;
+        };
+        let cached =
+            |path: &Path, reason: String| format!("{reason} (its cached copy: {})", path.display());
+        match err {
+            Error::Io { path, reason } if path == self.path => Error::Io {
+                reason: cached(&path, reason),
+                path: PathBuf::from(url),
+            },
+            Error::Format { path, reason } if path == self.path => Error::Format {
+                reason: cached(&path, reason),
+                path: PathBuf::from(url),
+            },
+            other => other,
+        }
+    }
+
     /// Checks an opened shard against its index entry.
     pub fn check(&self, file: &PackedFile) -> Result<()> {
         let Some(e) = &self.expect else {
@@ -160,8 +200,8 @@ impl ShardListing {
     pub fn identity(&self) -> String {
         let mut s = String::new();
         for shard in &self.shards {
-            let name = shard.path.file_name().unwrap_or_default().to_string_lossy();
-            s.push_str(&name);
+            let name = shard.name();
+            s.push_str(name.rsplit('/').next().unwrap_or_default());
             if let Some(e) = &shard.expect {
                 s.push_str(&format!(":{:08x}", e.checksum));
             }
@@ -195,22 +235,85 @@ pub fn resolve(spec: &str) -> Result<ShardListing> {
             return from_index(path);
         }
         return Ok(ShardListing {
-            shards: vec![ListedShard {
-                path: path.to_owned(),
-                expect: None,
-            }],
+            shards: vec![ListedShard::local(path.to_owned(), None)],
         });
     }
     let paths = crate::source::tar::pattern::local_shards(spec)?;
     Ok(ShardListing {
         shards: paths
             .into_iter()
-            .map(|path| ListedShard { path, expect: None })
+            .map(|path| ListedShard::local(path, None))
             .collect(),
     })
 }
 
-fn from_index(index: &Path) -> Result<ShardListing> {
+/// Resolves `packed:SPEC` where SPEC may name remote files: a dataset URL (ending in `/` or in
+/// `index.stkidx`), whose index is fetched first and then every shard it lists, or one URL or a
+/// pattern of shard URLs. Remote files are downloaded whole into the cache, as tar shards are
+/// (see [`crate::source::remote`]): the packed reader maps them like local files. The holders
+/// keep the cached files in place while the source lives. Local specs resolve as [`resolve`].
+pub fn resolve_with(spec: &str, remote: &RemoteConfig) -> Result<(ShardListing, Vec<ShardHolder>)> {
+    let names = expand_shards(spec)?;
+    if !names.iter().any(|n| is_url(n)) {
+        return Ok((resolve(spec)?, Vec::new()));
+    }
+    match names.as_slice() {
+        [dataset] if dataset.ends_with('/') || dataset.ends_with(INDEX_NAME) => {
+            let index_url = if dataset.ends_with('/') {
+                format!("{dataset}{INDEX_NAME}")
+            } else {
+                dataset.clone()
+            };
+            let fetched = remote::resolve(vec![index_url.clone()], remote, false)?;
+            let shown = shown_without_credentials(&index_url);
+            let index = ListedShard {
+                path: fetched.paths.first().cloned().unwrap_or_default(),
+                expect: None,
+                url: Some(shown),
+            };
+            let entries = read_index(&index.path).map_err(|e| index.blame(e))?;
+            let base = &index_url[..index_url.rfind('/').map_or(0, |i| i + 1)];
+            let urls: Vec<String> = entries
+                .iter()
+                .map(|e| format!("{base}{}", e.name))
+                .collect();
+            let shards = remote::resolve(urls.clone(), remote, false)?;
+            let listing = ShardListing {
+                shards: shards
+                    .paths
+                    .iter()
+                    .zip(entries)
+                    .zip(&urls)
+                    .map(|((path, e), url)| ListedShard {
+                        path: path.clone(),
+                        expect: Some(e),
+                        url: Some(shown_without_credentials(url)),
+                    })
+                    .collect(),
+            };
+            Ok((listing, vec![fetched.holder, shards.holder]))
+        }
+        _ => {
+            let shards = remote::resolve(names.clone(), remote, false)?;
+            let listing = ShardListing {
+                shards: shards
+                    .paths
+                    .iter()
+                    .zip(&names)
+                    .map(|(path, name)| ListedShard {
+                        path: path.clone(),
+                        expect: None,
+                        url: is_url(name).then(|| shown_without_credentials(name)),
+                    })
+                    .collect(),
+            };
+            Ok((listing, vec![shards.holder]))
+        }
+    }
+}
+
+/// The entries of the index file at `index`, its size bounded before it is read.
+fn read_index(index: &Path) -> Result<Vec<IndexEntry>> {
     let size = std::fs::metadata(index)
         .map_err(|e| Error::io(index, e))?
         .len();
@@ -221,14 +324,15 @@ fn from_index(index: &Path) -> Result<ShardListing> {
         ));
     }
     let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+    parse_index(index, &text)
+}
+
+fn from_index(index: &Path) -> Result<ShardListing> {
     let dir = index.parent().unwrap_or(Path::new("."));
     Ok(ShardListing {
-        shards: parse_index(index, &text)?
+        shards: read_index(index)?
             .into_iter()
-            .map(|e| ListedShard {
-                path: dir.join(&e.name),
-                expect: Some(e),
-            })
+            .map(|e| ListedShard::local(dir.join(&e.name), Some(e)))
             .collect(),
     })
 }

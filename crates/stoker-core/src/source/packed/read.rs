@@ -14,9 +14,10 @@ use super::format::{
     checksum, decode_schema, Entry, Header, ImageMode, PackedField, PackedKind, HEADER_BYTES,
     MAX_SCHEMA_BYTES,
 };
-use super::index::{resolve, ShardListing};
+use super::index::{resolve_with, ShardListing};
 use crate::error::{Error, Result};
 use crate::source::mapped::{self, Mapping};
+use crate::source::remote::{shown_without_credentials, RemoteConfig, ShardHolder};
 use crate::source::{Access, FieldSpec, Sample, Source};
 
 /// What a packed file's header, schema and table say, checked against its bytes: the checks of
@@ -235,13 +236,23 @@ pub struct PackedSource {
     starts: Vec<usize>,
     specs: Vec<FieldSpec>,
     listing: ShardListing,
+    /// Keeps remote shards' cached copies in place while the source maps them.
+    _holders: Vec<ShardHolder>,
 }
 
 impl PackedSource {
     /// Opens `path`: a packed file, a dataset directory or index file (`index.stkidx`), or a
     /// pattern of shard files (`train-{00000..00009}.stkpack`, globs, comma lists).
     pub fn open(path: &str) -> Result<PackedSource> {
-        let listing = resolve(path)?;
+        Self::open_with(path, &RemoteConfig::default())
+    }
+
+    /// Opens `spec` as [`open`](Self::open) does, or remote files: a dataset URL ending in `/`
+    /// or `index.stkidx`, one URL, or a pattern of URLs (`s3://`, `gs://`, `az://`, `http(s)://`),
+    /// downloaded into the cache `remote` configures before the source opens.
+    pub fn open_with(spec: &str, remote: &RemoteConfig) -> Result<PackedSource> {
+        let (listing, holders) = resolve_with(spec, remote)?;
+        let path = spec;
         let opened: Vec<Result<PackedFile>> = listing
             .shards
             .par_iter()
@@ -249,21 +260,24 @@ impl PackedSource {
             .collect();
         let mut shards = Vec::with_capacity(opened.len());
         for (file, listed) in opened.into_iter().zip(&listing.shards) {
-            let file = file?;
-            listed.check(&file)?;
+            let file = file.map_err(|e| listed.blame(e))?;
+            listed.check(&file).map_err(|e| listed.blame(e))?;
             shards.push(file);
         }
-        let first = shards
-            .first()
-            .ok_or_else(|| Error::InvalidArgument(format!("packed `{path}`: no shard")))?;
-        for shard in &shards[1..] {
+        let first = shards.first().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "packed `{}`: no shard",
+                shown_without_credentials(path)
+            ))
+        })?;
+        for (shard, listed) in shards.iter().zip(&listing.shards).skip(1) {
             if shard.fields() != first.fields() {
                 return Err(Error::format(
-                    shard.path(),
+                    listed.name(),
                     format!(
                         "its fields {:?} differ from those of {} ({:?})",
                         shard.fields(),
-                        first.path().display(),
+                        listing.shards[0].name(),
                         first.fields()
                     ),
                 ));
@@ -282,6 +296,7 @@ impl PackedSource {
             starts,
             specs,
             listing,
+            _holders: holders,
         })
     }
 
@@ -344,7 +359,7 @@ impl Source for PackedSource {
 
     fn describe(&self, index: usize) -> String {
         let (s, i) = self.locate(index);
-        format!("packed {} sample {i}", self.shards[s].path().display())
+        format!("packed {} sample {i}", self.listing.shards[s].name())
     }
 
     fn identity(&self) -> String {

@@ -3,6 +3,8 @@
 //! The cache is the mechanism: every remote shard is downloaded whole into a local cache
 //! directory (`cache_dir`, or a private temporary one removed when the source closes), and the
 //! tar readers then read the cached file exactly as a local shard, memory-mapped and indexed.
+//! Packed datasets (`packed:URL`) go the same way: their index first, then the shards it lists
+//! (see `packed::index::resolve_with`).
 //! `shard_prefetch` downloads run at once; the shards are indexed once all are in place.
 //!
 //! Both tar modes need every shard's sample count before the first batch (indexed mode for its
