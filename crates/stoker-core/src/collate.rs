@@ -33,7 +33,7 @@ use crate::rng::{Rng, Stream};
 use crate::sampler::Draws;
 use crate::source::{FieldKind, FieldSpec, Sample, Source};
 use crate::stats::{SpanKind, Spans, Stage};
-use crate::transform::{mix, Pipeline, Scratch as TransformScratch, NO_SIZE};
+use crate::transform::{mix, parse, BatchMix, Pipeline, Scratch as TransformScratch, NO_SIZE};
 
 /// Alignment of every field inside a slab (DLPack recommends 256 bytes for device copies).
 const FIELD_ALIGN: usize = 256;
@@ -297,20 +297,14 @@ impl Collator {
     ) -> Result<Collator> {
         let mut outputs = Vec::new();
         let mut names = Vec::new();
-        // The spec's mixing is the same whatever the input size; build it once to learn it.
-        let mix = match image.as_ref() {
-            Some(stages) => match &stages.pipeline {
-                Some(p) => p.batch_mix().cloned(),
-                None => match fields
-                    .iter()
-                    .find_map(|f| Some((f, tensor_image_shape(f, stages.input_layout)?)))
-                {
-                    Some((field, (h, w, _))) => {
-                        tensor_pipeline(stages, field, h, w)?.batch_mix().cloned()
-                    }
-                    None => None,
-                },
-            },
+        // The spec's batch-level mixing, whatever the image fields' sizes.
+        let mix = match image
+            .as_ref()
+            .and_then(|stages| stages.transform.as_deref())
+        {
+            Some(spec) => parse(spec)
+                .and_then(|ops| BatchMix::from_ops(&ops))
+                .map_err(|reason| Error::option("transform", reason))?,
             None => None,
         };
         if let Some(mix) = &mix {
