@@ -3,12 +3,23 @@
 //! `Tensor.to(torch.uint8)` does (rounded where torchvision rounds). Hand-written because no
 //! crate reproduces torchvision's exact formulas, which the equivalence tests hold us to.
 
-/// torchvision's grayscale: `0.2989 r + 0.587 g + 0.114 b` in float32, in this order, each
-/// `add_(x, alpha=k)` a fused multiply-add as PyTorch's vectorized CPU kernel computes it.
-#[inline]
-fn luma(px: &[u8]) -> f32 {
-    let (r, g, b) = (px[0] as f32, px[1] as f32, px[2] as f32);
-    r * 0.2989 + g * 0.587 + b * 0.114
+/// torchvision's grayscale, `0.2989 r + 0.587 g + 0.114 b` in float32 in this order, floored,
+/// from tables of the three products: the same float operations without the per-pixel
+/// conversions and multiplications. The value is never negative and below 255, so truncation
+/// is the floor (and avoids `floor`'s libm call on baseline x86-64).
+struct FlooredLuma([[f32; 256]; 3]);
+
+impl FlooredLuma {
+    fn new() -> FlooredLuma {
+        let table = |k: f32| std::array::from_fn(|x| x as f32 * k);
+        FlooredLuma([table(0.2989), table(0.587), table(0.114)])
+    }
+
+    #[inline]
+    fn of(&self, px: &[u8]) -> u8 {
+        let [r, g, b] = &self.0;
+        (r[px[0] as usize] + g[px[1] as usize] + b[px[2] as usize]) as u8
+    }
 }
 
 /// A blend ratio as torchvision passes it: `ratio` and `1 - ratio` each computed in double
@@ -32,7 +43,17 @@ impl Ratio {
 /// truncated; the `add_` with `alpha` is a fused multiply-add in PyTorch's vectorized kernel.
 #[inline]
 fn blend(x: u8, other: f32, r: Ratio) -> u8 {
-    other.mul_add(r.rest, x as f32 * r.f).clamp(0.0, 255.0) as u8
+    fused_mul_add(other, r.rest, x as f32 * r.f).clamp(0.0, 255.0) as u8
+}
+
+/// `a * b + c` rounded once, as `f32::mul_add`, which is a software routine on baseline x86-64
+/// (no FMA instruction). The product of two floats is exact in double precision, so only the
+/// sum rounds there, then to float: the same result but for a sum landing exactly halfway
+/// between two floats after the first rounding, which these operands (pixel values and blend
+/// ratios) do not meet in practice.
+#[inline]
+fn fused_mul_add(a: f32, b: f32, c: f32) -> f32 {
+    (a as f64 * b as f64 + c as f64) as f32
 }
 
 /// Applies a 256-entry table to every channel value.
@@ -58,8 +79,9 @@ pub(super) fn contrast(img: &mut [u8], factor: f64) {
     if pixels == 0 {
         return;
     }
-    let sum: f64 = img.chunks_exact(3).map(|px| luma(px).floor() as f64).sum();
-    let mean = (sum / pixels as f64) as f32;
+    let luma = FlooredLuma::new();
+    let sum: u64 = img.chunks_exact(3).map(|px| luma.of(px) as u64).sum();
+    let mean = (sum as f64 / pixels as f64) as f32;
     let f = Ratio::new(factor);
     let mut lut = [0u8; 256];
     for (x, v) in lut.iter_mut().enumerate() {
@@ -68,22 +90,31 @@ pub(super) fn contrast(img: &mut [u8], factor: f64) {
     apply_lut(img, &lut);
 }
 
-/// `adjust_saturation`: blend each pixel with its floored grayscale value.
+/// `adjust_saturation`: blend each pixel with its floored grayscale value. [`blend`] from
+/// tables: `x * ratio` per value and `gray * (1 - ratio)` (exact in double precision) per gray
+/// level, so a pixel costs three additions.
 pub(super) fn saturation(img: &mut [u8], factor: f64) {
     let f = Ratio::new(factor);
+    let luma = FlooredLuma::new();
+    let mut scaled = [0f64; 256];
+    let mut grayed = [0f64; 256];
+    for (x, (s, g)) in scaled.iter_mut().zip(&mut grayed).enumerate() {
+        *s = (x as f32 * f.f) as f64;
+        *g = x as f64 * f.rest as f64;
+    }
     for px in img.chunks_exact_mut(3) {
-        let gray = luma(px).floor();
+        let gray = grayed[luma.of(px) as usize];
         for v in px.iter_mut() {
-            *v = blend(*v, gray, f);
+            *v = ((gray + scaled[*v as usize]) as f32).clamp(0.0, 255.0) as u8;
         }
     }
 }
 
 /// `rgb_to_grayscale(num_output_channels=3)`: the truncated grayscale value in every channel.
 pub(super) fn grayscale(img: &mut [u8]) {
+    let luma = FlooredLuma::new();
     for px in img.chunks_exact_mut(3) {
-        let gray = luma(px) as u8;
-        px.fill(gray);
+        px.fill(luma.of(px));
     }
 }
 
@@ -146,21 +177,19 @@ pub(super) fn sharpness(src: &[u8], dst: &mut [u8], width: usize, height: usize,
     let alpha = (1.0 - factor) as f32;
     let stride = width * 3;
     for y in 1..height - 1 {
-        for x in 1..width - 1 {
-            for c in 0..3 {
-                let at =
-                    |dy: usize, dx: usize| src[(y + dy - 1) * stride + (x + dx - 1) * 3 + c] as f32;
-                let mut sum = 0.0f32;
-                for dy in 0..3 {
-                    for dx in 0..3 {
-                        sum += at(dy, dx);
-                    }
-                }
-                let center = at(1, 1);
-                let smooth = ((sum - center + 5.0 * center) / 13.0).round_ties_even();
-                let i = y * stride + x * 3 + c;
-                dst[i] = (center + alpha * (smooth - center)).clamp(0.0, 255.0) as u8;
-            }
+        let above = &src[(y - 1) * stride..y * stride];
+        let here = &src[y * stride..(y + 1) * stride];
+        let below = &src[(y + 1) * stride..(y + 2) * stride];
+        let out = &mut dst[y * stride..(y + 1) * stride];
+        for i in 3..stride - 3 {
+            let column = |r: &[u8]| r[i - 3] as u32 + r[i] as u32 + r[i + 3] as u32;
+            let center = here[i] as u32;
+            // torchvision sums in float32, exact for these integers; `/ 13` rounded half to
+            // even never meets a tie (13 is odd), so it is `(2s + 13) / 26` in integers.
+            let sum = column(above) + column(here) + column(below) + 4 * center;
+            let smooth = ((2 * sum + 13) / 26) as f32;
+            let center = center as f32;
+            out[i] = (center + alpha * (smooth - center)).clamp(0.0, 255.0) as u8;
         }
     }
 }
@@ -177,11 +206,15 @@ pub(super) fn posterize(img: &mut [u8], bits: u32) {
 /// promotes a uint8 tensor compared with a Python float).
 pub(super) fn solarize(img: &mut [u8], threshold: f64) {
     let threshold = threshold as f32;
-    for v in img.iter_mut() {
-        if *v as f32 >= threshold {
-            *v = 255 - *v;
-        }
+    let mut lut = [0u8; 256];
+    for (x, v) in lut.iter_mut().enumerate() {
+        *v = if x as f32 >= threshold {
+            255 - x as u8
+        } else {
+            x as u8
+        };
     }
+    apply_lut(img, &lut);
 }
 
 pub(super) fn invert(img: &mut [u8]) {

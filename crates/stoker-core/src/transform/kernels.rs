@@ -102,12 +102,19 @@ pub(super) fn write_u8(img: &SrcView<'_>, layout: Layout, out: &mut [u8]) {
             }
         }
         Layout::Nchw => {
-            for (c, plane) in out.chunks_exact_mut(w * h).enumerate().take(3) {
-                for (y, dst) in plane.chunks_exact_mut(w).enumerate() {
-                    let row = img.row(y);
-                    for (x, v) in dst.iter_mut().enumerate() {
-                        *v = row[img.col(x) * 3 + c];
-                    }
+            // One pass, as in `write_lut`.
+            let (red, rest) = out.split_at_mut(w * h);
+            let (green, blue) = rest.split_at_mut(w * h);
+            let rows = red
+                .chunks_exact_mut(w)
+                .zip(green.chunks_exact_mut(w))
+                .zip(blue.chunks_exact_mut(w));
+            for (y, ((r, g), b)) in rows.enumerate().take(h) {
+                let row = img.row(y);
+                for (x, ((r, g), b)) in r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).enumerate()
+                {
+                    let px = &row[img.col(x) * 3..][..3];
+                    (*r, *g, *b) = (px[0], px[1], px[2]);
                 }
             }
         }
@@ -138,19 +145,25 @@ pub(super) fn write_lut<T: Copy, const N: usize>(
             }
         }
         Layout::Nchw => {
-            for (c, plane) in out.chunks_exact_mut(w * h * N).enumerate().take(3) {
-                let table = &lut[c];
-                for (y, dst) in plane.chunks_exact_mut(w * N).enumerate() {
-                    let row = img.row(y);
-                    if img.flip {
-                        for (x, e) in dst.chunks_exact_mut(N).enumerate() {
-                            e.copy_from_slice(&to_bytes(table[row[(w - 1 - x) * 3 + c] as usize]));
-                        }
-                    } else {
-                        for (e, px) in dst.chunks_exact_mut(N).zip(row.chunks_exact(3)) {
-                            e.copy_from_slice(&to_bytes(table[px[c] as usize]));
-                        }
-                    }
+            // One pass: each source pixel read once, its three values written to the three
+            // planes' rows.
+            let (red, rest) = out.split_at_mut(w * h * N);
+            let (green, blue) = rest.split_at_mut(w * h * N);
+            let rows = red
+                .chunks_exact_mut(w * N)
+                .zip(green.chunks_exact_mut(w * N))
+                .zip(blue.chunks_exact_mut(w * N));
+            for (y, ((r, g), b)) in rows.enumerate().take(h) {
+                let row = img.row(y);
+                let elements = r
+                    .chunks_exact_mut(N)
+                    .zip(g.chunks_exact_mut(N))
+                    .zip(b.chunks_exact_mut(N));
+                for (x, ((r, g), b)) in elements.enumerate() {
+                    let px = &row[img.col(x) * 3..][..3];
+                    r.copy_from_slice(&to_bytes(lut[0][px[0] as usize]));
+                    g.copy_from_slice(&to_bytes(lut[1][px[1] as usize]));
+                    b.copy_from_slice(&to_bytes(lut[2][px[2] as usize]));
                 }
             }
         }
