@@ -99,8 +99,8 @@ fn near_half(v: f64) -> bool {
     !v.is_finite() || (v - floor(v) - 0.5).abs() < 1e-6
 }
 
-/// Copies `src[from..from + n]` pixels of one row into `dst[to..to + n]`, where `from = to +
-/// shift` may run off either end: what has no source pixel is left as written before (zero).
+/// Writes source row `src` shifted by `shift` whole pixels into `dst`: output pixel `j` is
+/// source pixel `j + shift`; output pixels with no source pixel are left as they are.
 fn copy_shifted(src: &[u8], dst: &mut [u8], width: usize, shift: f64) {
     let w = width as f64;
     if shift <= -w || shift >= w {
@@ -148,7 +148,8 @@ fn shifted(src: &[u8], dst: &mut [u8], width: usize, height: usize, m: &[f64; 6]
     if m[4] == 1.0 && m[1] == 0.0 {
         // Output column j reads source column round(sx_j), row i + round(m[3] x + m[5]).
         let column = |j: usize| {
-            let sx = m[0] * x_at(j) + m[2] + w * 0.5 - 0.5;
+            // As the per-pixel path groups it (its row term, with m[1] = 0, is this constant).
+            let sx = m[0] * x_at(j) + (m[2] + w * 0.5 - 0.5);
             (round_ties_even(sx), m[3] * x_at(j) + m[5])
         };
         if (0..width).any(|j| near_half(column(j).1)) {
