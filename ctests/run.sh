@@ -26,6 +26,7 @@ need_apt=()
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v valgrind >/dev/null || need_apt+=(valgrind)
 command -v cc >/dev/null || need_apt+=(gcc)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 if ((${#need_apt[@]})); then
   step "installing ${need_apt[*]}"
   sudo=""
@@ -187,14 +188,12 @@ cmake -S bindings/cpp/tests/consumer -B "$work/consumer_cxx" -DCMAKE_PREFIX_PATH
 cmake --build "$work/consumer_cxx" -j "$jobs"
 run_prog consumer_cxx env -C "$work/consumer_cxx" ./consumer
 
-if command -v pkg-config >/dev/null; then
-  step "pkg-config: the README example built with \$(pkg-config --cflags --libs stoker)"
-  export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
-  # shellcheck disable=SC2046
-  cc -std=c11 -Wall -Wextra -Werror -pedantic ctests/example.c -o "$work/example_pc" \
-    $(pkg-config --cflags --libs stoker)
-  run_prog example_pkg_config env LD_LIBRARY_PATH="$prefix/lib" "$work/example_pc" "$work/example.npy"
-fi
+step "pkg-config: the README example built with \$(pkg-config --cflags --libs stoker)"
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Wextra -Werror -pedantic ctests/example.c -o "$work/example_pc" \
+  $(pkg-config --cflags --libs stoker)
+run_prog example_pkg_config env LD_LIBRARY_PATH="$prefix/lib" "$work/example_pc" "$work/example.npy"
 
 # --- sanitizers -------------------------------------------------------------------------------
 # The tests link the installed shared library; the Rust code in it is not instrumented, but ASan
