@@ -4,7 +4,8 @@ directory, and over HTTP from nginx on 127.0.0.1 behind a proxy that delays ever
 first batch) and samples/s over a whole epoch including construction; for HTTP, epoch 1 cold
 (downloading into an empty cache_dir; at shard_prefetch 2, the default, and --shard-prefetch),
 epoch 2 of the same loader (cache, no network), and a new loader on the filled cache (one HEAD
-per shard, then local reads). Epoch 1 rows include opening the loader and compare with local
+per shard, then local reads); then the same cold epoch from a WebDataset `wids` index of the
+shards (tar:URL/train.json), which opens at once and reads each shard while it downloads. Epoch 1 rows include opening the loader and compare with local
 tar's epoch 1 (also opened); epoch 2 rows with local tar's epoch 2.
 
 Usage (bench/remote_shards.sh starts nginx): remote_shards.py SHARD_DIR HTTP_PORT"""
@@ -12,6 +13,7 @@ Usage (bench/remote_shards.sh starts nginx): remote_shards.py SHARD_DIR HTTP_POR
 import argparse
 import asyncio
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -42,6 +44,20 @@ def make_shards(out: str, shards: int, per_shard: int, side: int) -> None:
                     info.size = len(data)
                     t.addfile(info, io.BytesIO(data))
                 g += 1
+
+
+def write_wids_index(shard_dir: str) -> None:
+    """The shard index `widsindex create` writes: each shard with its sample count."""
+    shardlist = []
+    for name in sorted(n for n in os.listdir(shard_dir) if n.endswith(".tar")):
+        with tarfile.open(f"{shard_dir}/{name}") as t:
+            keys = {m.name.rsplit(".", 1)[0] for m in t.getmembers()}
+        shardlist.append(
+            {"url": name, "nsamples": len(keys), "filesize": os.path.getsize(f"{shard_dir}/{name}")}
+        )
+    index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": shardlist}
+    with open(f"{shard_dir}/train.json", "w") as f:
+        json.dump(index, f)
 
 
 def start_delay_proxy(target_port: int, delay_s: float) -> int:
@@ -100,19 +116,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("shard_dir")
     ap.add_argument("http_port", type=int)
-    ap.add_argument("--shards", type=int, default=16)
+    ap.add_argument("--shards", type=int, default=64)
     ap.add_argument("--per-shard", type=int, default=100)
     ap.add_argument("--side", type=int, default=256)
     ap.add_argument("--latency-ms", type=float, default=50)
-    ap.add_argument("--shard-prefetch", type=int, default=8)
+    ap.add_argument("--shard-prefetch", type=int, default=16)
     args = ap.parse_args()
     if not os.listdir(args.shard_dir):
         make_shards(args.shard_dir, args.shards, args.per_shard, args.side)
+    if not os.path.exists(f"{args.shard_dir}/train.json"):
+        write_wids_index(args.shard_dir)
     last = f"{args.shards - 1:04d}"
     proxy = start_delay_proxy(args.http_port, args.latency_ms / 1000)
     local = f"tar:{args.shard_dir}/train-{{0000..{last}}}.tar"
     remote = f"tar:http://127.0.0.1:{proxy}/train-{{0000..{last}}}.tar"
-    caches = [tempfile.mkdtemp(prefix="stoker-remote-bench-") for _ in range(2)]
+    indexed = f"tar:http://127.0.0.1:{proxy}/train.json"
+    caches = [tempfile.mkdtemp(prefix="stoker-remote-bench-") for _ in range(4)]
     rows = []  # (name, first batch s, epoch s, samples, the local row it is compared with)
     try:
         # Warm the page cache and the index files.
@@ -137,6 +156,13 @@ def main() -> None:
             remote, cache_dir=caches[1], shard_prefetch=args.shard_prefetch, **OPTIONS
         ) as l:
             rows.append(("http new loader on the filled cache", *run_epoch(l, t0), 0))
+        for prefetch, cache in ((2, caches[2]), (args.shard_prefetch, caches[3])):
+            t0 = time.perf_counter()
+            with stoker.Loader(indexed, cache_dir=cache, shard_prefetch=prefetch, **OPTIONS) as l:
+                rows.append((f"http wids index, epoch 1 cold, shard_prefetch={prefetch}", *run_epoch(l, t0), 0))
+                l.set_epoch(1)
+                t0 = time.perf_counter()
+                rows.append((f"http wids index, epoch 2, shard_prefetch={prefetch}", *run_epoch(l, t0), 1))
     finally:
         for cache in caches:
             shutil.rmtree(cache, ignore_errors=True)
@@ -145,11 +171,11 @@ def main() -> None:
         f"{args.latency_ms:.0f} ms added per request, {OPTIONS['num_workers']} workers, "
         f"shuffle_buffer={OPTIONS['shuffle_buffer']}"
     )
-    print(f"{'read':44} {'first batch':>12} {'epoch s':>8} {'samples/s':>10} {'vs local':>9}")
+    print(f"{'read':52} {'first batch':>12} {'epoch s':>8} {'samples/s':>10} {'vs local':>9}")
     for name, first, total, n, against in rows:
         rate = n / total
         base = rows[against][3] / rows[against][2]
-        print(f"{name:44} {first * 1000:9.1f} ms {total:8.2f} {rate:10.0f} {rate / base:8.2f}x")
+        print(f"{name:52} {first * 1000:9.1f} ms {total:8.2f} {rate:10.0f} {rate / base:8.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,8 @@
 """Reads the shards served by ctests/remote/run.sh through stoker's Python face: every sample
 once per epoch over http:// (nginx) and s3:// (an S3 server), in indexed and streaming mode,
-with a shared cache_dir; a missing object raises StokerIOError naming the URL and the status,
-without the credentials."""
+with a shared cache_dir, from shard patterns and from a WebDataset `wids` index (streaming from
+an index reads each shard while it downloads); a missing object raises StokerIOError naming the
+URL and the status, without the credentials."""
 
 import os
 import sys
@@ -19,10 +20,17 @@ def labels(loader: stoker.Loader) -> list[int]:
 
 def main() -> int:
     samples = int(os.environ["STOKER_REMOTE_SAMPLES"])
-    patterns = [os.environ["STOKER_REMOTE_HTTP"], os.environ["STOKER_REMOTE_S3"]]
+    # The indexes first, streaming first: their shards are read while they download into the
+    # cold cache; the later reads find them cached.
+    patterns = [
+        os.environ["STOKER_REMOTE_HTTP_INDEX"],
+        os.environ["STOKER_REMOTE_S3_INDEX"],
+        os.environ["STOKER_REMOTE_HTTP"],
+        os.environ["STOKER_REMOTE_S3"],
+    ]
     with tempfile.TemporaryDirectory(prefix="stoker-remote-py-") as cache:
         for pattern in patterns:
-            for shuffle_buffer in (0, 16):
+            for shuffle_buffer in (16, 0):
                 with stoker.Loader(
                     f"tar:{pattern}",
                     batch_size=4,
@@ -36,7 +44,7 @@ def main() -> int:
                         got = labels(loader)
                         assert got == list(range(samples)), (pattern, shuffle_buffer, got)
             print(f"python: {pattern}: {samples} samples per epoch, both modes")
-    missing = patterns[1].replace("shard-", "absent-")
+    missing = os.environ["STOKER_REMOTE_S3"].replace("shard-", "absent-")
     try:
         stoker.Loader(f"tar:{missing}", fields="cls:label")
     except stoker.StokerIOError as e:

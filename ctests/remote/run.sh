@@ -78,6 +78,15 @@ for s, n in enumerate(sizes):
                 info.size = len(data)
                 t.addfile(info, io.BytesIO(data))
             g += 1
+# A WebDataset shard index (wids), as `widsindex create` writes it (webdataset 0.2.x, whose
+# wids package needs torch to run): shard URLs relative to the index, with their counts.
+import json, os
+shards = [f"shard-{s:03d}.tar" for s in range(len(sizes))]
+index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "shard",
+         "shardlist": [{"url": name, "nsamples": n, "filesize": os.path.getsize(f"{out}/{name}")}
+                       for name, n in zip(shards, sizes)]}
+with open(f"{out}/train.json", "w") as f:
+    json.dump(index, f, indent=2)
 PY
 ls "$work/www"
 
@@ -133,6 +142,8 @@ PY
 export STOKER_REMOTE_SAMPLES=$samples STOKER_REMOTE_WWW=$work/www
 export STOKER_REMOTE_HTTP="http://127.0.0.1:$http_port/shard-{000..003}.tar"
 export STOKER_REMOTE_S3="s3://stoker-test/shards/shard-{000..003}.tar"
+export STOKER_REMOTE_HTTP_INDEX="http://127.0.0.1:$http_port/train.json"
+export STOKER_REMOTE_S3_INDEX="s3://stoker-test/shards/train.json"
 
 step "Rust"
 cargo test -q -p stoker-core --test remote_servers -- --ignored 2>&1 | tail -3

@@ -662,8 +662,10 @@ pub(crate) struct Alternatives {
 }
 
 /// Remote shard downloads in flight that hid 50 ms per request behind decoding in the
-/// benchmark (bench/remote_shards.sh: epoch 1 at 0.72x of local tar with 2, 0.99x with 8).
-const ADVISED_SHARD_PREFETCH: usize = 8;
+/// benchmark (`bench/remote_shards.sh --shards 64`: a cold epoch 1 at 0.51x of local tar with
+/// 2, 0.74x with 8, 0.90x with 16; streaming from a `wids` index 0.81-0.88x with 2, 0.92x
+/// with 16).
+const ADVISED_SHARD_PREFETCH: usize = 16;
 
 /// Where the cache advice suggests putting the cache: a path the user replaces.
 const CACHE_DIR_EXAMPLE: &str = "/local/disk/stoker-cache";
@@ -923,7 +925,7 @@ fn analyse(
         if alt.shard_prefetch.unwrap_or(2) < ADVISED_SHARD_PREFETCH {
             advice.push(Advice {
                 set: format!("shard_prefetch={ADVISED_SHARD_PREFETCH}"),
-                why: "a loader on remote shards opens once they are in the cache; with more downloads in flight, each request's latency overlaps the others'".into(),
+                why: "a loader on remote shards opens once they are in the cache (or, streaming from a wids index, reads each as it downloads); with more downloads in flight, each request's latency overlaps the others'".into(),
                 change: Change::Set("shard_prefetch", ADVISED_SHARD_PREFETCH.to_string()),
             });
         }
@@ -1405,7 +1407,7 @@ mod tests {
         let report = diagnose(&source(), &sets(&[("batch_size", "8")]), &remote).unwrap();
         let sets_advised = advised(&report);
         assert!(
-            sets_advised.contains(&"shard_prefetch=8".to_owned()),
+            sets_advised.contains(&"shard_prefetch=16".to_owned()),
             "{sets_advised:?}"
         );
         assert!(
@@ -1418,7 +1420,7 @@ mod tests {
             &source(),
             &sets(&[
                 ("batch_size", "8"),
-                ("shard_prefetch", "8"),
+                ("shard_prefetch", "16"),
                 ("cache_dir", cache.to_str().unwrap()),
             ]),
             &remote,

@@ -3,25 +3,27 @@
 //! The stores are `object_store`'s (S3, GCS, Azure, HTTP), built from each store's standard
 //! environment variables (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `AWS_REGION`,
 //! `GOOGLE_APPLICATION_CREDENTIALS`, `AZURE_STORAGE_ACCOUNT_NAME`, …). `object_store`'s own
-//! retries are turned off and the whole download is retried here instead, because a download
-//! is more than one request: a HEAD for the size and ETag, then a GET whose body is written to
-//! disk and checked. A body cut short or an ETag that changed between the two is a failed
-//! attempt like a 503 or a reset connection; the final error names the URL (without
-//! credentials), the status and the number of attempts.
+//! retries are turned off and downloads are retried here instead, because a download is more
+//! than a request: a GET whose body is written to disk and checked against the size the
+//! response declared. A body cut short is a failed attempt like a 503 or a reset connection,
+//! and the next attempt asks only for the bytes still missing (a ranged GET) of the same object
+//! (same size and ETag, else the download fails: the object changed); the final error names the
+//! URL (without credentials), the status and the number of attempts.
 //!
 //! One tokio runtime (two worker threads) serves every download of a fetcher; callers block on
 //! it from their own threads, so `shard_prefetch` downloads run at once without a runtime per
 //! shard.
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use object_store::{ClientOptions, ObjectStore, RetryConfig};
+use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, RetryConfig};
 
 use super::url::{Scheme, ShardUrl};
 use crate::error::{Error, Result};
@@ -113,10 +115,10 @@ impl Fetcher {
 
     /// The object's size and ETag (one HEAD request, not retried: a cached copy is used when the
     /// store cannot say).
-    pub(crate) fn head_once(&self, url: &ShardUrl) -> Result<ObjectMeta> {
+    pub(crate) fn head_once(&self, url: &ShardUrl, watch: &dyn Watch) -> Result<ObjectMeta> {
         let store = self.store(url)?;
         let path = object_path(url)?;
-        self.with_retries(url, "HEAD", 1, || async {
+        self.with_retries(url, "HEAD", 1, watch, || async {
             let meta = stall(&self.policy, store.head(&path)).await??;
             Ok(ObjectMeta {
                 size: meta.size,
@@ -126,55 +128,100 @@ impl Fetcher {
     }
 
     /// Downloads `url` into `dest` (created or truncated; synced before returning), checking
-    /// the body's length against the object's size and the GET's ETag against the HEAD's.
-    pub(crate) fn download(&self, url: &ShardUrl, dest: &Path) -> Result<ObjectMeta> {
+    /// the body's length against the object's size. One GET, no HEAD: the response describes
+    /// the object (size, ETag), and a round trip saved per shard is what a far store costs.
+    ///
+    /// `watch` sees the bytes as they land (a reader may follow the file while it grows) and
+    /// can stop the download. Bytes once reported are never rewritten with other content: a
+    /// retry after a body cut short resumes with a ranged GET from the first missing byte, and
+    /// the object must keep the size and ETag of the first attempt (else the download fails:
+    /// the object changed while being read). A store that answers a range with the whole
+    /// object is read again from the start, over the same bytes.
+    pub(crate) fn download(
+        &self,
+        url: &ShardUrl,
+        dest: &Path,
+        watch: &dyn Watch,
+    ) -> Result<ObjectMeta> {
         let store = self.store(url)?;
         let path = object_path(url)?;
-        self.with_retries(url, "GET", self.policy.attempts, || async {
-            let head = stall(&self.policy, store.head(&path)).await??;
-            let got = stall(&self.policy, store.get(&path)).await??;
-            if let (Some(want), Some(have)) = (&head.e_tag, &got.meta.e_tag) {
-                if want != have {
-                    return Err(Failure {
-                        transient: true,
-                        status: None,
-                        reason: format!(
-                            "the ETag changed between HEAD ({want}) and GET ({have}): the object is being replaced"
-                        ),
-                    });
+        let file = File::create(dest).map_err(|e| Error::io(dest, e))?;
+        watch.written(0);
+        // Across attempts: the object as first seen, the bytes in place, whether ranges work.
+        let first: RefCell<Option<ObjectMeta>> = RefCell::new(None);
+        let have = Cell::new(0u64);
+        let ranged = Cell::new(true);
+        self.with_retries(url, "GET", self.policy.attempts, watch, || async {
+            let from = if ranged.get() { have.get() } else { 0 };
+            let options = GetOptions {
+                range: (from > 0).then_some(GetRange::Offset(from)),
+                ..GetOptions::default()
+            };
+            let got = match stall(&self.policy, store.get_opts(&path, options)).await? {
+                Ok(got) => got,
+                Err(e) if from > 0 && ranges_refused(&e) => {
+                    // The server ignores ranges: the next attempt reads from the start.
+                    ranged.set(false);
+                    return Err(Failure::transient(format!(
+                        "the server does not serve byte ranges: {}",
+                        error_chain(&e)
+                    )));
                 }
+                Err(e) => return Err(e.into()),
+            };
+            // The GET's own description of the object (a range's too: its full size); the
+            // first attempt's is the one every later attempt must match.
+            let object = ObjectMeta {
+                size: got.meta.size,
+                etag: got.meta.e_tag.clone(),
+            };
+            let pinned = first
+                .borrow_mut()
+                .get_or_insert_with(|| object.clone())
+                .clone();
+            if pinned != object {
+                return Err(Failure::permanent(format!(
+                    "the object changed during the download (size {} ETag {}, now size {} ETag {})",
+                    pinned.size,
+                    pinned.etag.as_deref().unwrap_or("none"),
+                    object.size,
+                    object.etag.as_deref().unwrap_or("none")
+                )));
             }
-            let mut file = File::create(dest).map_err(|e| local_failure(dest, "create", e))?;
+            // `&File` writes and seeks: the file is not borrowed across the awaits below.
+            let mut file = &file;
+            file.seek(SeekFrom::Start(from))
+                .map_err(|e| local_failure(dest, "seek", e))?;
             let mut body = got.into_stream();
-            let mut written = 0u64;
+            let mut at = from;
             while let Some(chunk) = stall(&self.policy, body.next()).await? {
                 let chunk = chunk?;
-                written += chunk.len() as u64;
-                if written > head.size {
-                    return Err(Failure {
-                        transient: true,
-                        status: None,
-                        reason: format!("the body is longer than the object's {} bytes", head.size),
-                    });
+                at += chunk.len() as u64;
+                if at > object.size {
+                    return Err(Failure::transient(format!(
+                        "the body is longer than the object's {} bytes",
+                        object.size
+                    )));
                 }
                 file.write_all(&chunk)
                     .map_err(|e| local_failure(dest, "write", e))?;
+                if at > have.get() {
+                    have.set(at);
+                    watch.written(at);
+                }
+                if watch.cancelled() {
+                    return Err(Failure::permanent("the download was cancelled".into()));
+                }
             }
-            if written != head.size {
-                return Err(Failure {
-                    transient: true,
-                    status: None,
-                    reason: format!(
-                        "the body was cut short: {written} of {} bytes",
-                        head.size
-                    ),
-                });
+            if at != object.size {
+                return Err(Failure::transient(format!(
+                    "the body was cut short: {at} of {} bytes",
+                    object.size
+                )));
             }
-            file.sync_all().map_err(|e| local_failure(dest, "sync", e))?;
-            Ok(ObjectMeta {
-                size: head.size,
-                etag: head.e_tag,
-            })
+            file.sync_all()
+                .map_err(|e| local_failure(dest, "sync", e))?;
+            Ok(object)
         })
     }
 
@@ -185,6 +232,7 @@ impl Fetcher {
         url: &ShardUrl,
         what: &str,
         attempts: u32,
+        watch: &dyn Watch,
         mut attempt: F,
     ) -> Result<T>
     where
@@ -202,7 +250,7 @@ impl Fetcher {
         let mut made = 0u32;
         loop {
             made += 1;
-            let failure = match self.runtime.block_on(attempt()) {
+            let failure = match self.runtime.block_on(cancelled_or(watch, attempt())) {
                 Ok(value) => return Ok(value),
                 Err(failure) => failure,
             };
@@ -232,8 +280,10 @@ impl Fetcher {
             // together.
             let unit =
                 (crate::rng::splitmix64(&mut jitter_state) >> 11) as f64 / (1u64 << 53) as f64;
-            let sleep = cap.mul_f64(unit);
-            std::thread::sleep(sleep);
+            let wake = std::time::Instant::now() + cap.mul_f64(unit);
+            while std::time::Instant::now() < wake && !watch.cancelled() {
+                std::thread::sleep(CANCEL_POLL.min(wake - std::time::Instant::now()));
+            }
         }
     }
 }
@@ -248,6 +298,42 @@ fn object_path(url: &ShardUrl) -> Result<object_store::path::Path> {
     })
 }
 
+/// How often a waiting download looks at [`Watch::cancelled`].
+const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+/// Sees a download's progress and may stop it.
+pub(crate) trait Watch {
+    /// The first `bytes` of the object are in the destination file (called with 0 once the
+    /// file exists, then after each piece of the body; never decreasing).
+    fn written(&self, _bytes: u64) {}
+    /// Whether to give up now (checked after each piece and while waiting).
+    fn cancelled(&self) -> bool {
+        false
+    }
+}
+
+/// No watcher.
+impl Watch for () {}
+
+/// `attempt`, or a permanent failure as soon as `watch` says to stop.
+async fn cancelled_or<T>(
+    watch: &dyn Watch,
+    attempt: impl std::future::Future<Output = std::result::Result<T, Failure>>,
+) -> std::result::Result<T, Failure> {
+    let stop = async {
+        while !watch.cancelled() {
+            tokio::time::sleep(CANCEL_POLL).await;
+        }
+    };
+    let (attempt, stop) = (std::pin::pin!(attempt), std::pin::pin!(stop));
+    match futures::future::select(attempt, stop).await {
+        futures::future::Either::Left((result, _)) => result,
+        futures::future::Either::Right(((), _)) => {
+            Err(Failure::permanent("the download was cancelled".into()))
+        }
+    }
+}
+
 /// Bounds one await by the stall timeout.
 async fn stall<F: std::future::Future>(
     policy: &RetryPolicy,
@@ -260,6 +346,24 @@ async fn stall<F: std::future::Future>(
             status: None,
             reason: format!("no response for {} s", policy.stall_timeout.as_secs_f64()),
         })
+}
+
+impl Failure {
+    fn transient(reason: String) -> Failure {
+        Failure {
+            transient: true,
+            status: None,
+            reason,
+        }
+    }
+
+    fn permanent(reason: String) -> Failure {
+        Failure {
+            transient: false,
+            status: None,
+            reason,
+        }
+    }
 }
 
 fn local_failure(path: &Path, what: &str, e: std::io::Error) -> Failure {
@@ -303,6 +407,13 @@ fn status_in(e: &object_store::Error) -> Option<u16> {
     let text = error_chain(e);
     let at = text.find("status code: ")? + "status code: ".len();
     text.get(at..at + 3)?.parse().ok()
+}
+
+/// Whether a ranged GET failed because the server answered with the whole object (the HTTP
+/// store calls it "not supported", the cloud stores "non-partial response").
+fn ranges_refused(e: &object_store::Error) -> bool {
+    let text = error_chain(e);
+    text.contains("Range request not supported") || text.contains("non-partial response")
 }
 
 /// The error and its sources, one line.

@@ -8,13 +8,18 @@
 //! `shard_prefetch` downloads run at once; the shards are indexed once all are in place.
 //!
 //! Both tar modes need every shard's sample count before the first batch (indexed mode for its
-//! random access, streaming mode for its equal-batches rule), so a source opens once all its
-//! shards are in the cache: the first open downloads the dataset (that is the cold epoch's
-//! cost), later opens with the same `cache_dir` check each shard's size and ETag with one HEAD
-//! request and read locally.
+//! random access, streaming mode for its equal-batches rule). Without a list of counts, a
+//! source opens once all its shards are in the cache: the first open downloads the dataset
+//! (that is the cold epoch's cost), later opens with the same `cache_dir` check each shard's
+//! size and ETag with one HEAD request and read locally. A streaming source whose shards come
+//! with their counts (a WebDataset `wids` index) opens at once instead: its [`feed`] downloads
+//! the shards in the order the rank reads them, `shard_prefetch` ahead, and each is read while
+//! it downloads.
 //!
 //! - `url`: parsing, the shown (credential-free) form, cache file names;
-//! - `fetch`: `object_store` clients, downloads with retries, error classification;
+//! - `fetch`: `object_store` clients, downloads with retries (resumed by ranged reads), error
+//!   classification;
+//! - `feed`: shards downloading ahead of a streaming reader, readable while they download;
 //! - `cache`: atomic cache files, LRU eviction within `cache_limit`, locks shared by the ranks
 //!   of one node.
 
@@ -76,12 +81,49 @@ impl std::fmt::Debug for ShardHolder {
 #[cfg(feature = "remote")]
 mod cache;
 #[cfg(feature = "remote")]
+pub mod feed;
+#[cfg(feature = "remote")]
 mod fetch;
 #[cfg(feature = "remote")]
 mod url;
 
 #[cfg(feature = "remote")]
-pub use resolve::resolve;
+pub use feed::ShardFeed;
+#[cfg(feature = "remote")]
+pub use resolve::{open_feed, resolve};
+
+/// Without the `remote` feature there is no feed (no value of this type exists).
+#[cfg(not(feature = "remote"))]
+pub enum ShardFeed {}
+
+#[cfg(not(feature = "remote"))]
+impl ShardFeed {
+    /// See the `remote` build's feed.
+    pub fn upcoming(&self, _shards: impl IntoIterator<Item = usize>) {
+        match *self {}
+    }
+    /// See the `remote` build's feed.
+    pub fn reader(
+        &self,
+        _shard: usize,
+        _stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::io::Empty {
+        match *self {}
+    }
+    /// See the `remote` build's feed.
+    pub fn shown(&self, _shard: usize) -> &str {
+        match *self {}
+    }
+}
+
+/// Without the `remote` feature: no feed (remote URLs are refused when resolved).
+#[cfg(not(feature = "remote"))]
+pub fn open_feed(
+    _names: &[String],
+    _config: &RemoteConfig,
+) -> crate::error::Result<Option<ShardFeed>> {
+    Ok(None)
+}
 
 /// A shard name as errors show it: without a query, fragment or user info (which may hold
 /// credentials). For names that may not parse as URLs.
@@ -135,11 +177,38 @@ mod resolve {
     use super::cache::{CachedShard, ShardCache};
     use super::fetch::{Fetcher, RetryPolicy};
     use super::url::ShardUrl;
-    use super::{RemoteConfig, ResolvedShards, ShardHolder};
+    use super::{RemoteConfig, ResolvedShards, ShardFeed, ShardHolder};
     use crate::error::{Error, Result};
 
     /// Upper bound on concurrent downloads, whatever `shard_prefetch` says.
     const MAX_CONCURRENT: usize = 64;
+
+    /// A feed over `names` when every one is a remote URL (`None` otherwise: local shards need
+    /// no feed), downloading into the configured cache `shard_prefetch` ahead of the reader.
+    pub fn open_feed(names: &[String], config: &RemoteConfig) -> Result<Option<ShardFeed>> {
+        open_feed_with(names, config, RetryPolicy::default())
+    }
+
+    pub(crate) fn open_feed_with(
+        names: &[String],
+        config: &RemoteConfig,
+        policy: RetryPolicy,
+    ) -> Result<Option<ShardFeed>> {
+        let remote = |n: &&String| !n.starts_with("file://") && crate::source::tar::is_url(n);
+        if names.is_empty() || !names.iter().all(|n| remote(&n)) {
+            return Ok(None);
+        }
+        let urls = names
+            .iter()
+            .map(|n| ShardUrl::parse(n))
+            .collect::<Result<Vec<_>>>()?;
+        let cache = Arc::new(match &config.cache_dir {
+            Some(dir) => ShardCache::open(dir, config.cache_limit)?,
+            None => ShardCache::private()?,
+        });
+        let fetcher = Fetcher::new(policy)?;
+        ShardFeed::new(urls, fetcher, cache, config.shard_prefetch).map(Some)
+    }
 
     /// Turns shard names (local paths, `file://` or remote URLs) into local files, downloading
     /// remote shards into the cache (see the module docs). With `skip_failed`, a shard that
@@ -271,8 +340,8 @@ mod resolve {
                     let Some((_, url)) = remote.get(k) else { break };
                     let result = cache.get(
                         url,
-                        || fetcher.head_once(url).ok(),
-                        |part| fetcher.download(url, part),
+                        || fetcher.head_once(url, &()).ok(),
+                        |part| fetcher.download(url, part, &()),
                     );
                     if let Ok(mut slot) = slots[k].lock() {
                         *slot = Some(result);
@@ -293,3 +362,6 @@ mod resolve {
 
 #[cfg(all(test, feature = "remote"))]
 mod tests;
+
+#[cfg(all(test, feature = "remote"))]
+mod feed_tests;

@@ -21,7 +21,7 @@ enum Reply {
     Status(u16),
     /// Declares the full length, sends half, closes.
     Truncated,
-    /// GET answered with another ETag than HEAD's.
+    /// GET answered with another ETag (`"v2"`) than the usual `"v1"`.
     OtherEtag,
     /// Sends half the body, then the server stops listening for good.
     StopMidBody,
@@ -268,12 +268,21 @@ fn truncated_body_is_retried_then_reported() {
 }
 
 #[test]
-fn changed_etag_is_reported() {
-    let server = FaultServer::start(|_, _| Reply::OtherEtag);
+fn an_object_replaced_mid_download_is_reported() {
+    // The first GET is cut short; the retry finds another version of the object.
+    let server = FaultServer::start(|m, n| match (m, n) {
+        ("GET", 0) => Reply::Truncated,
+        _ => Reply::OtherEtag,
+    });
     let dir = cache_dir("etag");
     let err = fetch(&server, &dir).unwrap_err().to_string();
-    assert!(err.contains("ETag changed"), "{err}");
-    assert!(err.contains("3 attempt(s)"), "{err}");
+    assert!(
+        err.contains("the object changed during the download"),
+        "{err}"
+    );
+    assert!(err.contains("\"v1\"") && err.contains("\"v2\""), "{err}");
+    // Attempts: cut short; a range this server ignores; the whole object, another version.
+    assert!(err.contains("not retried, 3 attempt(s)"), "{err}");
     assert!(cache_files(&dir).is_empty(), "{:?}", cache_files(&dir));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -31,6 +31,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -44,6 +45,7 @@ use crate::collate::OwnedSample;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::source::mapped::Mapping;
+use crate::source::remote::ShardFeed;
 use crate::source::streaming::{EpochStream, FailedSample, StreamSource};
 use crate::source::{FieldSpec, Sample};
 
@@ -59,6 +61,17 @@ pub struct Split {
     /// `shard_drop_last`: each rank takes `floor(N / world_size)` samples instead of
     /// `ceil(N / world_size)` (no padding).
     pub drop_tail: bool,
+}
+
+impl Split {
+    /// Samples each rank reads per epoch, of `total` (see the module docs).
+    fn per_rank(&self, total: usize) -> usize {
+        if self.drop_tail {
+            total / self.world_size
+        } else {
+            total.div_ceil(self.world_size)
+        }
+    }
 }
 
 /// WebDataset tar shards read as one stream per rank and epoch (see the module docs).
@@ -77,14 +90,25 @@ struct Shared {
     damaged: Vec<String>,
     /// Keeps remote shards in the cache while any epoch's stream reads them.
     remote: crate::source::remote::ShardHolder,
+    /// Remote shards not downloaded when the source opened (counts from a `wids` index): shard
+    /// `i` of the table is shard `i` of the feed.
+    feed: Option<ShardFeed>,
 }
 
 struct ShardEntry {
+    /// The local file, or (read through the feed) the URL as shown.
     path: PathBuf,
     count: usize,
-    /// Byte offset where each sample's headers start (uncompressed shards; empty for gzip).
+    /// Byte offset where each sample's headers start (uncompressed local shards; empty for
+    /// gzip and for shards read through the feed).
     starts: Vec<u64>,
-    gzip: bool,
+}
+
+impl ShardEntry {
+    /// Read from its start, passing over the samples before a run (no offsets to seek to).
+    fn sequential(&self) -> bool {
+        self.starts.is_empty()
+    }
 }
 
 /// A run of consecutive samples of one shard.
@@ -103,10 +127,16 @@ const MAX_MAKE_UPS: usize = 64;
 impl TarStream {
     /// Expands `pattern`, indexes (or counts) every shard and learns the fields from the first
     /// sample. `file://` URLs are local paths; remote URLs are downloaded into the cache first
-    /// (see [`crate::source::remote`]).
+    /// (see [`crate::source::remote`]), unless a `wids` index gives every remote shard's count:
+    /// then the source opens at once and reads each shard while it downloads.
     pub fn open_pattern(pattern: &str, config: TarConfig, split: Split) -> Result<TarStream> {
-        let resolved =
-            super::pattern::resolve_shards(pattern, &config.remote, config.skip_damaged)?;
+        let (names, counts) = super::pattern::shard_names(pattern, &config.remote)?;
+        if let Some(counts) = counts {
+            if let Some(feed) = crate::source::remote::open_feed(&names, &config.remote)? {
+                return TarStream::open_feed(feed, counts, config, split, pattern);
+            }
+        }
+        let resolved = crate::source::remote::resolve(names, &config.remote, config.skip_damaged)?;
         if resolved.paths.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "tar source `{pattern}`: no shard could be fetched: {}",
@@ -131,15 +161,7 @@ impl TarStream {
         if shards.is_empty() {
             return Err(Error::InvalidArgument("tar source: no shard given".into()));
         }
-        if split.world_size == 0 || split.rank >= split.world_size {
-            return Err(Error::option(
-                "rank",
-                format!(
-                    "rank {} is out of range for world_size {} (need 0 <= rank < world_size)",
-                    split.rank, split.world_size
-                ),
-            ));
-        }
+        check_split(split)?;
         let places = IndexPlaces {
             beside: config.index_beside,
             dir: config.index_dir.clone().or_else(IndexPlaces::default_dir),
@@ -164,11 +186,7 @@ impl TarStream {
         })?;
         let fields = learn_fields(&first.path, &config)?;
         let read = ReadOptions::new(&config, Some(&fields));
-        let per_rank = if split.drop_tail {
-            total / split.world_size
-        } else {
-            total.div_ceil(split.world_size)
-        };
+        let per_rank = split.per_rank(total);
         Ok(TarStream {
             shared: Arc::new(Shared {
                 shards: table,
@@ -177,6 +195,68 @@ impl TarStream {
                 read,
                 damaged,
                 remote: crate::source::remote::ShardHolder::default(),
+                feed: None,
+            }),
+            split,
+            per_rank,
+            pattern: name.to_owned(),
+        })
+    }
+
+    /// Opens remote shards with known counts without downloading them: the fields come from
+    /// the first sample of this rank's first shard of epoch 0, read as it downloads.
+    fn open_feed(
+        feed: ShardFeed,
+        counts: Vec<usize>,
+        config: TarConfig,
+        split: Split,
+        name: &str,
+    ) -> Result<TarStream> {
+        check_split(split)?;
+        let table: Vec<ShardEntry> = counts
+            .iter()
+            .enumerate()
+            .map(|(i, &count)| ShardEntry {
+                path: PathBuf::from(feed.shown(i)),
+                count,
+                starts: Vec::new(),
+            })
+            .collect();
+        let total: usize = table.iter().map(|s| s.count).sum();
+        if total == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "tar source `{name}`: its shard index lists no sample"
+            )));
+        }
+        let per_rank = split.per_rank(total);
+        let plan = EpochPlan::new(&table, split.seed, 0);
+        let runs = plan.cover(split.rank as u64 * per_rank as u64, per_rank.max(1) as u64);
+        let first = runs.first().map_or(0, |s| s.shard);
+        feed.upcoming(runs.iter().map(|s| s.shard));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut reader = ShardReader::from_waiting_reader(
+            feed.shown(first),
+            feed.reader(first, Arc::clone(&stop)),
+            ReadOptions::new(&config, None),
+            stop,
+        )?;
+        let sample = reader.next_sample()?.ok_or_else(|| {
+            Error::format(
+                feed.shown(first),
+                "the shard index lists samples but the shard has none",
+            )
+        })?;
+        drop(reader);
+        let fields = TarFields::resolve_streamed(&config, &sample)?;
+        Ok(TarStream {
+            shared: Arc::new(Shared {
+                shards: table,
+                total,
+                read: ReadOptions::new(&config, Some(&fields)),
+                fields: Arc::new(fields),
+                damaged: Vec::new(),
+                remote: crate::source::remote::ShardHolder::default(),
+                feed: Some(feed),
             }),
             split,
             per_rank,
@@ -206,13 +286,26 @@ impl TarStream {
 
     /// The runs this rank reads in `epoch`: (shard index, first sample, count), in order.
     pub fn epoch_runs(&self, epoch: u64) -> Vec<(usize, usize, usize)> {
-        let plan = EpochPlan::new(&self.shared, self.split.seed, epoch);
+        let plan = EpochPlan::new(&self.shared.shards, self.split.seed, epoch);
         let from = self.split.rank as u64 * self.per_rank as u64;
         plan.cover(from, self.per_rank as u64)
             .into_iter()
             .map(|s| (s.shard, s.first, s.count))
             .collect()
     }
+}
+
+fn check_split(split: Split) -> Result<()> {
+    if split.world_size == 0 || split.rank >= split.world_size {
+        return Err(Error::option(
+            "rank",
+            format!(
+                "rank {} is out of range for world_size {} (need 0 <= rank < world_size)",
+                split.rank, split.world_size
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Indexes (or, for gzip, counts) one shard.
@@ -254,7 +347,6 @@ fn shard_entry(
             path: path.to_owned(),
             count,
             starts: Vec::new(),
-            gzip: true,
         };
         return Ok((entry, damage));
     }
@@ -282,7 +374,6 @@ fn shard_entry(
         path: path.to_owned(),
         count: starts.len(),
         starts,
-        gzip: false,
     };
     Ok((entry, damage))
 }
@@ -342,14 +433,14 @@ struct EpochPlan {
 }
 
 impl EpochPlan {
-    fn new(shared: &Shared, seed: u64, epoch: u64) -> EpochPlan {
-        let mut order: Vec<usize> = (0..shared.shards.len()).collect();
+    fn new(shards: &[ShardEntry], seed: u64, epoch: u64) -> EpochPlan {
+        let mut order: Vec<usize> = (0..shards.len()).collect();
         Rng::for_key(seed, Stream::Order, epoch, 0).shuffle(&mut order);
         let mut cum = Vec::with_capacity(order.len() + 1);
         let mut total = 0u64;
         for &s in &order {
             cum.push(total);
-            total += shared.shards[s].count as u64;
+            total += shards[s].count as u64;
         }
         cum.push(total);
         EpochPlan { order, cum }
@@ -400,7 +491,7 @@ impl StreamSource for TarStream {
     }
 
     fn open(&self, epoch: u64, _resume: Option<&str>, _given: u64) -> Result<Box<dyn EpochStream>> {
-        let plan = EpochPlan::new(&self.shared, self.split.seed, epoch);
+        let plan = EpochPlan::new(&self.shared.shards, self.split.seed, epoch);
         let from = self.split.rank as u64 * self.per_rank as u64;
         let segments: VecDeque<Segment> = plan.cover(from, self.per_rank as u64).into();
         Ok(Box::new(TarEpoch {
@@ -440,7 +531,17 @@ struct Current {
 impl TarEpoch {
     fn open_reader(&self, segment: &Segment) -> Result<ShardReader> {
         let shard = &self.shared.shards[segment.shard];
-        if shard.gzip || segment.first == 0 {
+        if let Some(feed) = &self.shared.feed {
+            let stop = Arc::new(AtomicBool::new(false));
+            let reader = feed.reader(segment.shard, Arc::clone(&stop));
+            return ShardReader::from_waiting_reader(
+                feed.shown(segment.shard),
+                reader,
+                self.shared.read.clone(),
+                stop,
+            );
+        }
+        if shard.sequential() || segment.first == 0 {
             ShardReader::open(&shard.path, self.shared.read.clone())
         } else {
             ShardReader::open_at(
@@ -485,6 +586,10 @@ impl EpochStream for TarEpoch {
         loop {
             if self.current.is_none() {
                 let segment = self.segments.pop_front()?;
+                if let Some(feed) = &self.shared.feed {
+                    let next = self.segments.iter().map(|s| s.shard);
+                    feed.upcoming(std::iter::once(segment.shard).chain(next));
+                }
                 let reader = match self.prefetched.take() {
                     Some((s, reader)) if s == segment => reader,
                     _ => self.open_reader(&segment),
@@ -494,12 +599,12 @@ impl EpochStream for TarEpoch {
                 }
                 match reader {
                     Ok(reader) => {
-                        let gzip = self.shared.shards[segment.shard].gzip;
+                        let sequential = self.shared.shards[segment.shard].sequential();
                         self.current = Some(Current {
                             segment,
                             reader,
                             done: 0,
-                            discard: if gzip { segment.first } else { 0 },
+                            discard: if sequential { segment.first } else { 0 },
                         });
                     }
                     Err(e) => return Some(self.fail(segment, 0, e)),
@@ -579,7 +684,6 @@ mod tests {
                     path: PathBuf::new(),
                     count,
                     starts: Vec::new(),
-                    gzip: false,
                 })
                 .collect(),
             total: counts.iter().sum(),
@@ -598,6 +702,7 @@ mod tests {
             },
             damaged: Vec::new(),
             remote: crate::source::remote::ShardHolder::default(),
+            feed: None,
         }
     }
 
@@ -616,7 +721,7 @@ mod tests {
                     n.div_ceil(world)
                 };
                 for epoch in 0..3 {
-                    let plan = EpochPlan::new(&s, 11, epoch);
+                    let plan = EpochPlan::new(&s.shards, 11, epoch);
                     let mut seen = vec![0usize; n];
                     for rank in 0..world {
                         let segs = plan.cover((rank * per_rank) as u64, per_rank as u64);
@@ -645,9 +750,9 @@ mod tests {
     #[test]
     fn shard_order_changes_with_the_epoch_and_not_with_the_rank() {
         let s = shared(&[1; 16]);
-        let a = EpochPlan::new(&s, 3, 0).order;
-        assert_eq!(a, EpochPlan::new(&s, 3, 0).order);
-        assert_ne!(a, EpochPlan::new(&s, 3, 1).order);
-        assert_ne!(a, EpochPlan::new(&s, 4, 0).order);
+        let a = EpochPlan::new(&s.shards, 3, 0).order;
+        assert_eq!(a, EpochPlan::new(&s.shards, 3, 0).order);
+        assert_ne!(a, EpochPlan::new(&s.shards, 3, 1).order);
+        assert_ne!(a, EpochPlan::new(&s.shards, 4, 0).order);
     }
 }

@@ -6,8 +6,10 @@
 //! `webdataset.TarWriter`, by GNU `tar` or by any other tar writer read the same:
 //!
 //! - [`pattern`]: shard patterns (`train-{000000..000146}.tar`, globs, comma lists, URLs);
-//!   remote URLs are downloaded into a local cache first ([`crate::source::remote`]) and read
-//!   from there like local shards;
+//!   remote URLs are downloaded into a local cache ([`crate::source::remote`]) and read from
+//!   there like local shards;
+//! - [`wids`]: WebDataset's JSON shard index, a shard list with sample counts: with it a
+//!   streaming reader of remote shards starts at once and reads each shard while it downloads;
 //! - [`scan`]: members and the grouping rule, over a memory-mapped shard, without copying data;
 //! - [`fields`]: which members become which fields (`fields=EXT:NAME,...`), and their kinds;
 //! - [`index`]: the per-shard index, cached on disk beside the shard or in a cache directory;
@@ -33,6 +35,7 @@ mod indexed;
 pub mod pattern;
 pub mod scan;
 pub mod stream;
+pub mod wids;
 
 use std::path::PathBuf;
 
@@ -40,7 +43,7 @@ pub use epoch::{Split, TarStream};
 pub use fields::{parse_fields, TarFields, INT_EXTENSIONS};
 pub use index::IndexOrigin;
 pub use indexed::TarSource;
-pub use pattern::{expand_shards, is_url, resolve_shards, MAX_SHARDS};
+pub use pattern::{expand_shards, is_url, resolve_shards, shard_names, MAX_SHARDS};
 pub use scan::{scan_members, split_key, ScannedMember, ScannedSample, MAX_MEMBERS_PER_SAMPLE};
 pub use stream::{read_samples, ReadOptions, ShardReader, StreamMember, StreamSample};
 

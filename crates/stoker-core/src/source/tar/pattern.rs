@@ -44,7 +44,33 @@ pub fn resolve_shards(
     remote: &crate::source::remote::RemoteConfig,
     skip_failed: bool,
 ) -> Result<crate::source::remote::ResolvedShards> {
-    crate::source::remote::resolve(expand_shards(pattern)?, remote, skip_failed)
+    let (names, _) = shard_names(pattern, remote)?;
+    crate::source::remote::resolve(names, remote, skip_failed)
+}
+
+/// The shards `pattern` stands for: its expansion, or the shards a WebDataset `wids` index
+/// lists (`….json`, see [`super::wids`]; a remote index is fetched through the cache first),
+/// then with each shard's sample count.
+pub fn shard_names(
+    pattern: &str,
+    remote: &crate::source::remote::RemoteConfig,
+) -> Result<(Vec<String>, Option<Vec<usize>>)> {
+    if !super::wids::is_index(pattern) {
+        return Ok((expand_shards(pattern)?, None));
+    }
+    let local = pattern.strip_prefix("file://").unwrap_or(pattern);
+    let text = if is_url(local) {
+        let fetched = crate::source::remote::resolve(vec![pattern.to_owned()], remote, false)?;
+        let path = fetched
+            .paths
+            .first()
+            .ok_or_else(|| Error::Internal(format!("the shard index {pattern} was not fetched")))?;
+        super::wids::read_bounded(path)?
+    } else {
+        super::wids::read_bounded(std::path::Path::new(local))?
+    };
+    let list = super::wids::parse(&text, pattern)?;
+    Ok((list.shards, Some(list.counts)))
 }
 
 /// The local files `pattern` expands to, for readers of local files only (packed shards):

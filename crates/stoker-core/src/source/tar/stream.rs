@@ -21,6 +21,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -369,6 +370,8 @@ pub struct ShardReader {
     rx: Receiver<Msg>,
     thread: Option<JoinHandle<()>>,
     finished: bool,
+    /// Set when dropped, for a source whose reads can wait (a shard still downloading).
+    stop: Option<Arc<AtomicBool>>,
 }
 
 enum Msg {
@@ -407,6 +410,20 @@ impl ShardReader {
         ShardReader::start(shard, reader, 0, options)
     }
 
+    /// Reads a shard from a stream whose reads may wait (a shard still downloading): dropping
+    /// the reader sets `stop`, which such a stream checks while it waits, so the drop does
+    /// not wait for bytes that are not needed.
+    pub fn from_waiting_reader(
+        shard: &str,
+        reader: impl Read + Send + 'static,
+        options: ReadOptions,
+        stop: Arc<AtomicBool>,
+    ) -> Result<ShardReader> {
+        let mut reader = ShardReader::start(shard, reader, 0, options)?;
+        reader.stop = Some(stop);
+        Ok(reader)
+    }
+
     fn start(
         shard: &str,
         reader: impl Read + Send + 'static,
@@ -425,6 +442,7 @@ impl ShardReader {
             rx,
             thread: Some(thread),
             finished: false,
+            stop: None,
         })
     }
 
@@ -472,6 +490,9 @@ impl Drop for ShardReader {
     fn drop(&mut self) {
         // Dropping the receiver makes the thread's next send fail, which ends it.
         self.rx = crossbeam_channel::never();
+        if let Some(stop) = &self.stop {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
