@@ -1,8 +1,8 @@
 """Reads the shards served by ctests/remote/run.sh through stoker's Python face: every sample
-once per epoch over http:// (nginx) and s3:// (an S3 server), in indexed and streaming mode,
-with a shared cache_dir, from shard patterns and from a WebDataset `wids` index (streaming from
-an index reads each shard while it downloads); a missing object raises StokerIOError naming the
-URL and the status, without the credentials."""
+once per epoch over http:// and https:// (nginx) and s3:// (an S3 server), in indexed and
+streaming mode, with a shared cache_dir, from shard patterns and from a WebDataset `wids` index
+(streaming from an index reads each shard while it downloads); a missing object raises
+StokerIOError naming the URL and the status, without the credentials."""
 
 import os
 import sys
@@ -26,6 +26,7 @@ def main() -> int:
         os.environ["STOKER_REMOTE_HTTP_INDEX"],
         os.environ["STOKER_REMOTE_S3_INDEX"],
         os.environ["STOKER_REMOTE_HTTP"],
+        os.environ["STOKER_REMOTE_HTTPS"],
         os.environ["STOKER_REMOTE_S3"],
     ]
     with tempfile.TemporaryDirectory(prefix="stoker-remote-py-") as cache:

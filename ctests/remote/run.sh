@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Remote shards against real servers on 127.0.0.1: nginx (Debian's package) serving WebDataset
-# shards over plain HTTP, and moto's S3-compatible server for s3://. Reads them from Rust (the
-# ignored tests of crates/stoker-core/tests/remote_servers.rs), Python, C and C++. Installs nginx
+# shards over HTTP and over HTTPS (a certificate from a test authority made here with openssl),
+# and moto's S3-compatible server for s3://. Reads them from Rust (the ignored tests of
+# crates/stoker-core/tests/remote_servers.rs), Python, C and C++. Installs nginx and openssl
 # (apt) and moto (pip, into .venv-remote) when missing; the servers listen on free loopback
 # ports, live at most 15 minutes, and are stopped on exit.
 #
@@ -19,12 +20,15 @@ fi
 
 step() { printf '\n--> %s\n' "$*"; }
 
-if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
-  step "installing nginx (apt)"
+missing=()
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+command -v openssl >/dev/null || missing+=(openssl)
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing ${missing[*]} (apt)"
   as_root=""
   [ "$(id -u)" = 0 ] || as_root="sudo"
-  timeout 300 $as_root apt-get install -y -q nginx-light >/dev/null 2>&1 \
-    || { timeout 300 $as_root apt-get update -q >/dev/null && timeout 300 $as_root apt-get install -y -q nginx-light >/dev/null; }
+  timeout 300 $as_root apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
+    || { timeout 300 $as_root apt-get update -q >/dev/null && timeout 300 $as_root apt-get install -y -q "${missing[@]}" >/dev/null; }
 fi
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 
@@ -90,8 +94,24 @@ with open(f"{out}/train.json", "w") as f:
 PY
 ls "$work/www"
 
-step "nginx on 127.0.0.1"
+step "TLS: a test certificate authority and a certificate for 127.0.0.1 (openssl)"
+# The readers trust the authority through SSL_CERT_FILE (object_store's rustls reads it in
+# place of the system's roots), so https:// is verified exactly as against a real server.
+tls=$work/tls
+mkdir -p "$tls"
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=stoker test CA" \
+  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+  -keyout "$tls/ca.key" -out "$tls/ca.pem" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+  -keyout "$tls/server.key" -out "$tls/server.csr" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' >"$tls/server.ext"
+openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial \
+  -days 2 -extfile "$tls/server.ext" -out "$tls/server.pem" 2>/dev/null
+chmod 644 "$tls"/*
+
+step "nginx on 127.0.0.1 (http:// and https://)"
 http_port=$(free_port)
+https_port=$(free_port)
 mkdir -p "$work/nginx"
 cat > "$work/nginx/nginx.conf" <<CONF
 worker_processes 1;
@@ -109,11 +129,18 @@ http {
     listen 127.0.0.1:$http_port;
     root $work/www;
   }
+  server {
+    listen 127.0.0.1:$https_port ssl;
+    ssl_certificate $tls/server.pem;
+    ssl_certificate_key $tls/server.key;
+    root $work/www;
+  }
 }
 CONF
 timeout 900 "$nginx_bin" -c "$work/nginx/nginx.conf" -p "$work/nginx" -g 'daemon off;' &
 pids+=($!)
 wait_port "$http_port"
+wait_port "$https_port"
 # nginx answers range requests on static files (206 Partial Content).
 "$py" - "$http_port" <<'PY'
 import sys, urllib.request
@@ -142,8 +169,11 @@ PY
 export STOKER_REMOTE_SAMPLES=$samples STOKER_REMOTE_WWW=$work/www
 export STOKER_REMOTE_HTTP="http://127.0.0.1:$http_port/shard-{000..003}.tar"
 export STOKER_REMOTE_S3="s3://stoker-test/shards/shard-{000..003}.tar"
+export STOKER_REMOTE_HTTPS="https://127.0.0.1:$https_port/shard-{000..003}.tar"
 export STOKER_REMOTE_HTTP_INDEX="http://127.0.0.1:$http_port/train.json"
 export STOKER_REMOTE_S3_INDEX="s3://stoker-test/shards/train.json"
+
+export SSL_CERT_FILE=$tls/ca.pem
 
 step "Rust"
 cargo test -q -p stoker-core --test remote_servers -- --ignored 2>&1 | tail -3
@@ -151,6 +181,27 @@ cargo test -q -p stoker-core --test remote_servers -- --ignored 2>&1 | tail -3
 step "library for Python and C"
 cargo build -q --release -p stoker-capi
 lib="$root/target/release/libstoker.so"
+
+step "https:// with a certificate the reader does not trust fails, naming the URL"
+STOKER_LIBRARY="$lib" PYTHONPATH="$root/bindings/python/src" "$py" - <<'PY'
+import os, subprocess, sys
+# A process without SSL_CERT_FILE trusts only the system's roots, not the test authority.
+env = {k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE"}
+code = (
+    "import os, stoker\n"
+    "try:\n"
+    "    stoker.Loader('tar:' + os.environ['STOKER_REMOTE_HTTPS'], fields='cls:label')\n"
+    "except stoker.StokerIOError as e:\n"
+    "    print(e)\n"
+    "else:\n"
+    "    raise SystemExit('an untrusted certificate must fail')\n"
+)
+out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+assert out.returncode == 0, out.stdout + out.stderr
+text = out.stdout
+assert "https://127.0.0.1:" in text and "certificate" in text.lower() and "not retried" in text, text
+print("https: untrusted certificate:", text.strip()[:300])
+PY
 
 step "Python"
 STOKER_LIBRARY="$lib" PYTHONPATH="$root/bindings/python/src" "$py" ctests/remote/read_shards.py
@@ -162,12 +213,12 @@ ln -sf "$lib" "$work/lib/libstoker.so.0"
 ln -sf "$lib" "$work/lib/libstoker.so"
 cc -std=c11 -Wall -Werror -Iinclude ctests/remote/read_shards.c -L"$work/lib" -lstoker \
   -Wl,-rpath,"$work/lib" -o "$work/read_shards"
-"$work/read_shards" "$work/c-cache" "$samples" "$STOKER_REMOTE_HTTP" "$STOKER_REMOTE_S3"
+"$work/read_shards" "$work/c-cache" "$samples" "$STOKER_REMOTE_HTTP" "$STOKER_REMOTE_HTTPS" "$STOKER_REMOTE_S3"
 
 step "C++ (find_package(stoker) from $cpp_prefix)"
 cmake -S ctests/remote/cpp -B "$work/cpp" -DCMAKE_BUILD_TYPE=Release \
   "-DCMAKE_PREFIX_PATH=$cpp_prefix" >/dev/null
 cmake --build "$work/cpp" -j "${JOBS:-2}" >/dev/null
-"$work/cpp/read_shards" "$work/cpp-cache" "$samples" "$STOKER_REMOTE_HTTP" "$STOKER_REMOTE_S3"
+"$work/cpp/read_shards" "$work/cpp-cache" "$samples" "$STOKER_REMOTE_HTTP" "$STOKER_REMOTE_HTTPS" "$STOKER_REMOTE_S3"
 
-echo "remote shards: nginx http:// and moto s3:// read from Rust, Python, C and C++"
+echo "remote shards: nginx http:// and https:// (TLS) and moto s3:// read from Rust, Python, C and C++"

@@ -1,6 +1,7 @@
 //! Reads shards served by real servers on 127.0.0.1: nginx over HTTP and an S3-compatible
 //! server (moto) over `s3://`. `ctests/remote/run.sh` starts the servers, uploads the shards,
-//! sets `STOKER_REMOTE_HTTP`, `STOKER_REMOTE_S3` (shard patterns), `STOKER_REMOTE_SAMPLES`,
+//! sets `STOKER_REMOTE_HTTP`, `STOKER_REMOTE_HTTPS` (nginx over TLS, its authority trusted
+//! through `SSL_CERT_FILE`), `STOKER_REMOTE_S3` (shard patterns), `STOKER_REMOTE_SAMPLES`,
 //! `STOKER_REMOTE_WWW` (the directory nginx serves, where a packed dataset is written) and the
 //! `AWS_*` variables, and runs these with `--ignored`; plain `cargo test` skips them.
 #![cfg(feature = "remote")]
@@ -67,6 +68,12 @@ fn read_all(pattern: &str, tag: &str) {
 #[ignore = "needs nginx on 127.0.0.1: run by ctests/remote/run.sh"]
 fn nginx_http_shards() {
     read_all(&env("STOKER_REMOTE_HTTP"), "http");
+}
+
+#[test]
+#[ignore = "needs nginx with TLS on 127.0.0.1: run by ctests/remote/run.sh"]
+fn nginx_https_shards() {
+    read_all(&env("STOKER_REMOTE_HTTPS"), "https");
 }
 
 #[test]

@@ -387,6 +387,9 @@ impl From<object_store::Error> for Failure {
             | E::UnknownConfigurationKey { .. } => (false, None),
             _ => match status_in(&e) {
                 Some(s) => (s >= 500 || s == 408 || s == 429, Some(s)),
+                // A certificate the reader does not trust (or that does not name the host)
+                // stays so on the next attempt.
+                None if error_chain(&e).contains("certificate") => (false, None),
                 // No status: the connection failed, was reset or timed out, or the body broke
                 // off.
                 None => (true, None),
