@@ -62,7 +62,7 @@ bash bindings/cpp/run_tests.sh
 done_with "$cache/wheels" "$cache"/libtorch-*
 
 # After the C++ suite: its C++ reader links the C++ API that suite installed.
-step "remote shards: nginx (http://) and an S3 server (s3://) on 127.0.0.1, from Rust, Python, C and C++"
+step "remote shards: nginx (http://, https://) and an S3 server (s3://) on 127.0.0.1, from Rust, Python, C and C++"
 bash ctests/remote/run.sh
 done_with "$target/debug" build-cpp .venv-remote
 

@@ -103,8 +103,9 @@ impl ShardFeed {
         Ok(ShardFeed { inner, threads })
     }
 
-    /// The shards read next, in order, the first being read now: the feed downloads the first
-    /// `shard_prefetch + 1` distinct ones not yet fetched. Replaces the previous list.
+    /// The shards read next, in order, the first being read now: of the first
+    /// `shard_prefetch + 1` distinct ones, the feed downloads those not fetched yet (a failed
+    /// one stays failed). Replaces the previous list.
     pub fn upcoming(&self, shards: impl IntoIterator<Item = usize>) {
         let mut window = Vec::with_capacity(self.inner.ahead + 1);
         for s in shards {
