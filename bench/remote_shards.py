@@ -144,25 +144,24 @@ def main() -> None:
             l.set_epoch(1)
             t0 = time.perf_counter()
             rows.append(("local tar, epoch 2", *run_epoch(l, t0), 1))
-        for prefetch, cache in ((2, caches[0]), (args.shard_prefetch, caches[1])):
+
+        def cold_then_cached(source: str, name: str, prefetch: int, cache: str) -> None:
             t0 = time.perf_counter()
-            with stoker.Loader(remote, cache_dir=cache, shard_prefetch=prefetch, **OPTIONS) as l:
-                rows.append((f"http epoch 1 cold, shard_prefetch={prefetch}", *run_epoch(l, t0), 0))
+            with stoker.Loader(source, cache_dir=cache, shard_prefetch=prefetch, **OPTIONS) as l:
+                rows.append((f"{name} epoch 1 cold, shard_prefetch={prefetch}", *run_epoch(l, t0), 0))
                 l.set_epoch(1)
                 t0 = time.perf_counter()
-                rows.append((f"http epoch 2 (cache), shard_prefetch={prefetch}", *run_epoch(l, t0), 1))
+                rows.append((f"{name} epoch 2 (cache), shard_prefetch={prefetch}", *run_epoch(l, t0), 1))
+
+        cold_then_cached(remote, "http", 2, caches[0])
+        cold_then_cached(remote, "http", args.shard_prefetch, caches[1])
         t0 = time.perf_counter()
         with stoker.Loader(
             remote, cache_dir=caches[1], shard_prefetch=args.shard_prefetch, **OPTIONS
         ) as l:
             rows.append(("http new loader on the filled cache", *run_epoch(l, t0), 0))
-        for prefetch, cache in ((2, caches[2]), (args.shard_prefetch, caches[3])):
-            t0 = time.perf_counter()
-            with stoker.Loader(indexed, cache_dir=cache, shard_prefetch=prefetch, **OPTIONS) as l:
-                rows.append((f"http wids index, epoch 1 cold, shard_prefetch={prefetch}", *run_epoch(l, t0), 0))
-                l.set_epoch(1)
-                t0 = time.perf_counter()
-                rows.append((f"http wids index, epoch 2, shard_prefetch={prefetch}", *run_epoch(l, t0), 1))
+        cold_then_cached(indexed, "http wids index,", 2, caches[2])
+        cold_then_cached(indexed, "http wids index,", args.shard_prefetch, caches[3])
     finally:
         for cache in caches:
             shutil.rmtree(cache, ignore_errors=True)

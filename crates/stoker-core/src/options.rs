@@ -781,15 +781,7 @@ impl LoaderOptions {
                 }
             }
             SourceSpec::Iterable(iterable) => {
-                if split.world_size == 0 || split.rank >= split.world_size {
-                    return Err(Error::option(
-                        "rank",
-                        format!(
-                            "rank {} is out of range for world_size {}",
-                            split.rank, split.world_size
-                        ),
-                    ));
-                }
+                split.check()?;
                 let stream = IterableStream::new(
                     Arc::clone(iterable),
                     split,

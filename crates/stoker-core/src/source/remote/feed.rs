@@ -188,17 +188,16 @@ impl Inner {
                 }
             };
             let url = &self.urls[shard];
-            let progress = Progress {
-                inner: self,
-                shard,
-                part: Mutex::new(None),
-            };
+            let progress = Progress { inner: self, shard };
             let result = self.cache.get(
                 url,
                 || self.fetcher.head_once(url, &progress).ok(),
                 |part| {
-                    if let Ok(mut p) = progress.part.lock() {
-                        *p = Some(part.to_owned());
+                    if let Some(mut state) = self.lock() {
+                        state.shards[shard] = Transfer::Fetching {
+                            part: Some(part.to_owned()),
+                            written: 0,
+                        };
                     }
                     self.fetcher.download(url, part, &progress)
                 },
@@ -218,17 +217,14 @@ impl Inner {
 struct Progress<'a> {
     inner: &'a Inner,
     shard: usize,
-    part: Mutex<Option<PathBuf>>,
 }
 
 impl Watch for Progress<'_> {
     fn written(&self, bytes: u64) {
-        let part = self.part.lock().ok().and_then(|p| p.clone());
         if let Some(mut state) = self.inner.lock() {
-            state.shards[self.shard] = Transfer::Fetching {
-                part,
-                written: bytes,
-            };
+            if let Transfer::Fetching { written, .. } = &mut state.shards[self.shard] {
+                *written = bytes;
+            }
         }
         self.inner.changed.notify_all();
     }

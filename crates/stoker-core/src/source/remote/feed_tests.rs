@@ -194,27 +194,19 @@ fn serve(
     let _ = out.write_all(&body[half..]);
 }
 
+/// The fault tests' policy, with a longer stall timeout: a body held at the gate must not time
+/// out on a loaded machine before the test lets it go.
 fn policy() -> RetryPolicy {
     RetryPolicy {
-        attempts: 3,
-        base_backoff: Duration::from_millis(10),
-        max_backoff: Duration::from_millis(50),
-        connect_timeout: Duration::from_secs(2),
         stall_timeout: Duration::from_secs(10),
+        ..super::tests::policy()
     }
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stoker-feed-test-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
 }
 
 fn config(dir: &Path, prefetch: usize) -> RemoteConfig {
     RemoteConfig {
         shard_prefetch: prefetch,
-        cache_dir: Some(dir.to_owned()),
-        cache_limit: None,
+        ..super::tests::config(dir)
     }
 }
 
@@ -231,23 +223,50 @@ fn eventually(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-#[test]
-fn a_shard_is_read_while_it_downloads() {
-    let data = bytes(256 * 1024);
+/// A feed over one shard of `len` bytes whose body the server holds after its first half, and
+/// a reader (stopped through `stop`) that has read that half.
+struct HalfRead {
+    data: Vec<u8>,
+    server: RangeServer,
+    dir: PathBuf,
+    feed: super::ShardFeed,
+    reader: super::feed::FeedReader,
+}
+
+fn half_read_held_shard(tag: &str, len: usize, stop: Arc<AtomicBool>) -> HalfRead {
+    let data = bytes(len);
     let hold = Behaviour {
         hold: true,
         ..Behaviour::default()
     };
     let server = RangeServer::start(HashMap::from([("a.tar".to_owned(), (data.clone(), hold))]));
-    let dir = temp_dir("while");
+    let dir = super::tests::cache_dir(tag);
     let feed = open_feed_with(&[server.url("a.tar")], &config(&dir, 1), policy())
         .unwrap()
         .unwrap();
     feed.upcoming([0]);
-    let mut reader = feed.reader(0, Arc::new(AtomicBool::new(false)));
-    let mut first = vec![0u8; data.len() / 2];
+    let mut reader = feed.reader(0, stop);
+    let mut first = vec![0u8; len / 2];
     reader.read_exact(&mut first).unwrap();
-    assert_eq!(first, data[..data.len() / 2]);
+    assert_eq!(first, data[..len / 2]);
+    HalfRead {
+        data,
+        server,
+        dir,
+        feed,
+        reader,
+    }
+}
+
+#[test]
+fn a_shard_is_read_while_it_downloads() {
+    let HalfRead {
+        data,
+        server,
+        dir,
+        feed,
+        mut reader,
+    } = half_read_held_shard("feed-while", 256 * 1024, Arc::new(AtomicBool::new(false)));
     // The first half was read while the server holds the second (it counts itself as holding
     // just after sending the first).
     eventually("the server to hold the body", || {
@@ -278,7 +297,7 @@ fn a_cut_download_resumes_with_a_range_and_falls_back_without_one() {
             ..Behaviour::default()
         };
         let server = RangeServer::start(HashMap::from([("a.tar".to_owned(), (data.clone(), how))]));
-        let dir = temp_dir(&format!("range-{no_ranges}"));
+        let dir = super::tests::cache_dir(&format!("feed-range-{no_ranges}"));
         let feed = open_feed_with(&[server.url("a.tar")], &config(&dir, 1), policy())
             .unwrap()
             .unwrap();
@@ -319,21 +338,14 @@ fn a_cut_download_resumes_with_a_range_and_falls_back_without_one() {
 
 #[test]
 fn a_stopped_reader_does_not_wait_for_the_download() {
-    let data = bytes(64 * 1024);
-    let hold = Behaviour {
-        hold: true,
-        ..Behaviour::default()
-    };
-    let server = RangeServer::start(HashMap::from([("a.tar".to_owned(), (data.clone(), hold))]));
-    let dir = temp_dir("stop");
-    let feed = open_feed_with(&[server.url("a.tar")], &config(&dir, 1), policy())
-        .unwrap()
-        .unwrap();
-    feed.upcoming([0]);
     let stop = Arc::new(AtomicBool::new(false));
-    let mut reader = feed.reader(0, Arc::clone(&stop));
-    let mut first = vec![0u8; data.len() / 2];
-    reader.read_exact(&mut first).unwrap();
+    let HalfRead {
+        server,
+        dir,
+        feed,
+        mut reader,
+        ..
+    } = half_read_held_shard("feed-stop", 64 * 1024, Arc::clone(&stop));
     let waiting =
         std::thread::spawn(move || reader.read(&mut [0u8; 16]).map_err(|e| e.to_string()));
     std::thread::sleep(Duration::from_millis(100));
@@ -390,7 +402,7 @@ fn keys(stream: &TarStream, epoch: u64, take: usize) -> Vec<String> {
 
 #[test]
 fn a_streaming_source_opens_from_a_wids_index_before_its_shards_download() {
-    let dir = temp_dir("wids");
+    let dir = super::tests::cache_dir("feed-wids");
     let local = dir.join("local");
     std::fs::create_dir_all(&local).unwrap();
     let names = ["s0.tar", "s1.tar", "s2.tar", "s3.tar"];
@@ -495,7 +507,7 @@ fn a_streaming_source_opens_from_a_wids_index_before_its_shards_download() {
 
 #[test]
 fn a_missing_shard_fails_its_samples_with_the_url_and_status() {
-    let dir = temp_dir("missing");
+    let dir = super::tests::cache_dir("feed-missing");
     let index =
         r#"{"shardlist": [{"url": "a.tar", "nsamples": 3}, {"url": "gone.tar", "nsamples": 2}]}"#;
     let files = HashMap::from([

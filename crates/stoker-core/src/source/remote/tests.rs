@@ -176,7 +176,7 @@ fn respond(mut stream: TcpStream, method: &str, code: u16, data: &[u8], etag: &s
     let _ = stream.flush();
 }
 
-fn policy() -> RetryPolicy {
+pub(super) fn policy() -> RetryPolicy {
     RetryPolicy {
         attempts: 3,
         base_backoff: Duration::from_millis(10),
@@ -186,13 +186,13 @@ fn policy() -> RetryPolicy {
     }
 }
 
-fn cache_dir(tag: &str) -> PathBuf {
+pub(super) fn cache_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("stoker-remote-test-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
 
-fn config(dir: &Path) -> RemoteConfig {
+pub(super) fn config(dir: &Path) -> RemoteConfig {
     RemoteConfig {
         shard_prefetch: 2,
         cache_dir: Some(dir.to_owned()),

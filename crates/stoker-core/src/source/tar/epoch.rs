@@ -64,6 +64,20 @@ pub struct Split {
 }
 
 impl Split {
+    /// An error (option `rank`) unless `0 <= rank < world_size`.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return Err(Error::option(
+                "rank",
+                format!(
+                    "rank {} is out of range for world_size {} (need 0 <= rank < world_size)",
+                    self.rank, self.world_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Samples each rank reads per epoch, of `total` (see the module docs).
     fn per_rank(&self, total: usize) -> usize {
         if self.drop_tail {
@@ -161,7 +175,7 @@ impl TarStream {
         if shards.is_empty() {
             return Err(Error::InvalidArgument("tar source: no shard given".into()));
         }
-        check_split(split)?;
+        split.check()?;
         let places = IndexPlaces {
             beside: config.index_beside,
             dir: config.index_dir.clone().or_else(IndexPlaces::default_dir),
@@ -212,7 +226,7 @@ impl TarStream {
         split: Split,
         name: &str,
     ) -> Result<TarStream> {
-        check_split(split)?;
+        split.check()?;
         let table: Vec<ShardEntry> = counts
             .iter()
             .enumerate()
@@ -293,19 +307,6 @@ impl TarStream {
             .map(|s| (s.shard, s.first, s.count))
             .collect()
     }
-}
-
-fn check_split(split: Split) -> Result<()> {
-    if split.world_size == 0 || split.rank >= split.world_size {
-        return Err(Error::option(
-            "rank",
-            format!(
-                "rank {} is out of range for world_size {} (need 0 <= rank < world_size)",
-                split.rank, split.world_size
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Indexes (or, for gzip, counts) one shard.
