@@ -137,7 +137,7 @@ pub(crate) struct PackArgs {
     /// Shrink images whose longer side exceeds N pixels to N (aspect kept).
     #[arg(long, value_name = "N")]
     pub(crate) max_side: Option<u32>,
-    /// JPEG quality of re-encoded images (1-100).
+    /// JPEG quality of re-encoded images (1-100); they are stored with 4:2:0 chroma.
     #[arg(long, value_name = "Q", default_value_t = 90)]
     pub(crate) quality: u8,
     /// How images are stored: jpeg (kept, or re-encoded when shrunk), raw (RGB8 pixels, no

@@ -487,7 +487,14 @@ fn encode_image(
         (Ok(a), Ok(b)) => (a, b),
         _ => return Err(format!("{w}x{h} is too large for JPEG (65535 at most)")),
     };
-    jpeg_encoder::Encoder::new(&mut *out, options.quality)
+    // 4:2:0 chroma, box-averaged: what libjpeg's cjpeg, Pillow, OpenCV and so FFCV's writer
+    // store at every quality. jpeg-encoder alone switches to 4:4:4 from quality 90, which
+    // doubles the samples every read has to entropy-decode and transform for no visible gain
+    // at the sizes a training crop reads.
+    let mut encoder = jpeg_encoder::Encoder::new(&mut *out, options.quality);
+    encoder.set_sampling_factor(jpeg_encoder::SamplingFactor::R_4_2_0);
+    encoder.set_chroma_subsampling_method(jpeg_encoder::ChromaSubsamplingMethod::Average);
+    encoder
         .encode(pixels, w16, h16, jpeg_encoder::ColorType::Rgb)
         .map_err(|e| format!("JPEG encoding failed: {e}"))?;
     Ok((w, h, ImageMode::Jpeg))

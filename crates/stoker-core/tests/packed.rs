@@ -65,6 +65,17 @@ fn small_pages() -> PackOptions {
 
 fn no_progress(_: u64, _: u64) {}
 
+/// Each component's sampling factors (horizontal << 4 | vertical) in a baseline JPEG's frame
+/// header.
+fn sampling_factors(jpeg: &[u8]) -> Vec<u8> {
+    let sof = jpeg
+        .windows(2)
+        .position(|m| m == [0xFF, 0xC0])
+        .expect("a baseline frame header");
+    let components = jpeg[sof + 9] as usize;
+    (0..components).map(|k| jpeg[sof + 11 + 3 * k]).collect()
+}
+
 /// Every field of every sample, as owned bytes.
 fn all_samples(source: &dyn Source) -> Vec<Vec<Vec<u8>>> {
     let mut buf = Vec::new();
@@ -149,6 +160,42 @@ fn max_side_shrinks_and_raw_mode_stores_the_decoded_pixels() {
             );
         }
     }
+
+    // Re-encoded images are 4:2:0 JPEGs, as Pillow, OpenCV and FFCV's writer store them, and
+    // decode close to the shrunk pixels themselves (what `raw` stores at the same max_side).
+    let small_raw = dir.join("small-raw.stkpack");
+    let raw_opts = PackOptions {
+        mode: PackMode::Raw,
+        ..opts
+    };
+    pack(&*src, &small_raw, &raw_opts, &no_progress).unwrap();
+    let exact = PackedSource::open(small_raw.to_str().unwrap()).unwrap();
+    let (mut shrunk, mut errors) = (Vec::new(), Vec::new());
+    for i in 0..packed.len() {
+        let stored = packed.read(i, &mut buf).unwrap().get(0).to_vec();
+        if stored == src.read(i, &mut a).unwrap().get(0) {
+            continue; // kept as it was
+        }
+        assert_eq!(
+            sampling_factors(&stored),
+            [0x22, 0x11, 0x11],
+            "sample {i}: luma 2x2, chroma 1x1"
+        );
+        decode_rgb(&stored, u64::MAX, &mut b).unwrap();
+        let (_, pixels) = raw_pixels(exact.read(i, &mut shrunk).unwrap().get(0), u64::MAX)
+            .unwrap()
+            .unwrap();
+        let total: u64 = b
+            .rgb
+            .iter()
+            .zip(pixels)
+            .map(|(x, y)| x.abs_diff(*y) as u64)
+            .sum();
+        errors.push(total as f64 / pixels.len() as f64);
+    }
+    assert!(!errors.is_empty(), "some samples are shrunk");
+    let worst = errors.iter().cloned().fold(0.0, f64::max);
+    assert!(worst < 8.0, "mean absolute error per sample: {errors:?}");
 
     // smart: raw when small enough, JPEG otherwise.
     let big = Arc::new(

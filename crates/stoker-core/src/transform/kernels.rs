@@ -66,59 +66,28 @@ pub(super) struct SrcView<'a> {
 }
 
 impl SrcView<'_> {
-    /// The `width * 3` bytes of output row `y`.
+    /// The pixels of row `y`, left to right as stored (the output loops mirror them).
     #[inline]
-    fn row(&self, y: usize) -> &[u8] {
+    fn row(&self, y: usize) -> &[[u8; 3]] {
         let start = (self.y0 + y) * self.stride + self.x0 * 3;
-        &self.data[start..start + self.width * 3]
-    }
-
-    /// Source pixel of output column `x`.
-    #[inline]
-    fn col(&self, x: usize) -> usize {
-        if self.flip {
-            self.width - 1 - x
-        } else {
-            x
-        }
+        self.data[start..start + self.width * 3].as_chunks::<3>().0
     }
 }
 
 /// The one output pass for uint8: flip and layout.
 pub(super) fn write_u8(img: &SrcView<'_>, layout: Layout, out: &mut [u8]) {
-    let (w, h) = (img.width, img.height);
-    match layout {
-        Layout::Nhwc => {
-            for (y, dst) in out.chunks_exact_mut(w * 3).enumerate().take(h) {
-                let row = img.row(y);
-                if img.flip {
-                    for (x, px) in dst.chunks_exact_mut(3).enumerate() {
-                        let s = img.col(x) * 3;
-                        px.copy_from_slice(&row[s..s + 3]);
-                    }
-                } else {
-                    dst.copy_from_slice(row);
-                }
-            }
+    if layout == Layout::Nhwc && !img.flip {
+        for (y, dst) in out
+            .chunks_exact_mut(img.width * 3)
+            .take(img.height)
+            .enumerate()
+        {
+            dst.copy_from_slice(img.row(y).as_flattened());
         }
-        Layout::Nchw => {
-            // One pass, as in `write_lut`.
-            let (red, rest) = out.split_at_mut(w * h);
-            let (green, blue) = rest.split_at_mut(w * h);
-            let rows = red
-                .chunks_exact_mut(w)
-                .zip(green.chunks_exact_mut(w))
-                .zip(blue.chunks_exact_mut(w));
-            for (y, ((r, g), b)) in rows.enumerate().take(h) {
-                let row = img.row(y);
-                for (x, ((r, g), b)) in r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).enumerate()
-                {
-                    let px = &row[img.col(x) * 3..][..3];
-                    (*r, *g, *b) = (px[0], px[1], px[2]);
-                }
-            }
-        }
+        return;
     }
+    let (out, _) = out.as_chunks_mut::<1>();
+    write_pass(img, layout, out, |_, v| [v]);
 }
 
 /// The one output pass for float types: `lut[c][value]` per element (normalisation and type
@@ -130,43 +99,74 @@ pub(super) fn write_lut<T: Copy, const N: usize>(
     out: &mut [u8],
     to_bytes: fn(T) -> [u8; N],
 ) {
+    let (out, _) = out.as_chunks_mut::<N>();
+    write_pass(img, layout, out, |c, v| to_bytes(lut[c][v as usize]));
+}
+
+/// Writes `value(channel, byte)` for every element of the image into `out` (elements of `N`
+/// bytes) in `layout`, mirrored when `img.flip`. The flip is decided once per row, so the inner
+/// loops are plain iterators over whole pixels with no bounds checks (indexing per element was
+/// a third of a small image's transform time).
+#[inline(always)]
+fn write_pass<const N: usize>(
+    img: &SrcView<'_>,
+    layout: Layout,
+    out: &mut [[u8; N]],
+    value: impl Fn(usize, u8) -> [u8; N] + Copy,
+) {
     let (w, h) = (img.width, img.height);
     match layout {
         Layout::Nhwc => {
-            for (y, dst) in out.chunks_exact_mut(w * 3 * N).enumerate().take(h) {
+            let (out, _) = out.as_chunks_mut::<3>();
+            for (y, dst) in out.chunks_exact_mut(w).take(h).enumerate() {
                 let row = img.row(y);
-                for (x, px) in dst.chunks_exact_mut(3 * N).enumerate() {
-                    let s = img.col(x) * 3;
-                    for c in 0..3 {
-                        px[c * N..(c + 1) * N]
-                            .copy_from_slice(&to_bytes(lut[c][row[s + c] as usize]));
-                    }
+                if img.flip {
+                    interleaved_row(row.iter().rev(), dst, value);
+                } else {
+                    interleaved_row(row.iter(), dst, value);
                 }
             }
         }
         Layout::Nchw => {
             // One pass: each source pixel read once, its three values written to the three
             // planes' rows.
-            let (red, rest) = out.split_at_mut(w * h * N);
-            let (green, blue) = rest.split_at_mut(w * h * N);
+            let (red, rest) = out.split_at_mut(w * h);
+            let (green, blue) = rest.split_at_mut(w * h);
             let rows = red
-                .chunks_exact_mut(w * N)
-                .zip(green.chunks_exact_mut(w * N))
-                .zip(blue.chunks_exact_mut(w * N));
-            for (y, ((r, g), b)) in rows.enumerate().take(h) {
+                .chunks_exact_mut(w)
+                .zip(green.chunks_exact_mut(w))
+                .zip(blue.chunks_exact_mut(w));
+            for (y, ((r, g), b)) in rows.take(h).enumerate() {
                 let row = img.row(y);
-                let elements = r
-                    .chunks_exact_mut(N)
-                    .zip(g.chunks_exact_mut(N))
-                    .zip(b.chunks_exact_mut(N));
-                for (x, ((r, g), b)) in elements.enumerate() {
-                    let px = &row[img.col(x) * 3..][..3];
-                    r.copy_from_slice(&to_bytes(lut[0][px[0] as usize]));
-                    g.copy_from_slice(&to_bytes(lut[1][px[1] as usize]));
-                    b.copy_from_slice(&to_bytes(lut[2][px[2] as usize]));
+                if img.flip {
+                    planar_row(row.iter().rev(), [r, g, b], value);
+                } else {
+                    planar_row(row.iter(), [r, g, b], value);
                 }
             }
         }
+    }
+}
+
+#[inline(always)]
+fn interleaved_row<'a, const N: usize>(
+    pixels: impl Iterator<Item = &'a [u8; 3]>,
+    dst: &mut [[[u8; N]; 3]],
+    value: impl Fn(usize, u8) -> [u8; N],
+) {
+    for (d, p) in dst.iter_mut().zip(pixels) {
+        *d = [value(0, p[0]), value(1, p[1]), value(2, p[2])];
+    }
+}
+
+#[inline(always)]
+fn planar_row<'a, const N: usize>(
+    pixels: impl Iterator<Item = &'a [u8; 3]>,
+    [r, g, b]: [&mut [[u8; N]]; 3],
+    value: impl Fn(usize, u8) -> [u8; N],
+) {
+    for (((p, r), g), b) in pixels.zip(r).zip(g).zip(b) {
+        (*r, *g, *b) = (value(0, p[0]), value(1, p[1]), value(2, p[2]));
     }
 }
 
