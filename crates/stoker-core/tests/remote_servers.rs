@@ -1,7 +1,7 @@
-//! Reads shards served by real servers on 127.0.0.1: nginx over HTTP and an S3-compatible
-//! server (moto) over `s3://`. `ctests/remote/run.sh` starts the servers, uploads the shards,
-//! sets `STOKER_REMOTE_HTTP`, `STOKER_REMOTE_HTTPS` (nginx over TLS, its authority trusted
-//! through `SSL_CERT_FILE`), `STOKER_REMOTE_S3` (shard patterns), `STOKER_REMOTE_SAMPLES`,
+//! Reads shards served by real servers on 127.0.0.1: nginx over HTTP and HTTPS, and an
+//! S3-compatible server (moto) over `s3://`. `ctests/remote/run.sh` starts the servers, uploads
+//! the shards, sets `STOKER_REMOTE_HTTP`, `STOKER_REMOTE_HTTPS` (nginx over TLS, its authority
+//! trusted through `SSL_CERT_FILE`), `STOKER_REMOTE_S3` (shard patterns), `STOKER_REMOTE_SAMPLES`,
 //! `STOKER_REMOTE_WWW` (the directory nginx serves, where a packed dataset is written) and the
 //! `AWS_*` variables, and runs these with `--ignored`; plain `cargo test` skips them.
 #![cfg(feature = "remote")]

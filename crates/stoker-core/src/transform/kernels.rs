@@ -105,8 +105,7 @@ pub(super) fn write_lut<T: Copy, const N: usize>(
 
 /// Writes `value(channel, byte)` for every element of the image into `out` (elements of `N`
 /// bytes) in `layout`, mirrored when `img.flip`. The flip is decided once per row, so the inner
-/// loops are plain iterators over whole pixels with no bounds checks (indexing each element cost
-/// 3 to 5 us of a 224x224 crop's 150 us).
+/// loops are plain iterators over whole pixels with no per-element bounds checks.
 #[inline(always)]
 fn write_pass<const N: usize>(
     img: &SrcView<'_>,
