@@ -81,7 +81,7 @@ scenario() {
   step "torchrun: $name"
   if [ "$kill" = 0 ]; then
     if ! torchrun_job "$w1" --sample-log "$log" --ckpt "$ckpt" --epochs "$epochs"; then
-      show_log; ko "$name: torchrun failed or timed out"; return
+      ko "$name: torchrun failed or timed out"; show_log; return
     fi
   else
     # The ranks SIGKILL themselves after step $kill: torchrun must report the failure.
@@ -89,10 +89,10 @@ scenario() {
       ko "$name: the killed run exited 0"; return
     fi
     if [ "$(grep -c '"ids"' "$log")" != "$kill" ]; then
-      show_log; ko "$name: the killed run did not reach step $kill"; return
+      ko "$name: the killed run did not reach step $kill"; show_log; return
     fi
     if ! torchrun_job "$w2" --sample-log "$log" --ckpt "$ckpt" --epochs "$epochs" --resume; then
-      show_log; ko "$name: the resumed run failed or timed out"; return
+      ko "$name: the resumed run failed or timed out"; show_log; return
     fi
   fi
   if "$py" "$check" "$log" 101 4 "$epochs"; then ok "$name"; else ko "$name: coverage"; fi
