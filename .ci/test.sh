@@ -47,8 +47,9 @@ passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/stoker-cargo-test.log |
 echo "cargo test: ${passed} passed, 0 failed"
 
 step "stoker-core without its default features, every JPEG through zune-jpeg"
-# The CUDA prefetcher's logic (tested against the fake device) must build and pass without
-# cudarc too; and every image test must pass with the pure-Rust decoder as with libjpeg-turbo.
+# The crate as `default-features = false` users get it: no cudarc (the CUDA prefetcher's logic is
+# tested against the fake device), no remote fetcher, no libjpeg-turbo, so every image test runs
+# on the pure-Rust decoder.
 cargo clippy -p stoker-core --all-targets --no-default-features -- -D warnings
 STOKER_JPEG_DECODER=zune cargo test -p stoker-core --no-default-features 2>&1 | tee /tmp/stoker-cargo-test-nocuda.log
 passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/stoker-cargo-test-nocuda.log | awk '{s+=$4} END {print s+0}')
