@@ -26,7 +26,9 @@ use std::time::Instant;
 
 use crate::arena::{Arena, SlabLease};
 use crate::batch::{Batch, FieldMeta};
-use crate::decode::{decode as decode_part, raw_pixels, read_header, DecodeBuffers, JpegDecoder};
+use crate::decode::{
+    decode as decode_part, raw_pixels, read_header, stored_header, DecodeBuffers, Dims, JpegDecoder,
+};
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
@@ -881,7 +883,8 @@ impl Collator {
                 Output::Image { stages, pipeline } => {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let at = (slot, pick.index(index) as usize);
-                    write_image(stages, pipeline, src, &mut rng, dst, pixels, spans, at)
+                    let image = (src, sample.image_size(f));
+                    write_image(stages, pipeline, image, &mut rng, dst, pixels, spans, at)
                         .map_err(|reason| sample_error(pick, index, reason))?;
                     continue; // decode and transform recorded their own spans
                 }
@@ -1291,13 +1294,14 @@ impl<'a> Slots<'a> {
     }
 }
 
-/// Decodes one encoded image into the worker's buffer, then transforms it into `out`; records
-/// both stages for the sample at `(slot, index)`.
+/// Decodes one encoded image (with its width and height when the source stored them) into the
+/// worker's buffer, then transforms it into `out`; records both stages for the sample at
+/// `(slot, index)`.
 #[allow(clippy::too_many_arguments)]
 fn write_image(
     stages: &ImageStages,
     pipeline: &Pipeline,
-    encoded: &[u8],
+    (encoded, stored_size): (&[u8], Option<(u32, u32)>),
     rng: &mut Rng,
     out: &mut [u8],
     pixels: &mut Pixels,
@@ -1315,14 +1319,24 @@ fn write_image(
         spans.push(SpanKind::Stage(Stage::Transform), slot, index, mid);
         return result;
     }
-    // The crop is planned from the header's size, so the decoder reads only what the
+    // The crop is planned from the image's size, so the decoder reads only what the
     // transform will (see `decode`); the random draws are the same as after a whole decode.
-    let decoded =
-        read_header(encoded, stages.max_pixels, stages.jpeg_decoder, decode).and_then(|header| {
-            let plan = pipeline.plan(header.dims.width, header.dims.height, rng)?;
-            let window = pipeline.window(&plan);
-            Ok((decode_part(encoded, &header, Some(window), decode)?, plan))
-        });
+    // A stored size (packed files) spares parsing the header for it.
+    let header = match stored_size {
+        Some((width, height)) => {
+            let dims = Dims {
+                width: width as usize,
+                height: height as usize,
+            };
+            stored_header(encoded, dims, stages.max_pixels, stages.jpeg_decoder)
+        }
+        None => read_header(encoded, stages.max_pixels, stages.jpeg_decoder, decode),
+    };
+    let decoded = header.and_then(|header| {
+        let plan = pipeline.plan(header.dims.width, header.dims.height, rng)?;
+        let window = pipeline.window(&plan);
+        Ok((decode_part(encoded, &header, Some(window), decode)?, plan))
+    });
     let mid = Instant::now();
     spans.push_ended(SpanKind::Stage(Stage::Decode), slot, index, start, mid);
     let (decoded, plan) = decoded?;

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use stoker_core::decode::{decode_rgb, dimensions, raw_pixels, DecodeBuffers};
 use stoker_core::pack::{merge, pack, PackMode, PackOptions};
-use stoker_core::source::packed::{PackedFile, PackedSource};
+use stoker_core::source::packed::{format, PackedFile, PackedSource};
 use stoker_core::source::{MemorySource, Source};
-use stoker_core::{Batch, DType, Error, Loader, LoaderOptions};
+use stoker_core::{Batch, DType, Error, Loader, LoaderOptions, SourceSpec};
 
 mod files;
 use files::tmp;
@@ -467,6 +467,84 @@ fn a_corrupt_sample_is_that_samples_error_or_skipped() {
     let mut l = loader(&spec, &kv2).unwrap();
     let b = l.next().unwrap().unwrap();
     assert_eq!((b.len(), b.skipped()), (6, 1));
+}
+
+/// Rewrites the stored width of image field 0 of sample `i` and the file's checksum: a table
+/// that is internally consistent but wrong about the image.
+fn forge_stored_width(path: &Path, i: usize, width: u32) {
+    let mut bytes = fs::read(path).unwrap();
+    let header = format::Header::decode(&bytes).unwrap();
+    let at = header.table_offset as usize + i * header.num_fields as usize * format::ENTRY_BYTES;
+    let mut entry = format::Entry::decode(&bytes[at..], 0);
+    entry.width = width;
+    let mut encoded = Vec::new();
+    entry.encode(&mut encoded);
+    bytes[at..at + format::ENTRY_BYTES].copy_from_slice(&encoded);
+    let schema_end = format::HEADER_BYTES + header.schema_len as usize;
+    let table = &bytes[header.table_offset as usize..];
+    let sum = format::checksum(&header, &bytes[format::HEADER_BYTES..schema_end], table);
+    let fixed = format::Header {
+        checksum: sum,
+        ..header
+    };
+    bytes[..format::HEADER_BYTES].copy_from_slice(&fixed.encode());
+    fs::write(path, &bytes).unwrap();
+}
+
+#[test]
+fn crops_are_planned_from_the_stored_size_which_decoding_checks() {
+    let dir = tmp("stored_size");
+    let out = packed_file(&dir);
+    let spec = format!("packed:{}", out.display());
+    let file = PackedFile::open(&out).unwrap();
+    let real = file.entry(2, 0);
+    drop(file);
+    let decoders: &[&str] = if stoker_core::decode::turbo_available() {
+        &["turbo", "zune"]
+    } else {
+        &["zune"]
+    };
+    for &decoder in decoders {
+        let kv = [
+            ("batch_size", "6"),
+            ("pad", "0"),
+            ("seed", "3"),
+            ("transform", "random_resized_crop(16) | hflip"),
+            ("jpeg_decoder", decoder),
+        ];
+        // Planned from the table, the crops are those planned from the JPEGs' own headers.
+        let mut o = LoaderOptions::new().with_source(SourceSpec::Custom(dataset(6)));
+        for (k, v) in kv {
+            o.set(k, v).unwrap();
+        }
+        let from_headers = epoch(&mut Loader::new(&o).unwrap());
+        assert_eq!(
+            epoch(&mut loader(&spec, &kv).unwrap()),
+            from_headers,
+            "{decoder}"
+        );
+        // A table that is wrong about an image's size makes that sample's error, not a
+        // crop of the wrong pixels.
+        forge_stored_width(&out, 2, real.width + 8);
+        let e = loader(&spec, &kv)
+            .unwrap()
+            .next()
+            .err()
+            .unwrap()
+            .to_string();
+        let expected = format!(
+            "the image is {}x{}, not the {}x{}",
+            real.width,
+            real.height,
+            real.width + 8,
+            real.height
+        );
+        assert!(
+            e.contains("sample 2") && e.contains("d.stkpack") && e.contains(&expected),
+            "{decoder}: {e}"
+        );
+        forge_stored_width(&out, 2, real.width);
+    }
 }
 
 fn labels(b: &Batch) -> Vec<i64> {

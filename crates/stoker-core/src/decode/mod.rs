@@ -212,8 +212,10 @@ pub struct Header {
 enum Kind {
     Png,
     ZuneJpeg,
+    /// libjpeg-turbo; the JPEG header it parsed is read again when decoding (its handle must hold
+    /// the header of the image it decompresses), and `decode` checks the two agree.
     #[cfg(feature = "turbojpeg")]
-    Turbo(turbo::Header),
+    Turbo,
 }
 
 /// Where the decoded pixels sit in the image: `bufs.rgb` holds `dims` pixels whose top-left is
@@ -299,7 +301,7 @@ pub fn read_header(
             Format::Jpeg if decoder.turbo() => {
                 let h = turbo(&mut bufs.turbo)?.header(encoded)?;
                 let kind = if h.decodable() {
-                    Kind::Turbo(h)
+                    Kind::Turbo
                 } else {
                     Kind::ZuneJpeg
                 };
@@ -318,48 +320,85 @@ pub fn read_header(
     Ok(header)
 }
 
+/// The header of an image whose size the source stored beside it (a packed file's metadata
+/// table): [`read_header`] without parsing the image, so a crop is planned from the table.
+/// [`decode`] fails if the image is not `dims` after all.
+pub fn stored_header(
+    encoded: &[u8],
+    dims: Dims,
+    max_pixels: u64,
+    decoder: JpegDecoder,
+) -> Result<Header, String> {
+    check_size(dims.width, dims.height, max_pixels)?;
+    let kind = match sniff(encoded)? {
+        Format::Png => Kind::Png,
+        // libjpeg-turbo's verdict (CMYK and 12-bit JPEGs go to zune-jpeg) waits for the
+        // header `decode` parses anyway.
+        #[cfg(feature = "turbojpeg")]
+        Format::Jpeg if decoder.turbo() => Kind::Turbo,
+        Format::Jpeg => {
+            let _ = decoder;
+            Kind::ZuneJpeg
+        }
+    };
+    Ok(Header { dims, kind })
+}
+
 /// Decodes the image whose header is `header` into `bufs.rgb`: only `window` of it where the
 /// decoder can (libjpeg-turbo, lossy JPEGs), else the whole image. Errors are human-readable
-/// reasons ("truncated JPEG: ..."), without the file name.
+/// reasons ("truncated JPEG: ..."), without the file name; an image whose size is not
+/// `header.dims` is one.
 pub fn decode(
     encoded: &[u8],
     header: &Header,
     window: Option<Window>,
     bufs: &mut DecodeBuffers,
 ) -> Result<Decoded, String> {
-    let whole = |path| Decoded {
-        dims: header.dims,
+    // The size was checked against max_pixels by read_header or stored_header; the decoders
+    // refuse an image of any other size before allocating its pixels.
+    let dims = header.dims;
+    let whole = |()| Decoded {
+        dims,
         x: 0,
         y: 0,
         scale: 1,
-        path,
+        path: DecodePath::Zune,
     };
-    // The size was checked by read_header.
-    let max_pixels = u64::MAX;
     #[cfg(not(feature = "turbojpeg"))]
     let _ = window; // only libjpeg-turbo decodes part of an image
     match header.kind {
-        Kind::Png => guarded(Format::Png, || zune::decode_png(encoded, max_pixels, bufs))
-            .map(|_| whole(DecodePath::Zune)),
-        Kind::ZuneJpeg => guarded(Format::Jpeg, || {
-            zune::decode_jpeg(encoded, max_pixels, bufs)
-        })
-        .map(|_| whole(DecodePath::Zune)),
+        Kind::Png => guarded(Format::Png, || zune::decode_png(encoded, dims, bufs)).map(whole),
+        Kind::ZuneJpeg => {
+            guarded(Format::Jpeg, || zune::decode_jpeg(encoded, dims, bufs)).map(whole)
+        }
         #[cfg(feature = "turbojpeg")]
-        Kind::Turbo(h) => guarded(Format::Jpeg, || {
+        Kind::Turbo => guarded(Format::Jpeg, || {
             // libjpeg-turbo warns about a truncated stream and fills the rest with grey;
             // Pillow (and the zune path) report it.
             if !jpeg_has_eoi(encoded) {
                 return Err("truncated JPEG: no end-of-image marker after the image data".into());
             }
-            let region = match window {
-                Some(w) if h.croppable() => turbo::Turbo::region(&h, w.rect, w.max_scale),
-                _ => turbo::Turbo::whole(&h),
+            let region = turbo(&mut bufs.turbo)?.decompress(
+                encoded,
+                |h| {
+                    if h.dims != dims {
+                        return Err(size_mismatch(h.dims, dims));
+                    }
+                    Ok(h.decodable().then(|| match window {
+                        Some(w) if h.croppable() => turbo::Turbo::region(h, w.rect, w.max_scale),
+                        _ => turbo::Turbo::whole(h),
+                    }))
+                },
+                &mut bufs.rgb,
+            )?;
+            // Not for libjpeg-turbo after all (CMYK, 12-bit): known only now for an image
+            // whose header was not read before (stored_header).
+            let Some(region) = region else {
+                return zune::decode_jpeg(encoded, dims, bufs).map(whole);
             };
-            turbo(&mut bufs.turbo)?.decompress(encoded, &h, region, &mut bufs.rgb)?;
             let path = if region.scale > 1 {
                 DecodePath::TurboScaled
-            } else if region.dims != h.dims {
+            } else if region.dims != dims {
                 DecodePath::TurboRegion
             } else {
                 DecodePath::Turbo
@@ -373,6 +412,15 @@ pub fn decode(
             })
         }),
     }
+}
+
+/// The error for an image that is not the size its header (read before) or the dataset's
+/// metadata said.
+pub(super) fn size_mismatch(found: Dims, expected: Dims) -> String {
+    format!(
+        "the image is {}x{}, not the {}x{} its header or the dataset's metadata gave",
+        found.width, found.height, expected.width, expected.height
+    )
 }
 
 /// Decodes the whole of `encoded` into `bufs.rgb` as packed RGB8 and returns its size, with
@@ -643,6 +691,58 @@ pub(crate) mod tests {
         assert!(err.contains("500x375"), "{err}");
         assert_eq!(bufs.rgb.capacity(), 0);
         decode_rgb(&fixture("photo_baseline.jpg"), 500 * 375, &mut bufs).unwrap();
+    }
+
+    /// An image whose size is stored beside it (packed files) decodes exactly as when its
+    /// header is read first, with every decoder: CMYK JPEGs still go to zune-jpeg. A stored
+    /// size that is wrong is an error, and one over `max_pixels` is refused without decoding.
+    #[test]
+    fn a_stored_size_stands_in_for_the_header_and_is_checked() {
+        let decoders: &[JpegDecoder] = if turbo_available() {
+            &[JpegDecoder::Turbo, JpegDecoder::Zune]
+        } else {
+            &[JpegDecoder::Zune]
+        };
+        for &decoder in decoders {
+            for name in [
+                "photo_baseline.jpg",
+                "photo_cmyk.jpg",
+                "photo_gray.jpg",
+                "png_rgba.png",
+            ] {
+                let bytes = fixture(name);
+                let mut bufs = DecodeBuffers::default();
+                let read = read_header(&bytes, u64::MAX, decoder, &mut bufs).unwrap();
+                let whole = super::decode(&bytes, &read, None, &mut bufs).unwrap();
+                let expected = std::mem::take(&mut bufs.rgb);
+                let stored = stored_header(&bytes, read.dims, u64::MAX, decoder).unwrap();
+                let got = super::decode(&bytes, &stored, None, &mut bufs).unwrap();
+                assert_eq!((got, &bufs.rgb), (whole, &expected), "{name} {decoder:?}");
+
+                let Dims { width, height } = read.dims;
+                let pixels = (width * height) as u64;
+                let err = stored_header(&bytes, read.dims, pixels - 1, decoder).unwrap_err();
+                assert!(err.contains("max_image_pixels"), "{name}: {err}");
+                for lie in [
+                    Dims {
+                        width: width - 1,
+                        height,
+                    },
+                    Dims {
+                        width,
+                        height: height + 1,
+                    },
+                ] {
+                    let stored = stored_header(&bytes, lie, u64::MAX, decoder).unwrap();
+                    let err = super::decode(&bytes, &stored, None, &mut bufs).unwrap_err();
+                    let says = format!(
+                        "the image is {width}x{height}, not the {}x{}",
+                        lie.width, lie.height
+                    );
+                    assert!(err.contains(&says), "{name} {decoder:?}: {err}");
+                }
+            }
+        }
     }
 
     #[test]

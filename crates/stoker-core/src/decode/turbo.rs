@@ -172,21 +172,23 @@ impl Turbo {
         }
     }
 
-    /// Decodes `region` of `jpeg` (whose header is `header`) into `out` as packed RGB8; the
-    /// whole image when the region is all of it at scale 1. The caller checked the size
-    /// against `max_image_pixels`.
+    /// Reads the header of `jpeg`, asks `region_of` which region of it to decode, and decodes
+    /// that into `out` as packed RGB8 (the whole image when the region is all of it at scale 1);
+    /// returns the region, or `None` when `region_of` declined. The header is read here, right
+    /// before decompressing, because the cropping region and scaling factor are checked against
+    /// the handle's current header. The caller checked the size against `max_image_pixels`.
     pub(crate) fn decompress(
         &mut self,
         jpeg: &[u8],
-        header: &Header,
-        region: Region,
+        region_of: impl FnOnce(&Header) -> Result<Option<Region>, String>,
         out: &mut Vec<u8>,
-    ) -> Result<(), String> {
+    ) -> Result<Option<Region>, String> {
+        let header = self.header(jpeg)?;
+        let Some(region) = region_of(&header)? else {
+            return Ok(None);
+        };
         let whole =
             region.scale == 1 && (region.x, region.y) == (0, 0) && region.dims == header.dims;
-        // The header of this JPEG must be the handle's current one for the cropping region
-        // and scaling factor to be checked against it.
-        self.header(jpeg)?;
         let factor = tj::tjscalingfactor {
             num: 1,
             denom: region.scale as i32,
@@ -240,7 +242,7 @@ impl Turbo {
         {
             return Err(classify(&self.error()));
         }
-        Ok(())
+        Ok(Some(region))
     }
 }
 

@@ -7,7 +7,9 @@ use zune_core::options::DecoderOptions;
 use zune_jpeg::JpegDecoder;
 use zune_png::PngDecoder;
 
-use super::{check_size, jpeg_has_eoi, walk_jpeg_header, DecodeBuffers, Dims, MAX_SIDE};
+use super::{
+    check_size, jpeg_has_eoi, size_mismatch, walk_jpeg_header, DecodeBuffers, Dims, MAX_SIDE,
+};
 
 fn options() -> DecoderOptions {
     DecoderOptions::default()
@@ -75,9 +77,9 @@ pub(super) fn png_dimensions(encoded: &[u8]) -> Result<Dims, String> {
 
 pub(super) fn decode_jpeg(
     encoded: &[u8],
-    max_pixels: u64,
+    expected: Dims,
     bufs: &mut DecodeBuffers,
-) -> Result<Dims, String> {
+) -> Result<(), String> {
     refuse_unsupported(encoded)?;
     let opts = options().jpeg_set_out_colorspace(ColorSpace::RGB);
     let mut d = JpegDecoder::new_with_options(ZCursor::new(encoded), opts);
@@ -85,7 +87,10 @@ pub(super) fn decode_jpeg(
     let (width, height) = d
         .dimensions()
         .ok_or_else(|| "JPEG header has no frame size".to_string())?;
-    let len = check_size(width, height, max_pixels)?;
+    if (Dims { width, height }) != expected {
+        return Err(size_mismatch(Dims { width, height }, expected));
+    }
+    let len = check_size(width, height, u64::MAX)?;
     if d.output_colorspace() != Some(ColorSpace::RGB) {
         return Err(format!(
             "unsupported JPEG colour space {:?} (cannot convert to RGB)",
@@ -102,14 +107,14 @@ pub(super) fn decode_jpeg(
     }
     bufs.rgb.resize(len, 0);
     d.decode_into(&mut bufs.rgb).map_err(|e| jpeg_error(&e))?;
-    Ok(Dims { width, height })
+    Ok(())
 }
 
 pub(super) fn decode_png(
     encoded: &[u8],
-    max_pixels: u64,
+    expected: Dims,
     bufs: &mut DecodeBuffers,
-) -> Result<Dims, String> {
+) -> Result<(), String> {
     // 16-bit samples come big-endian so that the high byte is the first of each pair.
     let opts = options().set_byte_endian(zune_core::bit_depth::ByteEndian::BE);
     let mut d = PngDecoder::new_with_options(ZCursor::new(encoded), opts);
@@ -118,7 +123,10 @@ pub(super) fn decode_png(
     let (width, height) = d
         .dimensions()
         .ok_or_else(|| "PNG has no IHDR".to_string())?;
-    let len = check_size(width, height, max_pixels)?;
+    if (Dims { width, height }) != expected {
+        return Err(size_mismatch(Dims { width, height }, expected));
+    }
+    let len = check_size(width, height, u64::MAX)?;
     let colorspace = d.colorspace().ok_or("PNG has no colour type")?;
     let sixteen = d.depth() == Some(zune_core::bit_depth::BitDepth::Sixteen);
     let channels = colorspace.num_components();
@@ -133,7 +141,7 @@ pub(super) fn decode_png(
     if channels == 3 && !sixteen {
         bufs.rgb.resize(len, 0);
         d.decode_into(&mut bufs.rgb).map_err(|e| png_error(&e))?;
-        return Ok(Dims { width, height });
+        return Ok(());
     }
     bufs.native.resize(native_len, 0);
     d.decode_into(&mut bufs.native).map_err(|e| png_error(&e))?;
@@ -154,7 +162,7 @@ pub(super) fn decode_png(
             out[2] = px[2 * bytes];
         }
     }
-    Ok(Dims { width, height })
+    Ok(())
 }
 
 fn png_error(e: &zune_png::error::PngDecodeErrors) -> String {

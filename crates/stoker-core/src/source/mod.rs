@@ -101,12 +101,14 @@ impl FieldSpec {
 #[derive(Clone, Copy, Debug)]
 pub struct Sample<'a> {
     parts: [&'a [u8]; MAX_FIELDS],
+    image_sizes: [Option<(u32, u32)>; MAX_FIELDS],
 }
 
 impl Default for Sample<'_> {
     fn default() -> Self {
         Sample {
             parts: [&[]; MAX_FIELDS],
+            image_sizes: [None; MAX_FIELDS],
         }
     }
 }
@@ -120,6 +122,18 @@ impl<'a> Sample<'a> {
     /// Field `field`'s bytes, empty if never set (`field < MAX_FIELDS`, else a panic).
     pub fn get(&self, field: usize) -> &'a [u8] {
         self.parts[field]
+    }
+
+    /// Records the width and height of the image in field `field` as the source stored them
+    /// (a packed file's metadata table), so that its crop is planned without parsing the
+    /// image's header. The decoder checks them against the image.
+    pub fn set_image_size(&mut self, field: usize, width: u32, height: u32) {
+        self.image_sizes[field] = Some((width, height));
+    }
+
+    /// The stored `(width, height)` of the image in field `field`, if the source knows it.
+    pub fn image_size(&self, field: usize) -> Option<(u32, u32)> {
+        self.image_sizes[field]
     }
 }
 

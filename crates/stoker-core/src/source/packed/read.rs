@@ -18,7 +18,7 @@ use super::index::{resolve_with, ShardListing};
 use crate::error::{Error, Result};
 use crate::source::mapped::{self, Mapping};
 use crate::source::remote::{shown_without_credentials, RemoteConfig, ShardHolder};
-use crate::source::{Access, FieldSpec, Sample, Source};
+use crate::source::{Access, FieldKind, FieldSpec, Sample, Source};
 
 /// What a packed file's header, schema and table say, checked against its bytes: the checks of
 /// the reader at open and per field, on any byte slice (a memory map, or a fuzzer's input).
@@ -399,6 +399,10 @@ impl Source for PackedSource {
                 reason,
             })?;
             sample.set(f, bytes);
+            let e = shard.entry(i, f);
+            if self.specs[f].kind == FieldKind::EncodedImage && e.width > 0 && e.height > 0 {
+                sample.set_image_size(f, e.width, e.height);
+            }
         }
         Ok(sample)
     }
