@@ -67,7 +67,7 @@ step "remote shards: nginx (http://, https://) and an S3 server (s3://) on 127.0
 bash ctests/remote/run.sh
 done_with "$target/debug" build-cpp .venv-remote
 
-step "python: manylinux wheel + sdist, installed into a clean venv with torch, pytest"
+step "python: sdist, the manylinux wheel built from it, installed into a clean venv with torch, pytest"
 bash bindings/python/run_tests.sh
 
 step "distributed: torchrun (gloo) 2 and 3 ranks with elastic resume, mpirun -np 2"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the Python package's release artifacts into bindings/python/dist:
-#   stoker-VERSION-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
-#       libstoker.so and the `stoker` command, stripped, linked against glibc 2.17's symbols
-#       (cargo-zigbuild: zig links against a glibc of the version asked for), then repaired and
-#       checked by auditwheel;
 #   stoker-VERSION.tar.gz   the sdist: the package plus the workspace's crates, built by cargo;
+#   stoker-VERSION-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
+#       built from the sdist (from the tree with STOKER_SKIP_SDIST=1): libstoker.so and the
+#       `stoker` command, stripped, linked against glibc 2.17's symbols (cargo-zigbuild: zig
+#       links against a glibc of the version asked for), then repaired and checked by auditwheel;
 #   debug/                  libstoker.so.debug and stoker.debug, the split debug info.
 # Prints the paths of the wheel and the sdist on its last two lines.
 #
@@ -12,7 +12,7 @@
 #   STOKER_WHEEL_GLIBC  glibc version to link against (default 2.17); `native` links with the
 #                       host's toolchain instead (the tag is then what auditwheel finds)
 #   STOKER_BUILD_VENV   the build tools' virtualenv (default <repo>/.venv-build, reused)
-#   STOKER_SKIP_SDIST=1 wheel only
+#   STOKER_SKIP_SDIST=1 no sdist: the wheel is built from the tree
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -43,9 +43,19 @@ rm -rf "$DIST"
 mkdir -p "$DIST/raw"
 export STOKER_DEBUG_DIR="$DIST/debug"
 
+# The wheel is built from the sdist, as `python -m build` does: one cargo build gives the wheel
+# and proves that the sdist alone builds.
+sdist=""
+if [ "${STOKER_SKIP_SDIST:-0}" != 1 ]; then
+  step "sdist"
+  "$PY" -m build --sdist --outdir "$DIST" "$PKG" >&2
+  sdist="$(ls "$DIST"/stoker-*.tar.gz)"
+fi
+src="${sdist:-$PKG}"
+
 if [ "$GLIBC" = native ]; then
   step "wheel (host toolchain)"
-  "$PY" -m pip wheel --no-deps -w "$DIST/raw" "$PKG" >&2
+  "$PY" -m pip wheel --no-deps -w "$DIST/raw" "$src" >&2
   plat_args=()
 else
   step "wheel (cargo-zigbuild, glibc $GLIBC)"
@@ -60,7 +70,7 @@ else
   CARGO_TARGET_DIR="$CARGO_TARGET_DIR/zig" PATH="$zig_dir:$VENV/bin:$PATH" CARGO=cargo-zigbuild \
     CARGO_BUILD_TARGET="x86_64-unknown-linux-gnu.$GLIBC" \
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C link-arg=-Wl,--build-id=sha1" \
-    "$PY" -m pip wheel --no-deps -w "$DIST/raw" "$PKG" >&2
+    "$PY" -m pip wheel --no-deps -w "$DIST/raw" "$src" >&2
   plat_args=(--plat "manylinux_${GLIBC//./_}_x86_64")
 fi
 raw="$(ls "$DIST"/raw/stoker-*.whl)"
@@ -73,11 +83,5 @@ rm -rf "$DIST/raw"
 wheel="$(ls "$DIST"/stoker-*manylinux*.whl)"
 "$VENV/bin/auditwheel" show "$wheel" >&2
 
-sdist=""
-if [ "${STOKER_SKIP_SDIST:-0}" != 1 ]; then
-  step "sdist"
-  "$PY" -m build --sdist --outdir "$DIST" "$PKG" >&2
-  sdist="$(ls "$DIST"/stoker-*.tar.gz)"
-fi
 echo "$wheel"
 echo "$sdist"
