@@ -33,7 +33,11 @@ if ! cargo fuzz --version 2>/dev/null | grep -qx "cargo-fuzz $CARGO_FUZZ_VERSION
 fi
 
 echo "==> building fuzz targets (cargo +nightly fuzz build, AddressSanitizer)"
-(cd "$fuzz_dir" && CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2} cargo +nightly fuzz build --target "$triple")
+# cargo-fuzz builds with one codegen unit unless told otherwise: stoker-core then compiles on one
+# core for minutes. 16 units (cargo's release default) build it in 250 s instead of 296 s here,
+# for somewhat fewer runs per second in a bounded run.
+(cd "$fuzz_dir" && CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2} cargo +nightly fuzz build \
+  --codegen-units 16 --target "$triple")
 built=$(date +%s)
 echo "fuzz: targets built in $((built - start)) s"
 

@@ -30,13 +30,45 @@ die() { printf 'run_tests.sh: FAILED: %s\n' "$*" >&2; exit 1; }
 ok() { checks=$((checks + 1)); echo "ok: $*"; }
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/stoker-python.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+trap 'kill "${venv_pid:-}" 2>/dev/null || true; rm -rf "$work"' EXIT
 
 version="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)"
 [ -n "$version" ] || die "no version under [workspace.package] in Cargo.toml"
 
+# ---- a clean virtualenv ---------------------------------------------------------------------------
+# Reused only while it holds exactly what this script installed (pip freeze as recorded at
+# creation) and no trace of a previous stoker; otherwise recreated. Made in the background while
+# the wheel builds: installing torch mostly waits on the network, building mostly on the CPU.
+test_venv() {
+  local clean=0
+  if [ "${STOKER_FRESH_VENV:-0}" != 1 ] && [ -x "$VENV/bin/python" ] &&
+    [ "$(cat "$VENV/.requirements" 2>/dev/null)" = "$REQUIREMENTS" ]; then
+    "$VENV/bin/python" -m pip uninstall -q -y stoker >/dev/null 2>&1 || true
+    if [ "$("$VENV/bin/python" -m pip freeze)" = "$(cat "$VENV/.freeze")" ] &&
+      [ ! -e "$VENV/bin/stoker" ] &&
+      [ -z "$("$VENV/bin/python" -c 'import importlib.util as u; print(u.find_spec("stoker") or "")')" ]; then
+      clean=1
+    fi
+  fi
+  if [ "$clean" = 1 ]; then
+    echo "reused: pip freeze matches the recorded set and no stoker is left"
+  else
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    # shellcheck disable=SC2086
+    "$VENV/bin/python" -m pip install -q $REQUIREMENTS
+    "$VENV/bin/python" -m pip freeze >"$VENV/.freeze"
+    echo "$REQUIREMENTS" >"$VENV/.requirements"
+    echo "created"
+  fi
+  "$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'
+}
+test_venv >"$work/venv.log" 2>&1 &
+venv_pid=$!
+
 # ---- build -------------------------------------------------------------------------------
-step "build the wheel and the sdist (build_wheel.sh)"
+step "build the sdist and the wheel from it (build_wheel.sh); the test virtualenv meanwhile"
 STOKER_SKIP_SDIST="${STOKER_SKIP_SDIST:-0}" bash bindings/python/build_wheel.sh >"$work/artifacts.txt" ||
   die "build_wheel.sh failed"
 wheel="$(tail -n 2 "$work/artifacts.txt" | head -n 1)"
@@ -79,33 +111,9 @@ for f in "$lib" "$cli"; do
   ok "$name stripped ($(du -k "$f" | cut -f1) KiB), debug info in $name.debug ($(du -k "$debug_dir/$name.debug" | cut -f1) KiB, same build ID)"
 done
 
-# ---- a clean virtualenv ---------------------------------------------------------------------------
-# Reused only while it holds exactly what this script installed (pip freeze as recorded at
-# creation) and no trace of a previous stoker; otherwise recreated.
-step "test virtualenv $VENV"
-clean=0
-if [ "${STOKER_FRESH_VENV:-0}" != 1 ] && [ -x "$VENV/bin/python" ] &&
-  [ "$(cat "$VENV/.requirements" 2>/dev/null)" = "$REQUIREMENTS" ]; then
-  "$VENV/bin/python" -m pip uninstall -q -y stoker >/dev/null 2>&1 || true
-  if [ "$("$VENV/bin/python" -m pip freeze)" = "$(cat "$VENV/.freeze")" ] &&
-    [ ! -e "$VENV/bin/stoker" ] &&
-    [ -z "$("$VENV/bin/python" -c 'import importlib.util as u; print(u.find_spec("stoker") or "")')" ]; then
-    clean=1
-  fi
-fi
-if [ "$clean" = 1 ]; then
-  echo "reused: pip freeze matches the recorded set and no stoker is left"
-else
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  # shellcheck disable=SC2086
-  "$VENV/bin/python" -m pip install -q $REQUIREMENTS
-  "$VENV/bin/python" -m pip freeze >"$VENV/.freeze"
-  echo "$REQUIREMENTS" >"$VENV/.requirements"
-  echo "created"
-fi
-"$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'
+step "test virtualenv $VENV (made while the wheel was built)"
+wait "$venv_pid" || { cat "$work/venv.log"; die "making the test virtualenv failed"; }
+cat "$work/venv.log"
 
 step "install the wheel"
 "$VENV/bin/python" -m pip install -q "$wheel"
