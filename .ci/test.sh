@@ -71,7 +71,8 @@ step "python: sdist, the manylinux wheel built from it, installed into a clean v
 bash bindings/python/run_tests.sh
 
 step "distributed: torchrun (gloo) 2 and 3 ranks with elastic resume, mpirun -np 2"
-bash bindings/python/run_distributed_tests.sh
+# The wheel the Python step just built and tested, from this tree.
+STOKER_WHEEL=$(ls bindings/python/dist/stoker-*manylinux*.whl) bash bindings/python/run_distributed_tests.sh
 done_with .venv-test .venv-build "$target/release" "$target/zig"
 
 step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 30)"

@@ -9,7 +9,8 @@
 # Every launch runs under `timeout`, so a hang fails instead of blocking.
 #
 # Uses the venv of run_tests.sh (.venv-test at the repository root), adding torch 2.15.0 from
-# PyPI (pip's cache is kept), and installs Debian's openmpi-bin when mpirun is missing.
+# PyPI (pip's cache is kept), and installs Debian's openmpi-bin when mpirun is missing. The
+# package is built from the tree, or STOKER_WHEEL names a wheel of it to install instead.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -27,7 +28,12 @@ venv=.venv-test
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py="$venv/bin/python"
 "$py" -m pip install -q numpy pillow pytest "torch==2.15.0"
-"$py" -m pip install -q --force-reinstall --no-deps ./bindings/python
+if [ -n "${STOKER_WHEEL:-}" ]; then
+  # The wheel run_tests.sh built from this tree (the test command passes it): no second build.
+  "$py" -m pip install -q --force-reinstall --no-deps "$STOKER_WHEEL"
+else
+  "$py" -m pip install -q --force-reinstall --no-deps ./bindings/python
+fi
 unset STOKER_LIBRARY
 
 if ! command -v mpirun >/dev/null; then

@@ -176,7 +176,10 @@ export STOKER_REMOTE_S3_INDEX="s3://stoker-test/shards/train.json"
 export SSL_CERT_FILE=$tls/ca.pem
 
 step "Rust"
-cargo test -q -p stoker-core --test remote_servers -- --ignored 2>&1 | tail -3
+# --workspace: the features of `cargo test --workspace`, so that the test suite's build is reused
+# (with -p alone, cargo resolves the features of stoker-core's dependencies apart from the other
+# members' and builds them and the crate again).
+cargo test -q --workspace --test remote_servers -- --ignored 2>&1 | tail -3
 
 step "library for Python and C"
 cargo build -q --release -p stoker-capi
