@@ -15,7 +15,8 @@
 # Every build is stoker-core without its default features: the CUDA driver binding, the remote
 # fetcher (tokio, object_store) and libjpeg-turbo are not the concurrency core, and leaving them
 # out halves each build. libjpeg-turbo's Rust wrapper is fuzzed under AddressSanitizer
-# (.ci/fuzz.sh, image_pipeline); the remote fetcher's tests run in every other step.
+# (.ci/fuzz.sh, image_pipeline); the remote fetcher's tests run in `cargo test` and the
+# remote-shards step.
 #
 # Each prints "sanitizer NAME: ok, N tests" or the report, and any finding fails the script.
 # SANITIZERS="asan tsan" runs a subset. Build directories: target/sanitizers/NAME.

@@ -15,7 +15,7 @@ fn read_all(data: &[u8]) {
     let start = data.as_ptr() as usize;
     for i in 0..layout.len().min(4096) {
         for f in 0..layout.fields().len() {
-            if let Ok(bytes) = layout.field_bytes(data, i, f) {
+            if let Ok((bytes, _)) = layout.field_bytes(data, i, f) {
                 let at = bytes.as_ptr() as usize - start;
                 assert!(at + bytes.len() <= data.len(), "field past the end");
             }

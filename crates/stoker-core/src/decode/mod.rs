@@ -212,8 +212,8 @@ pub struct Header {
 enum Kind {
     Png,
     ZuneJpeg,
-    /// libjpeg-turbo; the JPEG header it parsed is read again when decoding (its handle must hold
-    /// the header of the image it decompresses), and `decode` checks the two agree.
+    /// libjpeg-turbo, which reads the JPEG's header again when decoding (its handle must hold
+    /// the header of the image it decompresses); `decode` checks it against `Header::dims`.
     #[cfg(feature = "turbojpeg")]
     Turbo,
 }

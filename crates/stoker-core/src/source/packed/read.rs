@@ -113,13 +113,14 @@ impl Layout {
         Entry::decode(&bytes[self.table_at..], i * self.fields.len() + field)
     }
 
-    /// The bytes of `field` of sample `i`, checked against the data region and their CRC-32.
+    /// The bytes of `field` of sample `i`, checked against the data region and their CRC-32,
+    /// with their table entry (an image's stored size and mode).
     pub fn field_bytes<'a>(
         &self,
         bytes: &'a [u8],
         i: usize,
         field: usize,
-    ) -> std::result::Result<&'a [u8], String> {
+    ) -> std::result::Result<(&'a [u8], Entry), String> {
         let e = self.entry(bytes, i, field);
         let data_end = self.header.data_offset + self.header.data_len;
         let end = e.offset.checked_add(e.len);
@@ -143,7 +144,7 @@ impl Layout {
                 self.fields[field].name, e.mode
             ));
         }
-        Ok(stored)
+        Ok((stored, e))
     }
 }
 
@@ -210,8 +211,13 @@ impl PackedFile {
         offset.saturating_sub(header.data_offset) / header.page_size as u64
     }
 
-    /// The bytes of `field` of sample `i`, checked against the data region and its CRC-32.
-    pub fn field_bytes(&self, i: usize, field: usize) -> std::result::Result<&[u8], String> {
+    /// The bytes of `field` of sample `i`, checked against the data region and its CRC-32,
+    /// with their table entry.
+    pub fn field_bytes(
+        &self,
+        i: usize,
+        field: usize,
+    ) -> std::result::Result<(&[u8], Entry), String> {
         self.layout.field_bytes(&self.map, i, field)
     }
 
@@ -393,13 +399,12 @@ impl Source for PackedSource {
         let shard = &self.shards[s];
         let mut sample = Sample::default();
         for f in 0..self.specs.len() {
-            let bytes = shard.field_bytes(i, f).map_err(|reason| Error::Sample {
+            let (bytes, e) = shard.field_bytes(i, f).map_err(|reason| Error::Sample {
                 index: index as u64,
                 what: self.describe(index),
                 reason,
             })?;
             sample.set(f, bytes);
-            let e = shard.entry(i, f);
             if self.specs[f].kind == FieldKind::EncodedImage && e.width > 0 && e.height > 0 {
                 sample.set_image_size(f, e.width, e.height);
             }
