@@ -48,7 +48,9 @@ What differs, honestly:
     cache=True, so every process compiles again): that is what a training job pays at start.
 
 Measured per row, in its own child process that imports torch first (as compare.py does):
-  images/s     the second epoch (the first, which includes the first batch, warms up)
+  images/s     epochs 2 to 4 (the first, which includes the first batch, warms up); at a few
+               thousand images/s one epoch of 1,280 photos lasts a fifth of a second, too short
+               a window to time alone
   first batch  from constructing the loader to holding the first batch
   peak RSS     VmRSS summed over the child and its descendants (compare.py's sampler)
 Every write and every loader runs ROUNDS times, interleaved; each metric keeps its best round
@@ -86,6 +88,7 @@ ROUNDS = 3
 BATCH = 64
 MAX_SIDE = 256
 JPEG_QUALITY = 90  # stoker pack's default --quality, given to FFCV explicitly
+EPOCHS = 3  # measured, after the warm-up epoch
 
 IMAGE_FOLDER = "stoker, image_folder"
 PACKED_ORIGINAL = "stoker, packed (original JPEGs)"
@@ -137,7 +140,7 @@ def stoker_load(source: str) -> dict:
         loader = stoker.Loader(source, batch_size=BATCH, shuffle=True, transform=SPEC, num_workers=WORKERS)
         return lambda: iter(loader)
 
-    return measure(make, lambda b: b.torch()["image"].shape[0], 1)
+    return measure(make, lambda b: b.torch()["image"].shape[0], EPOCHS)
 
 
 def ffcv_load(path: str) -> dict:
@@ -175,7 +178,7 @@ def ffcv_load(path: str) -> dict:
         assert images.dtype.is_floating_point and tuple(images.shape[1:]) == (3, 224, 224), images.shape
         return images.shape[0]
 
-    return measure(make, batch_len, 1)
+    return measure(make, batch_len, EPOCHS)
 
 
 def child(kind: str, *args: str) -> None:
@@ -350,7 +353,7 @@ def main() -> None:
     rounds = max(1, args.rounds)
     print(
         f"{os.cpu_count()} cores; {samples} JPEGs in {root}; {SPEC}; batch {BATCH}; {WORKERS} workers; "
-        f"images/s of epoch 2; best of {rounds} round(s)",
+        f"images/s of epochs 2-{EPOCHS + 1}; best of {rounds} round(s)",
         flush=True,
     )
     writes: dict = {}
