@@ -182,7 +182,10 @@ step "Rust"
 cargo test -q --workspace --test remote_servers -- --ignored 2>&1 | tail -3
 
 step "library for Python and C"
-cargo build -q --release -p stoker-capi
+# With stoker-cxx, as the C and C++ steps' CMake build makes it: cargo resolves features per
+# build, and stoker-capi alone (without cxx-build's proc-macro2 features) would compile stoker-core
+# and its dependencies again (140 s on 2 cores) instead of finding them built.
+cargo build -q --release -p stoker-capi -p stoker-cxx
 lib="$root/target/release/libstoker.so"
 
 step "https:// with a certificate the reader does not trust fails, naming the URL"

@@ -103,6 +103,71 @@ pub(super) fn write_lut<T: Copy, const N: usize>(
     write_pass(img, layout, out, |c, v| to_bytes(lut[c][v as usize]));
 }
 
+/// The float32 output pass: by [`Affine`] with AVX2 where that reproduces the table, else by the
+/// table. The table's loop is scalar loads and stores, about a fifth of a small image's time; the
+/// affine form vectorizes (5% more images/s for 256-pixel images, 2% for ImageNet-sized ones).
+pub(super) fn write_f32(
+    img: &SrcView<'_>,
+    layout: Layout,
+    lut: &[[f32; 256]; 3],
+    affine: Option<&Affine>,
+    out: &mut [u8],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(affine) = affine {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: this CPU has AVX2, checked just above.
+            unsafe { write_affine_avx2(img, layout, affine, out) };
+            return;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = affine;
+    write_lut(img, layout, lut, out, f32::to_ne_bytes);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn write_affine_avx2(img: &SrcView<'_>, layout: Layout, affine: &Affine, out: &mut [u8]) {
+    let (out, _) = out.as_chunks_mut::<4>();
+    write_pass(img, layout, out, |c, v| affine.value(c, v).to_ne_bytes());
+}
+
+/// A float32 output table as `x * scale[c] + offset[c]`, computed in f64 and rounded once to
+/// f32; kept only when that reproduces every entry of the table bit for bit (for ImageNet's and
+/// CLIP's constants it does), so the output does not depend on which pass ran. In f32 the same
+/// form misses 455 of ImageNet's 768 entries by an ulp; f64's error almost never reaches an f32
+/// rounding boundary, and the check covers the cases where it does.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Affine {
+    scale: [f64; 3],
+    offset: [f64; 3],
+}
+
+impl Affine {
+    /// `(x / 255 - mean) / std` (or `x / 255` without `mean_std`) as an affine map, if it
+    /// reproduces `lut`.
+    pub(super) fn exact(
+        mean_std: Option<([f64; 3], [f64; 3])>,
+        lut: &[[f32; 256]; 3],
+    ) -> Option<Affine> {
+        let (mean, std) = mean_std.unwrap_or(([0.0; 3], [1.0; 3]));
+        let affine = Affine {
+            scale: std::array::from_fn(|c| 1.0 / (255.0 * std[c])),
+            offset: std::array::from_fn(|c| -mean[c] / std[c]),
+        };
+        let reproduces = (0..3).all(|c| {
+            (0..=255u8).all(|x| affine.value(c, x).to_bits() == lut[c][x as usize].to_bits())
+        });
+        reproduces.then_some(affine)
+    }
+
+    #[inline(always)]
+    fn value(&self, c: usize, x: u8) -> f32 {
+        (f64::from(x) * self.scale[c] + self.offset[c]) as f32
+    }
+}
+
 /// Writes `value(channel, byte)` for every element of the image into `out` (elements of `N`
 /// bytes) in `layout`, mirrored when `img.flip`. The flip is decided once per row, so the inner
 /// loops are plain iterators over whole pixels with no per-element bounds checks.

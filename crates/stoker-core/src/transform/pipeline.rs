@@ -1,11 +1,12 @@
-//! The validated pipeline: its output size, type and layout, the per-channel lookup tables, and
-//! [`Pipeline::apply`], which plans a decoded image and runs the kernels into the batch slot.
+//! The validated pipeline: its output size, type and layout, the per-channel lookup tables (and
+//! their affine form where it reproduces them), and [`Pipeline::apply`], which plans a decoded
+//! image and runs the kernels into the batch slot.
 
 use fast_image_resize::Resizer;
 
 use super::augment::{self, Erase, Frame};
 use super::geometry::Plan;
-use super::kernels::{resample, write_erase, write_lut, write_u8, SrcView};
+use super::kernels::{resample, write_erase, write_f32, write_lut, write_u8, Affine, SrcView};
 use super::mix::BatchMix;
 use super::spec::{parse, EraseValue, Op};
 use crate::decode::{Decoded, Dims, Window};
@@ -15,7 +16,8 @@ use crate::rng::{Rng, Stream};
 /// Per-channel lookup tables: the output element for each 8-bit input value.
 enum Lut {
     U8,
-    F32(Box<[[f32; 256]; 3]>),
+    /// The table, and its affine form when that reproduces it (see [`Affine`]).
+    F32(Box<[[f32; 256]; 3]>, Option<Affine>),
     Half(Box<[[u16; 256]; 3]>),
 }
 
@@ -245,7 +247,8 @@ impl Pipeline {
                         *v = value(c, x) as f32;
                     }
                 }
-                Lut::F32(t)
+                let affine = Affine::exact(normalize, &t);
+                Lut::F32(t, affine)
             }
             DType::F16 | DType::BF16 => {
                 let mut t = Box::new([[0u16; 256]; 3]);
@@ -563,11 +566,17 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Whether float32 output is computed by the affine pass rather than looked up (tests).
+    #[cfg(test)]
+    pub(super) fn float32_affine(&self) -> bool {
+        matches!(self.lut, Lut::F32(_, Some(_)))
+    }
+
     /// The one output pass (type, normalisation, layout), then the erased box if any.
     fn write_out(&self, img: &SrcView<'_>, out: &mut [u8], erase: Option<&Erase>) {
         match &self.lut {
             Lut::U8 => write_u8(img, self.layout, out),
-            Lut::F32(t) => write_lut(img, self.layout, t, out, f32::to_ne_bytes),
+            Lut::F32(t, affine) => write_f32(img, self.layout, t, affine.as_ref(), out),
             Lut::Half(t) => write_lut(img, self.layout, t, out, u16::to_ne_bytes),
         }
         if let Some(e) = erase {

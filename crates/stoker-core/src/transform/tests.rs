@@ -433,6 +433,72 @@ fn normalize_and_float_types() {
     }
 }
 
+/// Float32 output is `((x / 255 - mean) / std) as f32` computed in f64, bit for bit, whichever
+/// pass writes it: the affine pass (taken where it reproduces that, as for the usual constants)
+/// or the table.
+#[test]
+fn float32_output_is_the_same_from_the_table_or_the_affine_pass() {
+    // Every byte value in every channel: 16x16 pixels, resized to their own size (a copy).
+    let rgb: Vec<u8> = (0..=255u8)
+        .flat_map(|x| [x, x.wrapping_mul(7), 255 - x])
+        .collect();
+    let cases: [(&str, [f64; 3], [f64; 3], bool); 4] = [
+        (
+            "resize(16, 16) | normalize(imagenet)",
+            IMAGENET_MEAN,
+            IMAGENET_STD,
+            true,
+        ),
+        // CLIP's constants.
+        (
+            "resize(16, 16) | normalize(mean=0.48145466,0.4578275,0.40821073, \
+             std=0.26862954,0.26130258,0.27577711)",
+            [0.48145466, 0.4578275, 0.40821073],
+            [0.26862954, 0.26130258, 0.27577711],
+            true,
+        ),
+        ("resize(16, 16)", [0.0; 3], [1.0; 3], true),
+        // mean = 33/255: the table's value for 33 is exactly 0, while 33 * (1/255) - mean is
+        // -2.8e-17, so the affine form does not reproduce the table and is not used.
+        (
+            "resize(16, 16) | normalize(mean=0.12941176470588237, std=1)",
+            [33.0 / 255.0; 3],
+            [1.0; 3],
+            false,
+        ),
+    ];
+    for (spec, mean, std, affine) in cases {
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let p = pipeline(spec, Some(DType::F32), layout);
+            assert_eq!(p.float32_affine(), affine, "{spec}");
+            let mut out = vec![0u8; p.output_bytes()];
+            p.apply_rgb(&rgb, 16, 16, &mut rng(0), &mut out).unwrap();
+            let got: Vec<f32> = out
+                .as_chunks::<4>()
+                .0
+                .iter()
+                .map(|b| f32::from_ne_bytes(*b))
+                .collect();
+            for (i, px) in rgb.as_chunks::<3>().0.iter().enumerate() {
+                for c in 0..3 {
+                    let at = match layout {
+                        Layout::Nchw => c * 256 + i,
+                        Layout::Nhwc => i * 3 + c,
+                    };
+                    let expected = ((px[c] as f64 / 255.0 - mean[c]) / std[c]) as f32;
+                    assert_eq!(
+                        got[at].to_bits(),
+                        expected.to_bits(),
+                        "{spec} {layout:?}: pixel {i} channel {c} ({}): {} vs {expected}",
+                        px[c],
+                        got[at]
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn identity_geometry_copies_pixels() {
     let (rgb, w, h) = decoded("photo_png.png");
