@@ -2,7 +2,7 @@
 # bindings/cpp:
 #   Debug                                      -> cargo's `dev` profile (target/debug); the
 #                                                 libraries keep their debug info
-#   Release, RelWithDebInfo, MinSizeRel, none  -> `release` (target/release: optimized, LTO, line
+#   Release, RelWithDebInfo, MinSizeRel, none  -> `release` (target/release: optimized, line
 #                                                 tables); the staged and installed libraries are
 #                                                 stripped and their debug info split into .debug
 #                                                 files (STOKER_SPLIT_DEBUGINFO)
