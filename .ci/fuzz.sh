@@ -5,13 +5,12 @@
 # transform), npy_header (the npy source's open), options (LoaderOptions::set), transform_spec
 # (the pipeline spec parser), resume_state (ResumeState::parse), tar_members (the WebDataset
 # shard scan of the indexed tar source), packed_reader (the packed format's open and per-field
-# checks), wids_index (WebDataset's JSON shard index), built at FUZZ_OPT_LEVEL (default 1; 3
-# runs faster and builds slower). Each runs FUZZ_SECONDS (default 30), FUZZ_JOBS at a time
-# (default: 2, or 1 on a single core), from a corpus seeded with the committed parser seeds and
-# the test images; any crash, panic, leak, timeout or allocation over the limit fails the script
-# and leaves the input under fuzz/artifacts/TARGET/.
+# checks), wids_index (WebDataset's JSON shard index). Each runs FUZZ_SECONDS
+# (default 30), FUZZ_JOBS at a time (default: 2, or 1 on a single core), from a corpus seeded
+# with the committed parser seeds and the test images; any crash, panic, leak, timeout or
+# allocation over the limit fails the script and leaves the input under fuzz/artifacts/TARGET/.
 #
-#   FUZZ_SECONDS=600 FUZZ_OPT_LEVEL=3 FUZZ_KEEP_CORPUS=1 FUZZ_TARGETS="npy_header options" .ci/fuzz.sh
+#   FUZZ_SECONDS=600 FUZZ_KEEP_CORPUS=1 FUZZ_TARGETS="npy_header options" .ci/fuzz.sh
 #
 # Reproduce a crash: cd crates/stoker-core/fuzz && cargo +nightly fuzz run TARGET ARTIFACT
 set -euo pipefail
@@ -19,7 +18,6 @@ cd "$(dirname "$0")/.."
 
 CARGO_FUZZ_VERSION=0.13.2
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
-FUZZ_OPT_LEVEL=${FUZZ_OPT_LEVEL:-1}
 ALL_TARGETS="image_pipeline npy_header options transform_spec resume_state tar_members packed_reader wids_index"
 read -r -a targets <<<"${FUZZ_TARGETS:-$ALL_TARGETS}"
 cores=$(nproc 2>/dev/null || echo 1)
@@ -34,15 +32,11 @@ if ! cargo fuzz --version 2>/dev/null | grep -qx "cargo-fuzz $CARGO_FUZZ_VERSION
   cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked
 fi
 
-echo "==> building fuzz targets (cargo +nightly fuzz build, AddressSanitizer, opt-level $FUZZ_OPT_LEVEL)"
+echo "==> building fuzz targets (cargo +nightly fuzz build, AddressSanitizer)"
 # cargo-fuzz builds with one codegen unit unless told otherwise: stoker-core then compiles on one
 # core for minutes. 16 units (cargo's release default) build it in 250 s instead of 296 s here,
-# for somewhat fewer runs per second in a bounded run. Optimisation level 1 (as OSS-Fuzz builds
-# C and C++ targets) compiles the instrumented stoker-core in 154 s instead of 207 s (the whole
-# build 268 s against 325 s); side by side for 20 s, image_pipeline ran 4,890 inputs against
-# 5,956 at level 3 and transform_spec 172,328 against 169,990. FUZZ_OPT_LEVEL=3 for long runs.
-(cd "$fuzz_dir" && CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2} \
-  CARGO_PROFILE_RELEASE_OPT_LEVEL="$FUZZ_OPT_LEVEL" cargo +nightly fuzz build \
+# for somewhat fewer runs per second in a bounded run.
+(cd "$fuzz_dir" && CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2} cargo +nightly fuzz build \
   --codegen-units 16 --target "$triple")
 built=$(date +%s)
 echo "fuzz: targets built in $((built - start)) s"
