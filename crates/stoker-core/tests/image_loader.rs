@@ -433,3 +433,239 @@ fn augmentation_does_not_depend_on_the_number_of_ranks() {
     assert!(e.contains("the transform, dtype or layout"), "{e}");
     fs::remove_dir_all(root).unwrap();
 }
+
+// ---- A damaged image affects exactly its own sample ----
+//
+// One worker thread decodes every image below, so a decoder whose state an error left dirty
+// would fail (or mis-decode) the good images after the damaged one.
+
+use stoker_core::decode::{self, DecodeBuffers, DecodePath, JpegDecoder, Window};
+use stoker_core::testing::{damaged_jpegs, damaged_pngs, Damaged};
+
+/// One way of decoding an image, as collate asks for it.
+#[derive(Clone, Copy, Debug)]
+struct DecodeCase {
+    decoder: JpegDecoder,
+    window: Option<Window>,
+    path: DecodePath,
+}
+
+/// The decoder paths: libjpeg-turbo whole, by region and DCT-scaled, zune-jpeg (PNGs always go
+/// to zune-png). Without libjpeg-turbo in the build only zune's.
+fn decode_cases() -> Vec<DecodeCase> {
+    let zune = DecodeCase {
+        decoder: JpegDecoder::Zune,
+        window: None,
+        path: DecodePath::Zune,
+    };
+    if !decode::turbo_available() {
+        return vec![zune];
+    }
+    let turbo = |window, path| DecodeCase {
+        decoder: JpegDecoder::Turbo,
+        window,
+        path,
+    };
+    let region = |max_scale| Window {
+        rect: [100, 60, 400, 300],
+        max_scale,
+    };
+    vec![
+        turbo(None, DecodePath::Turbo),
+        turbo(Some(region(1)), DecodePath::TurboRegion),
+        turbo(Some(region(2)), DecodePath::TurboScaled),
+        zune,
+    ]
+}
+
+fn is_turbo(decoder: JpegDecoder) -> bool {
+    decoder == JpegDecoder::Turbo
+}
+
+/// Decodes `bytes` as collate does (header, then the window) into `bufs`: the pixels and the
+/// path, or the error.
+fn decode_with(
+    bytes: &[u8],
+    case: DecodeCase,
+    bufs: &mut DecodeBuffers,
+) -> Result<(Vec<u8>, decode::Decoded), String> {
+    let header = decode::read_header(bytes, 1 << 24, case.decoder, bufs)?;
+    let decoded = decode::decode(bytes, &header, case.window, bufs)?;
+    Ok((bufs.rgb.clone(), decoded))
+}
+
+/// For every decoder path and every kind of damage: a good image, the damaged one, the good one
+/// again on the same buffers (one worker's), and the second good decode equals a decode with
+/// fresh buffers. The report's damage (an invalid marker in the scan) must be an error.
+#[test]
+fn a_damaged_image_never_changes_how_the_next_one_decodes() {
+    let good_jpeg = fixture("photo_baseline.jpg");
+    let good_png = fixture("photo_png.png");
+    for case in decode_cases() {
+        for (good, damaged) in [
+            (&good_jpeg, damaged_jpegs(&good_jpeg)),
+            (&good_png, damaged_pngs(&good_png)),
+            // A PNG after a damaged JPEG, and the other way round: one buffer set serves both.
+            (&good_png, damaged_jpegs(&good_jpeg)),
+            (&good_jpeg, damaged_pngs(&good_png)),
+        ] {
+            let fresh = decode_with(good, case, &mut DecodeBuffers::default())
+                .unwrap_or_else(|e| panic!("{case:?}: the good image fails fresh: {e}"));
+            if good == &good_jpeg {
+                assert_eq!(fresh.1.path, case.path, "{case:?}");
+            }
+            let mut bufs = DecodeBuffers::default();
+            for Damaged {
+                name,
+                bytes,
+                always_fails,
+            } in &damaged
+            {
+                let before = decode_with(good, case, &mut bufs)
+                    .unwrap_or_else(|e| panic!("{case:?}, before `{name}`: {e}"));
+                assert!(
+                    before == fresh,
+                    "{case:?}: the good image differs before `{name}`"
+                );
+                let outcome = decode_with(bytes, case, &mut bufs);
+                // libjpeg-turbo refuses the report's damage when it decodes the whole image (a
+                // region decode stops before the marker).
+                let turbo_whole = is_turbo(case.decoder) && case.window.is_none();
+                if *always_fails || (turbo_whole && name.contains("after the scan")) {
+                    assert!(outcome.is_err(), "{case:?}: `{name}` decoded");
+                }
+                for again in 0..2 {
+                    let after = decode_with(good, case, &mut bufs).unwrap_or_else(|e| {
+                        panic!("{case:?}: good image {again} after `{name}` fails: {e}")
+                    });
+                    assert!(
+                        after == fresh,
+                        "{case:?}: good image {again} after `{name}` differs from a fresh decode"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The report's folder: eight good photos and one damaged file, in one class, sorted so that
+/// the damaged one is `at` (0 = first, 8 = last). `good_too` writes a good photo in its place
+/// instead: the same names and order, so the same random draws for every position.
+fn folder_with_damage(tag: &str, at: usize, damaged: Option<&[u8]>) -> PathBuf {
+    let root = std::env::temp_dir().join(format!(
+        "stoker-damage-{}-{tag}-{at}-{}",
+        std::process::id(),
+        damaged.is_some()
+    ));
+    let _ = fs::remove_dir_all(&root);
+    fs::create_dir_all(root.join("photos")).unwrap();
+    let goods = [
+        "photo_baseline.jpg",
+        "photo_444.jpg",
+        "photo_progressive.jpg",
+        "photo_gray.jpg",
+        "photo_cmyk.jpg",
+        "photo_png.png",
+        "photo_png_named.JPEG",
+        "tiny_1x1.jpg",
+    ];
+    let mut good = goods.iter();
+    for i in 0..9 {
+        let bytes = match (i == at, damaged) {
+            (true, Some(bytes)) => bytes.to_vec(),
+            (true, None) => fixture("photo_baseline.jpg"),
+            _ => fixture(good.next().unwrap()),
+        };
+        fs::write(root.join("photos").join(format!("{i}.JPEG")), bytes).unwrap();
+    }
+    root
+}
+
+/// The report, end to end: `random_resized_crop(64)`, batches of one, one worker, the default
+/// decoder and zune-jpeg, the damaged file first and last. Under `skip` the
+/// damaged sample is replaced and counted, and every good sample is the batch a folder without
+/// damage gives at that position; under `raise` the damaged file's batch is an error naming it,
+/// the others are those batches, and the next epoch is decoded in full again.
+#[test]
+fn a_damaged_jpeg_affects_only_its_own_sample_under_skip_and_raise() {
+    let good = fixture("photo_baseline.jpg");
+    // The report's damage, the two that poisoned libjpeg-turbo's decompressor, and one that
+    // fails in the scan; the decoder-level test above goes through every kind.
+    let damage: Vec<Damaged> = damaged_jpegs(&good)
+        .into_iter()
+        .filter(|d| {
+            ["after the scan", "Huffman", "width zero", "cut off"]
+                .iter()
+                .any(|kind| d.name.contains(kind))
+        })
+        .collect();
+    assert_eq!(damage.len(), 4);
+    let mut decoders = vec!["zune"];
+    if decode::turbo_available() {
+        decoders.push("turbo");
+    }
+    for decoder in decoders {
+        let opts = |on_error| {
+            vec![
+                ("batch_size", "1"),
+                ("num_workers", "1"),
+                ("transform", "random_resized_crop(64)"),
+                ("jpeg_decoder", decoder),
+                ("on_error", on_error),
+            ]
+        };
+        for at in [0, 8] {
+            let clean = folder_with_damage(decoder, at, None);
+            let expected = drain(&mut loader(&clean, &opts("raise")).unwrap(), 2);
+            let _ = fs::remove_dir_all(clean);
+            for Damaged {
+                name,
+                bytes,
+                always_fails,
+            } in &damage
+            {
+                let root = folder_with_damage(decoder, at, Some(bytes));
+                let what = format!("`{name}` at {at}, jpeg_decoder={decoder}");
+
+                let mut skip = loader(&root, &opts("skip")).unwrap();
+                let got = drain(&mut skip, 2);
+                assert_eq!(got.len(), 18, "{what}");
+                let skipped = skip.stats().samples_skipped as usize;
+                if *always_fails {
+                    assert_eq!(skipped, 2, "{what}: one replacement per epoch");
+                }
+                for (i, (batch, want)) in got.iter().zip(&expected).enumerate() {
+                    if i % 9 != at {
+                        assert!(batch == want, "{what}, skip: batch {i} differs");
+                    }
+                }
+
+                let mut raise = loader(&root, &opts("raise")).unwrap();
+                for epoch in 0..2 {
+                    for i in 0..9 {
+                        match raise.next() {
+                            Ok(Some(_)) if i == at => {} // decoded despite the damage
+                            Ok(Some(b)) => {
+                                let image = b.field_by_name("image").unwrap().data.unwrap();
+                                assert!(
+                                    image == expected[epoch * 9 + i].0.as_slice(),
+                                    "{what}, raise: epoch {epoch} batch {i} differs"
+                                );
+                            }
+                            Ok(None) => panic!("{what}, raise: epoch {epoch} ended at {i}"),
+                            Err(e) => {
+                                assert_eq!(i, at, "{what}, raise: batch {i} failed: {e}");
+                                assert!(
+                                    e.to_string().contains(&format!("{at}.JPEG")),
+                                    "{what}: the error does not name the file: {e}"
+                                );
+                            }
+                        }
+                    }
+                    assert!(raise.next().unwrap().is_none(), "{what}: epoch {epoch}");
+                }
+                let _ = fs::remove_dir_all(root);
+            }
+        }
+    }
+}

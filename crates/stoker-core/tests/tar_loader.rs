@@ -792,3 +792,98 @@ fn streaming_to_a_device_matches_the_host_and_resumes() {
     assert_eq!(device, host);
     fs::remove_dir_all(&dir).unwrap();
 }
+
+/// One worker decodes every member, in indexed and streaming mode: a damaged JPEG member (the
+/// kinds that left libjpeg-turbo's decompressor broken) fails or replaces only its own sample,
+/// and every good one decodes to the pixels a shard without damage gives.
+#[test]
+fn a_damaged_jpeg_member_affects_only_its_own_sample() {
+    let dir = tmp("damaged-members");
+    let jpeg = fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/images/photo_baseline.jpg"),
+    )
+    .unwrap();
+    let damaged: Vec<Vec<u8>> = stoker_core::testing::damaged_jpegs(&jpeg)
+        .into_iter()
+        .filter(|d| d.name.contains("Huffman") || d.name.contains("width zero"))
+        .map(|d| d.bytes)
+        .collect();
+    assert_eq!(damaged.len(), 2);
+    let shard = |name: &str, bad: bool| {
+        let members: Vec<(String, Vec<u8>)> = (0..8)
+            .flat_map(|i| {
+                let image = match i {
+                    2 | 5 if bad => damaged[usize::from(i == 5)].clone(),
+                    _ => jpeg.clone(),
+                };
+                [
+                    (format!("{i:04}.jpg"), image),
+                    (format!("{i:04}.cls"), i.to_string().into_bytes()),
+                ]
+            })
+            .collect();
+        write_tar(&dir.join(name), &members);
+        format!("{}/{name}", dir.display())
+    };
+    let (clean, bad) = (shard("clean.tar", false), shard("bad.tar", true));
+    // A transform without randomness: a sample's pixels do not depend on its slot, so a
+    // replacement can be checked against the clean shard too.
+    let run = |pattern: &str, buffer: &str, on_error: &str| {
+        let mut o = LoaderOptions::new();
+        for (k, v) in [
+            ("source", format!("tar:{pattern}").as_str()),
+            // Two: a streamed sample is replaced by another of its batch.
+            ("batch_size", "2"),
+            ("shuffle_buffer", buffer),
+            ("num_workers", "1"),
+            ("transform", "resize(48) | center_crop(40)"),
+            ("dtype", "uint8"),
+            ("on_error", on_error),
+        ] {
+            o.set(k, v).unwrap();
+        }
+        let mut l = Loader::new(&o).unwrap();
+        let mut out = BTreeMap::new();
+        let mut errors = 0;
+        loop {
+            match l.next() {
+                Ok(Some(b)) => {
+                    let image = b.field_by_name("image").unwrap().data.unwrap();
+                    let rows = image.chunks_exact(image.len() / 2);
+                    for (label, row) in labels(&b).into_iter().zip(rows) {
+                        out.insert(label, row.to_vec());
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    assert!(e.to_string().contains("bad.tar"), "{e}");
+                    errors += 1;
+                }
+            }
+        }
+        (out, errors, l.stats().samples_skipped)
+    };
+    for buffer in ["0", "4"] {
+        let (expected, _, _) = run(&clean, buffer, "raise");
+        assert_eq!(expected.len(), 8);
+        // Samples 2 and 5 fail their batches (of two) under raise.
+        let (good, errors, _) = run(&bad, buffer, "raise");
+        assert_eq!(errors, 2, "shuffle_buffer={buffer}");
+        assert_eq!(good.len(), 4, "shuffle_buffer={buffer}");
+        for (label, image) in &good {
+            assert!(
+                image == &expected[label],
+                "shuffle_buffer={buffer}: sample {label}"
+            );
+        }
+        let (delivered, _, skipped) = run(&bad, buffer, "skip");
+        assert_eq!(skipped, 2, "shuffle_buffer={buffer}");
+        for (label, image) in &delivered {
+            assert!(
+                image == &expected[label],
+                "shuffle_buffer={buffer}, skip: sample {label}"
+            );
+        }
+    }
+    fs::remove_dir_all(&dir).unwrap();
+}

@@ -246,14 +246,24 @@ pub struct DecodeBuffers {
     turbo: Option<turbo::Turbo>,
 }
 
-/// The worker's libjpeg-turbo decompressor, made on first use.
+/// Runs `f` on the worker's libjpeg-turbo decompressor, made on first use. After an error the
+/// decompressor is thrown away and the next image gets a fresh one: libjpeg-turbo does not
+/// always clean up after a failed call (see [`turbo::Turbo`]), and an error must affect exactly
+/// the image that caused it. Errors are rare, a new decompressor costs microseconds.
 #[cfg(feature = "turbojpeg")]
-fn turbo(slot: &mut Option<turbo::Turbo>) -> Result<&mut turbo::Turbo, String> {
-    if slot.is_none() {
-        *slot = Some(turbo::Turbo::new()?);
+fn with_turbo<T>(
+    slot: &mut Option<turbo::Turbo>,
+    f: impl FnOnce(&mut turbo::Turbo) -> Result<T, String>,
+) -> Result<T, String> {
+    let decompressor = match slot {
+        Some(d) => d,
+        None => slot.insert(turbo::Turbo::new()?),
+    };
+    let result = f(decompressor);
+    if result.is_err() {
+        *slot = None;
     }
-    slot.as_mut()
-        .ok_or_else(|| "libjpeg-turbo decompressor missing".to_string())
+    result
 }
 
 fn sniff(encoded: &[u8]) -> Result<Format, String> {
@@ -299,7 +309,7 @@ pub fn read_header(
             }),
             #[cfg(feature = "turbojpeg")]
             Format::Jpeg if decoder.turbo() => {
-                let h = turbo(&mut bufs.turbo)?.header(encoded)?;
+                let h = with_turbo(&mut bufs.turbo, |t| t.header(encoded))?;
                 let kind = if h.decodable() {
                     Kind::Turbo
                 } else {
@@ -378,19 +388,24 @@ pub fn decode(
             if !jpeg_has_eoi(encoded) {
                 return Err("truncated JPEG: no end-of-image marker after the image data".into());
             }
-            let region = turbo(&mut bufs.turbo)?.decompress(
-                encoded,
-                |h| {
-                    if h.dims != dims {
-                        return Err(size_mismatch(h.dims, dims));
-                    }
-                    Ok(h.decodable().then(|| match window {
-                        Some(w) if h.croppable() => turbo::Turbo::region(h, w.rect, w.max_scale),
-                        _ => turbo::Turbo::whole(h),
-                    }))
-                },
-                &mut bufs.rgb,
-            )?;
+            let rgb = &mut bufs.rgb;
+            let region = with_turbo(&mut bufs.turbo, |t| {
+                t.decompress(
+                    encoded,
+                    |h| {
+                        if h.dims != dims {
+                            return Err(size_mismatch(h.dims, dims));
+                        }
+                        Ok(h.decodable().then(|| match window {
+                            Some(w) if h.croppable() => {
+                                turbo::Turbo::region(h, w.rect, w.max_scale)
+                            }
+                            _ => turbo::Turbo::whole(h),
+                        }))
+                    },
+                    rgb,
+                )
+            })?;
             // Not for libjpeg-turbo after all (CMYK, 12-bit): known only now for an image
             // whose header was not read before (stored_header).
             let Some(region) = region else {

@@ -7,7 +7,20 @@
 //! output; zune-jpeg decodes whole images only. The library is built from vendored source by
 //! turbojpeg-sys (CMake; SIMD with nasm), so nothing is needed at run time.
 //!
-//! A [`Turbo`] is one TurboJPEG decompressor, reused for every image a worker decodes.
+//! A [`Turbo`] is one TurboJPEG decompressor, reused for every image a worker decodes until one
+//! fails: then the caller throws it away (`decode::with_turbo`), because a failed call can leave
+//! state behind that changes how the next image decodes:
+//! - `tj3DecompressHeader` returns on an error without `jpeg_abort_decompress` (libjpeg-turbo
+//!   3.1, `turbojpeg.c`), so the libjpeg decompressor stays in the middle of a header
+//!   (`DSTATE_INHEADER`, with the marker reader's position and unread marker). The next header
+//!   read does not start afresh: it goes on parsing the damaged file's state against the new
+//!   image's bytes, and every later image fails ("Bogus Huffman table definition", "Bogus
+//!   marker length") or, worse, could decode wrongly. A bad Huffman table or a zero frame
+//!   width was enough (`tests/image_loader.rs` has both).
+//! - The scaling factor and cropping region are handle parameters that persist across calls.
+//!
+//! `tj3Decompress8` does abort on its errors, but dropping the handle on every error, whatever
+//! the call, does not depend on which paths of the C library clean up.
 
 use std::ffi::CStr;
 use std::ptr::NonNull;
