@@ -167,6 +167,23 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// What an operating-system error says about a path, in words a user acts on ("not found",
+/// "permission denied") rather than the C library's ("No such device (os error 19)" is what
+/// mapping a directory gives). Kinds without a plainer wording keep the system's message.
+pub(crate) fn io_reason(err: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match err.kind() {
+        K::NotFound => "not found".to_owned(),
+        K::PermissionDenied => "permission denied".to_owned(),
+        K::IsADirectory => "is a directory, not a file".to_owned(),
+        K::NotADirectory => "is not a directory (or a part of the path is a file)".to_owned(),
+        _ if err.raw_os_error() == Some(libc::ENODEV) => {
+            "is not a regular file and cannot be memory-mapped".to_owned()
+        }
+        _ => err.to_string(),
+    }
+}
+
 impl Error {
     /// Which [`ErrorKind`], hence which status code, the faces report for this error.
     pub fn kind(&self) -> ErrorKind {
@@ -199,6 +216,11 @@ impl Error {
         }
     }
 
+    /// An operating-system error on `path`, said in words ([`io_reason`]).
+    pub(crate) fn os(path: impl Into<PathBuf>, err: std::io::Error) -> Error {
+        Error::io(path, io_reason(&err))
+    }
+
     pub(crate) fn format(path: impl Into<PathBuf>, reason: impl Into<String>) -> Error {
         Error::Format {
             path: path.into(),
@@ -213,5 +235,34 @@ impl Error {
             self,
             Error::Sample { .. } | Error::Io { .. } | Error::Callback { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The operating system's kinds of path errors become words; others keep its message.
+    /// (Permission errors cannot be made in a test that runs as root, so their wording is
+    /// checked here rather than through a source.)
+    #[test]
+    fn io_errors_are_said_in_words() {
+        use std::io::{Error as IoError, ErrorKind as K};
+        for (err, words) in [
+            (IoError::from(K::NotFound), "not found"),
+            (IoError::from(K::PermissionDenied), "permission denied"),
+            (IoError::from(K::IsADirectory), "is a directory, not a file"),
+            (
+                IoError::from_raw_os_error(libc::ENODEV),
+                "is not a regular file",
+            ),
+            (IoError::from_raw_os_error(libc::EIO), "Input/output error"),
+        ] {
+            let reason = io_reason(&err);
+            assert!(reason.contains(words), "{err}: {reason}");
+        }
+        let err = Error::os("/data/x.npy", IoError::from(K::PermissionDenied));
+        assert_eq!(err.to_string(), "/data/x.npy: permission denied");
+        assert_eq!(err.kind(), ErrorKind::Io);
     }
 }

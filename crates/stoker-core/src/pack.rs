@@ -163,7 +163,7 @@ pub fn pack(
     let total = range.len() as u64;
     let directory = options.writes_directory();
     if directory {
-        std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+        std::fs::create_dir_all(out).map_err(|e| Error::os(out, e))?;
     }
     let shard_path = |k: usize| {
         if directory {
@@ -227,13 +227,13 @@ fn finish_into(shard: ShardWriter, report: &mut PackReport) -> Result<()> {
 /// Removes the shards `k ≥ written` of slice `slice` of `of` left in `dir` by an earlier pack
 /// that wrote more, so that a merge sees only this pack's.
 fn remove_stale_shards(dir: &Path, slice: usize, of: usize, written: usize) -> Result<()> {
-    let listing = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let listing = std::fs::read_dir(dir).map_err(|e| Error::os(dir, e))?;
     for entry in listing.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if let Some((i, n, k)) = parse_shard_name(&name) {
             if (i, n) == (slice, of) && k >= written {
                 let path = dir.join(&name);
-                std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                std::fs::remove_file(&path).map_err(|e| Error::os(&path, e))?;
             }
         }
     }
@@ -263,9 +263,9 @@ fn parse_shard_name(name: &str) -> Option<(usize, usize, usize)> {
 /// fields. Returns the index's path.
 pub fn merge(dir: &Path) -> Result<PathBuf> {
     let mut found = Vec::new();
-    let listing = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let listing = std::fs::read_dir(dir).map_err(|e| Error::os(dir, e))?;
     for entry in listing {
-        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let entry = entry.map_err(|e| Error::os(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if let Some(key) = parse_shard_name(&name) {
             found.push((key, name));
@@ -300,7 +300,7 @@ pub fn merge(dir: &Path) -> Result<PathBuf> {
             let path = dir.join(name);
             let file = PackedFile::open(&path)?;
             let bytes = std::fs::metadata(&path)
-                .map_err(|e| Error::io(&path, e))?
+                .map_err(|e| Error::os(&path, e))?
                 .len();
             Ok((IndexEntry::of(name, &file, bytes), file.fields().to_vec()))
         })
@@ -542,7 +542,7 @@ impl ShardWriter {
     fn create(path: PathBuf, schema: &[u8], fields: usize, page_size: u32) -> Result<ShardWriter> {
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         let tmp = path.with_file_name(format!(".{name}.tmp"));
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let file = File::create(&tmp).map_err(|e| Error::os(&tmp, e))?;
         let mut file = BufWriter::with_capacity(1 << 20, file);
         let data_offset = align_up((HEADER_BYTES + schema.len()) as u64, page_size as u64);
         // The header is written last, when the table is known; the gap up to the data region
@@ -550,7 +550,7 @@ impl ShardWriter {
         file.seek(SeekFrom::Start(HEADER_BYTES as u64))
             .and_then(|_| file.write_all(schema))
             .and_then(|_| file.seek(SeekFrom::Start(data_offset)))
-            .map_err(|e| Error::io(&tmp, e))?;
+            .map_err(|e| Error::os(&tmp, e))?;
         Ok(ShardWriter {
             path,
             tmp,
@@ -576,7 +576,7 @@ impl ShardWriter {
         let file = self.file.as_mut().ok_or_else(|| finished(&self.tmp))?;
         file.write_all(&pad[..(start - self.pos) as usize])
             .and_then(|_| file.write_all(&record.bytes))
-            .map_err(|e| Error::io(&self.tmp, e))?;
+            .map_err(|e| Error::os(&self.tmp, e))?;
         debug_assert_eq!(record.fields.len(), self.fields);
         for &(at, len, width, height, mode) in &record.fields {
             let bytes = &record.bytes[at..at + len];
@@ -613,7 +613,7 @@ impl ShardWriter {
         header.checksum = checksum(&header, &self.schema, &self.table);
         let pad = [0u8; 8];
         let tmp = self.tmp.clone();
-        let io = |e: std::io::Error| Error::io(&tmp, e);
+        let io = |e: std::io::Error| Error::os(&tmp, e);
         let removing = |e: Error| {
             let _ = std::fs::remove_file(&tmp);
             e
@@ -632,7 +632,7 @@ impl ShardWriter {
         file.set_len(size)
             .and_then(|_| file.sync_all())
             .map_err(|e| removing(io(e)))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| removing(Error::io(&self.path, e)))?;
+        std::fs::rename(&tmp, &self.path).map_err(|e| removing(Error::os(&self.path, e)))?;
         Ok((self.path.clone(), self.samples, size))
     }
 }

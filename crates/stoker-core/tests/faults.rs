@@ -552,7 +552,7 @@ fn files_deleted_or_truncated_mid_epoch_are_errors_naming_them_and_the_loader_go
     assert_eq!(err.kind(), ErrorKind::Io, "{err}");
     let msg = err.to_string();
     assert!(
-        msg.contains(&deleted.display().to_string()) && msg.contains("No such file"),
+        msg.contains(&deleted.display().to_string()) && msg.contains("not found"),
         "{msg}"
     );
     let err = l.next().unwrap_err();
@@ -770,4 +770,86 @@ fn child_npy_truncated() {
     assert!(again.next().unwrap().is_some());
     drop(again);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A path given to a source that is missing or of the wrong kind is an I/O error naming the
+/// path and saying in words what is wrong with it, never a bare operating-system message ("No
+/// such device (os error 19)" is what mapping a directory gives).
+#[test]
+fn a_wrong_path_is_named_and_said_in_words() {
+    let dir = std::env::temp_dir().join(format!("stoker-paths-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let folder = dir.join("a_directory.npy");
+    std::fs::create_dir_all(&folder).unwrap();
+    let file = dir.join("a_file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let missing = dir.join("missing.npy");
+    let good = dir.join("good.npy");
+    stoker_core::source::write_npy(&good, stoker_core::DType::U8, &[4], &[1, 2, 3, 4]).unwrap();
+    let show = |p: &Path| p.display().to_string();
+    // (options, the path the error names, what it says of it)
+    type Case<'a> = (Vec<(&'a str, String)>, PathBuf, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            vec![("source", format!("npy:{}", show(&folder)))],
+            folder.clone(),
+            "is a directory, not an .npy file",
+        ),
+        (
+            vec![("source", format!("npy:{}", show(&missing)))],
+            missing.clone(),
+            "not found",
+        ),
+        (
+            vec![
+                ("source", format!("npy:{}", show(&good))),
+                ("labels", format!("npy:{}", show(&folder))),
+            ],
+            folder.clone(),
+            "is a directory, not an .npy file",
+        ),
+        (
+            vec![("source", format!("image_folder:{}", show(&file)))],
+            file.clone(),
+            "is a file, not a directory",
+        ),
+        (
+            vec![("source", format!("image_folder:{}", show(&missing)))],
+            missing.clone(),
+            "not found",
+        ),
+        (
+            vec![("source", format!("tar:{}", show(&folder)))],
+            folder.clone(),
+            "is a directory, not a tar shard",
+        ),
+        (
+            vec![
+                ("source", format!("tar:{}", show(&folder))),
+                ("shuffle_buffer", "4".to_owned()),
+            ],
+            folder.clone(),
+            "is a directory, not a tar shard",
+        ),
+        (
+            vec![("source", format!("packed:{}", show(&file)))],
+            file.clone(),
+            "",
+        ),
+    ];
+    for (opts, path, says) in cases {
+        let mut o = LoaderOptions::new();
+        for (k, v) in &opts {
+            o.set(k, v).unwrap();
+        }
+        let err = Loader::new(&o)
+            .err()
+            .unwrap_or_else(|| panic!("{opts:?} opened"));
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&show(&path)) && msg.contains(says) && !msg.contains("os error"),
+            "{opts:?}: {msg}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

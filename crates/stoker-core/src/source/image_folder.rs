@@ -20,7 +20,7 @@ use rayon::prelude::*;
 
 use super::{FieldSpec, Sample, Source};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{io_reason, Error, Result};
 
 /// Extensions of image files, lower case, without the dot.
 pub const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png"];
@@ -52,10 +52,17 @@ struct ClassFiles {
 impl ImageFolderSource {
     /// Indexes `root`. A missing, unreadable or empty root is an [`Error::Io`] naming it.
     pub fn open(root: &Path) -> Result<ImageFolderSource> {
-        let entries = fs::read_dir(root).map_err(|e| Error::io(root, e))?;
+        if root.is_file() {
+            return Err(Error::io(
+                root,
+                "is a file, not a directory: image_folder expects ROOT/<class>/<image> \
+                 (torchvision's ImageFolder layout)",
+            ));
+        }
+        let entries = fs::read_dir(root).map_err(|e| Error::os(root, e))?;
         let mut classes: Vec<(Vec<u8>, String)> = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|e| Error::io(root, e))?;
+            let entry = entry.map_err(|e| Error::os(root, e))?;
             if is_dir(&entry) {
                 let name = entry.file_name();
                 let display = name.to_string_lossy().into_owned();
@@ -178,10 +185,10 @@ fn walk_class(root: &Path, class: &[u8]) -> Result<ClassFiles> {
     while let Some((rel, depth)) = stack.pop() {
         // SAFETY: `rel` is OsStr encoded bytes joined with ASCII '/' (see `relative_path`).
         let dir = root.join(unsafe { OsStr::from_encoded_bytes_unchecked(&rel) });
-        let entries = fs::read_dir(&dir).map_err(|e| Error::io(&dir, e))?;
+        let entries = fs::read_dir(&dir).map_err(|e| Error::os(&dir, e))?;
         let mut files = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|e| Error::io(&dir, e))?;
+            let entry = entry.map_err(|e| Error::os(&dir, e))?;
             let name = entry.file_name();
             let name = name.as_encoded_bytes();
             if is_dir(&entry) {
@@ -244,7 +251,7 @@ impl Source for ImageFolderSource {
         scratch.clear();
         fs::File::open(&path)
             .and_then(|mut f| f.read_to_end(scratch))
-            .map_err(|e| Error::io(&path, format!("sample {index}: {e}")))?;
+            .map_err(|e| Error::io(&path, format!("sample {index}: {}", io_reason(&e))))?;
         let mut sample = Sample::default();
         sample.set(0, scratch);
         sample.set(1, &self.label_bytes[self.class_of[index] as usize]);

@@ -40,7 +40,7 @@ impl Mapping {
         // SAFETY: a read-only private mapping of a file we only read. Another process may still
         // truncate the file: the SIGBUS that raises on a page past the new end is caught for
         // this mapping (it is registered below before anyone reads it) and reported by `check`.
-        let map = unsafe { Mmap::map(file) }.map_err(|e| Error::io(path, e))?;
+        let map = unsafe { Mmap::map(file) }.map_err(|e| Error::os(path, e))?;
         let slot = if map.is_empty() {
             None
         } else {

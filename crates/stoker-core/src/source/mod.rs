@@ -269,3 +269,21 @@ impl SourceSpec {
         })
     }
 }
+
+/// Opens `path` for reading as `what` ("an .npy file", "a tar shard"), which must be a regular
+/// file: a directory opens fine on Linux and only fails later, when mapped, with "No such
+/// device". Every error names the path and says what is wrong with it.
+pub(crate) fn open_file(path: &Path, what: &str) -> Result<(std::fs::File, std::fs::Metadata)> {
+    let file = std::fs::File::open(path).map_err(|e| Error::os(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::os(path, e))?;
+    if meta.is_dir() {
+        return Err(Error::io(path, format!("is a directory, not {what}")));
+    }
+    if !meta.is_file() {
+        return Err(Error::io(
+            path,
+            format!("is not a regular file (a device, socket or pipe), not {what}"),
+        ));
+    }
+    Ok((file, meta))
+}

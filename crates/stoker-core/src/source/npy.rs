@@ -1,11 +1,10 @@
 //! `npy:PATH`: a NumPy `.npy` array, memory-mapped once and shared by every worker. Sample `i`
 //! is row `i` of the first axis, handed out as a view into the mapping (no copy until collate).
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::mapped::Mapping;
-use super::{FieldSpec, Sample, Source};
+use super::{open_file, FieldSpec, Sample, Source};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -22,7 +21,7 @@ pub struct NpyArray {
 impl NpyArray {
     /// Maps `path` and validates its header and size.
     pub fn open(path: &Path) -> Result<NpyArray> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let (file, _) = open_file(path, "an .npy file")?;
         // Guarded against a truncation while mapped (see `mapped`); the size is validated below
         // against the header.
         let map = Mapping::map(&file, path)?;

@@ -57,8 +57,8 @@ pub fn write_index(dir: &Path, entries: &[IndexEntry]) -> Result<PathBuf> {
     }
     let path = dir.join(INDEX_NAME);
     let tmp = dir.join(format!(".{INDEX_NAME}.tmp"));
-    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+    std::fs::write(&tmp, text).map_err(|e| Error::os(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| Error::os(&path, e))?;
     Ok(path)
 }
 
@@ -172,7 +172,7 @@ impl ListedShard {
             return Ok(());
         };
         let size = std::fs::metadata(&self.path)
-            .map_err(|err| Error::io(&self.path, err))?
+            .map_err(|err| Error::os(&self.path, err))?
             .len();
         let h = file.header();
         if (h.num_samples, size, h.checksum) != (e.samples, e.bytes, e.checksum) {
@@ -315,7 +315,7 @@ pub fn resolve_with(spec: &str, remote: &RemoteConfig) -> Result<(ShardListing, 
 /// The entries of the index file at `index`, its size bounded before it is read.
 fn read_index(index: &Path) -> Result<Vec<IndexEntry>> {
     let size = std::fs::metadata(index)
-        .map_err(|e| Error::io(index, e))?
+        .map_err(|e| Error::os(index, e))?
         .len();
     if size > MAX_INDEX_BYTES {
         return Err(Error::format(
@@ -323,7 +323,7 @@ fn read_index(index: &Path) -> Result<Vec<IndexEntry>> {
             format!("{size} bytes: too large for an index"),
         ));
     }
-    let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+    let text = std::fs::read_to_string(index).map_err(|e| Error::os(index, e))?;
     parse_index(index, &text)
 }
 

@@ -4,7 +4,6 @@
 //! region and the CRC-32 of its bytes, so a corrupt sample is that sample's error (replaced
 //! under `on_error=skip`), never a wrong batch.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Advice;
@@ -18,7 +17,7 @@ use super::index::{resolve_with, ShardListing};
 use crate::error::{Error, Result};
 use crate::source::mapped::{self, Mapping};
 use crate::source::remote::{shown_without_credentials, RemoteConfig, ShardHolder};
-use crate::source::{Access, FieldKind, FieldSpec, Sample, Source};
+use crate::source::{open_file, Access, FieldKind, FieldSpec, Sample, Source};
 
 /// What a packed file's header, schema and table say, checked against its bytes: the checks of
 /// the reader at open and per field, on any byte slice (a memory map, or a fuzzer's input).
@@ -158,11 +157,7 @@ pub struct PackedFile {
 impl PackedFile {
     /// Maps `path` and checks its header, schema, size and checksum ([`Layout::parse`]).
     pub fn open(path: &Path) -> Result<PackedFile> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-        if !meta.is_file() {
-            return Err(Error::io(path, "not a regular file"));
-        }
+        let (file, _) = open_file(path, "a packed file")?;
         // Guarded against a truncation while mapped (see `mapped`); its size is checked against
         // the header here, and every range read later lies inside that size.
         let map = Mapping::map(&file, path)?;

@@ -25,7 +25,7 @@ use fs4::fs_std::FileExt;
 
 use super::fetch::ObjectMeta;
 use super::url::ShardUrl;
-use crate::error::{Error, Result};
+use crate::error::{io_reason, Error, Result};
 
 /// A cache directory.
 pub(crate) struct ShardCache {
@@ -52,6 +52,9 @@ impl ShardCache {
     /// The cache at `dir` (created when missing), keeping at most `limit` bytes of shards not in
     /// use. Partial downloads left by processes that died are removed.
     pub(crate) fn open(dir: &Path, limit: Option<u64>) -> Result<ShardCache> {
+        if dir.exists() && !dir.is_dir() {
+            return Err(Error::io(dir, "cache_dir is a file, not a directory"));
+        }
         fs::create_dir_all(dir).map_err(|e| io_error(dir, "create the cache directory", e))?;
         let cache = ShardCache {
             dir: dir.to_owned(),
@@ -289,7 +292,7 @@ fn write_meta(path: &Path, meta: &ObjectMeta) -> std::io::Result<()> {
 fn io_error(path: &Path, what: &str, e: std::io::Error) -> Error {
     Error::Io {
         path: path.to_owned(),
-        reason: format!("{what}: {e}"),
+        reason: format!("{what}: {}", io_reason(&e)),
     }
 }
 
@@ -320,6 +323,23 @@ mod tests {
         ));
         let _ = fs::remove_dir_all(&dir);
         dir
+    }
+
+    #[test]
+    fn a_cache_dir_that_is_a_file_is_said_so() {
+        let dir = tempdir("file");
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("cache");
+        fs::write(&file, b"x").unwrap();
+        let err = ShardCache::open(&file, None)
+            .err()
+            .expect("a file is no cache directory");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&file.display().to_string()) && msg.contains("is a file, not a directory"),
+            "{msg}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

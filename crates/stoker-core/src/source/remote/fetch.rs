@@ -145,7 +145,7 @@ impl Fetcher {
     ) -> Result<ObjectMeta> {
         let store = self.store(url)?;
         let path = object_path(url)?;
-        let file = File::create(dest).map_err(|e| Error::io(dest, e))?;
+        let file = File::create(dest).map_err(|e| Error::os(dest, e))?;
         watch.written(0);
         // Across attempts: the object as first seen, the bytes in place, whether ranges work.
         let first: RefCell<Option<ObjectMeta>> = RefCell::new(None);

@@ -47,7 +47,7 @@ use crate::rng::{Rng, Stream};
 use crate::source::mapped::Mapping;
 use crate::source::remote::ShardFeed;
 use crate::source::streaming::{EpochStream, FailedSample, StreamSource};
-use crate::source::{FieldSpec, Sample};
+use crate::source::{open_file, FieldSpec, Sample};
 
 /// How the shards are dealt to ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -315,21 +315,17 @@ fn shard_entry(
     places: &IndexPlaces,
     config: &TarConfig,
 ) -> Result<(ShardEntry, Option<String>)> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(Error::io(path, "not a regular file"));
-    }
+    let (file, meta) = open_file(path, "a tar shard")?;
     let name = path.to_string_lossy();
     let mut head = [0u8; 2];
     let gzip = {
         let mut probe = &file;
-        let n = probe.read(&mut head).map_err(|e| Error::io(path, e))?;
+        let n = probe.read(&mut head).map_err(|e| Error::os(path, e))?;
         n == 2 && head == [0x1f, 0x8b]
     };
     if gzip {
         // Counted, not indexed: there is no random access to seek with.
-        let reader = File::open(path).map_err(|e| Error::io(path, e))?;
+        let reader = File::open(path).map_err(|e| Error::os(path, e))?;
         let options = ReadOptions {
             max_member_bytes: config.max_member_bytes,
             wanted: Some(Vec::new()),

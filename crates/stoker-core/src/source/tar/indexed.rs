@@ -9,7 +9,6 @@
 //! from the first sample, and each sample's fields are resolved to (offset, length) slots once,
 //! so a read is a lookup.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
@@ -21,7 +20,7 @@ use super::stream::readable_prefix;
 use super::TarConfig;
 use crate::error::{Error, Result};
 use crate::source::mapped::{self, Mapping};
-use crate::source::{FieldSpec, Sample, Source, MAX_FIELDS};
+use crate::source::{open_file, FieldSpec, Sample, Source, MAX_FIELDS};
 
 /// WebDataset tar shards as a map-style source.
 pub struct TarSource {
@@ -214,11 +213,7 @@ type Opened = (Mapping, ShardIndex, IndexOrigin, Option<String>);
 
 /// Maps a shard and gets its index (from a file or by scanning).
 fn open_shard(path: &Path, places: &IndexPlaces, config: &TarConfig) -> Result<Opened> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(Error::io(path, "not a regular file"));
-    }
+    let (file, meta) = open_file(path, "a tar shard")?;
     // Guarded against a truncation while mapped (see `mapped`); its size is checked against the
     // index (stamp), and every member range in the index lies inside the size it was stamped
     // with.

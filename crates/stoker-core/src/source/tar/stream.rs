@@ -30,6 +30,7 @@ use crossbeam_channel::{Receiver, Sender};
 use super::scan::{after, is_meta, name_hint, next_header, split_key, Group, Grouper, BLOCK};
 use super::TarConfig;
 use crate::error::{Error, Result};
+use crate::source::open_file;
 
 /// The most bytes of extension headers (GNU long names, pax records) accepted before a member.
 pub const MAX_EXTENSION_BYTES: u64 = 1 << 20;
@@ -392,7 +393,7 @@ impl ShardReader {
     /// samples and errors still count from the start of the shard.
     pub fn open_at(path: &Path, offset: u64, options: ReadOptions) -> Result<ShardReader> {
         use std::io::{Seek, SeekFrom};
-        let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let (mut file, _) = open_file(path, "a tar shard")?;
         advise_sequential(&file);
         if offset > 0 {
             file.seek(SeekFrom::Start(offset))

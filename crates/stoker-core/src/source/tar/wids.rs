@@ -92,11 +92,11 @@ pub fn parse(text: &[u8], location: &str) -> Result<ShardList> {
 /// Reads an index file (at most [`MAX_INDEX_BYTES`]).
 pub fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let (file, _) = crate::source::open_file(path, "a shard index")?;
     let mut text = Vec::new();
     file.take(MAX_INDEX_BYTES + 1)
         .read_to_end(&mut text)
-        .map_err(|e| Error::io(path, e))?;
+        .map_err(|e| Error::os(path, e))?;
     if text.len() as u64 > MAX_INDEX_BYTES {
         return Err(Error::format(
             path,
