@@ -82,3 +82,15 @@ def test_context_manager_closes(make_loader):
         assert next(iter(loader)).size == 16
     with pytest.raises(stoker.ClosedError):
         loader.stats()
+
+
+def test_a_wrong_path_is_said_in_words(tmp_path):
+    folder = tmp_path / "data.npy"
+    folder.mkdir()
+    with pytest.raises(stoker.StokerIOError, match="is a directory, not an .npy file"):
+        stoker.Loader(f"npy:{folder}")
+    with pytest.raises(stoker.StokerIOError, match="not found"):
+        stoker.Loader(f"npy:{tmp_path / 'missing.npy'}")
+    with pytest.raises(stoker.StokerIOError, match="is a file, not a directory"):
+        (tmp_path / "file").write_bytes(b"x")
+        stoker.Loader(f"image_folder:{tmp_path / 'file'}")

@@ -213,3 +213,58 @@ def test_crop_aware_decode_agrees_with_pillow_crop_and_resize(tmp_path, decoder,
 def test_an_unknown_jpeg_decoder_is_an_option_error(tmp_path):
     with pytest.raises(stoker.InvalidArgumentError, match="jpeg_decoder"):
         stoker.Loader(f"image_folder:{tmp_path}", jpeg_decoder="pillow")
+
+
+def damaged_scan_jpeg(good):
+    """`good` (a baseline JPEG) with the code counts of its first Huffman table all 0xFF: a
+    valid start, a table no decoder can build. libjpeg-turbo's header parser used to keep this
+    file's state and fail every later image on the same worker."""
+    i = 2
+    while good[i + 1] != 0xC4:  # walk the marker segments to the first DHT
+        i += 2 + int.from_bytes(good[i + 2 : i + 4], "big")
+    return good[: i + 5] + b"\xff" * 16 + good[i + 21 :]
+
+
+@pytest.fixture
+def dirty_folder(tmp_path):
+    """The kind of folder a web crawl gives: 8 good photos (one a PNG named .JPEG), an empty file,
+    HTML saved as a JPEG, a truncated JPEG and one with a damaged Huffman table, sorted so that
+    the bad files sit between good ones. Returns (root, names of the bad files)."""
+    root = tmp_path / "crawl"
+    (root / "a").mkdir(parents=True)
+    good = (PHOTOS / "photo_baseline.jpg").read_bytes()
+    files = {f"{i:02d}.JPEG": (PHOTOS / name).read_bytes() for i, name in enumerate(PHOTO_NAMES * 2)}
+    files["03.JPEG"] = (PHOTOS / "photo_png_named.JPEG").read_bytes()
+    bad = {
+        "04.JPEG": b"",
+        "06.JPEG": b"<html><body>403 Forbidden</body></html>",
+        "08.JPEG": good[: len(good) // 2],
+        "09.JPEG": damaged_scan_jpeg(good),
+    }
+    files.update(bad)
+    for name, data in files.items():
+        (root / "a" / name).write_bytes(data)
+    return root, sorted(bad)
+
+
+@pytest.mark.parametrize("decoder", ["turbo", "zune"])
+def test_bad_files_affect_only_their_own_samples(dirty_folder, decoder):
+    root, bad = dirty_folder
+    options = dict(batch_size=1, num_workers=1, transform="random_resized_crop(64)", jpeg_decoder=decoder)
+    with stoker.Loader(f"image_folder:{root}", on_error="skip", **options) as loader:
+        delivered = sum(len(b["label"]) for b in loader)
+        # A replacement is drawn from the whole folder, so it may be a bad file too (counted).
+        assert delivered == 10 and loader.stats().samples_skipped >= len(bad)
+
+    with stoker.Loader(f"image_folder:{root}", on_error="raise", **options) as loader:
+        for _ in range(2):  # the second epoch decodes every good file again
+            failed = []
+            for i in range(10):
+                try:
+                    assert loader.next_batch() is not None
+                except stoker.DecodeError as e:
+                    failed.append(str(e))
+            assert len(failed) == len(bad), failed
+            for message, name in zip(failed, bad):
+                assert name in message
+            assert loader.next_batch() is None
