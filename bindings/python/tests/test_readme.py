@@ -1,9 +1,9 @@
-"""The Python examples of the READMEs, run as written.
+"""The Python examples of the READMEs and of the book, run as written.
 
-Each ```python block of README.md and bindings/python/README.md runs in a fresh namespace; only
-what a reader substitutes anyway is replaced: the dataset path by a small folder of real JPEG
-files, the epoch count by 2, and the variables a fragment takes from the reader's program
-(``stoker`` itself, ``docs``, ``labels``) are provided."""
+Each ```python block of README.md, bindings/python/README.md and docs/*.md runs in a fresh
+namespace; only what a reader substitutes anyway is replaced: the dataset path by a small folder
+of real JPEG files, the epoch count by 2, and the variables a fragment takes from the reader's
+program (``stoker`` itself, ``docs``, ``labels``) are provided."""
 
 import re
 from pathlib import Path
@@ -16,7 +16,11 @@ from PIL import Image
 import stoker
 
 REPO = Path(__file__).resolve().parents[3]
-READMES = [REPO / "README.md", REPO / "bindings" / "python" / "README.md"]
+READMES = [
+    REPO / "README.md",
+    REPO / "bindings" / "python" / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+]
 
 
 def python_blocks():
@@ -42,7 +46,9 @@ def image_folder(tmp_path):
 
 
 def test_the_readmes_have_python_examples():
-    assert len(list(python_blocks())) >= 3
+    names = {p.id.split(":")[0] for p in python_blocks()}
+    # The quickstart, the package's page and the book's chapters with Python examples.
+    assert {"README.md", "bindings/python/README.md", "docs/sources.md"} <= names
 
 
 @pytest.mark.parametrize("code", list(python_blocks()))

@@ -206,7 +206,7 @@ fn batches_dlpack_exports_and_stats() {
 }
 
 /// The option tables of the header (through the doc comment of `stoker_options_set`) and of the
-/// README are the core's key table, rendered. `STOKER_BLESS=1` rewrites both from it; then
+/// options chapter (`docs/options.md`) are the core's key table, rendered. `STOKER_BLESS=1` rewrites both from it; then
 /// regenerate the header with cbindgen.
 #[test]
 fn option_tables_match_the_key_table() {
@@ -215,7 +215,7 @@ fn option_tables_match_the_key_table() {
     let bless = std::env::var_os("STOKER_BLESS").is_some();
     let doc: String = table.lines().map(|l| format!("/// {l}\n")).collect();
     for (file, body) in [
-        ("README.md", table.clone()),
+        ("docs/options.md", table.clone()),
         ("crates/stoker-capi/src/options.rs", doc),
     ] {
         let path = root.join(file);

@@ -1,8 +1,8 @@
 //! Loader options: the knobs of a loader with the defaults of the C contract, set through a
 //! string-keyed setter (`set("batch_size", "64")`) shared by every face, or typed setters from
 //! Rust. Fields are private and every setter validates, so a `LoaderOptions` is never invalid;
-//! errors name the key. [`OPTIONS`] documents every key once: the header, the README and the
-//! unknown-key message all come from it.
+//! errors name the key. [`OPTIONS`] documents every key once: the header, the options chapter
+//! (`docs/options.md`) and the unknown-key message all come from it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -195,7 +195,7 @@ impl Default for LoaderOptions {
 }
 
 /// One option key, documented: the single source of the option tables in `include/stoker.h`
-/// and the README (tests check both against this table).
+/// and `docs/options.md` (tests check both against this table).
 #[derive(Clone, Copy, Debug)]
 pub struct OptionDoc {
     /// The option's name, as given to [`LoaderOptions::set`].
@@ -228,7 +228,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "weights", values: "`w0,w1,...` (finite, ≥ 0)", default: "none", meaning: "`WeightedRandomSampler` (with replacement)" },
     OptionDoc { key: "subset", values: "`3,5,9` or `0..1000`, mixed", default: "none", meaning: "`SubsetRandomSampler`: these indices, shuffled every epoch" },
     OptionDoc { key: "indices", values: "`3,5,9` or `0..1000`, mixed", default: "none", meaning: "these indices in this order every epoch (a torch `sampler=` given as a sequence)" },
-    OptionDoc { key: "transform", values: "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`", default: "none", meaning: "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see the README's transform table); run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument" },
+    OptionDoc { key: "transform", values: "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`", default: "none", meaning: "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument" },
     OptionDoc { key: "dtype", values: "`uint8`, `float32`, `float16`, `bfloat16`", default: "float32 after normalize, else uint8", meaning: "image output element type (other tensors are delivered as stored; image-shaped uint8 tensors are images, see `input_layout`)" },
     OptionDoc { key: "layout", values: "`nchw`, `nhwc`", default: "nchw", meaning: "image batch layout" },
     OptionDoc { key: "input_layout", values: "`hwc`, `chw`", default: "`hwc` if the last dimension is 3, else `chw` if the first is", meaning: "how an image-shaped uint8 tensor field (npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size" },
@@ -257,7 +257,7 @@ pub fn keys() -> impl Iterator<Item = &'static str> {
     OPTIONS.iter().map(|o| o.key)
 }
 
-/// [`OPTIONS`] as a Markdown table, as the README shows it.
+/// [`OPTIONS`] as a Markdown table, as `docs/options.md` shows it.
 pub fn options_markdown() -> String {
     let mut out = String::from("| key | values | default | meaning |\n|---|---|---|---|\n");
     for o in OPTIONS {

@@ -182,9 +182,9 @@ class Loader:
     """A stoker loader. ``source`` is a source spec (``"npy:PATH"``, ``"image_folder:ROOT"``,
     ``"tar:train-{000..146}.tar"``), a map-style Python dataset (see ``stoker.dataset``) or an
     iterable one, with ``__iter__`` and no ``__len__`` (see ``stoker.iterable``). Every keyword is
-    an option key of the C ABI (the README's Options table, and ``include/stoker.h``); ``None``
-    leaves the library's default. Options the library rejects raise ``InvalidArgumentError``
-    naming the key.
+    an option key of the C ABI (the table in ``docs/options.md``, and ``include/stoker.h``);
+    ``None`` leaves the library's default. Options the library rejects raise
+    ``InvalidArgumentError`` naming the key.
 
     ``for batch in loader:`` runs to the end of the current epoch; the next ``for`` continues
     with the next epoch (or with the rest of the epoch, after a ``break``). Batches and the
