@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::read::PackedFile;
+use super::file::PackedFile;
 use crate::error::{Error, Result};
 use crate::source::remote::{self, shown_without_credentials, RemoteConfig, ShardHolder};
 use crate::source::tar::pattern::{expand_shards, is_url};
