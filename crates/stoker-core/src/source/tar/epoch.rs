@@ -144,7 +144,7 @@ impl TarStream {
     /// (see [`crate::source::remote`]), unless a `wids` index gives every remote shard's count:
     /// then the source opens at once and reads each shard while it downloads.
     pub fn open_pattern(pattern: &str, config: TarConfig, split: Split) -> Result<TarStream> {
-        let (names, counts) = super::pattern::shard_names(pattern, &config.remote)?;
+        let (names, counts) = crate::source::shards::shard_names(pattern, &config.remote)?;
         if let Some(counts) = counts {
             if let Some(feed) = crate::source::remote::open_feed(&names, &config.remote)? {
                 return TarStream::open_feed(feed, counts, config, split, pattern);

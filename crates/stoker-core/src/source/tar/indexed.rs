@@ -154,7 +154,7 @@ impl TarSource {
     /// paths, remote URLs are downloaded into the cache first (see [`crate::source::remote`]).
     pub fn open_pattern(pattern: &str, config: TarConfig) -> Result<TarSource> {
         let resolved =
-            super::pattern::resolve_shards(pattern, &config.remote, config.skip_damaged)?;
+            crate::source::shards::resolve_shards(pattern, &config.remote, config.skip_damaged)?;
         if resolved.paths.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "tar source `{pattern}`: no shard could be fetched: {}",
