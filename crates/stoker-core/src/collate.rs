@@ -34,7 +34,8 @@ use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::sampler::Draws;
 use crate::source::{FieldKind, FieldSpec, Sample, Source};
-use crate::stats::{SpanKind, Spans, Stage};
+use crate::span::{SpanKind, Stage};
+use crate::stats::Spans;
 use crate::transform::{mix, parse, BatchMix, Pipeline, Scratch as TransformScratch, NO_SIZE};
 
 /// Alignment of every field inside a slab (DLPack recommends 256 bytes for device copies).

@@ -32,6 +32,7 @@ pub mod resume;
 pub mod rng;
 pub mod sampler;
 pub mod source;
+mod span;
 pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
