@@ -25,8 +25,8 @@ use super::callback::SampleWriter;
 use super::streaming::{EpochStream, FailedSample, StreamSource};
 use super::tar::Split;
 use super::{FieldSpec, Sample, MAX_FIELDS};
-use crate::collate::OwnedSample;
 use crate::error::{Error, Result};
+use crate::source::streaming::OwnedSample;
 
 /// Which stream to open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -41,11 +41,11 @@ use super::index::{IndexPlaces, ShardIndex, Stamp};
 use super::scan::{next_header, scan_members, ScannedSample};
 use super::stream::{read_samples, readable_prefix, ReadOptions, ShardReader, StreamSample};
 use super::TarConfig;
-use crate::collate::OwnedSample;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::source::mapped::Mapping;
 use crate::source::remote::ShardFeed;
+use crate::source::streaming::OwnedSample;
 use crate::source::streaming::{EpochStream, FailedSample, StreamSource};
 use crate::source::{FieldSpec, Sample};
 
