@@ -46,11 +46,11 @@ pub use close::Closer;
 pub use cuda::{DeviceBackend, Event, Stream};
 pub use dtype::{DType, Layout};
 pub use error::{panic_message, Error, ErrorKind, Result};
-pub use launch::{Launch, Launcher};
+pub use launch::{Launch, Launcher, RankShare};
 pub use loader::{EpochIter, Loader};
 pub use options::{Device, LoaderOptions, OnError, Order};
 pub use resume::ResumeState;
-pub use sampler::{BatchPlan, Deal, Sampler, SamplerKind};
+pub use sampler::{BatchPlan, Sampler, SamplerKind};
 pub use source::{
     FieldKind, FieldSpec, ImageFolderSource, IterableSource, MemorySource, NpySource, Sample,
     SampleStream, SampleWriter, Source, SourceSpec, StreamInfo, TarSource, TarStream,

@@ -1,7 +1,7 @@
 //! The resume state: where a job stands, as a string a new loader continues from exactly.
 //!
 //! Every random choice is a function of `(seed, epoch, position in the global order)`, and
-//! every rank deals itself entries of one global order (see [`crate::sampler::Deal`]), so with
+//! every rank deals itself entries of one global order (see [`crate::launch::RankShare`]), so with
 //! each rank having delivered `k` batches of `B` the job has consumed exactly the first
 //! `k * B * W` entries of the epoch's padded global order. That prefix length — `consumed`,
 //! capped at the order's length — is the job's position: the same on every rank, and

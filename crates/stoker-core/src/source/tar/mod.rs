@@ -35,7 +35,7 @@ pub mod stream;
 
 use std::path::PathBuf;
 
-pub use epoch::{Split, TarStream};
+pub use epoch::TarStream;
 pub use fields::{parse_fields, TarFields, INT_EXTENSIONS};
 pub use index::IndexOrigin;
 pub use indexed::TarSource;
