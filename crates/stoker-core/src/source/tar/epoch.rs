@@ -8,9 +8,9 @@
 //! 2. Each rank takes `P = ceil(N / world_size)` samples (`floor` with `shard_drop_last=true`;
 //!    [`RankShare::per_rank`]), rank `r` the contiguous run at positions `r·P .. (r+1)·P` of
 //!    that sequence; positions past `N` wrap around to its start, as `DistributedSampler` pads
-//!    by repeating the head. So every
-//!    rank delivers exactly the same number of samples (and batches) whatever the shard sizes,
-//!    and across the ranks every sample is read once per epoch, plus the padding.
+//!    by repeating the head. So every rank delivers exactly the same number of samples (and
+//!    batches) whatever the shard sizes, and across the ranks every sample is read once per
+//!    epoch, plus the padding.
 //! 3. A run is read shard by shard, sequentially: it starts in the middle of at most one shard
 //!    (found through the shard's index: a seek, for an uncompressed shard) and ends in the middle
 //!    of at most one.
