@@ -105,6 +105,7 @@ impl IterableStream {
     /// from its first sample; `pad` lets tensors vary in their leading dimension.
     /// `given`: the samples of that epoch a resumed loader already delivered (the stream's
     /// numbering continues from there).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         source: Arc<dyn IterableSource>,
         share: RankShare,
