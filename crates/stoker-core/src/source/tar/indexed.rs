@@ -150,8 +150,9 @@ impl TarSource {
         &self.damaged
     }
 
-    /// Expands `pattern` (see [`super::pattern`]) and opens the shards; `file://` URLs are local
-    /// paths, remote URLs are downloaded into the cache first (see [`crate::source::remote`]).
+    /// Expands `pattern` (see [`crate::source::shards`]) and opens the shards; `file://` URLs are
+    /// local paths, remote URLs are downloaded into the cache first (see
+    /// [`crate::source::remote`]).
     pub fn open_pattern(pattern: &str, config: TarConfig) -> Result<TarSource> {
         let resolved =
             crate::source::shards::resolve_shards(pattern, &config.remote, config.skip_damaged)?;
