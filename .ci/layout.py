@@ -19,7 +19,9 @@ file declared by `#[cfg(test)] mod x;`, an item under `#[cfg(test)]`): tests may
 they need to, and they are not part of the layering a user's build has. `lib.rs` is the crate's
 facade (module declarations and re-exports) and is not checked.
 
-Exit status 1, naming file, line and arrow, on any arrow up, circle or module missing from the map.
+Exit status 1, naming file, line and arrow (the first line of each offending pair of modules),
+on any arrow up, circle or module missing from the map. `LAYOUT_EDGES=1` also prints the
+top-level import graph.
 """
 
 import os
@@ -253,7 +255,7 @@ def main():
     def is_test(mod):
         return any(mod[:k] in test_only for k in range(1, len(mod) + 1))
 
-    problems = []
+    missing, arrows = [], {}  # arrows: (from, to) -> the first offending line's report
     edges = {}  # (from, to) -> first (file, line), between files
     top_edges = {}  # the same between top-level modules, the map's exceptions left out
     for mod, rel in sorted(files.items()):
@@ -261,7 +263,7 @@ def main():
             continue
         top = mod[0]
         if top not in floor_of:
-            problems.append(f"{rel}: module `{top}` is not in ARCHITECTURE.md's module map")
+            missing.append(f"{rel}: module `{top}` is not in ARCHITECTURE.md's module map")
             continue
         code = codes[mod]
         found = []  # (line, segs)
@@ -286,18 +288,9 @@ def main():
             if ttop not in floor_of or exempt:
                 continue
             if floor_of[ttop] > floor_of[top]:
-                arrow = f"{'::'.join(mod)} -> {'::'.join(target)}"
-                problems.append(f"{rel}:{line}: arrow up: {arrow} "
-                                f"(`{ttop}` is listed after `{top}` in the map)")
-
-    # dedupe arrow reports to the first line per (from, to) pair
-    seen, arrows = set(), []
-    for p in problems:
-        key = p.split(": arrow up: ")[-1]
-        if ": arrow up: " in p and key in seen:
-            continue
-        seen.add(key)
-        arrows.append(p)
+                arrows.setdefault((mod, target), (
+                    f"{rel}:{line}: arrow up: {'::'.join(mod)} -> {'::'.join(target)} "
+                    f"(`{ttop}` is on a higher floor than `{top}`: listed after it in the map)"))
 
     # circles: strongly connected components of the file-module graph (ancestor pairs left out)
     # and of the top-level modules' graph (the map's exceptions left out)
@@ -309,27 +302,29 @@ def main():
     top_graph = {}
     for (a, b) in top_edges:
         top_graph.setdefault((a,), set()).add((b,))
+    top_where = {((a,), (b,)): v for (a, b), v in top_edges.items()}
     circles = []
-    for graph, where in ((files_graph, edges), (top_graph, {((a,), (b,)): v for (a, b), v in top_edges.items()})):
+    for graph, where in ((files_graph, edges), (top_graph, top_where)):
         for comp in strongly_connected(graph):
             members = set(comp)
             lines = [f"    {rel}:{line}: {'::'.join(a)} -> {'::'.join(b)}"
                      for (a, b), (rel, line) in sorted(where.items())
                      if a in members and b in members and b in graph.get(a, ())]
-            circles.append("circle: " + ", ".join("::".join(m) for m in comp) + "\n" + "\n".join(lines))
+            circles.append("circle: " + ", ".join("::".join(m) for m in comp) + "\n"
+                           + "\n".join(lines))
 
-    n_arrows = sum(": arrow up: " in p for p in arrows)
-    for p in arrows:
-        print(p)
-    for c in circles:
-        print(c)
-    checked = sum(1 for m in files if m != () and not is_test(m))
-    tops = len({m[0] for m in files if m != () and not is_test(m)})
-    print(f"layout: {tops} modules ({checked} files), {n_arrows} arrows up, {len(circles)} circles")
-    if os.environ.get("LAYOUT_EDGES"):
+    for report in missing + [arrows[k] for k in sorted(arrows)] + circles:
+        print(report)
+    if os.environ.get("LAYOUT_EDGES"):  # the whole top-level graph, to plan a change of the map
         for (a, b), (rel, line) in sorted(top_edges.items()):
             print(f"edge {a} -> {b} ({rel}:{line})")
-    return 1 if arrows or circles else 0
+    checked = [m for m in files if m != () and not is_test(m)]
+    summary = (f"layout: {len({m[0] for m in checked})} modules ({len(checked)} files), "
+               f"{len(arrows)} arrows up, {len(circles)} circles")
+    if missing:
+        summary += f", {len(missing)} files in modules missing from the map"
+    print(summary)
+    return 1 if missing or arrows or circles else 0
 
 
 if __name__ == "__main__":
