@@ -35,6 +35,9 @@ bash .ci/native-deps.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "layout: stoker-core's imports follow ARCHITECTURE.md's module map"
+python3 .ci/layout.py
+
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 

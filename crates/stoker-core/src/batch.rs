@@ -7,7 +7,7 @@
 //! the loader that made them.
 
 use crate::arena::SlabLease;
-use crate::cuda::{DevicePtr, Event, Stream};
+use crate::cuda::device::{DevicePtr, Event, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -33,8 +33,10 @@ use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::sampler::Draws;
+use crate::source::streaming::OwnedSample;
 use crate::source::{FieldKind, FieldSpec, Sample, Source};
-use crate::stats::{SpanKind, Spans, Stage};
+use crate::span::{SpanKind, Stage};
+use crate::stats::Spans;
 use crate::transform::{mix, parse, BatchMix, Pipeline, Scratch as TransformScratch, NO_SIZE};
 
 /// Alignment of every field inside a slab (DLPack recommends 256 bytes for device copies).
@@ -193,21 +195,6 @@ pub struct BatchKey {
     /// This process's rank: batch-level randomness (mixup/cutmix) is keyed by it too, so ranks
     /// at the same position draw apart, as timm's per-rank generators do.
     pub rank: usize,
-}
-
-/// A sample a stream handed over: its bytes are owned (moved out of a shard reader or written by
-/// an iterable source), so a worker can build a batch from it without reaching back to the
-/// stream.
-pub trait OwnedSample: Send {
-    /// The sample's field bytes, in the order of the fields the collator was made for; they may
-    /// borrow from the sample or from `scratch`. A sample that could not be read carries its
-    /// error here.
-    fn read<'a>(&'a self, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>>;
-    /// Names the sample in errors (`shard PATH sample KEY (offset N)`).
-    fn describe(&self) -> String;
-    /// A number unique to the sample within its epoch (its position in the epoch's stream): the
-    /// key of its augmentation randomness and the index errors report.
-    fn ordinal(&self) -> u64;
 }
 
 /// Where the samples of one batch come from, and what may replace a bad one.

@@ -98,6 +98,87 @@ impl Launch {
     };
 }
 
+/// A rank's equal share of each epoch: of `total` items (samples of a global order, or of the
+/// shards laid end to end), every rank gets [`per_rank`](Self::per_rank) of them —
+/// `ceil(total / world_size)`, the shortfall padded by repeating the head of the sequence, as
+/// `DistributedSampler` pads, or `floor` with `drop_last` (`shard_drop_last`), the tail dropped.
+/// Equal shares are equal batch counts, so no rank of a job waits at the end of an epoch for
+/// another.
+///
+/// Which items make up the share is the reader's choice, and the two readers differ: the
+/// sampler deals the global order strided ([`strided`](Self::strided): rank `r` takes every
+/// `world_size`-th entry from `r`, `DistributedSampler`'s `indices[rank::world_size]`), while a
+/// stream takes one contiguous run from [`run_start`](Self::run_start) (`r · per_rank`, wrapping
+/// past the end), so that it reads whole runs of a shard sequentially.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankShare {
+    /// This process's rank, `< world_size`.
+    pub rank: usize,
+    /// Number of ranks (`num_replicas`), at least 1.
+    pub world_size: usize,
+    /// Drop the tail instead of padding (`DistributedSampler(drop_last=True)`,
+    /// `shard_drop_last`).
+    pub drop_last: bool,
+}
+
+impl RankShare {
+    /// One process: everything.
+    pub const SINGLE: RankShare = RankShare {
+        rank: 0,
+        world_size: 1,
+        drop_last: false,
+    };
+
+    /// The share of `launch`'s rank.
+    pub fn of(launch: &Launch, drop_last: bool) -> RankShare {
+        RankShare {
+            rank: launch.rank,
+            world_size: launch.world_size,
+            drop_last,
+        }
+    }
+
+    /// An error (option `key`) unless `0 <= rank < world_size`.
+    pub(crate) fn check(&self, key: &str) -> Result<()> {
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return Err(Error::option(
+                key,
+                format!(
+                    "rank {} is out of range for world_size {} (need 0 <= rank < world_size)",
+                    self.rank, self.world_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Items each rank gets of `total` (`DistributedSampler.num_samples`).
+    pub fn per_rank(&self, total: usize) -> usize {
+        // With drop_last, torch's `ceil((m - world) / world)` equals `floor(m / world)` whenever
+        // `m % world != 0`, and both are `m / world` when it divides.
+        if self.drop_last {
+            total / self.world_size
+        } else {
+            total.div_ceil(self.world_size)
+        }
+    }
+
+    /// This rank's entries of `order` (a whole epoch, or the rest of one), dealt strided:
+    /// entry `j` of the share is `order[(rank + j · world_size) % len]`.
+    pub fn strided(&self, order: &[usize]) -> Vec<usize> {
+        let m = order.len();
+        (0..self.per_rank(m))
+            .map(|j| order[(self.rank + j * self.world_size) % m])
+            .collect()
+    }
+
+    /// Where this rank's contiguous run of `per_rank` items starts in the sequence of all
+    /// items (positions past the end wrap around to its start).
+    pub fn run_start(&self, per_rank: usize) -> u64 {
+        self.rank as u64 * per_rank as u64
+    }
+}
+
 /// The variables one launcher sets, in precedence order (innermost launcher first).
 struct Vars {
     launcher: Launcher,

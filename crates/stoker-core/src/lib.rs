@@ -22,6 +22,7 @@ pub mod cuda;
 pub mod decode;
 pub mod dtype;
 pub mod error;
+pub mod hash;
 pub mod launch;
 pub mod loader;
 pub mod memory;
@@ -32,6 +33,7 @@ pub mod resume;
 pub mod rng;
 pub mod sampler;
 pub mod source;
+mod span;
 pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -44,11 +46,11 @@ pub use close::Closer;
 pub use cuda::{DeviceBackend, Event, Stream};
 pub use dtype::{DType, Layout};
 pub use error::{panic_message, Error, ErrorKind, Result};
-pub use launch::{Launch, Launcher};
+pub use launch::{Launch, Launcher, RankShare};
 pub use loader::{EpochIter, Loader};
 pub use options::{Device, LoaderOptions, OnError, Order};
 pub use resume::ResumeState;
-pub use sampler::{BatchPlan, Deal, Sampler, SamplerKind};
+pub use sampler::{BatchPlan, Sampler, SamplerKind};
 pub use source::{
     FieldKind, FieldSpec, ImageFolderSource, IterableSource, MemorySource, NpySource, Sample,
     SampleStream, SampleWriter, Source, SourceSpec, StreamInfo, TarSource, TarStream,

@@ -12,11 +12,11 @@ use crate::collate::{tensor_image_shape, InputLayout};
 use crate::decode::JpegDecoder;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
-use crate::launch::{usable_cores, Launch};
+use crate::launch::{usable_cores, Launch, RankShare};
 use crate::memory::MemoryBudget;
-use crate::sampler::{Deal, SamplerKind};
+use crate::sampler::SamplerKind;
 use crate::source::streaming::StreamSource;
-use crate::source::tar::{Split, TarConfig, TarSource, TarStream};
+use crate::source::tar::{TarConfig, TarSource, TarStream};
 pub use crate::source::SourceSpec;
 use crate::source::{Access, FieldKind, FieldSpec, IterableStream, PackedSource, Source};
 use crate::transform::Pipeline;
@@ -594,12 +594,8 @@ impl LoaderOptions {
     }
 
     /// How the global order is dealt to the ranks of `launch`.
-    pub fn deal(&self, launch: &Launch) -> Deal {
-        Deal {
-            rank: launch.rank,
-            world_size: launch.world_size,
-            drop_last: self.shard_drop_last,
-        }
+    pub fn deal(&self, launch: &Launch) -> RankShare {
+        RankShare::of(launch, self.shard_drop_last)
     }
 
     /// The sampler of `source` these options select ([`sampler_kind`](Self::sampler_kind)),
@@ -757,15 +753,10 @@ impl LoaderOptions {
         }
         // Streams are split by the resolved launch, as the indexed samplers are dealt.
         let launch = self.launch()?;
-        let split = Split {
-            rank: launch.rank,
-            world_size: launch.world_size,
-            seed,
-            drop_tail: self.shard_drop_last,
-        };
+        let share = self.deal(&launch);
         Ok(match spec {
             SourceSpec::Tar(pattern) if streaming => {
-                let stream = TarStream::open_pattern(pattern, self.tar_config(), split)?;
+                let stream = TarStream::open_pattern(pattern, self.tar_config(), share, seed)?;
                 let damaged = stream.damaged().to_vec();
                 Opened {
                     source: OpenedSource::Stream(Arc::new(stream)),
@@ -781,10 +772,11 @@ impl LoaderOptions {
                 }
             }
             SourceSpec::Iterable(iterable) => {
-                split.check()?;
+                share.check("rank")?;
                 let stream = IterableStream::new(
                     Arc::clone(iterable),
-                    split,
+                    share,
+                    seed,
                     epoch,
                     resume,
                     given,
@@ -1076,7 +1068,7 @@ mod tests {
         assert_eq!((launch.rank, launch.world_size), (1, 4));
         assert_eq!(
             o.deal(&launch),
-            Deal {
+            RankShare {
                 rank: 1,
                 world_size: 4,
                 drop_last: false

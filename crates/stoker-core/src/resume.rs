@@ -1,7 +1,7 @@
 //! The resume state: where a job stands, as a string a new loader continues from exactly.
 //!
 //! Every random choice is a function of `(seed, epoch, position in the global order)`, and
-//! every rank deals itself entries of one global order (see [`crate::sampler::Deal`]), so with
+//! every rank deals itself entries of one global order (see [`crate::launch::RankShare`]), so with
 //! each rank having delivered `k` batches of `B` the job has consumed exactly the first
 //! `k * B * W` entries of the epoch's padded global order. That prefix length — `consumed`,
 //! capped at the order's length — is the job's position: the same on every rank, and
@@ -21,7 +21,6 @@
 //! is opened there instead.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use crate::error::{Error, Result};
 
@@ -319,51 +318,6 @@ pub struct FingerprintText {
     pub sampler: String,
     /// `transform`, `dtype` and `layout`.
     pub transform: String,
-}
-
-/// 64-bit FNV-1a of everything written to it. Hand-written (a dozen lines) because the state
-/// string must not change across Rust versions, which `std`'s hashers do not promise.
-pub struct Fnv(u64);
-
-impl Fnv {
-    /// A hasher at FNV-1a's offset basis (nothing written yet).
-    pub fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-
-    /// Hashes `bytes` in.
-    pub fn bytes(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    /// The hash of everything written so far (writing may continue).
-    pub fn finish(&self) -> u64 {
-        self.0
-    }
-
-    /// The hash of `value`'s `Debug` text, streamed (no string is built).
-    pub fn of_debug(value: &dyn std::fmt::Debug) -> u64 {
-        let mut h = Fnv::new();
-        // Writing to an Fnv cannot fail.
-        let _ = write!(h, "{value:?}");
-        h.finish()
-    }
-}
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv::new()
-    }
-}
-
-impl std::fmt::Write for Fnv {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.bytes(s.as_bytes());
-        Ok(())
-    }
 }
 
 /// The string whose bytes `hex` spells (lower or upper case), if it is one.

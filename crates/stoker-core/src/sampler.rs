@@ -6,6 +6,7 @@
 //! but not bit-identical to torch's. Every order is a pure function of `(seed, epoch)`.
 
 use crate::error::{Error, Result};
+use crate::launch::RankShare;
 use crate::rng::{Rng, Stream};
 
 /// Which sampler, with its parameters.
@@ -58,7 +59,7 @@ pub enum SamplerKind {
         window: usize,
     },
     /// `DistributedSampler(num_replicas=world_size, rank, shuffle, drop_last)`: the sequential
-    /// or random order dealt by [`Deal`] (every other sampler can be dealt the same way, see
+    /// or random order dealt by [`RankShare`] (every other sampler can be dealt the same way, see
     /// [`Sampler::dealt`]).
     ///
     /// With `drop_last` and `n % world_size != 0`: `per_rank = ceil((n - world_size) / world_size)`,
@@ -98,55 +99,13 @@ pub fn check_order_size(key: &str, count: usize) -> Result<()> {
     Ok(())
 }
 
-/// How an epoch's global order is dealt to the ranks of a job, as `DistributedSampler` does:
-/// padded to a multiple of `world_size` by repeating its head (or cut to one with `drop_last`),
-/// then rank `r` takes every `world_size`-th entry from `r`. Every rank gets the same number of
-/// samples, so the same number of batches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Deal {
-    /// This process's rank, `< world_size`.
-    pub rank: usize,
-    /// Number of ranks (`num_replicas`), at least 1.
-    pub world_size: usize,
-    /// Drop the tail instead of padding (`DistributedSampler(drop_last=True)`).
-    pub drop_last: bool,
-}
-
-impl Deal {
-    /// One process: the whole order.
-    pub const SINGLE: Deal = Deal {
-        rank: 0,
-        world_size: 1,
-        drop_last: false,
-    };
-
-    /// Samples each rank gets from `m` entries of the order (`DistributedSampler.num_samples`).
-    pub fn per_rank(&self, m: usize) -> usize {
-        // With drop_last, torch's `ceil((m - world) / world)` equals `floor(m / world)` whenever
-        // `m % world != 0`, and both are `m / world` when it divides.
-        if self.drop_last {
-            m / self.world_size
-        } else {
-            m.div_ceil(self.world_size)
-        }
-    }
-
-    /// This rank's entries of `order` (a whole epoch, or the rest of one).
-    pub fn take(&self, order: &[usize]) -> Vec<usize> {
-        let m = order.len();
-        (0..self.per_rank(m))
-            .map(|j| order[(self.rank + j * self.world_size) % m])
-            .collect()
-    }
-}
-
 /// A validated sampler over a dataset of `dataset_len` samples: the epoch's global order (a
 /// function of `(seed, epoch)` alone, the same on every rank) and how it is dealt to ranks.
 #[derive(Clone, Debug)]
 pub struct Sampler {
     /// The global order's sampler (never `Distributed`: that is `deal`).
     kind: SamplerKind,
-    deal: Deal,
+    deal: RankShare,
     dataset_len: usize,
     seed: u64,
     /// Prefix sums of the weights, for weighted sampling with replacement.
@@ -156,12 +115,17 @@ pub struct Sampler {
 impl Sampler {
     /// The sampler `kind` for one process (a `Distributed` kind deals itself).
     pub fn new(kind: SamplerKind, dataset_len: usize, seed: u64) -> Result<Sampler> {
-        Sampler::dealt(kind, dataset_len, seed, Deal::SINGLE)
+        Sampler::dealt(kind, dataset_len, seed, RankShare::SINGLE)
     }
 
     /// The global order of `kind`, dealt to ranks by `deal`. `SamplerKind::Distributed` is the
     /// sequential or random order dealt by its own rank and world size (which then win).
-    pub fn dealt(kind: SamplerKind, dataset_len: usize, seed: u64, deal: Deal) -> Result<Sampler> {
+    pub fn dealt(
+        kind: SamplerKind,
+        dataset_len: usize,
+        seed: u64,
+        deal: RankShare,
+    ) -> Result<Sampler> {
         let bad = |reason: String| Err(Error::option("sampler", reason));
         let (kind, deal) = match kind {
             SamplerKind::Distributed {
@@ -178,7 +142,7 @@ impl Sampler {
                 } else {
                     SamplerKind::Sequential
                 },
-                Deal {
+                RankShare {
                     rank,
                     world_size,
                     drop_last,
@@ -304,7 +268,7 @@ impl Sampler {
     }
 
     /// How the global order is dealt to the ranks.
-    pub fn deal(&self) -> Deal {
+    pub fn deal(&self) -> RankShare {
         self.deal
     }
 
@@ -344,14 +308,14 @@ impl Sampler {
 
     /// The indices epoch `epoch` visits on this rank, in order.
     pub fn epoch_indices(&self, epoch: u64) -> Vec<usize> {
-        self.deal.take(&self.global_indices(epoch))
+        self.deal.strided(&self.global_indices(epoch))
     }
 
     /// This rank's share of the rest of epoch `epoch` from entry `start` of its global order:
     /// what the ranks of a job resumed at `start` (whatever their number) deal among themselves.
     pub fn segment_indices(&self, epoch: u64, start: usize) -> Vec<usize> {
         let order = self.global_indices(epoch);
-        self.deal.take(&order[start.min(order.len())..])
+        self.deal.strided(&order[start.min(order.len())..])
     }
 
     /// The global order of epoch `epoch`: identical on every rank.

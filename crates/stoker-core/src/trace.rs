@@ -29,7 +29,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::stats::{Span, SpanKind, NO_SLOT};
+use crate::span::{Span, SpanKind, NO_SLOT};
 
 /// Batches whose events the trace keeps, per track.
 pub const TRACE_BATCHES: usize = 1024;

@@ -397,7 +397,8 @@ fn index_is_saved_beside_reused_and_rebuilt_when_the_shard_changes() {
     );
     assert_eq!(read_all(&second), expected);
     // A glob over the directory does not pick up the (hidden) index files.
-    let globbed = stoker_core::source::tar::expand_shards(&format!("{}/*", dir.display())).unwrap();
+    let globbed =
+        stoker_core::source::shards::expand_shards(&format!("{}/*", dir.display())).unwrap();
     assert_eq!(globbed.len(), 2, "{globbed:?}");
 
     // The shard changes (same path, other content): the index is stale and rebuilt. (The

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stoker_core::source::tar::wids;
+use stoker_core::source::shards::wids;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(list) = wids::parse(data, "https://host/data/train.json") {

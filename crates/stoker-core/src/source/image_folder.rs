@@ -236,7 +236,7 @@ impl Source for ImageFolderSource {
 
     fn identity(&self) -> String {
         // The listing relative to the root: the same files wherever the folder is mounted.
-        let mut listing = crate::resume::Fnv::new();
+        let mut listing = crate::hash::Fnv::new();
         listing.bytes(&self.names);
         format!(
             "image folder of {} files in classes {:?}, listing {:016x}",

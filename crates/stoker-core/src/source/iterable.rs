@@ -23,10 +23,10 @@ use std::sync::{Arc, Mutex};
 
 use super::callback::SampleWriter;
 use super::streaming::{EpochStream, FailedSample, StreamSource};
-use super::tar::Split;
 use super::{FieldSpec, Sample, MAX_FIELDS};
-use crate::collate::OwnedSample;
 use crate::error::{Error, Result};
+use crate::launch::RankShare;
+use crate::source::streaming::OwnedSample;
 
 /// Which stream to open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,28 +105,21 @@ impl IterableStream {
     /// from its first sample; `pad` lets tensors vary in their leading dimension.
     /// `given`: the samples of that epoch a resumed loader already delivered (the stream's
     /// numbering continues from there).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         source: Arc<dyn IterableSource>,
-        split: Split,
+        share: RankShare,
+        seed: u64,
         epoch: u64,
         resume: Option<&str>,
         given: u64,
         num_samples: Option<usize>,
         pad: bool,
     ) -> Result<IterableStream> {
-        let Split {
-            rank,
-            world_size,
-            seed,
-            drop_tail,
-        } = split;
-        let per_rank = num_samples.map(|n| {
-            if drop_tail {
-                n / world_size
-            } else {
-                n.div_ceil(world_size)
-            }
-        });
+        let RankShare {
+            rank, world_size, ..
+        } = share;
+        let per_rank = num_samples.map(|n| share.per_rank(n));
         let info = stream_info(rank, world_size, seed, epoch);
         let mut stream = source
             .open(&info, resume)

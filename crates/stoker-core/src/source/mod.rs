@@ -12,6 +12,7 @@ mod memory;
 mod npy;
 pub mod packed;
 pub mod remote;
+pub mod shards;
 pub mod streaming;
 pub mod tar;
 

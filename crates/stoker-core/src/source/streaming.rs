@@ -8,9 +8,23 @@
 //! on purpose: the order of a stream is then a function of `(seed, epoch, rank, world_size)`
 //! alone, never of how many workers build batches.
 
-use crate::collate::OwnedSample;
 use crate::error::{Error, Result};
 use crate::source::{FieldSpec, Sample};
+
+/// A sample a stream handed over: its bytes are owned (moved out of a shard reader or written by
+/// an iterable source), so a worker can build a batch from it without reaching back to the
+/// stream.
+pub trait OwnedSample: Send {
+    /// The sample's field bytes, in the order of the fields the collator was made for; they may
+    /// borrow from the sample or from `scratch`. A sample that could not be read carries its
+    /// error here.
+    fn read<'a>(&'a self, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>>;
+    /// Names the sample in errors (`shard PATH sample KEY (offset N)`).
+    fn describe(&self) -> String;
+    /// A number unique to the sample within its epoch (its position in the epoch's stream): the
+    /// key of its augmentation randomness and the index errors report.
+    fn ordinal(&self) -> u64;
+}
 
 /// A source read front to back, one stream per (rank, epoch).
 pub trait StreamSource: Send + Sync {

@@ -9,10 +9,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::read::PackedFile;
+use super::file::PackedFile;
 use crate::error::{Error, Result};
-use crate::source::remote::{self, shown_without_credentials, RemoteConfig, ShardHolder};
-use crate::source::tar::pattern::{expand_shards, is_url};
+use crate::source::remote::{self, is_url, shown_without_credentials, RemoteConfig, ShardHolder};
+use crate::source::shards::{expand_shards, local_shards};
 
 /// The index file's name inside a dataset directory.
 pub const INDEX_NAME: &str = "index.stkidx";
@@ -212,7 +212,7 @@ impl ShardListing {
 }
 
 /// Resolves `packed:PATH`: a dataset directory (its `index.stkidx`), an index file, one packed
-/// file, or a pattern of packed files (see [`crate::source::tar::pattern`]).
+/// file, or a pattern of packed files (see [`crate::source::shards`]).
 pub fn resolve(spec: &str) -> Result<ShardListing> {
     let path = Path::new(spec);
     if path.is_dir() {
@@ -238,7 +238,7 @@ pub fn resolve(spec: &str) -> Result<ShardListing> {
             shards: vec![ListedShard::local(path.to_owned(), None)],
         });
     }
-    let paths = crate::source::tar::pattern::local_shards(spec)?;
+    let paths = local_shards(spec)?;
     Ok(ShardListing {
         shards: paths
             .into_iter()

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use super::fetch::RetryPolicy;
 use super::resolve::open_feed_with;
 use super::RemoteConfig;
+use crate::launch::RankShare;
 use crate::source::streaming::StreamSource;
-use crate::source::tar::{Split, TarConfig, TarStream};
+use crate::source::tar::{TarConfig, TarStream};
 
 /// How the server treats one file.
 #[derive(Clone, Copy, Default)]
@@ -415,19 +416,15 @@ fn a_streaming_source_opens_from_a_wids_index_before_its_shards_download() {
     for (p, s) in paths.iter().zip(&shards) {
         std::fs::write(p, s).unwrap();
     }
-    let split = Split {
-        rank: 0,
-        world_size: 1,
-        seed: 7,
-        drop_tail: false,
-    };
+    let (share, seed) = (RankShare::SINGLE, 7);
     let tar_config = |cache: &Path| TarConfig {
         index_dir: Some(dir.join("idx")),
         index_beside: false,
         remote: config(cache, 1),
         ..TarConfig::default()
     };
-    let reference = TarStream::open(&paths, tar_config(&dir.join("c0")), split, "local").unwrap();
+    let reference =
+        TarStream::open(&paths, tar_config(&dir.join("c0")), share, seed, "local").unwrap();
     let want = keys(&reference, 0, usize::MAX);
     // Hold the shard read last in epoch 0 (shard_prefetch=1 starts it while the one before it
     // is read): everything before it must come through while its body is held.
@@ -467,7 +464,8 @@ fn a_streaming_source_opens_from_a_wids_index_before_its_shards_download() {
     let server = RangeServer::start(files);
     let cache = dir.join("cache");
     let stream =
-        TarStream::open_pattern(&server.url("train.json"), tar_config(&cache), split).unwrap();
+        TarStream::open_pattern(&server.url("train.json"), tar_config(&cache), share, seed)
+            .unwrap();
     assert_eq!(stream.total_samples(), want.len());
     assert_eq!(stream.shard_counts(), [5, 6, 7, 8]);
     let mut epoch = stream.open(0, None, 0).unwrap();
@@ -530,13 +528,12 @@ fn a_missing_shard_fails_its_samples_with_the_url_and_status() {
     // epoch 0 it fails to open; with it second, its samples fail. Seeds give both orders.
     let (mut failed_open, mut failed_samples) = (false, false);
     for seed in 0..16 {
-        let split = Split {
-            rank: 0,
-            world_size: 1,
+        let stream = match TarStream::open_pattern(
+            &server.url("i.json"),
+            config.clone(),
+            RankShare::SINGLE,
             seed,
-            drop_tail: false,
-        };
-        let stream = match TarStream::open_pattern(&server.url("i.json"), config.clone(), split) {
+        ) {
             Ok(s) => s,
             Err(e) => {
                 let e = e.to_string();

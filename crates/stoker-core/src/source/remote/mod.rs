@@ -25,6 +25,14 @@
 
 use std::path::PathBuf;
 
+/// URL schemes kept as strings.
+const URL_SCHEMES: &[&str] = &["http://", "https://", "s3://", "gs://", "az://", "file://"];
+
+/// Whether `s` is a URL (kept as a string) rather than a local path.
+pub fn is_url(s: &str) -> bool {
+    URL_SCHEMES.iter().any(|scheme| s.starts_with(scheme))
+}
+
 /// How remote shards are fetched and cached (`shard_prefetch`, `cache_dir`, `cache_limit`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteConfig {
@@ -150,7 +158,7 @@ pub fn resolve(
     for name in &names {
         if let Some(local) = name.strip_prefix("file://") {
             paths.push(PathBuf::from(local));
-        } else if crate::source::tar::is_url(name) {
+        } else if is_url(name) {
             return Err(crate::error::Error::Unsupported(format!(
                 "tar shard `{}`: this build of stoker has no remote shard support (built without the `remote` feature)",
                 shown_without_credentials(name)
@@ -177,7 +185,7 @@ mod resolve {
     use super::cache::{CachedShard, ShardCache};
     use super::fetch::{Fetcher, RetryPolicy};
     use super::url::ShardUrl;
-    use super::{RemoteConfig, ResolvedShards, ShardFeed, ShardHolder};
+    use super::{is_url, RemoteConfig, ResolvedShards, ShardFeed, ShardHolder};
     use crate::error::{Error, Result};
 
     /// Upper bound on concurrent downloads, whatever `shard_prefetch` says.
@@ -194,7 +202,7 @@ mod resolve {
         config: &RemoteConfig,
         policy: RetryPolicy,
     ) -> Result<Option<ShardFeed>> {
-        let remote = |n: &&String| !n.starts_with("file://") && crate::source::tar::is_url(n);
+        let remote = |n: &&String| !n.starts_with("file://") && is_url(n);
         if names.is_empty() || !names.iter().all(|n| remote(&n)) {
             return Ok(None);
         }
@@ -235,7 +243,7 @@ mod resolve {
         for name in &names {
             if let Some(local) = name.strip_prefix("file://") {
                 items.push(Item::Local(PathBuf::from(local)));
-            } else if crate::source::tar::is_url(name) {
+            } else if is_url(name) {
                 items.push(Item::Remote(ShardUrl::parse(name)?));
             } else {
                 items.push(Item::Local(PathBuf::from(name)));

@@ -104,19 +104,12 @@ impl ShardUrl {
             })
             .take(96)
             .collect::<String>();
-        format!("{:016x}-{}", fnv1a64(self.shown.as_bytes()), base)
+        format!(
+            "{:016x}-{}",
+            crate::hash::Fnv::of(self.shown.as_bytes()),
+            base
+        )
     }
-}
-
-/// FNV-1a, 64 bits. Hand-written (a dozen lines) because the cache file names must be the same in
-/// every process and every build; `std`'s hasher is explicitly not stable across releases.
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
 }
 
 /// The URL without user info, query or fragment.
@@ -203,8 +196,8 @@ mod tests {
         assert_ne!(a.cache_name(), b.cache_name());
         assert!(a.cache_name().ends_with("-train-0.tar"));
         // The value is pinned: it names files other processes and other runs look for.
-        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(crate::hash::Fnv::of(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(crate::hash::Fnv::of(b"a"), 0xaf63_dc4c_8601_ec8c);
         // Credentials do not change where a shard is cached.
         let c = ShardUrl::parse("https://u:p@h/x.tar").unwrap();
         let d = ShardUrl::parse("https://h/x.tar").unwrap();

@@ -5,11 +5,12 @@
 //!
 //! 1. The shards are shuffled (a permutation of `(seed, epoch)`) and laid end to end: one
 //!    sequence of all `N` samples.
-//! 2. Each rank takes `P = ceil(N / world_size)` samples (`floor` with `shard_drop_last=true`),
-//!    rank `r` the contiguous run at positions `r·P .. (r+1)·P` of that sequence; positions past
-//!    `N` wrap around to its start, as `DistributedSampler` pads by repeating the head. So every
-//!    rank delivers exactly the same number of samples (and batches) whatever the shard sizes,
-//!    and across the ranks every sample is read once per epoch, plus the padding.
+//! 2. Each rank takes `P = ceil(N / world_size)` samples (`floor` with `shard_drop_last=true`;
+//!    [`RankShare::per_rank`]), rank `r` the contiguous run at positions `r·P .. (r+1)·P` of
+//!    that sequence; positions past `N` wrap around to its start, as `DistributedSampler` pads
+//!    by repeating the head. So every rank delivers exactly the same number of samples (and
+//!    batches) whatever the shard sizes, and across the ranks every sample is read once per
+//!    epoch, plus the padding.
 //! 3. A run is read shard by shard, sequentially: it starts in the middle of at most one shard
 //!    (found through the shard's index: a seek, for an uncompressed shard) and ends in the middle
 //!    of at most one.
@@ -41,57 +42,21 @@ use super::index::{IndexPlaces, ShardIndex, Stamp};
 use super::scan::{next_header, scan_members, ScannedSample};
 use super::stream::{read_samples, readable_prefix, ReadOptions, ShardReader, StreamSample};
 use super::TarConfig;
-use crate::collate::OwnedSample;
 use crate::error::{Error, Result};
+use crate::launch::RankShare;
 use crate::rng::{Rng, Stream};
 use crate::source::mapped::Mapping;
 use crate::source::remote::ShardFeed;
+use crate::source::streaming::OwnedSample;
 use crate::source::streaming::{EpochStream, FailedSample, StreamSource};
 use crate::source::{open_file, FieldSpec, Sample};
-
-/// How the shards are dealt to ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Split {
-    /// This process's rank, `< world_size`.
-    pub rank: usize,
-    /// Number of ranks, at least 1.
-    pub world_size: usize,
-    /// The loader's seed, from which each epoch's shard order derives.
-    pub seed: u64,
-    /// `shard_drop_last`: each rank takes `floor(N / world_size)` samples instead of
-    /// `ceil(N / world_size)` (no padding).
-    pub drop_tail: bool,
-}
-
-impl Split {
-    /// An error (option `rank`) unless `0 <= rank < world_size`.
-    pub(crate) fn check(&self) -> Result<()> {
-        if self.world_size == 0 || self.rank >= self.world_size {
-            return Err(Error::option(
-                "rank",
-                format!(
-                    "rank {} is out of range for world_size {} (need 0 <= rank < world_size)",
-                    self.rank, self.world_size
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Samples each rank reads per epoch, of `total` (see the module docs).
-    fn per_rank(&self, total: usize) -> usize {
-        if self.drop_tail {
-            total / self.world_size
-        } else {
-            total.div_ceil(self.world_size)
-        }
-    }
-}
 
 /// WebDataset tar shards read as one stream per rank and epoch (see the module docs).
 pub struct TarStream {
     shared: Arc<Shared>,
-    split: Split,
+    share: RankShare,
+    /// The loader's seed, from which each epoch's shard order derives.
+    seed: u64,
     per_rank: usize,
     pattern: String,
 }
@@ -143,11 +108,16 @@ impl TarStream {
     /// sample. `file://` URLs are local paths; remote URLs are downloaded into the cache first
     /// (see [`crate::source::remote`]), unless a `wids` index gives every remote shard's count:
     /// then the source opens at once and reads each shard while it downloads.
-    pub fn open_pattern(pattern: &str, config: TarConfig, split: Split) -> Result<TarStream> {
-        let (names, counts) = super::pattern::shard_names(pattern, &config.remote)?;
+    pub fn open_pattern(
+        pattern: &str,
+        config: TarConfig,
+        share: RankShare,
+        seed: u64,
+    ) -> Result<TarStream> {
+        let (names, counts) = crate::source::shards::shard_names(pattern, &config.remote)?;
         if let Some(counts) = counts {
             if let Some(feed) = crate::source::remote::open_feed(&names, &config.remote)? {
-                return TarStream::open_feed(feed, counts, config, split, pattern);
+                return TarStream::open_feed(feed, counts, config, share, seed, pattern);
             }
         }
         let resolved = crate::source::remote::resolve(names, &config.remote, config.skip_damaged)?;
@@ -157,7 +127,7 @@ impl TarStream {
                 resolved.skipped.join("; ")
             )));
         }
-        let mut stream = TarStream::open(&resolved.paths, config, split, pattern)?;
+        let mut stream = TarStream::open(&resolved.paths, config, share, seed, pattern)?;
         let shared = Arc::get_mut(&mut stream.shared)
             .ok_or_else(|| Error::Internal("a new tar stream's state is shared".into()))?;
         shared.damaged.extend(resolved.skipped);
@@ -169,13 +139,14 @@ impl TarStream {
     pub fn open(
         shards: &[PathBuf],
         config: TarConfig,
-        split: Split,
+        share: RankShare,
+        seed: u64,
         name: &str,
     ) -> Result<TarStream> {
         if shards.is_empty() {
             return Err(Error::InvalidArgument("tar source: no shard given".into()));
         }
-        split.check()?;
+        share.check("rank")?;
         let places = IndexPlaces {
             beside: config.index_beside,
             dir: config.index_dir.clone().or_else(IndexPlaces::default_dir),
@@ -200,7 +171,7 @@ impl TarStream {
         })?;
         let fields = learn_fields(&first.path, &config)?;
         let read = ReadOptions::new(&config, Some(&fields));
-        let per_rank = split.per_rank(total);
+        let per_rank = share.per_rank(total);
         Ok(TarStream {
             shared: Arc::new(Shared {
                 shards: table,
@@ -211,7 +182,8 @@ impl TarStream {
                 remote: crate::source::remote::ShardHolder::default(),
                 feed: None,
             }),
-            split,
+            share,
+            seed,
             per_rank,
             pattern: name.to_owned(),
         })
@@ -223,10 +195,11 @@ impl TarStream {
         feed: ShardFeed,
         counts: Vec<usize>,
         config: TarConfig,
-        split: Split,
+        share: RankShare,
+        seed: u64,
         name: &str,
     ) -> Result<TarStream> {
-        split.check()?;
+        share.check("rank")?;
         let table: Vec<ShardEntry> = counts
             .iter()
             .enumerate()
@@ -242,9 +215,9 @@ impl TarStream {
                 "tar source `{name}`: its shard index lists no sample"
             )));
         }
-        let per_rank = split.per_rank(total);
-        let plan = EpochPlan::new(&table, split.seed, 0);
-        let runs = plan.cover(split.rank as u64 * per_rank as u64, per_rank.max(1) as u64);
+        let per_rank = share.per_rank(total);
+        let plan = EpochPlan::new(&table, seed, 0);
+        let runs = plan.cover(share.run_start(per_rank), per_rank.max(1) as u64);
         let first = runs.first().map_or(0, |s| s.shard);
         feed.upcoming(runs.iter().map(|s| s.shard));
         let stop = Arc::new(AtomicBool::new(false));
@@ -272,7 +245,8 @@ impl TarStream {
                 remote: crate::source::remote::ShardHolder::default(),
                 feed: Some(feed),
             }),
-            split,
+            share,
+            seed,
             per_rank,
             pattern: name.to_owned(),
         })
@@ -300,8 +274,8 @@ impl TarStream {
 
     /// The runs this rank reads in `epoch`: (shard index, first sample, count), in order.
     pub fn epoch_runs(&self, epoch: u64) -> Vec<(usize, usize, usize)> {
-        let plan = EpochPlan::new(&self.shared.shards, self.split.seed, epoch);
-        let from = self.split.rank as u64 * self.per_rank as u64;
+        let plan = EpochPlan::new(&self.shared.shards, self.seed, epoch);
+        let from = self.share.run_start(self.per_rank);
         plan.cover(from, self.per_rank as u64)
             .into_iter()
             .map(|s| (s.shard, s.first, s.count))
@@ -488,8 +462,8 @@ impl StreamSource for TarStream {
     }
 
     fn open(&self, epoch: u64, _resume: Option<&str>, _given: u64) -> Result<Box<dyn EpochStream>> {
-        let plan = EpochPlan::new(&self.shared.shards, self.split.seed, epoch);
-        let from = self.split.rank as u64 * self.per_rank as u64;
+        let plan = EpochPlan::new(&self.shared.shards, self.seed, epoch);
+        let from = self.share.run_start(self.per_rank);
         let segments: VecDeque<Segment> = plan.cover(from, self.per_rank as u64).into();
         Ok(Box::new(TarEpoch {
             shared: Arc::clone(&self.shared),

@@ -354,7 +354,7 @@ impl IndexPlaces {
         let dir = self.dir.as_ref()?;
         Some(dir.join(format!(
             "{:016x}-{name}.idx",
-            fnv1a64(stamp.path.as_bytes())
+            crate::hash::Fnv::of(stamp.path.as_bytes())
         )))
     }
 
@@ -436,14 +436,6 @@ fn write_atomic(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = fs::remove_file(&tmp);
     }
     result
-}
-
-/// FNV-1a, 64-bit: a stable hash for cache file names (std's hasher may change between Rust
-/// releases, which would orphan every cached index).
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]
@@ -535,7 +527,7 @@ mod tests {
 
     #[test]
     fn fnv_is_stable() {
-        assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(crate::hash::Fnv::of(b""), 0xcbf29ce484222325);
+        assert_eq!(crate::hash::Fnv::of(b"a"), 0xaf63dc4c8601ec8c);
     }
 }

@@ -149,11 +149,12 @@ impl TarSource {
         &self.damaged
     }
 
-    /// Expands `pattern` (see [`super::pattern`]) and opens the shards; `file://` URLs are local
-    /// paths, remote URLs are downloaded into the cache first (see [`crate::source::remote`]).
+    /// Expands `pattern` (see [`crate::source::shards`]) and opens the shards; `file://` URLs are
+    /// local paths, remote URLs are downloaded into the cache first (see
+    /// [`crate::source::remote`]).
     pub fn open_pattern(pattern: &str, config: TarConfig) -> Result<TarSource> {
         let resolved =
-            super::pattern::resolve_shards(pattern, &config.remote, config.skip_damaged)?;
+            crate::source::shards::resolve_shards(pattern, &config.remote, config.skip_damaged)?;
         if resolved.paths.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "tar source `{pattern}`: no shard could be fetched: {}",

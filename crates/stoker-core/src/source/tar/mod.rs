@@ -5,11 +5,9 @@
 //! followed here are WebDataset's own (`webdataset.tariterators`), so shards written by
 //! `webdataset.TarWriter`, by GNU `tar` or by any other tar writer read the same:
 //!
-//! - [`pattern`]: shard patterns (`train-{000000..000146}.tar`, globs, comma lists, URLs);
-//!   remote URLs are downloaded into a local cache ([`crate::source::remote`]) and read from
-//!   there like local shards;
-//! - [`wids`]: WebDataset's JSON shard index, a shard list with sample counts: with it a
-//!   streaming reader of remote shards starts at once and reads each shard while it downloads;
+//! - shard patterns (`train-{000000..000146}.tar`, globs, comma lists, URLs, WebDataset `wids`
+//!   shard indexes) are every source's, in [`crate::source::shards`]; remote URLs are downloaded
+//!   into a local cache ([`crate::source::remote`]) and read from there like local shards;
 //! - [`scan`]: members and the grouping rule, over a memory-mapped shard, without copying data;
 //! - [`fields`]: which members become which fields (`fields=EXT:NAME,...`), and their kinds;
 //! - [`index`]: the per-shard index, cached on disk beside the shard or in a cache directory;
@@ -32,18 +30,15 @@ mod epoch;
 pub mod fields;
 pub mod index;
 mod indexed;
-pub mod pattern;
 pub mod scan;
 pub mod stream;
-pub mod wids;
 
 use std::path::PathBuf;
 
-pub use epoch::{Split, TarStream};
+pub use epoch::TarStream;
 pub use fields::{parse_fields, TarFields, INT_EXTENSIONS};
 pub use index::IndexOrigin;
 pub use indexed::TarSource;
-pub use pattern::{expand_shards, is_url, resolve_shards, shard_names, MAX_SHARDS};
 pub use scan::{scan_members, split_key, ScannedMember, ScannedSample, MAX_MEMBERS_PER_SAMPLE};
 pub use stream::{read_samples, ReadOptions, ShardReader, StreamMember, StreamSample};
 

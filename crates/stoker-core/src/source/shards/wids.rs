@@ -119,7 +119,7 @@ fn parent(location: &str) -> String {
 
 /// `name` resolved against `base`: absolute paths and URLs as they are.
 fn join(base: &str, name: &str) -> String {
-    if name.starts_with('/') || super::is_url(name) || base.is_empty() {
+    if name.starts_with('/') || crate::source::remote::is_url(name) || base.is_empty() {
         return name.to_owned();
     }
     format!(

@@ -19,21 +19,21 @@
 //! is an error. URLs (`https://`, `http://`, `s3://`, `gs://`, `az://`, `file://`) are kept as
 //! strings, never globbed.
 //!
+//! A pattern ending in `.json` is a WebDataset shard index instead ([`wids`]): the shards it
+//! lists, with their sample counts.
+//!
+//! These are the shard lists of every sharded source: tar (indexed and streaming) and packed.
+//!
 //! The expanded list is bounded ([`MAX_SHARDS`]) before anything is allocated, so a pattern like
 //! `{0..99999999999}` fails at once with an error naming it.
 
+pub mod wids;
+
 use crate::error::{Error, Result};
+use crate::source::remote::is_url;
 
 /// The most shard names one pattern may expand to.
 pub const MAX_SHARDS: usize = 10_000_000;
-
-/// URL schemes kept as strings.
-const URL_SCHEMES: &[&str] = &["http://", "https://", "s3://", "gs://", "az://", "file://"];
-
-/// Whether `s` is a URL (kept as a string) rather than a local path.
-pub fn is_url(s: &str) -> bool {
-    URL_SCHEMES.iter().any(|scheme| s.starts_with(scheme))
-}
 
 /// The local shard files `pattern` expands to: local paths as they are, `file://` URLs as
 /// paths, remote URLs downloaded into the cache (see [`crate::source::remote`]; refused in a
@@ -49,13 +49,13 @@ pub fn resolve_shards(
 }
 
 /// The shards `pattern` stands for: its expansion, or the shards a WebDataset `wids` index
-/// lists (`….json`, see [`super::wids`]; a remote index is fetched through the cache first),
+/// lists (`….json`, see [`wids`]; a remote index is fetched through the cache first),
 /// then with each shard's sample count.
 pub fn shard_names(
     pattern: &str,
     remote: &crate::source::remote::RemoteConfig,
 ) -> Result<(Vec<String>, Option<Vec<usize>>)> {
-    if !super::wids::is_index(pattern) {
+    if !wids::is_index(pattern) {
         return Ok((expand_shards(pattern)?, None));
     }
     let local = pattern.strip_prefix("file://").unwrap_or(pattern);
@@ -65,11 +65,11 @@ pub fn shard_names(
             .paths
             .first()
             .ok_or_else(|| Error::Internal(format!("the shard index {pattern} was not fetched")))?;
-        super::wids::read_bounded(path)?
+        wids::read_bounded(path)?
     } else {
-        super::wids::read_bounded(std::path::Path::new(local))?
+        wids::read_bounded(std::path::Path::new(local))?
     };
-    let list = super::wids::parse(&text, pattern)?;
+    let list = wids::parse(&text, pattern)?;
     Ok((list.shards, Some(list.counts)))
 }
 
