@@ -27,12 +27,14 @@ triple=x86_64-unknown-linux-gnu
 target_root=${CARGO_TARGET_DIR:-target}/sanitizers
 read -r -a which <<<"${SANITIZERS:-asan tsan miri}"
 export CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2}
-# The tests that drive the pool, arena, collate and the prefetcher. Not soak: its resident
-# memory bounds do not hold under a sanitizer's shadow memory and quarantine.
-tests=(--lib --test loader --test cuda_prefetch --test faults)
-# ASan and TSan intercept mlock and make it a no-op that succeeds, so the test of a refused
-# mlock cannot refuse it under them.
-skips=(-- --skip mlock_refused)
+# The tests that drive the pool, arena, collate and the prefetcher: the unit tests and the
+# integration tests' modules loader, cuda_prefetch and faults (filters match anywhere in a
+# test's name, hence the skips of tar_loader and image_loader). Not soak: its resident memory
+# bounds do not hold under a sanitizer's shadow memory and quarantine. ASan and TSan intercept
+# mlock and make it a no-op that succeeds, so the test of a refused mlock cannot refuse it
+# under them.
+skips=(--skip mlock_refused)
+modules=(loader:: cuda_prefetch:: faults:: --skip tar_loader:: --skip image_loader:: "${skips[@]}")
 
 start=$(date +%s)
 command -v rustup >/dev/null || { echo "sanitizers: rustup is required (nightly toolchain)"; exit 1; }
@@ -66,6 +68,11 @@ summarize() {
   fi
 }
 
+# sanitized_tests CARGO_TEST...: the unit tests, then the integration tests' modules above.
+sanitized_tests() {
+  "$@" --lib -- "${skips[@]}" && "$@" --test all -- "${modules[@]}"
+}
+
 # run NAME: one sanitizer's build and tests, output to its log; the exit status is the tests'.
 run() {
   local s=$1 log="$logs/$1.log"
@@ -73,14 +80,14 @@ run() {
     asan)
       RUSTFLAGS="-Zsanitizer=address" RUSTDOCFLAGS="-Zsanitizer=address" \
         ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" \
-        cargo +nightly test -p stoker-core --no-default-features --target "$triple" \
-        --target-dir "$target_root/asan" "${tests[@]}" "${skips[@]}" >"$log" 2>&1
+        sanitized_tests cargo +nightly test -p stoker-core --no-default-features \
+        --target "$triple" --target-dir "$target_root/asan" >"$log" 2>&1
       ;;
     tsan)
       RUSTFLAGS="-Zsanitizer=thread" RUSTDOCFLAGS="-Zsanitizer=thread" \
         TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
-        cargo +nightly test -Zbuild-std -p stoker-core --no-default-features --target "$triple" \
-        --target-dir "$target_root/tsan" "${tests[@]}" "${skips[@]}" >"$log" 2>&1
+        sanitized_tests cargo +nightly test -Zbuild-std -p stoker-core --no-default-features \
+        --target "$triple" --target-dir "$target_root/tsan" >"$log" 2>&1
       ;;
     miri)
       # Permissive provenance: the fake device hands out device pointers as integers, as a
@@ -89,14 +96,13 @@ run() {
       miri=(cargo +nightly miri test -p stoker-core --no-default-features --target-dir "$target_root/miri")
       {
         "${miri[@]}" --lib -- arena:: --skip pinning &&
-          "${miri[@]}" --test loader -- stacks_fields_in_sampler_order \
-            skip_replaces_bad_samples_deterministically_and_counts_them \
-            ragged_fields_are_padded_with_lengths a_panicking_sample_becomes_an_error \
-            dropping_mid_epoch_joins_workers_and_held_batches_stay_valid &&
-          "${miri[@]}" --test cuda_prefetch -- \
-            device_batches_match_host_batches_in_order_across_epochs \
-            host_slabs_are_recycled_once_copied_while_device_batches_are_held \
-            dropping_mid_epoch_joins_and_frees_every_buffer_after_held_batches_go
+          "${miri[@]}" --test all -- loader::stacks_fields_in_sampler_order \
+            loader::skip_replaces_bad_samples_deterministically_and_counts_them \
+            loader::ragged_fields_are_padded_with_lengths loader::a_panicking_sample_becomes_an_error \
+            loader::dropping_mid_epoch_joins_workers_and_held_batches_stay_valid \
+            cuda_prefetch::device_batches_match_host_batches_in_order_across_epochs \
+            cuda_prefetch::host_slabs_are_recycled_once_copied_while_device_batches_are_held \
+            cuda_prefetch::dropping_mid_epoch_joins_and_frees_every_buffer_after_held_batches_go
       } >"$log" 2>&1
       ;;
     *)

@@ -2,7 +2,7 @@
 # Remote shards against real servers on 127.0.0.1: nginx (Debian's package) serving WebDataset
 # shards over HTTP and over HTTPS (a certificate from a test authority made here with openssl),
 # and moto's S3-compatible server for s3://. Reads them from Rust (the ignored tests of
-# crates/stoker-core/tests/remote_servers.rs), Python, C and C++. Installs nginx and openssl
+# crates/stoker-core/tests/all/remote_servers.rs), Python, C and C++. Installs nginx and openssl
 # (apt) and moto (pip, into .venv-remote) when missing; the servers listen on free loopback
 # ports, live at most 15 minutes, and are stopped on exit.
 #
@@ -179,7 +179,7 @@ step "Rust"
 # --workspace: the features of `cargo test --workspace`, so that the test suite's build is reused
 # (with -p alone, cargo resolves the features of stoker-core's dependencies apart from the other
 # members' and builds them and the crate again).
-cargo test -q --workspace --test remote_servers -- --ignored 2>&1 | tail -3
+cargo test -q --workspace --test all -- --ignored remote_servers:: 2>&1 | tail -3
 
 step "library for Python and C"
 # With stoker-cxx, as the C and C++ steps' CMake build makes it: cargo resolves features per

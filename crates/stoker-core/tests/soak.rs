@@ -14,9 +14,11 @@ use std::sync::{Arc, Barrier, Mutex};
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::{DType, Loader, LoaderOptions, MemorySource, Source};
 
-#[allow(dead_code, unused_imports)] // this test uses only `options` from the shared helpers
-mod common;
-use common::options;
+// The shared helpers of the integration tests (`all/`), of which this binary uses one.
+#[allow(dead_code, unused_imports)]
+#[path = "all/support/mod.rs"]
+mod support;
+use support::options;
 
 const SAMPLES: usize = 64;
 const BATCH: usize = 8;

@@ -16,7 +16,7 @@
 //!   read does not start afresh: it goes on parsing the damaged file's state against the new
 //!   image's bytes, and every later image fails ("Bogus Huffman table definition", "Bogus
 //!   marker length") or, worse, could decode wrongly. A bad Huffman table or a zero frame
-//!   width was enough (`tests/image_loader.rs` has both).
+//!   width was enough (`tests/all/image_loader.rs` has both).
 //! - The scaling factor and cropping region are handle parameters that persist across calls.
 //!
 //! `tj3Decompress8` does abort on its errors, but dropping the handle on every error, whatever

@@ -11,8 +11,7 @@ use stoker_core::pack::{pack, PackOptions};
 use stoker_core::source::{npy_bytes, write_npy, MemorySource, PackedSource};
 use stoker_core::{Batch, DType, Loader, LoaderOptions, Source, SourceSpec};
 
-mod files;
-use files::{tmp, write_tar};
+use crate::support::files::{tmp, write_tar};
 
 const N: usize = 6;
 const H: usize = 4;

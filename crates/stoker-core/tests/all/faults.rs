@@ -19,8 +19,7 @@ use stoker_core::{
     Batch, DType, Error, ErrorKind, FieldSpec, Loader, LoaderOptions, Sample, Source, SourceSpec,
 };
 
-mod common;
-use common::{counting_source, options};
+use crate::support::{counting_source, options};
 
 /// The sample indices of a batch of `counting_source` (field `y`).
 fn ids(b: &Batch) -> Vec<u8> {
@@ -616,12 +615,12 @@ fn an_npy_file_deleted_mid_epoch_keeps_serving_the_mapped_rows() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Runs the `#[ignore]`d test `name` of this binary in a child process with
+/// Runs the `#[ignore]`d test `name` of this module in a child process with
 /// `STOKER_FAULTS_CHILD` set.
 fn run_child(name: &str) -> std::process::Output {
     Command::new(std::env::current_exe().unwrap())
         .args([
-            name,
+            &format!("faults::{name}"),
             "--exact",
             "--ignored",
             "--nocapture",

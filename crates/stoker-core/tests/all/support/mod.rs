@@ -1,5 +1,7 @@
 //! Helpers shared by the integration tests.
 
+pub mod files;
+
 use std::sync::Arc;
 
 use stoker_core::{LoaderOptions, Source, SourceSpec};

@@ -10,8 +10,7 @@ use stoker_core::{
     Batch, DType, Error, FieldSpec, Loader, LoaderOptions, MemorySource, Sample, Source, SourceSpec,
 };
 
-mod common;
-use common::{counting_source, options};
+use crate::support::{counting_source, options};
 
 /// The sample indices of a batch of `counting_source`.
 fn ids(b: &Batch) -> Vec<u8> {
@@ -654,7 +653,7 @@ fn pin_memory_falls_back_and_counts_when_mlock_refused() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "pin_memory_falls_back_and_counts_when_mlock_refused",
+                "loader::pin_memory_falls_back_and_counts_when_mlock_refused",
                 "--nocapture",
                 "--test-threads=1",
             ])

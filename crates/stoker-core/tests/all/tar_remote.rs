@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 use stoker_core::{Batch, Loader, LoaderOptions};
 
-mod files;
-use files::{tmp, write_tar};
+use crate::support::files::{tmp, write_tar};
 
 /// Shards of `sizes` samples; sample `g` has `g.cls` = g. Returns the file names.
 fn write_shards(dir: &Path, sizes: &[usize]) -> Vec<String> {

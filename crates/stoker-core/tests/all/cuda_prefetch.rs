@@ -9,12 +9,11 @@ use stoker_core::testing::{FailAt, FakeDevice};
 use stoker_core::Stream;
 use stoker_core::{Batch, DType, DeviceType, Error, ErrorKind, Loader, LoaderOptions, Source};
 
-mod common;
-use common::counting_source;
+use crate::support::counting_source;
 
 /// Options for a CUDA loader over `source`.
 fn options(source: Arc<dyn Source>, kv: &[(&str, &str)]) -> LoaderOptions {
-    let mut o = common::options(source, &[("device", "cuda")]);
+    let mut o = crate::support::options(source, &[("device", "cuda")]);
     for (k, v) in kv {
         o.set(k, v).unwrap();
     }

@@ -1,17 +1,15 @@
 //! File helpers shared by the integration tests that write datasets to disk.
-// Each test binary that includes this module uses a part of it.
-#![allow(dead_code)]
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A fresh temporary directory for one test, named after the test binary and `name`.
+/// A fresh temporary directory for one test, named after `name`, the process and a count:
+/// every test of the binary runs in this process, and two may pass the same name.
 pub fn tmp(name: &str) -> PathBuf {
-    let binary = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("stoker-{binary}-{}-{name}", std::process::id()));
+    static COUNT: AtomicUsize = AtomicUsize::new(0);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("stoker-test-{}-{n}-{name}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap();
     dir

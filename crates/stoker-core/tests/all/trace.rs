@@ -11,8 +11,7 @@ use stoker_core::testing::FakeDevice;
 use stoker_core::trace::TRACE_BATCHES;
 use stoker_core::{DType, Error, Loader, LoaderOptions, MemorySource, Source, Stats};
 
-mod common;
-use common::{counting_source, options};
+use crate::support::{counting_source, options};
 
 fn temp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("stoker-trace-{}-{name}", std::process::id()));

@@ -16,8 +16,7 @@ use stoker_core::source::tar::{
 use stoker_core::source::{FieldKind, Source};
 use stoker_core::{DType, Error, Loader, LoaderOptions, SourceSpec};
 
-mod files;
-use files::tmp;
+use crate::support::files::tmp;
 
 const LABELS: [i64; 8] = [3, 1, 4, 1, 5, 9, 2, 6];
 const SHARDS: [&str; 2] = ["wds-000000", "wds-000001"];

@@ -8,8 +8,7 @@ use std::time::Duration;
 use stoker_core::testing::FakeDevice;
 use stoker_core::{Loader, MemorySource, Stage, Stats};
 
-mod common;
-use common::{counting_source, options};
+use crate::support::{counting_source, options};
 
 use stoker_core::testing::SlowRead;
 

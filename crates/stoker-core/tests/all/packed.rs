@@ -13,8 +13,7 @@ use stoker_core::source::packed::{format, PackedFile, PackedSource};
 use stoker_core::source::{MemorySource, Source};
 use stoker_core::{Batch, DType, Error, Loader, LoaderOptions, SourceSpec};
 
-mod files;
-use files::tmp;
+use crate::support::files::tmp;
 
 /// A `w × h` JPEG of a smooth pattern that differs per `seed`.
 fn jpeg(w: u16, h: u16, seed: usize) -> Vec<u8> {

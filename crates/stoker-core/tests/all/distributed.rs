@@ -8,8 +8,7 @@ use std::time::Duration;
 use stoker_core::testing::counting_indices;
 use stoker_core::{Batch, Launcher, Loader, LoaderOptions, Sample, Source, SourceSpec};
 
-mod common;
-use common::{counting_source, options};
+use crate::support::{counting_source, options};
 
 /// One rank's loader over `n` counting samples.
 fn rank_loader(n: usize, kv: &[(&str, &str)], rank: usize, world: usize) -> Loader {

@@ -10,8 +10,7 @@ use std::path::Path;
 
 use stoker_core::{Batch, Error, Loader, LoaderOptions};
 
-mod files;
-use files::{tmp, write_tar};
+use crate::support::files::{tmp, write_tar};
 
 /// Shards of `sizes` samples each: sample `g` (numbered across shards in order) has
 /// `g.cls` = g and `g.txt` = "s" repeated 1 + g % 5 times. Returns the pattern.
