@@ -24,9 +24,34 @@
 
 #include <stoker/stoker.hpp>
 
+// The C header, only for its constants: the C++ face's codes are checked against them below.
+#include "../../../include/stoker.h"
+
 #include "npy.hpp"
 
 namespace {
+
+// The C++ enums restate the C ABI's codes; these keep them equal, at compile time.
+#define STOKER_SAME(cxx, c) static_assert(static_cast<int64_t>(cxx) == static_cast<int64_t>(c), #cxx)
+STOKER_SAME(stoker::Status::Ok, STOKER_OK);
+STOKER_SAME(stoker::Status::EndOfEpoch, STOKER_END_OF_EPOCH);
+STOKER_SAME(stoker::Status::InvalidArgument, STOKER_ERR_INVALID_ARGUMENT);
+STOKER_SAME(stoker::Status::Io, STOKER_ERR_IO);
+STOKER_SAME(stoker::Status::Decode, STOKER_ERR_DECODE);
+STOKER_SAME(stoker::Status::Unsupported, STOKER_ERR_UNSUPPORTED);
+STOKER_SAME(stoker::Status::Timeout, STOKER_ERR_TIMEOUT);
+STOKER_SAME(stoker::Status::Callback, STOKER_ERR_CALLBACK);
+STOKER_SAME(stoker::Status::Closed, STOKER_ERR_CLOSED);
+STOKER_SAME(stoker::Status::Internal, STOKER_ERR_INTERNAL);
+STOKER_SAME(stoker::Status::OutOfMemory, STOKER_ERR_OUT_OF_MEMORY);
+STOKER_SAME(stoker::Status::Cuda, STOKER_ERR_CUDA);
+STOKER_SAME(stoker::DType::U8, STOKER_DTYPE_U8);
+STOKER_SAME(stoker::DType::I32, STOKER_DTYPE_I32);
+STOKER_SAME(stoker::DType::I64, STOKER_DTYPE_I64);
+STOKER_SAME(stoker::DType::F16, STOKER_DTYPE_F16);
+STOKER_SAME(stoker::DType::BF16, STOKER_DTYPE_BF16);
+STOKER_SAME(stoker::DType::F32, STOKER_DTYPE_F32);
+#undef STOKER_SAME
 
 static_assert(!std::is_copy_constructible_v<stoker::Batch>, "Batch is a lease: not copyable");
 static_assert(std::is_nothrow_move_constructible_v<stoker::Batch>, "Batch moves");
