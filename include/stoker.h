@@ -434,6 +434,11 @@ typedef struct stoker_stats {
    * The most batch memory mapped at once so far, in bytes.
    */
   uint64_t batch_memory_peak_bytes;
+  /**
+   * Minor page faults taken by batch memory since the loader was created (mapping and
+   * pre-faulting its slabs; a reused slab takes none).
+   */
+  uint64_t page_faults;
 } stoker_stats;
 
 /**
