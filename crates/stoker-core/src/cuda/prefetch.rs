@@ -410,6 +410,7 @@ impl<M: Send + 'static> Prefetcher<M> {
                     let total = self.total.load(Ordering::Acquire);
                     if self.starved.load(Ordering::Acquire)
                         && self.out.is_empty()
+                        && total >= self.max_slots
                         && self.held.load(Ordering::Acquire) >= total
                     {
                         return Err(Error::InvalidArgument(format!(
