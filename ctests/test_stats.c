@@ -69,6 +69,8 @@ int main(void) {
   CHECK(s.in_flight_depth == 2);
   CHECK(s.batch_memory_bytes > 0 && s.batch_memory_peak_bytes >= s.batch_memory_bytes);
   CHECK(s.batch_memory_peak_bytes <= (s.in_flight_cap + 2) * s.batch_bytes);
+  /* Mapping those slabs touched each of their pages once: faults were taken, and counted. */
+  CHECK(s.page_faults > 0);
   /* A budget smaller than one batch fails when the loader is made, naming the option. */
   stoker_options *tight = t_options(source, NULL, "batch_size", "4", "memory_budget", "100", NULL);
   stoker_loader *none = (stoker_loader *)&s;

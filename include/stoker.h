@@ -434,6 +434,11 @@ typedef struct stoker_stats {
    * The most batch memory mapped at once so far, in bytes.
    */
   uint64_t batch_memory_peak_bytes;
+  /**
+   * Minor page faults taken by batch memory since the loader was created (mapping and
+   * pre-faulting its slabs; a reused slab takes none).
+   */
+  uint64_t page_faults;
 } stoker_stats;
 
 /**
@@ -586,7 +591,7 @@ struct stoker_options *stoker_options_new(void);
  * | `pad` | a finite number | none | pad ragged fields to the batch's longest, with a `<name>_lengths` field |
  * | `max_image_pixels` | integer ≥ 1 | 89478485 | larger images are bad samples (decompression bombs), refused before allocating |
  * | `jpeg_decoder` | `auto`, `zune`, `turbo` | `auto` (or `STOKER_JPEG_DECODER`) | `turbo`: libjpeg-turbo decodes only the rows and columns a crop reads, shrinking in the DCT domain when the crop is at least twice the output; `zune`: zune-jpeg (pure Rust) decodes whole images; `auto`: `turbo` when it was built with SIMD, else `zune`. CMYK/YCCK JPEGs always go to zune-jpeg; stats count each path (`decoded_*`) |
- * | `memory_budget` | bytes (`8GiB`, `500MB`) or `N%` of physical memory | 50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE` | bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`) |
+ * | `memory_budget` | bytes (`8GiB`, `500MB`) or `N%` of physical memory | 50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE` | bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`); with `device=cuda` it also holds the device buffers the ring grows by while the trainer holds every one |
  * | `autotune` | bool | false | live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace |
  * | `trace` | a file path | none | write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped |
  * | `shuffle_buffer` | integer 0..=16777216 | 0 | tar: 0 = indexed (random access, every sampler); N ≥ 1 = streaming: shards shuffled per (seed, epoch), split across ranks into equal runs, read sequentially through a seeded buffer of N samples; iterable sources: a buffer of N samples (0: stream order) |

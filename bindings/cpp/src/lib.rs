@@ -100,6 +100,8 @@ mod ffi {
         batch_memory_bytes: u64,
         /// The most batch memory mapped at once so far, in bytes.
         batch_memory_peak_bytes: u64,
+        /// Minor page faults taken by batch memory since the loader was created.
+        page_faults: u64,
         /// Busy time of each worker, by worker number.
         worker_busy_ns: Vec<u64>,
     }
@@ -598,6 +600,7 @@ impl StatsReader {
             in_flight_depth: s.in_flight_depth,
             batch_memory_bytes: s.batch_memory_bytes,
             batch_memory_peak_bytes: s.batch_memory_peak_bytes,
+            page_faults: s.page_faults,
             worker_busy_ns: s.worker_busy_ns,
         }
     }

@@ -468,6 +468,8 @@ TEST_F(LoaderTest, StatsCountWhatWasDelivered) {
   EXPECT_LE(s.in_flight_depth, s.in_flight_cap);
   EXPECT_GT(s.batch_memory_bytes, 0u);
   EXPECT_GE(s.batch_memory_peak_bytes, s.batch_memory_bytes);
+  // Mapping the slabs touched each of their pages once: faults were taken, and counted.
+  EXPECT_GT(s.page_faults, 0u);
 }
 
 TEST_F(LoaderTest, MemoryBudgetLowersTheCapOrRefusesABatchThatCannotFit) {

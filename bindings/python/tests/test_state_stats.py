@@ -77,6 +77,8 @@ def test_memory_budget_lowers_the_in_flight_cap_or_refuses_a_batch_that_cannot_f
     assert 3 <= stats.in_flight_depth <= stats.in_flight_cap
     assert 0 < stats.batch_memory_bytes <= stats.batch_memory_peak_bytes
     assert stats.batch_memory_peak_bytes <= (stats.in_flight_cap + 2) * one_batch
+    # Mapping the slabs touched each of their pages once: faults were taken, and counted.
+    assert stats.page_faults > 0
 
     with pytest.raises(stoker.InvalidArgumentError, match="memory_budget") as err:
         make_loader(memory_budget=one_batch - 1)

@@ -181,8 +181,17 @@ fn device_batches_have_cuda_fields_with_the_copied_data() {
 #[test]
 fn releasing_a_batch_returns_its_buffer_to_the_ring() {
     let fake = fake(0);
-    // prefetch_factor 1: a ring of 2 device buffers.
-    let o = options(16, &[("batch_size", "2"), ("prefetch_factor", "1")]);
+    // prefetch_factor 1: a ring of 2 device buffers, which the budget does not let grow (one
+    // page a batch, 4 pages: the host's 2 and the ring's 2).
+    let budget = (4 * stoker_core::arena::page_size()).to_string();
+    let o = options(
+        16,
+        &[
+            ("batch_size", "2"),
+            ("prefetch_factor", "1"),
+            ("memory_budget", &budget),
+        ],
+    );
     let l = device_loader(&fake, &o);
     let b0 = next(l);
     let b1 = next(l);
@@ -227,7 +236,16 @@ fn next_or_epoch_end(l: *mut stoker_loader) -> *mut stoker_batch {
 #[test]
 fn a_dlpack_export_is_cuda_and_keeps_the_buffer_until_its_deleter_runs() {
     let fake = fake(1);
-    let o = options(16, &[("batch_size", "2"), ("prefetch_factor", "1")]);
+    // A ring of 2 that the budget does not let grow (see above).
+    let budget = (4 * stoker_core::arena::page_size()).to_string();
+    let o = options(
+        16,
+        &[
+            ("batch_size", "2"),
+            ("prefetch_factor", "1"),
+            ("memory_budget", &budget),
+        ],
+    );
     let l = device_loader(&fake, &o);
     let b0 = next(l);
     let x = field(b0, 0);

@@ -190,6 +190,7 @@ pub extern "C" fn stoker_loader_stats(
             in_flight_depth: s.in_flight_depth,
             batch_memory_bytes: s.batch_memory_bytes,
             batch_memory_peak_bytes: s.batch_memory_peak_bytes,
+            page_faults: s.page_faults,
         };
         // Every field is 8 bytes, so the fields that fit end at `size` rounded down to 8.
         let fit = (size.min(std::mem::size_of::<stoker_stats>() as u64) as usize) & !7;

@@ -246,6 +246,9 @@ pub struct stoker_stats {
     pub batch_memory_bytes: u64,
     /// The most batch memory mapped at once so far, in bytes.
     pub batch_memory_peak_bytes: u64,
+    /// Minor page faults taken by batch memory since the loader was created (mapping and
+    /// pre-faulting its slabs; a reused slab takes none).
+    pub page_faults: u64,
 }
 
 /// This process's place in a distributed job, as `stoker_options_launch` resolves it.

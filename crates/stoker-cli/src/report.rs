@@ -119,11 +119,12 @@ pub(crate) fn print_stats(s: &Stats) {
     println!("worker busy    {:.3}", s.worker_busy);
     println!(
         "in flight      {} batches at most now, of a cap of {}; batch memory {:.1} MiB now, \
-         {:.1} MiB at most",
+         {:.1} MiB at most, {} page faults taken by it",
         s.in_flight_depth,
         s.in_flight_cap,
         s.batch_memory_bytes as f64 / (1 << 20) as f64,
-        s.batch_memory_peak_bytes as f64 / (1 << 20) as f64
+        s.batch_memory_peak_bytes as f64 / (1 << 20) as f64,
+        s.page_faults
     );
     let decoded = s.decoded_zune + s.decoded_turbo + s.decoded_turbo_region;
     if decoded > 0 {

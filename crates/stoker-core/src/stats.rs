@@ -125,6 +125,12 @@ pub struct Stats {
     pub batch_memory_bytes: u64,
     /// The most batch memory mapped at once so far, in bytes.
     pub batch_memory_peak_bytes: u64,
+    /// Minor page faults taken by batch memory since the loader was created: those of mapping
+    /// and pre-faulting each slab, read from the mapping thread's `getrusage` (see
+    /// [`ArenaCounters::page_faults`](crate::arena::ArenaCounters::page_faults)). A slab is
+    /// reused, never mapped again, while the batches it serves keep coming, so after the first
+    /// epoch this stays put unless more batches are alive at once than ever before.
+    pub page_faults: u64,
     /// Batches in flight per worker now (`prefetch_factor`, or autotune's choice).
     pub prefetch_factor: u64,
     /// Changes autotune made to the worker count or the prefetch depth.
@@ -169,6 +175,7 @@ impl StatsHandle {
         s.pin_failures = c.pin_failures;
         s.batch_memory_bytes = c.bytes_mapped;
         s.batch_memory_peak_bytes = c.bytes_mapped_peak;
+        s.page_faults = c.page_faults;
         let l = self.launch;
         s.rank = l.rank as u64;
         s.world_size = l.world_size as u64;

@@ -528,6 +528,7 @@ struct Stats {
   uint64_t in_flight_depth = 0;       // batches let be in flight now (<= in_flight_cap)
   uint64_t batch_memory_bytes = 0;    // batch memory mapped now
   uint64_t batch_memory_peak_bytes = 0;  // the most batch memory mapped at once
+  uint64_t page_faults = 0;  // minor page faults taken by batch memory since creation
 };
 
 class Loader;
@@ -686,6 +687,7 @@ class Loader {
     out.in_flight_depth = s.in_flight_depth;
     out.batch_memory_bytes = s.batch_memory_bytes;
     out.batch_memory_peak_bytes = s.batch_memory_peak_bytes;
+    out.page_faults = s.page_faults;
     out.worker_busy_ns.assign(s.worker_busy_ns.begin(), s.worker_busy_ns.end());
     return out;
   }

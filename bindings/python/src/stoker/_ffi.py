@@ -111,6 +111,7 @@ class Stats(ctypes.Structure):
         ("in_flight_depth", ctypes.c_uint64),
         ("batch_memory_bytes", ctypes.c_uint64),
         ("batch_memory_peak_bytes", ctypes.c_uint64),
+        ("page_faults", ctypes.c_uint64),
     ]
 
 

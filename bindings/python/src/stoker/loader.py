@@ -95,6 +95,9 @@ class Stats:
     in_flight_depth: int
     batch_memory_bytes: int
     batch_memory_peak_bytes: int
+    #: Minor page faults taken by batch memory since the loader was created (mapping and
+    #: pre-faulting its slabs; a reused slab takes none).
+    page_faults: int
     #: Time each worker spent building batches, by worker number (in start order).
     worker_busy_ns: tuple[int, ...] = ()
 

@@ -10,8 +10,11 @@
 //! A device buffer returns to the ring when its batch is dropped. Before the ring reuses
 //! it, the copy stream waits (on the device, not the CPU) for an event recorded at release on each
 //! stream the consumer passed to `wait`, so new data never overwrites memory a queued kernel still
-//! reads. When every buffer is taken the thread blocks (backpressure), and the host pool behind it
-//! stays within its own bound. Dropping the prefetcher joins the thread; every buffer is freed by
+//! reads. When every buffer is taken by batches waiting for the consumer the thread blocks
+//! (backpressure), and the host pool behind it stays within its own bound. When instead the
+//! consumer holds every buffer (a trainer keeping a few batches), the ring grows by one buffer
+//! as long as [`PrefetchConfig::max_slots`] allows (what `memory_budget` holds), and shrinks back
+//! to `slots` once the consumer holds fewer again. Dropping the prefetcher joins the thread; every buffer is freed by
 //! whoever drops it last (the ring, the thread, or a batch the user still holds).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -31,6 +34,9 @@ use crate::stats::StatsHandle;
 /// How long the thread waits for a host batch before checking for shutdown. The host loader's
 /// wait cannot be interrupted otherwise; 20 ms bounds how long dropping a loader takes.
 const POLL: Duration = Duration::from_millis(20);
+
+/// How often the thread, waiting for a free buffer, looks whether the ring may grow instead.
+const GROW_POLL: Duration = Duration::from_millis(5);
 
 /// Device buffers are allocated in these steps, so that ragged batches whose size wobbles do not
 /// reallocate every time.
@@ -57,8 +63,11 @@ pub trait HostBatches: Send + 'static {
 /// Prefetcher settings.
 #[derive(Clone)]
 pub struct PrefetchConfig {
-    /// Device buffers in the ring: the most device batches alive at once.
+    /// Device buffers in the ring, its usual size.
     pub slots: usize,
+    /// The most device buffers the ring may grow to while the consumer holds every one (at
+    /// least `slots`): the most device batches alive at once.
+    pub max_slots: usize,
     /// Copy on this caller-owned stream instead of a new non-blocking one. It is borrowed: never
     /// destroyed, and it must outlive the prefetcher and its batches.
     pub stream: Option<Stream>,
@@ -277,9 +286,11 @@ pub struct Prefetcher<M: Send + 'static> {
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
     held: Arc<AtomicUsize>,
+    /// Device buffers in the ring now, idle or held.
+    total: Arc<AtomicUsize>,
     /// True while the thread waits for a free buffer.
     starved: Arc<AtomicBool>,
-    slots: usize,
+    max_slots: usize,
     device_id: u32,
 }
 
@@ -304,11 +315,14 @@ impl<M: Send + 'static> Prefetcher<M> {
         give_back: Option<Sender<F>>,
     ) -> Result<Prefetcher<M>> {
         let slots = config.slots.max(1);
-        let (ring_tx, ring_rx) = crossbeam_channel::bounded::<Slot>(slots);
+        let max_slots = config.max_slots.max(slots);
+        // Unbounded: the ring holds at most `max_slots`, which the thread's count enforces.
+        let (ring_tx, ring_rx) = crossbeam_channel::unbounded::<Slot>();
         for _ in 0..slots {
-            // Cannot fail: the channel holds exactly `slots`.
+            // Cannot fail: the receiver is alive.
             let _ = ring_tx.send(Slot::new(&backend)?);
         }
+        let total = Arc::new(AtomicUsize::new(slots));
         let stream = Arc::new(match config.stream {
             Some(stream) => CopyStream {
                 backend: Arc::clone(&backend),
@@ -334,6 +348,9 @@ impl<M: Send + 'static> Prefetcher<M> {
         }
         let worker = Worker {
             stats: config.stats,
+            slots,
+            max_slots,
+            total: Arc::clone(&total),
             held: Arc::clone(&held),
             starved: Arc::clone(&starved),
             backend,
@@ -352,16 +369,17 @@ impl<M: Send + 'static> Prefetcher<M> {
             stop: Some(stop_tx),
             thread: Some(thread),
             held,
+            total,
             starved,
-            slots,
+            max_slots,
             device_id,
         })
     }
 
     /// The next device batch (`Ok(None)` at an epoch's end) with the feed's mark after it (none
     /// for a failure of the prefetcher itself). Waits at most `timeout`. Fails instead of waiting
-    /// forever when the caller holds every buffer of the ring and the thread waits for one, since
-    /// then nothing could arrive.
+    /// forever when the caller holds every buffer of the ring, the ring cannot grow within the
+    /// memory budget and the thread waits for one, since then nothing could arrive.
     #[allow(clippy::type_complexity)]
     pub fn next(
         &mut self,
@@ -372,7 +390,7 @@ impl<M: Send + 'static> Prefetcher<M> {
         let delivery = loop {
             // While the caller holds the whole ring, wake up now and then to see whether the
             // thread got stuck waiting for a buffer; otherwise just wait.
-            let ring_held = self.held.load(Ordering::Acquire) >= self.slots;
+            let ring_held = self.held.load(Ordering::Acquire) >= self.max_slots;
             let wait = match (deadline, ring_held) {
                 (None, false) => None,
                 (None, true) => Some(Duration::from_millis(5)),
@@ -389,15 +407,17 @@ impl<M: Send + 'static> Prefetcher<M> {
                 Wait::TimedOut => {
                     // Order matters: the thread sets `starved` only after sending everything
                     // that came before the batch it needs a buffer for.
+                    let total = self.total.load(Ordering::Acquire);
                     if self.starved.load(Ordering::Acquire)
                         && self.out.is_empty()
-                        && self.held.load(Ordering::Acquire) >= self.slots
+                        && total >= self.max_slots
+                        && self.held.load(Ordering::Acquire) >= total
                     {
                         return Err(Error::InvalidArgument(format!(
-                            "all {} device buffers of cuda:{} are held by batches not yet \
-                             released; release one before asking for the next (prefetch_factor \
-                             sets how many there are)",
-                            self.slots, self.device_id
+                            "all {total} device buffers of cuda:{} are held by batches not yet \
+                             released, and memory_budget holds no more; release one before \
+                             asking for the next, or raise memory_budget",
+                            self.device_id
                         )));
                     }
                     if let Some(d) = deadline {
@@ -441,6 +461,11 @@ impl<M: Send + 'static> Drop for Prefetcher<M> {
 
 /// The thread's side.
 struct Worker<M> {
+    /// The ring's usual size, and the most it may grow to.
+    slots: usize,
+    max_slots: usize,
+    /// Device buffers in the ring now, idle or held.
+    total: Arc<AtomicUsize>,
     backend: Arc<dyn DeviceBackend>,
     stream: Arc<CopyStream>,
     ring_tx: Sender<Slot>,
@@ -519,21 +544,20 @@ impl<M: Send + 'static> Worker<M> {
                     continue;
                 }
             };
-            // Backpressure: wait for a free buffer.
-            let slot = match self.ring_rx.try_recv() {
-                Ok(slot) => slot,
-                Err(_) => {
-                    self.starved.store(true, Ordering::Release);
-                    let slot = crossbeam_channel::select! {
-                        recv(self.ring_rx) -> slot => slot.ok(),
-                        recv(self.stop) -> _ => None,
-                    };
-                    self.starved.store(false, Ordering::Release);
-                    match slot {
-                        Some(slot) => slot,
-                        None => return,
+            let slot = match self.take_slot() {
+                Some(Ok(slot)) => slot,
+                Some(Err(e)) => {
+                    let item = Err(in_batch(e, host.epoch(), host.position(), None));
+                    drop(host);
+                    if !self.send(Delivery {
+                        item,
+                        mark: Some(mark),
+                    }) {
+                        return;
                     }
+                    continue;
                 }
+                None => return,
             };
             let queued = Instant::now();
             let (item, host) = self.copy(host, slot);
@@ -559,6 +583,58 @@ impl<M: Send + 'static> Worker<M> {
             if !delivered {
                 return;
             }
+        }
+    }
+
+    /// A free buffer of the ring, or a new one when the consumer holds them all and the ring
+    /// may grow; otherwise waits (backpressure), looking again every [`GROW_POLL`] for the
+    /// consumer to take what is queued and hold every buffer. `None` when stopped.
+    fn take_slot(&self) -> Option<Result<Slot>> {
+        self.shrink();
+        if let Ok(slot) = self.ring_rx.try_recv() {
+            return Some(Ok(slot));
+        }
+        self.starved.store(true, Ordering::Release);
+        let slot = loop {
+            if self.may_grow() {
+                self.total.fetch_add(1, Ordering::AcqRel);
+                let slot = Slot::new(&self.backend);
+                if slot.is_err() {
+                    self.total.fetch_sub(1, Ordering::AcqRel);
+                }
+                break Some(slot);
+            }
+            crossbeam_channel::select! {
+                recv(self.ring_rx) -> slot => break slot.ok().map(Ok),
+                recv(self.stop) -> _ => break None,
+                default(GROW_POLL) => {}
+            }
+        };
+        self.starved.store(false, Ordering::Release);
+        slot
+    }
+
+    /// Whether the ring may grow by one buffer: every buffer is held by the consumer (none
+    /// waits in the delivery queue, which is backpressure) and the budget allows one more.
+    fn may_grow(&self) -> bool {
+        let total = self.total.load(Ordering::Acquire);
+        total < self.max_slots && self.out.is_empty() && self.held.load(Ordering::Acquire) >= total
+    }
+
+    /// Frees idle buffers the ring grew by once the consumer holds fewer batches again: the
+    /// ring keeps `slots`, or one more than the consumer holds if that is more.
+    fn shrink(&self) {
+        loop {
+            let total = self.total.load(Ordering::Acquire);
+            let keep = self.slots.max(self.held.load(Ordering::Acquire) + 1);
+            if total <= keep {
+                return;
+            }
+            let Ok(slot) = self.ring_rx.try_recv() else {
+                return;
+            };
+            self.total.fetch_sub(1, Ordering::AcqRel);
+            drop(slot);
         }
     }
 
@@ -645,6 +721,7 @@ mod tests {
     fn a_panicking_feed_becomes_an_error_then_the_thread_is_gone() {
         let fake = FakeDevice::new(0).unwrap();
         let config = PrefetchConfig {
+            max_slots: 2,
             slots: 2,
             stream: None,
             stats: None,

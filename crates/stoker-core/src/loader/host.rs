@@ -323,8 +323,7 @@ impl HostLoader {
             cap
         };
         let autotune = options.autotune.then(|| Controller::new(cores, fit));
-        // Idle slabs kept: the in-flight cap plus a few the consumer is holding, within budget.
-        let arena = Arena::new(pin, capacity + 2, registrar);
+        let arena = Arena::new(pin, registrar);
         arena.set_budget(budget.budget);
         let trace = options.trace.as_deref().map(Trace::create).transpose()?;
         let stats = Arc::new(StatsRecorder::new(trace));

@@ -127,6 +127,17 @@ impl Drop for Loader {
     }
 }
 
+/// The most device buffers a ring of `slots` may grow to: what `memory_budget` holds beyond the
+/// host batches (the in-flight cap, plus the one the prefetch thread copies from), at one
+/// batch each; never fewer than `slots`, which the budget does not count.
+fn growth_limit(stats: &crate::stats::Stats, slots: usize) -> usize {
+    let fit = stats.memory_budget / stats.batch_bytes.max(1);
+    let host = stats.in_flight_cap + 1;
+    usize::try_from(fit.saturating_sub(host))
+        .unwrap_or(usize::MAX)
+        .max(slots)
+}
+
 impl Loader {
     /// A loader for `options`. With `device=cuda[:N]` this opens the CUDA driver (loaded at run
     /// time) and fails with `Unsupported` saying why when there is no driver or no device.
@@ -151,7 +162,10 @@ impl Loader {
     ///
     /// `pin_memory` (default true here) registers the arena's slabs with the device, so copies
     /// are DMA transfers. `prefetch_factor + 1` device buffers form the ring: that many batches
-    /// copied ahead, plus the one the trainer is using. `cuda_stream`, when set, is the
+    /// copied ahead, plus the one the trainer is using. A trainer that holds them all makes the
+    /// ring grow, one buffer at a time, while `memory_budget` holds the host batches in flight
+    /// and every device buffer (see [`growth_limit`]); it shrinks back once the trainer holds
+    /// fewer. `cuda_stream`, when set, is the
     /// caller's stream to copy on (borrowed, never destroyed).
     pub fn with_device_backend(
         options: &LoaderOptions,
@@ -163,10 +177,13 @@ impl Loader {
             None
         };
         let host = schedule(options, Mode::Feed { registrar })?;
+        let stats = host.facts().stats;
+        let slots = options.prefetch_factor + 1;
         let config = PrefetchConfig {
-            slots: options.prefetch_factor + 1,
+            slots,
+            max_slots: growth_limit(&stats.snapshot(), slots),
             stream: options.cuda_stream.map(Stream),
-            stats: Some(host.facts().stats),
+            stats: Some(stats),
         };
         Loader::assemble(host, options, |host| {
             let device = Device::Cuda(backend.ordinal());

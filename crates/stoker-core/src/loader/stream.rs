@@ -545,7 +545,7 @@ impl StreamLoader {
             Mode::Host => (options.pin_memory.unwrap_or(false), None, false),
             Mode::Feed { registrar } => (false, registrar, true),
         };
-        let arena = Arena::new(pin, cap + 2, registrar);
+        let arena = Arena::new(pin, registrar);
         let trace = options.trace.as_deref().map(Trace::create).transpose()?;
         let stats = Arc::new(StatsRecorder::new(trace));
         stats.set_current_workers(workers.max(1));

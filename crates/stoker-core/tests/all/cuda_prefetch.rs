@@ -119,15 +119,21 @@ fn the_ring_bounds_live_device_buffers_and_reuses_them() {
 }
 
 #[test]
-fn holding_every_buffer_blocks_the_prefetcher_and_releasing_one_unblocks_it() {
+fn holding_every_buffer_the_budget_allows_blocks_the_prefetcher_and_releasing_one_unblocks_it() {
     let fake = fake(0);
-    // prefetch_factor 1: a ring of 2 buffers; 2 fields, so 2 copies per batch.
+    // prefetch_factor 1: a ring of 2 buffers; 2 fields, so 2 copies per batch. Batches of one
+    // page: a budget of 4 holds the host's 2 (the cap and the one being copied) and the ring's
+    // 2, so the ring cannot grow.
     let o = options(
         counting_source(40),
         &[
             ("batch_size", "2"),
             ("num_workers", "1"),
             ("prefetch_factor", "1"),
+            (
+                "memory_budget",
+                &(4 * stoker_core::arena::page_size()).to_string(),
+            ),
         ],
     );
     let mut l = device_loader(&fake, &o);
@@ -144,7 +150,8 @@ fn holding_every_buffer_blocks_the_prefetcher_and_releasing_one_unblocks_it() {
     let err = l.next().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert!(
-        err.to_string().contains("held by batches not yet released"),
+        err.to_string().contains("held by batches not yet released")
+            && err.to_string().contains("memory_budget"),
         "{err}"
     );
     drop(first);
@@ -156,15 +163,63 @@ fn holding_every_buffer_blocks_the_prefetcher_and_releasing_one_unblocks_it() {
 }
 
 #[test]
+fn a_trainer_holding_more_batches_than_the_ring_grows_it_within_the_budget_and_it_shrinks_back() {
+    let fake = fake(0);
+    let page = stoker_core::arena::page_size();
+    // A ring of 2 (prefetch_factor 1) and batches of one page; the budget holds the host's 2
+    // and 5 device buffers.
+    let o = options(
+        counting_source(400),
+        &[
+            ("batch_size", "2"),
+            ("num_workers", "1"),
+            ("prefetch_factor", "1"),
+            ("memory_budget", &(7 * page).to_string()),
+        ],
+    );
+    let mut l = device_loader(&fake, &o);
+    let held: Vec<Batch> = (0..5).map(|_| l.next().unwrap().unwrap()).collect();
+    for (i, b) in held.iter().enumerate() {
+        assert_eq!(b.position(), i);
+        assert_eq!(contents(&fake, b)[1], vec![2 * i as u8, 2 * i as u8 + 1]);
+    }
+    assert_eq!(fake.counters().live_buffers, 5);
+    // The sixth does not fit: the error says which option would make room.
+    let err = l.next().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        err.to_string().contains("all 5 device buffers")
+            && err.to_string().contains("memory_budget"),
+        "{err}"
+    );
+    drop(held);
+    // Once the trainer holds one batch at a time, the buffers the ring grew by are freed.
+    for position in 5..12 {
+        let b = l.next().unwrap().unwrap();
+        assert_eq!(b.position(), position, "the failed call consumed nothing");
+    }
+    eventually("the ring shrank back to 2 buffers", || {
+        fake.counters().live_buffers <= 2
+    });
+    drop(l);
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
 fn holding_the_whole_ring_still_sees_the_end_of_the_epoch() {
     let fake = fake(0);
-    // A ring of 2 and an epoch of 2 batches: both held, the end of the epoch still arrives.
+    // A ring of 2 that the budget does not let grow (see above) and an epoch of 2 batches:
+    // both held, the end of the epoch still arrives.
     let o = options(
         counting_source(4),
         &[
             ("batch_size", "2"),
             ("num_workers", "1"),
             ("prefetch_factor", "1"),
+            (
+                "memory_budget",
+                &(4 * stoker_core::arena::page_size()).to_string(),
+            ),
         ],
     );
     let mut l = device_loader(&fake, &o);

@@ -487,10 +487,13 @@ fn a_consumer_holding_every_host_batch_gets_them_all_and_memory_returns_on_relea
 
 #[test]
 fn a_consumer_holding_the_whole_device_ring_gets_a_clear_error_at_once_not_a_hang() {
-    // Device batches are ring buffers the prefetcher reuses: holding all of them would stall it
-    // forever, so asking for one more fails at once (with or without timeout_ms) and consumes
-    // nothing; releasing one lets the loader go on.
+    // Device batches are ring buffers the prefetcher reuses; the ring grows while the memory
+    // budget allows (here it does not: one-page batches, a budget of 4 pages for the host's 2
+    // and the ring's 2). Holding all of them would stall it forever, so asking for one more
+    // fails at once (with or without timeout_ms) and consumes nothing; releasing one lets the
+    // loader go on.
     let fake = FakeDevice::new(0).unwrap();
+    let budget = (4 * stoker_core::arena::page_size()).to_string();
     let o = options(
         counting_source(40),
         &[
@@ -499,6 +502,7 @@ fn a_consumer_holding_the_whole_device_ring_gets_a_clear_error_at_once_not_a_han
             ("num_workers", "1"),
             ("prefetch_factor", "1"),
             ("timeout_ms", "10000"),
+            ("memory_budget", &budget),
         ],
     );
     let mut l = Loader::with_device_backend(&o, fake.clone()).unwrap();
@@ -508,7 +512,8 @@ fn a_consumer_holding_the_whole_device_ring_gets_a_clear_error_at_once_not_a_han
         let err = l.next().unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
         assert!(
-            err.to_string().contains("held by batches not yet released"),
+            err.to_string().contains("held by batches not yet released")
+                && err.to_string().contains("memory_budget"),
             "{err}"
         );
     }
