@@ -451,7 +451,7 @@ typedef struct stoker_tensor {
   void *data;
   enum stoker_dtype dtype;
   /**
-   * DLPack codes: 1 CPU, 2 CUDA, 3 CUDA host (pinned).
+   * DLPack codes: 1 CPU (pinned or not), 2 CUDA.
    */
   int32_t device_type;
   int32_t device_id;
@@ -582,7 +582,7 @@ struct stoker_options *stoker_options_new(void);
  * | `dtype` | `uint8`, `float32`, `float16`, `bfloat16` | float32 after normalize, else uint8 | image output element type (other tensors are delivered as stored; image-shaped uint8 tensors are images, see `input_layout`) |
  * | `layout` | `nchw`, `nhwc` | nchw | image batch layout |
  * | `input_layout` | `hwc`, `chw` | `hwc` if the last dimension is 3, else `chw` if the first is | how an image-shaped uint8 tensor field (npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size |
- * | `pin_memory` | bool | true with cuda | page-locked batch memory (`mlock`, or driver registration on cuda) |
+ * | `pin_memory` | bool | true with cuda | page-locked batch memory: registered with the CUDA driver where one is present (what torch calls pinned: `is_pinned()`, asynchronous `.cuda(non_blocking=True)`), else `mlock`; on cuda, registered with the loader's device |
  * | `device` | `cpu`, `cuda`, `cuda:N` | cpu | where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node) |
  * | `cuda_stream` | a CUstream, decimal or `0x` hex | the loader's own | device=cuda: copy on the caller's stream (borrowed, never destroyed) |
  * | `on_error` | `raise`, `skip` | raise | bad sample: an error naming it, or a deterministic replacement counted in stats |
@@ -777,9 +777,10 @@ size_t stoker_batch_num_fields(const struct stoker_batch *b);
  * Describes field `i`. Valid until the batch is released. An index out of range gives
  * `STOKER_ERR_INVALID_ARGUMENT`; on failure `*out` is zeroed (NULL pointers).
  *
- * `device_type` is 1 (CPU) or 3 (CUDA host: page-locked memory registered with the driver) for
- * a host batch, and 2 (CUDA) for a batch of a `device=cuda[:N]` loader, whose `data` is then a
- * device address on device `device_id`.
+ * `device_type` is 1 (CPU) for a host batch, pinned or not (with `pin_memory` and a CUDA driver
+ * its memory is registered with the driver, which CUDA and torch see as pinned; DLPack's 3,
+ * CUDA host, is not used because torch's `from_dlpack` refuses it), and 2 (CUDA) for a batch of
+ * a `device=cuda[:N]` loader, whose `data` is then a device address on device `device_id`.
  */
 enum stoker_status stoker_batch_field(const struct stoker_batch *b,
                                       size_t i,

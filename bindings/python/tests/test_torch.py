@@ -231,3 +231,22 @@ def test_dataloader_set_epoch_and_resume(npy_data):
     resumed.load_state_dict(state)
     resumed.set_epoch(1)
     assert head + [y.tolist() for _, y in resumed] == epochs[1]
+
+
+def test_pin_memory_is_what_torch_calls_pinned(npy_data):
+    """With a CUDA driver, pin_memory=True registers batch memory with it: torch sees the tensors
+    as pinned and `.cuda(non_blocking=True)` copies asynchronously, as from torch's own
+    pin_memory. Without one it is mlock, which torch does not count (checked: batches come)."""
+    torch = import_torch()
+    from stoker.torch import DataLoader
+
+    data, _, array, _ = npy_data
+    loader = DataLoader(f"npy:{data}", batch_size=16, pin_memory=True)
+    (host,) = next(iter(loader))
+    np.testing.assert_array_equal(host.numpy(), array[:16])
+    if not torch.cuda.is_available():
+        pytest.skip("SKIPPED, needs a GPU: no CUDA device here, so pin_memory is mlock, which torch does not count as pinned")
+    assert host.is_pinned()
+    on_device = host.cuda(non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(on_device.cpu(), host)

@@ -76,9 +76,10 @@ pub extern "C" fn stoker_batch_num_fields(b: *const stoker_batch) -> usize {
 /// Describes field `i`. Valid until the batch is released. An index out of range gives
 /// `STOKER_ERR_INVALID_ARGUMENT`; on failure `*out` is zeroed (NULL pointers).
 ///
-/// `device_type` is 1 (CPU) or 3 (CUDA host: page-locked memory registered with the driver) for
-/// a host batch, and 2 (CUDA) for a batch of a `device=cuda[:N]` loader, whose `data` is then a
-/// device address on device `device_id`.
+/// `device_type` is 1 (CPU) for a host batch, pinned or not (with `pin_memory` and a CUDA driver
+/// its memory is registered with the driver, which CUDA and torch see as pinned; DLPack's 3,
+/// CUDA host, is not used because torch's `from_dlpack` refuses it), and 2 (CUDA) for a batch of
+/// a `device=cuda[:N]` loader, whose `data` is then a device address on device `device_id`.
 #[no_mangle]
 pub extern "C" fn stoker_batch_field(
     b: *const stoker_batch,

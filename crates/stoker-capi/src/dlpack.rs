@@ -142,13 +142,12 @@ pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
     strides
 }
 
-/// DLPack device of a batch's memory: CUDA for a device batch; for a host batch CUDA host when
-/// registered with the driver, else CPU.
+/// DLPack device of a batch's memory: CUDA for a device batch, CPU for a host batch, pinned or
+/// not (see `Batch::device_type`).
 pub(crate) fn device(batch: &SharedBatch) -> DLDevice {
     let device_type = match batch.batch.device_type() {
         DeviceType::Cpu => DLDeviceType::kDLCPU,
         DeviceType::Cuda => DLDeviceType::kDLCUDA,
-        DeviceType::CudaHost => DLDeviceType::kDLCUDAHost,
     };
     DLDevice {
         device_type,

@@ -44,7 +44,7 @@ pub extern "C" fn stoker_options_new() -> *mut stoker_options {
 /// | `dtype` | `uint8`, `float32`, `float16`, `bfloat16` | float32 after normalize, else uint8 | image output element type (other tensors are delivered as stored; image-shaped uint8 tensors are images, see `input_layout`) |
 /// | `layout` | `nchw`, `nhwc` | nchw | image batch layout |
 /// | `input_layout` | `hwc`, `chw` | `hwc` if the last dimension is 3, else `chw` if the first is | how an image-shaped uint8 tensor field (npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size |
-/// | `pin_memory` | bool | true with cuda | page-locked batch memory (`mlock`, or driver registration on cuda) |
+/// | `pin_memory` | bool | true with cuda | page-locked batch memory: registered with the CUDA driver where one is present (what torch calls pinned: `is_pinned()`, asynchronous `.cuda(non_blocking=True)`), else `mlock`; on cuda, registered with the loader's device |
 /// | `device` | `cpu`, `cuda`, `cuda:N` | cpu | where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node) |
 /// | `cuda_stream` | a CUstream, decimal or `0x` hex | the loader's own | device=cuda: copy on the caller's stream (borrowed, never destroyed) |
 /// | `on_error` | `raise`, `skip` | raise | bad sample: an error naming it, or a deterministic replacement counted in stats |

@@ -129,7 +129,7 @@ pub struct stoker_tensor {
     pub name: *const c_char,
     pub data: *mut c_void,
     pub dtype: stoker_dtype,
-    /// DLPack codes: 1 CPU, 2 CUDA, 3 CUDA host (pinned).
+    /// DLPack codes: 1 CPU (pinned or not), 2 CUDA.
     pub device_type: i32,
     pub device_id: i32,
     pub ndim: i32,

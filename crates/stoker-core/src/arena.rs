@@ -11,10 +11,12 @@
 //! that far apart; a steady pattern keeps exactly the slabs it cycles through, so the steady
 //! state maps nothing, and faults on no page (every mapping is counted in
 //! [`ArenaCounters::page_faults`]). The only other bound on idle slabs is `memory_budget`.
-//! With `pin_memory`, slabs are page-locked (`mlock`) when mapped; if `RLIMIT_MEMLOCK` forbids it
-//! the slab stays pageable and the fallback is counted ([`ArenaCounters::pin_failures`]). A
-//! [`SlabRegistrar`] (the CUDA layer) may register each slab with a driver when it is mapped and
-//! unregister it before it is unmapped.
+//! With `pin_memory`, slabs are page-locked when mapped: registered with a device driver when the
+//! arena has a [`SlabRegistrar`] (the CUDA layer: memory the driver and torch call pinned), else,
+//! or when the driver refuses, with `mlock`; if `RLIMIT_MEMLOCK` forbids that too the slab stays
+//! pageable and the fallback is counted ([`ArenaCounters::pin_failures`]). Without `pin_memory`
+//! a registrar still registers every slab (a device loader's host side), and a refusal is an
+//! error. A registered slab is unregistered before it is unmapped.
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
@@ -52,7 +54,7 @@ pub struct ArenaCounters {
     /// The most bytes mapped at once so far.
     pub bytes_mapped_peak: u64,
     /// Minor page faults taken by batch memory: the mapping thread's `ru_minflt`
-    /// (`getrusage(RUSAGE_THREAD)`) across mapping, pre-faulting and page-locking each slab,
+    /// (`getrusage(RUSAGE_THREAD)`) across mapping and pre-faulting each slab,
     /// where every page of batch memory is first touched. Faults that the copy loops take on
     /// the source's pages are not counted, nor one a later write takes on a page the kernel
     /// took away meanwhile (NUMA balancing, swap), which cannot be told apart from those.
@@ -221,8 +223,8 @@ pub fn page_size() -> usize {
 }
 
 impl Arena {
-    /// An empty arena; `pin`: page-lock slabs (`mlock`); `registrar`: register them with a
-    /// device driver.
+    /// An empty arena; `pin`: page-lock slabs (by `registrar` if any, else or when it
+    /// refuses by `mlock`); `registrar`: register them with a device driver.
     pub fn new(pin: bool, registrar: Option<Arc<dyn SlabRegistrar>>) -> Arena {
         Arena {
             inner: Arc::new(ArenaInner {
@@ -343,7 +345,8 @@ impl ArenaInner {
     /// the arena is configured to.
     ///
     /// The minor faults this takes are added to `page_faults`: the calling thread's `ru_minflt`
-    /// (`getrusage(RUSAGE_THREAD)`) before and after mapping, pre-faulting and page-locking.
+    /// (`getrusage(RUSAGE_THREAD)`) before and after mapping and pre-faulting (page-locking
+    /// pre-faulted pages takes none).
     /// Every page of batch memory is first touched here, so this counts what batch memory
     /// costs in faults (a reused slab costs none), and nothing else: not the faults on the
     /// source's pages that the workers' copy loops take, nor those of a driver registering the
@@ -357,37 +360,44 @@ impl ArenaInner {
         self.page_faults
             .fetch_add(minor_faults().saturating_sub(before), Ordering::Relaxed);
         let mut slab = slab?;
-        if let Some(registrar) = &self.registrar {
-            if let Err(e) = registrar.register(slab.ptr.as_ptr(), slab.len) {
-                self.unmap(slab); // not registered, so no unregister call
-                return Err(e);
-            }
-            slab.registered = true;
+        let registered = match &self.registrar {
+            Some(registrar) => match registrar.register(slab.ptr.as_ptr(), slab.len) {
+                Ok(()) => true,
+                // pin_memory on the host: mlock below is the fallback.
+                Err(_) if self.pin => false,
+                Err(e) => {
+                    self.unmap(slab); // not registered, so no unregister call
+                    return Err(e);
+                }
+            },
+            None => false,
+        };
+        slab.registered = registered;
+        if self.pin {
+            // SAFETY: the range is exactly the mapping just created.
+            slab.locked =
+                registered || unsafe { libc::mlock(slab.ptr.as_ptr().cast(), slab.len) } == 0;
+            let counter = if slab.locked {
+                &self.slabs_pinned
+            } else {
+                &self.pin_failures
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
         }
         Ok(slab)
     }
 
-    /// Counts a new mapping of `len` bytes at `ptr` and page-locks it with `pin`.
+    /// Counts a new mapping of `len` bytes at `ptr`.
     fn adopt(&self, ptr: NonNull<u8>, len: usize) -> Slab {
-        let mut slab = Slab {
+        self.slabs_mapped.fetch_add(1, Ordering::Relaxed);
+        let mapped = self.bytes_mapped.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
+        self.bytes_mapped_peak.fetch_max(mapped, Ordering::Relaxed);
+        Slab {
             ptr,
             len,
             locked: false,
             registered: false,
-        };
-        self.slabs_mapped.fetch_add(1, Ordering::Relaxed);
-        let mapped = self.bytes_mapped.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
-        self.bytes_mapped_peak.fetch_max(mapped, Ordering::Relaxed);
-        if self.pin {
-            // SAFETY: the range is exactly the mapping just created.
-            if unsafe { libc::mlock(ptr.as_ptr().cast(), len) } == 0 {
-                slab.locked = true;
-                self.slabs_pinned.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.pin_failures.fetch_add(1, Ordering::Relaxed);
-            }
         }
-        slab
     }
 
     fn unmap(&self, slab: Slab) {
@@ -562,7 +572,8 @@ impl SlabLease {
         self.len == 0
     }
 
-    /// Whether this memory is page-locked by `mlock`.
+    /// Whether this memory is page-locked for `pin_memory` (by a driver's registration or by
+    /// `mlock`).
     pub fn is_locked(&self) -> bool {
         self.slab.as_ref().is_some_and(|s| s.locked)
     }
@@ -836,5 +847,35 @@ mod tests {
             })),
         );
         assert!(matches!(failing.acquire(10), Err(Error::Cuda(_))));
+    }
+
+    /// `pin_memory` on a host loader with a driver: slabs are registered (pinned to CUDA and
+    /// torch) and count as pinned; when the driver refuses, `mlock` takes over and the batch
+    /// still comes, instead of failing as a device loader's registration does.
+    #[test]
+    fn host_pinning_registers_and_falls_back_to_mlock_when_refused() {
+        let reg = Arc::new(CountingRegistrar {
+            live: AtomicUsize::new(0),
+            fail: false,
+        });
+        let arena = Arena::new(true, Some(reg.clone()));
+        let lease = arena.acquire(100).unwrap();
+        assert!(lease.is_registered() && lease.is_locked());
+        assert_eq!(reg.live.load(Ordering::SeqCst), 1);
+        assert_eq!(arena.counters().slabs_pinned, 1);
+
+        let refusing = Arena::new(
+            true,
+            Some(Arc::new(CountingRegistrar {
+                live: AtomicUsize::new(0),
+                fail: true,
+            })),
+        );
+        let lease = refusing.acquire(100).expect("mlock stands in for the refused registration");
+        assert!(!lease.is_registered());
+        let c = refusing.counters();
+        // mlock itself may be refused (RLIMIT_MEMLOCK): then the slab is counted as a failure.
+        assert_eq!(c.slabs_pinned + c.pin_failures, 1, "{c:?}");
+        assert_eq!(lease.is_locked(), c.slabs_pinned == 1);
     }
 }

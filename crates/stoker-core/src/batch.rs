@@ -35,12 +35,10 @@ impl FieldMeta {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(i32)]
 pub enum DeviceType {
-    /// Ordinary (possibly `mlock`ed) host memory: `kDLCPU`.
+    /// Host memory, pinned (`pin_memory`) or not: `kDLCPU`.
     Cpu = 1,
     /// Device memory: `kDLCUDA`.
     Cuda = 2,
-    /// Host memory registered with the CUDA driver (page-locked for DMA): `kDLCUDAHost`.
-    CudaHost = 3,
 }
 
 impl DeviceType {
@@ -239,7 +237,8 @@ impl Batch {
         matches!(self.memory, Memory::Device(_))
     }
 
-    /// Whether host memory is page-locked (`mlock`); false for a device batch.
+    /// Whether host memory is page-locked (`pin_memory`: registered with the CUDA driver where
+    /// one is present, else `mlock`); false for a device batch.
     pub fn is_pinned(&self) -> bool {
         matches!(&self.memory, Memory::Host(lease) if lease.is_locked())
     }
@@ -249,12 +248,12 @@ impl Batch {
         matches!(&self.memory, Memory::Host(lease) if lease.is_registered())
     }
 
-    /// `Cuda` for a device batch; `CudaHost` for host memory registered with the CUDA driver;
-    /// else `Cpu`.
+    /// `Cuda` for a device batch, else `Cpu`. Host memory registered with the CUDA driver
+    /// (`pin_memory`) is `Cpu` too: it is ordinary memory to a reader, torch's `from_dlpack`
+    /// refuses DLPack's `kDLCUDAHost`, and torch tells pinned memory by asking the driver.
     pub fn device_type(&self) -> DeviceType {
         match &self.memory {
             Memory::Device(_) => DeviceType::Cuda,
-            Memory::Host(lease) if lease.is_registered() => DeviceType::CudaHost,
             Memory::Host(_) => DeviceType::Cpu,
         }
     }

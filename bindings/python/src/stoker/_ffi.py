@@ -41,7 +41,8 @@ DTYPE_NUMPY = {
 DTYPE_ITEMSIZE = {DTYPE_U8: 1, DTYPE_I32: 4, DTYPE_I64: 8, DTYPE_F16: 2, DTYPE_BF16: 2, DTYPE_F32: 4}
 
 # DLPack device codes used in stoker_tensor.device_type
-DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_HOST = 1, 2, 3
+# (pinned host memory is DEVICE_CPU too: it is ordinary memory to a reader)
+DEVICE_CPU, DEVICE_CUDA = 1, 2
 
 
 class Tensor(ctypes.Structure):

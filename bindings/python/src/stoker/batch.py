@@ -112,12 +112,6 @@ class DLPackField:
     def __dlpack_device__(self) -> tuple[int, int]:
         return self._device
 
-    def _compatible_devices(self) -> tuple[tuple[int, int], ...]:
-        """Pinned host memory (CUDA host) is also plain CPU memory to a consumer."""
-        if self._device[0] == _ffi.DEVICE_CUDA_HOST:
-            return (self._device, (_ffi.DEVICE_CPU, 0))
-        return (self._device,)
-
     def __dlpack__(
         self,
         *,
@@ -140,7 +134,7 @@ class DLPackField:
             )
         if copy:
             raise BufferError("stoker exports without copying; copy=True is not supported")
-        if dl_device is not None and tuple(dl_device) not in self._compatible_devices():
+        if dl_device is not None and tuple(dl_device) != self._device:
             raise BufferError(f"batch lives on DLPack device {self._device}, not {dl_device}")
         if self._device[0] == _ffi.DEVICE_CUDA and stream != -1:
             # DLPack's codes 1 and 2 are CUDA's CU_STREAM_LEGACY and CU_STREAM_PER_THREAD.

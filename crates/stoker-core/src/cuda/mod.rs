@@ -24,6 +24,23 @@ pub use driver::{probe, CudaDevice};
 pub use fake::{FailAt, FakeCounters, FakeDevice};
 pub use prefetch::{HostBatches, PrefetchConfig, Prefetcher, Pulled};
 
+/// What registers host batch memory for `pin_memory=true` on a host loader (`device=cpu`): the
+/// driver of the first CUDA device, when a driver and a device are present. Memory registered
+/// with `cuMemHostRegister` is what CUDA and torch call pinned (`Tensor.is_pinned()` is true,
+/// `.cuda(non_blocking=True)` copies from it asynchronously), while memory merely `mlock`ed is
+/// pageable to them and its copies are synchronous. `None` without a driver or a device: the
+/// arena then page-locks with `mlock`.
+pub fn host_registrar() -> Option<std::sync::Arc<dyn crate::arena::SlabRegistrar>> {
+    #[cfg(feature = "cuda")]
+    {
+        probe().ok().filter(|&devices| devices > 0)?;
+        let device: std::sync::Arc<dyn crate::arena::SlabRegistrar> = CudaDevice::open(0).ok()?;
+        Some(device)
+    }
+    #[cfg(not(feature = "cuda"))]
+    None
+}
+
 /// Opens `cuda:ordinal` with the real driver, or says why it cannot be used.
 pub fn open(ordinal: u32) -> crate::Result<std::sync::Arc<dyn DeviceBackend>> {
     #[cfg(feature = "cuda")]

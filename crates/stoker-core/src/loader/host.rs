@@ -298,7 +298,10 @@ impl HostLoader {
         // For a device, `pin_memory` means registration with its driver (which page-locks the
         // slab itself), not mlock.
         let (pin, registrar, feed) = match mode {
-            Mode::Host => (options.pin_memory.unwrap_or(false), None, false),
+            Mode::Host => {
+                let pin = options.pin_memory.unwrap_or(false);
+                (pin, pin.then(crate::cuda::host_registrar).flatten(), false)
+            }
             Mode::Feed { registrar } => (false, registrar, true),
         };
         // The memory budget bounds the in-flight cap; the prefetch thread holds one more slab

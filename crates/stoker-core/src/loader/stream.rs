@@ -542,7 +542,10 @@ impl StreamLoader {
 
         let cap = options.in_flight_cap();
         let (pin, registrar, feed_mode) = match mode {
-            Mode::Host => (options.pin_memory.unwrap_or(false), None, false),
+            Mode::Host => {
+                let pin = options.pin_memory.unwrap_or(false);
+                (pin, pin.then(crate::cuda::host_registrar).flatten(), false)
+            }
             Mode::Feed { registrar } => (false, registrar, true),
         };
         let arena = Arena::new(pin, registrar);
