@@ -64,6 +64,33 @@ pub(crate) enum BenchCommand {
     /// the usable cores, each --prefetch): when it reaches 90% of the best fixed setting, its
     /// steady samples/s and the decisions it made.
     Autotune(AutotuneBenchArgs),
+    /// Throughput by worker count (1, 2, 4, ... every core) on an npy file of float32 150 KB
+    /// samples, packed raw pixels and JPEGs: samples/s, GB/s, scaling efficiency, page faults
+    /// per batch, worker busy; with a CUDA device also device=cuda and the pinned copy bandwidth.
+    Scaling(ScalingBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ScalingBenchArgs {
+    /// A folder of class subfolders of JPEGs (default: an ImageNet-like folder of real
+    /// photographs in the cache directory).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// Samples in the generated npy file (150 KB each).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub(crate) samples: usize,
+    /// Samples per batch.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    /// Measured epochs per row (one more runs first, to warm up).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub(crate) epochs: usize,
+    /// The most workers measured (default: every usable core).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_workers: Option<usize>,
+    /// Images per class when building the default folder.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub(crate) per_class: usize,
 }
 
 #[derive(Debug, Args)]

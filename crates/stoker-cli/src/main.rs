@@ -6,6 +6,7 @@ mod bench_autotune;
 mod bench_decoders;
 mod bench_doctor;
 mod bench_packed;
+mod bench_scaling;
 mod demo;
 mod doctor;
 mod pack;
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Decoders(args)) => bench_decoders::run(args),
         Command::Bench(BenchCommand::Doctor(args)) => bench_doctor::run(args),
         Command::Bench(BenchCommand::Autotune(args)) => bench_autotune::run(args),
+        Command::Bench(BenchCommand::Scaling(args)) => bench_scaling::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Pack(args) => pack::run(args),
     };
