@@ -18,7 +18,9 @@ use crate::sampler::{Deal, SamplerKind};
 use crate::source::streaming::StreamSource;
 use crate::source::tar::{Split, TarConfig, TarSource, TarStream};
 pub use crate::source::SourceSpec;
-use crate::source::{Access, FieldKind, FieldSpec, IterableStream, PackedSource, Source};
+use crate::source::{
+    Access, FieldKind, FieldRules, FieldSpec, IterableStream, PackedSource, Source,
+};
 use crate::transform::Pipeline;
 
 /// Where batches are delivered (option `device`).
@@ -789,7 +791,7 @@ impl LoaderOptions {
                     resume,
                     given,
                     self.num_samples,
-                    self.pad.is_some(),
+                    self.field_rules(),
                 )?;
                 Opened {
                     source: OpenedSource::Stream(Arc::new(stream)),
@@ -805,7 +807,7 @@ impl LoaderOptions {
             },
             other => Opened {
                 source: OpenedSource::Indexed(
-                    other.open(self.labels.as_deref(), self.pad.is_some())?,
+                    other.open_with(self.labels.as_deref(), self.field_rules())?,
                 ),
                 damaged: Vec::new(),
             },
@@ -843,6 +845,18 @@ impl LoaderOptions {
 }
 
 impl LoaderOptions {
+    /// What the fields of a callback or iterable source may be: ragged under `pad`, and
+    /// image-shaped uint8 tensors of varying size when the transform fixes the output size
+    /// (a pipeline for encoded images, whose size varies too, can be built).
+    fn field_rules(&self) -> FieldRules {
+        FieldRules {
+            pad: self.pad.is_some(),
+            input_layout: self.input_layout,
+            images_vary: self.transform.is_some()
+                && Pipeline::new(self.transform.as_deref(), self.dtype, self.layout).is_ok(),
+        }
+    }
+
     /// The image stages (decode limits and transform) for a source of `fields`: `None` for a
     /// source with no encoded-image field, where `transform`, `dtype` and `layout` are errors.
     pub fn image_stages(&self, fields: &[FieldSpec]) -> Result<Option<ImageStages>> {
