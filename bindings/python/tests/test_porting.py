@@ -5,6 +5,8 @@ output size, each from its own size; a torchvision ImageFolder without Python tr
 natively (``image_folder:ROOT``), with torchvision's samples, labels and order."""
 
 import logging
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,7 +56,9 @@ def first_epoch(loader) -> list:
     return [{k: np.array(v) for k, v in batch.items()} for batch in loader]
 
 
-@pytest.mark.parametrize("kind,options", [("hwc", {}), ("chw", {}), ("chw", {"input_layout": "chw"}), ("pil", {})])
+@pytest.mark.parametrize(
+    "kind,options", [("hwc", {}), ("chw", {}), ("chw", {"input_layout": "chw"}), ("pil", {})]
+)
 def test_decoded_images_of_varying_size_are_transformed_each_from_its_size(kind, options):
     n = 12
     with stoker.Loader(
@@ -199,9 +203,69 @@ def test_a_vision_dataset_with_its_own_file_list_is_compared_file_by_file(photo_
     for samples, native in [(full, True), (full[::-1], False)]:
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="stoker"):
-            loader = stoker.Loader(Listed(str(photo_folder), samples), batch_size=9, transform="resize(8, 8)")
+            dataset = Listed(str(photo_folder), samples)
+            loader = stoker.Loader(dataset, batch_size=9, transform="resize(8, 8)")
         assert ("source" in loader.options) == native, caplog.text
         with loader:
             (batch,) = first_epoch(loader)
         assert batch["label"].tolist() == [t for _, t in samples]
 
+
+# ---- docs/porting.md ------------------------------------------------------------------------
+
+GUIDE = Path(__file__).resolve().parents[3] / "docs" / "porting.md"
+
+
+def guide_sections():
+    """The ```python blocks of docs/porting.md, grouped by ``##`` section."""
+    text = GUIDE.read_text()
+    sections: dict[str, list[str]] = {}
+    title = ""
+    for m in re.finditer(r"^## ([^\n]*)$|^```python\n(.*?)^```$", text, re.M | re.S):
+        if m.group(1) is not None:
+            title = m.group(1)
+        else:
+            sections.setdefault(title, []).append(m.group(2))
+    return sections
+
+
+def test_the_guide_has_its_sections():
+    assert set(guide_sections()) >= {
+        "ImageFolder",
+        "A custom map-style dataset",
+        "An IterableDataset",
+        "DistributedSampler",
+        "pin_memory and non_blocking",
+    }
+
+
+@pytest.fixture
+def train_folder(tmp_path):
+    """ROOT/{cat,dog}/k.jpg: 24 photo-like JPEGs per class, landscape and portrait."""
+    rng = np.random.default_rng(5)
+    for c, cls in enumerate(("cat", "dog")):
+        (tmp_path / cls).mkdir()
+        for k in range(24):
+            h, w = (75, 100) if k % 3 else (100, 75)
+            y, x = np.mgrid[0:h, 0:w]
+            rgb = np.stack([np.sin(x / (4 + k % 5) + c), np.cos(y / 7 + k), x / w], -1)
+            rgb = (rgb - rgb.min()) / np.ptp(rgb) * 220 + rng.uniform(0, 30, rgb.shape)
+            Image.fromarray(rgb.astype(np.uint8)).save(tmp_path / cls / f"{k}.jpg", quality=90)
+    return tmp_path
+
+
+@pytest.mark.parametrize("title", list(guide_sections()))
+def test_guide_section_runs(title, train_folder):
+    import_torch()
+    pytest.importorskip("torchvision")
+    namespace: dict = {}
+    for i, code in enumerate(guide_sections()[title]):
+        code = code.replace("/data/train", str(train_folder))
+        code = re.sub(r"range\(\d+\)", "range(1)", code)
+        exec(compile(code, f"<docs/porting.md: {title}, block {i + 1}>", "exec"), namespace)
+        loader = namespace.get("loader")
+        batch = next(iter(loader))
+        assert len(batch) == 2 and len(batch[0]) == len(batch[1]) > 0
+        close = getattr(getattr(loader, "loader", None), "close", None)
+        if close is not None:
+            close()

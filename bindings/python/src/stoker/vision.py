@@ -98,7 +98,8 @@ def _same_files_as_image_folder(dataset: Any, datasets: Any) -> bool:
     if not isinstance(dataset, folder_type):
         return False
     own = all(
-        getattr(type(dataset), m) is getattr(folder_type, m) for m in ("make_dataset", "find_classes")
+        getattr(type(dataset), m) is getattr(folder_type, m)
+        for m in ("make_dataset", "find_classes")
     )
     extensions = getattr(dataset, "extensions", None)
     if isinstance(extensions, str):
