@@ -75,6 +75,25 @@ def test_decoded_images_of_varying_size_are_transformed_each_from_its_size(kind,
         np.testing.assert_array_equal(images[i], expected(i, picture(i)), err_msg=f"sample {i}")
 
 
+class PictureStream:
+    """An iterable dataset (``__iter__``, no ``__len__``) of PIL images of varying size."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        return ((Image.fromarray(picture(i)), i) for i in range(self.n))
+
+
+def test_an_iterable_source_may_give_images_of_varying_size_too():
+    with stoker.Loader(PictureStream(8), batch_size=4, transform="resize(8, 8)") as loader:
+        batches = first_epoch(loader)
+    images = np.concatenate([b["image"] for b in batches])
+    assert np.concatenate([b["label"] for b in batches]).tolist() == list(range(8))
+    for i in range(8):
+        np.testing.assert_array_equal(images[i], expected(i, picture(i), "resize(8, 8)", 8))
+
+
 def test_pil_images_of_other_modes_are_converted_to_rgb():
     gray = np.random.default_rng(3).integers(0, 256, (40, 30), dtype=np.uint8)
     dataset = [(Image.fromarray(gray, "L"), 0), (Image.fromarray(picture(1)).convert("RGBA"), 1)]
