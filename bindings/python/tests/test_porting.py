@@ -4,13 +4,14 @@ Decoded images (PIL images, uint8 arrays) of varying size go through a transform
 output size, each from its own size; a torchvision ImageFolder without Python transforms is read
 natively (``image_folder:ROOT``), with torchvision's samples, labels and order."""
 
+import importlib
 import logging
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _optional import import_torch
+from _optional import import_torch, required
 from PIL import Image
 
 import stoker
@@ -135,7 +136,11 @@ def photo_folder(tmp_path):
 
 
 def torchvision_datasets():
+    """``torchvision.datasets``, or a skip where torch is optional (the test command installs
+    torchvision beside torch, so there its absence fails)."""
     import_torch()
+    if required():
+        return importlib.import_module("torchvision.datasets")
     return pytest.importorskip("torchvision.datasets")
 
 
@@ -275,8 +280,7 @@ def train_folder(tmp_path):
 
 @pytest.mark.parametrize("title", list(guide_sections()))
 def test_guide_section_runs(title, train_folder):
-    import_torch()
-    pytest.importorskip("torchvision")
+    torchvision_datasets()
     namespace: dict = {}
     for i, code in enumerate(guide_sections()[title]):
         code = code.replace("/data/train", str(train_folder))
