@@ -49,6 +49,14 @@ Packed format (--packed): stoker's image_folder and packed files (original JPEGs
 256, --max-side 256 --mode raw) against FFCV 1.0.2's .beton files at the same settings, written
 and read in one run; see bench/compare_packed.py.
 
+Porting (--porting): torchvision's ImageFolder in torch DataLoader (PIL, torchvision
+transforms, 2 worker processes) against the same dataset object handed to
+stoker.torch.DataLoader with the stoker transform: ImageFolder(root) with no transform, which
+stoker reads natively (image_folder); the same ImageFolder's __getitem__ behind a plain wrapper
+(PIL images decoded in Python, stoker's transform: the callback path); and ImageFolder with its
+torchvision transforms left in place (everything in Python, under one GIL). Same photos, batches
+and transform as the images workload, one run of ROUNDS interleaved rounds (best kept).
+
 Limits, same run: memcpy bandwidth (NumPy copy of one npy batch, one thread) for the npy
 workload; for the images, decode-only throughput of Pillow (libjpeg-turbo, 2 processes, reading
 the files) and of the fastest whole-image decoder of `stoker bench decoders` (zune-jpeg,
@@ -257,6 +265,62 @@ def torch_pil_images():
     return measure(make, lambda b: b[0].shape[0], IMAGE_EPOCHS)
 
 
+# The --porting rows: torch's loader, then the same ImageFolder object in stoker.torch.DataLoader.
+PORTING_TORCH = "torch DataLoader (PIL)"
+PORTING_RUNS = [
+    PORTING_TORCH,
+    "stoker.torch, ImageFolder (native)",
+    "stoker.torch, ImageFolder PIL callback",
+    "stoker.torch, ImageFolder + T transforms",
+]
+
+
+class PlainDataset:
+    """An ImageFolder's __getitem__ behind an object stoker does not recognise: the PIL images
+    it returns go through the callback path."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return self.dataset[i]
+
+
+def porting_stoker(kind: str):
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    import stoker.torch
+
+    def make():
+        options = {"transform": SPEC}
+        if kind == "native":
+            dataset = ImageFolder(str(IMAGES))
+        elif kind == "callback":
+            dataset = PlainDataset(ImageFolder(str(IMAGES)))
+        else:
+            transform = T.Compose(
+                [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
+            )
+            dataset, options = ImageFolder(str(IMAGES), transform=transform), {}
+        loader = stoker.torch.DataLoader(
+            dataset,
+            batch_size=IMAGE_BATCH,
+            shuffle=True,
+            num_workers=WORKERS,
+            prefetch_factor=IMAGE_PREFETCH,
+            **options,
+        )
+        native = "source" in loader.loader.options
+        assert native == (kind == "native"), (kind, loader.loader.options)
+        return lambda: iter(loader)
+
+    return measure(make, lambda b: b[0].shape[0], IMAGE_EPOCHS)
+
+
 def decode_jpeg_file(path: str):
     """torchvision's own JPEG path (libjpeg-turbo into a uint8 CHW tensor), no PIL."""
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
@@ -430,6 +494,10 @@ CHILDREN = {
     ("tar", "stoker, tar indexed"): stoker_tar_indexed,
     ("tar", "stoker, image_folder"): stoker_images,
     ("tar", "webdataset + torch DataLoader"): webdataset_torch,
+    ("porting", PORTING_TORCH): torch_pil_images,
+    ("porting", PORTING_RUNS[1]): lambda: porting_stoker("native"),
+    ("porting", PORTING_RUNS[2]): lambda: porting_stoker("callback"),
+    ("porting", PORTING_RUNS[3]): lambda: porting_stoker("torchvision"),
     ("augment", "stoker"): lambda: stoker_images(spec=AUG_SPEC, epochs=AUG_EPOCHS),
     ("augment", "torchvision decode_jpeg + v2"): lambda: torchvision_v2_images(augment=True),
 }
@@ -637,6 +705,11 @@ def main() -> None:
     )
     parser.add_argument("--augment", action="store_true", help="only the augmentation recipe")
     parser.add_argument(
+        "--porting",
+        action="store_true",
+        help="only torchvision's ImageFolder: torch DataLoader against stoker.torch.DataLoader",
+    )
+    parser.add_argument(
         "--packed",
         action="store_true",
         help="only stoker's packed format against FFCV 1.0.2 (bench/compare_packed.py; its "
@@ -650,6 +723,9 @@ def main() -> None:
         raise SystemExit(f"{IMAGES} is missing: run bash bench/run.sh, which builds it")
     if args.augment:
         augment_comparison()
+        return
+    if args.porting:
+        porting_comparison()
         return
     workloads = [w for w in args.workloads.split(",") if w]
     runs = [(w, n) for w, n in RUNS if w in workloads]
@@ -711,6 +787,27 @@ def augment_comparison() -> None:
     ours, theirs = results["stoker"], results[peer]
     if "error" not in ours and "error" not in theirs:
         print(f"augment  stoker speed = {ours['samples_per_s'] / theirs['samples_per_s']:.2f}x {peer}")
+
+
+def porting_comparison() -> None:
+    """torchvision's ImageFolder: torch DataLoader against the same object in stoker.torch."""
+    print(f"{os.cpu_count()} cores; {sum(1 for _ in IMAGES.rglob('*.JPEG'))} JPEGs in {IMAGES}; "
+          f"transform: {SPEC}; batches of {IMAGE_BATCH}; {WORKERS} workers each", flush=True)
+    results: dict = {}
+    for round_ in range(ROUNDS):
+        for name in PORTING_RUNS:
+            print(f"round {round_ + 1}/{ROUNDS}: porting: {name} ...", flush=True)
+            results[name] = best(results.get(name), run_child("porting", name))
+    print()
+    print(f"{'loader':<42} {'samples/s':>10} {'vs torch':>9} {'first batch':>12} {'peak RSS':>9}")
+    torch_rate = results[PORTING_TORCH].get("samples_per_s")
+    for name, r in results.items():
+        if "error" in r:
+            print(f"{name:<42} failed: {r['error']}")
+            continue
+        ratio = f"{r['samples_per_s'] / torch_rate:>8.2f}x" if torch_rate else f"{'-':>9}"
+        print(f"{name:<42} {r['samples_per_s']:>10.0f} {ratio} {r['first_batch_s'] * 1000:>9.0f} ms"
+              f" {r['peak_rss'] / 2**20:>5.0f} MiB")
 
 
 if __name__ == "__main__":

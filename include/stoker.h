@@ -581,7 +581,7 @@ struct stoker_options *stoker_options_new(void);
  * | `transform` | e.g. `random_resized_crop(224) \| hflip \| normalize(imagenet)` | none | operations separated by `\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument |
  * | `dtype` | `uint8`, `float32`, `float16`, `bfloat16` | float32 after normalize, else uint8 | image output element type (other tensors are delivered as stored; image-shaped uint8 tensors are images, see `input_layout`) |
  * | `layout` | `nchw`, `nhwc` | nchw | image batch layout |
- * | `input_layout` | `hwc`, `chw` | `hwc` if the last dimension is 3, else `chw` if the first is | how an image-shaped uint8 tensor field (npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size |
+ * | `input_layout` | `hwc`, `chw` | `hwc` if the last dimension is 3, else `chw` if the first is | how an image-shaped uint8 tensor field (npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size; from callbacks, when the transform fixes the output size, its size may vary from sample to sample |
  * | `pin_memory` | bool | true with cuda | page-locked batch memory: registered with the CUDA driver where one is present (what torch calls pinned: `is_pinned()`, asynchronous `.cuda(non_blocking=True)`), else `mlock`; on cuda, registered with the loader's device |
  * | `device` | `cpu`, `cuda`, `cuda:N` | cpu | where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node) |
  * | `cuda_stream` | a CUstream, decimal or `0x` hex | the loader's own | device=cuda: copy on the caller's stream (borrowed, never destroyed) |
@@ -648,7 +648,9 @@ enum stoker_status stoker_sample_put_encoded(struct stoker_sample *s,
  * Gives a C-contiguous tensor for `field`: `ndim` (0 to STOKER_MAX_DIMS) dimensions of `shape`,
  * elements of `dtype` (a `stoker_dtype` value) at `data`, copied before the call returns. The
  * dtype is taken as an integer so that an out-of-range value is an error, not undefined
- * behaviour.
+ * behaviour. Every sample's tensor must have the first sample's shape, except in the leading
+ * dimension under option `pad`, and for a uint8 image (`[H, W, 3]` or `[3, H, W]`, see option
+ * `input_layout`) when the loader's transform fixes the output size: its size may vary.
  */
 enum stoker_status stoker_sample_put_tensor(struct stoker_sample *s,
                                             const char *field,

@@ -197,7 +197,9 @@ pub extern "C" fn stoker_sample_put_encoded(
 /// Gives a C-contiguous tensor for `field`: `ndim` (0 to STOKER_MAX_DIMS) dimensions of `shape`,
 /// elements of `dtype` (a `stoker_dtype` value) at `data`, copied before the call returns. The
 /// dtype is taken as an integer so that an out-of-range value is an error, not undefined
-/// behaviour.
+/// behaviour. Every sample's tensor must have the first sample's shape, except in the leading
+/// dimension under option `pad`, and for a uint8 image (`[H, W, 3]` or `[3, H, W]`, see option
+/// `input_layout`) when the loader's transform fixes the output size: its size may vary.
 #[no_mangle]
 pub extern "C" fn stoker_sample_put_tensor(
     s: *mut stoker_sample,

@@ -871,7 +871,9 @@ mod tests {
                 fail: true,
             })),
         );
-        let lease = refusing.acquire(100).expect("mlock stands in for the refused registration");
+        let lease = refusing
+            .acquire(100)
+            .expect("mlock stands in for the refused registration");
         assert!(!lease.is_registered());
         let c = refusing.counters();
         // mlock itself may be refused (RLIMIT_MEMLOCK): then the slab is counted as a failure.

@@ -112,7 +112,16 @@ pub fn tensor_image_shape(
     else {
         return None;
     };
-    let &[a, b, c] = shape.as_slice() else {
+    image_dims(shape, input_layout)
+}
+
+/// `(height, width, layout)` of a uint8 tensor of `shape` holding an RGB image (see
+/// [`tensor_image_shape`]); `None` if the shape is not an image's.
+pub fn image_dims(
+    shape: &[usize],
+    input_layout: Option<InputLayout>,
+) -> Option<(usize, usize, InputLayout)> {
+    let &[a, b, c] = shape else {
         return None;
     };
     let layout = input_layout.or(if c == 3 {

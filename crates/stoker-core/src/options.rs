@@ -18,7 +18,9 @@ use crate::sampler::SamplerKind;
 use crate::source::streaming::StreamSource;
 use crate::source::tar::{TarConfig, TarSource, TarStream};
 pub use crate::source::SourceSpec;
-use crate::source::{Access, FieldKind, FieldSpec, IterableStream, PackedSource, Source};
+use crate::source::{
+    Access, FieldKind, FieldRules, FieldSpec, IterableStream, PackedSource, Source,
+};
 use crate::transform::Pipeline;
 
 /// Where batches are delivered (option `device`).
@@ -231,7 +233,7 @@ pub const OPTIONS: &[OptionDoc] = &[
     OptionDoc { key: "transform", values: "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`", default: "none", meaning: "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument" },
     OptionDoc { key: "dtype", values: "`uint8`, `float32`, `float16`, `bfloat16`", default: "float32 after normalize, else uint8", meaning: "image output element type (other tensors are delivered as stored; image-shaped uint8 tensors are images, see `input_layout`)" },
     OptionDoc { key: "layout", values: "`nchw`, `nhwc`", default: "nchw", meaning: "image batch layout" },
-    OptionDoc { key: "input_layout", values: "`hwc`, `chw`", default: "`hwc` if the last dimension is 3, else `chw` if the first is", meaning: "how an image-shaped uint8 tensor field (npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size" },
+    OptionDoc { key: "input_layout", values: "`hwc`, `chw`", default: "`hwc` if the last dimension is 3, else `chw` if the first is", meaning: "how an image-shaped uint8 tensor field (npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size; from callbacks, when the transform fixes the output size, its size may vary from sample to sample" },
     OptionDoc { key: "pin_memory", values: "bool", default: "true with cuda", meaning: "page-locked batch memory: registered with the CUDA driver where one is present (what torch calls pinned: `is_pinned()`, asynchronous `.cuda(non_blocking=True)`), else `mlock`; on cuda, registered with the loader's device" },
     OptionDoc { key: "device", values: "`cpu`, `cuda`, `cuda:N`", default: "cpu", meaning: "where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node)" },
     OptionDoc { key: "cuda_stream", values: "a CUstream, decimal or `0x` hex", default: "the loader's own", meaning: "device=cuda: copy on the caller's stream (borrowed, never destroyed)" },
@@ -781,7 +783,7 @@ impl LoaderOptions {
                     resume,
                     given,
                     self.num_samples,
-                    self.pad.is_some(),
+                    self.field_rules(),
                 )?;
                 Opened {
                     source: OpenedSource::Stream(Arc::new(stream)),
@@ -797,7 +799,7 @@ impl LoaderOptions {
             },
             other => Opened {
                 source: OpenedSource::Indexed(
-                    other.open(self.labels.as_deref(), self.pad.is_some())?,
+                    other.open_with(self.labels.as_deref(), self.field_rules())?,
                 ),
                 damaged: Vec::new(),
             },
@@ -835,6 +837,18 @@ impl LoaderOptions {
 }
 
 impl LoaderOptions {
+    /// What the fields of a callback or iterable source may be: ragged under `pad`, and
+    /// image-shaped uint8 tensors of varying size when the transform fixes the output size
+    /// (a pipeline for encoded images, whose size varies too, can be built).
+    fn field_rules(&self) -> FieldRules {
+        FieldRules {
+            pad: self.pad.is_some(),
+            input_layout: self.input_layout,
+            images_vary: self.transform.is_some()
+                && Pipeline::new(self.transform.as_deref(), self.dtype, self.layout).is_ok(),
+        }
+    }
+
     /// The image stages (decode limits and transform) for a source of `fields`: `None` for a
     /// source with no encoded-image field, where `transform`, `dtype` and `layout` are errors.
     pub fn image_stages(&self, fields: &[FieldSpec]) -> Result<Option<ImageStages>> {

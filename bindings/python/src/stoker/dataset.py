@@ -7,8 +7,18 @@ stoker source, through the C ABI's ``stoker_source_callbacks``.
 * a single ``x``.
 A value that is ``bytes`` (a JPEG or PNG file) goes to field ``image`` and is decoded and
 transformed like an ``image_folder`` file; an int ``label`` becomes the int64 ``label`` field;
-anything else is taken as an array (NumPy, or anything ``np.asarray`` accepts, such as a CPU
-torch tensor) of uint8, int32, int64, float16 or float32, for field ``data`` when it is unnamed.
+a PIL image is converted to RGB (as torchvision's loader does) and goes to field ``image`` as a
+uint8 ``[H, W, 3]`` array; anything else is taken as an array (NumPy, or anything
+``np.asarray`` accepts, such as a CPU torch tensor) of uint8, int32, int64, float16 or float32,
+for field ``data`` when it is unnamed.
+
+Images given as pixels — PIL images, uint8 arrays of shape ``[H, W, 3]`` or ``[3, H, W]`` (see
+option ``input_layout``) — may differ in size from sample to sample when the ``transform``
+fixes the output size (``random_resized_crop(S)``, ``center_crop(S)``, ``resize(H, W)``): each
+is transformed from its own size, and the batch has the transform's. Without such a transform
+every sample must have sample 0's shape. A PIL image costs one copy into a NumPy array (Pillow
+keeps RGB pixels 4 bytes apart, so there is no packed view of them); the library then copies it
+into its worker's buffer, as it does any tensor.
 
 stoker calls ``__getitem__`` from its worker threads, which take turns on the GIL: decoding and
 transforms still run in parallel inside stoker, but the Python part of reading does not. An
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import sys
 from typing import Any, Iterable
 
 import numpy as np
@@ -51,11 +62,28 @@ def _fields(item: Any) -> Iterable[tuple[str, Any]]:
 
 
 def _unnamed(value: Any) -> str:
-    return "image" if isinstance(value, (bytes, bytearray, memoryview)) else "data"
+    if isinstance(value, (bytes, bytearray, memoryview)) or _is_pil(value):
+        return "image"
+    return "data"
+
+
+def _is_pil(value: Any) -> bool:
+    # A PIL image was made by an imported PIL: no import here for datasets without one.
+    image = sys.modules.get("PIL.Image")
+    return image is not None and isinstance(value, image.Image)
+
+
+def _pixels(image: Any) -> np.ndarray:
+    """A PIL image as a uint8 ``[H, W, 3]`` RGB array."""
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    return np.asarray(image)
 
 
 def _put(sample: int, item: Any) -> None:
     for name, value in _fields(item):
+        if _is_pil(value):
+            value = _pixels(value)
         if isinstance(value, (bytes, bytearray, memoryview)):
             if name != "image":
                 raise TypeError(f"encoded image bytes go to field 'image', not {name!r}")

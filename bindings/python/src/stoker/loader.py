@@ -15,6 +15,7 @@ from .batch import Batch
 from .dataset import set_source
 from .errors import ClosedError, InternalError, check
 from .iterable import is_iterable_source, set_iterable
+from .vision import native_source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,10 +185,11 @@ def _close_python_source_loaders() -> None:
 class Loader:
     """A stoker loader. ``source`` is a source spec (``"npy:PATH"``, ``"image_folder:ROOT"``,
     ``"tar:train-{000..146}.tar"``), a map-style Python dataset (see ``stoker.dataset``) or an
-    iterable one, with ``__iter__`` and no ``__len__`` (see ``stoker.iterable``). Every keyword is
-    an option key of the C ABI (the table in ``docs/options.md``, and ``include/stoker.h``);
-    ``None`` leaves the library's default. Options the library rejects raise
-    ``InvalidArgumentError`` naming the key.
+    iterable one, with ``__iter__`` and no ``__len__`` (see ``stoker.iterable``); a torchvision
+    ``ImageFolder`` without Python transforms is read as ``image_folder:ROOT`` (see
+    ``stoker.vision``). Every keyword is an option key of the C ABI (the table in
+    ``docs/options.md``, and ``include/stoker.h``); ``None`` leaves the library's default.
+    Options the library rejects raise ``InvalidArgumentError`` naming the key.
 
     ``for batch in loader:`` runs to the end of the current epoch; the next ``for`` continues
     with the next epoch (or with the rest of the epoch, after a ``break``). Batches and the
@@ -211,6 +213,8 @@ class Loader:
         num_workers: int | str | None = None,
         **options: Any,
     ):
+        # A torchvision folder dataset the library can read itself (see stoker.vision).
+        source = native_source(source) or source
         is_spec = isinstance(source, (str, os.PathLike))
         map_style = hasattr(source, "__len__") and hasattr(source, "__getitem__")
         if not is_spec and not map_style and not is_iterable_source(source):

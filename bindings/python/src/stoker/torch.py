@@ -31,8 +31,11 @@ so ranks agree by construction. With more than one rank the default seed is fixe
 every rank and resumes at any world size.
 
 Other differences from torch: the dataset is a stoker source spec (``image_folder:ROOT``,
-``npy:PATH``) or a map-style dataset whose items stoker can take (see ``stoker.dataset``), and
-augmentation is a ``transform`` spec run inside stoker, not Python callables.
+``npy:PATH``) or a dataset whose items stoker can take (see ``stoker.dataset``: PIL images and
+pixel arrays of varying size included, when ``transform`` fixes the output size), and
+augmentation is a ``transform`` spec run inside stoker, not Python callables. A torchvision
+``ImageFolder`` with no Python ``transform`` is read natively, as ``image_folder:ROOT`` (see
+``stoker.vision``); docs/porting.md walks through porting a torch input pipeline.
 """
 
 from __future__ import annotations

@@ -6,10 +6,19 @@
 //! types and shapes are fixed by sample 0, which is read once when the source is made. With
 //! padding on, tensors of one or more dimensions may vary in their leading dimension (they become
 //! ragged fields that collate pads); otherwise every sample must match sample 0 exactly.
+//!
+//! Image-shaped uint8 tensors (`[H, W, 3]` or `[3, H, W]`, see option `input_layout`) are the
+//! exception when the transform fixes the output size: decoded pictures of a real dataset differ
+//! in size, and the transform brings each to one. Such a field is then written as a raw-pixel
+//! record ([`crate::decode::RAW_MAGIC`]: the size, then packed RGB8) and declared an encoded
+//! image, so collate plans and transforms each sample from its own size, as it does a JPEG's; the
+//! shape check applies to the transform's output.
 
 use std::sync::Arc;
 
 use super::{FieldKind, FieldSpec, Sample, Source, MAX_FIELDS};
+use crate::collate::{image_dims, InputLayout};
+use crate::decode::raw_header;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -22,34 +31,74 @@ pub const IMAGE_FIELD: &str = "image";
 /// The field a label goes to ([`SampleWriter::put_label`]).
 pub const LABEL_FIELD: &str = "label";
 
+/// What the first sample's puts may declare, from the loader's options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FieldRules {
+    /// Tensors of one or more dimensions may vary in their leading dimension (option `pad`).
+    pub pad: bool,
+    /// How image-shaped uint8 tensors are stored (option `input_layout`).
+    pub input_layout: Option<InputLayout>,
+    /// The transform fixes the output size, so image-shaped uint8 tensors may vary in size.
+    pub images_vary: bool,
+}
+
+/// The fields a stream's first sample declared, and how later samples are held to them.
+#[derive(Clone, Debug, Default)]
+pub struct DeclaredFields {
+    rules: FieldRules,
+    specs: Vec<FieldSpec>,
+    /// Per field: the layout its image-shaped tensors are given in, for a field of varying-size
+    /// images (written as raw-pixel records); `None` for any other field.
+    pixels: Vec<Option<InputLayout>>,
+}
+
+impl DeclaredFields {
+    /// No field yet; the first sample's puts declare them under `rules`.
+    pub fn new(rules: FieldRules) -> DeclaredFields {
+        DeclaredFields {
+            rules,
+            ..DeclaredFields::default()
+        }
+    }
+
+    /// The fields, in the order they were declared.
+    pub fn specs(&self) -> &[FieldSpec] {
+        &self.specs
+    }
+
+    fn push(&mut self, spec: FieldSpec, pixels: Option<InputLayout>) {
+        self.specs.push(spec);
+        self.pixels.push(pixels);
+    }
+}
+
 /// A map-style source whose samples a user's [`ReadFn`] writes, called concurrently from the
 /// worker threads; its fields are those sample 0 puts.
 pub struct CallbackSource {
     len: usize,
     read: Arc<ReadFn>,
-    fields: Vec<FieldSpec>,
+    fields: DeclaredFields,
 }
 
 impl CallbackSource {
-    /// Makes the source, reading sample 0 to learn its fields. `pad` allows ragged tensors.
-    pub fn new(len: usize, read: Arc<ReadFn>, pad: bool) -> Result<CallbackSource> {
+    /// Makes the source, reading sample 0 to learn its fields under `rules`.
+    pub fn new(len: usize, read: Arc<ReadFn>, rules: FieldRules) -> Result<CallbackSource> {
         let mut source = CallbackSource {
             len,
             read,
-            fields: Vec::new(),
+            fields: DeclaredFields::new(rules),
         };
         if len > 0 {
-            let mut fields = Vec::new();
+            let mut fields = DeclaredFields::new(rules);
             let mut scratch = Vec::new();
             let mut writer = SampleWriter::new(
                 &mut scratch,
                 Mode::Probe {
                     fields: &mut fields,
-                    pad,
                 },
             );
             source.call(0, &mut writer)?;
-            if fields.is_empty() {
+            if fields.specs.is_empty() {
                 return Err(Error::Callback {
                     index: 0,
                     message: "read() returned success but put no field".into(),
@@ -82,7 +131,7 @@ impl Source for CallbackSource {
     }
 
     fn fields(&self) -> &[FieldSpec] {
-        &self.fields
+        self.fields.specs()
     }
 
     fn describe(&self, index: usize) -> String {
@@ -98,20 +147,21 @@ impl Source for CallbackSource {
                 },
             );
             self.call(index, &mut writer)?;
-            if let Some(missing) = (0..self.fields.len()).find(|&f| writer.ranges[f].is_none()) {
+            let specs = self.fields.specs();
+            if let Some(missing) = (0..specs.len()).find(|&f| writer.ranges[f].is_none()) {
                 return Err(Error::Sample {
                     index: index as u64,
                     what: self.describe(index),
                     reason: format!(
                         "field `{}` was not given (sample 0 had it)",
-                        self.fields[missing].name
+                        specs[missing].name
                     ),
                 });
             }
             writer.ranges
         };
         let mut sample = Sample::default();
-        for (f, range) in ranges.iter().enumerate().take(self.fields.len()) {
+        for (f, range) in ranges.iter().enumerate().take(self.fields.specs.len()) {
             if let Some((start, len)) = range {
                 sample.set(f, &scratch[*start..start + len]);
             }
@@ -122,12 +172,9 @@ impl Source for CallbackSource {
 
 enum Mode<'a> {
     /// Sample 0: each put declares a field.
-    Probe {
-        fields: &'a mut Vec<FieldSpec>,
-        pad: bool,
-    },
+    Probe { fields: &'a mut DeclaredFields },
     /// Later samples: each put must match a declared field.
-    Check { fields: &'a [FieldSpec] },
+    Check { fields: &'a DeclaredFields },
 }
 
 /// What a read function fills for one sample. Data is copied into the worker's buffer before
@@ -156,14 +203,13 @@ impl<'a> SampleWriter<'a> {
     /// A writer for the first sample of a stream: each put declares a field into `fields`.
     pub(crate) fn probing(
         buf: &'a mut Vec<u8>,
-        fields: &'a mut Vec<FieldSpec>,
-        pad: bool,
+        fields: &'a mut DeclaredFields,
     ) -> SampleWriter<'a> {
-        SampleWriter::new(buf, Mode::Probe { fields, pad })
+        SampleWriter::new(buf, Mode::Probe { fields })
     }
 
     /// A writer for a later sample of a stream: each put must match a field of `fields`.
-    pub(crate) fn checking(buf: &'a mut Vec<u8>, fields: &'a [FieldSpec]) -> SampleWriter<'a> {
+    pub(crate) fn checking(buf: &'a mut Vec<u8>, fields: &'a DeclaredFields) -> SampleWriter<'a> {
         SampleWriter::new(buf, Mode::Check { fields })
     }
 
@@ -176,10 +222,10 @@ impl<'a> SampleWriter<'a> {
             return Err(reason);
         }
         if let Mode::Check { fields } = &self.mode {
-            if let Some(missing) = (0..fields.len()).find(|&f| self.ranges[f].is_none()) {
+            if let Some(missing) = (0..fields.specs.len()).find(|&f| self.ranges[f].is_none()) {
                 return Err(format!(
                     "field `{}` was not given (the first sample had it)",
-                    fields[missing].name
+                    fields.specs[missing].name
                 ));
             }
         }
@@ -222,7 +268,8 @@ impl<'a> SampleWriter<'a> {
     }
 
     /// Declares (sample 0) or checks (later samples) field `name` — an encoded image when
-    /// `dtype` is `None`, else a tensor of `shape` — then copies its bytes.
+    /// `dtype` is `None`, else a tensor of `shape` — then copies its bytes (an image of a
+    /// varying-size image field as a raw-pixel record).
     fn put(
         &mut self,
         name: &str,
@@ -230,40 +277,94 @@ impl<'a> SampleWriter<'a> {
         shape: &[usize],
         data: &[u8],
     ) -> std::result::Result<(), String> {
-        let index = match &mut self.mode {
-            Mode::Probe { fields, pad } => {
-                if fields.iter().any(|f| f.name == name) {
+        let (index, pixels) = match &mut self.mode {
+            Mode::Probe { fields } => {
+                if fields.specs.iter().any(|f| f.name == name) {
                     return self.fail(format!("field `{name}` given twice"));
                 }
-                if fields.len() == MAX_FIELDS {
+                if fields.specs.len() == MAX_FIELDS {
                     return self.fail(format!("more than {MAX_FIELDS} fields"));
                 }
-                fields.push(match dtype {
-                    None => FieldSpec::encoded_image(name),
-                    Some(dtype) if *pad && !shape.is_empty() => {
-                        FieldSpec::ragged(name, dtype, &shape[1..])
+                let rules = fields.rules;
+                let image = match dtype {
+                    Some(DType::U8) if rules.images_vary => image_dims(shape, rules.input_layout),
+                    _ => None,
+                };
+                let (spec, pixels) = match (dtype, image) {
+                    (None, _) => (FieldSpec::encoded_image(name), None),
+                    (Some(_), Some((_, _, layout))) => {
+                        (FieldSpec::encoded_image(name), Some(layout))
                     }
-                    Some(dtype) => FieldSpec::tensor(name, dtype, shape),
-                });
-                fields.len() - 1
+                    (Some(dtype), None) if rules.pad && !shape.is_empty() => {
+                        (FieldSpec::ragged(name, dtype, &shape[1..]), None)
+                    }
+                    (Some(dtype), None) => (FieldSpec::tensor(name, dtype, shape), None),
+                };
+                fields.push(spec, pixels);
+                (fields.specs.len() - 1, pixels)
             }
             Mode::Check { fields } => {
-                let Some(index) = fields.iter().position(|f| f.name == name) else {
+                let Some(index) = fields.specs.iter().position(|f| f.name == name) else {
                     return self.fail(format!("field `{name}` was not in sample 0"));
                 };
-                if let Some(reason) = mismatch(name, &fields[index].kind, dtype, shape) {
+                let pixels = fields.pixels[index];
+                let reason = match pixels {
+                    Some(layout) => pixel_mismatch(name, layout, dtype, shape),
+                    None => mismatch(name, &fields.specs[index].kind, dtype, shape, fields.rules),
+                };
+                if let Some(reason) = reason {
                     return self.fail(reason);
                 }
-                index
+                (index, pixels)
             }
         };
         if self.ranges[index].is_some() {
             return self.fail(format!("field `{name}` given twice"));
         }
         let start = self.buf.len();
-        self.buf.extend_from_slice(data);
-        self.ranges[index] = Some((start, data.len()));
+        match pixels.and_then(|layout| image_dims(shape, Some(layout))) {
+            Some((height, width, layout)) => {
+                let (Ok(w), Ok(h)) = (u32::try_from(width), u32::try_from(height)) else {
+                    return self.fail(format!(
+                        "field `{name}`: a {width}x{height} image is too large"
+                    ));
+                };
+                self.buf.extend_from_slice(&raw_header(w, h));
+                match layout {
+                    InputLayout::Hwc => self.buf.extend_from_slice(data),
+                    InputLayout::Chw => {
+                        // Interleave the planes: a raw-pixel record is packed RGB.
+                        let plane = height * width;
+                        self.buf
+                            .extend((0..plane * 3).map(|i| data[(i % 3) * plane + i / 3]));
+                    }
+                }
+            }
+            None => self.buf.extend_from_slice(data),
+        }
+        self.ranges[index] = Some((start, self.buf.len() - start));
         Ok(())
+    }
+}
+
+/// Why a put of `dtype`/`shape` does not fit a field of varying-size images given in `layout`,
+/// if it does not.
+fn pixel_mismatch(
+    name: &str,
+    layout: InputLayout,
+    dtype: Option<DType>,
+    shape: &[usize],
+) -> Option<String> {
+    let want = match layout {
+        InputLayout::Hwc => "[H, W, 3]",
+        InputLayout::Chw => "[3, H, W]",
+    };
+    match dtype {
+        Some(DType::U8) if image_dims(shape, Some(layout)).is_some() => None,
+        Some(dtype) => Some(format!(
+            "field `{name}` is {dtype} {shape:?} but sample 0 had a uint8 {want} image"
+        )),
+        None => Some(format!("field `{name}` changed kind since sample 0")),
     }
 }
 
@@ -273,18 +374,46 @@ fn mismatch(
     declared: &FieldKind,
     dtype: Option<DType>,
     shape: &[usize],
+    rules: FieldRules,
 ) -> Option<String> {
     match (declared, dtype) {
         (FieldKind::EncodedImage, None) => None,
-        (FieldKind::Tensor { dtype: d0, shape: s0 }, Some(dtype)) => {
-            (*d0 != dtype || s0.as_slice() != shape).then(|| {
+        (
+            FieldKind::Tensor {
+                dtype: d0,
+                shape: s0,
+            },
+            Some(dtype),
+        ) => {
+            if *d0 == dtype && s0.as_slice() == shape {
+                return None;
+            }
+            let images = dtype == DType::U8
+                && image_dims(s0, rules.input_layout)
+                    .is_some_and(|(_, _, layout)| image_dims(shape, Some(layout)).is_some());
+            Some(if images {
+                // The images were taken as tensors of one size: no transform fixes one.
+                format!(
+                    "field `{name}` is {dtype} {shape:?} but sample 0 had {d0} {s0:?}; images \
+                     of varying size need a transform that fixes the output size: add \
+                     random_resized_crop(S), center_crop(S) or resize(H, W) to transform"
+                )
+            } else {
                 format!(
                     "field `{name}` is {dtype} {shape:?} but sample 0 had {d0} {s0:?}; set pad=VALUE to pad a varying leading dimension"
                 )
             })
         }
-        (FieldKind::Ragged { dtype: d0, inner_shape }, Some(dtype)) => {
-            let fits = *d0 == dtype && shape.len() == inner_shape.len() + 1 && shape[1..] == inner_shape[..];
+        (
+            FieldKind::Ragged {
+                dtype: d0,
+                inner_shape,
+            },
+            Some(dtype),
+        ) => {
+            let fits = *d0 == dtype
+                && shape.len() == inner_shape.len() + 1
+                && shape[1..] == inner_shape[..];
             (!fits).then(|| format!("field `{name}` is {dtype} {shape:?} but sample 0 had {d0} [n, ...{inner_shape:?}]"))
         }
         _ => Some(format!("field `{name}` changed kind since sample 0")),
@@ -305,7 +434,7 @@ mod tests {
             w.put_tensor("x", DType::F32, &[2], &bytes_f32(&[i as f32, -(i as f32)]))?;
             w.put_label(i as i64 * 3)
         });
-        let src = CallbackSource::new(5, read, false).unwrap();
+        let src = CallbackSource::new(5, read, FieldRules::default()).unwrap();
         assert_eq!(
             src.fields(),
             &[
@@ -329,7 +458,7 @@ mod tests {
             }
             Ok(())
         });
-        let src = CallbackSource::new(5, read.clone(), false).unwrap();
+        let src = CallbackSource::new(5, read.clone(), FieldRules::default()).unwrap();
         let mut scratch = Vec::new();
         let e = src.read(3, &mut scratch).unwrap_err().to_string();
         assert!(
@@ -342,7 +471,15 @@ mod tests {
             "{e}"
         );
 
-        let padded = CallbackSource::new(5, read, true).unwrap();
+        let padded = CallbackSource::new(
+            5,
+            read,
+            FieldRules {
+                pad: true,
+                ..FieldRules::default()
+            },
+        )
+        .unwrap();
         assert_eq!(padded.fields()[0], FieldSpec::ragged("x", DType::F32, &[]));
         assert_eq!(padded.read(3, &mut scratch).unwrap().get(0).len(), 12);
     }
@@ -360,7 +497,7 @@ mod tests {
             }
             w.put_tensor("x", DType::U8, &[4], &[1, 2, 3, 4])
         });
-        let src = CallbackSource::new(3, read, false).unwrap();
+        let src = CallbackSource::new(3, read, FieldRules::default()).unwrap();
         let mut scratch = Vec::new();
         let e = src.read(1, &mut scratch).unwrap_err();
         assert!(
@@ -370,6 +507,6 @@ mod tests {
         assert!(e.contains("2 bytes given for uint8 [4]"), "{e}");
 
         let nothing: Arc<ReadFn> = Arc::new(|_, _| Ok(()));
-        assert!(CallbackSource::new(1, nothing, false).is_err());
+        assert!(CallbackSource::new(1, nothing, FieldRules::default()).is_err());
     }
 }

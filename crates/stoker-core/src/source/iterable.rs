@@ -21,7 +21,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::callback::SampleWriter;
+use super::callback::{DeclaredFields, FieldRules, SampleWriter};
 use super::streaming::{EpochStream, FailedSample, StreamSource};
 use super::{FieldSpec, Sample, MAX_FIELDS};
 use crate::error::{Error, Result};
@@ -82,7 +82,7 @@ const MAX_CONSECUTIVE_FAILURES: usize = 64;
 /// An iterable source read as this rank's stream.
 pub(crate) struct IterableStream {
     source: Arc<dyn IterableSource>,
-    fields: Vec<FieldSpec>,
+    fields: DeclaredFields,
     rank: usize,
     world_size: usize,
     seed: u64,
@@ -102,7 +102,7 @@ struct Primed {
 
 impl IterableStream {
     /// Opens the stream of `(rank, epoch)` (continuing from `resume`) and learns the fields
-    /// from its first sample; `pad` lets tensors vary in their leading dimension.
+    /// from its first sample, under `rules`.
     /// `given`: the samples of that epoch a resumed loader already delivered (the stream's
     /// numbering continues from there).
     #[allow(clippy::too_many_arguments)]
@@ -114,7 +114,7 @@ impl IterableStream {
         resume: Option<&str>,
         given: u64,
         num_samples: Option<usize>,
-        pad: bool,
+        rules: FieldRules,
     ) -> Result<IterableStream> {
         let RankShare {
             rank, world_size, ..
@@ -124,10 +124,10 @@ impl IterableStream {
         let mut stream = source
             .open(&info, resume)
             .map_err(|message| open_error(&info, message))?;
-        let mut fields = Vec::new();
+        let mut fields = DeclaredFields::new(rules);
         let mut buf = Vec::new();
         let outcome = {
-            let mut writer = SampleWriter::probing(&mut buf, &mut fields, pad);
+            let mut writer = SampleWriter::probing(&mut buf, &mut fields);
             stream
                 .next(&mut writer)
                 .and_then(|more| writer.finish().map(|ranges| (more, ranges)))
@@ -136,7 +136,7 @@ impl IterableStream {
             index: rank as u64,
             message: format!("the first sample of {}: {message}", describe_info(&info)),
         })?;
-        if !more || fields.is_empty() {
+        if !more || fields.specs().is_empty() {
             return Err(Error::Callback {
                 index: rank as u64,
                 message: format!(
@@ -151,7 +151,7 @@ impl IterableStream {
             what: describe_sample(&info, given),
             buf,
             ranges,
-            n_fields: fields.len(),
+            n_fields: fields.specs().len(),
         };
         Ok(IterableStream {
             source,
@@ -210,7 +210,7 @@ fn ordinal(k: u64, rank: usize, world_size: usize) -> u64 {
 
 impl StreamSource for IterableStream {
     fn fields(&self) -> &[FieldSpec] {
-        &self.fields
+        self.fields.specs()
     }
 
     fn samples_per_epoch(&self) -> Option<usize> {
@@ -266,7 +266,7 @@ impl StreamSource for IterableStream {
 /// One epoch of an iterable stream.
 struct IterEpoch {
     source: Arc<dyn IterableSource>,
-    fields: Vec<FieldSpec>,
+    fields: DeclaredFields,
     info: StreamInfo,
     /// `None` once the stream ended (and is not reopened).
     stream: Option<Box<dyn SampleStream>>,
@@ -329,7 +329,7 @@ impl EpochStream for IterEpoch {
                         what: describe_sample(&self.info, k),
                         buf,
                         ranges,
-                        n_fields: self.fields.len(),
+                        n_fields: self.fields.specs().len(),
                     }));
                 }
                 Ok((true, Err(misuse))) => {

@@ -17,7 +17,9 @@ pub mod streaming;
 pub mod tar;
 
 pub use self::tar::{TarConfig, TarSource, TarStream};
-pub use callback::{CallbackSource, ReadFn, SampleWriter, IMAGE_FIELD, LABEL_FIELD};
+pub use callback::{
+    CallbackSource, DeclaredFields, FieldRules, ReadFn, SampleWriter, IMAGE_FIELD, LABEL_FIELD,
+};
 pub use image_folder::{ImageFolderSource, IMAGE_EXTENSIONS};
 pub(crate) use iterable::IterableStream;
 pub use iterable::{IterableSource, SampleStream, StreamInfo};
@@ -238,9 +240,19 @@ impl std::fmt::Debug for SourceSpec {
 impl SourceSpec {
     /// Opens a map-style source: maps the npy file, scans the image folder, or learns a
     /// callback source's fields from sample 0. `labels` is an npy of per-sample labels (npy
-    /// sources only); `pad` says whether ragged callback fields may be padded. Tar shards and
-    /// iterable sources need the loader's options (fields, ranks): `LoaderOptions` opens them.
+    /// sources only); `pad` says whether ragged callback and tar fields may be padded. Tar
+    /// shards and iterable sources need the loader's options (fields, ranks): `LoaderOptions`
+    /// opens them.
     pub fn open(&self, labels: Option<&Path>, pad: bool) -> Result<Arc<dyn Source>> {
+        let rules = FieldRules {
+            pad,
+            ..FieldRules::default()
+        };
+        self.open_with(labels, rules)
+    }
+
+    /// [`SourceSpec::open`] with the rules of a callback source's fields in full.
+    pub fn open_with(&self, labels: Option<&Path>, rules: FieldRules) -> Result<Arc<dyn Source>> {
         if labels.is_some() && !matches!(self, SourceSpec::Npy(_)) {
             return Err(Error::option(
                 "labels",
@@ -252,12 +264,12 @@ impl SourceSpec {
             SourceSpec::ImageFolder(root) => Arc::new(ImageFolderSource::open(root)?),
             SourceSpec::Custom(source) => Arc::clone(source),
             SourceSpec::Callback { len, read } => {
-                Arc::new(CallbackSource::new(*len, Arc::clone(read), pad)?)
+                Arc::new(CallbackSource::new(*len, Arc::clone(read), rules)?)
             }
             SourceSpec::Tar(pattern) => Arc::new(TarSource::open_pattern(
                 pattern,
                 TarConfig {
-                    pad,
+                    pad: rules.pad,
                     ..TarConfig::default()
                 },
             )?),

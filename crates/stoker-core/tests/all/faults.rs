@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use stoker_core::cuda::FakeDevice;
 use stoker_core::source::{
-    CallbackSource, IterableSource, ReadFn, SampleStream, SampleWriter, StreamInfo,
+    CallbackSource, FieldRules, IterableSource, ReadFn, SampleStream, SampleWriter, StreamInfo,
 };
 use stoker_core::{
     Batch, DType, Error, ErrorKind, FieldSpec, Loader, LoaderOptions, Sample, Source, SourceSpec,
@@ -189,7 +189,7 @@ fn callback_source(misbehave: fn(usize) -> Result<(), String>) -> Arc<dyn Source
         w.put_tensor("x", DType::I64, &[3], &x)?;
         w.put_label(i as i64)
     });
-    Arc::new(CallbackSource::new(12, read, false).unwrap())
+    Arc::new(CallbackSource::new(12, read, FieldRules::default()).unwrap())
 }
 
 fn labels(b: &Batch) -> Vec<i64> {

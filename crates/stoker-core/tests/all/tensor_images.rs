@@ -2,7 +2,8 @@
 //! `npy` members, packed tensor fields, in-memory sources — go through `transform`, `dtype` and
 //! `layout` as decoded images do. Their size is known, so the spec need not fix it: `dtype`
 //! alone converts, `layout` alone transposes, and operations such as `color_jitter` may come
-//! first. A spec that cannot fit the tensors is refused at construction, naming the field.
+//! first. A spec that cannot fit the tensors is refused at construction, naming the field. A
+//! callback source's images may vary in size when the transform fixes the output size.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -387,4 +388,88 @@ fn mixup_draws_apart_on_each_rank_and_alike_whatever_num_workers() {
     assert_eq!(same, 0, "rank 0 {rank0:?}\nrank 1 {rank1:?}");
     assert_eq!(lams(0, 3), rank0);
     assert_eq!(lams(1, 2), rank1);
+}
+
+/// An `h`x`w` image, every pixel distinct enough to catch a transposition.
+fn image(h: usize, w: usize, seed: usize) -> Vec<u8> {
+    (0..h * w * 3)
+        .map(|i| ((i * 7 + seed * 31) % 256) as u8)
+        .collect()
+}
+
+/// The sizes the varying-size callback tests give sample `i`.
+fn size_of(i: usize) -> (usize, usize) {
+    [(4, 5), (7, 3), (6, 6), (3, 8)][i % 4]
+}
+
+/// A callback source of `n` images of the sizes `size_of` gives, as `[H, W, 3]` or (`chw`)
+/// `[3, H, W]` uint8 tensors in field `data`, with labels.
+fn varying_callback(n: usize, chw: bool) -> SourceSpec {
+    use stoker_core::source::ReadFn;
+    let read: Arc<ReadFn> = Arc::new(move |i, w| {
+        let (h, wd) = size_of(i);
+        let hwc = image(h, wd, i);
+        if chw {
+            let chw: Vec<u8> = (0..3 * h * wd)
+                .map(|j| hwc[(j % (h * wd)) * 3 + j / (h * wd)])
+                .collect();
+            w.put_tensor("data", DType::U8, &[3, h, wd], &chw)?;
+        } else {
+            w.put_tensor("data", DType::U8, &[h, wd, 3], &hwc)?;
+        }
+        w.put_label(i as i64)
+    });
+    SourceSpec::Callback { len: n, read }
+}
+
+#[test]
+fn callback_images_may_vary_in_size_when_the_transform_fixes_it() {
+    let spec = "resize(3, 4) | hflip(p=1)";
+    for (chw, extra) in [(false, None), (true, None), (true, Some("chw"))] {
+        let mut o = LoaderOptions::new().with_source(varying_callback(8, chw));
+        o.set("num_workers", "2").unwrap();
+        if let Some(layout) = extra {
+            o.set("input_layout", layout).unwrap();
+        }
+        let mut l = with_options(o, &[("transform", spec)]).unwrap();
+        let b = l.next().unwrap().unwrap();
+        let f = b.field_by_name("data").unwrap();
+        assert_eq!((f.dtype, f.shape), (DType::U8, &[N, 3, 3, 4][..]));
+        let got = f.data.unwrap();
+        // Each sample is what the transform makes of that image alone (an npy of its size).
+        let dir = tmp(&format!("varying_callback_{chw}_{extra:?}"));
+        for i in 0..N {
+            let (h, w) = size_of(i);
+            let one = npy(&dir, &format!("{i}.npy"), &[1, h, w, 3], &image(h, w, i));
+            let mut o = LoaderOptions::new();
+            o.set("source", &one).unwrap();
+            o.set("batch_size", "1").unwrap();
+            o.set("transform", spec).unwrap();
+            let mut alone = Loader::new(&o).unwrap();
+            let (_, _, want) = first(&mut alone, "data");
+            assert_eq!(
+                &got[i * 36..(i + 1) * 36],
+                &want[..],
+                "sample {i}, chw={chw}"
+            );
+        }
+    }
+}
+
+#[test]
+fn callback_images_of_varying_size_without_a_sizing_transform_say_what_fixes_it() {
+    for transform in [None, Some("hflip")] {
+        let mut o = LoaderOptions::new().with_source(varying_callback(8, false));
+        if let Some(spec) = transform {
+            o.set("transform", spec).unwrap();
+        }
+        let mut l = with_options(o, &[]).unwrap();
+        let e = l.next().unwrap_err().to_string();
+        assert!(
+            e.contains("sample 1")
+                && e.contains("field `data` is uint8 [7, 3, 3] but sample 0 had uint8 [4, 5, 3]")
+                && e.contains("random_resized_crop(S)"),
+            "{transform:?}: {e}"
+        );
+    }
 }
