@@ -690,6 +690,13 @@ enum stoker_status stoker_options_set_iterable_callbacks(struct stoker_options *
  * Starts a loader (and its worker threads) from options; the options may be freed afterwards.
  * On failure `*out` is NULL. With `device=cuda[:N]` this loads the CUDA driver and fails with
  * `STOKER_ERR_UNSUPPORTED`, saying why, when there is no driver or no such device.
+ *
+ * The loader's threads do not survive `fork()`: in a child process forked after this call,
+ * `stoker_loader_next`, `stoker_loader_set_epoch`, `stoker_loader_stats` and
+ * `stoker_loader_worker_busy_ns` on this loader fail with `STOKER_ERR_UNSUPPORTED`,
+ * `stoker_loader_free` frees nothing (the loader is leaked rather than joining threads that do
+ * not exist there), and a batch released there gives its memory straight back to the system.
+ * Make a new loader in the child; the parent's loader goes on unaffected.
  */
 enum stoker_status stoker_loader_new(const struct stoker_options *o, struct stoker_loader **out);
 
@@ -766,7 +773,8 @@ enum stoker_status stoker_loader_save_state(const struct stoker_loader *l,
 
 /**
  * Stops the loader: joins every thread it started and frees it. Batches and DLPack exports it
- * delivered stay valid until released. NULL is a no-op.
+ * delivered stay valid until released. NULL is a no-op. In a child process forked after the
+ * loader was made, it joins nothing and leaks the loader (see `stoker_loader_new`).
  */
 void stoker_loader_free(struct stoker_loader *l);
 

@@ -163,7 +163,8 @@ mod ffi {
         fn set_epoch(self: &mut LoaderHandle, epoch: u64) -> Result<()>;
         /// A reader of this loader's counters, usable from any thread while another drives it.
         fn stats_reader(self: &LoaderHandle) -> Box<StatsReader>;
-        fn snapshot(self: &StatsReader) -> StatsInfo;
+        /// Fails with UNSUPPORTED in a child process forked after the loader was made.
+        fn snapshot(self: &StatsReader) -> Result<StatsInfo>;
         fn closer(self: &LoaderHandle) -> Box<LoaderCloser>;
         fn close(self: &LoaderCloser);
 
@@ -550,9 +551,9 @@ impl LoaderCloser {
 pub struct StatsReader(StatsHandle);
 
 impl StatsReader {
-    fn snapshot(&self) -> StatsInfo {
-        let s = self.0.snapshot();
-        StatsInfo {
+    fn snapshot(&self) -> Result<StatsInfo, BridgeError> {
+        let s = guard(|| self.0.try_snapshot())?;
+        Ok(StatsInfo {
             batches: s.batches,
             samples: s.samples,
             samples_skipped: s.samples_skipped,
@@ -602,7 +603,7 @@ impl StatsReader {
             batch_memory_peak_bytes: s.batch_memory_peak_bytes,
             page_faults: s.page_faults,
             worker_busy_ns: s.worker_busy_ns,
-        }
+        })
     }
 }
 

@@ -13,6 +13,13 @@ use crate::types::{stoker_batch, stoker_loader, stoker_options, stoker_stats, st
 /// Starts a loader (and its worker threads) from options; the options may be freed afterwards.
 /// On failure `*out` is NULL. With `device=cuda[:N]` this loads the CUDA driver and fails with
 /// `STOKER_ERR_UNSUPPORTED`, saying why, when there is no driver or no such device.
+///
+/// The loader's threads do not survive `fork()`: in a child process forked after this call,
+/// `stoker_loader_next`, `stoker_loader_set_epoch`, `stoker_loader_stats` and
+/// `stoker_loader_worker_busy_ns` on this loader fail with `STOKER_ERR_UNSUPPORTED`,
+/// `stoker_loader_free` frees nothing (the loader is leaked rather than joining threads that do
+/// not exist there), and a batch released there gives its memory straight back to the system.
+/// Make a new loader in the child; the parent's loader goes on unaffected.
 #[no_mangle]
 pub extern "C" fn stoker_loader_new(
     o: *const stoker_options,
@@ -140,7 +147,10 @@ pub extern "C" fn stoker_loader_stats(
             );
         }
         let l = try_ref!(l);
-        let s = l.stats.snapshot();
+        let s = match l.stats.try_snapshot() {
+            Ok(s) => s,
+            Err(e) => return fail(&e),
+        };
         let full = stoker_stats {
             size,
             batches: s.batches,
@@ -228,7 +238,10 @@ pub extern "C" fn stoker_loader_worker_busy_ns(
                 format_args!("argument `out` is NULL but `len` is {len}"),
             );
         }
-        let busy = l.stats.snapshot().worker_busy_ns;
+        let busy = match l.stats.try_snapshot() {
+            Ok(s) => s.worker_busy_ns,
+            Err(e) => return fail(&e),
+        };
         // SAFETY: `count` is non-NULL (checked above) and writable by the C contract.
         unsafe { count.write(busy.len()) };
         let n = busy.len().min(len);
@@ -287,7 +300,8 @@ pub extern "C" fn stoker_loader_save_state(
 }
 
 /// Stops the loader: joins every thread it started and frees it. Batches and DLPack exports it
-/// delivered stay valid until released. NULL is a no-op.
+/// delivered stay valid until released. NULL is a no-op. In a child process forked after the
+/// loader was made, it joins nothing and leaks the loader (see `stoker_loader_new`).
 #[no_mangle]
 pub extern "C" fn stoker_loader_free(l: *mut stoker_loader) {
     ffi_boundary!(stoker_loader_free => {

@@ -17,6 +17,11 @@
 //! pageable and the fallback is counted ([`ArenaCounters::pin_failures`]). Without `pin_memory`
 //! a registrar still registers every slab (a device loader's host side), and a refusal is an
 //! error. A registered slab is unregistered before it is unmapped.
+//!
+//! In a child forked after the arena was made, the free list is never touched: a parent thread
+//! may have held its lock at the moment of the fork, and would never release it there. A slab
+//! released in the child is unmapped at once, idle slabs are left as they are, and `acquire`
+//! fails (see [`crate::fork`]).
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
@@ -24,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
+use crate::fork::Origin;
 
 /// Registers host memory with a device driver (`cuMemHostRegister`), so that copies from it are
 /// DMA transfers. Implemented by the CUDA layer; the arena calls it once per slab.
@@ -176,7 +182,10 @@ struct ArenaInner {
     /// Most bytes mapped while keeping a released slab idle (`memory_budget`); above it a
     /// released slab is unmapped.
     budget: AtomicU64,
+    /// Guarded by [`ArenaInner::idle`], which refuses it in a forked child.
     free: Mutex<Idle>,
+    /// The process the arena was made in.
+    origin: Origin,
     slabs_mapped: AtomicU64,
     slabs_unmapped: AtomicU64,
     slabs_pinned: AtomicU64,
@@ -232,6 +241,7 @@ impl Arena {
                 registrar,
                 budget: AtomicU64::new(u64::MAX),
                 free: Mutex::new(Idle::default()),
+                origin: Origin::here(),
                 slabs_mapped: AtomicU64::new(0),
                 slabs_unmapped: AtomicU64::new(0),
                 slabs_pinned: AtomicU64::new(0),
@@ -260,12 +270,15 @@ impl Arena {
     }
 
     /// A slab of at least `len` bytes (contents unspecified). Reuses the smallest free slab that
-    /// fits without wasting more than half of it; otherwise maps a new one.
+    /// fits without wasting more than half of it; otherwise maps a new one. Fails with
+    /// `Unsupported` in a child forked after the arena was made.
     pub fn acquire(&self, len: usize) -> Result<SlabLease> {
         let inner = &self.inner;
         let rounded = len.max(1).div_ceil(page_size()) * page_size();
         let (reused, surplus) = {
-            let mut idle = inner.lock_free();
+            let Some(mut idle) = inner.idle() else {
+                return Err(inner.origin.error());
+            };
             let best = idle
                 .slabs
                 .iter()
@@ -297,7 +310,9 @@ impl Arena {
             None => match inner.map(len) {
                 Ok(slab) => slab,
                 Err(e) => {
-                    inner.lock_free().demand.release();
+                    if let Some(mut idle) = inner.idle() {
+                        idle.demand.release();
+                    }
                     return Err(e);
                 }
             },
@@ -310,15 +325,21 @@ impl Arena {
         })
     }
 
-    /// Unmaps every idle slab now (the free list empties; leased slabs are untouched).
+    /// Unmaps every idle slab now (the free list empties; leased slabs are untouched). Does
+    /// nothing in a child forked after the arena was made.
     pub fn trim(&self) {
-        let slabs = std::mem::take(&mut self.inner.lock_free().slabs);
+        let Some(mut idle) = self.inner.idle() else {
+            return;
+        };
+        let slabs = std::mem::take(&mut idle.slabs);
+        drop(idle);
         for slab in slabs {
             self.inner.unmap(slab);
         }
     }
 
-    /// What the arena has done so far, as of now.
+    /// What the arena has done so far, as of now. In a child forked after the arena was made,
+    /// `slabs_idle` is 0: the free list is the parent's (see the module's documentation).
     pub fn counters(&self) -> ArenaCounters {
         let i = &self.inner;
         ArenaCounters {
@@ -328,7 +349,7 @@ impl Arena {
             pin_failures: i.pin_failures.load(Ordering::Relaxed),
             bytes_mapped: i.bytes_mapped.load(Ordering::Relaxed),
             slabs_leased: i.slabs_leased.load(Ordering::Relaxed),
-            slabs_idle: i.lock_free().slabs.len() as u64,
+            slabs_idle: i.idle().map_or(0, |idle| idle.slabs.len() as u64),
             bytes_mapped_peak: i.bytes_mapped_peak.load(Ordering::Relaxed),
             page_faults: i.page_faults.load(Ordering::Relaxed),
         }
@@ -336,9 +357,14 @@ impl Arena {
 }
 
 impl ArenaInner {
-    fn lock_free(&self) -> MutexGuard<'_, Idle> {
+    /// The free list, locked; `None` in a child forked after the arena was made, where a parent
+    /// thread may have held the lock at the moment of the fork (it would never be released).
+    fn idle(&self) -> Option<MutexGuard<'_, Idle>> {
+        if self.origin.is_forked() {
+            return None;
+        }
         // A panic while holding this lock cannot leave the list inconsistent: recover the guard.
-        self.free.lock().unwrap_or_else(|p| p.into_inner())
+        Some(self.free.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Maps a slab of at least `len` bytes, pre-faulted, and page-locks and registers it as
@@ -401,7 +427,9 @@ impl ArenaInner {
     }
 
     fn unmap(&self, slab: Slab) {
-        if slab.registered {
+        // In a forked child the driver the slab was registered with cannot be called (CUDA does
+        // not survive fork); the registration goes with the child's address space.
+        if slab.registered && !self.origin.is_forked() {
             if let Some(registrar) = &self.registrar {
                 registrar.unregister(slab.ptr.as_ptr(), slab.len);
             }
@@ -420,8 +448,12 @@ impl ArenaInner {
     /// memory mapped is within the budget; otherwise unmaps it (munmap: the pages return to the
     /// system at once and leave RSS, which `madvise(MADV_FREE)` would not do until memory
     /// pressure, and which `MADV_DONTNEED` cannot do for page-locked or registered slabs).
+    /// In a child forked after the arena was made, the slab is unmapped at once.
     fn release(&self, slab: Slab) {
-        let mut idle = self.lock_free();
+        let Some(mut idle) = self.idle() else {
+            self.unmap(slab);
+            return;
+        };
         idle.demand.release();
         let within_budget =
             self.bytes_mapped.load(Ordering::Relaxed) <= self.budget.load(Ordering::Relaxed);
@@ -554,7 +586,13 @@ fn minor_faults() -> u64 {
 
 impl Drop for ArenaInner {
     fn drop(&mut self) {
-        let slabs = std::mem::take(&mut self.lock_free().slabs);
+        // In a forked child the idle slabs are left mapped: the list may be half-updated by a
+        // parent thread that held its lock at the moment of the fork.
+        let Some(mut idle) = self.idle() else {
+            return;
+        };
+        let slabs = std::mem::take(&mut idle.slabs);
+        drop(idle);
         for slab in slabs {
             self.unmap(slab);
         }

@@ -10,12 +10,18 @@
 //!
 //! With `num_workers=0` the batch is built on the calling thread itself, which no signal can
 //! interrupt: a close then takes effect when that build returns.
+//!
+//! In a child process forked after the loader was made, closing only marks it closed: no thread
+//! of the child waits on it, and the trigger's lock may have been held by a parent thread at the
+//! moment of the fork.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{select, Receiver, Sender};
+
+use crate::fork::Origin;
 
 /// Closes a loader from any thread (see [`crate::Loader::closer`]). Cheap to clone; closing
 /// twice is closing once.
@@ -27,6 +33,8 @@ pub struct Closer {
 #[derive(Debug)]
 struct Signal {
     closed: AtomicBool,
+    /// The process the loader was made in.
+    origin: Origin,
     /// Dropped by `close`: that disconnects `woken`, which wakes every `select` on it. Nothing
     /// is ever sent.
     trigger: Mutex<Option<Sender<()>>>,
@@ -48,6 +56,7 @@ impl Closer {
         Closer {
             signal: Arc::new(Signal {
                 closed: AtomicBool::new(false),
+                origin: Origin::here(),
                 trigger: Mutex::new(Some(trigger)),
                 woken,
             }),
@@ -58,6 +67,9 @@ impl Closer {
     /// call. The loader's threads are joined when the thread that drives it drops the loader.
     pub fn close(&self) {
         self.signal.closed.store(true, Ordering::Release);
+        if self.signal.origin.is_forked() {
+            return;
+        }
         // A poisoned lock still holds the sender: take it all the same.
         let mut trigger = self
             .signal

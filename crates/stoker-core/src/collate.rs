@@ -33,6 +33,7 @@ use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::sampler::Draws;
+use crate::source::pixels::{tensor_image_shape, InputLayout};
 use crate::source::streaming::OwnedSample;
 use crate::source::{FieldKind, FieldSpec, Sample, Source};
 use crate::span::{SpanKind, Stage};
@@ -87,55 +88,6 @@ fn tensor_pipeline(
             format!("field `{}` ({width}x{height}): {reason}", field.name),
         )
     })
-}
-
-/// How an image-shaped uint8 tensor field is stored (option `input_layout`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InputLayout {
-    /// `[H, W, 3]`, channels last.
-    Hwc,
-    /// `[3, H, W]`, channels first.
-    Chw,
-}
-
-/// `(height, width, layout)` of a uint8 tensor field holding RGB images: `[H, W, 3]` (hwc) or
-/// `[3, H, W]` (chw), as `input_layout` says or, unset, hwc if the last dimension is 3, else chw
-/// if the first is.
-pub fn tensor_image_shape(
-    field: &FieldSpec,
-    input_layout: Option<InputLayout>,
-) -> Option<(usize, usize, InputLayout)> {
-    let FieldKind::Tensor {
-        dtype: DType::U8,
-        shape,
-    } = &field.kind
-    else {
-        return None;
-    };
-    image_dims(shape, input_layout)
-}
-
-/// `(height, width, layout)` of a uint8 tensor of `shape` holding an RGB image (see
-/// [`tensor_image_shape`]); `None` if the shape is not an image's.
-pub fn image_dims(
-    shape: &[usize],
-    input_layout: Option<InputLayout>,
-) -> Option<(usize, usize, InputLayout)> {
-    let &[a, b, c] = shape else {
-        return None;
-    };
-    let layout = input_layout.or(if c == 3 {
-        Some(InputLayout::Hwc)
-    } else if a == 3 {
-        Some(InputLayout::Chw)
-    } else {
-        None
-    })?;
-    match layout {
-        InputLayout::Hwc if c == 3 && a > 0 && b > 0 => Some((a, b, layout)),
-        InputLayout::Chw if a == 3 && b > 0 && c > 0 => Some((b, c, layout)),
-        _ => None,
-    }
 }
 
 /// Decode buffers larger than this are released after use instead of kept for the next image.

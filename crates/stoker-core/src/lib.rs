@@ -22,6 +22,7 @@ pub mod cuda;
 pub mod decode;
 pub mod dtype;
 pub mod error;
+pub mod fork;
 pub mod hash;
 pub mod launch;
 pub mod loader;

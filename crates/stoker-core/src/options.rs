@@ -8,13 +8,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::collate::ImageStages;
-use crate::collate::{tensor_image_shape, InputLayout};
 use crate::decode::JpegDecoder;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::launch::{usable_cores, Launch, RankShare};
 use crate::memory::MemoryBudget;
 use crate::sampler::SamplerKind;
+use crate::source::pixels::{tensor_image_shape, InputLayout};
 use crate::source::streaming::StreamSource;
 use crate::source::tar::{TarConfig, TarSource, TarStream};
 pub use crate::source::SourceSpec;

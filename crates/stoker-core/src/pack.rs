@@ -20,7 +20,7 @@ use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use rayon::prelude::*;
 
-use crate::decode::{decode_rgb, dimensions, raw_header, raw_pixels, DecodeBuffers, Dims, Format};
+use crate::decode::{decode_rgb, dimensions, raw_pixels, DecodeBuffers, Dims, Format};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::options::LoaderOptions;
@@ -30,6 +30,7 @@ use crate::source::packed::format::{
 };
 use crate::source::packed::index::{write_index, IndexEntry};
 use crate::source::packed::PackedFile;
+use crate::source::pixels::raw_header;
 use crate::source::{FieldKind, Source};
 
 /// Samples read and encoded in parallel before they are appended in order: bounds the memory
@@ -181,31 +182,34 @@ pub fn pack(
     };
     let mut shard = ShardWriter::create(shard_path(0), &schema, fields.len(), options.page_size)?;
     let starts: Vec<usize> = range.clone().step_by(CHUNK).collect();
-    for start in starts {
-        let end = (start + CHUNK).min(range.end);
-        let records: Vec<Result<Record>> = (start..end)
-            .into_par_iter()
-            .map_init(Buffers::default, |bufs, index| {
-                let record = encode_sample(source, index, &fields, options, bufs);
-                progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
-                record
-            })
-            .collect();
-        for record in records {
-            let record = record?;
-            if let Some(limit) = options.shard_size {
-                if shard.samples > 0 && shard.data_len() + record.bytes.len() as u64 > limit {
-                    let next = shard_path(report.files.len() + 1);
-                    let finished = std::mem::replace(
-                        &mut shard,
-                        ShardWriter::create(next, &schema, fields.len(), options.page_size)?,
-                    );
-                    finish_into(finished, &mut report)?;
+    crate::fork::parallel(|| -> Result<()> {
+        for start in starts {
+            let end = (start + CHUNK).min(range.end);
+            let records: Vec<Result<Record>> = (start..end)
+                .into_par_iter()
+                .map_init(Buffers::default, |bufs, index| {
+                    let record = encode_sample(source, index, &fields, options, bufs);
+                    progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
+                    record
+                })
+                .collect();
+            for record in records {
+                let record = record?;
+                if let Some(limit) = options.shard_size {
+                    if shard.samples > 0 && shard.data_len() + record.bytes.len() as u64 > limit {
+                        let next = shard_path(report.files.len() + 1);
+                        let finished = std::mem::replace(
+                            &mut shard,
+                            ShardWriter::create(next, &schema, fields.len(), options.page_size)?,
+                        );
+                        finish_into(finished, &mut report)?;
+                    }
                 }
+                shard.append(&record)?;
             }
-            shard.append(&record)?;
         }
-    }
+        Ok(())
+    })??;
     finish_into(shard, &mut report)?;
     if directory {
         remove_stale_shards(out, slice, of, report.files.len())?;
@@ -294,17 +298,19 @@ pub fn merge(dir: &Path) -> Result<PathBuf> {
             dir.display()
         )));
     }
-    let opened: Vec<Result<(IndexEntry, Vec<PackedField>)>> = found
-        .par_iter()
-        .map(|(_, name)| {
-            let path = dir.join(name);
-            let file = PackedFile::open(&path)?;
-            let bytes = std::fs::metadata(&path)
-                .map_err(|e| Error::os(&path, e))?
-                .len();
-            Ok((IndexEntry::of(name, &file, bytes), file.fields().to_vec()))
-        })
-        .collect();
+    let opened: Vec<Result<(IndexEntry, Vec<PackedField>)>> = crate::fork::parallel(|| {
+        found
+            .par_iter()
+            .map(|(_, name)| {
+                let path = dir.join(name);
+                let file = PackedFile::open(&path)?;
+                let bytes = std::fs::metadata(&path)
+                    .map_err(|e| Error::os(&path, e))?
+                    .len();
+                Ok((IndexEntry::of(name, &file, bytes), file.fields().to_vec()))
+            })
+            .collect()
+    })?;
     let mut entries = Vec::with_capacity(opened.len());
     let mut first_fields: Option<Vec<PackedField>> = None;
     for result in opened {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::arena::Arena;
 use crate::decode::DecodePath;
+use crate::fork::Origin;
 use crate::launch::Launch;
 #[cfg(doc)]
 use crate::launch::Launcher;
@@ -168,7 +169,20 @@ pub struct StatsHandle {
 
 impl StatsHandle {
     /// The counters now, launch fields and the arena's counts included.
+    ///
+    /// # Panics
+    ///
+    /// In a child process forked after the loader was made, whose worker threads may have held
+    /// the counters' locks at the moment of the fork: use [`StatsHandle::try_snapshot`] where
+    /// that can happen.
     pub fn snapshot(&self) -> Stats {
+        self.try_snapshot().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The counters now, as [`StatsHandle::snapshot`]; `Err(Unsupported)` in a child process
+    /// forked after the loader was made (see [`crate::fork`]).
+    pub fn try_snapshot(&self) -> crate::Result<Stats> {
+        self.recorder.origin.check()?;
         let mut s = self.recorder.snapshot();
         let c = self.arena.counters();
         s.slabs_pinned = c.slabs_pinned;
@@ -182,7 +196,7 @@ impl StatsHandle {
         s.local_rank = l.local_rank as u64;
         s.local_world_size = l.local_world_size as u64;
         s.launcher = l.launcher.code();
-        s
+        Ok(s)
     }
 
     /// This process's place in the job, as resolved.
@@ -381,6 +395,9 @@ pub(crate) struct StatsRecorder {
     /// consumer's waits.
     held_back_ns: AtomicU64,
     trace: Option<Trace>,
+    /// The process the loader was made in: the locks above may be held forever in a child
+    /// forked after that (a worker thread held one at the moment of the fork).
+    pub(crate) origin: Origin,
 }
 
 struct Recorded {
@@ -417,6 +434,7 @@ impl StatsRecorder {
             autotune_decisions: AtomicU64::new(0),
             held_back_ns: AtomicU64::new(0),
             trace,
+            origin: Origin::here(),
         }
     }
 

@@ -635,10 +635,11 @@ class Loader {
     if (closer_) (*closer_)->close();
   }
 
-  // May be called from any thread, also while another thread is in next().
+  // May be called from any thread, also while another thread is in next(). Throws UNSUPPORTED
+  // in a child process forked after the loader was made.
   Stats stats() const {
     if (!stats_) throw Error(Status::Closed, "this stoker::Loader was moved from");
-    ffi::StatsInfo s = (*stats_)->snapshot();
+    ffi::StatsInfo s = detail::call([&] { return (*stats_)->snapshot(); });
     Stats out;
     out.batches = s.batches;
     out.samples = s.samples;

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
+import os
 import threading
 from typing import Any
 
@@ -60,6 +61,16 @@ _sources: dict[int, Any] = {}
 _streams: dict[int, tuple[Any, StreamInfo]] = {}
 _keys = itertools.count(1)
 _lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A parent thread (a stream's feeder) may have held `_lock` at the moment of the fork; it
+    # does not exist in the child, which would wait for the lock forever when it opens a stream.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _message(what: str, e: BaseException) -> bytes:

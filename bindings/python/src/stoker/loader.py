@@ -182,6 +182,23 @@ def _close_python_source_loaders() -> None:
         loader.close()
 
 
+# Every live loader, for the fork handler below.
+_loaders: weakref.WeakSet[Loader] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A loader's threads do not survive fork(): in the child the library refuses every call that
+    # needs them with UnsupportedError. But a parent thread may have held a loader's Python locks
+    # at the moment of the fork (one waiting in next_batch, say), and would never release them
+    # here; the locks are made anew so that the child's calls reach the library and its error.
+    for loader in list(_loaders):
+        loader._lock = threading.Lock()
+        loader._ptr_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Loader:
     """A stoker loader. ``source`` is a source spec (``"npy:PATH"``, ``"image_folder:ROOT"``,
     ``"tar:train-{000..146}.tar"``), a map-style Python dataset (see ``stoker.dataset``) or an
@@ -194,6 +211,12 @@ class Loader:
     ``for batch in loader:`` runs to the end of the current epoch; the next ``for`` continues
     with the next epoch (or with the rest of the epoch, after a ``break``). Batches and the
     arrays made from them stay valid after the loader is closed.
+
+    A loader's threads do not survive ``fork()``: in a forked child (a ``multiprocessing``
+    worker, a torch ``DataLoader`` worker), iterating, ``set_epoch`` and ``stats`` on a loader
+    made before the fork raise :class:`UnsupportedError`, and closing it leaks it instead of
+    joining threads that exist in the parent only. Make the loader in the child (lazily, in the
+    dataset's ``__iter__`` or the worker's init function); the parent's loader is unaffected.
 
     >>> with stoker.Loader("npy:x.npy", batch_size=256, shuffle=True, seed=1) as loader:
     ...     for epoch in range(10):
@@ -239,6 +262,7 @@ class Loader:
         self._lock = threading.Lock()
         self._ptr_lock = threading.Lock()
         self._ptr = _new_loader(self._options, self._dataset)
+        _loaders.add(self)
         if self._dataset is not None:
             _python_source_loaders.add(self)
 

@@ -29,6 +29,7 @@ use super::device::{DeviceBackend, DevicePtr, Event, Stream};
 use crate::batch::{Batch, DeviceMemory};
 use crate::close::{Closer, Wait};
 use crate::error::{Error, Result};
+use crate::fork::Origin;
 use crate::stats::StatsHandle;
 
 /// How long the thread waits for a host batch before checking for shutdown. The host loader's
@@ -189,10 +190,15 @@ struct RingBuffer {
     ring: Sender<Slot>,
     /// Device batches delivered and not yet dropped (see [`Prefetcher::next`]).
     held: Arc<AtomicUsize>,
+    /// The process the prefetcher was started in: CUDA does not survive fork.
+    origin: Origin,
 }
 
 impl RingBuffer {
     fn slot(&self) -> Result<&Slot> {
+        // In a forked child the driver cannot be called (nor the lock of `waited` taken, which a
+        // parent thread may have held at the moment of the fork).
+        self.origin.check()?;
         // The slot is taken only in Drop.
         self.slot
             .as_ref()
@@ -246,6 +252,12 @@ impl Drop for RingBuffer {
         let Some(mut slot) = self.slot.take() else {
             return;
         };
+        if self.origin.is_forked() {
+            // A forked child cannot call the CUDA driver, and the ring's thread is the
+            // parent's: the buffer is leaked (device memory is the parent's context's anyway).
+            std::mem::forget(slot);
+            return;
+        }
         let waited = std::mem::take(self.waited.get_mut().unwrap_or_else(|p| p.into_inner()));
         for stream in waited {
             let event = match slot.spare.pop() {
@@ -359,6 +371,7 @@ impl<M: Send + 'static> Prefetcher<M> {
             ring_rx,
             out: out_tx,
             stop: stop_rx,
+            origin: Origin::here(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("stoker-prefetch-cuda{device_id}"))
@@ -475,6 +488,7 @@ struct Worker<M> {
     held: Arc<AtomicUsize>,
     starved: Arc<AtomicBool>,
     stats: Option<StatsHandle>,
+    origin: Origin,
 }
 
 impl<M> Drop for Worker<M> {
@@ -682,6 +696,7 @@ impl<M: Send + 'static> Worker<M> {
                     waited: Mutex::new(Vec::new()),
                     ring: self.ring_tx.clone(),
                     held: Arc::clone(&self.held),
+                    origin: self.origin,
                 }));
                 (Ok(Some(batch)), Some((host, event)))
             }

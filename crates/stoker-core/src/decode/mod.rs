@@ -19,7 +19,7 @@
 //! * PNG (zune-png): gray, gray+alpha, RGB, RGBA and palette images at any bit depth. Alpha is
 //!   dropped (not composited), like `convert("RGB")`; 16-bit samples keep their high byte.
 //!
-//! * Raw pixels: a record of packed RGB8 behind a 16-byte header ([`RAW_MAGIC`], width,
+//! * Raw pixels: a record of packed RGB8 behind a 16-byte header ([`RAW_MAGIC`](crate::source::pixels::RAW_MAGIC), width,
 //!   height, channels), as stoker's packed format stores images in `raw` mode. They need no
 //!   decoding: [`raw_pixels`] hands out a view that the transform reads in place.
 //!
@@ -29,6 +29,8 @@
 //! bug panics.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::source::pixels::{RAW_HEADER_BYTES, RAW_MAGIC};
 
 #[cfg(feature = "turbojpeg")]
 mod turbo;
@@ -59,22 +61,6 @@ impl Format {
             None
         }
     }
-}
-
-/// The first bytes of a raw-pixel record: `b"STKR"`, then width, height and channels as
-/// little-endian u32, then `width * height * channels` bytes of packed RGB8 (channels is 3).
-pub const RAW_MAGIC: [u8; 4] = *b"STKR";
-/// Bytes of a raw-pixel record's header.
-pub const RAW_HEADER_BYTES: usize = 16;
-
-/// The header of a raw-pixel record of a `width × height` RGB8 image.
-pub fn raw_header(width: u32, height: u32) -> [u8; RAW_HEADER_BYTES] {
-    let mut b = [0u8; RAW_HEADER_BYTES];
-    b[0..4].copy_from_slice(&RAW_MAGIC);
-    b[4..8].copy_from_slice(&width.to_le_bytes());
-    b[8..12].copy_from_slice(&height.to_le_bytes());
-    b[12..16].copy_from_slice(&3u32.to_le_bytes());
-    b
 }
 
 /// The size and pixels of a raw-pixel record, or `None` if `bytes` is not one. A record whose

@@ -9,6 +9,10 @@
 //! sources): one sequential reader per rank, a seeded shuffle buffer, batches of owned samples
 //! built by the workers. With a device, the scheduler runs on the CUDA prefetch thread instead
 //! of the caller's.
+//!
+//! A loader's threads do not survive `fork`: in a child process forked after the loader was made,
+//! every call that would wait on them fails with `Unsupported`, and dropping the loader leaks it
+//! instead of joining them (see [`crate::fork`]).
 
 mod buffer;
 mod depth;
@@ -26,6 +30,7 @@ use crate::close::Closer;
 use crate::cuda::HostBatches;
 use crate::cuda::{DeviceBackend, PrefetchConfig, Prefetcher, Stream};
 use crate::error::{Error, Result};
+use crate::fork::Origin;
 use crate::launch::Launch;
 use crate::options::{Device, LoaderOptions};
 use crate::resume::{Position, ResumeState};
@@ -96,6 +101,8 @@ pub struct Loader {
     stats: StatsHandle,
     timeout: Option<Duration>,
     closer: Closer,
+    /// The process the loader was made in: its threads exist there only.
+    origin: Origin,
 }
 
 // One engine per loader, made once: the variants' sizes do not matter.
@@ -119,7 +126,19 @@ enum Engine {
 impl Drop for Loader {
     /// Joins every thread the loader started, then writes the trace (when `trace` is set), so
     /// that it holds every batch finished before the drop.
+    ///
+    /// In a child process forked after the loader was made, it joins nothing and writes nothing:
+    /// the engine is leaked on purpose. Its threads do not exist in the child, so joining them
+    /// would wait forever, and its destructors would take locks (the stats, the arena's free
+    /// list, the channels' wakers) that one of those threads may have held at the moment of the
+    /// fork. What the engine holds stays reachable from it only, so nothing else of the loader
+    /// (the source, the stats, the arena) is destroyed either; the memory goes with the child.
+    /// The trace is the parent's to write.
     fn drop(&mut self) {
+        if self.origin.is_forked() {
+            std::mem::forget(std::mem::replace(&mut self.engine, Engine::Closed));
+            return;
+        }
         drop(std::mem::replace(&mut self.engine, Engine::Closed));
         // Nobody can receive an error from a drop; `write_trace` reports them to callers who
         // want to know.
@@ -228,9 +247,11 @@ impl Loader {
             source: facts.source,
             fields: facts.fields,
             streaming: facts.streaming,
-            stats: facts.stats,
             timeout: (options.timeout_ms > 0).then(|| Duration::from_millis(options.timeout_ms)),
             closer: facts.closer,
+            // Recorded when the stats recorder was made, before the pool or prefetch threads.
+            origin: facts.stats.recorder.origin,
+            stats: facts.stats,
         })
     }
 
@@ -242,8 +263,12 @@ impl Loader {
     ///
     /// Not `Iterator::next`: the end of an epoch is not the end of the loader (see
     /// [`Loader::epoch_iter`] for an iterator over one epoch).
+    ///
+    /// In a child process forked after the loader was made, fails with `Unsupported`: the
+    /// threads that build its batches are the parent's (make a new loader in the child).
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Batch>> {
+        self.origin.check()?;
         if self.closer.is_closed() {
             return Err(crate::close::closed_error());
         }
@@ -310,8 +335,10 @@ impl Loader {
     }
 
     /// Writes the trace (option `trace`) now, with the events recorded so far; the loader also
-    /// writes it when dropped. Does nothing without `trace`.
+    /// writes it when dropped. Does nothing without `trace`. Fails with `Unsupported` in a child
+    /// process forked after the loader was made.
     pub fn write_trace(&self) -> Result<()> {
+        self.origin.check()?;
         match self.stats.recorder.trace() {
             Some(trace) => trace.write(),
             None => Ok(()),
@@ -365,8 +392,19 @@ impl Loader {
     }
 
     /// A snapshot of the counters (`stoker_stats` in C); see [`Stats`] for each field.
+    ///
+    /// # Panics
+    ///
+    /// In a child process forked after the loader was made (see [`Loader::try_stats`]).
     pub fn stats(&self) -> Stats {
         self.stats.snapshot()
+    }
+
+    /// A snapshot of the counters, as [`Loader::stats`]; `Err(Unsupported)` in a child process
+    /// forked after the loader was made, where the counters' locks may be held forever by a
+    /// worker thread that held one at the moment of the fork.
+    pub fn try_stats(&self) -> Result<Stats> {
+        self.stats.try_snapshot()
     }
 
     /// A handle that reads this loader's stats from any thread, while another drives it.
@@ -413,6 +451,7 @@ impl Loader {
     /// `epoch`, or was just resumed into it and has delivered nothing since (so that a
     /// `set_epoch(e)` before each epoch's loop continues a resumed epoch instead of restarting it).
     pub fn set_epoch(&mut self, epoch: u64) -> Result<()> {
+        self.origin.check()?;
         if self.closer.is_closed() {
             return Err(crate::close::closed_error());
         }

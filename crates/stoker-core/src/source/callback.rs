@@ -10,15 +10,14 @@
 //! Image-shaped uint8 tensors (`[H, W, 3]` or `[3, H, W]`, see option `input_layout`) are the
 //! exception when the transform fixes the output size: decoded pictures of a real dataset differ
 //! in size, and the transform brings each to one. Such a field is then written as a raw-pixel
-//! record ([`crate::decode::RAW_MAGIC`]: the size, then packed RGB8) and declared an encoded
+//! record ([`super::pixels::RAW_MAGIC`]: the size, then packed RGB8) and declared an encoded
 //! image, so collate plans and transforms each sample from its own size, as it does a JPEG's; the
 //! shape check applies to the transform's output.
 
 use std::sync::Arc;
 
+use super::pixels::{image_dims, raw_header, InputLayout};
 use super::{FieldKind, FieldSpec, Sample, Source, MAX_FIELDS};
-use crate::collate::{image_dims, InputLayout};
-use crate::decode::raw_header;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -79,10 +79,12 @@ impl ImageFolderSource {
         if classes.len() > u32::MAX as usize {
             return Err(Error::io(root, "too many class directories"));
         }
-        let per_class: Vec<Result<ClassFiles>> = classes
-            .par_iter()
-            .map(|(name, _)| walk_class(root, name))
-            .collect();
+        let per_class: Vec<Result<ClassFiles>> = crate::fork::parallel(|| {
+            classes
+                .par_iter()
+                .map(|(name, _)| walk_class(root, name))
+                .collect()
+        })?;
 
         let mut names = Vec::new();
         let mut ends = Vec::new();

@@ -11,6 +11,7 @@ pub mod mapped;
 mod memory;
 mod npy;
 pub mod packed;
+pub mod pixels;
 pub mod remote;
 pub mod shards;
 pub mod streaming;

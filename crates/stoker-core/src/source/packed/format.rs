@@ -78,7 +78,7 @@ pub enum ImageMode {
     Jpeg = 1,
     /// Encoded PNG bytes.
     Png = 2,
-    /// A raw-pixel record (see [`crate::decode::RAW_MAGIC`]).
+    /// A raw-pixel record (see [`crate::source::pixels::RAW_MAGIC`]).
     Raw = 3,
 }
 

@@ -38,11 +38,13 @@ impl PackedSource {
     pub fn open_with(spec: &str, remote: &RemoteConfig) -> Result<PackedSource> {
         let (listing, holders) = resolve_with(spec, remote)?;
         let path = spec;
-        let opened: Vec<Result<PackedFile>> = listing
-            .shards
-            .par_iter()
-            .map(|s| PackedFile::open(&s.path))
-            .collect();
+        let opened: Vec<Result<PackedFile>> = crate::fork::parallel(|| {
+            listing
+                .shards
+                .par_iter()
+                .map(|s| PackedFile::open(&s.path))
+                .collect()
+        })?;
         let mut shards = Vec::with_capacity(opened.len());
         for (file, listed) in opened.into_iter().zip(&listing.shards) {
             let file = file.map_err(|e| listed.blame(e))?;

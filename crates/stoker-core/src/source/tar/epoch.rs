@@ -151,10 +151,12 @@ impl TarStream {
             beside: config.index_beside,
             dir: config.index_dir.clone().or_else(IndexPlaces::default_dir),
         };
-        let entries: Vec<Result<(ShardEntry, Option<String>)>> = shards
-            .par_iter()
-            .map(|path| shard_entry(path, &places, &config))
-            .collect();
+        let entries: Vec<Result<(ShardEntry, Option<String>)>> = crate::fork::parallel(|| {
+            shards
+                .par_iter()
+                .map(|path| shard_entry(path, &places, &config))
+                .collect()
+        })?;
         let mut table = Vec::with_capacity(entries.len());
         let mut damaged = Vec::new();
         for entry in entries {

@@ -80,10 +80,12 @@ impl TarSource {
             beside: config.index_beside,
             dir: config.index_dir.clone().or_else(IndexPlaces::default_dir),
         };
-        let opened: Vec<Result<Opened>> = shards
-            .par_iter()
-            .map(|path| open_shard(path, &places, &config))
-            .collect();
+        let opened: Vec<Result<Opened>> = crate::fork::parallel(|| {
+            shards
+                .par_iter()
+                .map(|path| open_shard(path, &places, &config))
+                .collect()
+        })?;
         let mut maps = Vec::with_capacity(shards.len());
         let mut damaged = Vec::new();
         for result in opened {
@@ -119,13 +121,14 @@ impl TarSource {
         let fields =
             TarFields::resolve_scanned(&config, &path.to_string_lossy(), map, &first_sample)?;
 
-        let built: Vec<Shard> = maps
-            .into_par_iter()
-            .zip(shards.par_iter())
-            .map(|((map, index, origin), path)| {
-                build_shard(path, map, &index, origin, &fields, config.max_member_bytes)
-            })
-            .collect();
+        let built: Vec<Shard> = crate::fork::parallel(|| {
+            maps.into_par_iter()
+                .zip(shards.par_iter())
+                .map(|((map, index, origin), path)| {
+                    build_shard(path, map, &index, origin, &fields, config.max_member_bytes)
+                })
+                .collect()
+        })?;
         let mut starts = Vec::with_capacity(built.len() + 1);
         let mut total = 0usize;
         for shard in &built {
