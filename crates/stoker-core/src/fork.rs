@@ -8,7 +8,7 @@
 //!
 //! So the process counts its forks: a `pthread_atfork` child handler, registered before stoker
 //! starts its first thread, bumps a generation, and what a loader is made of records the
-//! [`Origin`] it was made in: the loader, its arena, its stats, its closer, each device batch's
+//! `Origin` it was made in: the loader, its arena, its stats, its closer, each device batch's
 //! buffer. In a child (a later generation):
 //! - every call that would wait on the parent's threads or take their locks returns
 //!   [`Error::Unsupported`] saying so: `next`, `set_epoch`, the stats, `write_trace`, a device
@@ -22,7 +22,7 @@
 //!
 //! A loader made in the child is an ordinary loader of the child, and the parent's loaders go on
 //! as before. Rayon's global pool is one more set of threads a child does not have: stoker's
-//! parallel indexing runs through [`parallel`], which uses a pool of its own in a forked child.
+//! parallel indexing runs through `parallel`, which uses a pool of its own in a forked child.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

@@ -19,7 +19,7 @@
 //! * PNG (zune-png): gray, gray+alpha, RGB, RGBA and palette images at any bit depth. Alpha is
 //!   dropped (not composited), like `convert("RGB")`; 16-bit samples keep their high byte.
 //!
-//! * Raw pixels: a record of packed RGB8 behind a 16-byte header ([`RAW_MAGIC`](crate::source::pixels::RAW_MAGIC), width,
+//! * Raw pixels: a record of packed RGB8 behind a 16-byte header ([`RAW_MAGIC`], width,
 //!   height, channels), as stoker's packed format stores images in `raw` mode. They need no
 //!   decoding: [`raw_pixels`] hands out a view that the transform reads in place.
 //!

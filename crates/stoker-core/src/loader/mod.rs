@@ -183,7 +183,7 @@ impl Loader {
     /// are DMA transfers. `prefetch_factor + 1` device buffers form the ring: that many batches
     /// copied ahead, plus the one the trainer is using. A trainer that holds them all makes the
     /// ring grow, one buffer at a time, while `memory_budget` holds the host batches in flight
-    /// and every device buffer (see [`growth_limit`]); it shrinks back once the trainer holds
+    /// and every device buffer (see `growth_limit`); it shrinks back once the trainer holds
     /// fewer. `cuda_stream`, when set, is the
     /// caller's stream to copy on (borrowed, never destroyed).
     pub fn with_device_backend(
