@@ -107,11 +107,22 @@ fn device_batches_have_cuda_fields_with_the_copied_data() {
 #[test]
 fn a_held_batch_keeps_its_buffer_until_released() {
     let fake = fake(0);
-    let o = options(12, &[("batch_size", "4"), ("prefetch_factor", "1")]);
+    // prefetch_factor 1: a ring of 2 device buffers, which the budget does not let grow (one
+    // page a batch, 4 pages: the host's 2 and the ring's 2).
+    let budget = (4 * stoker_core::arena::page_size()).to_string();
+    let o = options(
+        12,
+        &[
+            ("batch_size", "4"),
+            ("prefetch_factor", "1"),
+            ("memory_budget", &budget),
+        ],
+    );
     let mut l = device_loader(&fake, &o);
     let a = l.next().unwrap();
     let b = l.next().unwrap();
-    // The ring (prefetch_factor + 1 = 2 buffers) is all held: asking again fails at once.
+    // The ring (prefetch_factor + 1 = 2 buffers) is all held and may not grow: asking again
+    // fails at once.
     let e = l.next().err().expect("the ring is exhausted");
     assert!(e.to_string().starts_with("-1|"), "{e}");
     a.synchronize().unwrap();
