@@ -105,13 +105,16 @@ class LoaderTest : public ::testing::Test {
   std::string dir_;
 };
 
-TEST(Options, ChainedSettersAcceptTheContractKeys) {
+// Every typed setter, one per option key (a Rust test checks they cover exactly the keys), with
+// a value the key takes: each converts to the string the parser reads.
+TEST(Options, EveryTypedSetterTakesAValueOfItsKey) {
+  int stream = 0;
   EXPECT_NO_THROW(stoker::Options()
                       .source("npy:x.npy")
                       .labels("npy:y.npy")
                       .batch_size(64)
                       .shuffle(true)
-                      .seed(42)
+                      .seed(UINT64_MAX)
                       .drop_last(true)
                       .num_workers(2)
                       .num_workers_auto()
@@ -119,13 +122,43 @@ TEST(Options, ChainedSettersAcceptTheContractKeys) {
                       .in_order(false)
                       .rank(0)
                       .world_size(1)
+                      .shard_drop_last(true)
+                      .replacement(true)
+                      .num_samples(1000)
+                      .weights({0.1, 2.5, 1e-300})
+                      .subset({3, 5, 9})
+                      .indices({9, 3, 0})
+                      .transform("random_resized_crop(224) | hflip")
                       .dtype("float32")
                       .layout("nhwc")
+                      .input_layout("chw")
                       .pin_memory(false)
                       .device("cpu")
+                      .cuda_stream(&stream)
                       .on_error("skip")
                       .timeout_ms(1000)
-                      .set("pad", "0"));
+                      .resume_state("stoker-state-v1;seed=3;epoch=1;position=2;ahead=4;batches=6")
+                      .pad(-0.5)
+                      .max_image_pixels(1000000)
+                      .jpeg_decoder("zune")
+                      .memory_budget("8GiB")
+                      .autotune(true)
+                      .trace("trace.json")
+                      .shuffle_buffer(100)
+                      .order("quasi_random")
+                      .fields("jpg;png:image,cls:label")
+                      .shard_prefetch(4)
+                      .cache_dir("cache")
+                      .cache_limit("500GB"));
+  // The values round-trip: a weight that std::to_string would print as 0.000000 stays positive,
+  // and a negative one is refused by the parser, naming the key.
+  try {
+    stoker::Options().weights({1.0, -1e-9});
+    FAIL() << "a negative weight was accepted";
+  } catch (const stoker::Error& e) {
+    EXPECT_EQ(e.status(), stoker::Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("`weights`"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Options, UnknownKeyThrowsInvalidArgumentNamingTheKey) {

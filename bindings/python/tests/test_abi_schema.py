@@ -136,3 +136,34 @@ def test_the_library_is_the_header_abi_version(header):
     version = re.search(r"#define STOKER_ABI_VERSION (\d+)", header)
     assert version and int(version.group(1)) == _ffi.ABI_VERSION
     assert _ffi.lib.stoker_abi_version() == _ffi.ABI_VERSION
+
+
+def documented_options():
+    """(key, example) of every row of the header's option table (the core's key table)."""
+    rows = re.findall(r"^ \* \| `(\w+)` \|.*?\| `((?:[^`\\]|\\.)*)` \| [^|]", HEADER.read_text(), re.M)
+    return [(key, example.replace("\\|", "|")) for key, example in rows]
+
+
+def test_every_documented_option_reaches_the_library_as_a_keyword(npy_data, tmp_path, monkeypatch):
+    """`stoker.Loader(**options)` passes every key of the table through to the library: each
+    key with its documented example either makes a loader holding that value, or fails for a
+    reason of its own (no CUDA device, a resume state of another job), never as an unknown key."""
+    import stoker
+
+    monkeypatch.chdir(tmp_path)  # the examples of `trace` and `cache_dir` are relative paths
+    data_path, _, _, _ = npy_data
+    options = documented_options()
+    assert len(options) >= 39 and ("batch_size", "64") in options, options[:3]
+    outcomes = {}
+    for key, example in options:
+        if key == "source":  # the positional argument
+            continue
+        try:
+            with stoker.Loader(f"npy:{data_path}", **{key: example}) as loader:
+                assert loader.options[key] == example
+            outcomes[key] = "made"
+        except stoker.StokerError as e:
+            assert "unknown option" not in str(e), (key, str(e))
+            outcomes[key] = type(e).__name__
+    # Most keys make a loader over an npy array; the rest are refused for what they are.
+    assert sum(o == "made" for o in outcomes.values()) >= 25, outcomes

@@ -251,6 +251,46 @@ fn option_tables_match_the_key_table() {
     }
 }
 
+/// The C++ face's typed setters (`stoker::Options::KEY(...)`, each calling `set("KEY", ...)`)
+/// cover exactly the documented keys: none missing, none the core does not know.
+#[test]
+fn cpp_typed_setters_cover_every_key() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let hpp = std::fs::read_to_string(root.join("bindings/cpp/include/stoker/stoker.hpp")).unwrap();
+    let start = hpp
+        .find("class Options {")
+        .expect("stoker.hpp: no class Options");
+    let body = &hpp[start..];
+    let body = &body[..body.find("\n};").expect("class Options does not end")];
+    let mut setters = std::collections::BTreeSet::new();
+    for line in body.lines() {
+        let line = line.trim();
+        let Some(rest) = line.strip_prefix("Options& ") else {
+            continue;
+        };
+        let name = &rest[..rest.find('(').unwrap_or(rest.len())];
+        if name == "set" || name == "operator=" {
+            continue;
+        }
+        // `source` is set in code through a bridge too; `num_workers_auto` sets `num_workers`.
+        let key = name.strip_suffix("_auto").unwrap_or(name);
+        setters.insert(key.to_owned());
+        if let Some(at) = line.find("set(\"") {
+            let called = &line[at + 5..];
+            let called = &called[..called.find('"').unwrap()];
+            assert_eq!(called, key, "stoker.hpp: setter `{name}` sets `{called}`");
+        }
+    }
+    let keys: std::collections::BTreeSet<String> =
+        stoker_core::options::keys().map(str::to_owned).collect();
+    let missing: Vec<_> = keys.difference(&setters).collect();
+    let unknown: Vec<_> = setters.difference(&keys).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "stoker.hpp's typed setters: missing {missing:?}, not option keys {unknown:?}"
+    );
+}
+
 #[test]
 fn launcher_codes_are_the_cores() {
     use stoker_core::Launcher;

@@ -25,6 +25,7 @@
 // the values of the C ABI's `stoker_status`.
 #pragma once
 
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -284,7 +285,11 @@ class Options {
     return *this;
   }
 
-  // `npy:PATH`, `image_folder:ROOT` or `tar:PATTERN`.
+  // One typed setter per option key, named as the key: each converts its value to the string the
+  // key takes and calls set(). What a key means, its values and default: the option table of
+  // stoker.h (docs/options.md). A test checks that these setters cover exactly the table's keys.
+
+  // A source spec (`npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`).
   Options& source(std::string_view spec) { return set("source", spec); }
   // A custom source; the options (and every loader made from them) share it.
   Options& source(std::shared_ptr<const Source> source) {
@@ -301,62 +306,73 @@ class Options {
     detail::call([&] { handle_->set_iterable(std::move(bridge)); });
     return *this;
   }
-  // Streaming: shuffle through a buffer of n samples (tar shards: 0 reads them indexed).
-  Options& shuffle_buffer(std::size_t n) { return set("shuffle_buffer", std::to_string(n)); }
-  // Tar members to deliver, `EXT:NAME,...` (e.g. "jpg;png:image,cls:label,txt:caption").
-  Options& fields(std::string_view spec) { return set("fields", spec); }
-  // Samples per epoch over all ranks: of an iterable source, the equal-batches rule.
-  Options& num_samples(uint64_t n) { return set("num_samples", std::to_string(n)); }
-  // `npy:PATH`: per-sample labels for an npy source.
   Options& labels(std::string_view spec) { return set("labels", spec); }
   Options& batch_size(std::size_t n) { return set("batch_size", std::to_string(n)); }
   Options& shuffle(bool on) { return set("shuffle", flag(on)); }
   Options& seed(uint64_t seed) { return set("seed", std::to_string(seed)); }
   Options& drop_last(bool on) { return set("drop_last", flag(on)); }
-  // 0 = work in the calling thread; `num_workers_auto()` = one per usable core (the default).
   Options& num_workers(std::size_t n) { return set("num_workers", std::to_string(n)); }
   Options& num_workers_auto() { return set("num_workers", "auto"); }
   Options& prefetch_factor(std::size_t n) { return set("prefetch_factor", std::to_string(n)); }
   Options& in_order(bool on) { return set("in_order", flag(on)); }
   Options& rank(std::size_t r) { return set("rank", std::to_string(r)); }
   Options& world_size(std::size_t n) { return set("world_size", std::to_string(n)); }
-  // e.g. "random_resized_crop(224) | hflip | normalize(imagenet)".
+  Options& shard_drop_last(bool on) { return set("shard_drop_last", flag(on)); }
+  Options& replacement(bool on) { return set("replacement", flag(on)); }
+  Options& num_samples(uint64_t n) { return set("num_samples", std::to_string(n)); }
+  Options& weights(const std::vector<double>& weights) { return set("weights", list(weights)); }
+  Options& subset(const std::vector<std::size_t>& indices) { return set("subset", list(indices)); }
+  Options& indices(const std::vector<std::size_t>& indices) { return set("indices", list(indices)); }
   Options& transform(std::string_view spec) { return set("transform", spec); }
-  // "uint8", "float32", "float16" or "bfloat16".
   Options& dtype(std::string_view name) { return set("dtype", name); }
-  // "nchw" or "nhwc".
   Options& layout(std::string_view name) { return set("layout", name); }
+  Options& input_layout(std::string_view name) { return set("input_layout", name); }
   Options& pin_memory(bool on) { return set("pin_memory", flag(on)); }
-  // "cpu", "cuda" or "cuda:N". A CUDA device fails at Loader construction with UNSUPPORTED (saying
-  // why) when there is no driver or no such device.
+  // A CUDA device fails at Loader construction with UNSUPPORTED (saying why) when there is no
+  // driver or no such device.
   Options& device(std::string_view name) { return set("device", name); }
-  // The CUstream (cudaStream_t) the loader queues its host-to-device copies on, borrowed: it
-  // must outlive the loader. Unset, the loader makes its own non-blocking stream.
+  // The CUstream (cudaStream_t) to queue the host-to-device copies on, borrowed: it must outlive
+  // the loader and every batch.
   Options& cuda_stream(void* stream) {
     return set("cuda_stream", std::to_string(reinterpret_cast<std::uintptr_t>(stream)));
   }
-  // "raise" or "skip".
   Options& on_error(std::string_view policy) { return set("on_error", policy); }
   Options& timeout_ms(uint64_t ms) { return set("timeout_ms", std::to_string(ms)); }
   // A string from `Loader::save_state()`.
   Options& resume_state(std::string_view state) { return set("resume_state", state); }
-  // Bound on the batch memory the loader keeps: bytes ("8GiB", "500MB") or "N%" of RAM.
+  Options& pad(double value) { return set("pad", number(value)); }
+  Options& max_image_pixels(uint64_t n) { return set("max_image_pixels", std::to_string(n)); }
+  Options& jpeg_decoder(std::string_view name) { return set("jpeg_decoder", name); }
   Options& memory_budget(std::string_view bytes) { return set("memory_budget", bytes); }
-  // Live control of the worker count and prefetch depth; decisions show in stats() and the trace.
   Options& autotune(bool on) { return set("autotune", flag(on)); }
-  // Write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) to this path.
   Options& trace(std::string_view path) { return set("trace", path); }
-  // Remote shards (s3://, gs://, az://, http(s):// in a `tar:` pattern): shards downloaded ahead.
+  Options& shuffle_buffer(std::size_t n) { return set("shuffle_buffer", std::to_string(n)); }
+  Options& order(std::string_view name) { return set("order", name); }
+  Options& fields(std::string_view spec) { return set("fields", spec); }
   Options& shard_prefetch(std::size_t n) { return set("shard_prefetch", std::to_string(n)); }
-  // Remote shards: keep them under this directory, so later epochs read locally...
   Options& cache_dir(std::string_view path) { return set("cache_dir", path); }
-  // ...within this many bytes ("500GB", "64GiB"), least recently used evicted.
   Options& cache_limit(std::string_view bytes) { return set("cache_limit", bytes); }
 
   const ffi::OptionsHandle& handle() const noexcept { return *handle_; }
 
  private:
   static const char* flag(bool on) noexcept { return on ? "true" : "false"; }
+  // Shortest decimal form that reads back as the same double (what the option parser reads).
+  static std::string number(double x) {
+    char buf[32];
+    auto end = std::to_chars(buf, buf + sizeof buf, x).ptr;
+    return std::string(buf, end);
+  }
+  static std::string number(std::size_t n) { return std::to_string(n); }
+  template <typename T>
+  static std::string list(const std::vector<T>& values) {
+    std::string out;
+    for (const T& v : values) {
+      if (!out.empty()) out += ',';
+      out += number(v);
+    }
+    return out;
+  }
   rust::Box<ffi::OptionsHandle> handle_;
 };
 

@@ -1,0 +1,374 @@
+//! Every option key, declared once: its field, type, default, parser and documentation. The
+//! [`declare_options!`] table below generates the fields of [`LoaderOptions`], its `Default`,
+//! the key dispatch of [`LoaderOptions::set`] and [`OPTIONS`], from which the header's and the
+//! manual's option tables are rendered (a test of `stoker-capi` checks both). A key cannot be
+//! documented without being settable, or settable without being documented.
+//!
+//! Declaring the table with a macro follows DataFusion's `config_namespace!`: one entry per key,
+//! so adding one is a single edit that cannot leave a second list behind.
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+use super::parse::*;
+use super::{Device, DeviceChoice, OnError, Order, SamplerChoice};
+use crate::decode::JpegDecoder;
+use crate::dtype::{DType, Layout};
+use crate::error::{Error, Result};
+use crate::memory::MemoryBudget;
+use crate::source::pixels::InputLayout;
+use crate::source::SourceSpec;
+
+/// One option key, documented: the single source of the option tables in `include/stoker.h`
+/// and `docs/options.md`.
+#[derive(Clone, Copy, Debug)]
+pub struct OptionDoc {
+    /// The option's name, as given to [`LoaderOptions::set`].
+    pub key: &'static str,
+    /// Accepted values.
+    pub values: &'static str,
+    /// The value used when the option is not set.
+    pub default: &'static str,
+    /// A value the key accepts (the faces' tests set every key to it).
+    pub example: &'static str,
+    /// What the option does, in one phrase.
+    pub meaning: &'static str,
+}
+
+/// Generates [`LoaderOptions`], its `Default`, `set_key` and [`OPTIONS`] from one entry per key
+/// (`field: Type = default; parse |key, value| expr; values …, default …, example …, meaning …;`),
+/// plus the fields set in code only (no key).
+macro_rules! declare_options {
+    (
+        keys {
+            $(
+                $(#[doc = $doc:literal])*
+                $field:ident: $ty:ty = $default:expr;
+                parse |$key:pat_param, $value:pat_param| $parse:expr;
+                values $values:literal,
+                default $default_doc:literal,
+                example $example:literal,
+                meaning $meaning:literal;
+            )*
+        }
+        in_code {
+            $( $(#[doc = $cdoc:literal])* $cfield:ident: $cty:ty = $cdefault:expr; )*
+        }
+    ) => {
+        /// Every knob of a loader. `LoaderOptions::default()` has the documented defaults; set
+        /// others with [`set`](Self::set) (string keys, as every face does) or the typed setters.
+        #[derive(Clone, Debug)]
+        pub struct LoaderOptions {
+            $( $(#[doc = $doc])* pub(crate) $field: $ty, )*
+            $( $(#[doc = $cdoc])* pub(crate) $cfield: $cty, )*
+        }
+
+        impl Default for LoaderOptions {
+            fn default() -> Self {
+                LoaderOptions {
+                    $( $field: $default, )*
+                    $( $cfield: $cdefault, )*
+                }
+            }
+        }
+
+        /// Every key [`LoaderOptions::set`] accepts.
+        pub const OPTIONS: &[OptionDoc] = &[
+            $( OptionDoc {
+                key: stringify!($field),
+                values: $values,
+                default: $default_doc,
+                example: $example,
+                meaning: $meaning,
+            }, )*
+        ];
+
+        impl LoaderOptions {
+            /// Parses `value` for `key` and stores it; `None` for a key that is not an option.
+            /// On an error nothing changes.
+            pub(super) fn set_key(&mut self, key: &str, value: &str) -> Option<Result<()>> {
+                match key {
+                    $( stringify!($field) => {
+                        let parse = |$key: &str, $value: &str| -> Result<$ty> { $parse };
+                        Some(parse(key, value).map(|parsed| self.$field = parsed))
+                    } )*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+declare_options! {
+keys {
+    source: Option<SourceSpec> = None;
+        parse |key, v| parse_source(key, v).map(Some);
+        values "`npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`",
+        default "required",
+        example "npy:/data/x.npy",
+        meaning "an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists, or a WebDataset `wids` shard index `….json` listing shards with their sample counts; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs); custom, callback and iterable sources are set in code";
+    /// Labels for an npy source.
+    labels: Option<PathBuf> = None;
+        parse |key, v| parse_labels(key, v).map(Some);
+        values "`npy:PATH`",
+        default "none",
+        example "npy:/data/y.npy",
+        meaning "integer labels for an npy source (field `label`, int64)";
+    batch_size: usize = 1;
+        parse |key, v| parse_int(key, v, 1, 1 << 24).map(|n| n as usize);
+        values "integer 1..=16777216",
+        default "1",
+        example "64",
+        meaning "samples per batch";
+    shuffle: bool = false;
+        parse |key, v| parse_bool(key, v);
+        values "bool",
+        default "false",
+        example "true",
+        meaning "a new permutation every epoch, a function of (seed, epoch) only";
+    seed: u64 = 0;
+        parse |key, v| parse_int(key, v, 0, u64::MAX);
+        values "u64",
+        default "0",
+        example "18446744073709551615",
+        meaning "all randomness (order and augmentation) derives from it; the same on every rank, so ranks agree on the order";
+    drop_last: bool = false;
+        parse |key, v| parse_bool(key, v);
+        values "bool",
+        default "false",
+        example "true",
+        meaning "drop the incomplete final batch";
+    /// `None` is `auto`: the cores this process may run on.
+    num_workers: Option<usize> = None;
+        parse |key, v| parse_auto(key, v, 0, 1024);
+        values "integer 0..=1024, `auto`",
+        default "`auto`",
+        example "3",
+        meaning "worker threads (`auto`: the cores of this process's affinity mask divided by the ranks on this node, at least 1; 0: the calling thread)";
+    prefetch_factor: usize = 2;
+        parse |key, v| parse_int(key, v, 1, 1024).map(|n| n as usize);
+        values "integer 1..=1024",
+        default "2",
+        example "4",
+        meaning "batches in flight = max(1, num_workers) × prefetch_factor";
+    in_order: bool = true;
+        parse |key, v| parse_bool(key, v);
+        values "bool",
+        default "true",
+        example "false",
+        meaning "false lets ready batches overtake (never across epochs)";
+    /// `None` is `auto`: from the launcher's variables (see [`crate::launch`]).
+    rank: Option<usize> = None;
+        parse |key, v| parse_auto(key, v, 0, 1 << 20);
+        values "integer, `auto` (`env` is an alias)",
+        default "`auto`",
+        example "1",
+        meaning "this process's rank: the epoch's global order is padded by repeating its head and rank r takes `order[r::world_size]`; `auto`: from torchrun, Slurm, Open MPI or PMI variables, else 0";
+    world_size: Option<usize> = None;
+        parse |key, v| parse_auto(key, v, 1, 1 << 20);
+        values "integer ≥ 1, `auto` (`env` is an alias)",
+        default "`auto`",
+        example "4",
+        meaning "number of ranks (`auto`: from the launcher's variables, else 1); every sampler is dealt to ranks, each getting the same number of batches";
+    /// `DistributedSampler(drop_last=...)`: drop the tail instead of padding the shards.
+    shard_drop_last: bool = false;
+        parse |key, v| parse_bool(key, v);
+        values "bool",
+        default "false",
+        example "true",
+        meaning "distributed: drop the tail instead of padding every rank to the same length";
+    /// `RandomSampler(replacement=...)`.
+    replacement: bool = false;
+        parse |key, v| parse_bool(key, v);
+        values "bool",
+        default "false",
+        example "true",
+        meaning "`RandomSampler(replacement=True)`";
+    /// `num_samples` of the random and weighted samplers.
+    num_samples: Option<usize> = None;
+        parse |key, v| parse_int(key, v, 1, u64::MAX).map(|n| Some(n as usize));
+        values "integer ≥ 1",
+        default "dataset size",
+        example "1000",
+        meaning "samples per epoch of the random and weighted samplers; of an iterable source, the epoch's total over all ranks (each rank delivers `ceil(N / world_size)`, wrapping its stream around if short)";
+    /// Per-sample weights: selects `WeightedRandomSampler`.
+    weights: Option<Vec<f64>> = None;
+        parse |key, v| parse_weights(key, v).map(Some);
+        values "`w0,w1,...` (finite, ≥ 0)",
+        default "none",
+        example "0.5,1,2",
+        meaning "`WeightedRandomSampler` (with replacement)";
+    /// Indices as ranges (a single index is a range of one): selects `SubsetRandomSampler`.
+    /// Kept as ranges so that `0..1000000000000` costs nothing until checked against the dataset.
+    subset: Option<Vec<Range<usize>>> = None;
+        parse |key, v| parse_indices(key, v).map(Some);
+        values "`3,5,9` or `0..1000`, mixed",
+        default "none",
+        example "3,5,10..20",
+        meaning "`SubsetRandomSampler`: these indices, shuffled every epoch";
+    /// Indices in the order to visit them every epoch (kept as ranges, as `subset`): selects the
+    /// explicit-order sampler.
+    indices: Option<Vec<Range<usize>>> = None;
+        parse |key, v| parse_indices(key, v).map(Some);
+        values "`3,5,9` or `0..1000`, mixed",
+        default "none",
+        example "9,3,0..4",
+        meaning "these indices in this order every epoch (a torch `sampler=` given as a sequence)";
+    /// Image transform pipeline spec, e.g. `random_resized_crop(224) | hflip | normalize(imagenet)`.
+    transform: Option<String> = None;
+        parse |_, v| Ok(non_empty(v).map(str::to_owned));
+        values "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`",
+        default "none",
+        example "random_resized_crop(224) | hflip",
+        meaning "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument";
+    dtype: Option<DType> = None;
+        parse |key, v| v.parse().map(Some).map_err(|e| Error::option(key, e));
+        values "`uint8`, `float32`, `float16`, `bfloat16`",
+        default "float32 after normalize, else uint8",
+        example "bfloat16",
+        meaning "image output element type (other tensors are delivered as stored; image-shaped uint8 tensors are images, see `input_layout`)";
+    layout: Layout = Layout::Nchw;
+        parse |key, v| v.parse().map_err(|e| Error::option(key, e));
+        values "`nchw`, `nhwc`",
+        default "nchw",
+        example "nhwc",
+        meaning "image batch layout";
+    /// How image-shaped uint8 tensor fields are stored (`None`: from their shape).
+    input_layout: Option<InputLayout> = None;
+        parse |key, v| parse_input_layout(key, v).map(Some);
+        values "`hwc`, `chw`",
+        default "`hwc` if the last dimension is 3, else `chw` if the first is",
+        example "chw",
+        meaning "how an image-shaped uint8 tensor field (npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size; from callbacks, when the transform fixes the output size, its size may vary from sample to sample";
+    /// `None`: page-locked when the device is CUDA.
+    pin_memory: Option<bool> = None;
+        parse |key, v| parse_bool(key, v).map(Some);
+        values "bool",
+        default "true with cuda",
+        example "true",
+        meaning "page-locked batch memory: registered with the CUDA driver where one is present (what torch calls pinned: `is_pinned()`, asynchronous `.cuda(non_blocking=True)`), else `mlock`; on cuda, registered with the loader's device";
+    /// As given: `cuda` without an ordinal becomes `cuda:LOCAL_RANK` once the launch is known.
+    device: DeviceChoice = DeviceChoice::Given(Device::Cpu);
+        parse |key, v| parse_device(key, v);
+        values "`cpu`, `cuda`, `cuda:N`",
+        default "cpu",
+        example "cuda:1",
+        meaning "where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node)";
+    /// With `device=cuda`: the caller's `CUstream` (as an address) to queue the copies on,
+    /// instead of a stream of the loader's own. Borrowed: it must outlive the loader and every
+    /// batch, and is never destroyed. `Some(0)` is the legacy default stream.
+    cuda_stream: Option<usize> = None;
+        parse |key, v| parse_stream(key, v).map(Some);
+        values "a CUstream, decimal or `0x` hex",
+        default "the loader's own",
+        example "0x7f00aa",
+        meaning "device=cuda: copy on the caller's stream (borrowed, never destroyed)";
+    on_error: OnError = OnError::Raise;
+        parse |key, v| parse_on_error(key, v);
+        values "`raise`, `skip`",
+        default "raise",
+        example "skip",
+        meaning "bad sample: an error naming it, or a deterministic replacement counted in stats";
+    /// Longest wait for one batch; 0 waits forever.
+    timeout_ms: u64 = 0;
+        parse |key, v| parse_int(key, v, 0, u64::MAX / 1_000_000);
+        values "integer ≥ 0",
+        default "0 (none)",
+        example "1500",
+        meaning "longest wait for one batch";
+    resume_state: Option<String> = None;
+        parse |_, v| crate::resume::ResumeState::parse(v).map(|_| Some(v.to_owned()));
+        values "a string from `save_state`",
+        default "none",
+        example "stoker-state-v1;seed=3;epoch=1;position=2;ahead=4;batches=6",
+        meaning "continue exactly where a saved job stopped, at any world size (a streaming loader's state: at the same world size only, by replay); an error names what differs if the source, sampler, batch_size, drop_last or transform changed";
+    /// Pad value for ragged fields.
+    pad: Option<f64> = None;
+        parse |key, v| parse_finite(key, v).map(Some);
+        values "a finite number",
+        default "none",
+        example "-1",
+        meaning "pad ragged fields to the batch's longest, with a `<name>_lengths` field";
+    /// Largest image (width × height) a decoder will allocate for; larger ones are bad samples.
+    /// Pillow's `MAX_IMAGE_PIXELS`: larger images are decompression bombs until proven otherwise.
+    max_image_pixels: u64 = 89_478_485;
+        parse |key, v| parse_int(key, v, 1, u64::MAX);
+        values "integer ≥ 1",
+        default "89478485",
+        example "1000000",
+        meaning "larger images are bad samples (decompression bombs), refused before allocating";
+    /// Which decoder decodes JPEGs; `None`: `STOKER_JPEG_DECODER`, else auto.
+    jpeg_decoder: Option<JpegDecoder> = None;
+        parse |key, v| JpegDecoder::parse(v).map(Some).map_err(|reason| Error::option(key, reason));
+        values "`auto`, `zune`, `turbo`",
+        default "`auto` (or `STOKER_JPEG_DECODER`)",
+        example "zune",
+        meaning "`turbo`: libjpeg-turbo decodes only the rows and columns a crop reads, shrinking in the DCT domain when the crop is at least twice the output; `zune`: zune-jpeg (pure Rust) decodes whole images; `auto`: `turbo` when it was built with SIMD, else `zune`. CMYK/YCCK JPEGs always go to zune-jpeg; stats count each path (`decoded_*`)";
+    /// Bound on the batch memory the loader keeps; `None` is the default (see [`crate::memory`]).
+    memory_budget: Option<MemoryBudget> = None;
+        parse |key, v| MemoryBudget::parse(key, v).map(Some);
+        values "bytes (`8GiB`, `500MB`) or `N%` of physical memory",
+        default "50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE`",
+        example "8GiB",
+        meaning "bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`); with `device=cuda` it also holds the device buffers the ring grows by while the trainer holds every one";
+    /// Live control of the worker count and prefetch depth (see [`crate::autotune`]).
+    autotune: bool = false;
+        parse |key, v| parse_bool(key, v);
+        values "bool",
+        default "false",
+        example "true",
+        meaning "live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace";
+    /// Where to write the Chrome trace-event timeline (see [`crate::trace`]).
+    trace: Option<PathBuf> = None;
+        parse |_, v| Ok(non_empty(v).map(PathBuf::from));
+        values "a file path",
+        default "none",
+        example "trace.json",
+        meaning "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped";
+    /// Streaming mode's shuffle buffer (tar and iterable sources); 0: indexed tar, or an
+    /// iterable in stream order.
+    shuffle_buffer: usize = 0;
+        parse |key, v| parse_int(key, v, 0, 1 << 24).map(|n| n as usize);
+        values "integer 0..=16777216",
+        default "0",
+        example "1000",
+        meaning "tar: 0 = indexed (random access, every sampler); N ≥ 1 = streaming: shards shuffled per (seed, epoch), split across ranks into equal runs, read sequentially through a seeded buffer of N samples; iterable sources: a buffer of N samples (0: stream order)";
+    order: Order = Order::Random;
+        parse |key, v| parse_order(key, v);
+        values "`random`, `quasi_random`",
+        default "`random`",
+        example "quasi_random",
+        meaning "with `shuffle=true`: `quasi_random` is a page-aware shuffle for packed data larger than RAM: pages shuffled, then samples shuffled within windows of 32 pages (64 MiB at the default page size); deterministic and resumable like `random`. The packed files are advised (`madvise`) for the order: sequential, random or read-ahead per page";
+    /// Tar members to deliver, as parsed by `parse_fields`.
+    fields: Option<Vec<(String, String)>> = None;
+        parse |_, v| crate::source::tar::parse_fields(v).map(Some);
+        values "`EXT:NAME,...` (`jpg;png:image,cls:label,txt:caption`)",
+        default "image + label",
+        example "jpg;png:image,cls:label",
+        meaning "tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, anything else raw bytes (uint8, padded with 0, with `NAME_lengths`)";
+    /// Remote shards downloaded at once (see [`crate::source::remote`]).
+    shard_prefetch: usize = crate::source::remote::RemoteConfig::default().shard_prefetch;
+        parse |key, v| parse_int(key, v, 0, 64).map(|n| n as usize);
+        values "integer 0..=64",
+        default "2",
+        example "4",
+        meaning "tar or packed with URLs (`s3://`, `gs://`, `az://`, `https://`): remote shards downloaded at once while the loader opens; streaming from a `wids` index (`tar:URL.json`): shards downloading ahead of the one being read (0 is taken as 1)";
+    /// The local cache of remote shards.
+    cache_dir: Option<PathBuf> = None;
+        parse |_, v| Ok(non_empty(v).map(PathBuf::from));
+        values "a directory path",
+        default "none (a private temporary directory, removed when the loader closes)",
+        example "cache",
+        meaning "local cache of remote shards, shared safely by the ranks of a node (file locks; each shard downloaded once); a later loader checks each cached shard's size and ETag with one HEAD request and reads it locally";
+    cache_limit: Option<u64> = None;
+        parse |key, v| parse_size(key, v).map(Some);
+        values "bytes (`500GB`, `64GiB`)",
+        default "unlimited",
+        example "500GB",
+        meaning "cache_dir: least recently used shards not in use by any loader are removed after a download, down to this size";
+}
+in_code {
+    /// Overrides the sampler the keys select (see [`LoaderOptions::set_sampler`]).
+    sampler: SamplerChoice = None;
+}
+}

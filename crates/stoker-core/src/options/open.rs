@@ -1,0 +1,250 @@
+//! Opening the source the keys name (map-style or a stream, for this rank) and the image
+//! stages its fields get.
+
+use std::sync::Arc;
+
+use super::{LoaderOptions, OnError, Order};
+use crate::collate::ImageStages;
+use crate::decode::JpegDecoder;
+use crate::dtype::{DType, Layout};
+use crate::error::{Error, Result};
+use crate::source::pixels::tensor_image_shape;
+use crate::source::streaming::StreamSource;
+use crate::source::tar::{TarConfig, TarSource, TarStream};
+use crate::source::{
+    FieldKind, FieldRules, FieldSpec, IterableStream, PackedSource, Source, SourceSpec,
+};
+use crate::transform::Pipeline;
+
+/// A loader's source once opened: map-style (read by index) or a stream.
+pub(crate) enum OpenedSource {
+    Indexed(Arc<dyn Source>),
+    Stream(Arc<dyn StreamSource>),
+}
+
+/// What opening a source found: the source, and the damaged tar shards `on_error=skip` passes
+/// over (each counts as one skipped sample).
+pub(crate) struct Opened {
+    pub source: OpenedSource,
+    pub damaged: Vec<String>,
+}
+
+impl LoaderOptions {
+    /// Whether these options make a streaming loader: tar shards with `shuffle_buffer ≥ 1`, or
+    /// an iterable source.
+    pub fn is_streaming(&self) -> bool {
+        match &self.source {
+            Some(SourceSpec::Tar(_)) => self.shuffle_buffer > 0,
+            Some(SourceSpec::Iterable(_)) => true,
+            _ => false,
+        }
+    }
+
+    /// How tar shards are read under these options.
+    pub(crate) fn tar_config(&self) -> TarConfig {
+        TarConfig {
+            fields: self.fields.clone(),
+            pad: self.pad.is_some(),
+            skip_damaged: self.on_error == OnError::Skip,
+            remote: crate::source::remote::RemoteConfig {
+                shard_prefetch: self.shard_prefetch,
+                cache_dir: self.cache_dir.clone(),
+                cache_limit: self.cache_limit,
+            },
+            ..TarConfig::default()
+        }
+    }
+
+    /// Opens the source. A stream (tar with `shuffle_buffer ≥ 1`, an iterable source) is opened
+    /// for this rank; an iterable's stream of `epoch` is opened (continuing from `resume`, a
+    /// state it saved after `given` samples) to learn the fields from its first sample.
+    pub(crate) fn open_source(
+        &self,
+        seed: u64,
+        epoch: u64,
+        resume: Option<&str>,
+        given: u64,
+    ) -> Result<Opened> {
+        let spec = self.source.as_ref().ok_or_else(|| {
+            Error::option("source", "required, e.g. npy:PATH or image_folder:ROOT")
+        })?;
+        let is_tar = matches!(spec, SourceSpec::Tar(_));
+        if self.fields.is_some() && !is_tar {
+            return Err(Error::option("fields", "applies to tar sources only"));
+        }
+        let streaming = self.is_streaming();
+        if self.shuffle_buffer > 0 && !streaming {
+            return Err(Error::option(
+                "shuffle_buffer",
+                "applies to tar and iterable sources only",
+            ));
+        }
+        if streaming {
+            self.check_stream_keys(matches!(spec, SourceSpec::Iterable(_)))?;
+        }
+        // Streams are split by the resolved launch, as the indexed samplers are dealt.
+        let launch = self.launch()?;
+        let share = self.deal(&launch);
+        Ok(match spec {
+            SourceSpec::Tar(pattern) if streaming => {
+                let stream = TarStream::open_pattern(pattern, self.tar_config(), share, seed)?;
+                let damaged = stream.damaged().to_vec();
+                Opened {
+                    source: OpenedSource::Stream(Arc::new(stream)),
+                    damaged,
+                }
+            }
+            SourceSpec::Tar(pattern) => {
+                let source = TarSource::open_pattern(pattern, self.tar_config())?;
+                let damaged = source.damaged().to_vec();
+                Opened {
+                    source: OpenedSource::Indexed(Arc::new(source)),
+                    damaged,
+                }
+            }
+            SourceSpec::Iterable(iterable) => {
+                share.check("rank")?;
+                let stream = IterableStream::new(
+                    Arc::clone(iterable),
+                    share,
+                    seed,
+                    epoch,
+                    resume,
+                    given,
+                    self.num_samples,
+                    self.field_rules(),
+                )?;
+                Opened {
+                    source: OpenedSource::Stream(Arc::new(stream)),
+                    damaged: Vec::new(),
+                }
+            }
+            SourceSpec::Packed(path) if self.labels.is_none() => Opened {
+                source: OpenedSource::Indexed(Arc::new(PackedSource::open_with(
+                    path,
+                    &self.tar_config().remote,
+                )?)),
+                damaged: Vec::new(),
+            },
+            other => Opened {
+                source: OpenedSource::Indexed(
+                    other.open_with(self.labels.as_deref(), self.field_rules())?,
+                ),
+                damaged: Vec::new(),
+            },
+        })
+    }
+
+    /// Keys that choose a sampler have no meaning for a stream, which is read in order.
+    fn check_stream_keys(&self, iterable: bool) -> Result<()> {
+        for (key, set) in [
+            ("weights", self.weights.is_some()),
+            ("subset", self.subset.is_some()),
+            ("replacement", self.replacement),
+            ("sampler", self.sampler.is_some()),
+            ("num_samples", self.num_samples.is_some() && !iterable),
+            ("order", self.order != Order::Random),
+        ] {
+            if set {
+                return Err(Error::option(
+                    key,
+                    if iterable {
+                        "does not apply to an iterable source, which is read in order".to_owned()
+                    } else {
+                        "applies to indexed tar shards (shuffle_buffer=0) only: streaming reads shards in order".to_owned()
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The shuffle buffer of a streaming loader.
+    pub fn shuffle_buffer(&self) -> usize {
+        self.shuffle_buffer
+    }
+}
+
+impl LoaderOptions {
+    /// What the fields of a callback or iterable source may be: ragged under `pad`, and
+    /// image-shaped uint8 tensors of varying size when the transform fixes the output size
+    /// (a pipeline for encoded images, whose size varies too, can be built).
+    fn field_rules(&self) -> FieldRules {
+        FieldRules {
+            pad: self.pad.is_some(),
+            input_layout: self.input_layout,
+            images_vary: self.transform.is_some()
+                && Pipeline::new(self.transform.as_deref(), self.dtype, self.layout).is_ok(),
+        }
+    }
+
+    /// The image stages (decode limits and transform) for a source of `fields`: `None` for a
+    /// source with no encoded-image field, where `transform`, `dtype` and `layout` are errors.
+    pub fn image_stages(&self, fields: &[FieldSpec]) -> Result<Option<ImageStages>> {
+        let options = self;
+        let has_images = fields.iter().any(|f| f.kind == FieldKind::EncodedImage);
+        let tensor_images = fields
+            .iter()
+            .filter(|f| tensor_image_shape(f, options.input_layout).is_some())
+            .count();
+        let wants_pixels = options.transform.is_some()
+            || options.dtype.is_some()
+            || options.layout != Layout::Nchw;
+        if !has_images && (tensor_images == 0 || !wants_pixels) {
+            // Tensors are delivered as stored unless an image-shaped uint8 field is asked to be
+            // transformed: a conversion here would be a second copy a caller should see.
+            for (key, set) in [
+                ("transform", options.transform.is_some()),
+                ("dtype", options.dtype.is_some()),
+                ("layout", options.layout != Layout::Nchw),
+            ] {
+                if set {
+                    return Err(Error::option(
+                        key,
+                        "applies to images: encoded image fields, or uint8 tensor fields of \
+                         shape [H, W, 3] or [3, H, W] (see input_layout); this source has none",
+                    ));
+                }
+            }
+            return Ok(None);
+        }
+        if let Some(dtype @ (DType::I32 | DType::I64)) = options.dtype {
+            return Err(Error::option(
+                "dtype",
+                format!("images can be uint8, float32, float16 or bfloat16, not {dtype}"),
+            ));
+        }
+        // Encoded images vary in size, so their pipeline must fix it; image-shaped tensors get a
+        // pipeline each, built by collate for their known size (which checks the spec too).
+        let pipeline = if has_images {
+            let p = Pipeline::new(options.transform.as_deref(), options.dtype, options.layout)
+                .map_err(|reason| Error::option("transform", reason))?;
+            Some(Arc::new(p))
+        } else {
+            None
+        };
+        let jpeg_decoder = match options.jpeg_decoder {
+            Some(d) => d,
+            // The environment picks the decoder of every loader that does not say, so a test
+            // suite or a job can run on the other decoder unchanged.
+            None => match std::env::var("STOKER_JPEG_DECODER") {
+                Ok(v) => JpegDecoder::parse(&v).map_err(|reason| {
+                    Error::option(
+                        "jpeg_decoder",
+                        format!("from STOKER_JPEG_DECODER: {reason}"),
+                    )
+                })?,
+                Err(_) => JpegDecoder::Auto,
+            },
+        };
+        Ok(Some(ImageStages {
+            max_pixels: options.max_image_pixels,
+            jpeg_decoder,
+            input_layout: options.input_layout,
+            pipeline,
+            transform: options.transform.clone(),
+            dtype: options.dtype,
+            layout: options.layout,
+        }))
+    }
+}

@@ -1,0 +1,210 @@
+//! The parsers of option values: each takes the key (for its error) and the trimmed value, and
+//! says in words what it expected.
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+use super::{Device, DeviceChoice, OnError, Order};
+use crate::error::{Error, Result};
+use crate::source::pixels::InputLayout;
+use crate::source::SourceSpec;
+
+/// `npy:PATH`, `image_folder:ROOT`, `tar:PATTERN` or `packed:PATH`.
+pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
+    Ok(if let Some(p) = v.strip_prefix("npy:") {
+        SourceSpec::Npy(non_empty_path(key, p)?)
+    } else if let Some(p) = v.strip_prefix("image_folder:") {
+        SourceSpec::ImageFolder(non_empty_path(key, p)?)
+    } else if let Some(p) = v.strip_prefix("tar:") {
+        // Expanded (and checked) when the loader opens the shards: a pattern may name shards
+        // that do not exist yet.
+        if p.is_empty() {
+            return Err(Error::option(key, "the shard pattern is empty"));
+        }
+        SourceSpec::Tar(p.to_owned())
+    } else if let Some(p) = v.strip_prefix("packed:") {
+        if p.is_empty() {
+            return Err(Error::option(key, "the packed path is empty"));
+        }
+        SourceSpec::Packed(p.to_owned())
+    } else {
+        return Err(Error::option(
+            key,
+            format!(
+                "`{v}` is not a source; expected npy:PATH, image_folder:ROOT, tar:PATTERN or packed:PATH"
+            ),
+        ));
+    })
+}
+
+/// `npy:PATH`.
+pub(super) fn parse_labels(key: &str, v: &str) -> Result<PathBuf> {
+    let p = v.strip_prefix("npy:").ok_or_else(|| {
+        Error::option(
+            key,
+            format!("`{v}` is not a labels source; expected npy:PATH"),
+        )
+    })?;
+    non_empty_path(key, p)
+}
+
+fn non_empty_path(key: &str, p: &str) -> Result<PathBuf> {
+    if p.is_empty() {
+        return Err(Error::option(key, "the path is empty"));
+    }
+    Ok(PathBuf::from(p))
+}
+
+/// `None` for an empty value: the key's default.
+pub(super) fn non_empty(v: &str) -> Option<&str> {
+    (!v.is_empty()).then_some(v)
+}
+
+pub(super) fn parse_bool(key: &str, v: &str) -> Result<bool> {
+    match v {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(Error::option(
+            key,
+            format!("`{v}` is not a boolean; expected true or false"),
+        )),
+    }
+}
+
+pub(super) fn parse_int(key: &str, v: &str, min: u64, max: u64) -> Result<u64> {
+    let n: u64 = v
+        .parse()
+        .map_err(|_| Error::option(key, format!("`{v}` is not a non-negative integer")))?;
+    if n < min || n > max {
+        return Err(Error::option(
+            key,
+            format!("{n} is out of range [{min}, {max}]"),
+        ));
+    }
+    Ok(n)
+}
+
+/// `auto` (or its alias `env`): `None`, resolved when the loader is made; else an integer in
+/// `min..=max`.
+pub(super) fn parse_auto(key: &str, v: &str, min: u64, max: u64) -> Result<Option<usize>> {
+    if v == "auto" || v == "env" {
+        return Ok(None);
+    }
+    Ok(Some(parse_int(key, v, min, max)? as usize))
+}
+
+/// A finite number.
+pub(super) fn parse_finite(key: &str, v: &str) -> Result<f64> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|p| p.is_finite())
+        .ok_or_else(|| Error::option(key, format!("`{v}` is not a finite number")))
+}
+
+/// `w0,w1,...`, each finite and ≥ 0.
+pub(super) fn parse_weights(key: &str, v: &str) -> Result<Vec<f64>> {
+    v.split(',')
+        .map(|w| {
+            w.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|w| w.is_finite() && *w >= 0.0)
+                .ok_or_else(|| Error::option(key, format!("`{w}` is not a finite weight >= 0")))
+        })
+        .collect()
+}
+
+/// `3,5,9` or ranges `0..100` (end exclusive), mixed; kept as ranges (see `subset`).
+pub(super) fn parse_indices(key: &str, v: &str) -> Result<Vec<Range<usize>>> {
+    let mut out = Vec::new();
+    for part in v.split(',').map(str::trim) {
+        let bad = || Error::option(key, format!("`{part}` is not an index or a range a..b"));
+        if let Some((a, b)) = part.split_once("..") {
+            let a: usize = a.trim().parse().map_err(|_| bad())?;
+            let b: usize = b.trim().parse().map_err(|_| bad())?;
+            if b < a {
+                return Err(Error::option(
+                    key,
+                    format!("`{part}` is an empty range (end < start)"),
+                ));
+            }
+            out.push(a..b);
+        } else {
+            let i: usize = part.parse().map_err(|_| bad())?;
+            out.push(i..i.saturating_add(1));
+        }
+    }
+    Ok(out)
+}
+
+pub(super) fn parse_input_layout(key: &str, v: &str) -> Result<InputLayout> {
+    match v {
+        "hwc" => Ok(InputLayout::Hwc),
+        "chw" => Ok(InputLayout::Chw),
+        _ => Err(Error::option(key, format!("`{v}` is not hwc or chw"))),
+    }
+}
+
+/// `cpu`, `cuda` (the local rank's device, once the launch is known) or `cuda:N`.
+pub(super) fn parse_device(key: &str, v: &str) -> Result<DeviceChoice> {
+    match v {
+        "cpu" => Ok(DeviceChoice::Given(Device::Cpu)),
+        "cuda" => Ok(DeviceChoice::CudaLocal),
+        _ => match v.strip_prefix("cuda:").map(str::parse::<u32>) {
+            Some(Ok(n)) => Ok(DeviceChoice::Given(Device::Cuda(n))),
+            _ => Err(Error::option(
+                key,
+                format!("`{v}` is not a device; expected cpu, cuda or cuda:N"),
+            )),
+        },
+    }
+}
+
+/// A `CUstream` as an address, decimal or `0x` hex.
+pub(super) fn parse_stream(key: &str, v: &str) -> Result<usize> {
+    let parsed = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        Some(hex) => usize::from_str_radix(hex, 16),
+        None => v.parse::<usize>(),
+    };
+    parsed.map_err(|_| {
+        Error::option(
+            key,
+            format!(
+                "`{v}` is not a stream address; expected a CUstream as decimal or 0x-prefixed hex"
+            ),
+        )
+    })
+}
+
+pub(super) fn parse_order(key: &str, v: &str) -> Result<Order> {
+    match v {
+        "random" => Ok(Order::Random),
+        "quasi_random" => Ok(Order::QuasiRandom),
+        _ => Err(Error::option(
+            key,
+            format!("`{v}` is not an order; expected random or quasi_random"),
+        )),
+    }
+}
+
+pub(super) fn parse_on_error(key: &str, v: &str) -> Result<OnError> {
+    match v {
+        "raise" => Ok(OnError::Raise),
+        "skip" => Ok(OnError::Skip),
+        _ => Err(Error::option(
+            key,
+            format!("`{v}` is not a policy; expected raise or skip"),
+        )),
+    }
+}
+
+/// Bytes as `500GB` or `64GiB`.
+pub(super) fn parse_size(key: &str, v: &str) -> Result<u64> {
+    let bytes: bytesize::ByteSize = v.parse().map_err(|e| {
+        Error::option(
+            key,
+            format!("`{v}` is not a size such as 500GB or 64GiB: {e}"),
+        )
+    })?;
+    Ok(bytes.as_u64())
+}

@@ -1,0 +1,164 @@
+//! Which sampler the keys select: an explicit one, else weights, subset, indices, shuffle or
+//! sequential; `order=quasi_random` for a paged source.
+
+use std::ops::Range;
+
+use super::{LoaderOptions, Order, QUASI_RANDOM_WINDOW_PAGES};
+use crate::error::{Error, Result};
+use crate::sampler::SamplerKind;
+use crate::source::{Access, Source};
+
+impl LoaderOptions {
+    /// The sampler of `source` these options select ([`sampler_kind`](Self::sampler_kind)),
+    /// with `order=quasi_random` applied to a shuffle of a paged source; tells the source how
+    /// it will be read (`madvise` for packed files).
+    pub(crate) fn sampler_kind_for(&self, source: &dyn Source) -> Result<SamplerKind> {
+        let mut kind = self.sampler_kind(source.len())?;
+        if self.order == Order::QuasiRandom {
+            kind = match kind {
+                SamplerKind::Random {
+                    replacement: false,
+                    num_samples: None,
+                } => SamplerKind::QuasiRandom {
+                    pages: source.pages().ok_or_else(|| {
+                        Error::option(
+                            "order",
+                            "quasi_random applies to page-organised sources (packed:PATH)",
+                        )
+                    })?,
+                    window: QUASI_RANDOM_WINDOW_PAGES,
+                },
+                _ => {
+                    return Err(Error::option(
+                        "order",
+                        "quasi_random shuffles: it needs shuffle=true, without replacement, num_samples, weights, subset or indices",
+                    ))
+                }
+            };
+        }
+        source.advise(match &kind {
+            SamplerKind::Sequential | SamplerKind::Indices { .. } => Access::Sequential,
+            SamplerKind::QuasiRandom { .. } => Access::PageWindows,
+            _ => Access::Random,
+        });
+        Ok(kind)
+    }
+
+    /// The sampler of the global order these options select: an explicit one, else weights →
+    /// weighted, subset → subset-random, indices → that order, shuffle → random, otherwise
+    /// sequential. Under world_size > 1 it is dealt to the ranks ([`deal`](Self::deal)).
+    pub fn sampler_kind(&self, dataset_len: usize) -> Result<SamplerKind> {
+        if let Some(kind) = &self.sampler {
+            return Ok(kind.clone());
+        }
+        let chosen = [
+            self.weights.is_some(),
+            self.subset.is_some(),
+            self.indices.is_some(),
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count();
+        if chosen > 1 {
+            return Err(Error::option(
+                "sampler",
+                "weights, subset and indices each select a sampler; set only one",
+            ));
+        }
+        if self.indices.is_some() && (self.shuffle || self.replacement) {
+            return Err(Error::option(
+                "indices",
+                "gives the order itself: it cannot be combined with shuffle or replacement",
+            ));
+        }
+        Ok(if let Some(weights) = &self.weights {
+            SamplerKind::WeightedRandom {
+                weights: weights.clone(),
+                num_samples: self.num_samples.unwrap_or(dataset_len),
+                replacement: true,
+            }
+        } else if let Some(ranges) = &self.subset {
+            SamplerKind::SubsetRandom {
+                indices: materialize_subset("subset", ranges, dataset_len)?,
+            }
+        } else if let Some(ranges) = &self.indices {
+            SamplerKind::Indices {
+                indices: materialize_subset("indices", ranges, dataset_len)?,
+            }
+        } else if self.shuffle || self.replacement || self.num_samples.is_some() {
+            SamplerKind::Random {
+                replacement: self.replacement,
+                num_samples: self.num_samples,
+            }
+        } else {
+            SamplerKind::Sequential
+        })
+    }
+}
+
+/// The subset's indices, once every one is known to be inside the dataset and the list fits
+/// in memory.
+fn materialize_subset(
+    key: &str,
+    ranges: &[Range<usize>],
+    dataset_len: usize,
+) -> Result<Vec<usize>> {
+    if let Some(r) = ranges.iter().find(|r| r.end > dataset_len) {
+        let i = if r.end - r.start == 1 {
+            r.start
+        } else {
+            r.end - 1
+        };
+        return Err(Error::option(
+            key,
+            format!("index {i} is out of range for a dataset of {dataset_len} samples"),
+        ));
+    }
+    let count = ranges
+        .iter()
+        .try_fold(0usize, |n, r| n.checked_add(r.len()))
+        .unwrap_or(usize::MAX);
+    crate::sampler::check_order_size(key, count)?;
+    Ok(ranges.iter().flat_map(|r| r.clone()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampler_selection() {
+        let mut o = LoaderOptions::default();
+        assert_eq!(o.sampler_kind(5).unwrap(), SamplerKind::Sequential);
+        o.set("subset", "0..3,7").unwrap();
+        assert_eq!(
+            o.sampler_kind(10).unwrap(),
+            SamplerKind::SubsetRandom {
+                indices: vec![0, 1, 2, 7]
+            }
+        );
+        o.set("weights", "1,2").unwrap();
+        assert!(o.sampler_kind(2).is_err(), "two samplers selected");
+        o.subset = None;
+        o.set("num_samples", "5").unwrap();
+        assert!(matches!(
+            o.sampler_kind(2).unwrap(),
+            SamplerKind::WeightedRandom {
+                num_samples: 5,
+                replacement: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn subset_indices_outside_the_dataset_name_the_index() {
+        let mut o = LoaderOptions::default();
+        o.set("subset", "0..3,12").unwrap();
+        let e = o.sampler_kind(10).unwrap_err().to_string();
+        assert!(e.contains("`subset`") && e.contains("index 12"), "{e}");
+        o.set("subset", "5..20").unwrap();
+        let e = o.sampler_kind(10).unwrap_err().to_string();
+        assert!(e.contains("index 19"), "{e}");
+    }
+}
