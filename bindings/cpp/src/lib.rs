@@ -6,20 +6,19 @@
 //! Errors cross as `rust::Error` exceptions whose message is `"<status>|<message>"`, where
 //! `<status>` is the C ABI's `stoker_status` value; `stoker.hpp` parses it back into a
 //! `stoker::Error` carrying a `stoker::Status`. No panic crosses: each call that can reach the
-//! engine runs under `catch_unwind` and a panic becomes `STOKER_ERR_INTERNAL`.
+//! engine runs under `stoker_core::catch_panic` and a panic becomes `STOKER_ERR_INTERNAL`.
 //!
 //! One Rust staticlib per link: this crate's archive contains stoker-core and Rust's standard
 //! library. Link it (CMake target `stoker::cxx`) or the C ABI's `libstoker.a`, never both.
 
 use std::fmt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use cxx::UniquePtr;
 use stoker_core::source::SampleWriter;
 use stoker_core::{
-    panic_message, Batch, DType, Error, ErrorKind, IterableSource, Loader, LoaderOptions,
-    SampleStream, SourceSpec, StatsHandle, Stream, StreamInfo,
+    Batch, DType, Error, ErrorKind, IterableSource, Loader, LoaderOptions, SampleStream,
+    SourceSpec, StatsHandle, Stream, StreamInfo,
 };
 
 // `pack` takes the eight arguments of `stoker pack` (and `stoker_pack`) one by one, as C++
@@ -265,13 +264,9 @@ fn invalid_argument(message: String) -> BridgeError {
 
 /// Runs `f`, turning a panic into an INTERNAL error instead of an abort at the boundary.
 fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, BridgeError> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(result) => result.map_err(BridgeError::from),
-        Err(panic) => Err(BridgeError {
-            status: ErrorKind::Internal.code(),
-            message: format!("internal error: panic: {}", panic_message(&*panic)),
-        }),
-    }
+    stoker_core::catch_panic(f)
+        .and_then(|result| result)
+        .map_err(BridgeError::from)
 }
 
 fn version() -> &'static str {
@@ -682,25 +677,15 @@ fn field_info(
     device_type: i32,
     device_id: i32,
 ) -> FieldInfo {
-    let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     FieldInfo {
         name: name.to_owned(),
         data,
         dtype: dtype.code(),
         device_type,
         device_id,
-        strides: contiguous_strides(&shape),
-        shape,
+        strides: stoker_core::batch::contiguous_strides(shape),
+        shape: shape.iter().map(|&d| d as i64).collect(),
     }
-}
-
-/// C-order strides, in elements.
-fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
-    let mut strides = vec![1i64; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * shape[d + 1].max(1);
-    }
-    strides
 }
 
 #[cfg(test)]
@@ -709,13 +694,6 @@ mod cuda_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn strides_are_c_order() {
-        assert_eq!(contiguous_strides(&[4, 3, 2]), vec![6, 2, 1]);
-        assert_eq!(contiguous_strides(&[5]), vec![1]);
-        assert!(contiguous_strides(&[]).is_empty());
-    }
 
     #[test]
     fn errors_carry_the_c_status() {

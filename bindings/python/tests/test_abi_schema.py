@@ -102,6 +102,18 @@ def test_every_struct_has_the_header_fields_in_order(header, cls):
     assert declared == struct_fields(header, STRUCTS[cls])
 
 
+def test_the_stats_dataclass_has_every_stats_field_in_order(header):
+    """`stoker.Stats` is filled by name from the ctypes struct: a field the header gains must
+    appear in it too (else `Loader.stats()` would drop it silently)."""
+    import dataclasses
+
+    import stoker
+
+    names = [f.name for f in dataclasses.fields(stoker.Stats)]
+    c = [name for name, _ in struct_fields(header, "stoker_stats")]
+    assert names == c[1:] + ["worker_busy_ns"], "stoker.Stats against stoker_stats (less `size`)"
+
+
 def test_error_classes_carry_the_header_status_codes(header):
     codes = enum_values(header, "stoker_status")
     assert (codes["STOKER_OK"], codes["STOKER_END_OF_EPOCH"]) == (_ffi.OK, _ffi.END_OF_EPOCH)

@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_void};
 
 use stoker_core::{Error, Stream};
 
-use crate::dlpack::{contiguous_strides, device, export, DLManagedTensorVersioned};
+use crate::dlpack::{device, export, DLManagedTensorVersioned};
 use crate::error::fail;
 use crate::ffi::free_raw;
 use crate::types::{stoker_batch, stoker_status, stoker_tensor, SharedBatch, STOKER_MAX_DIMS};
@@ -41,12 +41,7 @@ fn tensor(batch: &SharedBatch, i: usize) -> Result<stoker_tensor, Error> {
         ndim: ndim as i32,
         ..stoker_tensor::EMPTY
     };
-    for (k, (&d, s)) in field
-        .shape
-        .iter()
-        .zip(contiguous_strides(field.shape))
-        .enumerate()
-    {
+    for (k, (&d, s)) in field.shape.iter().zip(field.strides()).enumerate() {
         t.shape[k] = d as i64;
         t.strides[k] = s;
     }

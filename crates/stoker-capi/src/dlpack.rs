@@ -133,15 +133,6 @@ fn dl_dtype(d: DType) -> DLDataType {
     }
 }
 
-/// C-contiguous strides, in elements, of `shape`.
-pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
-    let mut strides = vec![1i64; shape.len()];
-    for k in (0..shape.len().saturating_sub(1)).rev() {
-        strides[k] = strides[k + 1].saturating_mul(shape[k + 1] as i64);
-    }
-    strides
-}
-
 /// DLPack device of a batch's memory: CUDA for a device batch, CPU for a host batch, pinned or
 /// not (see `Batch::device_type`).
 pub(crate) fn device(batch: &SharedBatch) -> DLDevice {
@@ -160,7 +151,7 @@ pub(crate) fn device(batch: &SharedBatch) -> DLDevice {
 pub(crate) fn export(batch: &Arc<SharedBatch>, i: usize) -> Option<*mut DLManagedTensorVersioned> {
     let field = batch.batch.field(i)?;
     let shape: Vec<i64> = field.shape.iter().map(|&d| d as i64).collect();
-    let strides = contiguous_strides(field.shape);
+    let strides = field.strides();
     let mut export = Box::new(Export {
         managed: DLManagedTensorVersioned {
             version: DLPackVersion { major: 1, minor: 0 },

@@ -7,7 +7,6 @@
 //! ([`free_raw`]). Shared ownership (a batch and its DLPack exports) is an `Arc` inside the box.
 
 use std::ffi::{c_char, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::set_message;
 use crate::types::stoker_status;
@@ -93,16 +92,10 @@ impl FfiReturn for () {
 /// Runs an export's body; a panic becomes `R::internal()` and the last error names the function
 /// and the panic message. Use it through `ffi_boundary!`.
 pub fn boundary<R: FfiReturn>(function: &str, body: impl FnOnce() -> R) -> R {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(r) => r,
-        Err(panic) => {
-            let message = stoker_core::panic_message(&*panic);
-            set_message(format!(
-                "{function}: internal error (a bug in stoker, please report it): panic: {message}"
-            ));
-            R::internal()
-        }
-    }
+    stoker_core::catch_panic(body).unwrap_or_else(|e| {
+        set_message(format!("{function}: {e}"));
+        R::internal()
+    })
 }
 
 /// The failure value for a NULL argument, with its message.

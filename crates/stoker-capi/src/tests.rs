@@ -291,6 +291,42 @@ fn cpp_typed_setters_cover_every_key() {
     );
 }
 
+/// The C++ face's `stoker::Stats` is the cxx bridge's `StatsInfo` (filled by an exhaustive
+/// struct literal from the core's `Stats`): its fields are `stoker_stats`'s, in order, less
+/// `size`, plus the per-worker `worker_busy_ns`.
+#[test]
+fn cpp_stats_fields_are_the_c_structs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let header = std::fs::read_to_string(root.join("include/stoker.h")).unwrap();
+    let bridge = std::fs::read_to_string(root.join("bindings/cpp/src/lib.rs")).unwrap();
+    let body = |text: &str, open: &str| -> Vec<String> {
+        let start = text.find(open).unwrap_or_else(|| panic!("no `{open}`")) + open.len();
+        let end = text[start..].find('}').unwrap() + start;
+        text[start..end]
+            .lines()
+            .map(|l| l.trim())
+            .filter(|l| !l.is_empty() && !l.starts_with("//") && !l.starts_with('*'))
+            .filter(|l| !l.starts_with("/*"))
+            .map(|l| {
+                let l = l.trim_end_matches([';', ',']);
+                // C: `uint64_t batches`; Rust: `batches: u64`.
+                match l.split_once(':') {
+                    Some((name, _)) => name.trim().to_owned(),
+                    None => l.rsplit(' ').next().unwrap().to_owned(),
+                }
+            })
+            .collect()
+    };
+    let mut c = body(&header, "typedef struct stoker_stats {");
+    assert_eq!(c.remove(0), "size");
+    c.push("worker_busy_ns".to_owned());
+    let cxx = body(&bridge, "struct StatsInfo {");
+    assert_eq!(
+        cxx, c,
+        "bindings/cpp/src/lib.rs StatsInfo against include/stoker.h stoker_stats"
+    );
+}
+
 #[test]
 fn launcher_codes_are_the_cores() {
     use stoker_core::Launcher;

@@ -65,6 +65,24 @@ pub struct FieldRef<'a> {
     pub data: Option<&'a [u8]>,
 }
 
+impl FieldRef<'_> {
+    /// The field's C-contiguous strides in elements, as DLPack and the faces give them (a zero
+    /// dimension counts as one, so every stride stays a valid step).
+    pub fn strides(&self) -> Vec<i64> {
+        contiguous_strides(self.shape)
+    }
+}
+
+/// C-contiguous strides in elements of `shape` (see [`FieldRef::strides`]).
+pub fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
+    let mut strides = vec![1i64; shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        let dim = i64::try_from(shape[k + 1].max(1)).unwrap_or(i64::MAX);
+        strides[k] = strides[k + 1].saturating_mul(dim);
+    }
+    strides
+}
+
 /// Device memory holding a batch (one buffer of the CUDA prefetcher's ring), with the copy that
 /// fills it. Implemented in [`crate::cuda`].
 pub(crate) trait DeviceMemory: Send + Sync {
@@ -324,5 +342,22 @@ impl std::fmt::Debug for Batch {
             .field("device_type", &self.device_type())
             .field("fields", &self.fields)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strides_are_c_order_in_elements() {
+        assert_eq!(contiguous_strides(&[4, 3, 2]), vec![6, 2, 1]);
+        assert_eq!(contiguous_strides(&[5]), vec![1]);
+        assert_eq!(
+            contiguous_strides(&[2, 0, 3]),
+            vec![3, 3, 1],
+            "a zero dimension steps by one"
+        );
+        assert!(contiguous_strides(&[]).is_empty());
     }
 }

@@ -167,6 +167,17 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Runs `f`, turning a panic into an [`Error::Internal`] naming its message: the one panic
+/// guard of every face's boundary (a panic must never unwind into C or C++).
+pub fn catch_panic<T>(f: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        Error::Internal(format!(
+            "a bug in stoker, please report it: panic: {}",
+            panic_message(&*panic)
+        ))
+    })
+}
+
 /// What an operating-system error says about a path, in words a user acts on ("not found",
 /// "permission denied") rather than the C library's ("No such device (os error 19)" is what
 /// mapping a directory gives). Kinds without a plainer wording keep the system's message.

@@ -46,7 +46,7 @@ pub use batch::{Batch, DeviceType, FieldMeta, FieldRef};
 pub use close::Closer;
 pub use cuda::{DeviceBackend, Event, Stream};
 pub use dtype::{DType, Layout};
-pub use error::{panic_message, Error, ErrorKind, Result};
+pub use error::{catch_panic, panic_message, Error, ErrorKind, Result};
 pub use launch::{Launch, Launcher, RankShare};
 pub use loader::{EpochIter, Loader};
 pub use options::{Device, LoaderOptions, OnError, Order};

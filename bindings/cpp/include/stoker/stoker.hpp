@@ -506,46 +506,10 @@ class Batch {
   std::vector<TensorView> fields_;
 };
 
-// A snapshot of a loader's counters (`stoker_stats`).
-struct Stats {
-  uint64_t batches = 0;          // delivered to the consumer
-  uint64_t samples = 0;          // delivered, replacements included
-  uint64_t samples_skipped = 0;  // bad samples replaced under on_error=skip
-  uint64_t wait_ns_total = 0;    // time the consumer spent blocked in next()
-  uint64_t wait_ns_p50 = 0, wait_ns_p95 = 0, wait_ns_max = 0;  // per batch
-  uint64_t elapsed_ns = 0;       // since the loader was created
-  double readiness = 0;          // 1 - wait_ns_total / elapsed_ns, in [0, 1]
-  double worker_busy = 0;        // fraction of worker thread time spent working
-  uint64_t slabs_pinned = 0, pin_failures = 0;
-  // This process's place in the job, as resolved (explicit options, or the launcher's variables).
-  uint64_t rank = 0, world_size = 1;
-  uint64_t local_rank = 0, local_world_size = 1;  // device("cuda") is cuda:local_rank
-  uint64_t launcher = 0;  // a stoker_launcher value: 0 none, 1 explicit, 2 torchrun, 3 Slurm,
-                          // 4 Open MPI, 5 PMI
-  // Where the time goes: each stage summed over every worker, per-sample percentiles (decode
-  // and transform: image samples only), per-batch percentiles of the device copy.
-  uint64_t read_ns = 0, decode_ns = 0, transform_ns = 0, collate_ns = 0, h2d_ns = 0;
-  uint64_t num_workers = 0;      // worker threads building batches now
-  uint64_t read_ns_p50 = 0, read_ns_p95 = 0, decode_ns_p50 = 0, decode_ns_p95 = 0;
-  uint64_t transform_ns_p50 = 0, transform_ns_p95 = 0, collate_ns_p50 = 0, collate_ns_p95 = 0;
-  uint64_t h2d_ns_p50 = 0, h2d_ns_p95 = 0;
-  uint64_t busy_ns = 0;          // time spent building batches, all workers
-  std::vector<uint64_t> worker_busy_ns;  // the same per worker, by worker number
-  uint64_t memory_budget = 0;    // bytes (option memory_budget, or its default)
-  uint64_t batch_bytes = 0;      // one batch's memory, page-rounded
-  uint64_t in_flight_cap = 0;    // batches in flight at most now
-  uint64_t in_flight_cap_requested = 0;  // max(1, num_workers) x prefetch_factor
-  uint64_t prefetch_factor = 0;  // batches in flight per worker now (autotune may change it)
-  uint64_t autotune_decisions = 0;  // changes autotune made to workers or prefetch
-  uint64_t decoded_zune = 0;          // images decoded whole by zune-jpeg / zune-png
-  uint64_t decoded_turbo = 0;         // images decoded whole by libjpeg-turbo
-  uint64_t decoded_turbo_region = 0;  // only the crop's region, by libjpeg-turbo
-  uint64_t decoded_turbo_scaled = 0;  // of those, shrunk in the DCT domain
-  uint64_t in_flight_depth = 0;       // batches let be in flight now (<= in_flight_cap)
-  uint64_t batch_memory_bytes = 0;    // batch memory mapped now
-  uint64_t batch_memory_peak_bytes = 0;  // the most batch memory mapped at once
-  uint64_t page_faults = 0;  // minor page faults taken by batch memory since creation
-};
+// A snapshot of a loader's counters: the fields of `stoker_stats` (include/stoker.h documents
+// each), declared once by the cxx bridge, plus `worker_busy_ns` (each worker's busy time, by
+// worker number; `stoker_loader_worker_busy_ns` in C).
+using Stats = ffi::StatsInfo;
 
 class Loader;
 
@@ -655,58 +619,7 @@ class Loader {
   // in a child process forked after the loader was made.
   Stats stats() const {
     if (!stats_) throw Error(Status::Closed, "this stoker::Loader was moved from");
-    ffi::StatsInfo s = detail::call([&] { return (*stats_)->snapshot(); });
-    Stats out;
-    out.batches = s.batches;
-    out.samples = s.samples;
-    out.samples_skipped = s.samples_skipped;
-    out.wait_ns_total = s.wait_ns_total;
-    out.wait_ns_p50 = s.wait_ns_p50;
-    out.wait_ns_p95 = s.wait_ns_p95;
-    out.wait_ns_max = s.wait_ns_max;
-    out.elapsed_ns = s.elapsed_ns;
-    out.readiness = s.readiness;
-    out.worker_busy = s.worker_busy;
-    out.slabs_pinned = s.slabs_pinned;
-    out.pin_failures = s.pin_failures;
-    out.rank = s.rank;
-    out.world_size = s.world_size;
-    out.local_rank = s.local_rank;
-    out.local_world_size = s.local_world_size;
-    out.launcher = s.launcher;
-    out.read_ns = s.read_ns;
-    out.decode_ns = s.decode_ns;
-    out.transform_ns = s.transform_ns;
-    out.collate_ns = s.collate_ns;
-    out.h2d_ns = s.h2d_ns;
-    out.num_workers = s.num_workers;
-    out.read_ns_p50 = s.read_ns_p50;
-    out.read_ns_p95 = s.read_ns_p95;
-    out.decode_ns_p50 = s.decode_ns_p50;
-    out.decode_ns_p95 = s.decode_ns_p95;
-    out.transform_ns_p50 = s.transform_ns_p50;
-    out.transform_ns_p95 = s.transform_ns_p95;
-    out.collate_ns_p50 = s.collate_ns_p50;
-    out.collate_ns_p95 = s.collate_ns_p95;
-    out.h2d_ns_p50 = s.h2d_ns_p50;
-    out.h2d_ns_p95 = s.h2d_ns_p95;
-    out.busy_ns = s.busy_ns;
-    out.memory_budget = s.memory_budget;
-    out.batch_bytes = s.batch_bytes;
-    out.in_flight_cap = s.in_flight_cap;
-    out.in_flight_cap_requested = s.in_flight_cap_requested;
-    out.prefetch_factor = s.prefetch_factor;
-    out.autotune_decisions = s.autotune_decisions;
-    out.decoded_zune = s.decoded_zune;
-    out.decoded_turbo = s.decoded_turbo;
-    out.decoded_turbo_region = s.decoded_turbo_region;
-    out.decoded_turbo_scaled = s.decoded_turbo_scaled;
-    out.in_flight_depth = s.in_flight_depth;
-    out.batch_memory_bytes = s.batch_memory_bytes;
-    out.batch_memory_peak_bytes = s.batch_memory_peak_bytes;
-    out.page_faults = s.page_faults;
-    out.worker_busy_ns.assign(s.worker_busy_ns.begin(), s.worker_busy_ns.end());
-    return out;
+    return detail::call([&] { return (*stats_)->snapshot(); });
   }
 
  private:
