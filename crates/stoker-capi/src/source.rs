@@ -6,6 +6,7 @@
 //! a valid object: using it then finds the handle inactive (`STOKER_ERR_INVALID_ARGUMENT`), never
 //! freed memory.
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -50,8 +51,54 @@ struct SampleState {
 // callback), so moving or sharing the handle across threads cannot reach a dead writer.
 unsafe impl Send for SampleState {}
 
-/// Idle sample handles, reused; they are allocated once and live until the process ends.
+/// Sample handles are allocated once and live until the process ends, so a handle a callback
+/// kept past its call finds no writer instead of freed memory. Each thread keeps the handle it
+/// last used (no lock on the path of a sample); a thread that ends gives it to `IDLE_SAMPLES`,
+/// where a new thread takes one. Those two moments only *try* the lock: a process forked while
+/// another thread held it must not block on it forever, so a handle that finds the lock taken
+/// stays leaked (one per such thread start or end) and the caller allocates a new one.
 static IDLE_SAMPLES: Mutex<Vec<&'static stoker_sample>> = Mutex::new(Vec::new());
+
+/// This thread's idle handle; returned to `IDLE_SAMPLES` when the thread ends.
+struct ThreadSample(Cell<Option<&'static stoker_sample>>);
+
+impl Drop for ThreadSample {
+    fn drop(&mut self) {
+        if let (Some(sample), Ok(mut idle)) = (self.0.take(), IDLE_SAMPLES.try_lock()) {
+            idle.push(sample);
+        }
+    }
+}
+
+thread_local! {
+    static THREAD_SAMPLE: ThreadSample = const { ThreadSample(Cell::new(None)) };
+}
+
+/// An idle handle: this thread's, one another thread left, or a new one.
+fn take_sample() -> &'static stoker_sample {
+    THREAD_SAMPLE
+        .with(|mine| mine.0.take())
+        .or_else(|| IDLE_SAMPLES.try_lock().ok()?.pop())
+        .unwrap_or_else(|| {
+            Box::leak(Box::new(stoker_sample {
+                state: Mutex::new(SampleState {
+                    writer: std::ptr::null_mut(),
+                    failure: None,
+                }),
+            }))
+        })
+}
+
+/// Keeps `sample` as this thread's idle handle (a re-entrant call's second handle goes to
+/// `IDLE_SAMPLES`, or stays leaked if the lock is taken).
+fn give_back(sample: &'static stoker_sample) {
+    let spare = THREAD_SAMPLE
+        .try_with(|mine| mine.0.replace(Some(sample)))
+        .unwrap_or(Some(sample));
+    if let (Some(spare), Ok(mut idle)) = (spare, IDLE_SAMPLES.try_lock()) {
+        idle.push(spare);
+    }
+}
 
 impl stoker_sample {
     fn lock(&self) -> MutexGuard<'_, SampleState> {
@@ -64,18 +111,7 @@ impl stoker_sample {
         writer: &mut SampleWriter<'_>,
         read: impl FnOnce(*mut stoker_sample) -> R,
     ) -> (R, Option<String>) {
-        let sample: &'static stoker_sample = IDLE_SAMPLES
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-            .unwrap_or_else(|| {
-                Box::leak(Box::new(stoker_sample {
-                    state: Mutex::new(SampleState {
-                        writer: std::ptr::null_mut(),
-                        failure: None,
-                    }),
-                }))
-            });
+        let sample = take_sample();
         // Erasing the writer's lifetime is sound because the pointer is cleared below, before
         // `writer`'s borrow ends, and only dereferenced in between (see `SampleState`).
         sample.lock().writer = (writer as *mut SampleWriter<'_>).cast();
@@ -85,10 +121,7 @@ impl stoker_sample {
             state.writer = std::ptr::null_mut();
             state.failure.take()
         };
-        IDLE_SAMPLES
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(sample);
+        give_back(sample);
         (result, failure)
     }
 }
