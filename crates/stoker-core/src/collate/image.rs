@@ -161,3 +161,162 @@ pub(super) fn write_tensor_image(
     pipeline.apply(rgb, width, height, rng, out, transform)
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::decode_rgb;
+    use crate::decode::tests::fixture;
+    use crate::rng::Stream;
+
+    fn stages(transform: Option<&str>) -> ImageStages {
+        ImageStages {
+            max_pixels: 89_478_485,
+            jpeg_decoder: JpegDecoder::Auto,
+            input_layout: None,
+            pipeline: None,
+            transform: transform.map(str::to_owned),
+            dtype: None,
+            layout: Layout::Nhwc,
+        }
+    }
+
+    fn rng() -> Rng {
+        Rng::for_key(1, Stream::Augment, 0, 5)
+    }
+
+    /// A 4x5 uint8 image, every value distinct.
+    const H: usize = 4;
+    const W: usize = 5;
+
+    fn hwc() -> Vec<u8> {
+        (0..H * W * 3).map(|i| (i * 7 % 256) as u8).collect()
+    }
+
+    #[test]
+    fn a_planar_tensor_image_is_interleaved_then_transformed_like_its_hwc_twin() {
+        let field = FieldSpec::tensor("data", DType::U8, &[3, H, W]);
+        let pipeline = tensor_pipeline(&stages(Some("hflip(p=1)")), &field, H, W).unwrap();
+        assert_eq!(pipeline.shape(), vec![H, W, 3]);
+        let hwc = hwc();
+        let mut chw = vec![0; hwc.len()];
+        for (i, px) in hwc.chunks_exact(3).enumerate() {
+            for c in 0..3 {
+                chw[c * H * W + i] = px[c];
+            }
+        }
+        let mut pixels = Pixels::default();
+        let mut from_hwc = vec![0; H * W * 3];
+        let mut from_chw = vec![0; H * W * 3];
+        let size = (H, W, InputLayout::Hwc);
+        write_tensor_image(
+            &pipeline,
+            size,
+            &hwc,
+            &mut rng(),
+            &mut from_hwc,
+            &mut pixels,
+        )
+        .unwrap();
+        let size = (H, W, InputLayout::Chw);
+        write_tensor_image(
+            &pipeline,
+            size,
+            &chw,
+            &mut rng(),
+            &mut from_chw,
+            &mut pixels,
+        )
+        .unwrap();
+        assert_eq!(from_chw, from_hwc);
+        // And the pipeline ran: every row mirrored.
+        for y in 0..H {
+            for x in 0..W {
+                let got = &from_hwc[(y * W + x) * 3..][..3];
+                let want = &hwc[(y * W + (W - 1 - x)) * 3..][..3];
+                assert_eq!(got, want, "pixel ({y}, {x})");
+            }
+        }
+    }
+
+    #[test]
+    fn a_tensor_pipeline_that_cannot_fit_the_tensors_names_the_field_and_size() {
+        let field = FieldSpec::tensor("data", DType::U8, &[H, W, 3]);
+        let e = tensor_pipeline(&stages(Some("center_crop(10)")), &field, H, W)
+            .expect_err("a 10x10 crop of a 5x4 image is refused")
+            .to_string();
+        assert!(
+            e.contains("transform") && e.contains("field `data` (5x4)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_encoded_image_is_written_as_a_whole_decode_then_the_pipeline_would_write_it() {
+        // zune-png decodes whole images, so the window decode is exact here.
+        let png = fixture("photo_png.png");
+        let pipeline =
+            Pipeline::new(Some("random_resized_crop(16) | hflip"), None, Layout::Nhwc).unwrap();
+        let stages = stages(None);
+        let mut out = vec![0; pipeline.output_bytes()];
+        let mut pixels = Pixels::default();
+        let mut spans = Spans::default();
+        let at = (3, 42);
+        write_image(
+            &stages,
+            &pipeline,
+            (&png, None),
+            &mut rng(),
+            &mut out,
+            &mut pixels,
+            &mut spans,
+            at,
+        )
+        .unwrap();
+
+        let mut bufs = DecodeBuffers::default();
+        let dims = decode_rgb(&png, stages.max_pixels, &mut bufs).unwrap();
+        let mut want = vec![0; pipeline.output_bytes()];
+        pipeline
+            .apply_rgb(&bufs.rgb, dims.width, dims.height, &mut rng(), &mut want)
+            .unwrap();
+        assert_eq!(out, want);
+
+        let kinds: Vec<_> = spans
+            .spans()
+            .iter()
+            .map(|s| (s.kind, s.slot, s.index))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (SpanKind::Stage(Stage::Decode), 3, 42),
+                (SpanKind::Stage(Stage::Transform), 3, 42),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_image_over_max_pixels_is_refused_before_it_is_decoded() {
+        let bomb = fixture("bomb_10000x10000.png");
+        let pipeline =
+            Pipeline::new(Some("resize(8) | center_crop(8)"), None, Layout::Nhwc).unwrap();
+        let mut out = vec![0; pipeline.output_bytes()];
+        let mut pixels = Pixels::default();
+        let mut spans = Spans::default();
+        let e = write_image(
+            &stages(None),
+            &pipeline,
+            (&bomb, None),
+            &mut rng(),
+            &mut out,
+            &mut pixels,
+            &mut spans,
+            (0, 0),
+        )
+        .expect_err("100 megapixels is over the limit");
+        assert!(e.contains("max_image_pixels"), "{e}");
+        // Only the decode stage ran, and it allocated no pixel buffer for the image.
+        assert_eq!(spans.spans().len(), 1);
+        assert!(pixels.decode.rgb.capacity() < 10_000 * 10_000 * 3);
+    }
+}

@@ -117,3 +117,107 @@ impl Collator {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::collate::tests::{build, floats, image_stages, key};
+    use crate::collate::BatchKey;
+    use crate::source::MemorySource;
+
+    const N: usize = 4;
+
+    /// `N` 2x2 uint8 images (image `i` all `i * 60`) labelled `i % 3`.
+    fn labelled_images() -> Arc<MemorySource> {
+        let images = (0..N).flat_map(|i| [(i * 60) as u8; 12]).collect();
+        let labels = (0..N as i64).flat_map(|i| (i % 3).to_ne_bytes()).collect();
+        Arc::new(
+            MemorySource::new()
+                .with_tensor("image", DType::U8, &[2, 2, 3], images)
+                .and_then(|s| s.with_tensor("label", DType::I64, &[], labels))
+                .unwrap(),
+        )
+    }
+
+    #[test]
+    fn soft_labels_are_one_hot_rows_with_smoothing_folded_in() {
+        let mut row = [0u8; 16];
+        write_soft_label((DType::I32, 4, 0.2), "label", &2i32.to_ne_bytes(), &mut row).unwrap();
+        let got: Vec<f32> = row
+            .chunks_exact(4)
+            .map(|e| f32::from_ne_bytes(e.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, [0.05, 0.05, 0.85, 0.05]);
+    }
+
+    #[test]
+    fn a_label_outside_num_classes_or_of_the_wrong_size_is_refused() {
+        let mut row = [0u8; 12];
+        let e =
+            write_soft_label((DType::I64, 3, 0.0), "y", &3i64.to_ne_bytes(), &mut row).unwrap_err();
+        assert!(e.contains("field `y`: label 3 is outside 0..3"), "{e}");
+        let e = write_soft_label((DType::I64, 3, 0.0), "y", &[0; 4], &mut row).unwrap_err();
+        assert_eq!(e, "label has the wrong size");
+    }
+
+    #[test]
+    fn mixup_needs_an_integer_scalar_label_field() {
+        let stages = image_stages(Some("mixup(alpha=1.0, num_classes=3)"));
+        let floats = [FieldSpec::tensor("label", DType::F32, &[])];
+        let e = batch_mix(Some(&stages), &floats).unwrap_err().to_string();
+        assert!(e.contains("integer scalar field `label`"), "{e}");
+        let ints = [FieldSpec::tensor("label", DType::I32, &[])];
+        let mix = batch_mix(Some(&stages), &ints).unwrap().expect("a mix");
+        assert_eq!(mix.num_classes, 3);
+        // A spec without mixing needs no label.
+        assert_eq!(
+            batch_mix(Some(&image_stages(Some("hflip"))), &[]).unwrap(),
+            None
+        );
+        assert_eq!(batch_mix(None, &[]).unwrap(), None);
+    }
+
+    #[test]
+    fn a_mixed_batch_blends_each_sample_with_its_mirror_by_one_draw_per_batch() {
+        let stages = Arc::new(image_stages(Some("mixup(alpha=1.0, num_classes=3)")));
+        let c = Collator::new(labelled_images(), None, Some(stages), false).unwrap();
+        let at = |position| BatchKey {
+            position,
+            ..key(5, 0)
+        };
+        let indices: Vec<usize> = (0..N).collect();
+        let batch = build(&c, at(0), &indices).unwrap();
+        let labels = floats(&batch, "label");
+        let image = batch.field_by_name("image").unwrap();
+        assert_eq!(image.shape, [N, 3, 2, 2]);
+        let pixels = image.data.unwrap();
+        // Sample i is lam * itself + (1 - lam) * sample N - 1 - i, labels and pixels alike.
+        // Samples 0 and 3 are both class 0: their blend is still one-hot.
+        assert!((labels[0] - 1.0).abs() < 1e-6, "{labels:?}");
+        // Sample 1 is class 1, its mirror (sample 2) class 2.
+        let lam = labels[3 + 1];
+        assert!(
+            lam > 0.0 && lam < 1.0,
+            "mixup with alpha 1 mixes: {labels:?}"
+        );
+        assert!((labels[3 + 2] - (1.0 - lam)).abs() < 1e-6, "{labels:?}");
+        assert!(
+            (labels[2 * 3 + 2] - lam).abs() < 1e-6,
+            "the mirror's weights: {labels:?}"
+        );
+        // The pixels of 1 and 2 are blended with the same weight, once.
+        let mixed = pixels[12] as f32; // sample 1's first value, from 60 and 120
+        let want = lam * 60.0 + (1.0 - lam) * 120.0;
+        assert!((mixed - want).abs() <= 1.0, "{mixed} vs {want}");
+        // One draw per batch: the same key mixes the same; another position draws anew.
+        assert_eq!(
+            floats(&build(&c, at(0), &indices).unwrap(), "label"),
+            labels
+        );
+        assert_ne!(
+            floats(&build(&c, at(1), &indices).unwrap(), "label"),
+            labels
+        );
+    }
+}

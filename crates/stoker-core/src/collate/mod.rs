@@ -251,3 +251,244 @@ impl Collator {
     }
 }
 
+#[cfg(test)]
+pub(super) mod tests {
+    //! Sources, samples and builds shared by the tests of every stage.
+
+    use super::*;
+    use crate::decode::JpegDecoder;
+    use crate::dtype::{DType, Layout};
+    use crate::source::{MemorySource, Sample};
+
+    /// Batch key of `seed` and `epoch`, at position 0 of rank 0.
+    pub(crate) fn key(seed: u64, epoch: u64) -> BatchKey {
+        BatchKey {
+            seed,
+            epoch,
+            position: 0,
+            rank: 0,
+        }
+    }
+
+    /// `n` samples: field `x` = `[i, i+1, i+2]` as int64, field `y` = `i` as uint8 (wrapping).
+    pub(crate) fn counting(n: usize) -> Arc<dyn Source> {
+        let x = (0..n as i64)
+            .flat_map(|i| [i, i + 1, i + 2])
+            .flat_map(i64::to_ne_bytes)
+            .collect();
+        let y = (0..n).map(|i| i as u8).collect();
+        Arc::new(
+            MemorySource::new()
+                .with_tensor("x", DType::I64, &[3], x)
+                .and_then(|s| s.with_tensor("y", DType::U8, &[], y))
+                .expect("n rows of x and y"),
+        )
+    }
+
+    /// Image stages with no pipeline for encoded images and `transform` for image-shaped
+    /// tensors (and mixup/cutmix).
+    pub(crate) fn image_stages(transform: Option<&str>) -> ImageStages {
+        ImageStages {
+            max_pixels: 1 << 24,
+            jpeg_decoder: JpegDecoder::Auto,
+            input_layout: None,
+            pipeline: None,
+            transform: transform.map(str::to_owned),
+            dtype: None,
+            layout: Layout::Nchw,
+        }
+    }
+
+    /// `inner`, whose samples `bad` fail to read with a sample error, and whose `verify` fails
+    /// when `truncated`.
+    pub(crate) struct Flaky {
+        inner: Arc<dyn Source>,
+        bad: Vec<usize>,
+        pub(crate) truncated: bool,
+    }
+
+    impl Flaky {
+        pub(crate) fn new(inner: Arc<dyn Source>, bad: &[usize]) -> Flaky {
+            Flaky {
+                inner,
+                bad: bad.to_vec(),
+                truncated: false,
+            }
+        }
+    }
+
+    impl Source for Flaky {
+        fn len(&self) -> usize {
+            self.inner.len()
+        }
+        fn fields(&self) -> &[FieldSpec] {
+            self.inner.fields()
+        }
+        fn describe(&self, index: usize) -> String {
+            self.inner.describe(index)
+        }
+        fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+            if self.bad.contains(&index) {
+                return Err(Error::Sample {
+                    index: index as u64,
+                    what: self.describe(index),
+                    reason: "unreadable".into(),
+                });
+            }
+            self.inner.read(index, scratch)
+        }
+        fn verify(&self) -> Result<()> {
+            if self.truncated {
+                return Err(Error::Internal("the file shrank under its map".into()));
+            }
+            Ok(())
+        }
+    }
+
+    /// A streamed sample of one uint8 field `v` (its ordinal, wrapping), or one that fails to
+    /// read.
+    pub(crate) struct Owned {
+        ordinal: u64,
+        v: [u8; 1],
+        bad: bool,
+    }
+
+    impl Owned {
+        pub(crate) fn good(ordinal: u64) -> Owned {
+            Owned {
+                ordinal,
+                v: [ordinal as u8],
+                bad: false,
+            }
+        }
+        pub(crate) fn bad(ordinal: u64) -> Owned {
+            Owned {
+                bad: true,
+                ..Owned::good(ordinal)
+            }
+        }
+        pub(crate) fn fields() -> [FieldSpec; 1] {
+            [FieldSpec::tensor("v", DType::U8, &[])]
+        }
+    }
+
+    impl OwnedSample for Owned {
+        fn read<'a>(&'a self, _scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+            if self.bad {
+                return Err(Error::Sample {
+                    index: self.ordinal,
+                    what: self.describe(),
+                    reason: "cut off".into(),
+                });
+            }
+            let mut sample = Sample::default();
+            sample.set(0, &self.v);
+            Ok(sample)
+        }
+        fn describe(&self) -> String {
+            format!("streamed sample {}", self.ordinal)
+        }
+        fn ordinal(&self) -> u64 {
+            self.ordinal
+        }
+    }
+
+    /// The batch of `indices` of `c`'s source, built whole in a fresh arena.
+    pub(crate) fn build(c: &Collator, key: BatchKey, indices: &[usize]) -> Result<Batch> {
+        let arena = Arena::new(false, None);
+        c.build(
+            key,
+            indices,
+            Draws::ByIndex,
+            &arena,
+            &mut Scratch::default(),
+        )
+    }
+
+    /// Field `name` of `batch` as float32 values.
+    pub(crate) fn floats(batch: &Batch, name: &str) -> Vec<f32> {
+        let data = batch.field_by_name(name).and_then(|f| f.data);
+        data.expect("a host field")
+            .chunks_exact(4)
+            .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
+    /// Field `name` of `batch` as bytes.
+    fn bytes(batch: &Batch, name: &str) -> Vec<u8> {
+        let data = batch.field_by_name(name).and_then(|f| f.data);
+        data.expect("a host field").to_vec()
+    }
+
+    #[test]
+    fn a_whole_build_writes_every_slot_in_order_under_the_batchs_key() {
+        let c = Collator::new(counting(20), None, None, false).unwrap();
+        let at = BatchKey {
+            position: 3,
+            ..key(0, 2)
+        };
+        let batch = build(&c, at, &[11, 4, 19]).unwrap();
+        assert_eq!(
+            (
+                batch.len(),
+                batch.epoch(),
+                batch.position(),
+                batch.skipped()
+            ),
+            (3, 2, 3, 0)
+        );
+        assert_eq!(batch.field_names(), ["x", "y"]);
+        assert_eq!(bytes(&batch, "y"), [11, 4, 19]);
+        assert!(c.batch_bytes(3) <= batch.byte_len());
+    }
+
+    #[test]
+    fn a_batch_whose_source_fails_verification_is_not_handed_over() {
+        let mut source = Flaky::new(counting(4), &[]);
+        source.truncated = true;
+        let c = Collator::new(Arc::new(source), None, None, false).unwrap();
+        let e = build(&c, key(0, 0), &[0, 1]).unwrap_err();
+        assert!(e.to_string().contains("shrank"), "{e}");
+    }
+
+    #[test]
+    fn streamed_samples_are_built_in_order_and_a_bad_one_is_replaced_from_its_batch() {
+        let c = Collator::for_fields(&Owned::fields(), None, None, true).unwrap();
+        let samples: Vec<Box<dyn OwnedSample>> = vec![
+            Box::new(Owned::good(10)),
+            Box::new(Owned::bad(11)),
+            Box::new(Owned::good(12)),
+        ];
+        let arena = Arena::new(false, None);
+        let mut scratch = Scratch::default();
+        let batch = c
+            .build_owned(key(1, 0), &samples, &arena, &mut scratch)
+            .unwrap();
+        assert_eq!(batch.skipped(), 1);
+        let v = bytes(&batch, "v");
+        assert_eq!((v[0], v[2]), (10, 12));
+        assert!(
+            [10, 12].contains(&v[1]),
+            "replaced by a good sample of the batch: {v:?}"
+        );
+        // Without skip, the bad sample fails the batch, named by its ordinal.
+        let strict = Collator::for_fields(&Owned::fields(), None, None, false).unwrap();
+        match strict.build_owned(key(1, 0), &samples, &arena, &mut scratch) {
+            Err(Error::Sample { index, what, .. }) => {
+                assert_eq!((index, what.as_str()), (11, "streamed sample 11"));
+            }
+            other => panic!(
+                "expected sample 11's error, got {:?}",
+                other.map(|b| b.len())
+            ),
+        }
+    }
+
+    #[test]
+    fn a_collator_of_streamed_samples_refuses_indices() {
+        let c = Collator::for_fields(&Owned::fields(), None, None, false).unwrap();
+        assert!(c.source().is_none());
+        let e = build(&c, key(0, 0), &[0]).unwrap_err();
+        assert!(matches!(e, Error::Internal(_)), "{e}");
+    }
+}

@@ -318,3 +318,213 @@ impl Collator {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::collate::tests::{counting, image_stages, key, Flaky, Owned};
+    use crate::dtype::DType;
+    use crate::source::{MemorySource, Source};
+
+    const DRAWS: Draws = Draws::Positions {
+        first: 100,
+        stride: 2,
+    };
+
+    /// Builds `indices` in `parts` parts, the parts run in the order `order` (the rest never
+    /// run), and finishes the batch.
+    fn build_in_parts(
+        c: &Collator,
+        indices: &[usize],
+        parts: usize,
+        order: &[usize],
+    ) -> Result<Batch> {
+        let batch = c
+            .parted(key(9, 1), indices.len(), parts)
+            .expect("a split batch");
+        let arena = Arena::new(false, None);
+        for &part in order {
+            c.build_part(
+                &batch,
+                part,
+                indices,
+                DRAWS,
+                &arena,
+                &mut Scratch::default(),
+            );
+        }
+        c.finish_parted(batch)
+    }
+
+    fn whole(c: &Collator, indices: &[usize]) -> Result<Batch> {
+        let arena = Arena::new(false, None);
+        c.build(key(9, 1), indices, DRAWS, &arena, &mut Scratch::default())
+    }
+
+    /// `n` samples: a 2x3 uint8 image (flipped at random) and `label = i % 3`, mixed by
+    /// `transform` when it says so; `bad` samples do not read.
+    fn images(n: usize, bad: &[usize], transform: &str, skip_bad: bool) -> Collator {
+        let pixels = (0..n * 18).map(|i| (i * 13 % 251) as u8).collect();
+        let labels = (0..n as i64).flat_map(|i| (i % 3).to_ne_bytes()).collect();
+        let source: Arc<dyn Source> = Arc::new(
+            MemorySource::new()
+                .with_tensor("image", DType::U8, &[2, 3, 3], pixels)
+                .and_then(|s| s.with_tensor("label", DType::I64, &[], labels))
+                .unwrap(),
+        );
+        let stages = Arc::new(image_stages(Some(transform)));
+        let source = Arc::new(Flaky::new(source, bad));
+        Collator::new(source, None, Some(stages), skip_bad).unwrap()
+    }
+
+    fn field(batch: &Batch, name: &str) -> Vec<u8> {
+        batch.field_by_name(name).unwrap().data.unwrap().to_vec()
+    }
+
+    #[test]
+    fn a_batch_built_in_parts_is_the_batch_built_whole() {
+        let spec = "hflip | mixup(alpha=1.0, num_classes=3)";
+        let c = images(30, &[4], spec, true);
+        let indices = [3, 4, 17, 0, 29, 8, 11];
+        let want = whole(&c, &indices).unwrap();
+        assert_eq!(want.skipped(), 1);
+        for order in [[0, 1, 2], [2, 0, 1]] {
+            let got = build_in_parts(&c, &indices, 3, &order).unwrap();
+            assert_eq!(got.skipped(), want.skipped());
+            assert_eq!(got.field_metas(), want.field_metas());
+            for name in ["image", "label"] {
+                assert_eq!(
+                    field(&got, name),
+                    field(&want, name),
+                    "{name}, order {order:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_batches_whose_layout_is_known_before_reading_are_split() {
+        let c = Collator::new(counting(100), None, None, false).unwrap();
+        let ranges = |n, parts| c.parted(key(0, 0), n, parts).map(|b| b.ranges);
+        assert_eq!(ranges(10, 4), Some(vec![0..2, 2..5, 5..7, 7..10]));
+        assert_eq!(
+            ranges(3, 8).map(|r| r.len()),
+            Some(3),
+            "one sample a part at least"
+        );
+        assert_eq!(ranges(100, 20).map(|r| r.len()), Some(MAX_PARTS));
+        assert_eq!(ranges(10, 1), None);
+        assert_eq!(ranges(1, 4), None);
+        // A ragged field's padded length depends on every sample of the batch.
+        let ragged = MemorySource::new()
+            .with_ragged("text", DType::U8, &[], vec![vec![1], vec![1, 2]])
+            .unwrap();
+        let c = Collator::new(Arc::new(ragged), None, None, false).unwrap();
+        assert!(c.parted(key(0, 0), 2, 2).is_none());
+        // Streamed samples have no indices to hand to parts.
+        let c = Collator::for_fields(&Owned::fields(), None, None, false).unwrap();
+        assert!(c.parted(key(0, 0), 4, 2).is_none());
+    }
+
+    fn failed_index(result: Result<Batch>) -> u64 {
+        match result {
+            Err(Error::Sample { index, .. }) => index,
+            other => panic!("expected a sample error, got {:?}", other.map(|b| b.len())),
+        }
+    }
+
+    #[test]
+    fn a_read_failure_is_reported_before_a_write_failure_of_an_earlier_part() {
+        // Two parts of two: sample 0's label (5) is outside the 3 classes, so part 0 fails
+        // writing; sample 3 does not read, so part 1 fails reading. A whole build reads every
+        // slot before it writes any, so it stops at sample 3.
+        let labels = [5i64, 0, 1, 2]
+            .iter()
+            .flat_map(|l| l.to_ne_bytes())
+            .collect();
+        let source: Arc<dyn Source> = Arc::new(
+            MemorySource::new()
+                .with_tensor("label", DType::I64, &[], labels)
+                .unwrap(),
+        );
+        let stages = Arc::new(image_stages(Some("mixup(alpha=1.0, num_classes=3)")));
+        let c = Collator::new(
+            Arc::new(Flaky::new(source, &[3])),
+            None,
+            Some(stages),
+            false,
+        )
+        .unwrap();
+        assert_eq!(failed_index(whole(&c, &[0, 1, 2, 3])), 3);
+        for order in [[0, 1], [1, 0]] {
+            let got = build_in_parts(&c, &[0, 1, 2, 3], 2, &order);
+            assert_eq!(failed_index(got), 3, "order {order:?}");
+        }
+        // Failures keep a whole build's order: aborted, read, slab, write.
+        assert!(Failure::Aborted < Failure::Read);
+        assert!(Failure::Read < Failure::Slab);
+        assert!(Failure::Slab < Failure::Write);
+    }
+
+    #[test]
+    fn among_parts_failing_alike_the_first_parts_error_is_the_batchs() {
+        let c = images(8, &[1, 6], "hflip", false);
+        let indices: Vec<usize> = (0..8).collect();
+        assert_eq!(failed_index(whole(&c, &indices)), 1);
+        for order in [[0, 1, 2, 3], [3, 2, 1, 0]] {
+            let got = build_in_parts(&c, &indices, 4, &order);
+            assert_eq!(failed_index(got), 1, "order {order:?}");
+        }
+    }
+
+    #[test]
+    fn a_part_that_ended_outside_the_build_outranks_any_sample_error() {
+        let c = images(4, &[0], "hflip", false);
+        let batch = c.parted(key(0, 0), 4, 2).unwrap();
+        let arena = Arena::new(false, None);
+        batch.abort(1, Error::Internal("part 1 panicked".into()));
+        c.build_part(
+            &batch,
+            0,
+            &[0, 1, 2, 3],
+            DRAWS,
+            &arena,
+            &mut Scratch::default(),
+        );
+        // A part's first outcome stands.
+        batch.abort(1, Error::Internal("recorded twice".into()));
+        match c.finish_parted(batch) {
+            Err(Error::Internal(m)) => assert_eq!(m, "part 1 panicked"),
+            other => panic!("expected the abort, got {:?}", other.map(|b| b.len())),
+        }
+    }
+
+    #[test]
+    fn a_part_that_never_ran_fails_the_batch() {
+        let c = images(4, &[], "hflip", false);
+        match build_in_parts(&c, &[0, 1, 2, 3], 2, &[0]) {
+            Err(Error::Internal(m)) => assert_eq!(m, "part 1 of batch 0 of epoch 1 never ran"),
+            other => panic!(
+                "expected an internal error, got {:?}",
+                other.map(|b| b.len())
+            ),
+        }
+    }
+
+    #[test]
+    fn the_slab_is_taken_once_and_each_parts_slots_handed_out_once() {
+        let c = images(6, &[], "hflip", false);
+        let batch = c.parted(key(0, 0), 6, 3).unwrap();
+        let arena = Arena::new(false, None);
+        let mut spans = Spans::default();
+        let first = batch.slab(&arena, &mut spans).unwrap().unwrap().as_ptr();
+        let again = batch.slab(&arena, &mut spans).unwrap().unwrap();
+        assert_eq!(again.as_ptr(), first);
+        assert_eq!(arena.counters().slabs_mapped, 1);
+        assert_eq!(spans.spans().len(), 1, "only the taking is timed");
+        assert!(batch.part_slots(1, again).is_some(), "part 1's slots");
+        assert!(batch.part_slots(1, again).is_none(), "handed out once");
+        assert!(batch.part_slots(3, again).is_none(), "no part 3");
+    }
+}

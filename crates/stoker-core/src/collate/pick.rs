@@ -112,3 +112,97 @@ pub(super) fn gave_up(first: Error) -> Error {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collate::tests::{counting, key, Owned};
+
+    #[test]
+    fn replacements_depend_only_on_seed_epoch_and_the_bad_samples_index() {
+        let source = counting(1000);
+        let pick = FromSource(&*source);
+        let base = key(7, 2);
+        let drawn: Vec<usize> = replacements(base, &pick, 41).collect();
+        assert_eq!(drawn.len(), MAX_REPLACEMENTS);
+        assert!(drawn.iter().all(|&c| c < 1000), "{drawn:?}");
+        // Another batch position or rank (another worker, a split batch) draws the same.
+        let elsewhere = BatchKey {
+            position: 9,
+            rank: 3,
+            ..base
+        };
+        assert_eq!(
+            replacements(elsewhere, &pick, 41).collect::<Vec<_>>(),
+            drawn
+        );
+        // Another epoch, seed or bad sample draws apart.
+        for (other, index) in [(key(7, 3), 41), (key(8, 2), 41), (base, 42)] {
+            assert_ne!(
+                replacements(other, &pick, index).collect::<Vec<_>>(),
+                drawn,
+                "{other:?} index {index}"
+            );
+        }
+    }
+
+    #[test]
+    fn streamed_samples_are_replaced_from_their_own_batch_keyed_by_ordinal() {
+        // Ordinals far from the batch's slots: the key is the stream position, not the slot.
+        let samples: Vec<Box<dyn OwnedSample>> = (0..4)
+            .map(|i| Box::new(Owned::good(500 + i)) as Box<dyn OwnedSample>)
+            .collect();
+        let pick = FromOwned(&samples);
+        assert_eq!(pick.index(2), 502);
+        let drawn: Vec<usize> = replacements(key(1, 0), &pick, 2).collect();
+        assert!(drawn.iter().all(|&c| c < 4), "{drawn:?}");
+        // The same sample at another place in the batch draws the same candidates.
+        let shifted: Vec<Box<dyn OwnedSample>> = [502, 500, 501, 503]
+            .into_iter()
+            .map(|i| Box::new(Owned::good(i)) as Box<dyn OwnedSample>)
+            .collect();
+        assert_eq!(
+            replacements(key(1, 0), &FromOwned(&shifted), 0).collect::<Vec<_>>(),
+            drawn
+        );
+    }
+
+    #[test]
+    fn a_sample_error_names_the_sample_as_its_pick_does() {
+        let samples: Vec<Box<dyn OwnedSample>> = vec![Box::new(Owned::good(77))];
+        let e = sample_error(&FromOwned(&samples), 0, "truncated".into());
+        match e {
+            Error::Sample {
+                index,
+                what,
+                reason,
+            } => {
+                assert_eq!(index, 77);
+                assert_eq!(what, "streamed sample 77");
+                assert_eq!(reason, "truncated");
+            }
+            other => panic!("not a sample error: {other}"),
+        }
+    }
+
+    #[test]
+    fn giving_up_keeps_the_first_error_and_says_how_many_replacements_failed() {
+        let first = Error::Sample {
+            index: 3,
+            what: "file 3".into(),
+            reason: "bad JPEG".into(),
+        };
+        match gave_up(first) {
+            Error::Sample { index, reason, .. } => {
+                assert_eq!(index, 3);
+                assert_eq!(
+                    reason,
+                    format!("bad JPEG; and {MAX_REPLACEMENTS} replacement samples also failed")
+                );
+            }
+            other => panic!("not a sample error: {other}"),
+        }
+        // Errors that are not a sample's pass through unchanged.
+        let internal = gave_up(Error::Internal("x".into()));
+        assert!(matches!(internal, Error::Internal(ref m) if m == "x"));
+    }
+}

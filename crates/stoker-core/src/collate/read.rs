@@ -134,3 +134,110 @@ impl Collator {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::collate::pick::{FromSource, MAX_REPLACEMENTS};
+    use crate::collate::tests::{counting, key, Flaky};
+    use crate::dtype::DType;
+    use crate::source::MemorySource;
+
+    /// Phase 1 over every slot of `indices`: the indices each slot uses and how many were
+    /// replaced.
+    fn read_all(c: &Collator, indices: &[usize]) -> Result<(Vec<usize>, usize)> {
+        let source = c.source().expect("a map-style collator").clone();
+        let pick = FromSource(&*source);
+        let mut reads = vec![Vec::new(); indices.len()];
+        let mut spans = Spans::default();
+        let range = 0..indices.len();
+        let (samples, skipped) =
+            c.read_slots(key(3, 1), &pick, indices, range, &mut reads, &mut spans)?;
+        Ok((samples.into_iter().map(|(i, _)| i).collect(), skipped))
+    }
+
+    #[test]
+    fn good_samples_are_read_as_they_are_with_nothing_replaced() {
+        let c = Collator::new(counting(10), None, None, true).unwrap();
+        assert_eq!(read_all(&c, &[4, 0, 9]).unwrap(), (vec![4, 0, 9], 0));
+    }
+
+    #[test]
+    fn a_bad_sample_is_replaced_by_its_first_good_replacement_under_skip() {
+        let source = Flaky::new(counting(50), &[7]);
+        let candidates: Vec<usize> = replacements(key(3, 1), &FromSource(&source), 7).collect();
+        let c = Collator::new(Arc::new(source), None, None, true).unwrap();
+        let (used, skipped) = read_all(&c, &[1, 7, 2]).unwrap();
+        assert_eq!(skipped, 1);
+        assert_eq!(used[0], 1);
+        assert_eq!(used[2], 2);
+        let want = candidates.into_iter().find(|&i| i != 7).unwrap();
+        assert_eq!(used[1], want, "the first replacement drawn that reads");
+        // Deterministic: the same batch replaces the same way.
+        assert_eq!(read_all(&c, &[1, 7, 2]).unwrap().0, used);
+    }
+
+    #[test]
+    fn without_skip_the_first_bad_slot_fails_the_read_with_its_own_error() {
+        let c = Collator::new(
+            Arc::new(Flaky::new(counting(10), &[3, 5])),
+            None,
+            None,
+            false,
+        )
+        .unwrap();
+        match read_all(&c, &[0, 5, 3]) {
+            Err(Error::Sample { index, reason, .. }) => {
+                assert_eq!(index, 5, "slot 1 is read before slot 2");
+                assert!(!reason.contains("replacement"), "{reason}");
+            }
+            other => panic!("expected sample 5's error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn when_every_replacement_fails_too_the_first_error_says_so() {
+        let bad: Vec<usize> = (0..4).collect();
+        let c = Collator::new(Arc::new(Flaky::new(counting(4), &bad)), None, None, true).unwrap();
+        match read_all(&c, &[2]) {
+            Err(Error::Sample { index, reason, .. }) => {
+                assert_eq!(index, 2);
+                assert!(
+                    reason.ends_with(&format!(
+                        "; and {MAX_REPLACEMENTS} replacement samples also failed"
+                    )),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected sample 2's error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn samples_whose_bytes_do_not_fit_their_fields_are_refused_naming_the_field() {
+        // `tokens` declares int32 rows of 2 (8 bytes a row); `id` one int64.
+        let source = MemorySource::new()
+            .with_ragged("tokens", DType::I32, &[2], vec![vec![0; 8]])
+            .and_then(|s| s.with_tensor("id", DType::I64, &[], vec![0; 8]))
+            .unwrap();
+        let c = Collator::new(Arc::new(source), Some(0.0), None, false).unwrap();
+        let pick = FromSource(c.source().unwrap().as_ref());
+        let check = |tokens: &[u8], id: &[u8]| {
+            let mut s = Sample::default();
+            s.set(0, tokens);
+            s.set(1, id);
+            c.validate(&pick, 0, &s).map_err(|e| e.to_string())
+        };
+        assert!(check(&[0; 16], &[0; 8]).is_ok());
+        assert!(
+            check(&[], &[0; 8]).is_ok(),
+            "an empty ragged field is whole"
+        );
+        let e = check(&[0; 12], &[0; 8]).unwrap_err();
+        assert!(e.contains("field `tokens` has 12 bytes"), "{e}");
+        let e = check(&[0; 8], &[0; 4]).unwrap_err();
+        assert!(e.contains("field `id` has 4 bytes; expected int64"), "{e}");
+        assert!(e.contains("in-memory sample 0"), "{e}");
+    }
+}
