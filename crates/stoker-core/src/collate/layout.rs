@@ -1,0 +1,336 @@
+//! The batch's field layout: what collate writes for each source field ([`Output`]), the shape
+//! each field takes in the batch (a ragged field padded to the batch's longest sample) and where
+//! it lies in the slab.
+//!
+//! The batch's fields are the source's, in order, followed by one int64 `<name>_lengths` field
+//! per ragged field. Each field starts on a [`FIELD_ALIGN`] boundary, after the end of the one
+//! before it.
+
+use std::sync::Arc;
+
+use crate::batch::FieldMeta;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::source::pixels::{tensor_image_shape, InputLayout};
+use crate::source::{FieldKind, FieldSpec, Sample};
+use crate::transform::{BatchMix, Pipeline, NO_SIZE};
+
+use super::image::{tensor_pipeline, ImageStages};
+use super::Collator;
+
+/// Alignment of every field inside a slab (DLPack recommends 256 bytes for device copies).
+const FIELD_ALIGN: usize = 256;
+
+/// What collate writes for one source field.
+pub(super) enum Output {
+    Copy {
+        dtype: DType,
+        shape: Vec<usize>,
+    },
+    Pad {
+        dtype: DType,
+        inner: Vec<usize>,
+        pad: Vec<u8>,
+    },
+    Image {
+        stages: Arc<ImageStages>,
+        pipeline: Arc<Pipeline>,
+    },
+    /// A uint8 RGB tensor (`[H, W, 3]` or `[3, H, W]`) transformed like a decoded image.
+    TensorImage {
+        pipeline: Arc<Pipeline>,
+        height: usize,
+        width: usize,
+        layout: InputLayout,
+    },
+    /// An integer class label written as a float32 one-hot row of `num_classes` (label smoothing
+    /// folded in), later blended by the batch's mixup/cutmix.
+    SoftLabel {
+        src: DType,
+        num_classes: usize,
+        smoothing: f64,
+    },
+}
+
+impl Output {
+    /// What collate writes for `spec`: `pad` is the ragged fields' pad value, `image` the image
+    /// stages, `mix` the spec's batch-level mixing (which turns an integer scalar `label` into
+    /// soft labels).
+    pub(super) fn for_field(
+        spec: &FieldSpec,
+        pad: Option<f64>,
+        image: Option<&Arc<ImageStages>>,
+        mix: Option<&BatchMix>,
+    ) -> Result<Output> {
+        Ok(match &spec.kind {
+            FieldKind::Tensor { dtype, shape }
+                if spec.name == "label" && shape.is_empty() && mix.is_some() =>
+            {
+                let mix = mix.ok_or_else(|| Error::Internal("mix".into()))?;
+                Output::SoftLabel {
+                    src: *dtype,
+                    num_classes: mix.num_classes,
+                    smoothing: mix.label_smoothing,
+                }
+            }
+            FieldKind::Tensor { dtype, shape } => match image.and_then(|stages| {
+                tensor_image_shape(spec, stages.input_layout).map(|s| (stages, s))
+            }) {
+                Some((stages, (height, width, layout))) => Output::TensorImage {
+                    pipeline: Arc::new(tensor_pipeline(stages, spec, height, width)?),
+                    height,
+                    width,
+                    layout,
+                },
+                None => Output::Copy {
+                    dtype: *dtype,
+                    shape: shape.clone(),
+                },
+            },
+            FieldKind::Ragged { dtype, inner_shape } => {
+                // Raw bytes (a tar `txt` or `json` member, say) have an obvious pad, 0;
+                // any other ragged tensor needs the caller to choose one.
+                let raw_bytes = *dtype == DType::U8 && inner_shape.is_empty();
+                let pad = pad.or(raw_bytes.then_some(0.0)).ok_or_else(|| {
+                    Error::option(
+                        "pad",
+                        format!(
+                            "field `{}` has a different length in each sample; set pad=VALUE to pad it",
+                            spec.name
+                        ),
+                    )
+                })?;
+                let mut bytes = vec![0u8; dtype.size()];
+                dtype.encode(pad, &mut bytes);
+                Output::Pad {
+                    dtype: *dtype,
+                    inner: inner_shape.clone(),
+                    pad: bytes,
+                }
+            }
+            FieldKind::EncodedImage => {
+                let stages = image.cloned().ok_or_else(|| {
+                    Error::Unsupported(format!(
+                        "field `{}` holds encoded images but no image pipeline is configured",
+                        spec.name
+                    ))
+                })?;
+                let pipeline = stages.pipeline.clone().ok_or_else(|| {
+                    Error::option(
+                        "transform",
+                        format!("field `{}` holds encoded images: {NO_SIZE}", spec.name),
+                    )
+                })?;
+                Output::Image { stages, pipeline }
+            }
+        })
+    }
+}
+
+impl Collator {
+    /// Whether any field's shape depends on the samples (a ragged field).
+    pub(super) fn has_ragged(&self) -> bool {
+        self.outputs.iter().any(|o| matches!(o, Output::Pad { .. }))
+    }
+
+    /// Elements (rows of the inner shape) of ragged field `field` in `sample`; 0 for any other
+    /// field.
+    pub(super) fn ragged_len(&self, field: usize, sample: &Sample<'_>) -> usize {
+        match &self.outputs[field] {
+            Output::Pad { dtype, inner, .. } => {
+                sample.get(field).len() / (inner.iter().product::<usize>() * dtype.size()).max(1)
+            }
+            _ => 0,
+        }
+    }
+
+    /// The padded length of each field of a batch of `samples`: the longest sample's, for a
+    /// ragged field; 0 for the others.
+    pub(super) fn padded_lengths(&self, samples: &[(usize, Sample<'_>)]) -> Vec<usize> {
+        let mut max_len = vec![0usize; self.outputs.len()];
+        for (_, sample) in samples {
+            for (f, out) in self.outputs.iter().enumerate() {
+                if let Output::Pad { .. } = out {
+                    max_len[f] = max_len[f].max(self.ragged_len(f, sample));
+                }
+            }
+        }
+        max_len
+    }
+
+    /// The batch's fields and the slab size they need: the source's fields in order, then one
+    /// `<name>_lengths` field per ragged field.
+    pub(super) fn layout(&self, n: usize, max_len: &[usize]) -> (Vec<FieldMeta>, usize) {
+        let mut metas = Vec::with_capacity(self.outputs.len() + 1);
+        let mut offset = 0;
+        let mut push = |name: String, dtype: DType, shape: Vec<usize>| {
+            let meta = FieldMeta {
+                name,
+                dtype,
+                shape,
+                offset,
+            };
+            offset = (offset + meta.num_bytes()).div_ceil(FIELD_ALIGN) * FIELD_ALIGN;
+            metas.push(meta);
+        };
+        for (f, out) in self.outputs.iter().enumerate() {
+            let (dtype, per_sample) = match out {
+                Output::Copy { dtype, shape } => (*dtype, shape.clone()),
+                Output::Pad { dtype, inner, .. } => (
+                    *dtype,
+                    std::iter::once(max_len[f])
+                        .chain(inner.iter().copied())
+                        .collect(),
+                ),
+                Output::Image { pipeline, .. } | Output::TensorImage { pipeline, .. } => {
+                    (pipeline.dtype(), pipeline.shape())
+                }
+                Output::SoftLabel { num_classes, .. } => (DType::F32, vec![*num_classes]),
+            };
+            push(
+                self.names[f].clone(),
+                dtype,
+                std::iter::once(n).chain(per_sample).collect(),
+            );
+        }
+        for (f, out) in self.outputs.iter().enumerate() {
+            if let Output::Pad { .. } = out {
+                push(format!("{}_lengths", self.names[f]), DType::I64, vec![n]);
+            }
+        }
+        (metas, offset.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::MemorySource;
+
+    /// Fields `tokens` (ragged int32 rows of 3), `id` (int32 `[2]`) and `text` (ragged bytes).
+    fn mixed() -> Collator {
+        let tokens = vec![vec![0u8; 12], vec![0u8; 36]];
+        let text = vec![b"ab".to_vec(), b"abcde".to_vec()];
+        let source = MemorySource::new()
+            .with_ragged("tokens", DType::I32, &[3], tokens)
+            .and_then(|s| s.with_tensor("id", DType::I32, &[2], vec![0; 16]))
+            .and_then(|s| s.with_ragged("text", DType::U8, &[], text))
+            .unwrap();
+        Collator::new(Arc::new(source), Some(-1.0), None, false).unwrap()
+    }
+
+    #[test]
+    fn ragged_fields_take_the_padded_length_and_add_a_lengths_field_after_the_sources() {
+        let c = mixed();
+        let (metas, total) = c.layout(4, &[7, 0, 11]);
+        let got: Vec<_> = metas
+            .iter()
+            .map(|m| (m.name.as_str(), m.dtype, m.shape.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("tokens", DType::I32, vec![4, 7, 3]),
+                ("id", DType::I32, vec![4, 2]),
+                ("text", DType::U8, vec![4, 11]),
+                ("tokens_lengths", DType::I64, vec![4]),
+                ("text_lengths", DType::I64, vec![4]),
+            ]
+        );
+        // Each field on its own 256-byte boundary, past the end of the one before.
+        let mut end = 0;
+        for m in &metas {
+            assert_eq!(m.offset % FIELD_ALIGN, 0, "{}", m.name);
+            assert!(m.offset >= end, "{} overlaps the field before it", m.name);
+            end = m.offset + m.num_bytes();
+        }
+        assert_eq!(
+            metas[1].offset, 512,
+            "4 * 7 * 3 int32 = 336 bytes, rounded up"
+        );
+        assert!(total >= end && total % FIELD_ALIGN == 0, "{total}");
+    }
+
+    #[test]
+    fn the_padded_length_is_the_longest_samples_in_rows_of_the_inner_shape() {
+        let c = mixed();
+        fn sample(bytes: &[Vec<u8>]) -> Sample<'_> {
+            let mut s = Sample::default();
+            for (f, b) in bytes.iter().enumerate() {
+                s.set(f, b);
+            }
+            s
+        }
+        let short = [vec![0u8; 12], vec![0u8; 8], b"abc".to_vec()];
+        let long = [vec![0u8; 60], vec![0u8; 8], b"a".to_vec()];
+        let samples = [(0, sample(&short)), (1, sample(&long))];
+        assert_eq!(
+            c.ragged_len(0, &samples[1].1),
+            5,
+            "60 bytes of int32 rows of 3"
+        );
+        assert_eq!(
+            c.ragged_len(1, &samples[1].1),
+            0,
+            "a fixed field is not ragged"
+        );
+        assert_eq!(c.padded_lengths(&samples), vec![5, 0, 3]);
+        assert_eq!(c.padded_lengths(&[]), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn the_slab_size_counts_ragged_fields_empty_and_is_never_zero() {
+        let c = mixed();
+        // Two int32 per sample is the only field with bytes; the rest start on boundaries.
+        assert_eq!(c.batch_bytes(4), 3 * FIELD_ALIGN);
+        assert!(c.batch_bytes(4) <= c.layout(4, &[1, 0, 1]).1);
+        // An empty batch still takes a (one-byte) slab.
+        assert_eq!(c.layout(0, &[0, 0, 0]).1, 1);
+    }
+
+    #[test]
+    fn a_ragged_field_needs_a_pad_value_unless_it_is_raw_bytes() {
+        let floats = FieldSpec::ragged("boxes", DType::F32, &[4]);
+        let e = Output::for_field(&floats, None, None, None)
+            .err()
+            .expect("no pad for float32 rows")
+            .to_string();
+        assert!(e.contains("pad") && e.contains("field `boxes`"), "{e}");
+        match Output::for_field(&floats, Some(-1.5), None, None).unwrap() {
+            Output::Pad { pad, inner, .. } => {
+                assert_eq!(pad, (-1.5f32).to_ne_bytes());
+                assert_eq!(inner, [4]);
+            }
+            _ => panic!("a ragged field is padded"),
+        }
+        let text = FieldSpec::ragged("text", DType::U8, &[]);
+        match Output::for_field(&text, None, None, None).unwrap() {
+            Output::Pad { pad, .. } => assert_eq!(pad, [0]),
+            _ => panic!("a ragged field is padded"),
+        }
+    }
+
+    #[test]
+    fn an_encoded_image_field_needs_image_stages_with_a_sized_pipeline() {
+        let spec = FieldSpec::encoded_image("jpg");
+        let e = Output::for_field(&spec, None, None, None).err().unwrap();
+        assert!(
+            matches!(e, Error::Unsupported(ref m) if m.contains("field `jpg`")),
+            "{e}"
+        );
+        let unsized_stages = Arc::new(ImageStages {
+            max_pixels: 1 << 20,
+            jpeg_decoder: crate::decode::JpegDecoder::Auto,
+            input_layout: None,
+            pipeline: None,
+            transform: Some("hflip".into()),
+            dtype: None,
+            layout: crate::dtype::Layout::Nhwc,
+        });
+        let e = Output::for_field(&spec, None, Some(&unsized_stages), None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("transform") && e.contains("field `jpg`"), "{e}");
+    }
+}
