@@ -19,7 +19,8 @@ use serde_json::{json, Value};
 use stoker_core::{Loader, LoaderOptions};
 
 use crate::args::AutotuneBenchArgs;
-use crate::doctor::{self, fmt_rate, Config};
+use crate::doctor::measure::{self, Config};
+use crate::doctor::report::fmt_rate;
 use crate::photos::{photos_or_drawn, IMAGENET};
 
 /// The share of the best fixed setting autotune is timed to reach.
@@ -183,7 +184,7 @@ pub(crate) fn run(args: &AutotuneBenchArgs) -> Result<(), String> {
             );
             let mut base = LoaderOptions::new();
             base.set("source", &w.source).map_err(|e| e.to_string())?;
-            let base = doctor::with(&base, &w.sets)?;
+            let base = measure::with(&base, &w.sets)?;
             let config = Config {
                 step,
                 samples: fixed_batches * w.runs * w.batch_size,
@@ -193,14 +194,14 @@ pub(crate) fn run(args: &AutotuneBenchArgs) -> Result<(), String> {
                 remote: false,
             };
             for f in &mut w.fixed {
-                let options = doctor::with(
+                let options = measure::with(
                     &base,
                     &pairs(&[
                         ("num_workers", &f.workers.to_string()),
                         ("prefetch_factor", &f.prefetch.to_string()),
                     ]),
                 )?;
-                let p = doctor::pipeline_run(&options, &config, None)?;
+                let p = measure::pipeline_run(&options, &config, None)?;
                 f.best = f.best.max(p.samples_per_s);
             }
             w.tuned.push(autotune_run(&base, batches * w.runs, step)?);
@@ -235,7 +236,7 @@ fn pairs(kv: &[(&str, &str)]) -> Vec<(String, String)> {
 
 /// A loader with `autotune=true` from one worker, `batches` batches from its construction.
 fn autotune_run(base: &LoaderOptions, batches: usize, step: Duration) -> Result<Tuned, String> {
-    let options = doctor::with(
+    let options = measure::with(
         base,
         &pairs(&[("autotune", "true"), ("num_workers", "auto")]),
     )?;

@@ -18,7 +18,10 @@ use stoker_core::pack::{open_source, pack, PackOptions};
 use stoker_core::LoaderOptions;
 
 use crate::args::DoctorBenchArgs;
-use crate::doctor::{self, fmt_rate, Config, Report, Usage};
+use crate::doctor::machine::Usage;
+use crate::doctor::measure::{self, Config};
+use crate::doctor::report::{fmt_rate, Report};
+use crate::doctor::{self, model};
 use crate::photos::{photos_or_drawn, Size};
 
 /// The largest error of a prediction that passes, in percent.
@@ -247,7 +250,7 @@ fn check(shape: &mut Shape, dir: &Path, step: Duration, phase: Duration) -> Resu
         remote: false,
     };
     let report: Report = doctor::diagnose(&base, &shape.sets, &config)?;
-    let (sets, pack_as) = doctor::advised(&shape.sets, &report.advice);
+    let (sets, pack_as) = model::advised(&shape.sets, &report.advice);
     let mut checked: Vec<String> = report.advice.iter().map(|a| a.set.clone()).collect();
     if let Some(p) = pack_as {
         let packed = packed_copy(shape, dir, p.max_side)?;
@@ -259,9 +262,9 @@ fn check(shape: &mut Shape, dir: &Path, step: Duration, phase: Duration) -> Resu
             };
         }
     }
-    let options = doctor::with(&base, &sets)?;
+    let options = measure::with(&base, &sets)?;
     let usage = Usage::start();
-    let measured = doctor::pipeline_run(&options, &config, None)?;
+    let measured = measure::pipeline_run(&options, &config, None)?;
     Ok(Round {
         bottleneck: report.bottleneck,
         advice: report.advice.iter().map(|a| a.set.clone()).collect(),
