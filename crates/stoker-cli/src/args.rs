@@ -229,6 +229,9 @@ pub(crate) struct DoctorBenchArgs {
     /// A shorter run: smaller folders, fewer samples, one round.
     #[arg(long)]
     pub(crate) quick: bool,
+    // The doc comment is the flag's --help text, where the shape in brackets is plain text, not
+    // a link to an item.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// The data shapes to check, comma-separated: small (160x120 JPEGs), large (1600x1200
     /// JPEGs), npy (uint8 [N,3,224,224]).
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "small,large,npy",
@@ -274,6 +277,9 @@ pub(crate) struct AutotuneBenchArgs {
     /// A shorter run: a smaller folder, fewer batches, one round.
     #[arg(long)]
     pub(crate) quick: bool,
+    // The doc comment is the flag's --help text, where the shape in brackets is plain text, not
+    // a link to an item.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Also an npy file of uint8 [N,3,224,224] in batches four times larger.
     #[arg(long)]
     pub(crate) npy: bool,
