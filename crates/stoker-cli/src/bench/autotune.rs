@@ -159,7 +159,7 @@ pub(crate) fn run(args: &AutotuneBenchArgs) -> Result<(), String> {
     }];
     if args.npy {
         let n = args.npy_samples.unwrap_or(if quick { 1024 } else { 2048 });
-        let path = crate::bench::generated_npy_in(&dir.join("npy"), n)?;
+        let path = super::npy::generated_npy_in(&dir.join("npy"), n)?;
         let batch = batch_size * NPY_BATCH_FACTOR;
         workloads.push(Workload {
             key: "npy",
