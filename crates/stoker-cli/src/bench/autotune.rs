@@ -13,12 +13,13 @@
 //! Rounds interleave the fixed settings and autotune, each keeping its best round (a shared
 //! machine only ever makes a loader slower).
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use stoker_core::{Loader, LoaderOptions};
 
-use crate::args::AutotuneBenchArgs;
+use super::BenchData;
 use crate::doctor::measure::{self, Config};
 use crate::doctor::report::fmt_rate;
 use crate::photos::{photos_or_drawn, IMAGENET};
@@ -90,6 +91,61 @@ fn rate(arrivals: &[(f64, usize)], from: usize, to: usize) -> f64 {
         return 0.0;
     };
     (b.1 - a.1) as f64 / (b.0 - a.0).max(1e-9)
+}
+
+/// `stoker bench autotune`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct AutotuneBenchArgs {
+    /// A folder of class subfolders of JPEGs (default: an ImageNet-like folder of 500x375
+    /// photographs in the data directory).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// A shorter run: a smaller folder, fewer batches, one round.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    // The doc comment is the flag's --help text, where the shape in brackets is plain text, not
+    // a link to an item.
+    #[allow(rustdoc::broken_intra_doc_links)]
+    /// Also an npy file of uint8 [N,3,224,224] in batches four times larger.
+    #[arg(long)]
+    pub(crate) npy: bool,
+    /// Rounds, each measuring every fixed setting and then autotune; each keeps its best
+    /// [default: 3, --quick 1].
+    #[arg(long, value_name = "N")]
+    pub(crate) rounds: Option<usize>,
+    /// Images in the default folder [default: 1200, --quick 480].
+    #[arg(long, value_name = "N")]
+    pub(crate) images: Option<usize>,
+    /// Samples in the npy file [default: 2048, --quick 1024].
+    #[arg(long, value_name = "N")]
+    pub(crate) npy_samples: Option<usize>,
+    /// Batches autotune runs for, from the loader's start; npy runs four times as many
+    /// [default: 300, --quick 120].
+    #[arg(long, value_name = "N")]
+    pub(crate) batches: Option<usize>,
+    /// Batches each fixed setting is measured for, after filling its pipeline; npy four times
+    /// as many [default: 40, --quick 16].
+    #[arg(long, value_name = "N")]
+    pub(crate) fixed_batches: Option<usize>,
+    /// The prefetch_factor values of the fixed settings, comma-separated.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "2,4"
+    )]
+    pub(crate) prefetch: Vec<usize>,
+    /// Samples per image batch; npy batches are four times larger.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    /// The training step to simulate, in milliseconds per batch.
+    #[arg(long, value_name = "MS", default_value_t = 0.0)]
+    pub(crate) step_ms: f64,
+    #[command(flatten)]
+    pub(crate) data: BenchData,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 pub(crate) fn run(args: &AutotuneBenchArgs) -> Result<(), String> {

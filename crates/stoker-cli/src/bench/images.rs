@@ -7,8 +7,27 @@ use std::time::Instant;
 use stoker_core::decode::{decode_rgb, DecodeBuffers};
 use stoker_core::{ImageFolderSource, Loader, LoaderOptions, Source};
 
-use crate::args::ImagesArgs;
+use crate::args::Workers;
 use crate::report::{print_stats, Progress};
+
+/// `stoker bench images`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ImagesArgs {
+    /// A folder of class subfolders of JPEGs (default: the demo's ImageNet-like folder).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// Measured epochs (one more runs first, to warm up).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub(crate) epochs: usize,
+    /// Samples per batch.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    #[command(flatten)]
+    pub(crate) workers: Workers,
+    /// Images per class when building the default folder.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub(crate) per_class: usize,
+}
 
 /// `stoker bench images [ROOT]`: the standard pipeline (random_resized_crop(224) + hflip +
 /// normalize → float32 NCHW, batch 64) beside decode-only throughput on the same files and the

@@ -9,11 +9,30 @@ use std::time::Instant;
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::{Loader, LoaderOptions};
 
-use crate::args::NpyArgs;
+use crate::args::Workers;
 use crate::report::{print_stats, Progress};
 
 /// Bytes of one `[3, 224, 224]` uint8 sample.
 const SAMPLE_BYTES: usize = 3 * 224 * 224;
+
+/// `stoker bench npy`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct NpyArgs {
+    /// Samples in the generated npy file.
+    #[arg(long, value_name = "N", default_value_t = 2048)]
+    pub(crate) samples: usize,
+    /// Samples per batch.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub(crate) batch_size: usize,
+    /// Epochs to run (at least 2: the first one warms up and is not measured).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub(crate) epochs: usize,
+    #[command(flatten)]
+    pub(crate) workers: Workers,
+    /// An existing npy file to read instead of the generated one.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) path: Option<PathBuf>,
+}
 
 pub(crate) fn run(args: &NpyArgs) -> Result<(), String> {
     let samples = args.samples;
