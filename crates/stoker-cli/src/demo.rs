@@ -1,14 +1,39 @@
 //! `stoker demo`: the standard ImageNet training pipeline on a folder of real photographs — two
 //! epochs with a progress bar, then throughput and wait statistics.
 
+use std::path::PathBuf;
+
 use stoker_core::{Loader, LoaderOptions};
 
-use crate::args::DemoArgs;
+use crate::args::Workers;
 use crate::report::{print_stats, Progress};
 
 /// torchvision's ImageNet training transform, fused.
 pub(crate) const STANDARD_TRANSFORM: &str =
     "random_resized_crop(224) | hflip | normalize(imagenet)";
+
+/// `stoker demo`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct DemoArgs {
+    /// A folder of class subfolders of JPEGs (default: an ImageNet-like folder built from real
+    /// photographs in the cache directory).
+    #[arg(long, value_name = "ROOT")]
+    pub(crate) images: Option<PathBuf>,
+    /// Epochs to run.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub(crate) epochs: usize,
+    /// Samples per batch.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    #[command(flatten)]
+    pub(crate) workers: Workers,
+    /// Images per class when building the default folder.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub(crate) per_class: usize,
+    /// The simulated training step: how long each batch is held, in milliseconds.
+    #[arg(long, value_name = "N", default_value_t = 30)]
+    pub(crate) step_ms: u64,
+}
 
 pub(crate) fn run(args: &DemoArgs) -> Result<(), String> {
     let epochs = args.epochs;

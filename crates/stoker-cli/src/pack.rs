@@ -8,7 +8,37 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use stoker_core::pack::{merge, open_source, pack, parse_size, PackOptions};
 
-use crate::args::PackArgs;
+/// `stoker pack`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PackArgs {
+    /// SRC OUT: any source spec (`image_folder:ROOT`, `tar:PATTERN`, `npy:PATH`,
+    /// `packed:PATH`) and the output (a file; a directory with --shard-size or --num-shards).
+    /// With --merge, only OUT.
+    #[arg(value_name = "SRC OUT", num_args = 1..=2, required = true)]
+    pub(crate) paths: Vec<String>,
+    /// Write the dataset index of the slices packed into OUT (every slice must be there).
+    #[arg(long)]
+    pub(crate) merge: bool,
+    /// Shrink images whose longer side exceeds N pixels to N (aspect kept).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_side: Option<u32>,
+    /// JPEG quality of re-encoded images (1-100); they are stored with 4:2:0 chroma.
+    #[arg(long, value_name = "Q", default_value_t = 90)]
+    pub(crate) quality: u8,
+    /// How images are stored: jpeg (kept, or re-encoded when shrunk), raw (RGB8 pixels, no
+    /// decoding when read) or smart (raw for images of at most 256x256 pixels, else jpeg).
+    #[arg(long, value_name = "MODE", default_value = "jpeg", value_parser = ["jpeg", "raw", "smart"])]
+    pub(crate) mode: String,
+    /// Start a new shard file past this much data (`512MiB`, `2GB`); OUT is then a directory.
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) shard_size: Option<String>,
+    /// Pack only slice I of --num-shards (0-based): contiguous slices, one per machine or job.
+    #[arg(long, value_name = "I", requires = "num_shards")]
+    pub(crate) shard_index: Option<usize>,
+    /// The number of slices the source is split into (see --shard-index).
+    #[arg(long, value_name = "N", requires = "shard_index")]
+    pub(crate) num_shards: Option<usize>,
+}
 
 pub(crate) fn run(args: &PackArgs) -> Result<(), String> {
     if args.merge {

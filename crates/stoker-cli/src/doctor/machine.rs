@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use stoker_core::autotune::process_cpu_ns;
 
-use super::thread_cpu;
+use super::measure::thread_cpu;
 
 /// Bytes each thread copies per pass when measuring bandwidth: more than caches hold.
 const COPY_BYTES: usize = 32 << 20;

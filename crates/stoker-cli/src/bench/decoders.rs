@@ -17,8 +17,6 @@ use stoker_core::decode::{
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::{ImageFolderSource, Layout, Pipeline, Source};
 
-use crate::args::DecodersBenchArgs;
-
 /// The crop whose region the region decoders decode.
 const CROP: &str = "random_resized_crop(224)";
 
@@ -39,6 +37,24 @@ impl Decoder {
             Decoder::TurboRegionScaled => "libjpeg-turbo, region + DCT at >=2x",
         }
     }
+}
+
+/// `stoker bench decoders`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct DecodersBenchArgs {
+    /// A folder of class subfolders of JPEGs (default: the demo's ImageNet-like folder).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// Rounds over the decoders, interleaved; each keeps its best.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub(crate) rounds: usize,
+    /// Images per class when building the default folder.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub(crate) per_class: usize,
+    /// Print the figures as one JSON object (images per second per decoder and thread count)
+    /// instead of the table.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 pub(crate) fn run(args: &DecodersBenchArgs) -> Result<(), String> {

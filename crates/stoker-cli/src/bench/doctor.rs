@@ -17,8 +17,12 @@ use serde_json::{json, Value};
 use stoker_core::pack::{open_source, pack, PackOptions};
 use stoker_core::LoaderOptions;
 
-use crate::args::DoctorBenchArgs;
-use crate::doctor::{self, fmt_rate, Config, Report, Usage};
+use super::BenchData;
+use crate::args::workers;
+use crate::doctor::machine::Usage;
+use crate::doctor::measure::{self, Config};
+use crate::doctor::report::{fmt_rate, Report};
+use crate::doctor::{self, model};
 use crate::photos::{photos_or_drawn, Size};
 
 /// The largest error of a prediction that passes, in percent.
@@ -69,6 +73,51 @@ impl Round {
     fn error_pct(&self) -> f64 {
         (self.predicted - self.measured) / self.measured.max(1e-9) * 100.0
     }
+}
+
+/// `stoker bench doctor`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct DoctorBenchArgs {
+    /// A shorter run: smaller folders, fewer samples, one round.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    // The doc comment is the flag's --help text, where the shape in brackets is plain text, not
+    // a link to an item.
+    #[allow(rustdoc::broken_intra_doc_links)]
+    /// The data shapes to check, comma-separated: small (160x120 JPEGs), large (1600x1200
+    /// JPEGs), npy (uint8 [N,3,224,224]).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "small,large,npy",
+          value_parser = ["small", "large", "npy"])]
+    pub(crate) shapes: Vec<String>,
+    /// Rounds over the shapes (each: the doctor, then the check); the round with the fastest
+    /// check is shown [default: 2, --quick 1].
+    #[arg(long, value_name = "N")]
+    pub(crate) rounds: Option<usize>,
+    /// Images in each JPEG folder [default: 1200 small, 240 large; --quick 480, 96].
+    #[arg(long, value_name = "N")]
+    pub(crate) images: Option<usize>,
+    /// Samples in the npy file [default: 2048, --quick 1024].
+    #[arg(long, value_name = "N")]
+    pub(crate) npy_samples: Option<usize>,
+    /// Seconds each measurement runs — each of the doctor's, and the check after filling the
+    /// pipeline (at least 8 batches) [default: 2, --quick 1].
+    #[arg(long, value_name = "S")]
+    pub(crate) seconds: Option<f64>,
+    /// Samples per JPEG batch; npy batches are four times larger.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    /// Workers the doctor is given: with fewer than the cores it advises more, and that
+    /// prediction is checked too.
+    #[arg(long = "workers", value_name = "N|auto", default_value = "1", value_parser = workers)]
+    pub(crate) workers: String,
+    /// The training step to simulate, in milliseconds per batch.
+    #[arg(long, value_name = "MS", default_value_t = 0.0)]
+    pub(crate) step_ms: f64,
+    #[command(flatten)]
+    pub(crate) data: BenchData,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 pub(crate) fn run(args: &DoctorBenchArgs) -> Result<(), String> {
@@ -207,7 +256,7 @@ fn make_shape(
         }
         _ => {
             let n = args.npy_samples.unwrap_or(if quick { 1024 } else { 2048 });
-            let path = crate::bench::generated_npy_in(&dir.join("npy"), n)?;
+            let path = super::npy::generated_npy_in(&dir.join("npy"), n)?;
             let batch = batch_size * NPY_BATCH_FACTOR;
             let sets = [
                 ("shuffle", "true".to_owned()),
@@ -247,7 +296,7 @@ fn check(shape: &mut Shape, dir: &Path, step: Duration, phase: Duration) -> Resu
         remote: false,
     };
     let report: Report = doctor::diagnose(&base, &shape.sets, &config)?;
-    let (sets, pack_as) = doctor::advised(&shape.sets, &report.advice);
+    let (sets, pack_as) = model::advised(&shape.sets, &report.advice);
     let mut checked: Vec<String> = report.advice.iter().map(|a| a.set.clone()).collect();
     if let Some(p) = pack_as {
         let packed = packed_copy(shape, dir, p.max_side)?;
@@ -259,9 +308,9 @@ fn check(shape: &mut Shape, dir: &Path, step: Duration, phase: Duration) -> Resu
             };
         }
     }
-    let options = doctor::with(&base, &sets)?;
+    let options = measure::with(&base, &sets)?;
     let usage = Usage::start();
-    let measured = doctor::pipeline_run(&options, &config, None)?;
+    let measured = measure::pipeline_run(&options, &config, None)?;
     Ok(Round {
         bottleneck: report.bottleneck,
         advice: report.advice.iter().map(|a| a.set.clone()).collect(),

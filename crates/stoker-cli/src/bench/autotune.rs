@@ -13,13 +13,15 @@
 //! Rounds interleave the fixed settings and autotune, each keeping its best round (a shared
 //! machine only ever makes a loader slower).
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use stoker_core::{Loader, LoaderOptions};
 
-use crate::args::AutotuneBenchArgs;
-use crate::doctor::{self, fmt_rate, Config};
+use super::BenchData;
+use crate::doctor::measure::{self, Config};
+use crate::doctor::report::fmt_rate;
 use crate::photos::{photos_or_drawn, IMAGENET};
 
 /// The share of the best fixed setting autotune is timed to reach.
@@ -91,6 +93,61 @@ fn rate(arrivals: &[(f64, usize)], from: usize, to: usize) -> f64 {
     (b.1 - a.1) as f64 / (b.0 - a.0).max(1e-9)
 }
 
+/// `stoker bench autotune`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct AutotuneBenchArgs {
+    /// A folder of class subfolders of JPEGs (default: an ImageNet-like folder of 500x375
+    /// photographs in the data directory).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// A shorter run: a smaller folder, fewer batches, one round.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    // The doc comment is the flag's --help text, where the shape in brackets is plain text, not
+    // a link to an item.
+    #[allow(rustdoc::broken_intra_doc_links)]
+    /// Also an npy file of uint8 [N,3,224,224] in batches four times larger.
+    #[arg(long)]
+    pub(crate) npy: bool,
+    /// Rounds, each measuring every fixed setting and then autotune; each keeps its best
+    /// [default: 3, --quick 1].
+    #[arg(long, value_name = "N")]
+    pub(crate) rounds: Option<usize>,
+    /// Images in the default folder [default: 1200, --quick 480].
+    #[arg(long, value_name = "N")]
+    pub(crate) images: Option<usize>,
+    /// Samples in the npy file [default: 2048, --quick 1024].
+    #[arg(long, value_name = "N")]
+    pub(crate) npy_samples: Option<usize>,
+    /// Batches autotune runs for, from the loader's start; npy runs four times as many
+    /// [default: 300, --quick 120].
+    #[arg(long, value_name = "N")]
+    pub(crate) batches: Option<usize>,
+    /// Batches each fixed setting is measured for, after filling its pipeline; npy four times
+    /// as many [default: 40, --quick 16].
+    #[arg(long, value_name = "N")]
+    pub(crate) fixed_batches: Option<usize>,
+    /// The prefetch_factor values of the fixed settings, comma-separated.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "2,4"
+    )]
+    pub(crate) prefetch: Vec<usize>,
+    /// Samples per image batch; npy batches are four times larger.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    /// The training step to simulate, in milliseconds per batch.
+    #[arg(long, value_name = "MS", default_value_t = 0.0)]
+    pub(crate) step_ms: f64,
+    #[command(flatten)]
+    pub(crate) data: BenchData,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
 pub(crate) fn run(args: &AutotuneBenchArgs) -> Result<(), String> {
     if !args.step_ms.is_finite() || args.step_ms < 0.0 {
         return Err(format!(
@@ -158,7 +215,7 @@ pub(crate) fn run(args: &AutotuneBenchArgs) -> Result<(), String> {
     }];
     if args.npy {
         let n = args.npy_samples.unwrap_or(if quick { 1024 } else { 2048 });
-        let path = crate::bench::generated_npy_in(&dir.join("npy"), n)?;
+        let path = super::npy::generated_npy_in(&dir.join("npy"), n)?;
         let batch = batch_size * NPY_BATCH_FACTOR;
         workloads.push(Workload {
             key: "npy",
@@ -183,7 +240,7 @@ pub(crate) fn run(args: &AutotuneBenchArgs) -> Result<(), String> {
             );
             let mut base = LoaderOptions::new();
             base.set("source", &w.source).map_err(|e| e.to_string())?;
-            let base = doctor::with(&base, &w.sets)?;
+            let base = measure::with(&base, &w.sets)?;
             let config = Config {
                 step,
                 samples: fixed_batches * w.runs * w.batch_size,
@@ -193,14 +250,14 @@ pub(crate) fn run(args: &AutotuneBenchArgs) -> Result<(), String> {
                 remote: false,
             };
             for f in &mut w.fixed {
-                let options = doctor::with(
+                let options = measure::with(
                     &base,
                     &pairs(&[
                         ("num_workers", &f.workers.to_string()),
                         ("prefetch_factor", &f.prefetch.to_string()),
                     ]),
                 )?;
-                let p = doctor::pipeline_run(&options, &config, None)?;
+                let p = measure::pipeline_run(&options, &config, None)?;
                 f.best = f.best.max(p.samples_per_s);
             }
             w.tuned.push(autotune_run(&base, batches * w.runs, step)?);
@@ -235,7 +292,7 @@ fn pairs(kv: &[(&str, &str)]) -> Vec<(String, String)> {
 
 /// A loader with `autotune=true` from one worker, `batches` batches from its construction.
 fn autotune_run(base: &LoaderOptions, batches: usize, step: Duration) -> Result<Tuned, String> {
-    let options = doctor::with(
+    let options = measure::with(
         base,
         &pairs(&[("autotune", "true"), ("num_workers", "auto")]),
     )?;

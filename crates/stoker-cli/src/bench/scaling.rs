@@ -8,12 +8,11 @@
 //! share. With a CUDA driver and device, two more figures of the same machine: `device=cuda` on
 //! the npy file, and a plain copy from pinned memory to the device, the link's bandwidth.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use stoker_core::pack::{open_source, pack, PackMode, PackOptions};
 use stoker_core::{DType, Loader, LoaderOptions};
-
-use crate::args::ScalingBenchArgs;
 
 /// One sample of the npy workload: float32 `[3, 112, 112]`, 150,528 bytes.
 const NPY_SHAPE: [usize; 3] = [3, 112, 112];
@@ -24,6 +23,30 @@ struct Run {
     bytes_per_s: f64,
     faults_per_batch: f64,
     busy: f64,
+}
+
+/// `stoker bench scaling`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ScalingBenchArgs {
+    /// A folder of class subfolders of JPEGs (default: an ImageNet-like folder of real
+    /// photographs in the cache directory).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// Samples in the generated npy file (150 KB each).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub(crate) samples: usize,
+    /// Samples per batch.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    /// Measured epochs per row (one more runs first, to warm up).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub(crate) epochs: usize,
+    /// The most workers measured (default: every usable core).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_workers: Option<usize>,
+    /// Images per class when building the default folder.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub(crate) per_class: usize,
 }
 
 pub(crate) fn run(args: &ScalingBenchArgs) -> Result<(), String> {

@@ -7,13 +7,13 @@
 //! then `--epochs` measured ones, and the four alternate over `--rounds` rounds, each keeping
 //! its best (a shared machine only ever makes a loader slower).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use stoker_core::pack::{open_source, pack, PackMode, PackOptions};
 use stoker_core::{Loader, LoaderOptions};
 
-use crate::args::PackedBenchArgs;
+use crate::args::Workers;
 
 /// One way of reading the photographs.
 struct Variant {
@@ -22,6 +22,32 @@ struct Variant {
     /// Seconds `stoker pack` took, and the bytes it wrote (none for the folder).
     packed: Option<(f64, u64)>,
     best: f64,
+}
+
+/// `stoker bench packed`'s arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PackedBenchArgs {
+    /// A folder of class subfolders of JPEGs (default: an ImageNet-like folder of real
+    /// photographs in the cache directory).
+    #[arg(value_name = "ROOT")]
+    pub(crate) root: Option<PathBuf>,
+    /// Measured epochs per round (one more runs first, to warm up).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) epochs: usize,
+    /// Rounds over the four sources; each keeps its best.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub(crate) rounds: usize,
+    /// Samples per batch.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    /// The longer side of the shrunk packs.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub(crate) max_side: u32,
+    #[command(flatten)]
+    pub(crate) workers: Workers,
+    /// Images per class when building the default folder (250: 3,000 images).
+    #[arg(long, value_name = "N", default_value_t = 250)]
+    pub(crate) per_class: usize,
 }
 
 pub(crate) fn run(args: &PackedBenchArgs) -> Result<(), String> {

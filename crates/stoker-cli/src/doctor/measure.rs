@@ -1,0 +1,323 @@
+//! Running the loader and measuring it: each stage alone on this thread (`stage_run`), the
+//! whole pipeline (`pipeline_run`), the stored images' size (`image_probe`) and the stages on a
+//! packed sample (`packed_costs`), giving what the model reasons from (`Costs`, `Pipeline`,
+//! `PackedCosts`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use stoker_core::autotune::process_cpu_ns;
+use stoker_core::{FieldKind, Loader, LoaderOptions, Stats};
+
+use super::machine::{Load, Usage};
+use super::pack_probe::{Probe, PROBE_SAMPLES};
+
+/// How to measure.
+pub(crate) struct Config {
+    pub(crate) step: Duration,
+    pub(crate) samples: usize,
+    pub(crate) timeline: Option<PathBuf>,
+    pub(crate) progress: bool,
+    /// Longest a measurement runs, whatever `samples` says.
+    pub(crate) phase_limit: Duration,
+    /// The data comes over the network (a URL): caching it helps.
+    pub(crate) remote: bool,
+}
+
+/// One core's cost of each stage per sample, from the single-thread run.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Costs {
+    pub(crate) read_us: f64,
+    /// The part of `read_us` spent waiting (no CPU): I/O latency.
+    pub(crate) io_wait_us: f64,
+    pub(crate) decode_us: f64,
+    pub(crate) transform_us: f64,
+    pub(crate) collate_us: f64,
+    pub(crate) samples: u64,
+    /// Bytes of batch memory per sample.
+    pub(crate) bytes_per_sample: f64,
+}
+
+impl Costs {
+    /// A worker's time per sample.
+    pub(super) fn wall_us(&self) -> f64 {
+        self.read_us + self.decode_us + self.transform_us + self.collate_us
+    }
+
+    /// A core's time per sample.
+    pub(super) fn cpu_us(&self) -> f64 {
+        self.wall_us() - self.io_wait_us
+    }
+}
+
+/// The pipeline run.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Pipeline {
+    pub(crate) samples_per_s: f64,
+    pub(crate) readiness: f64,
+    pub(crate) workers: usize,
+    pub(crate) worker_busy: f64,
+    pub(crate) h2d_us: Option<f64>,
+    pub(crate) batch_size: usize,
+    /// Cores' worth of CPU time the process got (less than the workers asked for when other
+    /// work shares the cores).
+    pub(crate) cpu_cores: f64,
+}
+
+/// `base` with the options `sets` set, in order.
+pub(crate) fn with(
+    base: &LoaderOptions,
+    sets: &[(String, String)],
+) -> Result<LoaderOptions, String> {
+    let mut o = base.clone();
+    for (k, v) in sets {
+        o.set(k, v).map_err(|e| e.to_string())?;
+    }
+    Ok(o)
+}
+
+/// This thread's time on a CPU and waiting for one (runnable but not running: cores shared with
+/// other work), from Linux's schedstat; without it, the CPU time alone.
+fn thread_times() -> (Duration, Duration) {
+    let sched = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|f| f.parse::<u64>().ok());
+            Some((it.next()??, it.next()??))
+        });
+    match sched {
+        Some((run, wait)) => (Duration::from_nanos(run), Duration::from_nanos(wait)),
+        None => (thread_cpu(), Duration::ZERO),
+    }
+}
+
+/// This thread's CPU time.
+pub(crate) fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux defines.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Asks for batches until `samples` more were delivered (or `limit` passed), calling `hold`
+/// with each; ends of epochs are passed over.
+fn consume(
+    loader: &mut Loader,
+    samples: usize,
+    min_batches: usize,
+    limit: Duration,
+    mut hold: impl FnMut(),
+) -> Result<(), String> {
+    let start = Instant::now();
+    let (mut got, mut batches, mut empty_epochs) = (0, 0, 0);
+    while (got < samples || batches < min_batches) && start.elapsed() < limit {
+        match loader.next().map_err(|e| e.to_string())? {
+            Some(b) => {
+                got += b.len();
+                batches += 1;
+                empty_epochs = 0;
+                hold();
+            }
+            None => {
+                empty_epochs += 1;
+                if empty_epochs > 1 {
+                    return Err("the source has no batches to measure".into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One core's cost per sample of each stage: the loader building batches in this thread; and
+/// the other work on the cores meanwhile.
+pub(super) fn stage_run(options: &LoaderOptions, config: &Config) -> Result<(Costs, Load), String> {
+    let mut o = options.clone();
+    for (k, v) in [("num_workers", "0"), ("device", "cpu"), ("trace", "")] {
+        o.set(k, v).map_err(|e| e.to_string())?;
+    }
+    let mut loader = Loader::new(&o).map_err(|e| e.to_string())?;
+    // One batch first: the first touches of memory and files are not the steady state.
+    consume(&mut loader, 1, 1, config.phase_limit, || {})?;
+    let (s0, (cpu0, queued0)) = (loader.stats(), thread_times());
+    let usage = Usage::start();
+    consume(&mut loader, config.samples, 1, config.phase_limit, || {})?;
+    let (s1, (cpu1, queued1)) = (loader.stats(), thread_times());
+    // What the cores did besides this process: other work's CPU time.
+    let others_cores = usage.others_cores();
+    let n = s1.samples.saturating_sub(s0.samples).max(1);
+    let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e3 / n as f64;
+    let read_us = per(s0.read_ns, s1.read_ns);
+    let busy_us = per(s0.busy_ns, s1.busy_ns);
+    let cpu_us = (cpu1.saturating_sub(cpu0)).as_nanos() as f64 / 1e3 / n as f64;
+    let queued_us = (queued1.saturating_sub(queued0)).as_nanos() as f64 / 1e3 / n as f64;
+    // Building is all this thread did: what it spent neither on a CPU nor waiting for one, it
+    // waited for I/O.
+    let io_wait_us = (busy_us - cpu_us - queued_us).clamp(0.0, read_us);
+    // Time spent runnable but not running (cores shared with other work) is no stage's cost:
+    // the stages' CPU time is their share of the time on a CPU.
+    let on_cpu = if cpu_us + queued_us > 0.0 {
+        cpu_us / (cpu_us + queued_us)
+    } else {
+        1.0
+    };
+    let costs = Costs {
+        read_us: io_wait_us + (read_us - io_wait_us) * on_cpu,
+        io_wait_us,
+        decode_us: per(s0.decode_ns, s1.decode_ns) * on_cpu,
+        transform_us: per(s0.transform_ns, s1.transform_ns) * on_cpu,
+        collate_us: per(s0.collate_ns, s1.collate_ns) * on_cpu,
+        samples: n,
+        bytes_per_sample: s1.batch_bytes as f64 / options.batch_size().max(1) as f64,
+    };
+    Ok((
+        costs,
+        Load {
+            others_cores,
+            // This thread's, until the caller measures it beside the whole process's.
+            on_cpu,
+            available: f64::INFINITY,
+        },
+    ))
+}
+
+/// The pipeline with the given settings, a step of `config.step` per batch: filled first (as
+/// many batches as it holds in flight), then `config.samples` samples (at least 8 batches)
+/// measured.
+pub(crate) fn pipeline_run(
+    options: &LoaderOptions,
+    config: &Config,
+    trace: Option<&std::path::Path>,
+) -> Result<Pipeline, String> {
+    let mut o = options.clone();
+    if let Some(path) = trace {
+        o.set("trace", &path.to_string_lossy())
+            .map_err(|e| e.to_string())?;
+    }
+    let mut loader = Loader::new(&o).map_err(|e| e.to_string())?;
+    let warm = loader.stats().in_flight_cap as usize;
+    // Fill the pipeline first: its start is not its steady state.
+    consume(&mut loader, 1, warm.max(1), config.phase_limit, || {})?;
+    let (s0, t0, cpu0) = (loader.stats(), Instant::now(), process_cpu_ns());
+    let step = config.step;
+    consume(&mut loader, config.samples, 8, config.phase_limit, || {
+        std::thread::sleep(step)
+    })?;
+    let (s1, elapsed, cpu1) = (loader.stats(), t0.elapsed(), process_cpu_ns());
+    drop(loader); // writes the trace
+    let mut p = pipeline_from(&s0, &s1, elapsed, options.batch_size());
+    p.cpu_cores = cpu1.saturating_sub(cpu0) as f64 / 1e9 / elapsed.as_secs_f64().max(1e-9);
+    Ok(p)
+}
+
+fn pipeline_from(s0: &Stats, s1: &Stats, elapsed: Duration, batch_size: usize) -> Pipeline {
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let samples = s1.samples.saturating_sub(s0.samples);
+    let wait = s1.wait_ns_total.saturating_sub(s0.wait_ns_total) as f64 / 1e9;
+    let busy = s1.busy_ns.saturating_sub(s0.busy_ns) as f64 / 1e9;
+    let workers = s1.num_workers.max(1) as usize;
+    let h2d = s1.h2d_ns.saturating_sub(s0.h2d_ns);
+    Pipeline {
+        samples_per_s: samples as f64 / secs,
+        readiness: (1.0 - wait / secs).clamp(0.0, 1.0),
+        workers,
+        worker_busy: (busy / (secs * workers as f64)).clamp(0.0, 1.0),
+        h2d_us: (h2d > 0).then(|| h2d as f64 / 1e3 / samples.max(1) as f64),
+        batch_size,
+        cpu_cores: 0.0,
+    }
+}
+
+/// Mean width and height of the stored images (headers only), for an image source.
+pub(super) fn image_probe(options: &LoaderOptions) -> Result<Option<(f64, f64)>, String> {
+    let Some(spec) = options.source() else {
+        return Ok(None);
+    };
+    let source = spec.open(None, true).map_err(|e| e.to_string())?;
+    let Some(field) = source
+        .fields()
+        .iter()
+        .position(|f| f.kind == FieldKind::EncodedImage)
+    else {
+        return Ok(None);
+    };
+    let n = source.len();
+    if n == 0 {
+        return Ok(None);
+    }
+    let probes = n.min(32);
+    let mut buf = Vec::new();
+    let (mut w, mut h, mut seen) = (0f64, 0f64, 0usize);
+    for i in 0..probes {
+        let index = i * n / probes;
+        let Ok(sample) = source.read(index, &mut buf) else {
+            continue;
+        };
+        if let Ok(d) = stoker_core::decode::dimensions(sample.get(field)) {
+            w += d.width as f64;
+            h += d.height as f64;
+            seen += 1;
+        }
+    }
+    Ok((seen > 0).then(|| (w / seen as f64, h / seen as f64)))
+}
+
+/// Whether the images come out as floats (normalize, or a float dtype).
+pub(super) fn float_images(options: &LoaderOptions, sets: &[(String, String)]) -> bool {
+    let has_images = options.source().is_some_and(|spec| {
+        spec.open(None, true)
+            .is_ok_and(|s| s.fields().iter().any(|f| f.kind == FieldKind::EncodedImage))
+    });
+    let dtype = sets
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "dtype")
+        .map(|(_, v)| v.as_str());
+    let normalizes = sets
+        .iter()
+        .any(|(k, v)| k == "transform" && v.contains("normalize"));
+    has_images && (dtype.is_some_and(|d| d != "uint8") || (dtype.is_none() && normalizes))
+}
+
+/// One core's cost of each stage on a sample of the source packed at `side` pixels, and of the
+/// transform with the uint8 settings `uint8` when given.
+pub(super) fn packed_costs(
+    options: &LoaderOptions,
+    sets: &[(String, String)],
+    uint8: Option<&[(String, String)]>,
+    side: u32,
+    config: &Config,
+) -> Result<PackedCosts, String> {
+    let spec = options.source().ok_or("no source")?;
+    let source = spec.open(None, true).map_err(|e| e.to_string())?;
+    let samples = PROBE_SAMPLES.max(options.batch_size());
+    let probe = Probe::pack(source, samples, side)?;
+    // The same settings, the probe as the source.
+    let on_probe = |sets: &[(String, String)]| -> Result<Costs, String> {
+        let mut o = with(options, sets)?;
+        o.set("source", &probe.spec()).map_err(|e| e.to_string())?;
+        Ok(stage_run(&o, config)?.0)
+    };
+    let costs = on_probe(sets)?;
+    let uint8_transform_us = match uint8 {
+        Some(uint8) => on_probe(uint8).ok().map(|c| c.transform_us),
+        None => None,
+    };
+    Ok(PackedCosts {
+        costs,
+        uint8_transform_us,
+    })
+}
+
+/// The stages' costs on packed data.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PackedCosts {
+    pub(crate) costs: Costs,
+    pub(crate) uint8_transform_us: Option<f64>,
+}

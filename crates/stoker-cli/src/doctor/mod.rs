@@ -1,0 +1,514 @@
+//! `stoker doctor SOURCE`: where does the time go, what is the bottleneck, and what fixes it.
+//!
+//! Measurements on a sample of the data, all through the loader itself:
+//! 1. each stage alone: the loader with `num_workers=0` builds batches in this thread, so its
+//!    per-stage stats are one core's cost per sample of reading, decoding, transforming and
+//!    collating, with nothing running beside them; this thread's CPU time splits reading into
+//!    CPU work and waiting on I/O;
+//! 2. the whole pipeline with the given settings, a simulated training step holding each batch
+//!    (`--step-ms`), measuring samples/s, readiness and, with a device, the copy time;
+//! 3. what the advice would change: for an image source, the stored image size (headers only);
+//!    when decoding large images dominates, each stage again on a sample of them packed at 256
+//!    px (`pack_probe`); with float output the transform's cost in uint8;
+//! 4. the machine (`machine`): the share of a core one thread gets and the CPU the whole
+//!    process gets beside other work, and, when collating copies at memory speed, how far the
+//!    memory's bandwidth scales with more threads copying.
+//!
+//! A model of the pipeline — workers run a sample's stages one after another, each at the share
+//! of a core it gets, the process's cores bound the CPU work, memory bandwidth bounds the
+//! copies, one thread copies to the device, the consumer takes a batch per step — predicts the
+//! throughput of the current settings and of the advised ones; the bottleneck is the limit that
+//! binds.
+//!
+//! `run` and `diagnose` here only put the parts together: `measure` runs the loader and
+//! measures, `model` turns the measurements into the bottleneck, the advice and the predicted
+//! throughput, and `report` renders the result as a table or as JSON.
+
+pub(crate) mod machine;
+pub(crate) mod measure;
+pub(crate) mod model;
+mod pack_probe;
+pub(crate) mod report;
+mod timeline;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use stoker_core::LoaderOptions;
+
+use measure::{float_images, image_probe, packed_costs, pipeline_run, stage_run, with, Config};
+use model::{analyse, packing_helps, uint8_sets, Alternatives, Machine, PACK_SIDE};
+use report::Report;
+
+/// `stoker doctor`'s arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DoctorArgs {
+    /// The data, as the `source` option spells it: npy:PATH, image_folder:ROOT, tar:PATTERN, ...
+    #[arg(value_name = "SOURCE")]
+    pub(crate) source: String,
+    /// A loader option as KEY=VALUE (repeat for more), e.g.
+    /// --set "transform=random_resized_crop(224) | hflip | normalize(imagenet)". batch_size is
+    /// 64 unless set.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = key_value)]
+    pub(crate) set: Vec<(String, String)>,
+    /// The training step to simulate: each batch is held this long before the next is asked
+    /// for. 0 measures the loader flat out.
+    #[arg(long, value_name = "MS", default_value_t = 0.0)]
+    pub(crate) step_ms: f64,
+    /// Print the report as JSON (keys: bottleneck, stages, pipeline_samples_per_s,
+    /// predicted_samples_per_s, advice).
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Also draw the timeline of the pipeline run (workers' stages, the consumer's waits) as an
+    /// SVG picture.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) timeline: Option<PathBuf>,
+    /// Samples measured in each run.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub(crate) samples: usize,
+}
+
+fn key_value(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))?;
+    let k = k.trim();
+    if k.is_empty() {
+        return Err(format!("`{s}` has an empty key"));
+    }
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+/// Runs `stoker doctor` and prints its report.
+pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
+    let mut base = LoaderOptions::new();
+    base.set("source", &args.source)
+        .map_err(|e| e.to_string())?;
+    if !args.step_ms.is_finite() || args.step_ms < 0.0 {
+        return Err(format!(
+            "--step-ms: {} is not a duration in milliseconds",
+            args.step_ms
+        ));
+    }
+    let config = Config {
+        step: Duration::from_secs_f64(args.step_ms / 1000.0),
+        samples: args.samples.max(1),
+        timeline: args.timeline.clone(),
+        progress: !args.json && std::io::stderr().is_terminal(),
+        phase_limit: Duration::from_secs(20),
+        remote: args.source.contains("://"),
+    };
+    let report = diagnose(&base, &args.set, &config)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report.json()).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", report.table(&args.source));
+    }
+    if let Some(path) = &args.timeline {
+        if !args.json {
+            println!("timeline: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Measures and diagnoses `base` (the source) with the options `sets`.
+pub(crate) fn diagnose(
+    base: &LoaderOptions,
+    sets: &[(String, String)],
+    config: &Config,
+) -> Result<Report, String> {
+    let mut sets = sets.to_vec();
+    if !sets.iter().any(|(k, _)| k == "batch_size") {
+        sets.push(("batch_size".into(), "64".into()));
+    }
+    let options = with(base, &sets)?;
+    let progress = Phase::new(config.progress);
+
+    progress.say("measuring each stage on one core");
+    let (costs, mut load) = stage_run(&options, config)?;
+
+    progress.say("measuring the pipeline");
+    let trace = config
+        .timeline
+        .as_ref()
+        .map(|_| std::env::temp_dir().join(format!("stoker-doctor-{}.json", std::process::id())));
+    let pipeline = pipeline_run(&options, config, trace.as_deref())?;
+    if let (Some(trace), Some(svg)) = (&trace, &config.timeline) {
+        let drawn = timeline::render(trace, svg);
+        let _ = std::fs::remove_file(trace);
+        drawn?;
+    }
+
+    // What the advice could change, measured where it can be.
+    progress.say("measuring alternatives");
+    let images = image_probe(&options)?;
+    let floats = float_images(&options, &sets);
+    let uint8_alt = floats.then(|| uint8_sets(&sets));
+    let uint8 = if let Some(alt) = &uint8_alt {
+        stage_run(&with(base, alt)?, config)
+            .ok()
+            .map(|(c, _)| c.transform_us)
+    } else {
+        None
+    };
+    // Packing shrunk: the stages measured on a packed sample of the data, when decoding large
+    // images is what the advice would be about.
+    let packed = if packing_helps(&costs, images) {
+        progress.say("measuring a packed sample");
+        packed_costs(
+            &options,
+            &sets,
+            uint8_alt.as_deref(),
+            PACK_SIDE as u32,
+            config,
+        )
+        .ok()
+    } else {
+        None
+    };
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    progress.say("measuring the CPU this process gets");
+    (load.on_cpu, load.available) = machine::probe_cpu(cores);
+    // Copying samples into batches shares the memory's bandwidth: measured when it is a
+    // sizeable part of the work.
+    let copy_parallelism = if costs.collate_us >= COPY_HEAVY * costs.cpu_us()
+        && costs.bytes_per_sample / costs.collate_us.max(1e-9) >= COPY_BOUND_MB_S
+    {
+        progress.say("measuring memory bandwidth");
+        machine::copy_parallelism(cores)
+    } else {
+        f64::INFINITY
+    };
+    progress.done();
+
+    Ok(analyse(
+        costs,
+        pipeline,
+        Machine {
+            cores,
+            load,
+            copy_parallelism,
+        },
+        config.step,
+        &Alternatives {
+            mean_size: images,
+            uint8_transform_us: uint8,
+            packed,
+            remote: config.remote || sets.iter().any(|(k, v)| k == "source" && v.contains("://")),
+            remote_cache: sets.iter().any(|(k, v)| k == "cache_dir" && !v.is_empty()),
+            shard_prefetch: sets
+                .iter()
+                .rev()
+                .find(|(k, _)| k == "shard_prefetch")
+                .and_then(|(_, v)| v.parse().ok()),
+        },
+    ))
+}
+
+/// The share of a sample's CPU time in collate above which memory bandwidth is measured.
+const COPY_HEAVY: f64 = 0.1;
+/// ... and collate copies at least this fast (bytes per microsecond, MB/s): at memory speeds,
+/// not spending its time on per-sample overheads.
+const COPY_BOUND_MB_S: f64 = 1000.0;
+
+/// A spinner on a terminal; nothing otherwise.
+struct Phase(Option<ProgressBar>);
+
+impl Phase {
+    fn new(on: bool) -> Phase {
+        Phase(on.then(|| {
+            let bar = ProgressBar::new_spinner();
+            if let Ok(style) = ProgressStyle::with_template("{spinner} stoker doctor: {msg}") {
+                bar.set_style(style);
+            }
+            bar.enable_steady_tick(Duration::from_millis(100));
+            bar
+        }))
+    }
+
+    fn say(&self, msg: &str) {
+        if let Some(bar) = &self.0 {
+            bar.set_message(msg.to_owned());
+        }
+    }
+
+    fn done(&self) {
+        if let Some(bar) = &self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::Value;
+    use stoker_core::testing::SlowRead;
+    use stoker_core::{DType, MemorySource, Source, SourceSpec};
+
+    use super::*;
+
+    fn config() -> Config {
+        Config {
+            step: Duration::ZERO,
+            samples: 64,
+            timeline: None,
+            progress: false,
+            phase_limit: Duration::from_secs(20),
+            remote: false,
+        }
+    }
+
+    fn custom(source: impl Source + 'static) -> LoaderOptions {
+        LoaderOptions::new().with_source(SourceSpec::Custom(Arc::new(source)))
+    }
+
+    fn sets(kv: &[(&str, &str)]) -> Vec<(String, String)> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Large noisy JPEGs: decoding dominates everything else.
+    fn big_jpegs(n: usize) -> MemorySource {
+        let (w, h) = (1024u16, 768u16);
+        let rows = (0..n)
+            .map(|i| {
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ i as u64;
+                let pixels: Vec<u8> = (0..w as usize * h as usize * 3)
+                    .map(|_| {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng as u8
+                    })
+                    .collect();
+                let mut out = Vec::new();
+                jpeg_encoder::Encoder::new(&mut out, 90)
+                    .encode(&pixels, w, h, jpeg_encoder::ColorType::Rgb)
+                    .unwrap();
+                out
+            })
+            .collect();
+        MemorySource::new()
+            .with_encoded_images("image", rows)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_slow_read_is_an_io_bottleneck_and_more_workers_are_advised() {
+        let rows: Vec<u8> = (0..64 * 16).map(|i| i as u8).collect();
+        let source = SlowRead {
+            inner: Arc::new(
+                MemorySource::new()
+                    .with_tensor("x", DType::U8, &[16], rows)
+                    .unwrap(),
+            ),
+            delay: Duration::from_millis(2),
+        };
+        let report = diagnose(
+            &custom(source),
+            &sets(&[("batch_size", "8"), ("num_workers", "2")]),
+            &config(),
+        )
+        .unwrap();
+        assert_eq!(report.bottleneck, "io", "{}", report.table("slow"));
+        assert!(report.costs.io_wait_us > 1500.0, "{:?}", report.costs);
+        let workers = report
+            .advice
+            .iter()
+            .find(|a| a.set.starts_with("num_workers="))
+            .expect("worker advice");
+        let n: usize = workers.set["num_workers=".len()..].parse().unwrap();
+        assert!(n > 2, "{workers:?}");
+        assert!(report.predicted_samples_per_s > 2.0 * report.pipeline.samples_per_s);
+    }
+
+    #[test]
+    fn decode_heavy_images_are_a_decode_bottleneck_and_packing_is_advised() {
+        let report = diagnose(
+            &custom(big_jpegs(12)),
+            &sets(&[
+                ("batch_size", "4"),
+                ("num_workers", "auto"),
+                ("transform", "resize(32) | center_crop(32)"),
+            ]),
+            &Config {
+                samples: 16,
+                ..config()
+            },
+        )
+        .unwrap();
+        assert_eq!(report.bottleneck, "decode", "{}", report.table("jpegs"));
+        let pack = report
+            .advice
+            .iter()
+            .find(|a| a.set == "source=packed:OUT")
+            .expect("packing advice");
+        assert!(pack.why.contains("--max-side 256"), "{pack:?}");
+        assert!(pack.why.contains("1024x768"), "{pack:?}");
+    }
+
+    #[test]
+    fn a_slow_consumer_is_the_bottleneck_when_the_loader_keeps_up() {
+        let rows: Vec<u8> = (0..256 * 16).map(|i| i as u8).collect();
+        let source = MemorySource::new()
+            .with_tensor("x", DType::U8, &[16], rows)
+            .unwrap();
+        let report = diagnose(
+            &custom(source),
+            &sets(&[("batch_size", "8"), ("num_workers", "2")]),
+            &Config {
+                step: Duration::from_millis(5),
+                samples: 80,
+                ..config()
+            },
+        )
+        .unwrap();
+        // Readiness itself is not asserted: a loaded machine wakes the consumer late.
+        assert_eq!(report.bottleneck, "consumer", "{}", report.table("fast"));
+    }
+
+    #[test]
+    fn the_json_report_has_the_documented_keys() {
+        let rows: Vec<u8> = (0..64 * 16).map(|i| i as u8).collect();
+        let source = MemorySource::new()
+            .with_tensor("x", DType::U8, &[16], rows)
+            .unwrap();
+        let report = diagnose(&custom(source), &sets(&[("batch_size", "8")]), &config()).unwrap();
+        let text = serde_json::to_string(&report.json()).unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let bottleneck = v["bottleneck"].as_str().unwrap();
+        assert!(
+            [
+                "io",
+                "decode",
+                "transform",
+                "collate",
+                "transfer",
+                "workers",
+                "consumer"
+            ]
+            .contains(&bottleneck),
+            "{bottleneck}"
+        );
+        for stage in ["io", "decode", "transform", "collate"] {
+            let s = &v["stages"][stage];
+            assert!(s["us_per_sample"].is_number(), "{stage}: {s}");
+            assert!(s["samples_per_s"].is_number() || s["samples_per_s"].is_null());
+        }
+        assert!(
+            v["stages"].get("transfer").is_none(),
+            "no device, no transfer stage"
+        );
+        assert!(v["pipeline_samples_per_s"].as_f64().unwrap() > 0.0);
+        assert!(v["predicted_samples_per_s"].as_f64().unwrap() > 0.0);
+        for a in v["advice"].as_array().unwrap() {
+            assert!(a["set"].as_str().unwrap().contains('='), "{a}");
+            assert!(!a["why"].as_str().unwrap().is_empty());
+        }
+        // The table names the same bottleneck.
+        assert!(report
+            .table("x")
+            .contains(&format!("bottleneck {bottleneck}")));
+    }
+
+    #[test]
+    fn the_timeline_of_the_pipeline_run_is_drawn() {
+        let svg = std::env::temp_dir().join(format!("stoker-doctor-{}.svg", std::process::id()));
+        let rows: Vec<u8> = (0..64 * 16).map(|i| i as u8).collect();
+        let source = MemorySource::new()
+            .with_tensor("x", DType::U8, &[16], rows)
+            .unwrap();
+        diagnose(
+            &custom(source),
+            &sets(&[("batch_size", "8"), ("num_workers", "2")]),
+            &Config {
+                timeline: Some(svg.clone()),
+                ..config()
+            },
+        )
+        .unwrap();
+        let picture = std::fs::read_to_string(&svg).unwrap();
+        std::fs::remove_file(&svg).unwrap();
+        assert!(picture.starts_with("<svg"));
+        // Which of the two workers builds the few tiny batches is up to the scheduler (on a busy
+        // machine one may build them all); one row per thread is the timeline module's test.
+        assert!(picture.contains(">stoker-worker-"));
+        assert!(picture.contains(">consumer (next)<"));
+        assert!(picture.contains("<title>read ") && picture.contains("<title>wait "));
+    }
+
+    #[test]
+    fn remote_shards_get_prefetch_and_cache_advice_until_set() {
+        let rows: Vec<u8> = (0..64 * 16).map(|i| i as u8).collect();
+        let source = || {
+            custom(
+                MemorySource::new()
+                    .with_tensor("x", DType::U8, &[16], rows.clone())
+                    .unwrap(),
+            )
+        };
+        let remote = Config {
+            remote: true,
+            ..config()
+        };
+        let advised = |report: &Report| -> Vec<String> {
+            report.advice.iter().map(|a| a.set.clone()).collect()
+        };
+        let report = diagnose(&source(), &sets(&[("batch_size", "8")]), &remote).unwrap();
+        let sets_advised = advised(&report);
+        assert!(
+            sets_advised.contains(&"shard_prefetch=16".to_owned()),
+            "{sets_advised:?}"
+        );
+        assert!(
+            sets_advised.iter().any(|s| s.starts_with("cache_dir=")),
+            "{sets_advised:?}"
+        );
+        let cache =
+            std::env::temp_dir().join(format!("stoker-doctor-cache-{}", std::process::id()));
+        let report = diagnose(
+            &source(),
+            &sets(&[
+                ("batch_size", "8"),
+                ("shard_prefetch", "16"),
+                ("cache_dir", cache.to_str().unwrap()),
+            ]),
+            &remote,
+        )
+        .unwrap();
+        let sets_advised = advised(&report);
+        assert!(
+            !sets_advised
+                .iter()
+                .any(|s| s.starts_with("shard_prefetch=") || s.starts_with("cache_dir=")),
+            "{sets_advised:?}"
+        );
+        // A local source gets neither.
+        let report = diagnose(&source(), &sets(&[("batch_size", "8")]), &config()).unwrap();
+        assert!(!advised(&report)
+            .iter()
+            .any(|s| s.starts_with("shard_prefetch=") || s.starts_with("cache_dir=")),);
+    }
+
+    #[test]
+    fn key_value_arguments() {
+        assert_eq!(
+            key_value("transform=resize(8) | hflip").unwrap(),
+            ("transform".into(), "resize(8) | hflip".into())
+        );
+        assert_eq!(key_value("pad=").unwrap(), ("pad".into(), "".into()));
+        assert!(key_value("batch_size").is_err());
+        assert!(key_value("=3").is_err());
+    }
+}
