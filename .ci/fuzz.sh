@@ -13,6 +13,9 @@
 #   FUZZ_SECONDS=600 FUZZ_KEEP_CORPUS=1 FUZZ_TARGETS="npy_header options" .ci/fuzz.sh
 #
 # Reproduce a crash: cd crates/stoker-core/fuzz && cargo +nightly fuzz run TARGET ARTIFACT
+#
+# FUZZ_BUILD_ONLY=1 installs what is needed and builds the targets, then stops (the test
+# command builds them in the background while earlier steps leave a core idle).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +43,7 @@ echo "==> building fuzz targets (cargo +nightly fuzz build, AddressSanitizer)"
   --codegen-units 16 --target "$triple")
 built=$(date +%s)
 echo "fuzz: targets built in $((built - start)) s"
+[ "${FUZZ_BUILD_ONLY:-0}" = 1 ] && exit 0
 
 # Each run starts from the seeds (a fresh fuzz/corpus/TARGET, git-ignored), so a bounded run
 # spends its time fuzzing rather than re-reading a corpus grown by earlier runs, and every run

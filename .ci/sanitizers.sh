@@ -20,6 +20,8 @@
 #
 # Each prints "sanitizer NAME: ok, N tests" or the report, and any finding fails the script.
 # SANITIZERS="asan tsan" runs a subset. Build directories: target/sanitizers/NAME.
+# SANITIZERS_BUILD_ONLY=1 builds the ASan and TSan tests and Miri's sysroot, runs nothing (the
+# test command does this in the background while earlier steps leave a core idle).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -70,6 +72,10 @@ summarize() {
 
 # sanitized_tests CARGO_TEST...: the unit tests, then the integration tests' modules above.
 sanitized_tests() {
+  if [ "${SANITIZERS_BUILD_ONLY:-0}" = 1 ]; then
+    "$@" --lib --test all --no-run
+    return
+  fi
   "$@" --lib -- "${skips[@]}" && "$@" --test all -- "${modules[@]}"
 }
 
@@ -94,6 +100,10 @@ run() {
       # real driver does; Miri would otherwise warn on each cast back.
       export MIRIFLAGS="-Zmiri-permissive-provenance"
       miri=(cargo +nightly miri test -p stoker-core --no-default-features --target-dir "$target_root/miri")
+      if [ "${SANITIZERS_BUILD_ONLY:-0}" = 1 ]; then
+        "${miri[@]}" --lib --test all --no-run >"$log" 2>&1
+        return
+      fi
       {
         "${miri[@]}" --lib -- arena:: --skip pinning &&
           "${miri[@]}" --test all -- loader::stacks_fields_in_sampler_order \
@@ -114,6 +124,16 @@ run() {
 
 # finish NAME START STATUS: its summary; on CI's small disk its build (1-2 GB) goes at once.
 finish() {
+  if [ "${SANITIZERS_BUILD_ONLY:-0}" = 1 ]; then
+    if [ "$3" -eq 0 ]; then
+      echo "sanitizer $1: built ($(( $(date +%s) - $2 )) s)"
+    else
+      failed+=("$1")
+      echo "sanitizer $1: build FAILED (exit $3)"
+      tail -n 30 "$logs/$1.log"
+    fi
+    return
+  fi
   summarize "$1" "$logs/$1.log" "$3" "$2"
   if [ "${CI:-}" = true ]; then rm -rf "${target_root:?}/$1"; fi
 }

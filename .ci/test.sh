@@ -65,6 +65,26 @@ step "C++ API: GoogleTest suite, LibTorch adapter, install consumer, example tra
 bash bindings/cpp/run_tests.sh
 done_with "$cache/wheels" "$cache"/libtorch-*
 
+# The steps from here to fuzzing leave a core idle for long stretches (downloads, pytest's one
+# thread, waits on servers and launchers). The fuzz targets and the sanitizers' test builds use
+# it, at the lowest CPU priority, so those two steps mostly run rather than build. Each step
+# below waits for its build and builds again itself if the background one failed, so a failure
+# shows there with its output.
+background_log=$(mktemp -d)
+# Each in a process group of its own (setsid), so that leaving early stops them and their cargo.
+setsid nice -n 19 env FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh >"$background_log/fuzz.log" 2>&1 &
+fuzz_build=$!
+setsid nice -n 19 bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
+  SANITIZERS_BUILD_ONLY=1 exec bash .ci/sanitizers.sh' _ "$fuzz_build" \
+  >"$background_log/sanitizers.log" 2>&1 &
+sanitizer_build=$!
+trap 'kill -- -"$fuzz_build" -"$sanitizer_build" 2>/dev/null || true' EXIT
+# background NAME PID LOG: waits for a background build and prints its last lines.
+background() {
+  if wait "$2"; then echo "$1 (built in the background): ok"; else echo "$1 (built in the background): failed; building again"; fi
+  tail -n 4 "$3"
+}
+
 # After the C++ suite: its C++ reader links the C++ API that suite installed.
 step "remote shards: nginx (http://, https://) and an S3 server (s3://) on 127.0.0.1, from Rust, Python, C and C++"
 bash ctests/remote/run.sh
@@ -79,8 +99,10 @@ STOKER_WHEEL=$(ls bindings/python/dist/stoker-*manylinux*.whl) bash bindings/pyt
 done_with .venv-test .venv-build "$target/release" "$target/zig"
 
 step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 30)"
+background "fuzz targets" "$fuzz_build" "$background_log/fuzz.log"
 bash .ci/fuzz.sh
 done_with crates/stoker-core/fuzz/target
 
 step "sanitizers: the concurrency core under AddressSanitizer, ThreadSanitizer and Miri"
+background "sanitizer builds" "$sanitizer_build" "$background_log/sanitizers.log"
 bash .ci/sanitizers.sh

@@ -54,7 +54,7 @@ fn header_version_macros_match_cargo_toml() {
 }
 
 #[test]
-fn versions() {
+fn abi_and_crate_versions_are_reported() {
     assert_eq!(stoker_abi_version(), 1);
     // SAFETY: stoker_version returns a static NUL-terminated string.
     let v = unsafe { CStr::from_ptr(stoker_version()) };

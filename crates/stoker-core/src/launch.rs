@@ -524,7 +524,7 @@ mod tests {
     }
 
     #[test]
-    fn torchrun_variables() {
+    fn torchrun_variables_resolve_the_launch() {
         let l = auto(&[
             ("RANK", "5"),
             ("WORLD_SIZE", "8"),

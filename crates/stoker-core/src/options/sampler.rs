@@ -127,7 +127,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sampler_selection() {
+    fn the_keys_select_the_sampler() {
         let mut o = LoaderOptions::default();
         assert_eq!(o.sampler_kind(5).unwrap(), SamplerKind::Sequential);
         o.set("subset", "0..3,7").unwrap();

@@ -63,7 +63,7 @@ fn diff(a: &[u8], b: &[u8]) -> (u8, f64) {
 }
 
 #[test]
-fn parses_specs() {
+fn every_op_of_the_spec_language_parses() {
     assert_eq!(
         parse("random_resized_crop(224) | hflip | normalize(imagenet)").unwrap(),
         vec![

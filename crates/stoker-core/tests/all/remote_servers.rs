@@ -78,7 +78,7 @@ fn nginx_https_shards() {
 
 #[test]
 #[ignore = "needs an S3 server on 127.0.0.1: run by ctests/remote/run.sh"]
-fn s3_shards() {
+fn s3_server_shards() {
     read_all(&env("STOKER_REMOTE_S3"), "s3");
 }
 
