@@ -293,15 +293,14 @@ fn pack(
 ) -> Result<(), BridgeError> {
     let (src, out, mode) = (utf8("src", src)?, utf8("out", out)?, utf8("mode", mode)?);
     guard(|| {
-        let options = stoker_core::pack::PackOptions {
-            max_side: (max_side > 0).then_some(max_side),
-            quality: u8::try_from(quality)
-                .map_err(|_| Error::option("quality", "must be between 1 and 100"))?,
-            mode: mode.parse()?,
-            shard_size: (shard_size > 0).then_some(shard_size),
-            slice: (num_shards > 0).then_some((shard_index as usize, num_shards as usize)),
-            ..Default::default()
-        };
+        let options = stoker_core::pack::PackOptions::from_arguments(
+            max_side,
+            quality,
+            Some(mode),
+            shard_size,
+            shard_index,
+            num_shards,
+        )?;
         stoker_core::pack::pack_spec(src, std::path::Path::new(out), &options, &|_, _| {})
             .map(|_| ())
     })

@@ -84,8 +84,13 @@ def test_bad_arguments_and_a_damaged_file(folder, tmp_path):
     src = f"image_folder:{folder}"
     with pytest.raises(stoker.InvalidArgumentError, match="webp"):
         stoker.pack(src, tmp_path / "x.stkpack", mode="webp")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="quality"):
+    # The library's own wording, as from C, C++ and the command line.
+    with pytest.raises(stoker.InvalidArgumentError, match="`quality`: 0 is not between 1 and 100"):
         stoker.pack(src, tmp_path / "x.stkpack", quality=0)
+    with pytest.raises(stoker.InvalidArgumentError, match="shard index 3 is out of range for 2"):
+        stoker.pack(src, tmp_path / "x", shard_index=3, num_shards=2)
+    with pytest.raises(ValueError, match="quality -1 is negative"):
+        stoker.pack(src, tmp_path / "x.stkpack", quality=-1)
     with pytest.raises(ValueError, match="go together"):
         stoker.pack(src, tmp_path / "x", shard_index=1)
     with pytest.raises(stoker.StokerIOError, match="missing"):

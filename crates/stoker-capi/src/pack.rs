@@ -4,10 +4,9 @@
 use std::ffi::c_char;
 use std::path::Path;
 
-use stoker_core::pack::{merge, pack_spec, PackMode, PackOptions};
+use stoker_core::pack::{merge, pack_spec, PackOptions};
 
 use crate::error::fail;
-use crate::ffi::invalid_argument;
 use crate::types::stoker_status;
 
 /// Packs the source `src` (a source spec: `image_folder:ROOT`, `tar:PATTERN`, `npy:PATH`,
@@ -40,24 +39,12 @@ pub extern "C" fn stoker_pack(
     ffi_boundary!(stoker_pack => {
         let src = try_str!(src);
         let out = try_str!(out);
-        let mode: PackMode = if mode.is_null() {
-            PackMode::Jpeg
-        } else {
-            match try_str!(mode).parse() {
-                Ok(mode) => mode,
-                Err(e) => return fail(&e),
-            }
-        };
-        let Ok(quality) = u8::try_from(quality) else {
-            return invalid_argument(FFI_FN, format_args!("quality {quality} is not between 1 and 100"));
-        };
-        let options = PackOptions {
-            max_side: (max_side > 0).then_some(max_side),
-            quality,
-            mode,
-            shard_size: (shard_size > 0).then_some(shard_size),
-            slice: (num_shards > 0).then_some((shard_index as usize, num_shards as usize)),
-            ..PackOptions::default()
+        let mode = if mode.is_null() { None } else { Some(try_str!(mode)) };
+        let options = match PackOptions::from_arguments(
+            max_side, quality, mode, shard_size, shard_index, num_shards,
+        ) {
+            Ok(options) => options,
+            Err(e) => return fail(&e),
         };
         match pack_spec(src, Path::new(out), &options, &|_, _| {}) {
             Ok(_) => stoker_status::STOKER_OK,

@@ -24,7 +24,7 @@ pub(crate) struct PackArgs {
     pub(crate) max_side: Option<u32>,
     /// JPEG quality of re-encoded images (1-100); they are stored with 4:2:0 chroma.
     #[arg(long, value_name = "Q", default_value_t = 90)]
-    pub(crate) quality: u8,
+    pub(crate) quality: u32,
     /// How images are stored: jpeg (kept, or re-encoded when shrunk), raw (RGB8 pixels, no
     /// decoding when read) or smart (raw for images of at most 256x256 pixels, else jpeg).
     #[arg(long, value_name = "MODE", default_value = "jpeg", value_parser = ["jpeg", "raw", "smart"])]

@@ -76,7 +76,7 @@ pub struct PackOptions {
     /// Images with a longer side are shrunk to it (aspect kept).
     pub max_side: Option<u32>,
     /// JPEG quality (1..=100) of re-encoded images.
-    pub quality: u8,
+    pub quality: u32,
     /// How image fields are stored.
     pub mode: PackMode,
     /// Start a new shard file when the next sample would take the data region past this many
@@ -102,15 +102,47 @@ impl Default for PackOptions {
 }
 
 impl PackOptions {
+    /// The options from the flat arguments of `stoker_pack` and `stoker::pack` (0 is unset for
+    /// `max_side`, `shard_size` and `num_shards`; no `mode` is `jpeg`), so every face reads
+    /// them alike and reports the same errors.
+    pub fn from_arguments(
+        max_side: u32,
+        quality: u32,
+        mode: Option<&str>,
+        shard_size: u64,
+        shard_index: u32,
+        num_shards: u32,
+    ) -> Result<PackOptions> {
+        let options = PackOptions {
+            max_side: (max_side > 0).then_some(max_side),
+            quality,
+            mode: mode.map_or(Ok(PackMode::Jpeg), str::parse)?,
+            shard_size: (shard_size > 0).then_some(shard_size),
+            slice: (num_shards > 0).then_some((shard_index as usize, num_shards as usize)),
+            ..PackOptions::default()
+        };
+        options.check()?;
+        Ok(options)
+    }
+
     fn check(&self) -> Result<()> {
         if !(1..=100).contains(&self.quality) {
-            return Err(Error::option("quality", "must be between 1 and 100"));
+            return Err(Error::option(
+                "quality",
+                format!("{} is not between 1 and 100", self.quality),
+            ));
         }
         if self.max_side == Some(0) {
-            return Err(Error::option("max_side", "must be at least 1"));
+            return Err(Error::option(
+                "max_side",
+                "0 is not a size: it must be at least 1",
+            ));
         }
         if self.shard_size == Some(0) {
-            return Err(Error::option("shard_size", "must be at least 1 byte"));
+            return Err(Error::option(
+                "shard_size",
+                "0 bytes: it must be at least 1 byte",
+            ));
         }
         if !self.page_size.is_power_of_two() || self.page_size < 4096 {
             return Err(Error::option("page_size", "must be a power of two ≥ 4096"));
@@ -497,7 +529,8 @@ fn encode_image(
     // store at every quality. jpeg-encoder alone switches to 4:4:4 from quality 90, which
     // doubles the chroma samples every read has to entropy-decode: at --max-side 256 the
     // benchmark's file is 23% smaller in 4:2:0 and a sample's decode about 30% cheaper.
-    let mut encoder = jpeg_encoder::Encoder::new(&mut *out, options.quality);
+    let mut encoder =
+        jpeg_encoder::Encoder::new(&mut *out, u8::try_from(options.quality).unwrap_or(100));
     encoder.set_sampling_factor(jpeg_encoder::SamplingFactor::R_4_2_0);
     encoder.set_chroma_subsampling_method(jpeg_encoder::ChromaSubsamplingMethod::Average);
     encoder
