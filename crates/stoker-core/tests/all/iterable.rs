@@ -384,3 +384,60 @@ fn dropping_a_loader_mid_epoch_closes_the_streams() {
     drop(l);
     assert_eq!(CLOSED.load(Ordering::SeqCst), 1);
 }
+
+/// The memory budget's numbers of a loader over `source` with `kv`, or its error.
+fn budget_stats(
+    source: SourceSpec,
+    kv: &[(&str, &str)],
+) -> stoker_core::Result<(u64, u64, u64, u64)> {
+    let mut o = LoaderOptions::new().with_source(source);
+    for (k, v) in kv {
+        o.set(k, v)?;
+    }
+    let s = Loader::new(&o)?.stats();
+    Ok((
+        s.memory_budget,
+        s.batch_bytes,
+        s.in_flight_cap,
+        s.in_flight_cap_requested,
+    ))
+}
+
+#[test]
+fn the_memory_budget_lowers_the_cap_and_refuses_a_batch_as_for_an_indexed_source() {
+    // The same fields in memory, read by the host scheduler: x = [id, -id], label = id.
+    let n = 40;
+    let ids: Vec<i64> = (0..n as i64).collect();
+    let x: Vec<i64> = ids.iter().flat_map(|&i| [i, -i]).collect();
+    let memory = Arc::new(
+        stoker_core::MemorySource::new()
+            .with_tensor("x", DType::I64, &[2], bytes(&x))
+            .unwrap()
+            .with_tensor("label", DType::I64, &[], bytes(&ids))
+            .unwrap(),
+    );
+    let page = stoker_core::arena::page_size() as u64;
+    let budget = (3 * page).to_string();
+    // Batches of one page; 2 workers × prefetch 4 ask for 8 in flight, the budget holds 3.
+    let kv = [
+        ("batch_size", "4"),
+        ("num_workers", "2"),
+        ("prefetch_factor", "4"),
+        ("memory_budget", budget.as_str()),
+    ];
+    let host = budget_stats(SourceSpec::Custom(memory.clone()), &kv).unwrap();
+    assert_eq!(host, (3 * page, page, 3, 8));
+    let stream = budget_stats(SourceSpec::Iterable(Arc::new(Ids::new(n))), &kv).unwrap();
+    assert_eq!(stream, host);
+    let mut l = loader(Arc::new(Ids::new(n)), &kv).unwrap();
+    assert_eq!(epoch(&mut l).concat(), ids, "every sample, in stream order");
+
+    let small = [("batch_size", "4"), ("memory_budget", "100")];
+    let host = budget_stats(SourceSpec::Custom(memory), &small).unwrap_err();
+    let stream = budget_stats(SourceSpec::Iterable(Arc::new(Ids::new(n))), &small).unwrap_err();
+    assert!(
+        matches!(&stream, stoker_core::Error::InvalidOption { key, .. } if key == "memory_budget"),
+        "{stream}"
+    );
+    assert_eq!(stream.to_string(), host.to_string());
+}
