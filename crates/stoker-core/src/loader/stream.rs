@@ -28,6 +28,7 @@
 //! already delivered are not built.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -43,7 +44,7 @@ use crate::batch::Batch;
 use crate::close::Closer;
 use crate::collate::BatchKey;
 use crate::cuda::{HostBatches, Pulled};
-use crate::error::{Error, Result};
+use crate::error::{panic_message, Error, Result};
 use crate::launch::Launch;
 use crate::options::{LoaderOptions, OpenedSource};
 use crate::pool::{Builder, Built, Done, Inlet, Pool, Task, Work, WorkerCtx};
@@ -143,7 +144,31 @@ impl Feed {
         self.buffer.drain_one()
     }
 
+    /// The next cut. A panic in the stream (the user's iterable) fails the batch being cut and
+    /// ends the epoch after it, as a stream that fails to open does: the feeder goes on, and the
+    /// next epoch opens a new stream.
     fn next_cut(&mut self) -> Cut {
+        match catch_unwind(AssertUnwindSafe(|| self.cut())) {
+            Ok(cut) => cut,
+            Err(panic) => {
+                self.stream = None;
+                self.broken = true;
+                let key = self.key(self.position);
+                self.position += 1;
+                Cut::Failed {
+                    key,
+                    error: Error::Internal(format!(
+                        "panic while reading the stream of epoch {} for batch {}: {}",
+                        key.epoch,
+                        key.position,
+                        panic_message(&*panic)
+                    )),
+                }
+            }
+        }
+    }
+
+    fn cut(&mut self) -> Cut {
         loop {
             if self.stream.is_none() && !self.broken {
                 let (resume, given) = match &self.restart {

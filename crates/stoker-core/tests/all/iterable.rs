@@ -20,6 +20,8 @@ struct Ids {
     states: bool,
     opened: Mutex<Vec<(StreamInfo, Option<String>)>>,
     open_fails: bool,
+    /// The stream panics when it reaches this id.
+    panics_at: Option<usize>,
 }
 
 impl Ids {
@@ -31,6 +33,7 @@ impl Ids {
             states: false,
             opened: Mutex::new(Vec::new()),
             open_fails: false,
+            panics_at: None,
         }
     }
 
@@ -48,6 +51,7 @@ struct IdStream {
     at: usize,
     bad: Vec<usize>,
     states: bool,
+    panics_at: Option<usize>,
 }
 
 impl IterableSource for Ids {
@@ -72,6 +76,7 @@ impl IterableSource for Ids {
             at,
             bad: self.bad.clone(),
             states: self.states,
+            panics_at: self.panics_at,
         }))
     }
 
@@ -86,6 +91,7 @@ impl SampleStream for IdStream {
             return Ok(false);
         };
         self.at += 1;
+        assert_ne!(Some(id), self.panics_at, "the stream broke at {id}");
         if self.bad.contains(&id) {
             return Err(format!("sample {id} is bad"));
         }
@@ -440,4 +446,34 @@ fn the_memory_budget_lowers_the_cap_and_refuses_a_batch_as_for_an_indexed_source
         "{stream}"
     );
     assert_eq!(stream.to_string(), host.to_string());
+}
+
+#[test]
+fn a_panicking_stream_fails_its_batch_and_ends_the_epoch() {
+    for workers in ["0", "2"] {
+        let mut src = Ids::new(20);
+        src.panics_at = Some(9);
+        let mut l = loader(
+            Arc::new(src),
+            &[("batch_size", "4"), ("num_workers", workers)],
+        )
+        .unwrap();
+        // Batches 0 and 1 are whole; the panic at id 9 fails batch 2, and the epoch ends there,
+        // as when a stream fails to open.
+        for want in [[0, 1, 2, 3], [4, 5, 6, 7]] {
+            assert_eq!(
+                labels(&l.next().unwrap().unwrap()),
+                want,
+                "num_workers={workers}"
+            );
+        }
+        let err = l.next().expect_err("the panic");
+        assert!(
+            err.to_string().contains("the stream broke at 9"),
+            "num_workers={workers}: {err}"
+        );
+        assert!(l.next().unwrap().is_none(), "num_workers={workers}");
+        // The next epoch opens the stream again.
+        assert_eq!(labels(&l.next().unwrap().unwrap()), [0, 1, 2, 3]);
+    }
 }
