@@ -1,8 +1,11 @@
 //! The worker pool: threads that build batches, at most `cap` in flight.
 //!
-//! The loader submits batch tasks (epoch, position, the epoch's plan) and receives finished
-//! batches, in whatever order workers finish them; ordering is the loader's job. Workers persist
-//! across epochs. A panic while building a batch is caught and becomes that batch's error. Dropping
+//! Both schedulers build on it. The host scheduler submits batch tasks of an indexed source
+//! (epoch, position, the epoch's plan); a stream's feeder thread submits batches of owned samples
+//! it cut, through an `Inlet`, and passes the failures it hits and each epoch's end through
+//! the same done queue. Either receives finished batches in whatever order workers finish them;
+//! ordering is the scheduler's job. Workers persist across epochs; `resize` starts or stops them
+//! (autotune). A panic while building a batch is caught and becomes that batch's error. Dropping
 //! the pool raises the stop flag, closes the task queue and joins every thread.
 //!
 //! A task may be submitted split into parts (intra-batch parallelism, for the first batches of a
@@ -29,16 +32,29 @@ use crate::close::{Closer, Wait};
 use crate::collate::{BatchKey, Collator, PartedBatch, Scratch, MAX_PARTS};
 use crate::error::{panic_message, Error, Result};
 use crate::sampler::BatchPlan;
+use crate::source::streaming::OwnedSample;
 use crate::stats::{StatsRecorder, WorkerSlot};
 use crate::trace::Track;
 
-/// One batch to build: batch `key.position` of `plan`.
+/// One batch to build: batch `key.position`, from `work`.
 pub(crate) struct Task {
     pub key: BatchKey,
-    pub plan: Arc<BatchPlan>,
+    pub work: Work,
     /// The loader's schedule this task belongs to; `set_epoch` starts a new one, and tasks of
     /// an old one are discarded unbuilt.
     pub generation: u64,
+}
+
+/// What a batch is built from.
+pub(crate) enum Work {
+    /// Batch `key.position` of an indexed source's epoch plan.
+    Planned(Arc<BatchPlan>),
+    /// Samples a stream's feeder cut, in slot order; `state` is the stream's position after the
+    /// last of them, handed to the scheduler with the batch (its resume state).
+    Owned {
+        samples: Vec<Box<dyn OwnedSample>>,
+        state: Option<String>,
+    },
 }
 
 /// What a worker takes from the queue.
@@ -49,10 +65,13 @@ pub(crate) enum Job {
     Part { split: Arc<Split>, part: usize },
 }
 
-/// A batch split into parts: its task and the state its parts share. Each queued or running part
-/// holds one `Arc` of it, so the `Arc`'s count is the parts not yet ended.
+/// A batch split into parts: its key, generation and plan, and the state its parts share. Each
+/// queued or running part holds one `Arc` of it, so the `Arc`'s count is the parts not yet
+/// ended. Only batches of a plan are split: a stream's batches are cut whole.
 pub(crate) struct Split {
-    task: Task,
+    key: BatchKey,
+    generation: u64,
+    plan: Arc<BatchPlan>,
     batch: PartedBatch,
 }
 
@@ -61,11 +80,37 @@ pub(crate) struct Split {
 /// queue's bound still holds and a submission never blocks on it.
 const SPLIT_ROOM: usize = MAX_PARTS * MAX_PARTS;
 
-/// A finished task.
-pub(crate) struct Done {
+/// What the done queue hands the scheduler.
+pub(crate) enum Done {
+    /// A finished task (or a stream's batch that failed before it had samples).
+    Built(Built),
+    /// A stream's epoch `epoch` has `batches` batches: its feeder reached the end.
+    End { epoch: u64, batches: usize },
+}
+
+/// A finished task: its batch or error, and for a stream's batch the stream's state after it.
+pub(crate) struct Built {
     pub key: BatchKey,
     pub generation: u64,
     pub outcome: Result<Batch>,
+    pub state: Option<String>,
+}
+
+impl Built {
+    /// The outcome of `task`, whose samples (a stream's) are freed here, before the batch waits
+    /// in the done queue.
+    fn of(task: Task, outcome: Result<Batch>) -> Built {
+        let state = match task.work {
+            Work::Planned(_) => None,
+            Work::Owned { state, .. } => state,
+        };
+        Built {
+            key: task.key,
+            generation: task.generation,
+            outcome,
+            state,
+        }
+    }
 }
 
 /// Everything needed to build a batch, shared by the workers (and by the calling thread when
@@ -77,6 +122,11 @@ pub(crate) struct Builder {
     pub stop: AtomicBool,
     /// The loader's current schedule (see [`Task::generation`]).
     pub generation: AtomicU64,
+    /// Whether a worker's wait for a job is time the in-flight depth held it back (see
+    /// `loader/depth.rs`): so for the host scheduler, which submits up to its depth. A stream's
+    /// feeder is what its tokens hold back (it records its own waits); its workers wait for the
+    /// feeder, which a deeper prefetch would not shorten.
+    pub workers_held_back: bool,
 }
 
 /// What one thread that builds batches keeps: its scratch memory and its counters.
@@ -114,12 +164,18 @@ impl Builder {
             return Err(discarded(task.key));
         }
         let start = Instant::now();
-        let indices = task.plan.batch(task.key.position);
-        let draws = task.plan.draws(task.key.position);
         let scratch = &mut ctx.scratch;
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            self.collator
-                .build(task.key, indices, draws, &self.arena, scratch)
+        let outcome = catch_unwind(AssertUnwindSafe(|| match &task.work {
+            Work::Planned(plan) => {
+                let indices = plan.batch(task.key.position);
+                let draws = plan.draws(task.key.position);
+                self.collator
+                    .build(task.key, indices, draws, &self.arena, scratch)
+            }
+            Work::Owned { samples, .. } => {
+                self.collator
+                    .build_owned(task.key, samples, &self.arena, scratch)
+            }
         }))
         .unwrap_or_else(|panic| {
             // The scratch buffers may be half-written; start afresh.
@@ -133,12 +189,12 @@ impl Builder {
     /// Builds part `part` of a split batch, like [`Builder::build`] a whole one; when this part
     /// is the last to end, finishes the batch (verify, mixup/cutmix) and returns it.
     pub fn build_part(&self, split: Arc<Split>, part: usize, ctx: &mut WorkerCtx) -> Option<Done> {
-        let (key, generation) = (split.task.key, split.task.generation);
+        let (key, generation) = (split.key, split.generation);
         let start = Instant::now();
         let current = generation == self.generation.load(Ordering::Acquire);
         if current {
-            let indices = split.task.plan.batch(key.position);
-            let draws = split.task.plan.draws(key.position);
+            let indices = split.plan.batch(key.position);
+            let draws = split.plan.draws(key.position);
             let scratch = &mut ctx.scratch;
             let built = catch_unwind(AssertUnwindSafe(|| {
                 self.collator
@@ -157,11 +213,12 @@ impl Builder {
         let done = Arc::into_inner(split).map(|Split { batch, .. }| {
             let outcome = catch_unwind(AssertUnwindSafe(|| self.collator.finish_parted(batch)))
                 .unwrap_or_else(|panic| Err(panicked(key, &*panic)));
-            Done {
+            Done::Built(Built {
                 key,
                 generation,
                 outcome,
-            }
+                state: None,
+            })
         });
         // A discarded part built nothing and records nothing, like a discarded task.
         if current {
@@ -295,9 +352,9 @@ impl Pool {
         Ok(())
     }
 
-    /// Queues `task`, split into (at most) `parts` parts when it can be: the collator can build
-    /// the batch in parts ([`Collator::parted`]) and the queue has room for them (see
-    /// [`SPLIT_ROOM`]); otherwise whole.
+    /// Queues `task`, split into (at most) `parts` parts when it can be: a batch of a plan that
+    /// the collator can build in parts ([`Collator::parted`]), and the queue has room for them
+    /// (see [`SPLIT_ROOM`]); otherwise whole.
     pub fn submit(&self, task: Task, parts: usize) -> Result<()> {
         let tasks = self
             .tasks
@@ -313,17 +370,21 @@ impl Pool {
         // `len + parts - 1 <= SPLIT_ROOM` keeps them within it and `send` never waits for room
         // (only this thread sends, and workers only shorten the queue meanwhile).
         let room = tasks.len() + parts.min(MAX_PARTS) <= SPLIT_ROOM + 1;
-        let parted = if parts > 1 && room {
-            let n = task.plan.batch(task.key.position).len();
-            self.builder.collator.parted(task.key, n, parts)
-        } else {
-            None
+        let plan = match &task.work {
+            Work::Planned(plan) if parts > 1 && room => Arc::clone(plan),
+            _ => return send(Job::Batch(task)),
         };
-        let Some(batch) = parted else {
+        let n = plan.batch(task.key.position).len();
+        let Some(batch) = self.builder.collator.parted(task.key, n, parts) else {
             return send(Job::Batch(task));
         };
         let parts = batch.parts();
-        let split = Arc::new(Split { task, batch });
+        let split = Arc::new(Split {
+            key: task.key,
+            generation: task.generation,
+            plan,
+            batch,
+        });
         for part in 0..parts - 1 {
             send(Job::Part {
                 split: Arc::clone(&split),
@@ -335,6 +396,20 @@ impl Pool {
         send(Job::Part {
             split,
             part: parts - 1,
+        })
+    }
+
+    /// Where a stream's feeder thread hands the pool its batches, and the scheduler what it
+    /// learns without building (a failed epoch, an epoch's end). Its queues stay open while it
+    /// lives: drop it (end the feeder) before the pool.
+    pub fn inlet(&self) -> Result<Inlet> {
+        let tasks = self
+            .tasks
+            .as_ref()
+            .ok_or_else(|| Error::Closed("pool is shut down".into()))?;
+        Ok(Inlet {
+            tasks: tasks.clone(),
+            done: self.done_tx.clone(),
         })
     }
 
@@ -354,6 +429,26 @@ impl Pool {
             Wait::Disconnected => Err(Error::Internal("every worker thread has exited".into())),
             Wait::Closed => Err(crate::close::closed_error()),
         }
+    }
+}
+
+/// A stream feeder's side of the pool (see [`Pool::inlet`]). Its batches are never split, and
+/// every send it makes is bounded by the stream's tokens, which are at most the queues'
+/// capacity, so a send never waits for room.
+pub(crate) struct Inlet {
+    tasks: Sender<Job>,
+    done: Sender<Done>,
+}
+
+impl Inlet {
+    /// Queues a whole batch; `false` once the pool is gone.
+    pub fn submit(&self, task: Task) -> bool {
+        self.tasks.send(Job::Batch(task)).is_ok()
+    }
+
+    /// Hands the scheduler `done` directly; `false` once the pool is gone.
+    pub fn pass(&self, done: Done) -> bool {
+        self.done.send(done).is_ok()
     }
 }
 
@@ -383,7 +478,9 @@ fn worker_loop(
                     },
                     recv(retire) -> _ => break,
                 };
-                builder.stats.held_back(idle.elapsed());
+                if builder.workers_held_back {
+                    builder.stats.held_back(idle.elapsed());
+                }
                 job
             }
         };
@@ -391,11 +488,10 @@ fn worker_loop(
             break;
         }
         let finished = match job {
-            Job::Batch(task) => Some(Done {
-                outcome: builder.build(&task, &mut ctx),
-                key: task.key,
-                generation: task.generation,
-            }),
+            Job::Batch(task) => {
+                let outcome = builder.build(&task, &mut ctx);
+                Some(Done::Built(Built::of(task, outcome)))
+            }
             // Only the part that ends the batch hands it on.
             Job::Part { split, part } => builder.build_part(split, part, &mut ctx),
         };

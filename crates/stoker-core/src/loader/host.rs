@@ -18,28 +18,25 @@
 //! boundary needs no split.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::arena::{Arena, SlabRegistrar};
-use crate::autotune::{Controller, Observation};
 use crate::batch::Batch;
 use crate::close::Closer;
-use crate::collate::{BatchKey, Collator};
+use crate::collate::BatchKey;
 use crate::cuda::{HostBatches, Pulled};
 use crate::error::{Error, Result};
 use crate::hash::Fnv;
 use crate::launch::Launch;
-use crate::memory::BudgetPlan;
-use crate::options::{LoaderOptions, OnError, OpenedSource};
-use crate::pool::{Builder, Pool, Task, WorkerCtx};
+use crate::options::{LoaderOptions, OpenedSource};
+use crate::pool::{Builder, Done, Pool, Task, Work, WorkerCtx};
 use crate::resume::{Fingerprint, FingerprintText, Position, ResumeState};
 use crate::sampler::{batches_for, BatchPlan, Sampler};
 use crate::source::Source;
-use crate::stats::{StatsHandle, StatsRecorder};
-use crate::trace::{Trace, Track};
+use crate::stats::StatsRecorder;
 
+use super::assembly::{Cap, Mode, Resolved, Samples};
 use super::depth::Depth;
 use super::{Facts, Scheduler};
 
@@ -147,16 +144,6 @@ impl Schedule {
     }
 }
 
-/// How the host loader is used.
-pub(super) enum Mode {
-    /// Batches go straight to the consumer.
-    Host,
-    /// Batches go to the prefetch thread; slabs are registered with the device (`pin_memory`).
-    Feed {
-        registrar: Option<Arc<dyn SlabRegistrar>>,
-    },
-}
-
 /// The host pipeline: sampler → pool → in-order delivery of host batches.
 pub(super) struct HostLoader {
     /// Whether deliveries count in stats here (off when the prefetcher's consumer counts them).
@@ -171,15 +158,10 @@ pub(super) struct HostLoader {
     pool: Option<Pool>,
     /// The calling thread's worker context when `num_workers` is 0.
     local: Option<WorkerCtx>,
-    cap: usize,
+    /// The in-flight cap (moved by autotune).
+    cap: Cap,
     /// How many of `cap` tasks are submitted now: deepens when the consumer's waits call for it.
     depth: Depth,
-    /// Batches in flight per worker (`prefetch_factor`, or autotune's choice).
-    prefetch: usize,
-    /// Batches the memory budget holds in flight: the ceiling of `cap`.
-    fit: usize,
-    /// The controller of `autotune=true`.
-    autotune: Option<Controller>,
     in_order: bool,
     timeout: Option<Duration>,
     /// Tasks submitted and not yet delivered (built, being built, or waiting to be).
@@ -226,19 +208,13 @@ impl HostBatches for HostLoader {
 
 impl HostLoader {
     pub(super) fn new(options: &LoaderOptions, mode: Mode) -> Result<HostLoader> {
+        let resolved = Resolved::new(options, mode)?;
         let opened = options.open_source(options.seed, 0, None, 0)?;
         let OpenedSource::Indexed(source) = opened.source else {
             return Err(Error::Internal(
                 "the host scheduler was given a stream".into(),
             ));
         };
-        let image = options.image_stages(source.fields())?.map(Arc::new);
-        let collator = Collator::new(
-            Arc::clone(&source),
-            options.pad,
-            image,
-            options.on_error == OnError::Skip,
-        )?;
 
         let mut seed = options.seed;
         let resume = options
@@ -249,7 +225,7 @@ impl HostLoader {
         if let Some(state) = &resume {
             seed = state.seed;
         }
-        let launch = options.launch()?;
+        let launch = resolved.launch;
         let kind = options.sampler_kind_for(&*source)?;
         let sampler = Sampler::dealt(kind, source.len(), seed, options.deal(&launch))?;
         let schedule = Schedule {
@@ -281,98 +257,28 @@ impl HostLoader {
             },
         };
         let batches_per_epoch = schedule.batches_per_epoch();
-
-        // Under autotune, `num_workers=auto` starts from one worker and the controller adds
-        // more, up to this rank's share of the cores; a number is where it starts.
-        let cores = (crate::launch::usable_cores() / launch.local_world_size.max(1)).max(1);
-        let workers =
-            match (options.autotune, options.num_workers) {
-                (true, Some(0)) => return Err(Error::option(
-                    "autotune",
-                    "needs worker threads, but num_workers=0 builds batches in the calling thread",
-                )),
-                (true, None) => 1,
-                _ => options.workers_for(&launch),
-            };
-        let prefetch = options.prefetch_factor;
-        // For a device, `pin_memory` means registration with its driver (which page-locks the
-        // slab itself), not mlock.
-        let (pin, registrar, feed) = match mode {
-            Mode::Host => {
-                let pin = options.pin_memory.unwrap_or(false);
-                (pin, pin.then(crate::cuda::host_registrar).flatten(), false)
-            }
-            Mode::Feed { registrar } => (false, registrar, true),
-        };
-        // The memory budget bounds the in-flight cap; the prefetch thread holds one more slab
-        // while it copies.
-        let largest = options.batch_size.min(sampler.len().max(1));
-        let page = crate::arena::page_size();
-        let batch_bytes = collator.batch_bytes(largest).div_ceil(page) * page;
-        let budget = BudgetPlan::new(
-            options.resolved_memory_budget(),
-            batch_bytes as u64,
-            workers.max(1) * prefetch,
-            usize::from(feed),
-            largest,
+        let parts = resolved.assemble(
+            options,
+            Samples::Indexed(&source),
+            Some(sampler.len()),
+            opened.damaged.len() as u64,
+            true,
         )?;
-        let cap = budget.cap;
-        let fit = budget.fit(usize::from(feed));
-        // The queues hold what may ever be in flight: the cap, or under autotune its ceiling.
-        let capacity = if options.autotune {
-            fit.min(cores.max(workers) * crate::autotune::MAX_PREFETCH.max(prefetch))
-                .max(cap)
-        } else {
-            cap
-        };
-        let autotune = options.autotune.then(|| Controller::new(cores, fit));
-        let arena = Arena::new(pin, registrar);
-        arena.set_budget(budget.budget);
-        let trace = options.trace.as_deref().map(Trace::create).transpose()?;
-        let stats = Arc::new(StatsRecorder::new(trace));
-        stats.set_budget(&budget);
-        stats.set_prefetch(prefetch);
-        if let Some(trace) = stats.trace().filter(|_| options.autotune) {
-            trace.name_track(Track::Control, "autotune".into());
-        }
-        stats.add_skipped(opened.damaged.len() as u64);
-        let builder = Arc::new(Builder {
-            collator,
-            arena,
-            stats: Arc::clone(&stats),
-            stop: AtomicBool::new(false),
-            generation: AtomicU64::new(0),
-        });
-        let (pool, local) = if workers > 0 {
-            (
-                Some(Pool::start(Arc::clone(&builder), workers, capacity)?),
-                None,
-            )
-        } else {
-            stats.set_current_workers(1);
-            let ctx = WorkerCtx::new(&stats, |_| "stoker-builder (calling thread)".into());
-            (None, Some(ctx))
-        };
 
         let mut loader = HostLoader {
-            record_delivery: !feed,
+            record_delivery: !resolved.feed,
             source: Arc::clone(&source),
-            builder,
+            builder: parts.builder,
             sampler,
             schedule,
             batches_per_epoch,
             plans: Plans::default(),
-            pool,
-            local,
-            cap,
-            depth: Depth::new(workers),
-            prefetch,
-            fit,
-            autotune,
+            pool: parts.pool,
+            local: parts.local,
+            cap: parts.cap,
+            depth: parts.depth,
             in_order: options.in_order,
-            // Fed to a prefetch thread, the consumer's timeout applies on the consumer's side.
-            timeout: (options.timeout_ms > 0 && !feed)
-                .then(|| Duration::from_millis(options.timeout_ms)),
+            timeout: resolved.timeout,
             in_flight: 0,
             handed_over: false,
             submit_epoch: 0,
@@ -385,13 +291,10 @@ impl HostLoader {
             fresh: true,
             closer: Closer::new(),
             generation: 0,
-            split_left: workers,
+            split_left: resolved.workers,
             ready: BTreeMap::new(),
-            stats,
+            stats: parts.stats,
         };
-        if loader.pool.is_some() {
-            loader.stats.set_depth(loader.depth.of(cap));
-        }
         if let Some(state) = resume {
             loader.restore(state)?;
         }
@@ -507,10 +410,11 @@ impl HostLoader {
             if let Some((position, outcome)) = next {
                 self.mark_delivered(position);
                 self.handed_over = true;
-                if self.pool.is_some() && self.depth.delivered(self.cap) {
-                    self.stats.set_depth(self.depth.of(self.cap));
+                if self.pool.is_some() && self.depth.delivered(self.cap.cap) {
+                    self.stats.set_depth(self.depth.of(self.cap.cap));
                 }
-                self.tune()?;
+                self.cap
+                    .tune(self.pool.as_mut(), &mut self.depth, &self.stats)?;
                 self.top_up()?;
                 let batch = outcome?;
                 if self.record_delivery {
@@ -546,6 +450,11 @@ impl HostLoader {
                             })?
                         }
                     };
+                    let Done::Built(done) = done else {
+                        return Err(Error::Internal(
+                            "an epoch's end reached the host scheduler".into(),
+                        ));
+                    };
                     if done.generation != self.generation {
                         // Submitted before set_epoch: discarded (its slab, if any, returns now).
                         self.in_flight -= 1;
@@ -566,7 +475,7 @@ impl HostLoader {
                     })?;
                     let task = Task {
                         key,
-                        plan,
+                        work: Work::Planned(plan),
                         generation: self.generation,
                     };
                     let outcome = self.builder.build(&task, ctx);
@@ -599,37 +508,6 @@ impl HostLoader {
         }
     }
 
-    /// Lets the autotune controller look at the last window, and applies its decision.
-    fn tune(&mut self) -> Result<()> {
-        let (Some(ctl), Some(pool)) = (&mut self.autotune, &mut self.pool) else {
-            return Ok(());
-        };
-        let now = Instant::now();
-        if !ctl.due(now) {
-            return Ok(());
-        }
-        let (batches, wait_ns, busy_ns) = self.stats.totals();
-        let observation = Observation {
-            at: now,
-            batches,
-            wait_ns,
-            busy_ns,
-            cpu_ns: crate::autotune::process_cpu_ns(),
-        };
-        let Some(d) = ctl.observe(observation, pool.workers(), self.prefetch) else {
-            return Ok(());
-        };
-        pool.resize(d.workers)?;
-        self.depth.set_workers(d.workers);
-        self.prefetch = d.prefetch;
-        let requested = d.workers.max(1) * d.prefetch;
-        self.cap = requested.min(self.fit).max(1);
-        self.stats.set_cap(self.cap, requested);
-        self.stats.set_depth(self.depth.of(self.cap));
-        self.stats.decided(now, &d);
-        Ok(())
-    }
-
     /// Submits tasks until the depth (within `cap`) is in flight, running ahead into later
     /// epochs.
     fn top_up(&mut self) -> Result<()> {
@@ -639,7 +517,7 @@ impl HostLoader {
         if self.batches_per_epoch == 0 {
             return Ok(());
         }
-        while self.in_flight < self.depth.limit(self.cap, self.handed_over) {
+        while self.in_flight < self.depth.limit(self.cap.cap, self.handed_over) {
             if self.submit_position == self.schedule.segment_batches(self.submit_start) {
                 self.submit_epoch += 1;
                 self.submit_start = 0;
@@ -661,7 +539,7 @@ impl HostLoader {
             };
             let task = Task {
                 key: self.key(epoch, position),
-                plan,
+                work: Work::Planned(plan),
                 generation: self.generation,
             };
             pool.submit(task, parts)?;
@@ -732,11 +610,7 @@ impl Scheduler for HostLoader {
             samples_per_epoch: Some(self.sampler.len()),
             source: Some(Arc::clone(&self.source)),
             fields: self.source.fields().to_vec(),
-            stats: StatsHandle {
-                recorder: Arc::clone(&self.stats),
-                arena: self.builder.arena.clone(),
-                launch: self.schedule.launch,
-            },
+            stats: super::assembly::stats_handle(&self.builder, self.schedule.launch),
             streaming: false,
             closer: self.closer.clone(),
         }

@@ -14,6 +14,7 @@
 //! every call that would wait on them fails with `Unsupported`, and dropping the loader leaks it
 //! instead of joining them (see [`crate::fork`]).
 
+mod assembly;
 mod buffer;
 mod depth;
 mod host;
@@ -37,7 +38,8 @@ use crate::resume::{Position, ResumeState};
 use crate::source::{FieldSpec, Source};
 use crate::stats::{Stats, StatsHandle};
 
-use host::{Cursor, HostLoader, Mode, Schedule};
+use assembly::Mode;
+use host::{Cursor, HostLoader, Schedule};
 use stream::StreamLoader;
 
 /// A scheduler of host batches: the host one (indexed sources) or the streaming one.
@@ -161,8 +163,7 @@ impl Loader {
     /// A loader for `options`. With `device=cuda[:N]` this opens the CUDA driver (loaded at run
     /// time) and fails with `Unsupported` saying why when there is no driver or no device.
     pub fn new(options: &LoaderOptions) -> Result<Loader> {
-        // `device=cuda` means this rank's GPU on its node.
-        match options.device_for(&options.launch()?) {
+        match assembly::device(options)? {
             Device::Cpu => Loader::assemble(schedule(options, Mode::Host)?, options, |host| {
                 Ok((Device::Cpu, Engine::Host(host)))
             }),
@@ -540,17 +541,6 @@ fn take_ready<T>(
 /// The scheduler `options` call for: streaming (tar with `shuffle_buffer ≥ 1`, an iterable
 /// source) or host.
 fn schedule(options: &LoaderOptions, mode: Mode) -> Result<Box<dyn Scheduler>> {
-    if matches!(mode, Mode::Host) && options.num_workers == Some(0) && options.timeout_ms > 0 {
-        // Refused rather than ignored: the caller asked for a bound that cannot hold.
-        return Err(Error::option(
-            "timeout_ms",
-            format!(
-                "timeout_ms={} needs num_workers >= 1: with num_workers=0 each batch is built \
-                 on the calling thread, which a timeout cannot interrupt",
-                options.timeout_ms
-            ),
-        ));
-    }
     Ok(if options.is_streaming() {
         Box::new(StreamLoader::new(options, mode)?)
     } else {

@@ -8,12 +8,19 @@
 //! on `(seed, epoch, rank, world_size)`, never on `num_workers`, and with `num_workers=0`
 //! everything runs in the caller's thread and gives the same batches.
 //!
+//! The workers are the host scheduler's: the same [`Pool`] (whose `resize` autotune uses) and
+//! everything else made by [`super::assembly`] (collator, arena, stats and trace, the memory
+//! budget's cap, the autotune controller). The feeder hands the pool its batches through an
+//! [`Inlet`]; they are never split (a batch is cut when its samples are read, so there is no
+//! idle time a split would fill).
+//!
 //! In flight: the feeder takes a token for every batch it cuts (and for every epoch end); the
 //! consumer returns it when it delivers that batch. There are as many tokens as the in-flight
 //! depth allows (see [`super::depth`]: `workers + 1` at first, one more each time it deepens, at
 //! most `cap`), so at most that many batches are cut and not delivered, and memory holds at most
-//! the buffer's `N` samples plus that many batches of encoded samples. The feeder runs ahead into
-//! the next epoch like the host scheduler.
+//! the buffer's `N` samples plus that many batches of encoded samples. When autotune lowers the
+//! cap, returned tokens are withheld until the tokens out are within it again. The feeder runs
+//! ahead into the next epoch like the host scheduler.
 //!
 //! Resume: the epoch, the batches delivered (`position`, and `ahead` with `in_order=false`) and,
 //! for an iterable source that saves its position while unbuffered, that position. Otherwise the
@@ -22,33 +29,31 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
+use super::assembly::{Cap, Mode, Resolved, Samples as Collated};
 use super::buffer::ShuffleBuffer;
 use super::depth::Depth;
-use super::host::{Cursor, Mode};
+use super::host::Cursor;
 use super::{Facts, Scheduler};
-use crate::arena::Arena;
 use crate::batch::Batch;
-use crate::close::{Closer, Wait};
-use crate::collate::{BatchKey, Collator, Scratch};
+use crate::close::Closer;
+use crate::collate::BatchKey;
 use crate::cuda::{HostBatches, Pulled};
 use crate::error::{panic_message, Error, Result};
 use crate::launch::Launch;
-use crate::options::{LoaderOptions, OnError, OpenedSource};
-use crate::pool::WorkerCtx;
+use crate::options::{LoaderOptions, OpenedSource};
+use crate::pool::{Builder, Built, Done, Inlet, Pool, Task, Work, WorkerCtx};
 use crate::resume::{Position, ResumeState};
 use crate::rng::{Rng, Stream};
 use crate::sampler::batches_for;
 use crate::source::streaming::OwnedSample;
 use crate::source::streaming::{EpochStream, StreamSource};
-use crate::stats::{StatsHandle, StatsRecorder};
-use crate::trace::Trace;
+use crate::stats::StatsRecorder;
 
 type Samples = Vec<Box<dyn OwnedSample>>;
 
@@ -139,7 +144,31 @@ impl Feed {
         self.buffer.drain_one()
     }
 
+    /// The next cut. A panic in the stream (the user's iterable) fails the batch being cut and
+    /// ends the epoch after it, as a stream that fails to open does: the feeder goes on, and the
+    /// next epoch opens a new stream.
     fn next_cut(&mut self) -> Cut {
+        match catch_unwind(AssertUnwindSafe(|| self.cut())) {
+            Ok(cut) => cut,
+            Err(panic) => {
+                self.stream = None;
+                self.broken = true;
+                let key = self.key(self.position);
+                self.position += 1;
+                Cut::Failed {
+                    key,
+                    error: Error::Internal(format!(
+                        "panic while reading the stream of epoch {} for batch {}: {}",
+                        key.epoch,
+                        key.position,
+                        panic_message(&*panic)
+                    )),
+                }
+            }
+        }
+    }
+
+    fn cut(&mut self) -> Cut {
         loop {
             if self.stream.is_none() && !self.broken {
                 let (resume, given) = match &self.restart {
@@ -205,172 +234,67 @@ impl Feed {
     }
 }
 
-/// Builds batches of owned samples (shared by the workers, or used by the caller's thread).
-struct Builder {
-    collator: Collator,
-    arena: Arena,
-    stats: Arc<StatsRecorder>,
-}
-
-impl Builder {
-    /// Builds one batch, turning a panic into an error, and records its time in the worker's
-    /// counters and the trace, as the indexed path's pool does.
-    fn build(&self, key: BatchKey, samples: &Samples, ctx: &mut WorkerCtx) -> Result<Batch> {
-        let start = Instant::now();
-        let scratch = &mut ctx.scratch;
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            self.collator
-                .build_owned(key, samples, &self.arena, scratch)
-        }))
-        .unwrap_or_else(|panic| {
-            *scratch = Scratch::default();
-            Err(Error::Internal(format!(
-                "panic while building batch {} of epoch {}: {}",
-                key.position,
-                key.epoch,
-                panic_message(&*panic)
-            )))
-        });
-        let end = Instant::now();
-        if let Some(trace) = self.stats.trace() {
-            trace.batch_built(
-                ctx.slot.id,
-                key.epoch,
-                key.position,
-                start,
-                end,
-                ctx.scratch.spans.spans(),
-            );
+impl Cut {
+    /// Hands this cut to the pool: a batch to build, or what the scheduler learns without
+    /// building (a failed batch, an epoch's end). `false` once the pool is gone.
+    fn send(self, inlet: &Inlet) -> bool {
+        match self {
+            Cut::Batch {
+                key,
+                samples,
+                state,
+            } => inlet.submit(Task {
+                key,
+                work: Work::Owned { samples, state },
+                generation: 0,
+            }),
+            Cut::Failed { key, error } => inlet.pass(Done::Built(Built {
+                key,
+                generation: 0,
+                outcome: Err(error),
+                state: None,
+            })),
+            Cut::End { epoch, batches } => inlet.pass(Done::End { epoch, batches }),
         }
-        ctx.slot.add_batch(end - start, &mut ctx.scratch.spans);
-        outcome
     }
 }
 
-/// What the threads hand the consumer.
-enum Delivery {
-    Built {
-        key: BatchKey,
-        outcome: Result<Batch>,
-        state: Option<String>,
-    },
-    End {
-        epoch: u64,
-        batches: usize,
-    },
-}
-
-struct Task {
-    key: BatchKey,
-    samples: Samples,
-    state: Option<String>,
-}
-
-/// The feeder thread and the workers (`num_workers ≥ 1`).
-struct Threads {
-    stop: Arc<AtomicBool>,
-    /// Tokens go back to the feeder as batches are delivered.
+/// The feeder thread (`num_workers ≥ 1`): reads the stream and cuts batches into the pool, one
+/// token each.
+struct Feeder {
+    /// Tokens go back to the feeder as batches are delivered; dropping it ends the feeder.
     tokens: Option<Sender<()>>,
-    results: Receiver<Delivery>,
-    feeder: Option<JoinHandle<()>>,
-    workers: Vec<JoinHandle<()>>,
+    handle: Option<JoinHandle<()>>,
 }
 
-impl Threads {
-    /// Starts the feeder with `tokens` tokens; more may be given later, up to `cap` in all.
+impl Feeder {
+    /// Starts the feeder with `tokens` tokens; more may be given later, up to `capacity` in all.
     fn start(
         mut feed: Feed,
-        builder: Arc<Builder>,
-        workers: usize,
-        cap: usize,
+        inlet: Inlet,
+        stats: Arc<StatsRecorder>,
+        capacity: usize,
         tokens: usize,
-    ) -> Result<Threads> {
-        let (token_tx, token_rx) = crossbeam_channel::bounded::<()>(cap);
-        for _ in 0..tokens.min(cap) {
-            // Cannot fail: the channel holds `cap`.
+    ) -> Result<Feeder> {
+        let (token_tx, token_rx) = crossbeam_channel::bounded::<()>(capacity);
+        for _ in 0..tokens.min(capacity) {
+            // Cannot fail: the channel holds `capacity`.
             let _ = token_tx.send(());
         }
-        let (task_tx, task_rx) = crossbeam_channel::bounded::<Task>(cap);
-        let (result_tx, result_rx) = crossbeam_channel::bounded::<Delivery>(cap);
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Threads {
-            stop: Arc::clone(&stop),
-            tokens: Some(token_tx),
-            results: result_rx,
-            feeder: None,
-            workers: Vec::with_capacity(workers),
-        };
-        for i in 0..workers {
-            let (builder, tasks, results, stop) = (
-                Arc::clone(&builder),
-                task_rx.clone(),
-                result_tx.clone(),
-                Arc::clone(&stop),
-            );
-            let handle = std::thread::Builder::new()
-                .name(format!("stoker-worker-{i}"))
-                .spawn(move || {
-                    let mut ctx = WorkerCtx::new(&builder.stats, |n| format!("stoker-worker-{n}"));
-                    for task in tasks {
-                        if stop.load(Ordering::Acquire) {
-                            break;
-                        }
-                        let outcome = builder.build(task.key, &task.samples, &mut ctx);
-                        // The samples' memory goes before the result waits in the queue.
-                        drop(task.samples);
-                        let delivery = Delivery::Built {
-                            key: task.key,
-                            outcome,
-                            state: task.state,
-                        };
-                        if results.send(delivery).is_err() {
-                            break;
-                        }
-                    }
-                })
-                .map_err(|e| Error::Internal(format!("starting worker thread {i}: {e}")))?;
-            threads.workers.push(handle);
-        }
-        let feeder_stop = Arc::clone(&stop);
-        let stats = Arc::clone(&builder.stats);
-        let feeder = std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name("stoker-feeder".into())
             .spawn(move || {
                 while take_token(&token_rx, &stats) {
-                    if feeder_stop.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let sent = match feed.next_cut() {
-                        Cut::Batch {
-                            key,
-                            samples,
-                            state,
-                        } => task_tx
-                            .send(Task {
-                                key,
-                                samples,
-                                state,
-                            })
-                            .is_ok(),
-                        Cut::Failed { key, error } => result_tx
-                            .send(Delivery::Built {
-                                key,
-                                outcome: Err(error),
-                                state: None,
-                            })
-                            .is_ok(),
-                        Cut::End { epoch, batches } => {
-                            result_tx.send(Delivery::End { epoch, batches }).is_ok()
-                        }
-                    };
-                    if !sent {
+                    if !feed.next_cut().send(&inlet) {
                         break;
                     }
                 }
             })
             .map_err(|e| Error::Internal(format!("starting the feeder thread: {e}")))?;
-        threads.feeder = Some(feeder);
-        Ok(threads)
+        Ok(Feeder {
+            tokens: Some(token_tx),
+            handle: Some(handle),
+        })
     }
 
     fn give_token(&self) {
@@ -396,21 +320,14 @@ fn take_token(tokens: &Receiver<()>, stats: &StatsRecorder) -> bool {
     }
 }
 
-impl Drop for Threads {
+impl Drop for Feeder {
+    /// Ends the feeder: waiting for a token, it sees the channel closed; cutting a batch, it
+    /// ends after it (its sends never wait: the tokens bound them within the pool's queues).
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        // The feeder waiting for a token sees the channel closed; workers waiting to hand over
-        // a result see the results queue closed; then the task queue closes with the feeder.
         drop(self.tokens.take());
-        drop(std::mem::replace(
-            &mut self.results,
-            crossbeam_channel::never(),
-        ));
-        if let Some(feeder) = self.feeder.take() {
-            let _ = feeder.join();
-        }
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
+        if let Some(handle) = self.handle.take() {
+            // A panic in the stream's own code ended the feeder already; nothing to add.
+            let _ = handle.join();
         }
     }
 }
@@ -431,14 +348,19 @@ pub(super) struct StreamLoader {
     samples_per_epoch: Option<usize>,
     /// `num_workers=0`: the feed, run in `next()`.
     inline: Option<Feed>,
-    threads: Option<Threads>,
+    /// The feeder thread (`num_workers ≥ 1`); ended before the pool (see `Drop`).
+    feeder: Option<Feeder>,
+    /// The workers (`num_workers ≥ 1`).
+    pool: Option<Pool>,
     /// The calling thread's context when it builds batches (`num_workers=0`).
     ctx: Option<WorkerCtx>,
     in_order: bool,
     timeout: Option<Duration>,
-    /// The in-flight cap, and how many tokens of it are given out now.
-    cap: usize,
+    /// The in-flight cap (moved by autotune).
+    cap: Cap,
     depth: Depth,
+    /// Tokens out: in the channel, held by the feeder, or by batches cut and not delivered.
+    tokens: usize,
     /// The token of the batch the last call handed over, returned when the consumer asks again
     /// (see the host scheduler's `handed_over`).
     token_owed: bool,
@@ -460,14 +382,24 @@ pub(super) struct StreamLoader {
     closer: Closer,
 }
 
+impl Drop for StreamLoader {
+    /// Ends the feeder before the pool: the feeder holds the pool's inlet, whose queues stay
+    /// open while it lives.
+    fn drop(&mut self) {
+        drop(self.feeder.take());
+        drop(self.pool.take());
+    }
+}
+
 impl StreamLoader {
     pub(super) fn new(options: &LoaderOptions, mode: Mode) -> Result<StreamLoader> {
+        let resolved = Resolved::new(options, mode)?;
         let resume = options
             .resume_state
             .as_deref()
             .map(ResumeState::parse)
             .transpose()?;
-        let launch = options.launch()?;
+        let launch = resolved.launch;
         // A streaming state: (epoch, this rank's batch position, absolute `ahead` positions,
         // batches per epoch, the stream's own state).
         let resume = match resume {
@@ -526,57 +458,35 @@ impl StreamLoader {
                 "the streaming scheduler was given a map-style source".into(),
             ));
         };
-        let fields = source.fields().to_vec();
-        let image = options.image_stages(&fields)?.map(Arc::new);
-        let collator = Collator::for_fields(
-            &fields,
-            options.pad,
-            image,
-            options.on_error == OnError::Skip,
-        )?;
         let samples_per_epoch = source.samples_per_epoch();
         let batches_per_epoch =
             samples_per_epoch.map(|n| batches_for(n, options.batch_size, options.drop_last));
-
-        let workers = options.resolved_workers();
-
-        let cap = options.in_flight_cap();
-        let (pin, registrar, feed_mode) = match mode {
-            Mode::Host => {
-                let pin = options.pin_memory.unwrap_or(false);
-                (pin, pin.then(crate::cuda::host_registrar).flatten(), false)
-            }
-            Mode::Feed { registrar } => (false, registrar, true),
-        };
-        let arena = Arena::new(pin, registrar);
-        let trace = options.trace.as_deref().map(Trace::create).transpose()?;
-        let stats = Arc::new(StatsRecorder::new(trace));
-        stats.set_current_workers(workers.max(1));
-        stats.set_prefetch(options.prefetch_factor);
-        stats.add_skipped(opened.damaged.len() as u64);
-        let builder = Arc::new(Builder {
-            collator,
-            arena,
-            stats: Arc::clone(&stats),
-        });
+        // The feeder's waits for tokens are what the depth holds back, not the workers'.
+        let parts = resolved.assemble(
+            options,
+            Collated::Streamed(source.fields()),
+            samples_per_epoch,
+            opened.damaged.len() as u64,
+            false,
+        )?;
 
         let want_states = source.restores_state() && options.shuffle_buffer == 0;
         let mut loader = StreamLoader {
-            record_delivery: !feed_mode,
+            record_delivery: !resolved.feed,
             source: Arc::clone(&source),
-            builder: Arc::clone(&builder),
+            builder: parts.builder,
             seed,
             batches_per_epoch,
             samples_per_epoch,
             inline: None,
-            threads: None,
-            ctx: (workers == 0)
-                .then(|| WorkerCtx::new(&stats, |_| "caller (num_workers=0)".into())),
+            feeder: None,
+            pool: parts.pool,
+            ctx: parts.local,
             in_order: options.in_order,
-            timeout: (options.timeout_ms > 0 && !feed_mode)
-                .then(|| Duration::from_millis(options.timeout_ms)),
-            cap,
-            depth: Depth::new(workers),
+            timeout: resolved.timeout,
+            cap: parts.cap,
+            depth: parts.depth,
+            tokens: 0,
             token_owed: false,
             epoch: 0,
             position: 0,
@@ -585,7 +495,7 @@ impl StreamLoader {
             ahead_states: BTreeMap::new(),
             ready: BTreeMap::new(),
             ends: BTreeMap::new(),
-            stats,
+            stats: parts.stats,
             launch,
             fresh: false,
             closer: Closer::new(),
@@ -636,12 +546,18 @@ impl StreamLoader {
             broken: false,
             restart,
         };
-        if workers == 0 {
-            loader.inline = Some(feed);
-        } else {
-            let tokens = loader.depth.of(cap);
-            loader.stats.set_depth(tokens);
-            loader.threads = Some(Threads::start(feed, builder, workers, cap, tokens)?);
+        match &loader.pool {
+            None => loader.inline = Some(feed),
+            Some(pool) => {
+                loader.tokens = loader.depth.of(loader.cap.cap);
+                loader.feeder = Some(Feeder::start(
+                    feed,
+                    pool.inlet()?,
+                    Arc::clone(&loader.stats),
+                    parts.capacity,
+                    loader.tokens,
+                )?);
+            }
         }
         Ok(loader)
     }
@@ -649,12 +565,12 @@ impl StreamLoader {
     fn next_within(&mut self, timeout: Option<Duration>) -> Result<Option<Batch>> {
         let start = Instant::now();
         if std::mem::take(&mut self.token_owed) {
-            self.give_token();
+            self.return_token();
         }
         loop {
             if self.ends.get(&self.epoch) == Some(&self.position) {
                 self.ends.remove(&self.epoch);
-                self.give_token();
+                self.return_token();
                 self.epoch += 1;
                 self.position = 0;
                 self.ahead.clear();
@@ -664,16 +580,18 @@ impl StreamLoader {
             }
             let next = super::take_ready(&mut self.ready, self.in_order, self.epoch, self.position);
             if let Some((position, ready)) = next {
-                if self.depth.counts_handed_over(self.cap) {
+                if self.depth.counts_handed_over(self.cap.cap) {
                     self.token_owed = true;
                 } else {
-                    self.give_token();
+                    self.return_token();
                 }
-                if self.threads.is_some() && self.depth.delivered(self.cap) {
-                    // Deeper: one more token in circulation.
-                    self.give_token();
-                    self.stats.set_depth(self.depth.of(self.cap));
+                if self.pool.is_some() && self.depth.delivered(self.cap.cap) {
+                    self.stats.set_depth(self.depth.of(self.cap.cap));
                 }
+                self.cap
+                    .tune(self.pool.as_mut(), &mut self.depth, &self.stats)?;
+                // Deeper, or more workers: more tokens out.
+                self.add_tokens();
                 self.mark_delivered(position, ready.state);
                 let batch = ready.outcome?;
                 if self.record_delivery {
@@ -691,7 +609,17 @@ impl StreamLoader {
                         let ctx = self.ctx.as_mut().ok_or_else(|| {
                             Error::Internal("no worker context for num_workers=0".into())
                         })?;
-                        let outcome = self.builder.build(key, &samples, ctx);
+                        let task = Task {
+                            key,
+                            work: Work::Owned {
+                                samples,
+                                state: None,
+                            },
+                            generation: 0,
+                        };
+                        let outcome = self.builder.build(&task, ctx);
+                        // The samples' memory goes before the batch waits to be delivered.
+                        drop(task);
                         self.ready
                             .insert((key.epoch, key.position), Ready { outcome, state });
                     }
@@ -710,7 +638,7 @@ impl StreamLoader {
                 }
                 continue;
             }
-            let Some(threads) = &self.threads else {
+            let Some(pool) = &self.pool else {
                 return Err(Error::Internal("a streaming loader with no feed".into()));
             };
             let remaining = match timeout {
@@ -720,48 +648,59 @@ impl StreamLoader {
                         .ok_or(Error::Timeout(t.as_millis() as u64))?,
                 ),
             };
-            let waited = match threads.results.try_recv() {
-                Ok(delivery) => Wait::Got(delivery),
-                Err(_) => {
-                    // Nothing delivered yet: the consumer waits, which the depth weighs.
+            let done = match pool.try_recv() {
+                Some(done) => done,
+                None => {
+                    // Nothing delivered yet: the consumer waits, which the depth weighs (the
+                    // feeder is the one builder its tokens hold back).
                     let blocked = Instant::now();
-                    let waited = self.closer.recv(&threads.results, remaining);
+                    let done = pool.recv(remaining, &self.closer);
                     self.depth
                         .waited(blocked.elapsed(), self.stats.held_back_ns(), 1);
-                    waited
+                    done.map_err(|e| match (e, timeout) {
+                        (Error::Timeout(_), Some(t)) => Error::Timeout(t.as_millis() as u64),
+                        (e, _) => e,
+                    })?
                 }
             };
-            let delivery = match waited {
-                Wait::Got(delivery) => delivery,
-                Wait::TimedOut => {
-                    return Err(Error::Timeout(
-                        timeout.unwrap_or_default().as_millis() as u64
-                    ))
+            match done {
+                Done::Built(built) => {
+                    self.ready.insert(
+                        (built.key.epoch, built.key.position),
+                        Ready {
+                            outcome: built.outcome,
+                            state: built.state,
+                        },
+                    );
                 }
-                Wait::Disconnected => {
-                    return Err(Error::Internal("the feeder and workers have exited".into()))
-                }
-                Wait::Closed => return Err(crate::close::closed_error()),
-            };
-            match delivery {
-                Delivery::Built {
-                    key,
-                    outcome,
-                    state,
-                } => {
-                    self.ready
-                        .insert((key.epoch, key.position), Ready { outcome, state });
-                }
-                Delivery::End { epoch, batches } => {
+                Done::End { epoch, batches } => {
                     self.ends.insert(epoch, batches);
                 }
             }
         }
     }
 
-    fn give_token(&self) {
-        if let Some(threads) = &self.threads {
-            threads.give_token();
+    /// The token of a batch delivered (or of an epoch's end) goes back to the feeder, unless
+    /// more are out than the depth now allows (autotune lowered the cap): then it is withheld.
+    fn return_token(&mut self) {
+        let Some(feeder) = &self.feeder else {
+            return;
+        };
+        if self.tokens > self.depth.of(self.cap.cap) {
+            self.tokens -= 1;
+        } else {
+            feeder.give_token();
+        }
+    }
+
+    /// Gives the feeder tokens until as many are out as the depth allows.
+    fn add_tokens(&mut self) {
+        let Some(feeder) = &self.feeder else {
+            return;
+        };
+        while self.tokens < self.depth.of(self.cap.cap) {
+            feeder.give_token();
+            self.tokens += 1;
         }
     }
 
@@ -825,11 +764,7 @@ impl Scheduler for StreamLoader {
             samples_per_epoch: self.samples_per_epoch,
             source: None,
             fields: self.source.fields().to_vec(),
-            stats: StatsHandle {
-                recorder: Arc::clone(&self.stats),
-                arena: self.builder.arena.clone(),
-                launch: self.launch,
-            },
+            stats: super::assembly::stats_handle(&self.builder, self.launch),
             streaming: true,
             closer: self.closer.clone(),
         }

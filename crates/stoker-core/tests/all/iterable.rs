@@ -20,6 +20,8 @@ struct Ids {
     states: bool,
     opened: Mutex<Vec<(StreamInfo, Option<String>)>>,
     open_fails: bool,
+    /// The stream panics when it reaches this id.
+    panics_at: Option<usize>,
 }
 
 impl Ids {
@@ -31,6 +33,7 @@ impl Ids {
             states: false,
             opened: Mutex::new(Vec::new()),
             open_fails: false,
+            panics_at: None,
         }
     }
 
@@ -48,6 +51,7 @@ struct IdStream {
     at: usize,
     bad: Vec<usize>,
     states: bool,
+    panics_at: Option<usize>,
 }
 
 impl IterableSource for Ids {
@@ -72,6 +76,7 @@ impl IterableSource for Ids {
             at,
             bad: self.bad.clone(),
             states: self.states,
+            panics_at: self.panics_at,
         }))
     }
 
@@ -86,6 +91,7 @@ impl SampleStream for IdStream {
             return Ok(false);
         };
         self.at += 1;
+        assert_ne!(Some(id), self.panics_at, "the stream broke at {id}");
         if self.bad.contains(&id) {
             return Err(format!("sample {id} is bad"));
         }
@@ -383,4 +389,91 @@ fn dropping_a_loader_mid_epoch_closes_the_streams() {
     l.next().unwrap().unwrap();
     drop(l);
     assert_eq!(CLOSED.load(Ordering::SeqCst), 1);
+}
+
+/// The memory budget's numbers of a loader over `source` with `kv`, or its error.
+fn budget_stats(
+    source: SourceSpec,
+    kv: &[(&str, &str)],
+) -> stoker_core::Result<(u64, u64, u64, u64)> {
+    let mut o = LoaderOptions::new().with_source(source);
+    for (k, v) in kv {
+        o.set(k, v)?;
+    }
+    let s = Loader::new(&o)?.stats();
+    Ok((
+        s.memory_budget,
+        s.batch_bytes,
+        s.in_flight_cap,
+        s.in_flight_cap_requested,
+    ))
+}
+
+#[test]
+fn the_memory_budget_lowers_the_cap_and_refuses_a_batch_as_for_an_indexed_source() {
+    // The same fields in memory, read by the host scheduler: x = [id, -id], label = id.
+    let n = 40;
+    let ids: Vec<i64> = (0..n as i64).collect();
+    let x: Vec<i64> = ids.iter().flat_map(|&i| [i, -i]).collect();
+    let memory = Arc::new(
+        stoker_core::MemorySource::new()
+            .with_tensor("x", DType::I64, &[2], bytes(&x))
+            .unwrap()
+            .with_tensor("label", DType::I64, &[], bytes(&ids))
+            .unwrap(),
+    );
+    let page = stoker_core::arena::page_size() as u64;
+    let budget = (3 * page).to_string();
+    // Batches of one page; 2 workers × prefetch 4 ask for 8 in flight, the budget holds 3.
+    let kv = [
+        ("batch_size", "4"),
+        ("num_workers", "2"),
+        ("prefetch_factor", "4"),
+        ("memory_budget", budget.as_str()),
+    ];
+    let host = budget_stats(SourceSpec::Custom(memory.clone()), &kv).unwrap();
+    assert_eq!(host, (3 * page, page, 3, 8));
+    let stream = budget_stats(SourceSpec::Iterable(Arc::new(Ids::new(n))), &kv).unwrap();
+    assert_eq!(stream, host);
+    let mut l = loader(Arc::new(Ids::new(n)), &kv).unwrap();
+    assert_eq!(epoch(&mut l).concat(), ids, "every sample, in stream order");
+
+    let small = [("batch_size", "4"), ("memory_budget", "100")];
+    let host = budget_stats(SourceSpec::Custom(memory), &small).unwrap_err();
+    let stream = budget_stats(SourceSpec::Iterable(Arc::new(Ids::new(n))), &small).unwrap_err();
+    assert!(
+        matches!(&stream, stoker_core::Error::InvalidOption { key, .. } if key == "memory_budget"),
+        "{stream}"
+    );
+    assert_eq!(stream.to_string(), host.to_string());
+}
+
+#[test]
+fn a_panicking_stream_fails_its_batch_and_ends_the_epoch() {
+    for workers in ["0", "2"] {
+        let mut src = Ids::new(20);
+        src.panics_at = Some(9);
+        let mut l = loader(
+            Arc::new(src),
+            &[("batch_size", "4"), ("num_workers", workers)],
+        )
+        .unwrap();
+        // Batches 0 and 1 are whole; the panic at id 9 fails batch 2, and the epoch ends there,
+        // as when a stream fails to open.
+        for want in [[0, 1, 2, 3], [4, 5, 6, 7]] {
+            assert_eq!(
+                labels(&l.next().unwrap().unwrap()),
+                want,
+                "num_workers={workers}"
+            );
+        }
+        let err = l.next().expect_err("the panic");
+        assert!(
+            err.to_string().contains("the stream broke at 9"),
+            "num_workers={workers}: {err}"
+        );
+        assert!(l.next().unwrap().is_none(), "num_workers={workers}");
+        // The next epoch opens the stream again.
+        assert_eq!(labels(&l.next().unwrap().unwrap()), [0, 1, 2, 3]);
+    }
 }

@@ -206,3 +206,116 @@ fn batch_memory_is_reused_not_faulted_again_after_the_first_epoch() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `dir/labels.tar`: `n` samples with a label only, 8 bytes each, so a batch of up to 512 takes
+/// one page. Returns its `tar:` source string.
+fn label_shard(dir: &std::path::Path, n: usize) -> String {
+    let members: Vec<(String, Vec<u8>)> = (0..n)
+        .map(|i| (format!("{i:04}.cls"), i.to_string().into_bytes()))
+        .collect();
+    let path = dir.join("labels.tar");
+    crate::support::files::write_tar(&path, &members);
+    format!("tar:{}", path.display())
+}
+
+fn tar_options(source: &str, kv: &[(&str, &str)]) -> LoaderOptions {
+    let mut o = LoaderOptions::new();
+    o.set("source", source).unwrap();
+    o.set("fields", "cls:label").unwrap();
+    for (k, v) in kv {
+        o.set(k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+    }
+    o
+}
+
+#[test]
+fn a_streaming_loader_lowers_its_cap_to_the_budget_as_the_host_loader_does() {
+    // Batches of one page; 2 workers × prefetch 4 ask for 8 in flight, the budget holds 3.
+    let dir = crate::support::files::tmp("budget-stream");
+    let source = label_shard(&dir, 200);
+    let page = stoker_core::arena::page_size() as u64;
+    let budget = (3 * page).to_string();
+    let kv = [
+        ("batch_size", "8"),
+        ("num_workers", "2"),
+        ("prefetch_factor", "4"),
+        ("memory_budget", budget.as_str()),
+    ];
+    // The same shard read indexed (the host scheduler) and streamed through a shuffle buffer.
+    for buffer in ["0", "4"] {
+        let mut kv = kv.to_vec();
+        kv.push(("shuffle_buffer", buffer));
+        let mut l = Loader::new(&tar_options(&source, &kv)).unwrap();
+        assert_eq!(l.is_streaming(), buffer != "0");
+        let s = l.stats();
+        assert_eq!(
+            (
+                s.memory_budget,
+                s.batch_bytes,
+                s.in_flight_cap,
+                s.in_flight_cap_requested
+            ),
+            (3 * page, page, 3, 8),
+            "shuffle_buffer={buffer}: {s:?}"
+        );
+        let mut seen = 0;
+        for epoch in 0..2 {
+            while let Some(b) = l.next().unwrap() {
+                seen += b.len();
+                drop(b);
+                let mapped = l.arena().counters().bytes_mapped;
+                assert!(
+                    mapped <= 3 * page,
+                    "shuffle_buffer={buffer}, epoch {epoch}: {mapped} bytes mapped"
+                );
+                assert!(l.stats().in_flight_depth <= 3, "{:?}", l.stats());
+            }
+        }
+        assert_eq!(seen, 2 * 200, "shuffle_buffer={buffer}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_streaming_batch_larger_than_the_budget_is_refused_as_on_the_host() {
+    let dir = crate::support::files::tmp("budget-refused");
+    let source = label_shard(&dir, 50);
+    let refuse = |buffer: &str| {
+        let o = tar_options(
+            &source,
+            &[
+                ("batch_size", "8"),
+                ("memory_budget", "2048"),
+                ("shuffle_buffer", buffer),
+            ],
+        );
+        let err = Loader::new(&o).expect_err("an error");
+        assert!(
+            matches!(&err, Error::InvalidOption { key, .. } if key == "memory_budget"),
+            "shuffle_buffer={buffer}: {err}"
+        );
+        err.to_string()
+    };
+    assert_eq!(refuse("4"), refuse("0"));
+    // With a device, the prefetcher's slab must fit too: two pages do not hold two batches
+    // and the cap of one.
+    let page = stoker_core::arena::page_size().to_string();
+    for buffer in ["0", "4"] {
+        let o = tar_options(
+            &source,
+            &[
+                ("device", "cuda"),
+                ("batch_size", "8"),
+                ("memory_budget", page.as_str()),
+                ("shuffle_buffer", buffer),
+            ],
+        );
+        let err =
+            Loader::with_device_backend(&o, FakeDevice::new(0).unwrap()).expect_err("an error");
+        assert!(
+            err.to_string().contains("needs 2 of them"),
+            "shuffle_buffer={buffer}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

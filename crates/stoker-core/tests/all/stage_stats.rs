@@ -158,3 +158,50 @@ fn a_slow_copy_to_the_device_shows_in_h2d_time() {
     assert!(s.h2d_ns_p50 >= d, "{s:?}");
     assert!(s.read_ns > 0 && s.collate_ns > 0, "{s:?}");
 }
+
+#[test]
+fn a_streaming_loader_records_every_stage_per_worker() {
+    let dir = crate::support::files::tmp("stages-stream");
+    let source = crate::support::files::photo_shard(&dir, 9);
+    for workers in ["0", "2"] {
+        let mut o = stoker_core::LoaderOptions::new();
+        for (k, v) in [
+            ("source", source.as_str()),
+            ("batch_size", "4"),
+            ("shuffle_buffer", "4"),
+            ("num_workers", workers),
+            (
+                "transform",
+                "resize(32) | center_crop(32) | normalize(imagenet)",
+            ),
+        ] {
+            o.set(k, v).unwrap();
+        }
+        let mut l = Loader::new(&o).unwrap();
+        assert!(l.is_streaming());
+        assert_eq!(drain_epoch(&mut l), 9);
+        let s = l.stats();
+        check_consistent(&s);
+        assert!(
+            s.read_ns > 0 && s.read_ns_p50 > 0,
+            "num_workers={workers}: {s:?}"
+        );
+        assert!(
+            s.decode_ns > 0 && s.decode_ns_p50 > 0,
+            "num_workers={workers}: {s:?}"
+        );
+        assert!(
+            s.transform_ns > 0 && s.transform_ns_p50 > 0,
+            "num_workers={workers}: {s:?}"
+        );
+        assert!(
+            s.collate_ns > 0 && s.collate_ns_p50 > 0,
+            "num_workers={workers}: {s:?}"
+        );
+        // The calling thread counts as one worker, as on the host.
+        let threads = if workers == "0" { 1 } else { 2 };
+        assert_eq!(s.num_workers, threads, "{s:?}");
+        assert_eq!(s.worker_busy_ns.len(), threads as usize, "{s:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

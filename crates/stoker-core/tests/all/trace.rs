@@ -334,3 +334,67 @@ fn write_trace_writes_what_was_recorded_so_far() {
         "{names:?}"
     );
 }
+
+#[test]
+fn a_streaming_loaders_spans_are_on_its_worker_tracks_and_add_up_to_the_stats() {
+    let dir = crate::support::files::tmp("trace-stream");
+    let source = crate::support::files::photo_shard(&dir, 10);
+    for workers in ["0", "2"] {
+        let path = temp(&format!("stream-{workers}"));
+        let mut o = LoaderOptions::new();
+        for (k, v) in [
+            ("source", source.as_str()),
+            ("batch_size", "4"),
+            ("shuffle_buffer", "3"),
+            ("num_workers", workers),
+            (
+                "transform",
+                "random_resized_crop(24) | hflip | normalize(imagenet)",
+            ),
+            ("trace", path.to_str().unwrap()),
+        ] {
+            o.set(k, v).unwrap();
+        }
+        let stats = run(&o, 2, None);
+        let (events, names) = parse(&path);
+        // The threads that build batches are named as the host scheduler names them.
+        let builders: Vec<u64> = names
+            .iter()
+            .filter(|(_, n)| {
+                if workers == "0" {
+                    n.contains("calling thread")
+                } else {
+                    n.starts_with("stoker-worker-")
+                }
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        let threads = if workers == "0" { 1 } else { 2 };
+        assert_eq!(builders.len(), threads, "num_workers={workers}: {names:?}");
+        let batches: Vec<&Ev> = events.iter().filter(|e| e.name == "batch").collect();
+        // Two epochs of 3 batches, and any built ahead before the drop; never split.
+        assert!(batches.len() >= 6, "{}", batches.len());
+        assert!(batches.iter().all(|b| builders.contains(&b.tid)));
+        assert!(
+            batches.iter().all(|b| b.arg("parts").is_none()),
+            "{batches:?}"
+        );
+        // Each batch holds its samples' read and write phases.
+        let samples: Vec<&Ev> = events.iter().filter(|e| e.name == "sample").collect();
+        for b in &batches {
+            let inside = samples.iter().filter(|s| b.contains(s)).count();
+            let size = if b.arg("position") == Some(2) { 2 } else { 4 };
+            assert_eq!(inside, 2 * size, "{b:?}");
+        }
+        assert_eq!(total(&events, "read"), stats.read_ns);
+        assert_eq!(total(&events, "decode"), stats.decode_ns);
+        assert_eq!(total(&events, "transform"), stats.transform_ns);
+        assert_eq!(total(&events, "collate"), stats.collate_ns);
+        assert!(stats.decode_ns > 0 && stats.transform_ns > 0);
+        let waits = events.iter().filter(|e| e.name == "wait").count();
+        let delivers = events.iter().filter(|e| e.name == "deliver").count();
+        assert_eq!((waits, delivers), (6, 6));
+        assert_eq!(total(&events, "wait"), stats.wait_ns_total);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

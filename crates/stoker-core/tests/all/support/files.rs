@@ -26,3 +26,35 @@ pub fn write_tar(path: &Path, members: &[(String, Vec<u8>)]) {
     }
     fs::write(path, b.into_inner().unwrap()).unwrap();
 }
+
+/// Writes `dir/photos.tar`: `n` samples `{i:04}.jpg` (the test photos in turn) with a label
+/// `{i:04}.cls` = `i % 3`, and returns its `tar:` source string. Every sample is decoded and
+/// transformed when built: streaming tests use it to give the workers real work.
+pub fn photo_shard(dir: &Path, n: usize) -> String {
+    let photos: Vec<Vec<u8>> = [
+        "photo_444.jpg",
+        "photo_baseline.jpg",
+        "photo_progressive.jpg",
+    ]
+    .iter()
+    .map(|name| {
+        fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/data/images")
+                .join(name),
+        )
+        .unwrap()
+    })
+    .collect();
+    let members: Vec<(String, Vec<u8>)> = (0..n)
+        .flat_map(|i| {
+            [
+                (format!("{i:04}.jpg"), photos[i % photos.len()].clone()),
+                (format!("{i:04}.cls"), (i % 3).to_string().into_bytes()),
+            ]
+        })
+        .collect();
+    let path = dir.join("photos.tar");
+    write_tar(&path, &members);
+    format!("tar:{}", path.display())
+}

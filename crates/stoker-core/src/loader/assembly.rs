@@ -1,0 +1,294 @@
+//! What both schedulers are made of, resolved and built in one place.
+//!
+//! The host scheduler (`host`) and the streaming one (`stream`) differ in their schedule only:
+//! batches dealt from the sampler and delivered in its order, or cut from a stream by a feeder.
+//! Everything else is the same for both and comes from here, from the [`LoaderOptions`]:
+//!
+//! - [`Resolved::new`], before the source is opened: the launch (rank, world size), the worker
+//!   count (`num_workers=auto` is this rank's share of the cores; under autotune it starts at
+//!   one), where batch memory is pinned or registered, the consumer's timeout, and the options
+//!   refused together (`autotune` or `timeout_ms` with `num_workers=0`);
+//! - [`Resolved::assemble`], once the fields are known: the image stages and the [`Collator`],
+//!   the [`Arena`], the [`StatsRecorder`] and its trace, the `memory_budget` plan that lowers
+//!   the in-flight cap (or refuses a batch that cannot fit), the autotune [`Controller`], and
+//!   the threads that build batches: the worker [`Pool`], or the calling thread's context with
+//!   `num_workers=0`.
+//!
+//! [`Cap`] is the in-flight cap both then keep, and the one rule that moves it (autotune's
+//! decisions); each scheduler applies the depth it allows in its own way (tasks submitted, or
+//! a stream's tokens).
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::arena::{Arena, SlabRegistrar};
+use crate::autotune::{Controller, Observation};
+use crate::collate::Collator;
+use crate::error::{Error, Result};
+use crate::launch::Launch;
+use crate::memory::BudgetPlan;
+use crate::options::{Device, LoaderOptions, OnError};
+use crate::pool::{Builder, Pool, WorkerCtx};
+use crate::source::{FieldSpec, Source};
+use crate::stats::{StatsHandle, StatsRecorder};
+use crate::trace::{Trace, Track};
+
+use super::depth::Depth;
+
+/// How a scheduler's batches are used.
+pub(super) enum Mode {
+    /// Batches go straight to the consumer.
+    Host,
+    /// Batches go to the prefetch thread; slabs are registered with the device (`pin_memory`).
+    Feed {
+        registrar: Option<Arc<dyn SlabRegistrar>>,
+    },
+}
+
+/// The device `options` deliver to: `cuda` without an ordinal is this rank's GPU on its node.
+pub(super) fn device(options: &LoaderOptions) -> Result<Device> {
+    Ok(options.device_for(&options.launch()?))
+}
+
+/// What the options say before any source is opened.
+pub(super) struct Resolved {
+    pub(super) launch: Launch,
+    /// Worker threads to start; 0: batches are built in the calling thread.
+    pub(super) workers: usize,
+    /// The cores this rank may use (autotune's ceiling on workers).
+    cores: usize,
+    /// Whether batches go to a prefetch thread (whose consumer counts deliveries and applies
+    /// the timeout).
+    pub(super) feed: bool,
+    pin: bool,
+    registrar: Option<Arc<dyn SlabRegistrar>>,
+    /// The consumer's wait for a batch, when this side of the prefetch thread applies it.
+    pub(super) timeout: Option<Duration>,
+}
+
+/// What the collator is made for.
+pub(super) enum Samples<'a> {
+    /// Indices of a map-style source.
+    Indexed(&'a Arc<dyn Source>),
+    /// Owned samples of a stream with these fields.
+    Streamed(&'a [FieldSpec]),
+}
+
+/// Everything both schedulers share, built.
+pub(super) struct Assembly {
+    /// The collator, arena and stats every builder of batches uses.
+    pub(super) builder: Arc<Builder>,
+    pub(super) stats: Arc<StatsRecorder>,
+    /// The worker threads (`None` with `num_workers=0`).
+    pub(super) pool: Option<Pool>,
+    /// The calling thread's context when it builds batches (`num_workers=0`).
+    pub(super) local: Option<WorkerCtx>,
+    pub(super) cap: Cap,
+    /// The most batches ever in flight: the cap, or under autotune its ceiling. The pool's
+    /// queues (and a stream's tokens) are bounded by it.
+    pub(super) capacity: usize,
+    /// The depth, starting at the workers + 1.
+    pub(super) depth: Depth,
+}
+
+impl Resolved {
+    pub(super) fn new(options: &LoaderOptions, mode: Mode) -> Result<Resolved> {
+        let feed = matches!(mode, Mode::Feed { .. });
+        if !feed && options.num_workers == Some(0) && options.timeout_ms > 0 {
+            // Refused rather than ignored: the caller asked for a bound that cannot hold.
+            return Err(Error::option(
+                "timeout_ms",
+                format!(
+                    "timeout_ms={} needs num_workers >= 1: with num_workers=0 each batch is \
+                     built on the calling thread, which a timeout cannot interrupt",
+                    options.timeout_ms
+                ),
+            ));
+        }
+        let launch = options.launch()?;
+        // Under autotune, `num_workers=auto` starts from one worker and the controller adds
+        // more, up to this rank's share of the cores; a number is where it starts.
+        let cores = (crate::launch::usable_cores() / launch.local_world_size.max(1)).max(1);
+        let workers =
+            match (options.autotune, options.num_workers) {
+                (true, Some(0)) => return Err(Error::option(
+                    "autotune",
+                    "needs worker threads, but num_workers=0 builds batches in the calling thread",
+                )),
+                (true, None) => 1,
+                _ => options.workers_for(&launch),
+            };
+        // For a device, `pin_memory` means registration with its driver (which page-locks the
+        // slab itself), not mlock.
+        let (pin, registrar) = match mode {
+            Mode::Host => {
+                let pin = options.pin_memory.unwrap_or(false);
+                (pin, pin.then(crate::cuda::host_registrar).flatten())
+            }
+            Mode::Feed { registrar } => (false, registrar),
+        };
+        Ok(Resolved {
+            launch,
+            workers,
+            cores,
+            feed,
+            pin,
+            registrar,
+            // Fed to a prefetch thread, the consumer's timeout applies on the consumer's side.
+            timeout: (options.timeout_ms > 0 && !feed)
+                .then(|| Duration::from_millis(options.timeout_ms)),
+        })
+    }
+
+    /// Builds what both schedulers share for `samples`. `per_rank`: samples this rank takes
+    /// per epoch, when known (the largest batch is at most that); `skipped`: samples passed
+    /// over when the source was opened (damaged shard tails); `workers_held_back`: see
+    /// [`Builder::workers_held_back`].
+    pub(super) fn assemble(
+        &self,
+        options: &LoaderOptions,
+        samples: Samples<'_>,
+        per_rank: Option<usize>,
+        skipped: u64,
+        workers_held_back: bool,
+    ) -> Result<Assembly> {
+        let skip_bad = options.on_error == OnError::Skip;
+        let collator = match samples {
+            Samples::Indexed(source) => {
+                let image = options.image_stages(source.fields())?.map(Arc::new);
+                Collator::new(Arc::clone(source), options.pad, image, skip_bad)?
+            }
+            Samples::Streamed(fields) => {
+                let image = options.image_stages(fields)?.map(Arc::new);
+                Collator::for_fields(fields, options.pad, image, skip_bad)?
+            }
+        };
+        let prefetch = options.prefetch_factor;
+        // The memory budget bounds the in-flight cap; the prefetch thread holds one more slab
+        // while it copies.
+        let largest = options
+            .batch_size
+            .min(per_rank.unwrap_or(options.batch_size).max(1));
+        let page = crate::arena::page_size();
+        let batch_bytes = collator.batch_bytes(largest).div_ceil(page) * page;
+        let reserved = usize::from(self.feed);
+        let budget = BudgetPlan::new(
+            options.resolved_memory_budget(),
+            batch_bytes as u64,
+            self.workers.max(1) * prefetch,
+            reserved,
+            largest,
+        )?;
+        let fit = budget.fit(reserved);
+        let capacity = if options.autotune {
+            fit.min(self.cores.max(self.workers) * crate::autotune::MAX_PREFETCH.max(prefetch))
+                .max(budget.cap)
+        } else {
+            budget.cap
+        };
+        let arena = Arena::new(self.pin, self.registrar.clone());
+        arena.set_budget(budget.budget);
+        let trace = options.trace.as_deref().map(Trace::create).transpose()?;
+        let stats = Arc::new(StatsRecorder::new(trace));
+        stats.set_budget(&budget);
+        stats.set_prefetch(prefetch);
+        if let Some(trace) = stats.trace().filter(|_| options.autotune) {
+            trace.name_track(Track::Control, "autotune".into());
+        }
+        stats.add_skipped(skipped);
+        let builder = Arc::new(Builder {
+            collator,
+            arena,
+            stats: Arc::clone(&stats),
+            stop: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            workers_held_back,
+        });
+        let depth = Depth::new(self.workers);
+        let (pool, local) = if self.workers > 0 {
+            let pool = Pool::start(Arc::clone(&builder), self.workers, capacity)?;
+            stats.set_depth(depth.of(budget.cap));
+            (Some(pool), None)
+        } else {
+            stats.set_current_workers(1);
+            let ctx = WorkerCtx::new(&stats, |_| "stoker-builder (calling thread)".into());
+            (None, Some(ctx))
+        };
+        Ok(Assembly {
+            builder,
+            stats,
+            pool,
+            local,
+            cap: Cap {
+                cap: budget.cap,
+                prefetch,
+                fit,
+                autotune: options.autotune.then(|| Controller::new(self.cores, fit)),
+            },
+            capacity,
+            depth,
+        })
+    }
+}
+
+/// The stats handle a loader over `builder` hands out.
+pub(super) fn stats_handle(builder: &Builder, launch: Launch) -> StatsHandle {
+    StatsHandle {
+        recorder: Arc::clone(&builder.stats),
+        arena: builder.arena.clone(),
+        launch,
+    }
+}
+
+/// The in-flight cap, and what may move it: autotune, within what `memory_budget` holds.
+pub(super) struct Cap {
+    /// Batches in flight at most now: `max(1, workers) × prefetch`, lowered to `fit`.
+    pub(super) cap: usize,
+    /// Batches in flight per worker (`prefetch_factor`, or autotune's choice).
+    prefetch: usize,
+    /// Batches the memory budget holds in flight: the ceiling of `cap`.
+    fit: usize,
+    /// The controller of `autotune=true`.
+    autotune: Option<Controller>,
+}
+
+impl Cap {
+    /// Lets the autotune controller look at the last window, and applies its decision: the
+    /// pool's workers, the depth's floor and the cap, all recorded in `stats`. Returns whether
+    /// anything changed.
+    pub(super) fn tune(
+        &mut self,
+        pool: Option<&mut Pool>,
+        depth: &mut Depth,
+        stats: &StatsRecorder,
+    ) -> Result<bool> {
+        let (Some(ctl), Some(pool)) = (&mut self.autotune, pool) else {
+            return Ok(false);
+        };
+        let now = Instant::now();
+        if !ctl.due(now) {
+            return Ok(false);
+        }
+        let (batches, wait_ns, busy_ns) = stats.totals();
+        let observation = Observation {
+            at: now,
+            batches,
+            wait_ns,
+            busy_ns,
+            cpu_ns: crate::autotune::process_cpu_ns(),
+        };
+        let Some(d) = ctl.observe(observation, pool.workers(), self.prefetch) else {
+            return Ok(false);
+        };
+        pool.resize(d.workers)?;
+        depth.set_workers(d.workers);
+        self.prefetch = d.prefetch;
+        let requested = d.workers.max(1) * d.prefetch;
+        self.cap = requested.min(self.fit).max(1);
+        stats.set_cap(self.cap, requested);
+        stats.set_depth(depth.of(self.cap));
+        stats.decided(now, &d);
+        Ok(true)
+    }
+}
