@@ -28,7 +28,7 @@ use crate::collate::Collator;
 use crate::error::{Error, Result};
 use crate::launch::Launch;
 use crate::memory::BudgetPlan;
-use crate::options::{Device, LoaderOptions, OnError};
+use crate::options::{LoaderOptions, OnError};
 use crate::pool::{Builder, Pool, WorkerCtx};
 use crate::source::{FieldSpec, Source};
 use crate::stats::{StatsHandle, StatsRecorder};
@@ -44,11 +44,6 @@ pub(super) enum Mode {
     Feed {
         registrar: Option<Arc<dyn SlabRegistrar>>,
     },
-}
-
-/// The device `options` deliver to: `cuda` without an ordinal is this rank's GPU on its node.
-pub(super) fn device(options: &LoaderOptions) -> Result<Device> {
-    Ok(options.device_for(&options.launch()?))
 }
 
 /// What the options say before any source is opened.
@@ -93,7 +88,8 @@ pub(super) struct Assembly {
 }
 
 impl Resolved {
-    pub(super) fn new(options: &LoaderOptions, mode: Mode) -> Result<Resolved> {
+    /// `launch` is resolved once per loader, by its caller.
+    pub(super) fn new(options: &LoaderOptions, launch: Launch, mode: Mode) -> Result<Resolved> {
         let feed = matches!(mode, Mode::Feed { .. });
         if !feed && options.num_workers == Some(0) && options.timeout_ms > 0 {
             // Refused rather than ignored: the caller asked for a bound that cannot hold.
@@ -106,7 +102,6 @@ impl Resolved {
                 ),
             ));
         }
-        let launch = options.launch()?;
         // Under autotune, `num_workers=auto` starts from one worker and the controller adds
         // more, up to this rank's share of the cores; a number is where it starts.
         let cores = (crate::launch::usable_cores() / launch.local_world_size.max(1)).max(1);

@@ -207,9 +207,9 @@ impl HostBatches for HostLoader {
 }
 
 impl HostLoader {
-    pub(super) fn new(options: &LoaderOptions, mode: Mode) -> Result<HostLoader> {
-        let resolved = Resolved::new(options, mode)?;
-        let opened = options.open_source(options.seed, 0, None, 0)?;
+    pub(super) fn new(options: &LoaderOptions, launch: Launch, mode: Mode) -> Result<HostLoader> {
+        let resolved = Resolved::new(options, launch, mode)?;
+        let opened = options.open_source(&resolved.launch, options.seed, 0, None, 0)?;
         let OpenedSource::Indexed(source) = opened.source else {
             return Err(Error::Internal(
                 "the host scheduler was given a stream".into(),

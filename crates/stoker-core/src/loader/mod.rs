@@ -163,16 +163,20 @@ impl Loader {
     /// A loader for `options`. With `device=cuda[:N]` this opens the CUDA driver (loaded at run
     /// time) and fails with `Unsupported` saying why when there is no driver or no device.
     pub fn new(options: &LoaderOptions) -> Result<Loader> {
-        match assembly::device(options)? {
-            Device::Cpu => Loader::assemble(schedule(options, Mode::Host)?, options, |host| {
-                Ok((Device::Cpu, Engine::Host(host)))
-            }),
+        // The one resolution of this process's place in the job; everything below reads it.
+        let launch = options.launch()?;
+        match options.device_for(&launch) {
+            Device::Cpu => {
+                Loader::assemble(schedule(options, launch, Mode::Host)?, options, |host| {
+                    Ok((Device::Cpu, Engine::Host(host)))
+                })
+            }
             Device::Cuda(n) => {
                 let backend = crate::cuda::open(n).map_err(|e| match e {
                     Error::Unsupported(m) => Error::Unsupported(format!("device=cuda:{n}: {m}")),
                     other => other,
                 })?;
-                Loader::with_device_backend(options, backend)
+                Loader::with_backend(options, launch, backend)
             }
         }
     }
@@ -191,12 +195,20 @@ impl Loader {
         options: &LoaderOptions,
         backend: Arc<dyn DeviceBackend>,
     ) -> Result<Loader> {
+        Loader::with_backend(options, options.launch()?, backend)
+    }
+
+    fn with_backend(
+        options: &LoaderOptions,
+        launch: Launch,
+        backend: Arc<dyn DeviceBackend>,
+    ) -> Result<Loader> {
         let registrar: Option<Arc<dyn SlabRegistrar>> = if options.pin_memory.unwrap_or(true) {
             Some(backend.clone())
         } else {
             None
         };
-        let host = schedule(options, Mode::Feed { registrar })?;
+        let host = schedule(options, launch, Mode::Feed { registrar })?;
         let stats = host.facts().stats;
         let slots = options.prefetch_factor + 1;
         let config = PrefetchConfig {
@@ -540,11 +552,11 @@ fn take_ready<T>(
 
 /// The scheduler `options` call for: streaming (tar with `shuffle_buffer ≥ 1`, an iterable
 /// source) or host.
-fn schedule(options: &LoaderOptions, mode: Mode) -> Result<Box<dyn Scheduler>> {
+fn schedule(options: &LoaderOptions, launch: Launch, mode: Mode) -> Result<Box<dyn Scheduler>> {
     Ok(if options.is_streaming() {
-        Box::new(StreamLoader::new(options, mode)?)
+        Box::new(StreamLoader::new(options, launch, mode)?)
     } else {
-        Box::new(HostLoader::new(options, mode)?)
+        Box::new(HostLoader::new(options, launch, mode)?)
     })
 }
 

@@ -392,8 +392,8 @@ impl Drop for StreamLoader {
 }
 
 impl StreamLoader {
-    pub(super) fn new(options: &LoaderOptions, mode: Mode) -> Result<StreamLoader> {
-        let resolved = Resolved::new(options, mode)?;
+    pub(super) fn new(options: &LoaderOptions, launch: Launch, mode: Mode) -> Result<StreamLoader> {
+        let resolved = Resolved::new(options, launch, mode)?;
         let resume = options
             .resume_state
             .as_deref()
@@ -444,6 +444,7 @@ impl StreamLoader {
             None => (0, None, 0),
         };
         let opened = options.open_source(
+            &resolved.launch,
             seed,
             start_epoch,
             start_state.as_deref(),

@@ -8,6 +8,7 @@ use crate::collate::ImageStages;
 use crate::decode::JpegDecoder;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
+use crate::launch::Launch;
 use crate::source::pixels::tensor_image_shape;
 use crate::source::streaming::StreamSource;
 use crate::source::tar::{TarConfig, TarSource, TarStream};
@@ -60,6 +61,7 @@ impl LoaderOptions {
     /// state it saved after `given` samples) to learn the fields from its first sample.
     pub(crate) fn open_source(
         &self,
+        launch: &Launch,
         seed: u64,
         epoch: u64,
         resume: Option<&str>,
@@ -83,8 +85,7 @@ impl LoaderOptions {
             self.check_stream_keys(matches!(spec, SourceSpec::Iterable(_)))?;
         }
         // Streams are split by the resolved launch, as the indexed samplers are dealt.
-        let launch = self.launch()?;
-        let share = self.deal(&launch);
+        let share = self.deal(launch);
         Ok(match spec {
             SourceSpec::Tar(pattern) if streaming => {
                 let stream = TarStream::open_pattern(pattern, self.tar_config(), share, seed)?;
