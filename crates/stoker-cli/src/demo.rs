@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use stoker_core::{Loader, LoaderOptions};
 
-use crate::args::Workers;
 use crate::report::{print_stats, Progress};
+use crate::workers::Workers;
 
 /// torchvision's ImageNet training transform, fused.
 pub(crate) const STANDARD_TRANSFORM: &str =

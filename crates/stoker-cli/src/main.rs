@@ -7,6 +7,7 @@ mod doctor;
 mod pack;
 mod photos;
 mod report;
+mod workers;
 
 use std::process::ExitCode;
 

@@ -18,12 +18,13 @@ use stoker_core::pack::{open_source, pack, PackOptions};
 use stoker_core::LoaderOptions;
 
 use super::BenchData;
-use crate::args::workers;
 use crate::doctor::machine::Usage;
 use crate::doctor::measure::{self, Config};
-use crate::doctor::report::{fmt_rate, Report};
+use crate::doctor::model::Report;
+use crate::doctor::report::fmt_rate;
 use crate::doctor::{self, model};
 use crate::photos::{photos_or_drawn, Size};
+use crate::workers::workers;
 
 /// The largest error of a prediction that passes, in percent.
 const TARGET_PCT: f64 = 15.0;

@@ -7,8 +7,8 @@ use std::time::Instant;
 use stoker_core::decode::{decode_rgb, DecodeBuffers};
 use stoker_core::{ImageFolderSource, Loader, LoaderOptions, Source};
 
-use crate::args::Workers;
 use crate::report::{print_stats, Progress};
+use crate::workers::Workers;
 
 /// `stoker bench images`'s arguments.
 #[derive(Debug, clap::Args)]

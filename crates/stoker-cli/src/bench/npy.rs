@@ -9,8 +9,8 @@ use std::time::Instant;
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::{Loader, LoaderOptions};
 
-use crate::args::Workers;
 use crate::report::{print_stats, Progress};
+use crate::workers::Workers;
 
 /// Bytes of one `[3, 224, 224]` uint8 sample.
 const SAMPLE_BYTES: usize = 3 * 224 * 224;

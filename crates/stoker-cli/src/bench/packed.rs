@@ -13,7 +13,7 @@ use std::time::Instant;
 use stoker_core::pack::{open_source, pack, PackMode, PackOptions};
 use stoker_core::{Loader, LoaderOptions};
 
-use crate::args::Workers;
+use crate::workers::Workers;
 
 /// One way of reading the photographs.
 struct Variant {

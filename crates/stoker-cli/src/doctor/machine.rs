@@ -22,8 +22,6 @@ use std::time::{Duration, Instant};
 
 use stoker_core::autotune::process_cpu_ns;
 
-use super::measure::thread_cpu;
-
 /// Bytes each thread copies per pass when measuring bandwidth: more than caches hold.
 const COPY_BYTES: usize = 32 << 20;
 /// Threads at most in the bandwidth measurement (its buffers take 64 MiB each).
@@ -238,6 +236,35 @@ fn busy_jiffies(stat: &str, include: impl Fn(usize) -> bool) -> Option<u64> {
         seen = true;
     }
     seen.then_some(total)
+}
+
+/// This thread's time on a CPU and waiting for one (runnable but not running: cores shared with
+/// other work), from Linux's schedstat; without it, the CPU time alone.
+pub(crate) fn thread_times() -> (Duration, Duration) {
+    let sched = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|f| f.parse::<u64>().ok());
+            Some((it.next()??, it.next()??))
+        });
+    match sched {
+        Some((run, wait)) => (Duration::from_nanos(run), Duration::from_nanos(wait)),
+        None => (thread_cpu(), Duration::ZERO),
+    }
+}
+
+/// This thread's CPU time.
+pub(crate) fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux defines.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 #[cfg(test)]

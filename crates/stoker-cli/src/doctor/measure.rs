@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use stoker_core::autotune::process_cpu_ns;
 use stoker_core::{FieldKind, Loader, LoaderOptions, Stats};
 
-use super::machine::{Load, Usage};
+use super::machine::{thread_times, Load, Usage};
 use super::pack_probe::{Probe, PROBE_SAMPLES};
 
 /// How to measure.
@@ -74,35 +74,6 @@ pub(crate) fn with(
         o.set(k, v).map_err(|e| e.to_string())?;
     }
     Ok(o)
-}
-
-/// This thread's time on a CPU and waiting for one (runnable but not running: cores shared with
-/// other work), from Linux's schedstat; without it, the CPU time alone.
-fn thread_times() -> (Duration, Duration) {
-    let sched = std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| {
-            let mut it = s.split_whitespace().map(|f| f.parse::<u64>().ok());
-            Some((it.next()??, it.next()??))
-        });
-    match sched {
-        Some((run, wait)) => (Duration::from_nanos(run), Duration::from_nanos(wait)),
-        None => (thread_cpu(), Duration::ZERO),
-    }
-}
-
-/// This thread's CPU time.
-pub(crate) fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux defines.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Asks for batches until `samples` more were delivered (or `limit` passed), calling `hold`

@@ -39,8 +39,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stoker_core::LoaderOptions;
 
 use measure::{float_images, image_probe, packed_costs, pipeline_run, stage_run, with, Config};
+use model::Report;
 use model::{analyse, packing_helps, uint8_sets, Alternatives, Machine, PACK_SIDE};
-use report::Report;
 
 /// `stoker doctor`'s arguments.
 #[derive(Debug, Clone, clap::Args)]

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use super::machine::Load;
 use super::measure::{Costs, PackedCosts, Pipeline};
-use super::report::{Report, StageCost};
 
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Advice {
@@ -32,6 +31,35 @@ pub(crate) enum Change {
 pub(crate) struct Pack {
     /// `--max-side`: images shrunk to at most this many pixels on a side.
     pub(crate) max_side: Option<u32>,
+}
+
+/// A stage's cost on one core.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StageCost {
+    pub(crate) name: &'static str,
+    pub(crate) us_per_sample: f64,
+}
+
+/// What the doctor found: the measurements, the bottleneck, the advice and the throughputs
+/// the model predicts.
+pub(crate) struct Report {
+    pub(crate) bottleneck: &'static str,
+    pub(crate) stages: Vec<StageCost>,
+    pub(crate) costs: Costs,
+    pub(crate) pipeline: Pipeline,
+    pub(crate) cores: usize,
+    /// What this process gets of its cores beside other work, as measured.
+    pub(crate) load: Load,
+    /// The model's throughput for the settings measured.
+    pub(crate) model_samples_per_s: f64,
+    /// The model's throughput with the advice applied: the measured rate times the model's
+    /// ratio of after to now.
+    pub(crate) predicted_samples_per_s: f64,
+    /// The model's own throughput with the advice applied, from the stage costs on the cores
+    /// this process gets.
+    pub(crate) advised_model_samples_per_s: f64,
+    pub(crate) advice: Vec<Advice>,
+    pub(crate) step: Duration,
 }
 
 /// The settings `advice` asks for, applied to `sets`: the options to set, and the packing to
