@@ -142,7 +142,7 @@ pub struct BudgetPlan {
 
 impl BudgetPlan {
     /// Fits `requested_cap` batches of `batch_bytes` into `budget`, keeping `reserved` slabs
-    /// outside the cap (the one the prefetch thread holds while copying). Fails when not even one
+    /// outside the cap (the ones the prefetch thread holds while their copies run). Fails when not even one
     /// batch fits.
     pub fn new(
         budget: u64,

@@ -46,6 +46,9 @@ pub struct FakeCounters {
     pub live_registrations: usize,
     /// Copies run so far, failed ones included.
     pub copies_done: u64,
+    /// The most copies queued and not yet run at once: above one batch's fields, copies of
+    /// consecutive batches overlapped.
+    pub max_copies_pending: u64,
 }
 
 enum Op {
@@ -84,6 +87,7 @@ struct State {
     next_handle: usize,
     copies_queued: u64,
     copies_done: u64,
+    max_copies_pending: u64,
     fail: Option<(u64, FailAt)>,
     delay: Duration,
     /// Misuse seen (double free, free with a copy queued): tests assert there is none.
@@ -156,6 +160,7 @@ impl FakeDevice {
             live_events: s.events.len(),
             live_registrations: s.registered.len(),
             copies_done: s.copies_done,
+            max_copies_pending: s.max_copies_pending,
         }
     }
 
@@ -359,6 +364,7 @@ impl DeviceBackend for FakeDevice {
             stream,
             fail,
         });
+        s.max_copies_pending = s.max_copies_pending.max(s.copies_queued - s.copies_done);
         drop(s);
         self.shared.changed.notify_all();
         Ok(())

@@ -22,7 +22,7 @@ pub use device::{DeviceBackend, DevicePtr, Event, Stream};
 pub use driver::{probe, CudaDevice};
 #[cfg(any(test, feature = "testing"))]
 pub use fake::{FailAt, FakeCounters, FakeDevice};
-pub use prefetch::{HostBatches, PrefetchConfig, Prefetcher, Pulled};
+pub use prefetch::{HostBatches, PrefetchConfig, Prefetcher, Pulled, COPIES_IN_FLIGHT};
 
 /// What registers host batch memory for `pin_memory=true` on a host loader (`device=cpu`): the
 /// driver of the first CUDA device, when a driver and a device are present. Memory registered

@@ -3,9 +3,11 @@
 //! It pulls host batches in delivery order from a [`HostBatches`] feed (the loader), copies each
 //! field on a non-blocking stream into one of a ring of `slots` device buffers, records an event
 //! and hands out a device [`Batch`] at once: the consumer orders its own stream after the copy with
-//! [`Batch::wait`] instead of blocking the CPU. The thread then waits for the copy and drops
-//! the host batch, so its arena slab is recycled as soon as the copy is done, however long the
-//! trainer keeps the device batch.
+//! [`Batch::wait`] instead of blocking the CPU. The thread then pulls the next host batch and
+//! queues its copy behind the running one ([`COPIES_IN_FLIGHT`] at most), so the copy engine
+//! does not idle while the thread works; it waits for a copy only to drop its host batch, so the
+//! arena slab is recycled as soon as the copy is done, however long the trainer keeps the device
+//! batch, and before the thread waits for anything else.
 //!
 //! A device buffer returns to the ring when its batch is dropped. Before the ring reuses
 //! it, the copy stream waits (on the device, not the CPU) for an event recorded at release on each
@@ -17,6 +19,7 @@
 //! to `slots` once the consumer holds fewer again. Dropping the prefetcher joins the thread; every buffer is freed by
 //! whoever drops it last (the ring, the thread, or a batch the user still holds).
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +41,12 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// How often the thread, waiting for a free buffer, looks whether the ring may grow instead.
 const GROW_POLL: Duration = Duration::from_millis(5);
+
+/// Host-to-device copies queued at once. With two, the next batch's copy is queued while the
+/// previous one runs, so the copy engine does not idle while this thread pulls the next batch,
+/// takes a buffer and queues its fields; more would only keep more host slabs from the arena
+/// (the memory budget reserves this many for the prefetcher).
+pub const COPIES_IN_FLIGHT: usize = 2;
 
 /// Device buffers are allocated in these steps, so that ragged batches whose size wobbles do not
 /// reallocate every time.
@@ -501,6 +510,45 @@ impl<M> Drop for Worker<M> {
     }
 }
 
+/// The copies queued and not yet known complete, oldest first, with their host batches.
+struct Copying<'a> {
+    backend: &'a Arc<dyn DeviceBackend>,
+    stats: Option<&'a StatsHandle>,
+    copies: VecDeque<(Batch, Event, Instant)>,
+}
+
+impl Copying<'_> {
+    /// Waits for the oldest copy, records its time, and drops its host batch (its slab goes
+    /// back to the arena).
+    fn finish_oldest(&mut self) {
+        let Some((host, copied, queued)) = self.copies.pop_front() else {
+            return;
+        };
+        // An error is the batch's, reported through its own event; the host memory is free
+        // to go either way once the device is done with it.
+        let _ = self.backend.synchronize_event(copied);
+        if let Some(stats) = self.stats {
+            let done = Instant::now();
+            stats
+                .recorder
+                .copied(host.epoch(), host.position(), queued, done);
+        }
+        drop(host);
+    }
+
+    fn finish_all(&mut self) {
+        while !self.copies.is_empty() {
+            self.finish_oldest();
+        }
+    }
+}
+
+impl Drop for Copying<'_> {
+    fn drop(&mut self) {
+        self.finish_all();
+    }
+}
+
 impl<M: Send + 'static> Worker<M> {
     fn run<F: HostBatches<Mark = M>>(self, mut feed: F, give_back: Option<Sender<F>>) {
         let outcome = catch_unwind(AssertUnwindSafe(|| self.pump(&mut feed)));
@@ -535,13 +583,29 @@ impl<M: Send + 'static> Worker<M> {
     }
 
     fn pump<F: HostBatches<Mark = M>>(&self, feed: &mut F) {
+        // Dropped on every way out (a panic included): the copies still running finish before
+        // their host batches, whose memory the DMA engine reads, go back to the arena.
+        let mut copying = Copying {
+            backend: &self.backend,
+            stats: self.stats.as_ref(),
+            copies: VecDeque::with_capacity(COPIES_IN_FLIGHT),
+        };
         loop {
             let (item, mark) = loop {
                 if self.stopped() {
                     return;
                 }
-                if let Pulled::Item(item, mark) = feed.pull(POLL) {
-                    break (item, mark);
+                // With copies running, only a batch that is ready now is taken (its copy then
+                // queues behind theirs); otherwise they finish first, so their slabs are back
+                // in the arena (where the workers may wait for them) before this thread waits.
+                let poll = if copying.copies.is_empty() {
+                    POLL
+                } else {
+                    Duration::ZERO
+                };
+                match feed.pull(poll) {
+                    Pulled::Item(item, mark) => break (item, mark),
+                    Pulled::Idle => copying.finish_all(),
                 }
             };
             let host = match item {
@@ -558,6 +622,11 @@ impl<M: Send + 'static> Worker<M> {
                     continue;
                 }
             };
+            if self.ring_rx.is_empty() {
+                // The wait for a buffer may be long (the consumer holds them): the host slabs
+                // of the copies running go back first.
+                copying.finish_all();
+            }
             let slot = match self.take_slot() {
                 Some(Ok(slot)) => slot,
                 Some(Err(e)) => {
@@ -581,18 +650,17 @@ impl<M: Send + 'static> Worker<M> {
                 item,
                 mark: Some(mark),
             });
-            // Then wait for the copy so the host slab goes back to the arena now, not when the
-            // trainer releases the device batch. Dropping it earlier would let a worker overwrite
-            // memory the DMA engine is still reading. A failure here is reported to the consumer
-            // by the batch's own event (`wait`, `synchronize`, `is_ready`).
+            // The host batch stays alive until its copy completes (a worker would otherwise
+            // overwrite memory the DMA engine still reads), but this thread does not wait for
+            // it now: the next batch's copy is queued behind it first. Beyond
+            // `COPIES_IN_FLIGHT`, the oldest completes before the next is pulled. A failure is
+            // reported to the consumer by the batch's own event (`wait`, `synchronize`,
+            // `is_ready`).
             if let Some((host, copied)) = host {
-                let _ = self.backend.synchronize_event(copied);
-                if let Some(stats) = &self.stats {
-                    let done = Instant::now();
-                    let (epoch, position) = (host.epoch(), host.position());
-                    stats.recorder.copied(epoch, position, queued, done);
-                }
-                drop(host);
+                copying.copies.push_back((host, copied, queued));
+            }
+            while copying.copies.len() >= COPIES_IN_FLIGHT {
+                copying.finish_oldest();
             }
             if !delivered {
                 return;

@@ -160,14 +160,18 @@ impl Resolved {
             }
         };
         let prefetch = options.prefetch_factor;
-        // The memory budget bounds the in-flight cap; the prefetch thread holds one more slab
-        // while it copies.
+        // The memory budget bounds the in-flight cap; the prefetch thread holds up to
+        // `COPIES_IN_FLIGHT` more slabs while their copies run.
         let largest = options
             .batch_size
             .min(per_rank.unwrap_or(options.batch_size).max(1));
         let page = crate::arena::page_size();
         let batch_bytes = collator.batch_bytes(largest).div_ceil(page) * page;
-        let reserved = usize::from(self.feed);
+        let reserved = if self.feed {
+            crate::cuda::COPIES_IN_FLIGHT
+        } else {
+            0
+        };
         let budget = BudgetPlan::new(
             options.resolved_memory_budget(),
             batch_bytes as u64,

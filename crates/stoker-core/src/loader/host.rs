@@ -424,16 +424,17 @@ impl HostLoader {
             }
             match &self.pool {
                 Some(pool) => {
-                    let remaining = match timeout {
-                        None => None,
-                        Some(t) => Some(
-                            t.checked_sub(start.elapsed())
-                                .ok_or(Error::Timeout(t.as_millis() as u64))?,
-                        ),
-                    };
                     let done = match pool.try_recv() {
                         Some(done) => done,
                         None => {
+                            // A built batch is taken whatever the timeout: only waits are bounded.
+                            let remaining = match timeout {
+                                None => None,
+                                Some(t) => Some(
+                                    t.checked_sub(start.elapsed())
+                                        .ok_or(Error::Timeout(t.as_millis() as u64))?,
+                                ),
+                            };
                             // Nothing finished: the consumer waits, which the depth weighs.
                             let blocked = Instant::now();
                             let done = pool.recv(remaining, &self.closer);

@@ -149,11 +149,11 @@ impl Drop for Loader {
 }
 
 /// The most device buffers a ring of `slots` may grow to: what `memory_budget` holds beyond the
-/// host batches (the in-flight cap, plus the one the prefetch thread copies from), at one
+/// host batches (the in-flight cap, plus those the prefetch thread copies from), at one
 /// batch each; never fewer than `slots`, which the budget does not count.
 fn growth_limit(stats: &crate::stats::Stats, slots: usize) -> usize {
     let fit = stats.memory_budget / stats.batch_bytes.max(1);
-    let host = stats.in_flight_cap + 1;
+    let host = stats.in_flight_cap + crate::cuda::COPIES_IN_FLIGHT as u64;
     usize::try_from(fit.saturating_sub(host))
         .unwrap_or(usize::MAX)
         .max(slots)

@@ -642,16 +642,17 @@ impl StreamLoader {
             let Some(pool) = &self.pool else {
                 return Err(Error::Internal("a streaming loader with no feed".into()));
             };
-            let remaining = match timeout {
-                None => None,
-                Some(t) => Some(
-                    t.checked_sub(start.elapsed())
-                        .ok_or(Error::Timeout(t.as_millis() as u64))?,
-                ),
-            };
             let done = match pool.try_recv() {
                 Some(done) => done,
                 None => {
+                    // A built batch is taken whatever the timeout: only waits are bounded.
+                    let remaining = match timeout {
+                        None => None,
+                        Some(t) => Some(
+                            t.checked_sub(start.elapsed())
+                                .ok_or(Error::Timeout(t.as_millis() as u64))?,
+                        ),
+                    };
                     // Nothing delivered yet: the consumer waits, which the depth weighs (the
                     // feeder is the one builder its tokens hold back).
                     let blocked = Instant::now();

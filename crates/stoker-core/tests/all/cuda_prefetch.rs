@@ -86,6 +86,41 @@ fn device_batches_match_host_batches_in_order_across_epochs() {
 }
 
 #[test]
+fn copies_of_consecutive_batches_overlap_and_deliver_the_right_bytes() {
+    // Copies slower than building: the prefetcher queues the next batch's copies behind the
+    // running ones instead of waiting for them first.
+    let kv = [
+        ("batch_size", "4"),
+        ("num_workers", "2"),
+        ("prefetch_factor", "4"),
+    ];
+    let fake = fake(15);
+    let mut dev = device_loader(&fake, &options(counting_source(48), &kv));
+    let mut cpu_options = options(counting_source(48), &kv);
+    cpu_options.set("device", "cpu").unwrap();
+    let mut cpu = Loader::new(&cpu_options).unwrap();
+    let mut held = Vec::new();
+    while let Some(d) = dev.next().unwrap() {
+        let h = cpu.next().unwrap().unwrap();
+        let host: Vec<Vec<u8>> = h.fields().map(|f| f.data.unwrap().to_vec()).collect();
+        assert_eq!(contents(&fake, &d), host, "batch {}", d.position());
+        held.push(d);
+        if held.len() > 2 {
+            held.remove(0); // a trainer keeping the last two alive
+        }
+    }
+    let fields = 2; // x and y: two copies a batch
+    let pending = fake.counters().max_copies_pending;
+    assert!(
+        pending > fields,
+        "at most {pending} copies were queued at once: one batch's, never the next's behind it"
+    );
+    drop(held);
+    drop(dev);
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
 fn the_ring_bounds_live_device_buffers_and_reuses_them() {
     let fake = fake(0);
     // prefetch_factor 2: a ring of 3 buffers.
@@ -166,15 +201,16 @@ fn holding_every_buffer_the_budget_allows_blocks_the_prefetcher_and_releasing_on
 fn a_trainer_holding_more_batches_than_the_ring_grows_it_within_the_budget_and_it_shrinks_back() {
     let fake = fake(0);
     let page = stoker_core::arena::page_size();
-    // A ring of 2 (prefetch_factor 1) and batches of one page; the budget holds the host's 2
-    // and 5 device buffers.
+    // A ring of 2 (prefetch_factor 1) and batches of one page; the budget holds the host's
+    // (the one in flight, and those the prefetcher copies from) and 5 device buffers.
+    let host = 1 + stoker_core::cuda::COPIES_IN_FLIGHT;
     let o = options(
         counting_source(400),
         &[
             ("batch_size", "2"),
             ("num_workers", "1"),
             ("prefetch_factor", "1"),
-            ("memory_budget", &(7 * page).to_string()),
+            ("memory_budget", &((host + 5) * page).to_string()),
         ],
     );
     let mut l = device_loader(&fake, &o);

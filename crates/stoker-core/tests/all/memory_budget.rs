@@ -64,11 +64,17 @@ fn with_a_device_the_prefetchers_slab_must_fit_too() {
     let fake = FakeDevice::new(0).unwrap();
     let err = Loader::with_device_backend(&options(kib_rows(2048), &kv), fake.clone())
         .expect_err("an error");
-    assert!(err.to_string().contains("needs 2 of them"), "{err}");
+    // The batch in flight and those the prefetcher copies from.
+    let needed = 1 + stoker_core::cuda::COPIES_IN_FLIGHT;
+    assert!(
+        err.to_string().contains(&format!("needs {needed} of them")),
+        "{err}"
+    );
+    let budget = format!("{needed}MiB");
     let kv = [
         ("device", "cuda"),
         ("batch_size", "1024"),
-        ("memory_budget", "2MiB"),
+        ("memory_budget", budget.as_str()),
     ];
     let l = Loader::with_device_backend(&options(kib_rows(2048), &kv), fake).unwrap();
     assert_eq!(l.stats().in_flight_cap, 1);
@@ -297,8 +303,8 @@ fn a_streaming_batch_larger_than_the_budget_is_refused_as_on_the_host() {
         err.to_string()
     };
     assert_eq!(refuse("4"), refuse("0"));
-    // With a device, the prefetcher's slab must fit too: two pages do not hold two batches
-    // and the cap of one.
+    // With a device, the prefetcher's slabs must fit too: one page does not hold them and the
+    // cap of one.
     let page = stoker_core::arena::page_size().to_string();
     for buffer in ["0", "4"] {
         let o = tar_options(
@@ -312,8 +318,9 @@ fn a_streaming_batch_larger_than_the_budget_is_refused_as_on_the_host() {
         );
         let err =
             Loader::with_device_backend(&o, FakeDevice::new(0).unwrap()).expect_err("an error");
+        let needed = 1 + stoker_core::cuda::COPIES_IN_FLIGHT;
         assert!(
-            err.to_string().contains("needs 2 of them"),
+            err.to_string().contains(&format!("needs {needed} of them")),
             "shuffle_buffer={buffer}: {err}"
         );
     }
