@@ -69,6 +69,7 @@
 
 mod augment;
 mod color;
+pub mod dense;
 pub mod geometry;
 mod kernels;
 pub mod mix;
@@ -77,10 +78,14 @@ pub mod spec;
 pub mod warp;
 
 pub use augment::AugOp;
+pub use dense::{DensePipeline, DenseScratch, Role, TensorShape};
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
 pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch, NO_SIZE};
-pub use spec::{parse, EraseValue, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD};
+pub use spec::{
+    parse, roles, EraseValue, Op, PadMode, Roles, DEFAULT_IGNORE_INDEX, IMAGENET_MEAN,
+    IMAGENET_STD, MAX_CHANNELS,
+};
 
 #[cfg(test)]
 mod tests;
