@@ -129,10 +129,14 @@ impl Collator {
             .iter()
             .map(|spec| Output::for_field(spec, pad, image.as_ref(), mix.as_ref()))
             .collect::<Result<Vec<_>>>()?;
+        let names: Vec<String> = fields.iter().map(|spec| spec.name.clone()).collect();
+        if let Some(roles) = image.as_ref().and_then(|stages| stages.roles.as_ref()) {
+            layout::check_roles(roles, &names, &outputs)?;
+        }
         Ok(Collator {
             source: None,
             outputs,
-            names: fields.iter().map(|spec| spec.name.clone()).collect(),
+            names,
             skip_bad,
         })
     }
@@ -296,6 +300,7 @@ pub(super) mod tests {
             transform: transform.map(str::to_owned),
             dtype: None,
             layout: Layout::Nchw,
+            roles: None,
         }
     }
 

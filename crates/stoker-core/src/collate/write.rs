@@ -16,7 +16,7 @@ use crate::source::Sample;
 use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
 
-use super::image::{write_image, write_tensor_image, Pixels};
+use super::image::{write_dense, write_image, write_tensor_image, Pixels};
 use super::layout::Output;
 use super::mix::write_soft_label;
 use super::pick::{gave_up, replacements, sample_error, Pick};
@@ -215,6 +215,19 @@ impl Collator {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let size = (*height, *width, *layout);
                     write_tensor_image(pipeline, size, src, &mut rng, dst, pixels)
+                        .map_err(|reason| sample_error(pick, index, reason))?;
+                    spans.push(
+                        SpanKind::Stage(Stage::Transform),
+                        slot,
+                        pick.index(index) as usize,
+                        start,
+                    );
+                    continue;
+                }
+                Output::Dense { pipeline } => {
+                    // Keyed as every field of the sample is: an image and its mask draw alike.
+                    let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
+                    write_dense(pipeline, src, &mut rng, dst, pixels)
                         .map_err(|reason| sample_error(pick, index, reason))?;
                     spans.push(
                         SpanKind::Stage(Stage::Transform),
