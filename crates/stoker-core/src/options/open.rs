@@ -210,10 +210,10 @@ impl LoaderOptions {
                 if set {
                     return Err(Error::option(
                         key,
-                        "applies to images: encoded image fields, or 3-dimensional uint8, \
-                         float16, bfloat16 or float32 tensor fields whose channels come first \
-                         or last ([H, W, C] or [C, H, W]: set input_layout=hwc or chw unless C \
-                         is 1, 3 or 4); this source has none",
+                        "applies to images: encoded image fields, or image-shaped uint8 tensor \
+                         fields (float16, bfloat16 and float32 too) of shape [H, W, C] or \
+                         [C, H, W] (set input_layout=hwc or chw unless C is 1, 3 or 4); this \
+                         source has none",
                     ));
                 }
             }
