@@ -5,7 +5,7 @@
 //! lookup tables; a tensor image of `C` channels of `uint8`, `float16`, `bfloat16` or `float32`
 //! goes through a [`DensePipeline`] instead, which works plane by plane with the same design:
 //! the geometric ops fold into one [`Plan`] per sample (the same function, so the same draws),
-//! one resample writes each output plane, the ops after the plan ([`augment::draw`]: the same
+//! one resample writes each output plane, the ops after the plan (`augment::draw`: the same
 //! draws again) move the crop-sized planes, and one output pass normalizes, converts and lays
 //! out into the slot. Floats stay floats: `float16`/`bfloat16` are widened to `float32` once,
 //! resampled as `float32`, and rounded once on output; `uint8` is resampled as `uint8` (the

@@ -126,8 +126,7 @@ fn a_float32_channels_first_array_needs_input_layout_and_stays_float() {
     let source = npy(&dir, "bands.npy", DType::F32, &[N, C, S, S], &bytes);
     // 13 first and 64 last: the shape cannot say which holds the channels.
     let e = loader(&[("source", &source), ("transform", SPEC)])
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(e.contains("input_layout") && e.contains("transform"), "{e}");
 
@@ -203,8 +202,7 @@ fn a_colour_op_on_a_multispectral_image_fails_at_creation_naming_the_field() {
         ),
         ("input_layout", "hwc"),
     ])
-    .err()
-    .expect("refused")
+    .expect_err("refused")
     .to_string();
     assert!(
         e.contains("field `data`")
@@ -325,8 +323,7 @@ fn roles_are_checked_against_the_source() {
             coordinates(),
             &[("transform", spec), ("input_layout", "chw")],
         )
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
         assert!(e.contains(needle), "{spec}: {e}");
     }
@@ -339,8 +336,7 @@ fn roles_are_checked_against_the_source() {
         Arc::new(source),
         &[("transform", "fields(image=image, mask=mask) | hflip")],
     )
-    .err()
-    .expect("refused")
+    .expect_err("refused")
     .to_string();
     assert!(
         e.contains("the mask is 32x32") && e.contains("64x64"),
@@ -375,8 +371,7 @@ fn an_rgb_uint8_image_and_its_mask_share_the_draw() {
             "fields(mask=mask) | center_crop(32) | trivial_augment",
         )],
     )
-    .err()
-    .expect("refused")
+    .expect_err("refused")
     .to_string();
     assert!(
         e.contains("field `mask`") && e.contains("not supported with a mask"),
