@@ -434,15 +434,27 @@ impl DensePipeline {
         // any count up to MAX_CHANNELS; one plane at a time is one code path for every C
         // (a chw tensor is planes already) and keeps each plane's resample equal to the
         // matching channel of an interleaved one.
-        bufs.img.clear();
-        bufs.img.resize(pw * ph * channels, T::default());
-        for c in 0..channels {
-            T::load_plane(src, dtype, layout, (iw, ih, channels), c, &mut bufs.plane);
-            let dst = &mut bufs.img[c * pw * ph..(c + 1) * pw * ph];
+        let Planes { plane, img, .. } = bufs;
+        // uint8 planes are read where they are stored; anything else is split into planes
+        // (channels last) or widened (float16, bfloat16) in one pass, and float32 is copied
+        // because a mapped file need not be aligned for f32.
+        let stored: &[T] = match T::stored_planes(src, dtype, layout) {
+            Some(planes) => planes,
+            None => {
+                T::load_planes(src, dtype, layout, (iw, ih, channels), plane);
+                plane
+            }
+        };
+        img.clear();
+        img.resize(pw * ph * channels, T::default());
+        for (stored, dst) in stored
+            .chunks_exact(iw * ih)
+            .zip(img.chunks_exact_mut(pw * ph))
+        {
             match fill_mask {
-                Some(_) => nearest_plane(&bufs.plane, iw, &plan, dst),
-                None if plan.is_copy() => copy_plane(&bufs.plane, iw, &plan, dst),
-                None => T::resample(&bufs.plane, iw, ih, &plan, dst, resizer)?,
+                Some(_) => nearest_plane(stored, iw, &plan, dst),
+                None if plan.is_copy() => copy_plane(stored, iw, &plan, dst),
+                None => T::resample(stored, iw, ih, &plan, dst, resizer)?,
             }
         }
         let (mut w, mut h) = (pw, ph);
@@ -609,28 +621,33 @@ impl<T: Px> Planes<T> {
 
 /// An element a dense plane holds while it is transformed.
 trait Px: Copy + Default + PartialEq + 'static {
-    /// Channel `c` of a stored `(width, height, channels)` tensor of `dtype` in `layout`, as
-    /// one plane in `out`.
-    fn load_plane(
+    /// Every channel of a stored `(width, height, channels)` tensor of `dtype` in `layout`, as
+    /// planes one after the other in `out`, in one pass over the tensor.
+    fn load_planes(
         src: &[u8],
         dtype: DType,
         layout: InputLayout,
         (width, height, channels): (usize, usize, usize),
-        c: usize,
         out: &mut Vec<Self>,
     ) {
         let n = dtype.size();
         out.clear();
         match layout {
-            InputLayout::Chw => {
-                let plane = &src[c * width * height * n..(c + 1) * width * height * n];
-                out.extend(plane.chunks_exact(n).map(|b| Self::load(dtype, b)));
+            InputLayout::Chw => out.extend(src.chunks_exact(n).map(|b| Self::load(dtype, b))),
+            InputLayout::Hwc => {
+                let plane = width * height;
+                out.resize(plane * channels, Self::default());
+                for (i, px) in src.chunks_exact(n * channels).enumerate() {
+                    for (c, b) in px.chunks_exact(n).enumerate() {
+                        out[c * plane + i] = Self::load(dtype, b);
+                    }
+                }
             }
-            InputLayout::Hwc => out.extend(
-                src.chunks_exact(n * channels)
-                    .map(|px| Self::load(dtype, &px[c * n..(c + 1) * n])),
-            ),
         }
+    }
+    /// The stored planes themselves, when they need no conversion (uint8, channels first).
+    fn stored_planes(_src: &[u8], _dtype: DType, _layout: InputLayout) -> Option<&[Self]> {
+        None
     }
     /// One stored element of `dtype` (its native-endian bytes).
     fn load(dtype: DType, bytes: &[u8]) -> Self;
@@ -655,6 +672,9 @@ trait Px: Copy + Default + PartialEq + 'static {
 impl Px for u8 {
     fn load(_: DType, bytes: &[u8]) -> u8 {
         bytes[0]
+    }
+    fn stored_planes(src: &[u8], dtype: DType, layout: InputLayout) -> Option<&[u8]> {
+        (dtype == DType::U8 && layout == InputLayout::Chw).then_some(src)
     }
     fn store(self, out: &mut [u8]) {
         out[0] = self;
@@ -961,6 +981,33 @@ mod tests {
                     by_rgb_groups(spec, &hwc, index),
                     "`{spec}`, sample {index}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn the_output_pass_writes_what_the_rgb_tables_write_for_every_type_and_layout() {
+        // Three uint8 channels through the dense pipeline and through the RGB one: the f64
+        // formula rounded once is the RGB path's per-channel table, bit for bit.
+        let rgb: Vec<u8> = hwc_u8()
+            .chunks_exact(C)
+            .flat_map(|p| [p[0], p[5], p[11]])
+            .collect();
+        let spec = "random_resized_crop(20, 24) | hflip | normalize(imagenet) | random_erasing(p=1, value=random)";
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for layout in [Layout::Nchw, Layout::Nhwc] {
+                let input = shape(3, DType::U8, InputLayout::Hwc);
+                let dense = DensePipeline::new(Some(spec), input, Role::Image, Some(dtype), layout)
+                    .unwrap();
+                let reference = Pipeline::for_input(Some(spec), Some(dtype), layout, H, W).unwrap();
+                assert_eq!(dense.shape(), reference.shape());
+                for index in 0..4 {
+                    let mut want = vec![0; reference.output_bytes()];
+                    reference
+                        .apply_rgb(&rgb, W, H, &mut rng(index), &mut want)
+                        .unwrap();
+                    assert_eq!(run(&dense, &rgb, index), want, "{dtype} {layout:?} {index}");
+                }
             }
         }
     }
