@@ -13,7 +13,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::source::pixels::{tensor_image_dims, InputLayout};
 use crate::source::{FieldKind, FieldSpec, Sample};
-use crate::transform::{BatchMix, DensePipeline, Pipeline, Role, Roles, TensorShape, NO_SIZE};
+use crate::transform::{
+    BatchMix, BoxPipeline, DensePipeline, Pipeline, Role, Roles, TensorShape, NO_SIZE,
+};
 
 use super::image::{dense_pipeline, tensor_pipeline, ImageStages};
 use super::Collator;
@@ -205,27 +207,48 @@ fn tensor_output(
     })
 }
 
-/// Checks the roles of `fields(...)` against the source's fields and what collate made of
-/// them: the mask exists, there is one image, and the image is a tensor of the mask's size
-/// (the draw is planned on that size for both).
-pub(super) fn check_roles(roles: &Roles, names: &[String], outputs: &[Output]) -> Result<()> {
+/// The boxes of `fields(boxes=...)`: their field, their labels' field, and how a draw moves
+/// them.
+pub(super) struct BoxRole {
+    pub(super) field: usize,
+    pub(super) labels: Option<usize>,
+    pub(super) pipeline: BoxPipeline,
+}
+
+/// Checks the roles of `fields(...)` (of transform `spec`) against the source's fields and what
+/// collate made of them: the named fields exist, there is one image, and it is a tensor (the
+/// draw is planned on its size for every role); a mask has the image's size; boxes are ragged
+/// float32 rows of 4 and labels ragged integers. Returns how the boxes move, if any.
+pub(super) fn check_roles(
+    roles: &Roles,
+    spec: &str,
+    names: &[String],
+    outputs: &[Output],
+) -> Result<Option<BoxRole>> {
     let err = |m: String| Error::option("transform", m);
-    let find = |name: &str| names.iter().position(|n| n == name);
     let list = names.join(", ");
-    let mask_name = roles.mask.as_deref().unwrap_or_default();
-    let mask = find(mask_name).ok_or_else(|| {
-        err(format!(
-            "fields(mask={mask_name}): the source has no field `{mask_name}` (its fields: {list})"
-        ))
-    })?;
-    let images: Vec<usize> = match roles.image.as_deref() {
-        Some(name) => vec![find(name).ok_or_else(|| {
+    let find = |role: &str, name: &str| {
+        names.iter().position(|n| n == name).ok_or_else(|| {
             err(format!(
-                "fields(image={name}): the source has no field `{name}` (its fields: {list})"
+                "fields({role}={name}): the source has no field `{name}` (its fields: {list})"
             ))
-        })?],
+        })
+    };
+    let mask = roles.mask.as_deref().map(|m| find("mask", m)).transpose()?;
+    let boxes = match &roles.boxes {
+        Some((b, _)) => Some(find("boxes", b)?),
+        None => None,
+    };
+    let labels = roles
+        .labels
+        .as_deref()
+        .map(|l| find("labels", l))
+        .transpose()?;
+    let roled = [mask, boxes, labels];
+    let images: Vec<usize> = match roles.image.as_deref() {
+        Some(name) => vec![find("image", name)?],
         None => (0..outputs.len())
-            .filter(|&f| f != mask)
+            .filter(|&f| !roled.contains(&Some(f)))
             .filter(|&f| {
                 matches!(
                     outputs[f],
@@ -236,36 +259,78 @@ pub(super) fn check_roles(roles: &Roles, names: &[String], outputs: &[Output]) -
     };
     let &[image] = images.as_slice() else {
         return Err(err(format!(
-            "fields(mask={mask_name}): {} image fields; name the one the mask belongs to with \
-             fields(image=NAME, mask={mask_name})",
+            "fields(...): {} image fields; name the one the other roles belong to with \
+             fields(image=NAME, ...)",
             images.len()
         )));
     };
-    let image_size = match &outputs[image] {
+    let (height, width) = match &outputs[image] {
         Output::TensorImage { height, width, .. } => (*height, *width),
         Output::Dense { pipeline } => (pipeline.input().height, pipeline.input().width),
         _ => {
             return Err(err(format!(
-                "fields(mask={mask_name}): the image `{}` is not a tensor of the mask's size \
-                 (masks go with tensor images for now: npy, packed or callback tensors)",
+                "fields(...): the image `{}` is not a tensor of a known size (masks and boxes \
+                 go with tensor images for now: npy, packed or callback tensors)",
                 names[image]
             )))
         }
     };
-    let Output::Dense { pipeline } = &outputs[mask] else {
-        return Err(err(format!(
-            "internal: mask `{mask_name}` has no mask pipeline"
-        )));
-    };
-    let mask_size = (pipeline.input().height, pipeline.input().width);
-    if mask_size != image_size {
-        return Err(err(format!(
-            "fields(mask={mask_name}): the mask is {}x{} (HxW) but the image `{}` is {}x{}; \
-             one draw needs them the same size",
-            mask_size.0, mask_size.1, names[image], image_size.0, image_size.1
-        )));
+    if let Some(mask) = mask {
+        let Output::Dense { pipeline } = &outputs[mask] else {
+            return Err(err(format!(
+                "internal: mask `{}` has no mask pipeline",
+                names[mask]
+            )));
+        };
+        let mask_size = (pipeline.input().height, pipeline.input().width);
+        if mask_size != (height, width) {
+            return Err(err(format!(
+                "fields(mask={}): the mask is {}x{} (HxW) but the image `{}` is {height}x{width}; \
+                 one draw needs them the same size",
+                names[mask], mask_size.0, mask_size.1, names[image]
+            )));
+        }
     }
-    Ok(())
+    let (Some(field), Some((_, format))) = (boxes, &roles.boxes) else {
+        return Ok(None);
+    };
+    match &outputs[field] {
+        Output::Pad {
+            dtype: DType::F32,
+            inner,
+            ..
+        } if inner.as_slice() == [4] => {}
+        _ => {
+            return Err(err(format!(
+                "fields(boxes={}): boxes are float32 rows of 4, one row per box, as many as \
+                 each sample has (a ragged field: set pad=VALUE to pad them)",
+                names[field]
+            )))
+        }
+    }
+    if let Some(l) = labels {
+        match &outputs[l] {
+            Output::Pad {
+                dtype: DType::I64 | DType::I32,
+                inner,
+                ..
+            } if inner.is_empty() => {}
+            _ => {
+                return Err(err(format!(
+                    "fields(labels={}): box labels are int64 or int32, one per box (a ragged \
+                     field: set pad=VALUE to pad them)",
+                    names[l]
+                )))
+            }
+        }
+    }
+    let pipeline = BoxPipeline::new(spec, width, height, *format)
+        .map_err(|reason| err(format!("field `{}`: {reason}", names[field])))?;
+    Ok(Some(BoxRole {
+        field,
+        labels,
+        pipeline,
+    }))
 }
 
 impl Collator {

@@ -97,6 +97,8 @@ pub struct Collator {
     outputs: Vec<Output>,
     /// The source fields' names, for the batch's fields and for messages.
     names: Vec<String>,
+    /// The boxes (and their labels) that move with the image's draw, if `fields(boxes=)`.
+    boxes: Option<layout::BoxRole>,
     skip_bad: bool,
 }
 
@@ -130,13 +132,19 @@ impl Collator {
             .map(|spec| Output::for_field(spec, pad, image.as_ref(), mix.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let names: Vec<String> = fields.iter().map(|spec| spec.name.clone()).collect();
-        if let Some(roles) = image.as_ref().and_then(|stages| stages.roles.as_ref()) {
-            layout::check_roles(roles, &names, &outputs)?;
-        }
+        let boxes = match image.as_deref() {
+            Some(ImageStages {
+                roles: Some(roles),
+                transform: Some(spec),
+                ..
+            }) => layout::check_roles(roles, spec, &names, &outputs)?,
+            _ => None,
+        };
         Ok(Collator {
             source: None,
             outputs,
             names,
+            boxes,
             skip_bad,
         })
     }

@@ -68,6 +68,7 @@
 //! runs the ops after the plan, with `color` and [`warp`] their kernels.
 
 mod augment;
+pub mod boxes;
 mod color;
 pub mod dense;
 pub mod geometry;
@@ -78,12 +79,13 @@ pub mod spec;
 pub mod warp;
 
 pub use augment::AugOp;
+pub use boxes::BoxPipeline;
 pub use dense::{DensePipeline, DenseScratch, Role, TensorShape};
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
 pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch, NO_SIZE};
 pub use spec::{
-    parse, roles, EraseValue, Op, PadMode, Roles, DEFAULT_IGNORE_INDEX, IMAGENET_MEAN,
+    parse, roles, BoxFormat, EraseValue, Op, PadMode, Roles, DEFAULT_IGNORE_INDEX, IMAGENET_MEAN,
     IMAGENET_STD, MAX_CHANNELS,
 };
 

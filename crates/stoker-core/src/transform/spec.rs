@@ -198,8 +198,23 @@ pub struct Roles {
     pub image: Option<String>,
     /// The segmentation mask field: an integer `[H, W]` tensor of the image's size.
     pub mask: Option<String>,
+    /// The bounding-box field (float32 rows of 4, one row per box) and how a box is written.
+    pub boxes: Option<(String, BoxFormat)>,
+    /// The boxes' labels (one integer per box), dropped with the boxes a transform drops.
+    pub labels: Option<String>,
     /// The label written where a geometric op uncovers the mask (default 255).
     pub ignore_index: i64,
+}
+
+/// How a box's four numbers are written (torchvision's `BoundingBoxFormat`), in pixels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoxFormat {
+    /// Left, top, right, bottom.
+    Xyxy,
+    /// Left, top, width, height.
+    Xywh,
+    /// Centre x, centre y, width, height.
+    Cxcywh,
 }
 
 /// `ignore_index` unless `fields(...)` says otherwise (torchvision's segmentation references).
@@ -222,14 +237,22 @@ pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
         .ok_or_else(|| format!("`{first}`: missing closing parenthesis"))?;
     let args = split_args(inner);
     let err = |e: String| format!("`{first}`: fields: {e}");
-    args.check(0, &["image", "mask", "boxes", "keypoints", "ignore_index"])
-        .map_err(err)?;
-    for role in ["boxes", "keypoints"] {
-        if args.named(role).is_some() {
-            return Err(err(format!(
-                "the `{role}` role is not supported yet (image and mask are)"
-            )));
-        }
+    args.check(
+        0,
+        &[
+            "image",
+            "mask",
+            "boxes",
+            "labels",
+            "keypoints",
+            "ignore_index",
+        ],
+    )
+    .map_err(err)?;
+    if args.named("keypoints").is_some() {
+        return Err(err(
+            "the `keypoints` role is not supported yet (image, mask, boxes and labels are)".into(),
+        ));
     }
     let name = |role: &str| -> Result<Option<String>, String> {
         match args.named(role) {
@@ -245,18 +268,59 @@ pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
             .parse::<i64>()
             .map_err(|_| err(format!("ignore_index=`{v}` is not an integer")))?,
     };
+    let boxes = match name("boxes")? {
+        None => None,
+        Some(b) => {
+            let (field, format) = match b.split_once(':') {
+                None => (b.as_str(), "xyxy"),
+                Some((field, format)) => (field, format),
+            };
+            let format = match format {
+                "xyxy" => BoxFormat::Xyxy,
+                "xywh" => BoxFormat::Xywh,
+                "cxcywh" => BoxFormat::Cxcywh,
+                other => {
+                    return Err(err(format!(
+                        "boxes=`{b}`: box format `{other}` is not xyxy, xywh or cxcywh"
+                    )))
+                }
+            };
+            if field.is_empty() {
+                return Err(err(format!("boxes=`{b}` names no field")));
+            }
+            Some((field.to_owned(), format))
+        }
+    };
     let roles = Roles {
         image: name("image")?,
         mask: name("mask")?,
+        boxes,
+        labels: name("labels")?,
         ignore_index,
     };
-    if roles.mask.is_none() {
+    if roles.mask.is_none() && roles.boxes.is_none() {
         return Err(err(
-            "names no mask: write fields(image=NAME, mask=NAME)".into()
+            "names no mask or boxes: write fields(image=NAME, mask=NAME) or \
+             fields(image=NAME, boxes=NAME, labels=NAME)"
+                .into(),
         ));
     }
-    if roles.mask == roles.image {
-        return Err(err("the image and the mask must be different fields".into()));
+    if roles.labels.is_some() && roles.boxes.is_none() {
+        return Err(err(
+            "labels= names the labels of boxes: give boxes= too".into()
+        ));
+    }
+    let named: Vec<&str> = [
+        roles.image.as_deref(),
+        roles.mask.as_deref(),
+        roles.boxes.as_ref().map(|(b, _)| b.as_str()),
+        roles.labels.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if (1..named.len()).any(|i| named[..i].contains(&named[i])) {
+        return Err(err("each role needs a field of its own".into()));
     }
     Ok(Some(roles))
 }

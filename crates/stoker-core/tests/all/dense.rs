@@ -1,6 +1,6 @@
 //! Dense tensors through the loader: image-shaped tensors of any channel count and of uint8,
 //! float16, bfloat16 or float32 (`input_layout` says where the channels are when the shape
-//! cannot), and segmentation masks named by `fields(image=..., mask=...)` that take every
+//! cannot), and segmentation masks and bounding boxes named by `fields(...)` that take every
 //! geometric op with their image's draw.
 
 use std::path::Path;
@@ -313,8 +313,12 @@ fn roles_are_checked_against_the_source() {
         ("fields(image=nope, mask=mask) | hflip", "no field `nope`"),
         ("fields(image=image) | hflip", "names no mask"),
         (
-            "fields(image=image, mask=mask, boxes=b) | hflip",
-            "`boxes` role is not supported yet",
+            "fields(image=image, mask=mask, keypoints=k) | hflip",
+            "`keypoints` role is not supported yet",
+        ),
+        (
+            "fields(image=image, boxes=mask) | hflip",
+            "boxes are float32 rows of 4",
         ),
         ("hflip | fields(image=image, mask=mask)", "must come first"),
         ("fields(mask=mask) | rand_augment", "a colour op"),
@@ -420,4 +424,136 @@ fn an_rgb_uint8_image_and_its_mask_share_the_draw() {
         }
     }
     assert!(compared > plane, "{compared}");
+}
+
+/// Boxes of each sample: `(box, label)` pairs, a different number per sample, label `100 * n + k`.
+fn sample_boxes(n: usize) -> Vec<([f32; 4], i64)> {
+    (0..n % 4 + 2)
+        .map(|k| {
+            let (x, y) = ((5 + 13 * k + 3 * n) % 40, (7 + 11 * k + 5 * n) % 36);
+            let b = [x as f32, y as f32, (x + 12 + k) as f32, (y + 20) as f32];
+            (b, (100 * n + k) as i64)
+        })
+        .collect()
+}
+
+#[test]
+fn boxes_take_their_images_draw_and_drop_with_their_labels() {
+    let mut image = Vec::new();
+    for _ in 0..N {
+        for c in 0..2 {
+            for y in 0..S {
+                for x in 0..S {
+                    let v = if c == 0 { x } else { y } as f32;
+                    image.extend_from_slice(&v.to_ne_bytes());
+                }
+            }
+        }
+    }
+    let rows = |n: usize| -> Vec<u8> {
+        sample_boxes(n)
+            .iter()
+            .flat_map(|(b, _)| b.iter().flat_map(|v| v.to_ne_bytes()))
+            .collect()
+    };
+    let labels = |n: usize| -> Vec<u8> {
+        sample_boxes(n)
+            .iter()
+            .flat_map(|(_, l)| l.to_ne_bytes())
+            .collect()
+    };
+    let source = MemorySource::new()
+        .with_tensor("image", DType::F32, &[2, S, S], image)
+        .and_then(|s| s.with_ragged("boxes", DType::F32, &[4], (0..N).map(rows).collect()))
+        .and_then(|s| s.with_ragged("labels", DType::I64, &[], (0..N).map(labels).collect()))
+        .unwrap();
+    let source = Arc::new(source);
+    let spec = "fields(image=image, boxes=boxes, labels=labels) \
+                | random_resized_crop(32, scale=0.2:1) | hflip | vflip";
+    let run = |workers: &str| {
+        let mut l = memory_loader(
+            source.clone(),
+            &[
+                ("transform", spec),
+                ("input_layout", "chw"),
+                ("pad", "-1"),
+                ("num_workers", workers),
+            ],
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        while let Some(b) = l.next().unwrap() {
+            let get = |name: &str| b.field_by_name(name).unwrap().data.unwrap().to_vec();
+            let shape = b.field_by_name("boxes").unwrap().shape.to_vec();
+            out.push((
+                get("image"),
+                get("boxes"),
+                get("labels"),
+                get("boxes_lengths"),
+                get("labels_lengths"),
+                shape,
+            ));
+        }
+        out
+    };
+    let batches = run("0");
+    assert_eq!(batches, run("3"), "the same whatever num_workers");
+    let (mut kept, mut dropped) = (0, 0);
+    for (image, boxes, labels, boxes_len, labels_len, shape) in &batches {
+        assert_eq!(boxes_len, labels_len, "labels are dropped with their boxes");
+        let f32s = |b: &[u8]| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|x| f32::from_ne_bytes(x.try_into().unwrap()))
+                .collect()
+        };
+        let i64s = |b: &[u8]| -> Vec<i64> {
+            b.chunks_exact(8)
+                .map(|x| i64::from_ne_bytes(x.try_into().unwrap()))
+                .collect()
+        };
+        let (image, boxes, labels, lens) =
+            (f32s(image), f32s(boxes), i64s(labels), i64s(boxes_len));
+        let rows = shape[1];
+        for s in 0..B {
+            let len = lens[s] as usize;
+            let n = labels[s * rows] as usize / 100;
+            let source_boxes = sample_boxes(n);
+            dropped += source_boxes.len() - len;
+            for k in 0..rows {
+                let b = &boxes[(s * rows + k) * 4..][..4];
+                let label = labels[s * rows + k];
+                if k >= len {
+                    assert_eq!((b, label), (&[-1.0f32; 4][..], -1), "padding");
+                    continue;
+                }
+                kept += 1;
+                let (src, _) = source_boxes
+                    .iter()
+                    .find(|(_, l)| *l == label)
+                    .expect("a label of the sample");
+                assert!(
+                    b[0] >= 0.0 && b[1] >= 0.0 && b[2] <= 32.0 && b[3] <= 32.0,
+                    "{b:?}"
+                );
+                assert!(b[2] - b[0] >= 1.0 && b[3] - b[1] >= 1.0, "{b:?}");
+                // The image pixel at the box's centre came from inside the source box.
+                let (cx, cy) = (
+                    ((b[0] + b[2]) / 2.0) as usize,
+                    ((b[1] + b[3]) / 2.0) as usize,
+                );
+                let at = cy.min(31) * 32 + cx.min(31);
+                let (fx, fy) = (image[(s * 2) * 1024 + at], image[(s * 2 + 1) * 1024 + at]);
+                let slack = 3.0;
+                assert!(
+                    fx >= src[0] - slack && fx <= src[2] + slack,
+                    "x {fx} outside {src:?} (box {b:?})"
+                );
+                assert!(
+                    fy >= src[1] - slack && fy <= src[3] + slack,
+                    "y {fy} outside {src:?} (box {b:?})"
+                );
+            }
+        }
+    }
+    assert!(kept > 0 && dropped > 0, "kept {kept}, dropped {dropped}");
 }
