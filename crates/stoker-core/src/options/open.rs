@@ -170,11 +170,21 @@ impl LoaderOptions {
     /// image-shaped uint8 tensors of varying size when the transform fixes the output size
     /// (a pipeline for encoded images, whose size varies too, can be built).
     fn field_rules(&self) -> FieldRules {
+        // A bad spec is reported when the loader builds its pipelines; here it only names no
+        // fields.
+        let roles = self
+            .transform
+            .as_deref()
+            .and_then(|spec| roles(spec).ok().flatten());
+        let fixed = roles
+            .map(|r| r.image.into_iter().chain(r.mask).collect())
+            .unwrap_or_default();
         FieldRules {
             pad: self.pad.is_some(),
             input_layout: self.input_layout,
             images_vary: self.transform.is_some()
                 && Pipeline::new(self.transform.as_deref(), self.dtype, self.layout).is_ok(),
+            fixed,
         }
     }
 
