@@ -220,7 +220,7 @@ keys {
         values "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`",
         default "none",
         example "random_resized_crop(224) | hflip",
-        meaning "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); a leading `fields(image=NAME, mask=NAME, ignore_index=255)` moves a segmentation mask with its image under one draw (nearest, labels kept); run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument";
+        meaning "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); a leading `fields(image=NAME, mask=NAME, boxes=NAME:xyxy, labels=NAME, ignore_index=255)` moves a segmentation mask (nearest, labels kept) and bounding boxes (clamped, dropped under a pixel with their labels) with their image under one draw; run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument";
     dtype: Option<DType> = None;
         parse |key, v| v.parse().map(Some).map_err(|e| Error::option(key, e));
         values "`uint8`, `float32`, `float16`, `bfloat16`",
