@@ -71,25 +71,11 @@ pub fn tensor_image_dims(
     Some((h, w, c, layout, *dtype))
 }
 
-/// `(height, width, layout)` of a uint8 tensor field holding RGB images: `[H, W, 3]` (hwc) or
-/// `[3, H, W]` (chw), as `input_layout` says or, unset, hwc if the last dimension is 3, else chw
-/// if the first is.
-pub fn tensor_image_shape(
-    field: &FieldSpec,
-    input_layout: Option<InputLayout>,
-) -> Option<(usize, usize, InputLayout)> {
-    let FieldKind::Tensor {
-        dtype: DType::U8,
-        shape,
-    } = &field.kind
-    else {
-        return None;
-    };
-    image_dims(shape, input_layout)
-}
-
-/// `(height, width, layout)` of a uint8 tensor of `shape` holding an RGB image (see
-/// [`tensor_image_shape`]); `None` if the shape is not an image's.
+/// `(height, width, layout)` of a uint8 tensor of `shape` holding an RGB image: `[H, W, 3]`
+/// (hwc) or `[3, H, W]` (chw), as `input_layout` says or, unset, hwc if the last dimension is
+/// 3, else chw if the first is; `None` if the shape is not an RGB image's. Callback sources
+/// take RGB uint8 images of varying size by it (any other image has one shape, see
+/// [`tensor_dims`]).
 pub fn image_dims(
     shape: &[usize],
     input_layout: Option<InputLayout>,
@@ -125,4 +111,43 @@ pub fn raw_header(width: u32, height: u32) -> [u8; RAW_HEADER_BYTES] {
     b[8..12].copy_from_slice(&height.to_le_bytes());
     b[12..16].copy_from_slice(&3u32.to_le_bytes());
     b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shape_says_where_1_3_or_4_channels_are_and_input_layout_says_the_rest() {
+        use InputLayout::{Chw, Hwc};
+        for (shape, layout, want) in [
+            (&[64, 48, 3][..], None, Some((64, 48, 3, Hwc))),
+            (&[4, 64, 48], None, Some((64, 48, 4, Chw))),
+            (&[64, 48, 1], None, Some((64, 48, 1, Hwc))),
+            // 13 bands: the shape cannot say, input_layout must.
+            (&[64, 64, 13], None, None),
+            (&[64, 64, 13], Some(Hwc), Some((64, 64, 13, Hwc))),
+            (&[13, 64, 64], Some(Chw), Some((64, 64, 13, Chw))),
+            // A layout the shape contradicts is refused: planes would be read as pixels.
+            (&[3, 4, 5], Some(Hwc), None),
+            (&[64, 64, 3], Some(Chw), None),
+            // Unless it names a channel count the shape could show too (8x3, 4 channels).
+            (&[4, 8, 3], Some(Chw), Some((8, 3, 4, Chw))),
+            (&[0, 4, 3], None, None),
+            (&[4, 3], None, None),
+        ] {
+            assert_eq!(tensor_dims(shape, layout), want, "{shape:?} {layout:?}");
+        }
+        let f = FieldSpec::tensor("x", DType::I32, &[8, 8, 3]);
+        assert_eq!(
+            tensor_image_dims(&f, None),
+            None,
+            "int32 is not an image type"
+        );
+        let f = FieldSpec::tensor("x", DType::BF16, &[2, 8, 8]);
+        assert_eq!(
+            tensor_image_dims(&f, Some(Chw)),
+            Some((8, 8, 2, Chw, DType::BF16))
+        );
+    }
 }
