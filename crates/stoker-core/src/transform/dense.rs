@@ -100,10 +100,11 @@ fn colour_only(op: &Op) -> bool {
     )
 }
 
-/// One value for each of `channels` from an RGB-style `[v; 3]` fill: the value itself when all
-/// three agree, the three when there are three channels.
-fn channel_fill(fill: [f64; 3], channels: usize, what: &str) -> Result<(), String> {
-    if channels != 3 && (fill[1] != fill[0] || fill[2] != fill[0]) {
+/// Checks that an RGB-style `[v; 3]` fill gives one value for each of `channels` of an image:
+/// the value itself when all three agree, the three when there are three channels. A mask
+/// fills with `ignore_index` instead, so any fill suits it.
+fn channel_fill(fill: [f64; 3], channels: usize, role: Role, what: &str) -> Result<(), String> {
+    if role == Role::Image && channels != 3 && (fill[1] != fill[0] || fill[2] != fill[0]) {
         return Err(format!(
             "{what}: three fill values are for RGB; a {channels}-channel image takes one value \
              for every channel"
@@ -237,15 +238,16 @@ impl DensePipeline {
                     fill,
                     ..
                 } => {
-                    channel_fill(fill.map(f64::from), input.channels, name)?;
+                    channel_fill(fill.map(f64::from), input.channels, role, name)?;
                     size = (*height, *width);
                 }
                 Op::Normalize { mean, std } => {
                     if normalize.is_some() {
                         return Err("normalize appears twice".into());
                     }
+                    // The image's: a mask is never normalized, whatever the count.
                     let fits = |v: &[f64]| v.len() == 1 || v.len() == input.channels;
-                    if !fits(mean) || !fits(std) {
+                    if role == Role::Image && (!fits(mean) || !fits(std)) {
                         return Err(format!(
                             "normalize: {} mean and {} std values for {what}; give 1 or {}",
                             mean.len(),
@@ -256,11 +258,11 @@ impl DensePipeline {
                     normalize = Some((mean.clone(), std.clone()));
                 }
                 Op::Rotate { fill, .. } | Op::Affine { fill, .. } => {
-                    channel_fill(fill.map(f64::from), input.channels, name)?;
+                    channel_fill(fill.map(f64::from), input.channels, role, name)?;
                 }
                 Op::RandomErasing { value, .. } => {
                     if let EraseValue::Fill(v) = value {
-                        channel_fill(*v, input.channels, name)?;
+                        channel_fill(*v, input.channels, role, name)?;
                     }
                     erasing = Some("random_erasing");
                 }

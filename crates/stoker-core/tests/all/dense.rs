@@ -381,6 +381,23 @@ fn an_rgb_uint8_image_and_its_mask_share_the_draw() {
         e.contains("field `mask`") && e.contains("not supported with a mask"),
         "{e}"
     );
+    // The issue's spec: an RGB image's normalize(imagenet) and fills are the image's alone.
+    let issue = "fields(image=image, mask=mask) | random_resized_crop(32) | hflip | \
+                 rotate(10, fill=1,2,3) | normalize(imagenet)";
+    let mut l = memory_loader(source.clone(), &[("transform", issue)]).unwrap();
+    let b = l.next().unwrap().unwrap();
+    let (img, mask) = (
+        b.field_by_name("image").unwrap(),
+        b.field_by_name("mask").unwrap(),
+    );
+    assert_eq!(
+        (img.dtype, img.shape.to_vec()),
+        (DType::F32, vec![B, 3, 32, 32])
+    );
+    assert_eq!(
+        (mask.dtype, mask.shape.to_vec()),
+        (DType::I32, vec![B, 32, 32])
+    );
     let spec = "fields(mask=mask) | random_resized_crop(20) | hflip | affine(degrees=15) \
                 | color_jitter(brightness=0.3) | vflip";
     let mut l = memory_loader(source, &[("transform", spec)]).unwrap();
