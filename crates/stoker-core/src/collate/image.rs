@@ -20,7 +20,9 @@ use crate::source::pixels::InputLayout;
 use crate::source::FieldSpec;
 use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
-use crate::transform::{Pipeline, Scratch as TransformScratch};
+use crate::transform::{
+    DensePipeline, DenseScratch, Pipeline, Role, Roles, Scratch as TransformScratch, TensorShape,
+};
 
 /// Decode buffers larger than this are released after use instead of kept for the next image.
 const KEEP_DECODE_BYTES: usize = 64 << 20;
@@ -44,6 +46,8 @@ pub struct ImageStages {
     pub dtype: Option<DType>,
     /// Option `layout`, for the tensor fields' pipelines.
     pub layout: Layout,
+    /// The roles a leading `fields(...)` of the transform names (image, mask).
+    pub roles: Option<Roles>,
 }
 
 /// The pipeline for the image-shaped tensors of `field`, all `height`x`width`: their size is
@@ -69,11 +73,50 @@ pub(super) fn tensor_pipeline(
     })
 }
 
-/// A worker's image buffers: the decoder's output and the transform's scratch.
+/// The dense pipeline of tensor field `field` stored as `input`, in `role`; errors name the
+/// field and its stored shape.
+pub(super) fn dense_pipeline(
+    stages: &ImageStages,
+    field: &FieldSpec,
+    input: TensorShape,
+    role: Role,
+) -> Result<DensePipeline> {
+    DensePipeline::new(
+        stages.transform.as_deref(),
+        input,
+        role,
+        stages.dtype,
+        stages.layout,
+    )
+    .map_err(|reason| {
+        Error::option(
+            "transform",
+            format!(
+                "field `{}` ({} {}x{}, {} channel(s), {:?}): {reason}",
+                field.name, input.dtype, input.width, input.height, input.channels, input.layout
+            ),
+        )
+    })
+}
+
+/// A worker's image buffers: the decoder's output and the transforms' scratch.
 #[derive(Default)]
 pub(super) struct Pixels {
     decode: DecodeBuffers,
     transform: TransformScratch,
+    dense: DenseScratch,
+}
+
+/// Transforms one stored dense tensor (an image of any channel count, or a mask) into `out`.
+/// The caller records the span: there is no decode stage.
+pub(super) fn write_dense(
+    pipeline: &DensePipeline,
+    src: &[u8],
+    rng: &mut Rng,
+    out: &mut [u8],
+    pixels: &mut Pixels,
+) -> std::result::Result<(), String> {
+    pipeline.apply(src, rng, out, &mut pixels.dense)
 }
 
 /// Decodes one encoded image (with its width and height when the source stored them) into the
@@ -90,7 +133,9 @@ pub(super) fn write_image(
     spans: &mut Spans,
     (slot, index): (usize, usize),
 ) -> std::result::Result<(), String> {
-    let Pixels { decode, transform } = pixels;
+    let Pixels {
+        decode, transform, ..
+    } = pixels;
     let start = Instant::now();
     // A raw-pixel record (packed `raw` mode) is read in place: no decode, no copy.
     if let Some(raw) = raw_pixels(encoded, stages.max_pixels) {
@@ -142,7 +187,9 @@ pub(super) fn write_tensor_image(
     out: &mut [u8],
     pixels: &mut Pixels,
 ) -> std::result::Result<(), String> {
-    let Pixels { decode, transform } = pixels;
+    let Pixels {
+        decode, transform, ..
+    } = pixels;
     let rgb = match layout {
         InputLayout::Hwc => src,
         InputLayout::Chw => {
@@ -177,6 +224,7 @@ mod tests {
             transform: transform.map(str::to_owned),
             dtype: None,
             layout: Layout::Nhwc,
+            roles: None,
         }
     }
 

@@ -11,11 +11,13 @@ use std::sync::Arc;
 use crate::batch::FieldMeta;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::source::pixels::{tensor_image_shape, InputLayout};
+use crate::source::pixels::{tensor_image_dims, InputLayout};
 use crate::source::{FieldKind, FieldSpec, Sample};
-use crate::transform::{BatchMix, Pipeline, NO_SIZE};
+use crate::transform::{
+    BatchMix, BoxPipeline, DensePipeline, Pipeline, Role, Roles, TensorShape, NO_SIZE,
+};
 
-use super::image::{tensor_pipeline, ImageStages};
+use super::image::{dense_pipeline, tensor_pipeline, ImageStages};
 use super::Collator;
 
 /// Alignment of every field inside a slab (DLPack recommends 256 bytes for device copies).
@@ -42,6 +44,11 @@ pub(super) enum Output {
         height: usize,
         width: usize,
         layout: InputLayout,
+    },
+    /// Any other image-shaped tensor (a channel count other than RGB's, a float type), or a
+    /// mask: transformed plane by plane with its sample's draw.
+    Dense {
+        pipeline: Arc<DensePipeline>,
     },
     /// An integer class label written as a float32 one-hot row of `num_classes` (label smoothing
     /// folded in), later blended by the batch's mixup/cutmix.
@@ -73,15 +80,8 @@ impl Output {
                     smoothing: mix.label_smoothing,
                 }
             }
-            FieldKind::Tensor { dtype, shape } => match image.and_then(|stages| {
-                tensor_image_shape(spec, stages.input_layout).map(|s| (stages, s))
-            }) {
-                Some((stages, (height, width, layout))) => Output::TensorImage {
-                    pipeline: Arc::new(tensor_pipeline(stages, spec, height, width)?),
-                    height,
-                    width,
-                    layout,
-                },
+            FieldKind::Tensor { dtype, shape } => match image {
+                Some(stages) => tensor_output(stages, spec, *dtype, shape)?,
                 None => Output::Copy {
                     dtype: *dtype,
                     shape: shape.clone(),
@@ -125,6 +125,212 @@ impl Output {
             }
         })
     }
+}
+
+/// What collate writes for tensor field `spec` when there are image stages: the mask of
+/// `fields(...)`, an image (RGB8 or dense), or a copy.
+fn tensor_output(
+    stages: &ImageStages,
+    spec: &FieldSpec,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<Output> {
+    let name = spec.name.as_str();
+    if let Some(roles) = &stages.roles {
+        if roles.mask.as_deref() == Some(name) {
+            let &[height, width] = shape else {
+                return Err(Error::option(
+                    "transform",
+                    format!(
+                        "fields(mask={name}): a mask is an [H, W] tensor of integer labels; \
+                         field `{name}` is {dtype} {shape:?}"
+                    ),
+                ));
+            };
+            let input = TensorShape {
+                height,
+                width,
+                channels: 1,
+                dtype,
+                layout: InputLayout::Hwc,
+            };
+            let role = Role::Mask {
+                ignore_index: roles.ignore_index,
+            };
+            let pipeline = dense_pipeline(stages, spec, input, role)?;
+            return Ok(Output::Dense {
+                pipeline: Arc::new(pipeline),
+            });
+        }
+        if roles.image.as_deref().is_some_and(|image| image != name) {
+            // Not a role of the draw: delivered as stored.
+            return Ok(Output::Copy {
+                dtype,
+                shape: shape.to_vec(),
+            });
+        }
+    }
+    Ok(match tensor_image_dims(spec, stages.input_layout) {
+        Some((height, width, 3, layout, DType::U8)) => Output::TensorImage {
+            pipeline: Arc::new(tensor_pipeline(stages, spec, height, width)?),
+            height,
+            width,
+            layout,
+        },
+        Some((height, width, channels, layout, dtype)) => {
+            let input = TensorShape {
+                height,
+                width,
+                channels,
+                dtype,
+                layout,
+            };
+            let pipeline = dense_pipeline(stages, spec, input, Role::Image)?;
+            Output::Dense {
+                pipeline: Arc::new(pipeline),
+            }
+        }
+        None if stages.roles.as_ref().and_then(|r| r.image.as_deref()) == Some(name) => {
+            return Err(Error::option(
+                "transform",
+                format!(
+                    "fields(image={name}): field `{name}` ({dtype} {shape:?}) is not an image: \
+                     a 3-dimensional uint8, float16, bfloat16 or float32 tensor whose channels \
+                     input_layout (hwc or chw) says, or the shape shows (1, 3 or 4 channels)"
+                ),
+            ))
+        }
+        None => Output::Copy {
+            dtype,
+            shape: shape.to_vec(),
+        },
+    })
+}
+
+/// The boxes of `fields(boxes=...)`: their field, their labels' field, and how a draw moves
+/// them.
+pub(super) struct BoxRole {
+    pub(super) field: usize,
+    pub(super) labels: Option<usize>,
+    pub(super) pipeline: BoxPipeline,
+}
+
+/// Checks the roles of `fields(...)` (of transform `spec`) against the source's fields and what
+/// collate made of them: the named fields exist, there is one image, and it is a tensor (the
+/// draw is planned on its size for every role); a mask has the image's size; boxes are ragged
+/// float32 rows of 4 and labels ragged integers. Returns how the boxes move, if any.
+pub(super) fn check_roles(
+    roles: &Roles,
+    spec: &str,
+    names: &[String],
+    outputs: &[Output],
+) -> Result<Option<BoxRole>> {
+    let err = |m: String| Error::option("transform", m);
+    let list = names.join(", ");
+    let find = |role: &str, name: &str| {
+        names.iter().position(|n| n == name).ok_or_else(|| {
+            err(format!(
+                "fields({role}={name}): the source has no field `{name}` (its fields: {list})"
+            ))
+        })
+    };
+    let mask = roles.mask.as_deref().map(|m| find("mask", m)).transpose()?;
+    let boxes = match &roles.boxes {
+        Some((b, _)) => Some(find("boxes", b)?),
+        None => None,
+    };
+    let labels = roles
+        .labels
+        .as_deref()
+        .map(|l| find("labels", l))
+        .transpose()?;
+    let roled = [mask, boxes, labels];
+    let images: Vec<usize> = match roles.image.as_deref() {
+        Some(name) => vec![find("image", name)?],
+        None => (0..outputs.len())
+            .filter(|&f| !roled.contains(&Some(f)))
+            .filter(|&f| {
+                matches!(
+                    outputs[f],
+                    Output::Image { .. } | Output::TensorImage { .. } | Output::Dense { .. }
+                )
+            })
+            .collect(),
+    };
+    let &[image] = images.as_slice() else {
+        return Err(err(format!(
+            "fields(...): {} image fields; name the one the other roles belong to with \
+             fields(image=NAME, ...)",
+            images.len()
+        )));
+    };
+    let (height, width) = match &outputs[image] {
+        Output::TensorImage { height, width, .. } => (*height, *width),
+        Output::Dense { pipeline } => (pipeline.input().height, pipeline.input().width),
+        _ => {
+            return Err(err(format!(
+                "fields(...): the image `{}` is not a tensor of a known size (masks and boxes \
+                 go with tensor images for now: npy, packed or callback tensors)",
+                names[image]
+            )))
+        }
+    };
+    if let Some(mask) = mask {
+        let Output::Dense { pipeline } = &outputs[mask] else {
+            return Err(err(format!(
+                "internal: mask `{}` has no mask pipeline",
+                names[mask]
+            )));
+        };
+        let mask_size = (pipeline.input().height, pipeline.input().width);
+        if mask_size != (height, width) {
+            return Err(err(format!(
+                "fields(mask={}): the mask is {}x{} (HxW) but the image `{}` is {height}x{width}; \
+                 one draw needs them the same size",
+                names[mask], mask_size.0, mask_size.1, names[image]
+            )));
+        }
+    }
+    let (Some(field), Some((_, format))) = (boxes, &roles.boxes) else {
+        return Ok(None);
+    };
+    match &outputs[field] {
+        Output::Pad {
+            dtype: DType::F32,
+            inner,
+            ..
+        } if inner.as_slice() == [4] => {}
+        _ => {
+            return Err(err(format!(
+                "fields(boxes={}): boxes are float32 rows of 4, one row per box, as many as \
+                 each sample has (a ragged field: set pad=VALUE to pad them)",
+                names[field]
+            )))
+        }
+    }
+    if let Some(l) = labels {
+        match &outputs[l] {
+            Output::Pad {
+                dtype: DType::I64 | DType::I32,
+                inner,
+                ..
+            } if inner.is_empty() => {}
+            _ => {
+                return Err(err(format!(
+                    "fields(labels={}): box labels are int64 or int32, one per box (a ragged \
+                     field: set pad=VALUE to pad them)",
+                    names[l]
+                )))
+            }
+        }
+    }
+    let pipeline = BoxPipeline::new(spec, width, height, *format)
+        .map_err(|reason| err(format!("field `{}`: {reason}", names[field])))?;
+    Ok(Some(BoxRole {
+        field,
+        labels,
+        pipeline,
+    }))
 }
 
 impl Collator {
@@ -185,6 +391,7 @@ impl Collator {
                 Output::Image { pipeline, .. } | Output::TensorImage { pipeline, .. } => {
                     (pipeline.dtype(), pipeline.shape())
                 }
+                Output::Dense { pipeline } => (pipeline.dtype(), pipeline.shape()),
                 Output::SoftLabel { num_classes, .. } => (DType::F32, vec![*num_classes]),
             };
             push(
@@ -326,6 +533,7 @@ mod tests {
             transform: Some("hflip".into()),
             dtype: None,
             layout: crate::dtype::Layout::Nhwc,
+            roles: None,
         });
         let e = Output::for_field(&spec, None, Some(&unsized_stages), None)
             .err()

@@ -97,6 +97,8 @@ pub struct Collator {
     outputs: Vec<Output>,
     /// The source fields' names, for the batch's fields and for messages.
     names: Vec<String>,
+    /// The boxes (and their labels) that move with the image's draw, if `fields(boxes=)`.
+    boxes: Option<layout::BoxRole>,
     skip_bad: bool,
 }
 
@@ -129,10 +131,20 @@ impl Collator {
             .iter()
             .map(|spec| Output::for_field(spec, pad, image.as_ref(), mix.as_ref()))
             .collect::<Result<Vec<_>>>()?;
+        let names: Vec<String> = fields.iter().map(|spec| spec.name.clone()).collect();
+        let boxes = match image.as_deref() {
+            Some(ImageStages {
+                roles: Some(roles),
+                transform: Some(spec),
+                ..
+            }) => layout::check_roles(roles, spec, &names, &outputs)?,
+            _ => None,
+        };
         Ok(Collator {
             source: None,
             outputs,
-            names: fields.iter().map(|spec| spec.name.clone()).collect(),
+            names,
+            boxes,
             skip_bad,
         })
     }
@@ -296,6 +308,7 @@ pub(super) mod tests {
             transform: transform.map(str::to_owned),
             dtype: None,
             layout: Layout::Nchw,
+            roles: None,
         }
     }
 

@@ -105,6 +105,7 @@ impl Collator {
                 Output::Image { .. } => got > 0,
                 Output::SoftLabel { src, .. } => got == src.size(),
                 Output::TensorImage { height, width, .. } => got == height * width * 3,
+                Output::Dense { pipeline } => got == pipeline.input().bytes(),
             };
             if !ok {
                 let reason = match out {
@@ -122,6 +123,18 @@ impl Collator {
                         "field `{}` has {got} bytes; expected a uint8 {height}x{width}x3 image",
                         self.names[f]
                     ),
+                    Output::Dense { pipeline } => {
+                        let i = pipeline.input();
+                        format!(
+                            "field `{}` has {got} bytes; expected {} {}x{}x{} ({} bytes)",
+                            self.names[f],
+                            i.dtype,
+                            i.height,
+                            i.width,
+                            i.channels,
+                            i.bytes()
+                        )
+                    }
                     Output::SoftLabel { src, .. } => format!(
                         "field `{}` has {got} bytes; expected one {src}",
                         self.names[f]

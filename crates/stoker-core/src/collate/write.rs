@@ -16,8 +16,8 @@ use crate::source::Sample;
 use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
 
-use super::image::{write_image, write_tensor_image, Pixels};
-use super::layout::Output;
+use super::image::{write_dense, write_image, write_tensor_image, Pixels};
+use super::layout::{BoxRole, Output};
 use super::mix::write_soft_label;
 use super::pick::{gave_up, replacements, sample_error, Pick};
 use super::{BatchKey, Collator};
@@ -164,6 +164,41 @@ impl Collator {
         Err(gave_up(err))
     }
 
+    /// The boxes of `sample` moved by its draw (keyed as its image's): the kept boxes and
+    /// their indices among the sample's. The labels must be one per box.
+    fn move_boxes(
+        &self,
+        role: &BoxRole,
+        key: BatchKey,
+        draw: u64,
+        sample: &Sample<'_>,
+    ) -> std::result::Result<(Vec<[f32; 4]>, Vec<usize>), String> {
+        let boxes: Vec<[f32; 4]> = sample
+            .get(role.field)
+            .chunks_exact(16)
+            .map(|row| {
+                let mut b = [0f32; 4];
+                for (v, x) in b.iter_mut().zip(row.chunks_exact(4)) {
+                    *v = f32::from_ne_bytes([x[0], x[1], x[2], x[3]]);
+                }
+                b
+            })
+            .collect();
+        if let Some(l) = role.labels {
+            let labels = self.ragged_len(l, sample);
+            if labels != boxes.len() {
+                return Err(format!(
+                    "field `{}` has {labels} labels for {} boxes of field `{}`",
+                    self.names[l],
+                    boxes.len(),
+                    self.names[role.field]
+                ));
+            }
+        }
+        let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
+        role.pipeline.apply(&boxes, &mut rng)
+    }
+
     /// Writes `sample` (dataset index `index`, augmented as draw `draw`) into slot `slot` of
     /// every field.
     #[allow(clippy::too_many_arguments)]
@@ -180,18 +215,48 @@ impl Collator {
         spans: &mut Spans,
     ) -> Result<()> {
         let mut ragged_seen = 0;
+        // Boxes move with the sample's draw before any field is written: the labels field,
+        // wherever it lies, keeps the labels of the boxes kept.
+        let moved = match &self.boxes {
+            Some(role) => Some(
+                self.move_boxes(role, key, draw, sample)
+                    .map_err(|reason| sample_error(pick, index, reason))?,
+            ),
+            None => None,
+        };
         for (f, out) in self.outputs.iter().enumerate() {
             let start = Instant::now();
             let dst = slots.slot(f, slot);
             let src = sample.get(f);
             match out {
                 Output::Copy { .. } => dst.copy_from_slice(src),
-                Output::Pad { pad, .. } => {
-                    dst[..src.len()].copy_from_slice(src);
-                    for chunk in dst[src.len()..].chunks_exact_mut(pad.len()) {
+                Output::Pad { pad, dtype, .. } => {
+                    let role = self.boxes.as_ref().zip(moved.as_ref());
+                    let (written, len) = match role {
+                        Some((role, (kept, _))) if role.field == f => {
+                            for (row, b) in dst.chunks_exact_mut(16).zip(kept) {
+                                for (v, x) in row.chunks_exact_mut(4).zip(b) {
+                                    v.copy_from_slice(&x.to_ne_bytes());
+                                }
+                            }
+                            (kept.len() * 16, kept.len())
+                        }
+                        Some((role, (_, indices))) if role.labels == Some(f) => {
+                            let n = dtype.size();
+                            for (k, &i) in indices.iter().enumerate() {
+                                dst[k * n..(k + 1) * n].copy_from_slice(&src[i * n..(i + 1) * n]);
+                            }
+                            (indices.len() * n, indices.len())
+                        }
+                        _ => {
+                            dst[..src.len()].copy_from_slice(src);
+                            (src.len(), self.ragged_len(f, sample))
+                        }
+                    };
+                    for chunk in dst[written..].chunks_exact_mut(pad.len()) {
                         chunk.copy_from_slice(pad);
                     }
-                    let len = self.ragged_len(f, sample) as i64;
+                    let len = len as i64;
                     slots
                         .slot(self.outputs.len() + ragged_seen, slot)
                         .copy_from_slice(&len.to_ne_bytes());
@@ -215,6 +280,19 @@ impl Collator {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let size = (*height, *width, *layout);
                     write_tensor_image(pipeline, size, src, &mut rng, dst, pixels)
+                        .map_err(|reason| sample_error(pick, index, reason))?;
+                    spans.push(
+                        SpanKind::Stage(Stage::Transform),
+                        slot,
+                        pick.index(index) as usize,
+                        start,
+                    );
+                    continue;
+                }
+                Output::Dense { pipeline } => {
+                    // Keyed as every field of the sample is: an image and its mask draw alike.
+                    let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
+                    write_dense(pipeline, src, &mut rng, dst, pixels)
                         .map_err(|reason| sample_error(pick, index, reason))?;
                     spans.push(
                         SpanKind::Stage(Stage::Transform),

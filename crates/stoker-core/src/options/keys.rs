@@ -220,26 +220,26 @@ keys {
         values "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`",
         default "none",
         example "random_resized_crop(224) | hflip",
-        meaning "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument";
+        meaning "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `random_crop`, `hflip`, `vflip`, `color_jitter`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); a leading `fields(image=NAME, mask=NAME, boxes=NAME:xyxy, labels=NAME, ignore_index=255)` moves a segmentation mask (nearest, labels kept) and bounding boxes (clamped, dropped under a pixel with their labels) with their image under one draw; run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument";
     dtype: Option<DType> = None;
         parse |key, v| v.parse().map(Some).map_err(|e| Error::option(key, e));
         values "`uint8`, `float32`, `float16`, `bfloat16`",
         default "float32 after normalize, else uint8",
         example "bfloat16",
-        meaning "image output element type (other tensors are delivered as stored; image-shaped uint8 tensors are images, see `input_layout`)";
+        meaning "image output element type (other tensors are delivered as stored; image-shaped uint8, float16, bfloat16 and float32 tensors are images, see `input_layout`)";
     layout: Layout = Layout::Nchw;
         parse |key, v| v.parse().map_err(|e| Error::option(key, e));
         values "`nchw`, `nhwc`",
         default "nchw",
         example "nhwc",
         meaning "image batch layout";
-    /// How image-shaped uint8 tensor fields are stored (`None`: from their shape).
+    /// How image-shaped tensor fields are stored (`None`: from their shape).
     input_layout: Option<InputLayout> = None;
         parse |key, v| parse_input_layout(key, v).map(Some);
         values "`hwc`, `chw`",
-        default "`hwc` if the last dimension is 3, else `chw` if the first is",
+        default "`hwc` if the last dimension is 1, 3 or 4, else `chw` if the first is",
         example "chw",
-        meaning "how an image-shaped uint8 tensor field (npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size; from callbacks, when the transform fixes the output size, its size may vary from sample to sample";
+        meaning "how an image-shaped tensor field (3 dimensions of uint8, float16, bfloat16 or float32: npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; any other channel count (13 bands: `[H, W, 13]`) needs it set, and a layout the shape contradicts (`hwc` on `[3, H, W]`) is refused; RGB uint8 goes through the RGB pipeline, any other channel count or a float type plane by plane (colour ops need RGB uint8); its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size; from callbacks, RGB uint8 images may vary in size from sample to sample when the transform fixes the output size";
     /// `None`: page-locked when the device is CUDA.
     pin_memory: Option<bool> = None;
         parse |key, v| parse_bool(key, v).map(Some);

@@ -9,13 +9,13 @@ use crate::decode::JpegDecoder;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::launch::Launch;
-use crate::source::pixels::tensor_image_shape;
+use crate::source::pixels::tensor_image_dims;
 use crate::source::streaming::StreamSource;
 use crate::source::tar::{TarConfig, TarSource, TarStream};
 use crate::source::{
     FieldKind, FieldRules, FieldSpec, IterableStream, PackedSource, Source, SourceSpec,
 };
-use crate::transform::Pipeline;
+use crate::transform::{roles, Pipeline};
 
 /// A loader's source once opened: map-style (read by index) or a stream.
 pub(crate) enum OpenedSource {
@@ -171,11 +171,21 @@ impl LoaderOptions {
     /// image-shaped uint8 tensors of varying size when the transform fixes the output size
     /// (a pipeline for encoded images, whose size varies too, can be built).
     fn field_rules(&self) -> FieldRules {
+        // A bad spec is reported when the loader builds its pipelines; here it only names no
+        // fields.
+        let roles = self
+            .transform
+            .as_deref()
+            .and_then(|spec| roles(spec).ok().flatten());
+        let fixed = roles
+            .map(|r| r.image.into_iter().chain(r.mask).collect())
+            .unwrap_or_default();
         FieldRules {
             pad: self.pad.is_some(),
             input_layout: self.input_layout,
             images_vary: self.transform.is_some()
                 && Pipeline::new(self.transform.as_deref(), self.dtype, self.layout).is_ok(),
+            fixed,
         }
     }
 
@@ -184,9 +194,18 @@ impl LoaderOptions {
     pub fn image_stages(&self, fields: &[FieldSpec]) -> Result<Option<ImageStages>> {
         let options = self;
         let has_images = fields.iter().any(|f| f.kind == FieldKind::EncodedImage);
+        let roles = match options.transform.as_deref() {
+            Some(spec) => roles(spec).map_err(|reason| Error::option("transform", reason))?,
+            None => None,
+        };
         let tensor_images = fields
             .iter()
-            .filter(|f| tensor_image_shape(f, options.input_layout).is_some())
+            .filter(|f| {
+                tensor_image_dims(f, options.input_layout).is_some()
+                    || roles
+                        .as_ref()
+                        .is_some_and(|r| r.mask.as_ref() == Some(&f.name))
+            })
             .count();
         let wants_pixels = options.transform.is_some()
             || options.dtype.is_some()
@@ -202,8 +221,10 @@ impl LoaderOptions {
                 if set {
                     return Err(Error::option(
                         key,
-                        "applies to images: encoded image fields, or uint8 tensor fields of \
-                         shape [H, W, 3] or [3, H, W] (see input_layout); this source has none",
+                        "applies to images: encoded image fields, or image-shaped uint8 tensor \
+                         fields (float16, bfloat16 and float32 too) of shape [H, W, C] or \
+                         [C, H, W] (set input_layout=hwc or chw unless C is 1, 3 or 4); this \
+                         source has none",
                     ));
                 }
             }
@@ -246,6 +267,7 @@ impl LoaderOptions {
             transform: options.transform.clone(),
             dtype: options.dtype,
             layout: options.layout,
+            roles,
         }))
     }
 }

@@ -31,7 +31,7 @@ pub const IMAGE_FIELD: &str = "image";
 pub const LABEL_FIELD: &str = "label";
 
 /// What the first sample's puts may declare, from the loader's options.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FieldRules {
     /// Tensors of one or more dimensions may vary in their leading dimension (option `pad`).
     pub pad: bool,
@@ -39,6 +39,9 @@ pub struct FieldRules {
     pub input_layout: Option<InputLayout>,
     /// The transform fixes the output size, so image-shaped uint8 tensors may vary in size.
     pub images_vary: bool,
+    /// Fields the transform's `fields(image=, mask=)` moves with one draw, planned on one size
+    /// known in advance: tensors of one shape, never varying-size images or ragged.
+    pub fixed: Vec<String>,
 }
 
 /// The fields a stream's first sample declared, and how later samples are held to them.
@@ -85,7 +88,7 @@ impl CallbackSource {
         let mut source = CallbackSource {
             len,
             read,
-            fields: DeclaredFields::new(rules),
+            fields: DeclaredFields::new(rules.clone()),
         };
         if len > 0 {
             let mut fields = DeclaredFields::new(rules);
@@ -284,9 +287,12 @@ impl<'a> SampleWriter<'a> {
                 if fields.specs.len() == MAX_FIELDS {
                     return self.fail(format!("more than {MAX_FIELDS} fields"));
                 }
-                let rules = fields.rules;
+                let rules = &fields.rules;
+                let fixed = rules.fixed.iter().any(|f| f == name);
                 let image = match dtype {
-                    Some(DType::U8) if rules.images_vary => image_dims(shape, rules.input_layout),
+                    Some(DType::U8) if rules.images_vary && !fixed => {
+                        image_dims(shape, rules.input_layout)
+                    }
                     _ => None,
                 };
                 let (spec, pixels) = match (dtype, image) {
@@ -294,7 +300,7 @@ impl<'a> SampleWriter<'a> {
                     (Some(_), Some((_, _, layout))) => {
                         (FieldSpec::encoded_image(name), Some(layout))
                     }
-                    (Some(dtype), None) if rules.pad && !shape.is_empty() => {
+                    (Some(dtype), None) if rules.pad && !shape.is_empty() && !fixed => {
                         (FieldSpec::ragged(name, dtype, &shape[1..]), None)
                     }
                     (Some(dtype), None) => (FieldSpec::tensor(name, dtype, shape), None),
@@ -309,7 +315,7 @@ impl<'a> SampleWriter<'a> {
                 let pixels = fields.pixels[index];
                 let reason = match pixels {
                     Some(layout) => pixel_mismatch(name, layout, dtype, shape),
-                    None => mismatch(name, &fields.specs[index].kind, dtype, shape, fields.rules),
+                    None => mismatch(name, &fields.specs[index].kind, dtype, shape, &fields.rules),
                 };
                 if let Some(reason) = reason {
                     return self.fail(reason);
@@ -373,7 +379,7 @@ fn mismatch(
     declared: &FieldKind,
     dtype: Option<DType>,
     shape: &[usize],
-    rules: FieldRules,
+    rules: &FieldRules,
 ) -> Option<String> {
     match (declared, dtype) {
         (FieldKind::EncodedImage, None) => None,

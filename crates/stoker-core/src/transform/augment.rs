@@ -269,11 +269,10 @@ fn record(trace: &mut Option<&mut Vec<String>>, json: impl FnOnce() -> String) {
     }
 }
 
-/// Draws one AutoAugment-family op's magnitude (bin `bin`, or drawn when `None`) and sign and
-/// applies it.
+/// Draws one AutoAugment-family op's magnitude (bin `bin`, or drawn when `None`) and sign.
 #[allow(clippy::too_many_arguments)]
-fn draw_and_apply(
-    frame: &mut Frame,
+fn draw_magnitude(
+    (width, height): (usize, usize),
     policy: Policy,
     op: AugOp,
     bins: usize,
@@ -281,13 +280,12 @@ fn draw_and_apply(
     rng: &mut Rng,
     trace: &mut Option<&mut Vec<String>>,
     name: &str,
-) {
+) -> f64 {
     let mut m = 0.0;
-    let (w, h) = (frame.width, frame.height);
     // torchvision draws a bin (and a sign) only for ops with a magnitude table.
-    if magnitude(policy, op, bins, 0, w, h).is_some() {
+    if magnitude(policy, op, bins, 0, width, height).is_some() {
         let i = bin.unwrap_or_else(|| rng.below(bins as u64) as usize);
-        if let Some((value, signed)) = magnitude(policy, op, bins, i, w, h) {
+        if let Some((value, signed)) = magnitude(policy, op, bins, i, width, height) {
             m = value;
             // `torch.rand(()) <= 0.5`.
             if signed && rng.unit_f64() <= 0.5 {
@@ -298,7 +296,58 @@ fn draw_and_apply(
     record(trace, || {
         format!(r#"{{"op":"{name}","name":"{op:?}","magnitude":{m}}}"#)
     });
-    apply_aug(frame, op, m);
+    m
+}
+
+/// Most AutoAugment-family ops one spec op draws (`rand_augment`'s `num_ops` is at most 16).
+const MAX_AUG_OPS: usize = 16;
+
+/// One stage op's drawn parameters: what [`draw`] chose and the kernels then do. Drawing and
+/// applying are apart so that fields sharing a sample's draw (an image and its mask) take the
+/// same parameters from the same code, each applying them its own way.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Drawn {
+    /// Nothing to do (not applied, or `normalize`).
+    Nothing,
+    /// A window of the image padded by `pad` (left, top): `center_crop`, `random_crop`.
+    Crop {
+        top: usize,
+        left: usize,
+        width: usize,
+        height: usize,
+        pad: (usize, usize),
+        mode: PadMode,
+        fill: [u8; 3],
+    },
+    /// A mirror: top-bottom when `vertical`, else left-right.
+    Flip { vertical: bool },
+    /// `grayscale`, applied.
+    Grayscale,
+    /// `color_jitter`: the order of the four adjustments and their factors.
+    Jitter {
+        order: [usize; 4],
+        factors: [Option<f64>; 4],
+    },
+    /// `gaussian_blur` with this kernel size and sigma.
+    Blur { kernel: usize, sigma: f64 },
+    /// `rotate`, `affine`: the inverse affine map and the fill.
+    Warp { m: [f64; 6], fill: [u8; 3] },
+    /// AutoAugment-family ops with their signed magnitudes, the first `len` of `ops`.
+    Aug {
+        ops: [(AugOp, f64); MAX_AUG_OPS],
+        len: usize,
+    },
+    /// `random_erasing`'s box (applied by the output pass).
+    Erase(Erase),
+}
+
+/// Whether an AutoAugment-family op moves pixels (and so would move a mask) rather than
+/// changing their colour.
+pub(super) fn aug_is_geometric(op: AugOp) -> bool {
+    matches!(
+        op,
+        AugOp::ShearX | AugOp::ShearY | AugOp::TranslateX | AugOp::TranslateY | AugOp::Rotate
+    )
 }
 
 /// Runs one stage op on `frame`; `random_erasing` returns its box (applied by the output pass).
@@ -308,29 +357,98 @@ pub(super) fn run(
     rng: &mut Rng,
     trace: &mut Option<&mut Vec<String>>,
 ) -> Result<Option<Erase>, String> {
+    let drawn = draw(op, frame.width, frame.height, rng, trace)?;
+    Ok(apply(drawn, frame))
+}
+
+/// Applies drawn parameters to the RGB8 `frame`; `random_erasing` returns its box.
+fn apply(drawn: Drawn, frame: &mut Frame) -> Option<Erase> {
     let (w, h) = (frame.width, frame.height);
-    match *op {
+    match drawn {
+        Drawn::Nothing => {}
+        Drawn::Crop {
+            top,
+            left,
+            width,
+            height,
+            pad,
+            mode,
+            fill,
+        } => frame.replace(width, height, |src, dst| {
+            warp::padded_crop(
+                src,
+                w,
+                h,
+                dst,
+                (top, left),
+                (width, height),
+                pad,
+                mode,
+                fill,
+            )
+        }),
+        Drawn::Flip { vertical: true } => warp::vflip(&mut frame.img, w, h),
+        Drawn::Flip { vertical: false } => warp::hflip(&mut frame.img, w),
+        Drawn::Grayscale => color::grayscale(&mut frame.img),
+        Drawn::Jitter { order, factors } => {
+            for i in order {
+                let Some(f) = factors[i] else { continue };
+                match i {
+                    0 => color::brightness(&mut frame.img, f),
+                    1 => color::contrast(&mut frame.img, f),
+                    2 => color::saturation(&mut frame.img, f),
+                    _ => color::hue(&mut frame.img, f),
+                }
+            }
+        }
+        Drawn::Blur { kernel, sigma } => {
+            let Frame {
+                img,
+                floats,
+                kernel: k,
+                ..
+            } = frame;
+            warp::gaussian_kernel(kernel, sigma, k);
+            warp::blur(img, w, h, k, floats);
+        }
+        Drawn::Warp { m, fill } => frame.replace(w, h, |src, dst| {
+            warp::warp(src, dst, w, h, &m, Sampling::Bilinear(fill))
+        }),
+        Drawn::Aug { ops, len } => {
+            for &(op, m) in &ops[..len] {
+                apply_aug(frame, op, m);
+            }
+        }
+        Drawn::Erase(e) => return Some(e),
+    }
+    None
+}
+
+/// Draws one stage op's random parameters for a `w`x`h` image, in torchvision's order,
+/// recording them in `trace` when given; checks first that the op fits the image.
+pub(super) fn draw(
+    op: &Op,
+    w: usize,
+    h: usize,
+    rng: &mut Rng,
+    trace: &mut Option<&mut Vec<String>>,
+) -> Result<Drawn, String> {
+    Ok(match *op {
         Op::CenterCrop { height, width } => {
             if height > h || width > w {
                 return Err(format!(
                     "image is {w}x{h} at center_crop({height}, {width}), smaller than the crop"
                 ));
             }
-            let top = ((h - height) as f64 / 2.0).round_ties_even() as usize;
-            let left = ((w - width) as f64 / 2.0).round_ties_even() as usize;
-            frame.replace(width, height, |src, dst| {
-                warp::padded_crop(
-                    src,
-                    w,
-                    h,
-                    dst,
-                    (top, left),
-                    (width, height),
-                    (0, 0),
-                    PadMode::Constant,
-                    [0; 3],
-                )
-            });
+            Drawn::Crop {
+                top: ((h - height) as f64 / 2.0).round_ties_even() as usize,
+                left: ((w - width) as f64 / 2.0).round_ties_even() as usize,
+                width,
+                height,
+                pad: (0, 0),
+                mode: PadMode::Constant,
+                fill: [0; 3],
+            }
         }
         Op::RandomCrop {
             height,
@@ -355,19 +473,15 @@ pub(super) fn run(
             record(trace, || {
                 format!(r#"{{"op":"random_crop","top":{top},"left":{left}}}"#)
             });
-            frame.replace(width, height, |src, dst| {
-                warp::padded_crop(
-                    src,
-                    w,
-                    h,
-                    dst,
-                    (top, left),
-                    (width, height),
-                    (pl, pt),
-                    pad_mode,
-                    fill,
-                )
-            });
+            Drawn::Crop {
+                top,
+                left,
+                width,
+                height,
+                pad: (pl, pt),
+                mode: pad_mode,
+                fill,
+            }
         }
         Op::HFlip { p } | Op::VFlip { p } => {
             let vertical = matches!(op, Op::VFlip { .. });
@@ -377,18 +491,18 @@ pub(super) fn run(
                 format!(r#"{{"op":"{name}","apply":{apply}}}"#)
             });
             if apply {
-                if vertical {
-                    warp::vflip(&mut frame.img, w, h);
-                } else {
-                    warp::hflip(&mut frame.img, w);
-                }
+                Drawn::Flip { vertical }
+            } else {
+                Drawn::Nothing
             }
         }
         Op::Grayscale { p } => {
             let apply = rng.unit_f64() < p;
             record(trace, || format!(r#"{{"op":"grayscale","apply":{apply}}}"#));
             if apply {
-                color::grayscale(&mut frame.img);
+                Drawn::Grayscale
+            } else {
+                Drawn::Nothing
             }
         }
         Op::ColorJitter {
@@ -421,15 +535,7 @@ pub(super) fn run(
                     f(factors[3])
                 )
             });
-            for i in order {
-                let Some(f) = factors[i] else { continue };
-                match i {
-                    0 => color::brightness(&mut frame.img, f),
-                    1 => color::contrast(&mut frame.img, f),
-                    2 => color::saturation(&mut frame.img, f),
-                    _ => color::hue(&mut frame.img, f),
-                }
-            }
+            Drawn::Jitter { order, factors }
         }
         Op::GaussianBlur { kernel, sigma } => {
             if kernel / 2 >= w || kernel / 2 >= h {
@@ -440,22 +546,13 @@ pub(super) fn run(
             }
             let s = rng.uniform(sigma.0, sigma.1);
             record(trace, || format!(r#"{{"op":"gaussian_blur","sigma":{s}}}"#));
-            let Frame {
-                img,
-                floats,
-                kernel: k,
-                ..
-            } = frame;
-            warp::gaussian_kernel(kernel, s, k);
-            warp::blur(img, w, h, k, floats);
+            Drawn::Blur { kernel, sigma: s }
         }
         Op::Rotate { degrees, fill } => {
             let angle = rng.uniform(degrees.0, degrees.1);
             record(trace, || format!(r#"{{"op":"rotate","angle":{angle}}}"#));
             let m = inverse_affine((0.0, 0.0), -angle, (0.0, 0.0), 1.0, (0.0, 0.0));
-            frame.replace(w, h, |src, dst| {
-                warp::warp(src, dst, w, h, &m, Sampling::Bilinear(fill))
-            });
+            Drawn::Warp { m, fill }
         }
         Op::Affine {
             degrees,
@@ -484,14 +581,12 @@ pub(super) fn run(
                 )
             });
             let m = inverse_affine((0.0, 0.0), angle, (tx, ty), s, (sx, 0.0));
-            frame.replace(w, h, |src, dst| {
-                warp::warp(src, dst, w, h, &m, Sampling::Bilinear(fill))
-            });
+            Drawn::Warp { m, fill }
         }
         Op::TrivialAugment => {
             let op = WIDE_OPS[rng.below(WIDE_OPS.len() as u64) as usize];
-            draw_and_apply(
-                frame,
+            let m = draw_magnitude(
+                (w, h),
                 Policy::Trivial,
                 op,
                 super::spec::MAGNITUDE_BINS,
@@ -500,12 +595,17 @@ pub(super) fn run(
                 trace,
                 "trivial_augment",
             );
+            let mut ops = [(AugOp::Identity, 0.0); MAX_AUG_OPS];
+            ops[0] = (op, m);
+            Drawn::Aug { ops, len: 1 }
         }
         Op::RandAugment { num_ops, magnitude } => {
-            for _ in 0..num_ops {
+            let mut ops = [(AugOp::Identity, 0.0); MAX_AUG_OPS];
+            let len = num_ops.min(MAX_AUG_OPS);
+            for slot in &mut ops[..len] {
                 let op = WIDE_OPS[rng.below(WIDE_OPS.len() as u64) as usize];
-                draw_and_apply(
-                    frame,
+                let m = draw_magnitude(
+                    (w, h),
                     Policy::Rand,
                     op,
                     super::spec::MAGNITUDE_BINS,
@@ -514,10 +614,14 @@ pub(super) fn run(
                     trace,
                     "rand_augment",
                 );
+                *slot = (op, m);
             }
+            Drawn::Aug { ops, len }
         }
         Op::AutoAugment => {
             let sub = &IMAGENET_POLICY[rng.below(IMAGENET_POLICY.len() as u64) as usize];
+            let mut ops = [(AugOp::Identity, 0.0); MAX_AUG_OPS];
+            let mut len = 0;
             for &(op, p, bin) in sub {
                 // `if not torch.rand(()) <= p: continue`
                 if rng.unit_f64() > p {
@@ -526,8 +630,8 @@ pub(super) fn run(
                     });
                     continue;
                 }
-                draw_and_apply(
-                    frame,
+                let m = draw_magnitude(
+                    (w, h),
                     Policy::Auto,
                     op,
                     10,
@@ -536,7 +640,10 @@ pub(super) fn run(
                     trace,
                     "auto_augment",
                 );
+                ops[len] = (op, m);
+                len += 1;
             }
+            Drawn::Aug { ops, len }
         }
         Op::RandomErasing {
             p,
@@ -548,7 +655,7 @@ pub(super) fn run(
                 record(trace, || {
                     r#"{"op":"random_erasing","apply":false}"#.to_string()
                 });
-                return Ok(None);
+                return Ok(Drawn::Nothing);
             }
             let area = (w * h) as f64;
             let (log_lo, log_hi) = (ratio.0.ln(), ratio.1.ln());
@@ -574,7 +681,7 @@ pub(super) fn run(
                     EraseValue::Fill(v) => EraseFill::Value(v),
                     EraseValue::Random => EraseFill::Noise(rng.next_u64()),
                 };
-                return Ok(Some(Erase {
+                return Ok(Drawn::Erase(Erase {
                     top,
                     left,
                     height: eh,
@@ -585,8 +692,9 @@ pub(super) fn run(
             record(trace, || {
                 r#"{"op":"random_erasing","apply":false}"#.to_string()
             });
+            Drawn::Nothing
         }
-        Op::Normalize { .. } => {}
+        Op::Normalize { .. } => Drawn::Nothing,
         Op::ResizeShorter(_)
         | Op::Resize { .. }
         | Op::RandomResizedCrop { .. }
@@ -594,6 +702,5 @@ pub(super) fn run(
         | Op::Cutmix { .. } => {
             return Err(format!("internal: {op:?} after the geometry plan"));
         }
-    }
-    Ok(None)
+    })
 }

@@ -242,6 +242,7 @@ pub(super) fn write_erase(
     e: &Erase,
     width: usize,
     height: usize,
+    channels: usize,
     layout: Layout,
     dtype: DType,
     out: &mut [u8],
@@ -261,9 +262,11 @@ pub(super) fn write_erase(
         EraseFill::Noise(seed) => Some(Normal::new(seed)),
         EraseFill::Value(_) => None,
     };
-    for c in 0..3 {
+    for c in 0..channels {
+        // One value per RGB channel; an image of another channel count takes one value for
+        // every channel (the pipeline checked that the three agree).
         let value = match e.fill {
-            EraseFill::Value(v) => encode(v[c]),
+            EraseFill::Value(v) => encode(v[c.min(2)]),
             EraseFill::Noise(_) => [0; 4],
         };
         for y in e.top..(e.top + e.height).min(height) {
@@ -273,7 +276,7 @@ pub(super) fn write_erase(
                     None => value,
                 };
                 let at = match layout {
-                    Layout::Nhwc => ((y * width + x) * 3 + c) * n,
+                    Layout::Nhwc => ((y * width + x) * channels + c) * n,
                     Layout::Nchw => ((c * height + y) * width + x) * n,
                 };
                 out[at..at + n].copy_from_slice(&v[..n]);

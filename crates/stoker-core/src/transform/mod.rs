@@ -19,6 +19,7 @@
 //! | `rotate(D, fill=V)`, `affine(degrees=, translate=, scale=, shear=, fill=)` | `RandomRotation`, `RandomAffine`, bilinear |
 //! | `rand_augment(num_ops=2, magnitude=9)`, `trivial_augment`, `auto_augment(imagenet)` | `RandAugment`, `TrivialAugmentWide`, `AutoAugment` |
 //! | `random_erasing(p=0.5, scale=a:b, ratio=a:b, value=V\|random)` | `RandomErasing` on the final tensor (value in output units; `random`: normal noise) |
+//! | `fields(image=NAME, mask=NAME, boxes=NAME:FORMAT, labels=NAME, ignore_index=255)` | first in a spec: the fields one draw moves (`tv_tensors.Mask`, `tv_tensors.BoundingBoxes`), see [`dense`] and [`boxes`] |
 //!
 //! Resizing is antialiased bilinear (Pillow's `BILINEAR`, torchvision's `antialias=True`) through
 //! fast_image_resize. The output type is `uint8`, `float32`, `float16` or `bfloat16` (default
@@ -65,10 +66,14 @@
 //! Layout: [`spec`] parses the spec language, [`geometry`] folds the geometric ops into one
 //! [`Plan`] per sample, [`pipeline`] is the validated [`Pipeline`] that runs a plan, and
 //! `kernels` holds the pixel loops (the resample and the one output pass); `augment` draws and
-//! runs the ops after the plan, with `color` and [`warp`] their kernels.
+//! runs the ops after the plan, with `color` and [`warp`] their kernels. Tensor images of other
+//! channel counts and types, and masks, go through [`dense`] (the same plan and draws, plane by
+//! plane); bounding boxes through [`boxes`] (the same draws, moving coordinates).
 
 mod augment;
+pub mod boxes;
 mod color;
+pub mod dense;
 pub mod geometry;
 mod kernels;
 pub mod mix;
@@ -77,10 +82,15 @@ pub mod spec;
 pub mod warp;
 
 pub use augment::AugOp;
+pub use boxes::BoxPipeline;
+pub use dense::{DensePipeline, DenseScratch, Role, TensorShape};
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
 pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch, NO_SIZE};
-pub use spec::{parse, EraseValue, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD};
+pub use spec::{
+    parse, roles, BoxFormat, EraseValue, Op, PadMode, Roles, DEFAULT_IGNORE_INDEX, IMAGENET_MEAN,
+    IMAGENET_STD, MAX_CHANNELS,
+};
 
 #[cfg(test)]
 mod tests;

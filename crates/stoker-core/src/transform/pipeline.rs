@@ -64,7 +64,7 @@ pub struct Scratch {
 }
 
 /// Whether the geometry plan can fold `op` (while no later-stage op precedes it).
-fn foldable(op: &Op) -> bool {
+pub(super) fn foldable(op: &Op) -> bool {
     matches!(
         op,
         Op::ResizeShorter(_)
@@ -77,7 +77,7 @@ fn foldable(op: &Op) -> bool {
 }
 
 /// The spec name of `op`, for messages.
-fn op_name(op: &Op) -> &'static str {
+pub(super) fn op_name(op: &Op) -> &'static str {
     match op {
         Op::ResizeShorter(_) | Op::Resize { .. } => "resize",
         Op::CenterCrop { .. } => "center_crop",
@@ -97,6 +97,19 @@ fn op_name(op: &Op) -> &'static str {
         Op::RandomErasing { .. } => "random_erasing",
         Op::Mixup { .. } => "mixup",
         Op::Cutmix { .. } => "cutmix",
+    }
+}
+
+/// `normalize`'s means or standard deviations for an RGB image: one value for every channel,
+/// or three.
+fn rgb_values(values: &[f64], what: &str) -> Result<[f64; 3], String> {
+    match *values {
+        [v] => Ok([v; 3]),
+        [r, g, b] => Ok([r, g, b]),
+        _ => Err(format!(
+            "normalize: {} {what} values for a 3-channel (RGB) image; give 1 or 3",
+            values.len()
+        )),
     }
 }
 
@@ -185,7 +198,7 @@ impl Pipeline {
                     if normalize.is_some() {
                         return Err("normalize appears twice".into());
                     }
-                    normalize = Some((*mean, *std));
+                    normalize = Some((rgb_values(mean, "mean")?, rgb_values(std, "std")?));
                 }
                 Op::ColorJitter { .. }
                 | Op::Grayscale { .. }
@@ -580,7 +593,7 @@ impl Pipeline {
             Lut::Half(t) => write_lut(img, self.layout, t, out, u16::to_ne_bytes),
         }
         if let Some(e) = erase {
-            write_erase(e, img.width, img.height, self.layout, self.dtype, out);
+            write_erase(e, img.width, img.height, 3, self.layout, self.dtype, out);
         }
     }
 }

@@ -43,12 +43,13 @@ pub enum Op {
         p: f64,
     },
     /// `Normalize(mean, std)` on values scaled to `[0, 1]` (`normalize(imagenet)` or
-    /// `normalize(mean=..., std=...)`).
+    /// `normalize(mean=..., std=...)`): one value for every channel, or one per channel (3 for
+    /// RGB, C for a C-channel tensor image; the pipeline checks the count).
     Normalize {
-        /// Per-channel means subtracted.
-        mean: [f64; 3],
-        /// Per-channel standard deviations divided by; none is 0.
-        std: [f64; 3],
+        /// Per-channel means subtracted (1 to [`MAX_CHANNELS`] values).
+        mean: Vec<f64>,
+        /// Per-channel standard deviations divided by; none is 0. As many as `mean`.
+        std: Vec<f64>,
     },
     /// `RandomCrop`: pad each side by `padding` (`left, top, right, bottom`), then crop
     /// `height`x`width` at a uniformly drawn position.
@@ -182,6 +183,148 @@ pub enum PadMode {
     Symmetric,
 }
 
+/// Most channels a tensor image may have (and values `normalize` takes): a bound on what a
+/// spec or a stored shape can make a worker allocate per channel. Multispectral stacks have
+/// tens of bands, hyperspectral cubes a few hundred.
+pub const MAX_CHANNELS: usize = 1024;
+
+/// The roles of fields that one draw applies to: `fields(image=NAME, mask=NAME,
+/// ignore_index=V)` as the first term of a spec. Every geometric op moves the mask with the
+/// image; the mask is resampled nearest-neighbour, and what no source pixel covers is
+/// `ignore_index`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Roles {
+    /// The image field (transformed as any image; `None`: the source's image field).
+    pub image: Option<String>,
+    /// The segmentation mask field: an integer `[H, W]` tensor of the image's size.
+    pub mask: Option<String>,
+    /// The bounding-box field (float32 rows of 4, one row per box) and how a box is written.
+    pub boxes: Option<(String, BoxFormat)>,
+    /// The boxes' labels (one integer per box), dropped with the boxes a transform drops.
+    pub labels: Option<String>,
+    /// The label written where a geometric op uncovers the mask (default 255).
+    pub ignore_index: i64,
+}
+
+/// How a box's four numbers are written (torchvision's `BoundingBoxFormat`), in pixels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoxFormat {
+    /// Left, top, right, bottom.
+    Xyxy,
+    /// Left, top, width, height.
+    Xywh,
+    /// Centre x, centre y, width, height.
+    Cxcywh,
+}
+
+/// `ignore_index` unless `fields(...)` says otherwise (torchvision's segmentation references).
+pub const DEFAULT_IGNORE_INDEX: i64 = 255;
+
+/// The roles named by a leading `fields(...)` term of `spec`; `None` without one.
+pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
+    let Some(first) = spec.split('|').next().map(str::trim) else {
+        return Ok(None);
+    };
+    let Some(inner) = first
+        .strip_prefix("fields")
+        .map(str::trim_start)
+        .and_then(|r| r.strip_prefix('('))
+    else {
+        return Ok(None);
+    };
+    let inner = inner
+        .strip_suffix(')')
+        .ok_or_else(|| format!("`{first}`: missing closing parenthesis"))?;
+    let args = split_args(inner);
+    let err = |e: String| format!("`{first}`: fields: {e}");
+    args.check(
+        0,
+        &[
+            "image",
+            "mask",
+            "boxes",
+            "labels",
+            "keypoints",
+            "ignore_index",
+        ],
+    )
+    .map_err(err)?;
+    if args.named("keypoints").is_some() {
+        return Err(err(
+            "the `keypoints` role is not supported yet (image, mask, boxes and labels are)".into(),
+        ));
+    }
+    let name = |role: &str| -> Result<Option<String>, String> {
+        match args.named(role) {
+            Some(n) if n.is_empty() || n.contains(',') => {
+                Err(err(format!("{role}=`{n}` is not a field name")))
+            }
+            n => Ok(n.map(str::to_owned)),
+        }
+    };
+    let ignore_index = match args.named("ignore_index") {
+        None => DEFAULT_IGNORE_INDEX,
+        Some(v) => v
+            .parse::<i64>()
+            .map_err(|_| err(format!("ignore_index=`{v}` is not an integer")))?,
+    };
+    let boxes = match name("boxes")? {
+        None => None,
+        Some(b) => {
+            let (field, format) = match b.split_once(':') {
+                None => (b.as_str(), "xyxy"),
+                Some((field, format)) => (field, format),
+            };
+            let format = match format {
+                "xyxy" => BoxFormat::Xyxy,
+                "xywh" => BoxFormat::Xywh,
+                "cxcywh" => BoxFormat::Cxcywh,
+                other => {
+                    return Err(err(format!(
+                        "boxes=`{b}`: box format `{other}` is not xyxy, xywh or cxcywh"
+                    )))
+                }
+            };
+            if field.is_empty() {
+                return Err(err(format!("boxes=`{b}` names no field")));
+            }
+            Some((field.to_owned(), format))
+        }
+    };
+    let roles = Roles {
+        image: name("image")?,
+        mask: name("mask")?,
+        boxes,
+        labels: name("labels")?,
+        ignore_index,
+    };
+    if roles.mask.is_none() && roles.boxes.is_none() {
+        return Err(err(
+            "names no mask or boxes: write fields(image=NAME, mask=NAME) or \
+             fields(image=NAME, boxes=NAME, labels=NAME)"
+                .into(),
+        ));
+    }
+    if roles.labels.is_some() && roles.boxes.is_none() {
+        return Err(err(
+            "labels= names the labels of boxes: give boxes= too".into()
+        ));
+    }
+    let named: Vec<&str> = [
+        roles.image.as_deref(),
+        roles.mask.as_deref(),
+        roles.boxes.as_ref().map(|(b, _)| b.as_str()),
+        roles.labels.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if (1..named.len()).any(|i| named[..i].contains(&named[i])) {
+        return Err(err("each role needs a field of its own".into()));
+    }
+    Ok(Some(roles))
+}
+
 /// Number of magnitude bins of RandAugment and TrivialAugmentWide (torchvision's default).
 pub const MAGNITUDE_BINS: usize = 31;
 
@@ -193,11 +336,22 @@ const KNOWN: &str = "resize, center_crop, random_resized_crop, random_crop, hfli
 /// Parses a pipeline spec: operations separated by `|`, each `name` or `name(args)`, with
 /// positional arguments first and then `key=value` ones (a value may hold commas:
 /// `mean=0.5,0.5,0.5`). Numbers may be written as fractions (`3/4`), ranges as `a:b`.
+///
+/// A leading `fields(...)` term names roles, not an operation: it is skipped here and read by
+/// [`roles`]; anywhere else it is an error.
 pub fn parse(spec: &str) -> Result<Vec<Op>, String> {
     let mut ops = Vec::new();
-    for part in spec.split('|').map(str::trim) {
+    let skip = usize::from(roles(spec)?.is_some());
+    for (i, part) in spec.split('|').map(str::trim).enumerate().skip(skip) {
         if part.is_empty() {
             return Err(format!("empty operation in `{spec}`"));
+        }
+        if part.starts_with("fields") && part[6..].trim_start().starts_with('(') {
+            return Err(format!(
+                "`{part}`: fields(...) names the roles of fields and must come first, not as \
+                 operation {}",
+                i + 1
+            ));
         }
         let (name, args) = match part.find('(') {
             Some(open) => {
@@ -370,25 +524,42 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
             if args.positional.len() == 1 && args.positional[0] == "imagenet" {
                 args.check(1, &[])?;
                 return Ok(Op::Normalize {
-                    mean: IMAGENET_MEAN,
-                    std: IMAGENET_STD,
+                    mean: IMAGENET_MEAN.to_vec(),
+                    std: IMAGENET_STD.to_vec(),
                 });
             }
             args.check(0, &["mean", "std"])?;
-            let mean = triple(
-                args.named("mean")
-                    .ok_or("needs mean=... and std=..., or imagenet")?,
-                "mean",
-            )?;
-            let std = triple(
-                args.named("std")
-                    .ok_or("needs mean=... and std=..., or imagenet")?,
-                "std",
-            )?;
+            let values = |key: &str| -> Result<Vec<f64>, String> {
+                let v = args
+                    .named(key)
+                    .ok_or("needs mean=... and std=..., or imagenet")?;
+                let values = v.split(',').map(number).collect::<Result<Vec<_>, _>>()?;
+                if values.len() > MAX_CHANNELS {
+                    return Err(format!(
+                        "{key} has {} values, more than {MAX_CHANNELS} channels",
+                        values.len()
+                    ));
+                }
+                Ok(values)
+            };
+            let (mean, std) = (values("mean")?, values("std")?);
+            if mean.len() != std.len() && mean.len() != 1 && std.len() != 1 {
+                return Err(format!(
+                    "mean has {} values and std {}: give as many of each (or one)",
+                    mean.len(),
+                    std.len()
+                ));
+            }
             if std.contains(&0.0) {
                 return Err("std must not be 0".into());
             }
-            Ok(Op::Normalize { mean, std })
+            // One value stands for every channel: broadcast it to the other list's length.
+            let n = mean.len().max(std.len());
+            let widen = |v: Vec<f64>| if v.len() == 1 { vec![v[0]; n] } else { v };
+            Ok(Op::Normalize {
+                mean: widen(mean),
+                std: widen(std),
+            })
         }
         "random_crop" => {
             args.check(2, &["padding", "pad_mode", "fill"])?;

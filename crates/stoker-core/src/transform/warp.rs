@@ -93,6 +93,25 @@ fn warp_pixels(
     }
 }
 
+/// The source point of output pixel `(i, j)` of a `width`x`height` warp by `m`, computed as
+/// [`warp`] does (the same operations in the same order, so a per-plane warp of another
+/// element type samples exactly the same points).
+#[inline]
+pub(super) fn inverse_warp_point(
+    m: &[f64; 6],
+    width: usize,
+    height: usize,
+    i: usize,
+    j: usize,
+) -> (f64, f64) {
+    let (w, h) = (width as f64, height as f64);
+    let y = i as f64 - h * 0.5 + 0.5;
+    let row_x = m[1] * y + m[2] + w * 0.5 - 0.5;
+    let row_y = m[4] * y + m[5] + h * 0.5 - 0.5;
+    let x = j as f64 - w * 0.5 + 0.5;
+    (m[0] * x + row_x, m[3] * x + row_y)
+}
+
 /// Whether rounding `v + j` for integers `j` could differ from `round(v) + j` by the float
 /// error of the per-pixel path: `v` within a hair of half a pixel (or not finite).
 fn near_half(v: f64) -> bool {
@@ -237,7 +256,7 @@ fn floor(x: f64) -> f64 {
 /// integer in the default rounding mode (nearest, ties to even), exactly for `|x| <= 2^51`;
 /// larger values (and NaN, infinities) stay outside any image.
 #[inline]
-fn round_ties_even(x: f64) -> f64 {
+pub(super) fn round_ties_even(x: f64) -> f64 {
     const SHIFT: f64 = 6_755_399_441_055_744.0;
     if x.abs() <= 2_251_799_813_685_248.0 {
         (x + SHIFT) - SHIFT
@@ -250,7 +269,7 @@ fn round_ties_even(x: f64) -> f64 {
 /// fill. The padding is smaller than `n` (reflect) or at most `n` (symmetric), so one mirror
 /// suffices.
 #[inline]
-fn pad_index(u: isize, n: usize, mode: PadMode) -> Option<usize> {
+pub(super) fn pad_index(u: isize, n: usize, mode: PadMode) -> Option<usize> {
     let n = n as isize;
     if (0..n).contains(&u) {
         return Some(u as usize);

@@ -8,6 +8,7 @@ mod support;
 mod autotune;
 mod cuda_gpu;
 mod cuda_prefetch;
+mod dense;
 mod distributed;
 mod faults;
 mod fuzz_regressions;

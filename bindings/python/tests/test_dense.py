@@ -1,0 +1,225 @@
+"""Dense tensors against torchvision v2: a 13-channel float32 image and its segmentation mask
+(``fields(image=..., mask=...)``) through one draw. The mask's labels encode their source pixel
+(``y * W + x``), so the crop and flip stoker drew can be read back from the delivered mask; the
+image and the mask must then equal torchvision's ``resized_crop`` + ``hflip`` of the same box:
+the image with antialiased bilinear resampling in float (within float32 rounding), the mask with
+``InterpolationMode.NEAREST`` (exactly, as a ``tv_tensors.Mask``), and bounding boxes as
+``tv_tensors.BoundingBoxes`` through the same ops, then ``ClampBoundingBoxes`` and
+``SanitizeBoundingBoxes`` (their labels dropped with them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import stoker
+
+torch = pytest.importorskip("torch")
+tv2 = pytest.importorskip("torchvision.transforms.v2")
+tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+F = tv2.functional
+from torchvision.transforms import InterpolationMode  # noqa: E402
+
+N, C, S, OUT = 12, 13, 64, 32
+
+
+def bands(i: int) -> np.ndarray:
+    """A smooth, textured 13-band float32 image in [0, 1], channels first."""
+    y, x = np.mgrid[0:S, 0:S].astype(np.float64)
+    rng = np.random.default_rng(i)
+    planes = [
+        0.5 + 0.4 * np.sin(x / (3 + c) + i) * np.cos(y / (4 + c % 5)) + rng.normal(0, 0.03, (S, S))
+        for c in range(C)
+    ]
+    return np.stack(planes).astype(np.float32)
+
+
+COORDS = (np.arange(S)[:, None] * S + np.arange(S)[None, :]).astype(np.int64)
+
+
+class Scenes:
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return {"image": bands(i), "mask": COORDS}
+
+
+SPEC = f"fields(image=image, mask=mask) | random_resized_crop({OUT}) | hflip"
+
+
+def batches(**options):
+    loader = stoker.Loader(
+        Scenes(), batch_size=4, shuffle=True, seed=5, transform=SPEC, input_layout="chw", **options
+    )
+    out = [(np.array(b["image"]), np.array(b["mask"])) for b in loader]
+    loader.close()
+    return out
+
+
+def sizes(indices: np.ndarray, start: int) -> list[int]:
+    """The crop sizes whose nearest resample (``floor(j * size / OUT)``) could give
+    ``indices``, widened by one each side for float rounding; torchvision confirms them."""
+    j = np.arange(OUT)
+    near = [n for n in range(1, S - start + 1)
+            if np.array_equal(start + np.floor(j * n / OUT).astype(int), indices)]
+    return sorted({m for n in near for m in (n - 1, n, n + 1) if 1 <= m <= S - start})
+
+
+def draw_from_mask(mask: np.ndarray):
+    """The candidate boxes ``(top, left, h, w, flip)`` whose nearest resample of the coordinate
+    labels is ``mask`` exactly (nearest sampling can leave a box's size ambiguous by a pixel)."""
+    flip = mask[0, 0] % S > mask[0, -1] % S
+    unflipped = mask[:, ::-1] if flip else mask
+    top, left = unflipped[0, 0] // S, unflipped[0, 0] % S
+    coords = tv_tensors.Mask(torch.from_numpy(COORDS)[None])
+    want = torch.from_numpy(np.ascontiguousarray(unflipped))
+    found = []
+    for h in sizes(unflipped[:, 0] // S, int(top)):
+        for w in sizes(unflipped[0] % S, int(left)):
+            m = F.resized_crop(coords, int(top), int(left), h, w, [OUT, OUT],
+                               interpolation=InterpolationMode.NEAREST)
+            if torch.equal(m[0], want):
+                found.append((int(top), int(left), h, w, bool(flip)))
+    return found
+
+
+def test_image_and_mask_match_torchvision_on_the_same_draw():
+    matched = 0
+    for images, masks in batches():
+        assert images.shape == (4, C, OUT, OUT) and images.dtype == np.float32
+        assert masks.shape == (4, OUT, OUT) and masks.dtype == np.int64
+        for image, mask in zip(images, masks):
+            candidates = draw_from_mask(mask)
+            assert candidates, "the mask is torchvision's nearest resized_crop of some box"
+            # Which sample this is: the image's values identify it.
+            errors = []
+            for i in range(N):
+                src = torch.from_numpy(bands(i))
+                for top, left, h, w, flip in candidates:
+                    ref = F.resized_crop(src, top, left, h, w, [OUT, OUT],
+                                         interpolation=InterpolationMode.BILINEAR, antialias=True)
+                    if flip:
+                        ref = F.horizontal_flip(ref)
+                    errors.append(float(np.abs(ref.numpy() - image).max()))
+            assert min(errors) < 2e-5, min(errors)
+            matched += 1
+    assert matched == N
+
+
+def test_the_mask_keeps_its_labels_and_batches_do_not_depend_on_workers():
+    zero = batches(num_workers=0)
+    three = batches(num_workers=3)
+    assert len(zero) == len(three) == N // 4
+    for (i0, m0), (i3, m3) in zip(zero, three):
+        np.testing.assert_array_equal(i0, i3)
+        np.testing.assert_array_equal(m0, m3)
+        assert np.isin(m0, COORDS).all()
+
+
+def test_a_colour_op_on_a_13_channel_image_is_refused_at_creation():
+    with pytest.raises(stoker.InvalidArgumentError, match="13-channel float32"):
+        stoker.Loader(Scenes(), batch_size=4, transform="color_jitter(brightness=0.2)",
+                      input_layout="chw")
+
+
+def scene_boxes(i: int):
+    """A different number of boxes per sample (some small enough for a crop to drop), in
+    ``fmt``'s convention when converted, and one int64 label per box."""
+    rng = np.random.default_rng(100 + i)
+    k = 2 + i % 5
+    x0 = rng.uniform(0, 56, k)
+    y0 = rng.uniform(0, 56, k)
+    w = rng.uniform(0.5, 30, k)
+    h = rng.uniform(0.5, 30, k)
+    xyxy = np.stack([x0, y0, np.minimum(x0 + w, S), np.minimum(y0 + h, S)], 1).astype(np.float32)
+    return xyxy, (np.arange(k) + 10 * i).astype(np.int64)
+
+
+def as_format(xyxy: np.ndarray, fmt: str) -> np.ndarray:
+    b = torch.from_numpy(xyxy)
+    return F.convert_bounding_box_format(b, old_format="XYXY", new_format=fmt.upper()).numpy()
+
+
+class Detection:
+    def __init__(self, fmt):
+        self.fmt = fmt
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        xyxy, labels = scene_boxes(i)
+        return {"image": bands(i), "mask": COORDS, "boxes": as_format(xyxy, self.fmt), "labels": labels}
+
+
+@pytest.mark.parametrize("fmt", ["xyxy", "xywh", "cxcywh"])
+def test_boxes_match_torchvision_bounding_boxes_on_the_same_draw(fmt):
+    spec = (f"fields(image=image, mask=mask, boxes=boxes:{fmt}, labels=labels)"
+            f" | random_resized_crop({OUT}) | hflip")
+    loader = stoker.Loader(Detection(fmt), batch_size=4, shuffle=True, seed=9, transform=spec,
+                           input_layout="chw", pad=-1)
+    checked = dropped = 0
+    for b in loader:
+        images, masks = np.array(b["image"]), np.array(b["mask"])
+        boxes, labels = np.array(b["boxes"]), np.array(b["labels"])
+        lengths = np.array(b["boxes_lengths"])
+        np.testing.assert_array_equal(lengths, np.array(b["labels_lengths"]))
+        for image, mask, got, got_labels, n in zip(images, masks, boxes, labels, lengths):
+            # The sample and the box of its draw: the image and the mask agree with
+            # torchvision for exactly one (sample, box) among the candidates.
+            best = None
+            for i in range(N):
+                src = torch.from_numpy(bands(i))
+                for top, left, h, w, flip in draw_from_mask(mask):
+                    ref = F.resized_crop(src, top, left, h, w, [OUT, OUT], antialias=True)
+                    if flip:
+                        ref = F.horizontal_flip(ref)
+                    err = float(np.abs(ref.numpy() - image).max())
+                    if best is None or err < best[0]:
+                        best = (err, i, (top, left, h, w, flip))
+            err, i, (top, left, h, w, flip) = best
+            assert err < 2e-5
+            xyxy, src_labels = scene_boxes(i)
+            bb = tv_tensors.BoundingBoxes(torch.from_numpy(as_format(xyxy, fmt)),
+                                          format=fmt.upper(), canvas_size=(S, S))
+            bb = F.resized_crop(bb, top, left, h, w, [OUT, OUT])
+            if flip:
+                bb = F.horizontal_flip(bb)
+            bb = F.clamp_bounding_boxes(bb)
+            want, want_labels = tv2.SanitizeBoundingBoxes(min_size=1)(
+                {"boxes": bb, "labels": torch.from_numpy(src_labels)}
+            ).values()
+            assert n == len(want), (got[:n], want)
+            np.testing.assert_allclose(got[:n], want.numpy(), atol=1e-4)
+            np.testing.assert_array_equal(got_labels[:n], want_labels.numpy())
+            assert (got[n:] == -1).all() and (got_labels[n:] == -1).all()
+            checked += n
+            dropped += len(src_labels) - n
+    loader.close()
+    assert checked > 0 and dropped > 0
+
+
+def test_an_rgb_uint8_image_from_a_dataset_keeps_its_mask_in_step():
+    """A uint8 RGB image named by fields(image=...) stays a tensor of one size (it is not taken
+    as a varying-size image), and its mask follows torchvision's nearest resample of the box."""
+
+    class Rgb:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            y, x = np.mgrid[0:S, 0:S]
+            return {"image": np.stack([x, y, x * 0 + i], -1).astype(np.uint8), "mask": COORDS}
+
+    loader = stoker.Loader(Rgb(), batch_size=4, seed=3, input_layout="hwc",
+                           transform=f"fields(image=image, mask=mask) | random_resized_crop({OUT}) | hflip")
+    for b in loader:
+        image, mask = np.array(b["image"]), np.array(b["mask"])
+        assert image.shape == (4, 3, OUT, OUT) and image.dtype == np.uint8
+        for img, m in zip(image, mask):
+            assert draw_from_mask(m), "the mask is a nearest resized_crop of the coordinates"
+            # Red holds x: the image's pixel and the mask's label agree within the scale.
+            assert np.abs(img[0].astype(int) - m % S).max() <= 2
+    loader.close()

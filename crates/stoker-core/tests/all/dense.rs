@@ -1,0 +1,576 @@
+//! Dense tensors through the loader: image-shaped tensors of any channel count and of uint8,
+//! float16, bfloat16 or float32 (`input_layout` says where the channels are when the shape
+//! cannot), and segmentation masks and bounding boxes named by `fields(...)` that take every
+//! geometric op with their image's draw.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use stoker_core::source::{write_npy, MemorySource};
+use stoker_core::{DType, Loader, LoaderOptions, SourceSpec};
+
+use crate::support::files::tmp;
+
+const N: usize = 8;
+const S: usize = 64;
+const C: usize = 13;
+const B: usize = 4;
+
+/// `[N, S, S, C]` uint8 with values that differ by pixel, channel and sample.
+fn hwc() -> Vec<u8> {
+    (0..N * S * S * C)
+        .map(|i| {
+            let (px, c) = (i / C, i % C);
+            let (n, y, x) = (px / (S * S), px / S % S, px % S);
+            ((x * 3 + y * 5 + c * 17 + n * 29 + (x ^ y) % 11) % 256) as u8
+        })
+        .collect()
+}
+
+fn npy(dir: &Path, name: &str, dtype: DType, shape: &[usize], data: &[u8]) -> String {
+    let path = dir.join(name);
+    write_npy(&path, dtype, shape, data).unwrap();
+    format!("npy:{}", path.display())
+}
+
+fn options(kv: &[(&str, &str)]) -> stoker_core::Result<LoaderOptions> {
+    let mut o = LoaderOptions::new();
+    o.set("batch_size", &B.to_string())?;
+    o.set("seed", "11")?;
+    o.set("shuffle", "true")?;
+    for (k, v) in kv {
+        o.set(k, v)?;
+    }
+    Ok(o)
+}
+
+fn loader(kv: &[(&str, &str)]) -> stoker_core::Result<Loader> {
+    Loader::new(&options(kv)?)
+}
+
+/// Every batch of the first epoch: field `name`'s dtype, shape and bytes.
+fn epoch(l: &mut Loader, name: &str) -> Vec<(DType, Vec<usize>, Vec<u8>)> {
+    let mut out = Vec::new();
+    while let Some(b) = l.next().expect("no error") {
+        let f = b.field_by_name(name).expect("the field");
+        out.push((f.dtype, f.shape.to_vec(), f.data.expect("host").to_vec()));
+    }
+    out
+}
+
+const SPEC: &str = "random_resized_crop(32) | hflip";
+
+#[test]
+fn a_13_channel_uint8_array_gives_each_channel_as_the_rgb_path_gives_it() {
+    let dir = tmp("dense_u8");
+    let data = hwc();
+    let source = npy(&dir, "bands.npy", DType::U8, &[N, S, S, C], &data);
+    let got = epoch(
+        &mut loader(&[
+            ("source", &source),
+            ("transform", SPEC),
+            ("input_layout", "hwc"),
+            ("num_workers", "2"),
+        ])
+        .unwrap(),
+        "data",
+    );
+    assert_eq!(got.len(), N / B);
+    for (dtype, shape, _) in &got {
+        assert_eq!((*dtype, shape.clone()), (DType::U8, vec![B, C, 32, 32]));
+    }
+    // Reference: channels 3g..3g+3 as an RGB array through the same loader options.
+    for g in 0..C.div_ceil(3) {
+        let ch = |k: usize| (3 * g + k).min(C - 1);
+        let rgb: Vec<u8> = data
+            .chunks_exact(C)
+            .flat_map(|p| [p[ch(0)], p[ch(1)], p[ch(2)]])
+            .collect();
+        let source = npy(&dir, &format!("rgb{g}.npy"), DType::U8, &[N, S, S, 3], &rgb);
+        let want = epoch(
+            &mut loader(&[("source", &source), ("transform", SPEC)]).unwrap(),
+            "data",
+        );
+        let plane = 32 * 32;
+        for ((_, _, got), (_, shape, want)) in got.iter().zip(&want) {
+            assert_eq!(shape, &vec![B, 3, 32, 32]);
+            for b in 0..B {
+                for k in 0..3 {
+                    let c = 3 * g + k;
+                    if c >= C {
+                        continue;
+                    }
+                    assert_eq!(
+                        &got[(b * C + c) * plane..][..plane],
+                        &want[(b * 3 + k) * plane..][..plane],
+                        "sample {b}, channel {c}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_float32_channels_first_array_needs_input_layout_and_stays_float() {
+    let dir = tmp("dense_f32");
+    let data = hwc();
+    // The same values as float32 [N, C, S, S], plus a quarter a uint8 round trip would lose.
+    let mut chw = vec![0f32; data.len()];
+    for (i, &v) in data.iter().enumerate() {
+        let (px, c) = (i / C, i % C);
+        let (n, p) = (px / (S * S), px % (S * S));
+        chw[(n * C + c) * S * S + p] = v as f32 + 0.25;
+    }
+    let bytes: Vec<u8> = chw.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let source = npy(&dir, "bands.npy", DType::F32, &[N, C, S, S], &bytes);
+    // 13 first and 64 last: the shape cannot say which holds the channels.
+    let e = loader(&[("source", &source), ("transform", SPEC)])
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("input_layout") && e.contains("transform"), "{e}");
+
+    let mut l = loader(&[
+        ("source", &source),
+        ("transform", SPEC),
+        ("input_layout", "chw"),
+    ])
+    .unwrap();
+    let float = epoch(&mut l, "data");
+    let u8_source = npy(&dir, "bands_u8.npy", DType::U8, &[N, S, S, C], &data);
+    let bytes = epoch(
+        &mut loader(&[
+            ("source", &u8_source),
+            ("transform", SPEC),
+            ("input_layout", "hwc"),
+        ])
+        .unwrap(),
+        "data",
+    );
+    for ((dtype, shape, f), (_, _, u)) in float.iter().zip(&bytes) {
+        assert_eq!((*dtype, shape.clone()), (DType::F32, vec![B, C, 32, 32]));
+        let f: Vec<f32> = f
+            .chunks_exact(4)
+            .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        let mut fractional = 0;
+        for (f, &u) in f.iter().zip(u) {
+            assert!((f - 0.25 - u as f32).abs() <= 1.0, "{f} vs {u}");
+            fractional += usize::from((f - f.round()).abs() > 0.01);
+        }
+        assert!(
+            fractional > f.len() / 2,
+            "resampled in float, not through uint8"
+        );
+    }
+}
+
+#[test]
+fn dense_batches_are_the_same_whatever_num_workers() {
+    let dir = tmp("dense_workers");
+    let source = npy(&dir, "bands.npy", DType::U8, &[N, S, S, C], &hwc());
+    let spec = "random_resized_crop(24) | hflip | vflip | rotate(20) | normalize(mean=0.5, std=0.25) | random_erasing(p=0.5)";
+    let run = |workers: &str| {
+        epoch(
+            &mut loader(&[
+                ("source", &source),
+                ("transform", spec),
+                ("input_layout", "hwc"),
+                ("num_workers", workers),
+                ("dtype", "bfloat16"),
+                ("layout", "nhwc"),
+            ])
+            .unwrap(),
+            "data",
+        )
+    };
+    let zero = run("0");
+    assert_eq!(zero[0].0, DType::BF16);
+    assert_eq!(zero[0].1, vec![B, 24, 24, C]);
+    assert_eq!(zero, run("3"));
+}
+
+#[test]
+fn a_colour_op_on_a_multispectral_image_fails_at_creation_naming_the_field() {
+    let dir = tmp("dense_colour");
+    let source = npy(&dir, "bands.npy", DType::U8, &[N, S, S, C], &hwc());
+    let e = loader(&[
+        ("source", &source),
+        (
+            "transform",
+            "random_resized_crop(32) | color_jitter(brightness=0.4)",
+        ),
+        ("input_layout", "hwc"),
+    ])
+    .expect_err("refused")
+    .to_string();
+    assert!(
+        e.contains("field `data`")
+            && e.contains("color_jitter")
+            && e.contains("needs an RGB image")
+            && e.contains("13-channel uint8"),
+        "{e}"
+    );
+}
+
+/// A source of `image` (float32 `[2, S, S]`: x and y of each pixel, channels first) and
+/// `mask` (int32 `[S, S]`: label `y * S + x`), so each output pixel says where it came from.
+fn coordinates() -> Arc<MemorySource> {
+    let mut image = Vec::new();
+    let mut mask = Vec::new();
+    for _ in 0..N {
+        for c in 0..2 {
+            for y in 0..S {
+                for x in 0..S {
+                    let v = if c == 0 { x } else { y } as f32;
+                    image.extend_from_slice(&v.to_ne_bytes());
+                }
+            }
+        }
+        for i in 0..(S * S) as i32 {
+            mask.extend_from_slice(&i.to_ne_bytes());
+        }
+    }
+    let source = MemorySource::new()
+        .with_tensor("image", DType::F32, &[2, S, S], image)
+        .and_then(|s| s.with_tensor("mask", DType::I32, &[S, S], mask))
+        .unwrap();
+    Arc::new(source)
+}
+
+fn memory_loader(source: Arc<MemorySource>, kv: &[(&str, &str)]) -> stoker_core::Result<Loader> {
+    let o = options(kv)?.with_source(SourceSpec::Custom(source));
+    Loader::new(&o)
+}
+
+#[test]
+fn a_mask_takes_its_images_draw_and_keeps_its_labels() {
+    let spec = "fields(image=image, mask=mask, ignore_index=-1) | random_resized_crop(24, 28) \
+                | hflip | random_crop(24, padding=3) | vflip | normalize(mean=0, std=1)";
+    for workers in ["0", "3"] {
+        let mut l = memory_loader(
+            coordinates(),
+            &[
+                ("transform", spec),
+                ("num_workers", workers),
+                ("input_layout", "chw"),
+            ],
+        )
+        .unwrap();
+        let mut padded = 0;
+        while let Some(b) = l.next().unwrap() {
+            let img = b.field_by_name("image").unwrap();
+            let mask = b.field_by_name("mask").unwrap();
+            assert_eq!(
+                (img.dtype, img.shape.to_vec()),
+                (DType::F32, vec![B, 2, 24, 24])
+            );
+            assert_eq!(
+                (mask.dtype, mask.shape.to_vec()),
+                (DType::I32, vec![B, 24, 24])
+            );
+            let img: Vec<f32> = img
+                .data
+                .unwrap()
+                .chunks_exact(4)
+                .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+                .collect();
+            let labels: Vec<i32> = mask
+                .data
+                .unwrap()
+                .chunks_exact(4)
+                .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+                .collect();
+            let plane = 24 * 24;
+            for s in 0..B {
+                for i in 0..plane {
+                    let label = labels[s * plane + i];
+                    let (fx, fy) = (img[(s * 2) * plane + i], img[(s * 2 + 1) * plane + i]);
+                    if label == -1 {
+                        // Padding in both: the image's fill is 0.
+                        assert_eq!((fx, fy), (0.0, 0.0));
+                        padded += 1;
+                        continue;
+                    }
+                    assert!((0..(S * S) as i32).contains(&label), "a label of the input");
+                    let (mx, my) = ((label as usize % S) as f32, (label as usize / S) as f32);
+                    // The filter's sample point and the nearest pixel's are within the crop's
+                    // scale of each other (at most 64/24 px) plus a pixel; a mismatched flip
+                    // or crop would put them tens of pixels apart.
+                    assert!((fx - mx).abs() <= 4.0, "x {fx} vs {mx}");
+                    assert!((fy - my).abs() <= 4.0, "y {fy} vs {my}");
+                }
+            }
+        }
+        assert!(padded > 0, "random_crop's padding reached the mask");
+    }
+}
+
+#[test]
+fn roles_are_checked_against_the_source() {
+    for (spec, needle) in [
+        ("fields(image=image, mask=nope) | hflip", "no field `nope`"),
+        ("fields(image=nope, mask=mask) | hflip", "no field `nope`"),
+        ("fields(image=image) | hflip", "names no mask"),
+        (
+            "fields(image=image, mask=mask, keypoints=k) | hflip",
+            "`keypoints` role is not supported yet",
+        ),
+        (
+            "fields(image=image, boxes=mask) | hflip",
+            "boxes are float32 rows of 4",
+        ),
+        ("hflip | fields(image=image, mask=mask)", "must come first"),
+        ("fields(mask=mask) | rand_augment", "a colour op"),
+    ] {
+        let e = memory_loader(
+            coordinates(),
+            &[("transform", spec), ("input_layout", "chw")],
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(e.contains(needle), "{spec}: {e}");
+    }
+    // A mask of another size than its image.
+    let source = MemorySource::new()
+        .with_tensor("image", DType::U8, &[S, S, 3], vec![0; N * S * S * 3])
+        .and_then(|s| s.with_tensor("mask", DType::U8, &[S / 2, S / 2], vec![0; N * S * S / 4]))
+        .unwrap();
+    let e = memory_loader(
+        Arc::new(source),
+        &[("transform", "fields(image=image, mask=mask) | hflip")],
+    )
+    .expect_err("refused")
+    .to_string();
+    assert!(
+        e.contains("the mask is 32x32") && e.contains("64x64"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_rgb_uint8_image_and_its_mask_share_the_draw() {
+    // RGB uint8 goes through the RGB8 pipeline, the mask through the dense one: the draws
+    // still agree. Red holds x, green y (S = 64 fits a byte); the mask the label y * S + x.
+    let mut image = Vec::new();
+    let mut mask = Vec::new();
+    for _ in 0..N {
+        for y in 0..S {
+            for x in 0..S {
+                image.extend_from_slice(&[x as u8, y as u8, 0]);
+                mask.extend_from_slice(&((y * S + x) as i32).to_ne_bytes());
+            }
+        }
+    }
+    let source = MemorySource::new()
+        .with_tensor("image", DType::U8, &[S, S, 3], image)
+        .and_then(|s| s.with_tensor("mask", DType::I32, &[S, S], mask))
+        .unwrap();
+    let source = Arc::new(source);
+    // The AutoAugment family would shear or rotate the image alone.
+    let e = memory_loader(
+        source.clone(),
+        &[(
+            "transform",
+            "fields(mask=mask) | center_crop(32) | trivial_augment",
+        )],
+    )
+    .expect_err("refused")
+    .to_string();
+    assert!(
+        e.contains("field `mask`") && e.contains("not supported with a mask"),
+        "{e}"
+    );
+    // The issue's spec: an RGB image's normalize(imagenet) and fills are the image's alone.
+    let issue = "fields(image=image, mask=mask) | random_resized_crop(32) | hflip | \
+                 rotate(10, fill=1,2,3) | normalize(imagenet)";
+    let mut l = memory_loader(source.clone(), &[("transform", issue)]).unwrap();
+    let b = l.next().unwrap().unwrap();
+    let (img, mask) = (
+        b.field_by_name("image").unwrap(),
+        b.field_by_name("mask").unwrap(),
+    );
+    assert_eq!(
+        (img.dtype, img.shape.to_vec()),
+        (DType::F32, vec![B, 3, 32, 32])
+    );
+    assert_eq!(
+        (mask.dtype, mask.shape.to_vec()),
+        (DType::I32, vec![B, 32, 32])
+    );
+    let spec = "fields(mask=mask) | random_resized_crop(20) | hflip | affine(degrees=15) \
+                | color_jitter(brightness=0.3) | vflip";
+    let mut l = memory_loader(source, &[("transform", spec)]).unwrap();
+    let b = l.next().unwrap().unwrap();
+    let img = b.field_by_name("image").unwrap().data.unwrap().to_vec();
+    let labels: Vec<i32> = b
+        .field_by_name("mask")
+        .unwrap()
+        .data
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+        .collect();
+    let plane = 20 * 20;
+    let mut compared = 0;
+    for s in 0..B {
+        for i in 0..plane {
+            let label = labels[s * plane + i];
+            if label == 255 {
+                continue;
+            }
+            // Brightness scales x and y alike; the rotation's bilinear blend and the
+            // brightness keep them near the labelled pixel's unless a draw differed.
+            let (r, g) = (
+                img[(s * 3) * plane + i] as f32,
+                img[(s * 3 + 1) * plane + i] as f32,
+            );
+            let (mx, my) = ((label as usize % S) as f32, (label as usize / S) as f32);
+            let k = if mx + my > 0.0 {
+                (r + g) / (mx + my)
+            } else {
+                1.0
+            };
+            if (0.5..2.0).contains(&k) && r > 4.0 && g > 4.0 {
+                assert!(
+                    (r / k - mx).abs() <= 5.0 && (g / k - my).abs() <= 5.0,
+                    "{r},{g} vs {mx},{my}"
+                );
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared > plane, "{compared}");
+}
+
+/// Boxes of each sample: `(box, label)` pairs, a different number per sample, label `100 * n + k`.
+fn sample_boxes(n: usize) -> Vec<([f32; 4], i64)> {
+    (0..n % 4 + 2)
+        .map(|k| {
+            let (x, y) = ((5 + 13 * k + 3 * n) % 40, (7 + 11 * k + 5 * n) % 36);
+            let b = [x as f32, y as f32, (x + 12 + k) as f32, (y + 20) as f32];
+            (b, (100 * n + k) as i64)
+        })
+        .collect()
+}
+
+#[test]
+fn boxes_take_their_images_draw_and_drop_with_their_labels() {
+    let mut image = Vec::new();
+    for _ in 0..N {
+        for c in 0..2 {
+            for y in 0..S {
+                for x in 0..S {
+                    let v = if c == 0 { x } else { y } as f32;
+                    image.extend_from_slice(&v.to_ne_bytes());
+                }
+            }
+        }
+    }
+    let rows = |n: usize| -> Vec<u8> {
+        sample_boxes(n)
+            .iter()
+            .flat_map(|(b, _)| b.iter().flat_map(|v| v.to_ne_bytes()))
+            .collect()
+    };
+    let labels = |n: usize| -> Vec<u8> {
+        sample_boxes(n)
+            .iter()
+            .flat_map(|(_, l)| l.to_ne_bytes())
+            .collect()
+    };
+    let source = MemorySource::new()
+        .with_tensor("image", DType::F32, &[2, S, S], image)
+        .and_then(|s| s.with_ragged("boxes", DType::F32, &[4], (0..N).map(rows).collect()))
+        .and_then(|s| s.with_ragged("labels", DType::I64, &[], (0..N).map(labels).collect()))
+        .unwrap();
+    let source = Arc::new(source);
+    let spec = "fields(image=image, boxes=boxes, labels=labels) \
+                | random_resized_crop(32, scale=0.2:1) | hflip | vflip";
+    let run = |workers: &str| {
+        let mut l = memory_loader(
+            source.clone(),
+            &[
+                ("transform", spec),
+                ("input_layout", "chw"),
+                ("pad", "-1"),
+                ("num_workers", workers),
+            ],
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        while let Some(b) = l.next().unwrap() {
+            let get = |name: &str| b.field_by_name(name).unwrap().data.unwrap().to_vec();
+            let shape = b.field_by_name("boxes").unwrap().shape.to_vec();
+            out.push((
+                get("image"),
+                get("boxes"),
+                get("labels"),
+                get("boxes_lengths"),
+                get("labels_lengths"),
+                shape,
+            ));
+        }
+        out
+    };
+    let batches = run("0");
+    assert_eq!(batches, run("3"), "the same whatever num_workers");
+    let (mut kept, mut dropped) = (0, 0);
+    for (image, boxes, labels, boxes_len, labels_len, shape) in &batches {
+        assert_eq!(boxes_len, labels_len, "labels are dropped with their boxes");
+        let f32s = |b: &[u8]| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|x| f32::from_ne_bytes(x.try_into().unwrap()))
+                .collect()
+        };
+        let i64s = |b: &[u8]| -> Vec<i64> {
+            b.chunks_exact(8)
+                .map(|x| i64::from_ne_bytes(x.try_into().unwrap()))
+                .collect()
+        };
+        let (image, boxes, labels, lens) =
+            (f32s(image), f32s(boxes), i64s(labels), i64s(boxes_len));
+        let rows = shape[1];
+        for s in 0..B {
+            let len = lens[s] as usize;
+            let n = labels[s * rows] as usize / 100;
+            let source_boxes = sample_boxes(n);
+            dropped += source_boxes.len() - len;
+            for k in 0..rows {
+                let b = &boxes[(s * rows + k) * 4..][..4];
+                let label = labels[s * rows + k];
+                if k >= len {
+                    assert_eq!((b, label), (&[-1.0f32; 4][..], -1), "padding");
+                    continue;
+                }
+                kept += 1;
+                let (src, _) = source_boxes
+                    .iter()
+                    .find(|(_, l)| *l == label)
+                    .expect("a label of the sample");
+                assert!(
+                    b[0] >= 0.0 && b[1] >= 0.0 && b[2] <= 32.0 && b[3] <= 32.0,
+                    "{b:?}"
+                );
+                assert!(b[2] - b[0] >= 1.0 && b[3] - b[1] >= 1.0, "{b:?}");
+                // The image pixel at the box's centre came from inside the source box.
+                let (cx, cy) = (
+                    ((b[0] + b[2]) / 2.0) as usize,
+                    ((b[1] + b[3]) / 2.0) as usize,
+                );
+                let at = cy.min(31) * 32 + cx.min(31);
+                let (fx, fy) = (image[(s * 2) * 1024 + at], image[(s * 2 + 1) * 1024 + at]);
+                let slack = 3.0;
+                assert!(
+                    fx >= src[0] - slack && fx <= src[2] + slack,
+                    "x {fx} outside {src:?} (box {b:?})"
+                );
+                assert!(
+                    fy >= src[1] - slack && fy <= src[3] + slack,
+                    "y {fy} outside {src:?} (box {b:?})"
+                );
+            }
+        }
+    }
+    assert!(kept > 0 && dropped > 0, "kept {kept}, dropped {dropped}");
+}
