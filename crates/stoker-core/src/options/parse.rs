@@ -5,11 +5,14 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use super::{Device, DeviceChoice, OnError, Order};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::source::pixels::InputLayout;
-use crate::source::SourceSpec;
+use crate::source::tokens::{Boundaries, TokenType};
+use crate::source::{SourceSpec, TokenSpec};
 
-/// `npy:PATH`, `image_folder:ROOT`, `tar:PATTERN` or `packed:PATH`.
+/// `npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,…]` or
+/// `tokens:PATTERN`.
 pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
     Ok(if let Some(p) = v.strip_prefix("npy:") {
         SourceSpec::Npy(non_empty_path(key, p)?)
@@ -27,14 +30,55 @@ pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
             return Err(Error::option(key, "the packed path is empty"));
         }
         SourceSpec::Packed(p.to_owned())
+    } else if let Some(p) = v.strip_prefix("megatron:") {
+        // Expanded and checked when the loader opens them, as shard patterns are.
+        if p.is_empty() {
+            return Err(Error::option(key, "the Megatron prefix is empty"));
+        }
+        SourceSpec::Tokens(TokenSpec::Megatron(p.to_owned()))
+    } else if let Some(p) = v.strip_prefix("tokens:") {
+        if p.is_empty() {
+            return Err(Error::option(key, "the token file pattern is empty"));
+        }
+        SourceSpec::Tokens(TokenSpec::Flat(p.to_owned()))
     } else {
         return Err(Error::option(
             key,
             format!(
-                "`{v}` is not a source; expected npy:PATH, image_folder:ROOT, tar:PATTERN or packed:PATH"
+                "`{v}` is not a source; expected npy:PATH, image_folder:ROOT, tar:PATTERN, \
+                 packed:PATH, megatron:PREFIX or tokens:PATTERN"
             ),
         ));
     })
+}
+
+/// `ignore` or `reset`.
+pub(super) fn parse_boundaries(key: &str, v: &str) -> Result<Boundaries> {
+    match v {
+        "ignore" => Ok(Boundaries::Ignore),
+        "reset" => Ok(Boundaries::Reset),
+        _ => Err(Error::option(
+            key,
+            format!("`{v}` is not a boundary rule; expected ignore or reset"),
+        )),
+    }
+}
+
+/// `int64` or `int32`.
+pub(super) fn parse_token_output(key: &str, v: &str) -> Result<DType> {
+    match v {
+        "int64" => Ok(DType::I64),
+        "int32" => Ok(DType::I32),
+        _ => Err(Error::option(
+            key,
+            format!("`{v}` is not a token output type; expected int64 or int32"),
+        )),
+    }
+}
+
+/// `uint16`, `uint32` or `int32`.
+pub(super) fn parse_token_type(key: &str, v: &str) -> Result<TokenType> {
+    TokenType::parse_raw(v).map_err(|reason| Error::option(key, reason))
 }
 
 /// `npy:PATH`.
