@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::memory::MemoryBudget;
 use crate::source::pixels::InputLayout;
 use crate::source::tokens::{Boundaries, TokenType};
-use crate::source::SourceSpec;
+use crate::source::{SourceSpec, TokenSpec};
 
 /// One option key, documented: the single source of the option tables in `include/stoker.h`
 /// and `docs/options.md`.
@@ -367,6 +367,13 @@ keys {
         default "unlimited",
         example "500GB",
         meaning "cache_dir: least recently used shards not in use by any loader are removed after a download, down to this size";
+    /// A weighted mixture of token sources, in place of `source`.
+    blend: Option<Vec<(f64, TokenSpec)>> = None;
+        parse |key, v| parse_blend(key, v).map(Some);
+        values "`W:SPEC,W:SPEC,…`, each SPEC `megatron:…` or `tokens:…`",
+        default "none",
+        example "0.7:megatron:/data/web,0.3:tokens:/data/code-*.bin",
+        meaning "in place of `source`: a weighted mixture of token sources with Megatron's greedy apportioning (after k samples each dataset's count is within 1 of its weight × k); the blend has as many samples as its datasets together, and a dataset shorter than its share wraps around, each later pass in a permutation of its own (by `seed`)";
     /// Tokens per sample of a token source, the label's extra one not counted.
     seq_len: Option<usize> = None;
         parse |key, v| parse_int(key, v, 1, 1 << 30).map(|n| Some(n as usize));

@@ -11,10 +11,11 @@ use crate::error::{Error, Result};
 use crate::source::pixels::tensor_image_shape;
 use crate::source::streaming::StreamSource;
 use crate::source::tar::{TarConfig, TarSource, TarStream};
+use crate::source::tokens::blend::BlendSource;
 use crate::source::tokens::Boundaries;
 use crate::source::{
     FieldKind, FieldRules, FieldSpec, IterableStream, PackedSource, Source, SourceSpec,
-    TokenConfig, TokenSource,
+    TokenConfig, TokenSource, TokenSpec,
 };
 use crate::transform::Pipeline;
 
@@ -67,6 +68,22 @@ impl LoaderOptions {
         resume: Option<&str>,
         given: u64,
     ) -> Result<Opened> {
+        if let Some(blend) = &self.blend {
+            if self.source.is_some() {
+                return Err(Error::option(
+                    "blend",
+                    "replaces `source`: set one of them, not both",
+                ));
+            }
+            if self.labels.is_some() {
+                return Err(Error::option("labels", "applies to npy sources only"));
+            }
+            let source = BlendSource::open(blend, &self.token_config()?, seed)?;
+            return Ok(Opened {
+                source: OpenedSource::Indexed(Arc::new(source)),
+                damaged: Vec::new(),
+            });
+        }
         let spec = self.source.as_ref().ok_or_else(|| {
             Error::option("source", "required, e.g. npy:PATH or image_folder:ROOT")
         })?;
@@ -152,13 +169,32 @@ impl LoaderOptions {
         })
     }
 
-    /// Whether the source is a token stream (`megatron:`, `tokens:`).
+    /// Whether the source is a token stream (`megatron:`, `tokens:`, a `blend` of them).
     pub fn is_token_stream(&self) -> bool {
-        matches!(self.source, Some(SourceSpec::Tokens(_)))
+        self.blend.is_some() || matches!(self.source, Some(SourceSpec::Tokens(_)))
     }
 
     /// How a token source cuts and delivers samples; `seq_len` is required.
     pub(crate) fn token_config(&self) -> Result<TokenConfig> {
+        let specs: Vec<&TokenSpec> = match (&self.blend, &self.source) {
+            (Some(blend), _) => blend.iter().map(|(_, spec)| spec).collect(),
+            (None, Some(SourceSpec::Tokens(spec))) => vec![spec],
+            _ => Vec::new(),
+        };
+        if !specs.iter().any(|s| matches!(s, TokenSpec::Flat(_))) {
+            for (key, set) in [
+                ("token_dtype", self.token_dtype.is_some()),
+                ("eos_token", self.eos_token.is_some()),
+            ] {
+                if set {
+                    return Err(Error::option(
+                        key,
+                        "applies to tokens:PATTERN only (a Megatron index says the type and the \
+                         documents)",
+                    ));
+                }
+            }
+        }
         Ok(TokenConfig {
             seq_len: self.seq_len.ok_or_else(|| {
                 Error::option(

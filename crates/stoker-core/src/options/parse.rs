@@ -52,6 +52,51 @@ pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
     })
 }
 
+/// `W:SPEC,W:SPEC,…`, each SPEC `megatron:…` or `tokens:…`. A spec may hold commas of its own
+/// (`megatron:/a,/b`, `tokens:x-{0,1}.bin`): a comma starts a new entry only where a weight and
+/// a colon follow it.
+pub(super) fn parse_blend(key: &str, v: &str) -> Result<Vec<(f64, TokenSpec)>> {
+    let mut entries: Vec<(f64, String)> = Vec::new();
+    for piece in v.split(',') {
+        let weighted = piece
+            .split_once(':')
+            .and_then(|(w, rest)| Some((w.trim().parse::<f64>().ok()?, rest)));
+        match (weighted, entries.last_mut()) {
+            (Some((w, rest)), _) => entries.push((w, rest.trim().to_owned())),
+            (None, Some((_, spec))) => {
+                spec.push(',');
+                spec.push_str(piece);
+            }
+            (None, None) => {
+                return Err(Error::option(
+                    key,
+                    format!("`{piece}` does not start with a weight; expected W:SPEC,W:SPEC,…"),
+                ))
+            }
+        }
+    }
+    entries
+        .into_iter()
+        .map(|(w, spec)| {
+            if !w.is_finite() || w < 0.0 {
+                return Err(Error::option(
+                    key,
+                    format!("weight {w} of `{spec}` is not a finite number >= 0"),
+                ));
+            }
+            match parse_source(key, &spec)? {
+                SourceSpec::Tokens(t) => Ok((w, t)),
+                _ => Err(Error::option(
+                    key,
+                    format!(
+                        "`{spec}` is not a token source; a blend mixes megatron:… and tokens:…"
+                    ),
+                )),
+            }
+        })
+        .collect()
+}
+
 /// `ignore` or `reset`.
 pub(super) fn parse_boundaries(key: &str, v: &str) -> Result<Boundaries> {
     match v {

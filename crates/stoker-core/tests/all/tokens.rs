@@ -616,3 +616,121 @@ fn bad_files_are_errors_at_open_naming_the_file() {
     .to_string();
     assert!(e.contains("odd.bin") && e.contains("whole number"), "{e}");
 }
+
+/// Megatron's greedy apportioning, written out again for the test: sample `k` goes to the
+/// dataset with the largest `weight · max(k, 1) − count`, the first on a tie.
+fn greedy(weights: &[f64], n: usize) -> Vec<usize> {
+    let sum: f64 = weights.iter().sum();
+    let mut counts = vec![0usize; weights.len()];
+    (0..n)
+        .map(|k| {
+            let at = (k as f64).max(1.0);
+            let errors: Vec<f64> = weights
+                .iter()
+                .zip(&counts)
+                .map(|(w, &c)| w / sum * at - c as f64)
+                .collect();
+            let best = (0..errors.len())
+                .fold(0, |best, d| if errors[d] > errors[best] { d } else { best });
+            counts[best] += 1;
+            best
+        })
+        .collect()
+}
+
+#[test]
+fn a_blend_apportions_greedily_and_wraps_a_short_dataset_in_new_orders() {
+    let dir = tmp("blend");
+    let (big, small) = (documents(30, 1000), documents(6, 70_000));
+    write_megatron(&dir.join("web"), 8, &big);
+    let flat: Vec<u8> = small
+        .concat()
+        .iter()
+        .flat_map(|&t| (t as u32).to_le_bytes())
+        .collect();
+    std::fs::write(dir.join("code-0.bin"), flat).unwrap();
+    let seq = 4;
+    let refs = [Reference::of(&[big]), Reference::of(&[small])];
+    let lens = [refs[0].samples(seq), refs[1].samples(seq)];
+    // Which (dataset, sample) a window of input_ids is: every token is distinct.
+    let mut which = std::collections::HashMap::new();
+    for (d, r) in refs.iter().enumerate() {
+        for i in 0..lens[d] {
+            which.insert(r.input(i, seq), (d, i));
+        }
+    }
+    let blend = format!(
+        "0.5:megatron:{},0.5:tokens:{}/code-*.bin",
+        dir.join("web").display(),
+        dir.display()
+    );
+    let n = lens[0] + lens[1];
+    let ns = n.to_string();
+    let mut l = loader(&[
+        ("blend", &blend),
+        ("seq_len", "4"),
+        ("token_dtype", "uint32"),
+        ("batch_size", &ns),
+        ("num_workers", "2"),
+        ("seed", "5"),
+    ]);
+    let got: Vec<(usize, usize)> = rows(&next(&mut l), "input_ids")
+        .into_iter()
+        .map(|row| which[&row])
+        .collect();
+    let datasets: Vec<usize> = got.iter().map(|&(d, _)| d).collect();
+    assert_eq!(datasets, greedy(&[0.5, 0.5], n));
+    let mut counts = [0usize; 2];
+    for (k, &d) in datasets.iter().enumerate() {
+        counts[d] += 1;
+        for c in counts {
+            assert!(
+                (c as f64 - 0.5 * (k + 1) as f64).abs() <= 1.0,
+                "after {k}: {counts:?}"
+            );
+        }
+    }
+    // The short dataset wraps: its first pass in order, each later one a permutation.
+    let small_seen: Vec<usize> = got.iter().filter(|p| p.0 == 1).map(|p| p.1).collect();
+    assert!(small_seen.len() > 2 * lens[1], "the plan needs two wraps");
+    let passes: Vec<&[usize]> = small_seen.chunks(lens[1]).collect();
+    assert_eq!(passes[0], (0..lens[1]).collect::<Vec<_>>());
+    for pass in &passes[1..passes.len() - 1] {
+        let mut sorted = pass.to_vec();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..lens[1]).collect::<Vec<_>>());
+        assert_ne!(*pass, passes[0], "a later pass in a new order");
+    }
+    // The big dataset is read once, in order, as far as its share goes.
+    let big_seen: Vec<usize> = got.iter().filter(|p| p.0 == 0).map(|p| p.1).collect();
+    assert_eq!(big_seen, (0..big_seen.len()).collect::<Vec<_>>());
+    // A pure function of the configuration: another loader gives the same, and a changed
+    // weight is a changed source on resume.
+    let mut again = loader(&[
+        ("blend", &blend),
+        ("seq_len", "4"),
+        ("token_dtype", "uint32"),
+        ("batch_size", &ns),
+        ("num_workers", "0"),
+        ("seed", "5"),
+    ]);
+    let again: Vec<(usize, usize)> = rows(&next(&mut again), "input_ids")
+        .into_iter()
+        .map(|row| which[&row])
+        .collect();
+    assert_eq!(again, got);
+    let saved = l.save_state();
+    let changed = blend.replacen("0.5:", "0.6:", 1);
+    let e = Loader::new(&opts(&[
+        ("blend", &changed),
+        ("seq_len", "4"),
+        ("token_dtype", "uint32"),
+        ("batch_size", &ns),
+        ("seed", "5"),
+        ("resume_state", &saved),
+    ]))
+    .err()
+    .expect("a changed blend resumes")
+    .to_string();
+    assert!(e.contains("the source"), "{e}");
+}

@@ -3,8 +3,22 @@
 //! Megatron-LM's `build_blending_indices` (`megatron/core/datasets/helpers.cpp`) assigns sample
 //! `k` of a blend to the dataset whose share is furthest behind: the one with the largest
 //! `weight · max(k, 1) − count` (the first such, on a tie), and counts it. After `k` samples every
-//! dataset's count is within 1 of `weight · k`. The assignment depends on the (normalised)
+//! dataset's count is within 1 of `weight · k` (a dataset of weight 0 is never drawn). The
+//! assignment depends on the (normalised)
 //! weights alone: no seed, no rank, no epoch.
+//!
+//! [`BlendSource`] is such a blend of token sources as one source: its length is the sum of its
+//! datasets' lengths, its sample `k` is sample `j` of dataset `d` as apportioned. A dataset
+//! whose share is larger than itself wraps around: its pass `w` (`j / len`) is its samples in
+//! order for `w = 0`, then a permutation of its own keyed by `(seed, d, w)` for each later
+//! pass. The whole map is computed once at open (10 bytes a sample), a pure function of the
+//! weights, the datasets' lengths and the seed; the loader's sampler then orders the blend's
+//! samples as any other source's.
+
+use super::{TokenConfig, TokenSource, TokenSpec};
+use crate::error::{Error, Result};
+use crate::rng::{Rng, Stream};
+use crate::source::{FieldSpec, Sample, Source};
 
 /// Normalises `weights` (finite, ≥ 0, some > 0) to sum to 1.
 pub fn normalise(weights: &[f64]) -> Option<Vec<f64>> {
@@ -30,6 +44,11 @@ pub fn blending_indices(weights: &[f64], n: usize) -> (Vec<u16>, Vec<u64>) {
         let mut best = 0usize;
         let mut best_error = f64::NEG_INFINITY;
         for (d, w) in weights.iter().enumerate() {
+            // A dataset of weight 0 is never drawn (its error, 0, would tie the others' at
+            // k = 1).
+            if *w <= 0.0 {
+                continue;
+            }
             let error = w * at - counts[d] as f64;
             if error > best_error {
                 best = d;
@@ -41,6 +60,130 @@ pub fn blending_indices(weights: &[f64], n: usize) -> (Vec<u16>, Vec<u64>) {
         counts[best] += 1;
     }
     (dataset, within)
+}
+
+/// Weighted token sources as one source (see the module docs).
+pub struct BlendSource {
+    datasets: Vec<TokenSource>,
+    weights: Vec<f64>,
+    seed: u64,
+    /// Sample `k`'s dataset and its index there.
+    dataset: Vec<u16>,
+    index: Vec<u64>,
+}
+
+impl BlendSource {
+    /// Opens every dataset of `blend` (weight, spec) with `config`; `seed` keys the passes of a
+    /// dataset shorter than its share.
+    pub fn open(
+        blend: &[(f64, TokenSpec)],
+        config: &TokenConfig,
+        seed: u64,
+    ) -> Result<BlendSource> {
+        let raw: Vec<f64> = blend.iter().map(|(w, _)| *w).collect();
+        let weights = normalise(&raw).ok_or_else(|| {
+            Error::option("blend", "the weights must be finite, >= 0 and not all 0")
+        })?;
+        if blend.len() > usize::from(u16::MAX) {
+            return Err(Error::option(
+                "blend",
+                format!("{} datasets; at most {}", blend.len(), u16::MAX),
+            ));
+        }
+        let datasets = blend
+            .iter()
+            .map(|(_, spec)| TokenSource::open(spec, config))
+            .collect::<Result<Vec<_>>>()?;
+        for (d, (w, spec)) in datasets.iter().zip(blend) {
+            if d.is_empty() && *w > 0.0 {
+                return Err(Error::option(
+                    "blend",
+                    format!(
+                        "{spec} has weight {w} but no sample of seq_len {}",
+                        config.seq_len
+                    ),
+                ));
+            }
+        }
+        let total = datasets.iter().map(|d| d.len()).sum::<usize>();
+        crate::sampler::check_order_size("blend", total)?;
+        let (dataset, mut index) = blending_indices(&weights, total);
+        // Later passes over a dataset shorter than its share: a permutation per pass.
+        for (d, source) in datasets.iter().enumerate() {
+            let len = source.len() as u64;
+            if len == 0 {
+                continue;
+            }
+            let mut pass = 0u64;
+            let mut perm: Vec<u64> = Vec::new();
+            for (k, j) in index.iter_mut().enumerate() {
+                if usize::from(dataset[k]) != d || *j < len {
+                    continue;
+                }
+                if *j / len != pass {
+                    pass = *j / len;
+                    perm = (0..len).collect();
+                    Rng::for_key(seed, Stream::Blend, d as u64, pass).shuffle(&mut perm);
+                }
+                *j = perm[(*j % len) as usize];
+            }
+        }
+        Ok(BlendSource {
+            datasets,
+            weights,
+            seed,
+            dataset,
+            index,
+        })
+    }
+
+    /// Sample `k`'s dataset and its index in it.
+    pub fn locate(&self, k: usize) -> (usize, usize) {
+        (usize::from(self.dataset[k]), self.index[k] as usize)
+    }
+}
+
+impl Source for BlendSource {
+    fn len(&self) -> usize {
+        self.dataset.len()
+    }
+
+    fn fields(&self) -> &[FieldSpec] {
+        self.datasets[0].fields()
+    }
+
+    fn describe(&self, k: usize) -> String {
+        if k >= self.len() {
+            return format!("blend sample {k} (past the end)");
+        }
+        let (d, j) = self.locate(k);
+        format!("blend sample {k}: {}", self.datasets[d].describe(j))
+    }
+
+    fn identity(&self) -> String {
+        let parts: Vec<String> = self
+            .datasets
+            .iter()
+            .zip(&self.weights)
+            .map(|(d, w)| format!("{w}: {}", d.identity()))
+            .collect();
+        format!("blend (seed {}) of {}", self.seed, parts.join(", "))
+    }
+
+    fn read<'a>(&'a self, k: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+        if k >= self.len() {
+            return Err(Error::InvalidArgument(format!(
+                "sample {k} is out of range for a blend of {} samples",
+                self.len()
+            )));
+        }
+        let (d, j) = self.locate(k);
+        self.datasets[d].read(j, scratch)
+    }
+
+    fn verify(&self) -> Result<()> {
+        self.datasets.iter().try_for_each(|d| d.verify())
+    }
 }
 
 #[cfg(test)]

@@ -237,13 +237,9 @@ impl TokenSource {
             ));
         }
         let parts: Vec<Box<dyn Part>> = match spec {
+            // `token_dtype` and `eos_token` are for flat files: a Megatron index says the type
+            // and the documents itself.
             TokenSpec::Megatron(prefixes) => {
-                if config.raw.is_some() || config.eos.is_some() {
-                    return Err(Error::option(
-                        if config.raw.is_some() { "token_dtype" } else { "eos_token" },
-                        "applies to tokens:PATTERN only (a Megatron index says the type and the documents)",
-                    ));
-                }
                 let paths = local_paths(prefixes, "Megatron datasets")?;
                 crate::fork::parallel(|| {
                     use rayon::prelude::*;
