@@ -404,6 +404,44 @@ mod tests {
         assert!(parse_index(&trailing).unwrap_err().contains("trailing"));
     }
 
+    /// What the fuzz target `megatron_index` checks, over mutations of a good index: the
+    /// parser's entry points return, and what they accept is consistent with the file sizes.
+    #[test]
+    fn mutated_indexes_are_refused_or_consistent() {
+        use crate::rng::{Rng, Stream};
+        let good = index(8, &[3, 0, 5, 2], &[0, 1, 3, 4]);
+        let mut accepted = 0;
+        for case in 0..20_000u64 {
+            let mut rng = Rng::for_key(case, Stream::Order, 0, 0);
+            let mut bytes = good.clone();
+            for _ in 0..=rng.below(4) {
+                let at = rng.below(bytes.len() as u64) as usize;
+                bytes[at] = rng.next_u64() as u8;
+            }
+            if rng.below(8) == 0 {
+                bytes.truncate(rng.below(bytes.len() as u64) as usize);
+            }
+            let bin_len = [20, rng.below(64)][rng.below(2) as usize];
+            let Ok(layout) = parse_index(&bytes) else {
+                continue;
+            };
+            assert_eq!(
+                bytes.len(),
+                HEADER_BYTES + 12 * layout.sequences + 8 * layout.doc_entries
+            );
+            if let Ok(starts) = check_index(&bytes, &layout, bin_len) {
+                accepted += 1;
+                assert_eq!(starts.len(), layout.sequences + 1);
+                assert!(starts.windows(2).all(|w| w[0] <= w[1]));
+                assert_eq!(
+                    starts[layout.sequences] * layout.token.size() as u64,
+                    bin_len
+                );
+            }
+        }
+        assert!(accepted > 0, "some mutations keep the index valid");
+    }
+
     #[test]
     fn arrays_are_checked_against_each_other_and_the_bin() {
         let idx = index(4, &[2, 2], &[0, 2]);
