@@ -202,7 +202,7 @@ impl GlobalBatches {
     pub fn new(share: RankShare, size: usize, batch_size: usize) -> Result<GlobalBatches> {
         share.check("rank")?;
         let per_step = share.world_size.checked_mul(batch_size);
-        if size == 0 || per_step.is_none_or(|p| p == 0 || size % p != 0) {
+        if size == 0 || per_step.is_none_or(|p| p == 0 || !size.is_multiple_of(p)) {
             return Err(Error::option(
                 "global_batch_size",
                 format!(

@@ -486,7 +486,7 @@ impl HostLoader {
                     ));
                 }
                 if let Some(global) = self.sampler.global_batches() {
-                    if consumed != len && consumed % global.size != 0 {
+                    if consumed != len && !consumed.is_multiple_of(global.size) {
                         return bad(format!(
                             "says {consumed} samples were consumed, not a whole number of global \
                              batches of {}",

@@ -111,7 +111,7 @@ impl LoaderOptions {
         Ok(self)
     }
 
-    /// The source, when it is made in code: a [`Source`] of your own or a callback source.
+    /// The source, when it is made in code: a [`Source`](crate::source::Source) of your own or a callback source.
     pub fn set_source(&mut self, source: SourceSpec) {
         self.source = Some(source);
     }

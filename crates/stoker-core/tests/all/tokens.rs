@@ -485,8 +485,7 @@ fn a_changed_token_setting_is_named_on_resume() {
         ]);
         o.set(key, value).unwrap();
         let e = Loader::new(&o)
-            .err()
-            .expect("a changed setting resumes")
+            .expect_err("a changed setting resumes")
             .to_string();
         assert!(e.contains(needle), "{key}: {e}");
     }
@@ -514,7 +513,7 @@ fn a_global_batch_that_does_not_divide_names_the_numbers() {
         ("rank", "1"),
         ("world_size", "2"),
     ]);
-    let e = Loader::new(&o).err().expect("24 / (2 × 5)").to_string();
+    let e = Loader::new(&o).expect_err("24 / (2 × 5)").to_string();
     assert!(
         e.contains("global_batch_size")
             && e.contains("24")
@@ -729,8 +728,7 @@ fn a_blend_apportions_greedily_and_wraps_a_short_dataset_in_new_orders() {
         ("seed", "5"),
         ("resume_state", &saved),
     ]))
-    .err()
-    .expect("a changed blend resumes")
+    .expect_err("a changed blend resumes")
     .to_string();
     assert!(e.contains("the source"), "{e}");
 }

@@ -73,7 +73,7 @@ impl FlatPart {
                     ),
                 )
             })?;
-            if map.len() % token.size() != 0 {
+            if !map.len().is_multiple_of(token.size()) {
                 return Err(Error::format(
                     path,
                     format!(
