@@ -607,6 +607,7 @@ struct stoker_options *stoker_options_new(void);
  * | `token_output_dtype` | `int64`, `int32` | int64 | `int32` | token sources: the type of `input_ids`, `labels` and `position_ids` (a token that does not fit int32 is an error naming its file) |
  * | `token_dtype` | `uint16`, `uint32`, `int32` | required for raw `tokens:` files | `uint16` | `tokens:` sources: the element type of raw `.bin` token files (`.npy` files say theirs) |
  * | `eos_token` | integer ≥ 0 | none | `50256` | `tokens:` sources: the end-of-document token (it ends the document it closes); without it a file is one document |
+ * | `allow_config_change` | bool | false | `true` | token sources: resume although the source, blend, `seq_len`, `global_batch_size` or token settings changed since the state was saved (otherwise an error naming what changed): the job continues in the saved epoch after as many of its samples as the state counts, rounded down to whole global batches and at most the epoch |
  * | `vocab_size` | integer ≥ 1 | none (not checked) | `50304` | token sources: every token id must be in `0..vocab_size`, else opening fails naming the file and the token's place; the check reads every token once (O(tokens)), so it runs only when set |
  * <!-- options:end -->
  */

@@ -157,7 +157,8 @@ TEST(Options, EveryTypedSetterTakesAValueOfItsKey) {
                       .token_output_dtype("int32")
                       .token_dtype("uint16")
                       .eos_token(50256)
-                      .vocab_size(50304));
+                      .vocab_size(50304)
+                      .allow_config_change(true));
   // The values round-trip: a weight that std::to_string would print as 0.000000 stays positive,
   // and a negative one is refused by the parser, naming the key.
   try {

@@ -106,6 +106,9 @@ pub(super) struct Schedule {
     pub(super) drop_last: bool,
     pub(super) fingerprint: Fingerprint,
     pub(super) fingerprint_text: FingerprintText,
+    /// `allow_config_change` of a token stream: a state saved under other settings resumes,
+    /// its count carried over.
+    pub(super) allow_config_change: bool,
 }
 
 impl Schedule {
@@ -290,6 +293,7 @@ impl HostLoader {
             sampler: sampler.clone(),
             batch_size: options.batch_size,
             drop_last: options.drop_last,
+            allow_config_change: options.allow_config_change,
             fingerprint: Fingerprint {
                 source: Fnv::of_debug(&source.identity()),
                 source_len: source.len(),
@@ -472,14 +476,27 @@ impl HostLoader {
                 world_size,
                 fingerprint,
             } => {
+                let len = self.schedule.global_len;
+                let mut consumed = consumed;
+                let mut ahead = state.ahead;
                 if let Some(why) = self
                     .schedule
                     .fingerprint
                     .mismatch(&fingerprint, &self.schedule.fingerprint_text)
                 {
-                    return bad(why);
+                    match self.sampler.global_batches() {
+                        // A token stream told to carry on: the same epoch, the same count of
+                        // its samples, in whole global batches of this configuration.
+                        Some(global)
+                            if self.schedule.allow_config_change
+                                && fingerprint.tokens.is_some() =>
+                        {
+                            consumed = consumed.min(len) / global.size * global.size;
+                            ahead.clear();
+                        }
+                        _ => return bad(why),
+                    }
                 }
-                let len = self.schedule.global_len;
                 if consumed > len {
                     return bad(format!(
                         "says {consumed} entries of the epoch were consumed, but an epoch has {len}"
@@ -495,7 +512,7 @@ impl HostLoader {
                     }
                 }
                 let here = self.sampler.deal().world_size;
-                if !state.ahead.is_empty() && world_size != here {
+                if !ahead.is_empty() && world_size != here {
                     return bad(format!(
                         "was saved with in_order=false while batches were delivered out of \
                          order, at world_size {world_size}; such a state resumes only at the \
@@ -503,12 +520,12 @@ impl HostLoader {
                     ));
                 }
                 let batches = self.schedule.segment_batches(consumed);
-                if state.ahead.iter().any(|&p| p == 0 || p >= batches) {
+                if ahead.iter().any(|&p| p == 0 || p >= batches) {
                     return bad("has `ahead` positions outside the epoch".into());
                 }
                 self.start = consumed;
                 self.position = 0;
-                self.ahead = state.ahead.into_iter().collect();
+                self.ahead = ahead.into_iter().collect();
             }
         }
         self.epoch = state.epoch;

@@ -416,6 +416,13 @@ keys {
         default "none",
         example "50256",
         meaning "`tokens:` sources: the end-of-document token (it ends the document it closes); without it a file is one document";
+    /// Resume a token stream whose configuration changed, carrying the position over.
+    allow_config_change: bool = false;
+        parse |key, v| parse_bool(key, v);
+        values "bool",
+        default "false",
+        example "true",
+        meaning "token sources: resume although the source, blend, `seq_len`, `global_batch_size` or token settings changed since the state was saved (otherwise an error naming what changed): the job continues in the saved epoch after as many of its samples as the state counts, rounded down to whole global batches and at most the epoch";
     /// Every token id must be below it, checked at open.
     vocab_size: Option<u64> = None;
         parse |key, v| parse_int(key, v, 1, i64::MAX as u64).map(Some);

@@ -223,6 +223,7 @@ impl LoaderOptions {
             ("token_dtype", self.token_dtype.is_some()),
             ("eos_token", self.eos_token.is_some()),
             ("vocab_size", self.vocab_size.is_some()),
+            ("allow_config_change", self.allow_config_change),
         ] {
             if set {
                 return Err(Error::option(

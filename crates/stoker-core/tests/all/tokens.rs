@@ -489,6 +489,34 @@ fn a_changed_token_setting_is_named_on_resume() {
             .to_string();
         assert!(e.contains(needle), "{key}: {e}");
     }
+    // allow_config_change carries the count over: the next global batch is the second of the
+    // new configuration's epoch 0.
+    let mut o = opts(&[
+        ("source", &source),
+        ("seq_len", "5"),
+        ("shuffle", "true"),
+        ("seed", "11"),
+        ("batch_size", "24"),
+        ("global_batch_size", "24"),
+        ("resume_state", &saved),
+    ]);
+    let e = Loader::new(&o).expect_err("seq_len changed").to_string();
+    assert!(e.contains("seq_len (4 there, 5 here)"), "{e}");
+    o.set("allow_config_change", "true").unwrap();
+    let mut resumed = Loader::new(&o).unwrap();
+    let mut fresh = Loader::new(&opts(&[
+        ("source", &source),
+        ("seq_len", "5"),
+        ("shuffle", "true"),
+        ("seed", "11"),
+        ("batch_size", "24"),
+    ]))
+    .unwrap();
+    next(&mut fresh);
+    assert_eq!(
+        rows(&next(&mut resumed), "input_ids"),
+        rows(&next(&mut fresh), "input_ids")
+    );
     // The micro-batch size may change: the position is counted in global batches.
     let o = opts(&[
         ("source", &source),
