@@ -260,10 +260,10 @@ impl HostLoader {
         let launch = options.launch()?;
         let kind = options.sampler_kind_for(&*source)?;
         let mut sampler = Sampler::dealt(kind, source.len(), seed, options.deal(&launch))?;
-        let tokens = match options.is_token_stream() {
-            true => Some(options.token_config()?),
-            false => None,
-        };
+        let tokens = options
+            .is_token_stream()
+            .then(|| options.token_config())
+            .transpose()?;
         if tokens.is_some() {
             // One global order for any world size: each rank takes its slice of every global
             // batch (see `launch::GlobalBatches`).
