@@ -550,10 +550,33 @@ fn a_global_batch_that_does_not_divide_names_the_numbers() {
         "{e}"
     );
     let e = Loader::new(&opts(&[("source", &source)]))
-        .err()
-        .unwrap()
+        .expect_err("no seq_len")
         .to_string();
     assert!(e.contains("seq_len") && e.contains("required"), "{e}");
+    // Keys of flat files on a Megatron source, and token keys on another source, name the key.
+    let e = Loader::new(&opts(&[
+        ("source", &source),
+        ("seq_len", "4"),
+        ("eos_token", "2"),
+    ]))
+    .expect_err("eos_token on megatron")
+    .to_string();
+    assert!(
+        e.contains("`eos_token`") && e.contains("tokens:PATTERN"),
+        "{e}"
+    );
+    let npy = tmp("not-tokens").join("x.npy");
+    stoker_core::source::write_npy(&npy, DType::U8, &[4, 2], &[0; 8]).unwrap();
+    let e = Loader::new(&opts(&[
+        ("source", &format!("npy:{}", npy.display())),
+        ("seq_len", "4"),
+    ]))
+    .expect_err("seq_len on npy")
+    .to_string();
+    assert!(
+        e.contains("`seq_len`") && e.contains("token sources only"),
+        "{e}"
+    );
 }
 
 #[test]
