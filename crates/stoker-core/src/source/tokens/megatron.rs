@@ -136,12 +136,26 @@ pub fn parse_index(bytes: &[u8]) -> std::result::Result<IndexLayout, String> {
 /// `bin_len`: lengths non-negative, each sequence inside `.bin`, `.bin` exactly the tokens the
 /// index counts, the document index rising from 0 to the sequence count. Returns where each
 /// sequence starts in the dataset's token stream (`S + 1` entries, the last the total): the one
-/// table kept in memory, 8 bytes a sequence.
+/// table kept in memory, 8 bytes a sequence. `layout` is what [`parse_index`] said of `idx`.
 pub fn check_index(
     idx: &[u8],
     layout: &IndexLayout,
     bin_len: u64,
 ) -> std::result::Result<Vec<u64>, String> {
+    let fits = layout
+        .sequences
+        .checked_mul(12)
+        .zip(layout.doc_entries.checked_mul(8))
+        .and_then(|(a, b)| a.checked_add(b))
+        .and_then(|n| n.checked_add(HEADER_BYTES));
+    if fits != Some(idx.len()) {
+        return Err(format!(
+            "the layout ({} sequences, {} document entries) is not that of this {}-byte index",
+            layout.sequences,
+            layout.doc_entries,
+            idx.len()
+        ));
+    }
     let size = layout.token.size() as u64;
     let mut starts = Vec::with_capacity(layout.sequences + 1);
     let mut total: u64 = 0;
@@ -150,7 +164,7 @@ pub fn check_index(
         let len = layout.length(idx, s);
         let len = u64::try_from(len).map_err(|_| format!("sequence {s} has length {len} < 0"))?;
         let pointer = layout.pointer(idx, s);
-        let end = u64::try_from(pointer)
+        u64::try_from(pointer)
             .ok()
             .and_then(|p| p.checked_add(len * size))
             .filter(|&end| end <= bin_len)
@@ -161,7 +175,6 @@ pub fn check_index(
                     layout.token.name()
                 )
             })?;
-        debug_assert!(end <= bin_len);
         // Each sequence fits in `.bin`, but overlapping ones could still sum past it.
         total = total
             .checked_add(len)
