@@ -39,6 +39,35 @@ pub(crate) enum Command {
     /// metadata table. `stoker pack --merge OUT` writes the index of slices packed separately
     /// (--shard-index I --num-shards N on many machines).
     Pack(PackArgs),
+    /// Token streams for language models (megatron:PREFIX, tokens:PATTERN, blend=).
+    #[command(subcommand)]
+    Tokens(TokensCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TokensCommand {
+    /// Writes an epoch's global order of samples as an int64 .npy array: position k of the
+    /// epoch's global batches holds sample order[k], whatever the world size (the tail shorter
+    /// than a global batch is left out).
+    Order(TokensOrderArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TokensOrderArgs {
+    /// The source, as the `source` option spells it (megatron:PREFIX, tokens:PATTERN); leave
+    /// it out with --set blend=…
+    #[arg(value_name = "SOURCE")]
+    pub(crate) source: Option<String>,
+    /// Where to write the order (int64, 1-D).
+    #[arg(long, value_name = "FILE.npy")]
+    pub(crate) out: PathBuf,
+    /// A loader option as KEY=VALUE (repeat for more): seq_len is required; shuffle, seed,
+    /// global_batch_size, blend, token_dtype… as the training job sets them.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::doctor::key_value)]
+    pub(crate) set: Vec<(String, String)>,
+    /// The epoch whose order to write.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub(crate) epoch: u64,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,4 +1,5 @@
-//! The `stoker` command: a demo of the loader, side-by-side benchmarks, `doctor` and `pack`.
+//! The `stoker` command: a demo of the loader, side-by-side benchmarks, `doctor`, `pack` and
+//! `tokens order`.
 
 mod args;
 mod bench;
@@ -12,12 +13,13 @@ mod doctor;
 mod pack;
 mod photos;
 mod report;
+mod tokens;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use args::{BenchCommand, Cli, Command};
+use args::{BenchCommand, Cli, Command, TokensCommand};
 
 fn main() -> ExitCode {
     // clap prints --help/--version and usage errors itself, with exit codes 0 and 2.
@@ -33,6 +35,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Scaling(args)) => bench_scaling::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Pack(args) => pack::run(args),
+        Command::Tokens(TokensCommand::Order(args)) => tokens::run_order(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
