@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 
 CARGO_FUZZ_VERSION=0.13.2
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
-ALL_TARGETS="image_pipeline npy_header options transform_spec resume_state tar_members packed_reader wids_index"
+ALL_TARGETS="image_pipeline npy_header options transform_spec resume_state tar_members packed_reader wids_index megatron_index"
 read -r -a targets <<<"${FUZZ_TARGETS:-$ALL_TARGETS}"
 cores=$(nproc 2>/dev/null || echo 1)
 FUZZ_JOBS=${FUZZ_JOBS:-$((cores >= 2 ? 2 : 1))}

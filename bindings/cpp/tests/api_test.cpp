@@ -149,7 +149,16 @@ TEST(Options, EveryTypedSetterTakesAValueOfItsKey) {
                       .fields("jpg;png:image,cls:label")
                       .shard_prefetch(4)
                       .cache_dir("cache")
-                      .cache_limit("500GB"));
+                      .cache_limit("500GB")
+                      .blend("0.7:megatron:/data/web,0.3:tokens:/data/code-*.bin")
+                      .seq_len(2048)
+                      .global_batch_size(512)
+                      .document_boundaries("reset")
+                      .token_output_dtype("int32")
+                      .token_dtype("uint16")
+                      .eos_token(50256)
+                      .vocab_size(50304)
+                      .allow_config_change(true));
   // The values round-trip: a weight that std::to_string would print as 0.000000 stays positive,
   // and a negative one is refused by the parser, naming the key.
   try {

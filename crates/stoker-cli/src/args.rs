@@ -8,6 +8,7 @@ use crate::bench::BenchCommand;
 use crate::demo::DemoArgs;
 use crate::doctor::DoctorArgs;
 use crate::pack::PackArgs;
+use crate::tokens::TokensCommand;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,6 +44,9 @@ pub(crate) enum Command {
     /// metadata table. `stoker pack --merge OUT` writes the index of slices packed separately
     /// (--shard-index I --num-shards N on many machines).
     Pack(PackArgs),
+    /// Token streams for language models (megatron:PREFIX, tokens:PATTERN, blend=).
+    #[command(subcommand)]
+    Tokens(TokensCommand),
 }
 
 #[cfg(test)]

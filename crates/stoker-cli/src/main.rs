@@ -1,4 +1,5 @@
-//! The `stoker` command: a demo of the loader, side-by-side benchmarks, `doctor` and `pack`.
+//! The `stoker` command: a demo of the loader, side-by-side benchmarks, `doctor`, `pack` and
+//! `tokens order`.
 
 mod args;
 mod bench;
@@ -7,6 +8,7 @@ mod doctor;
 mod pack;
 mod photos;
 mod report;
+mod tokens;
 mod workers;
 
 use std::process::ExitCode;
@@ -23,6 +25,7 @@ fn main() -> ExitCode {
         Command::Bench(command) => bench::run(command),
         Command::Doctor(args) => doctor::run(args),
         Command::Pack(args) => pack::run(args),
+        Command::Tokens(command) => tokens::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

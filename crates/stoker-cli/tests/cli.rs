@@ -452,3 +452,74 @@ fn bench_autotune_reports_fixed_settings_and_autotune() {
         }
     }
 }
+
+#[test]
+fn tokens_order_writes_the_global_order_the_loaders_deal() {
+    let dir = std::env::temp_dir().join(format!("stoker-cli-tokens-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Token k is k: a sample's first token says where it starts.
+    let tokens: Vec<u8> = (0..403u16).flat_map(u16::to_le_bytes).collect();
+    std::fs::write(dir.join("t.bin"), tokens).unwrap();
+    let source = format!("tokens:{}", dir.join("t.bin").display());
+    let out = dir.join("order.npy");
+    let sets = [
+        "seq_len=4",
+        "token_dtype=uint16",
+        "shuffle=true",
+        "seed=9",
+        "global_batch_size=12",
+    ];
+    let mut args = vec!["tokens", "order", source.as_str(), "--out"];
+    let out_s = out.display().to_string();
+    args.push(&out_s);
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    args.extend(["--epoch", "1"]);
+    let run = stoker(&args);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let array = stoker_core::source::NpyArray::open(&out).unwrap();
+    let order: Vec<i64> = (0..array.rows())
+        .map(|i| i64::from_ne_bytes(array.row(i).try_into().unwrap()))
+        .collect();
+    // 100 samples, global batches of 12: 96 of them, distinct, shuffled.
+    assert_eq!(order.len(), 96);
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 96);
+    assert_ne!(order, (0..96).collect::<Vec<i64>>());
+    // Epoch 1 of rank 1 of 3 ranks delivers its slice of every global batch from that order.
+    let mut o = stoker_core::LoaderOptions::new();
+    for s in &sets {
+        let (k, v) = s.split_once('=').unwrap();
+        o.set(k, v).unwrap();
+    }
+    for (k, v) in [
+        ("source", source.as_str()),
+        ("batch_size", "2"),
+        ("rank", "1"),
+        ("world_size", "3"),
+    ] {
+        o.set(k, v).unwrap();
+    }
+    let mut loader = stoker_core::Loader::new(&o).unwrap();
+    loader.set_epoch(1).unwrap();
+    let mut firsts = Vec::new();
+    while let Some(batch) = loader.next().unwrap() {
+        let f = batch.field_by_name("input_ids").unwrap();
+        for row in f.data.unwrap().chunks_exact(4 * 8) {
+            firsts.push(i64::from_ne_bytes(row[..8].try_into().unwrap()) / 4);
+        }
+    }
+    let want: Vec<i64> = order.chunks(12).flat_map(|g| g[4..8].to_vec()).collect();
+    assert_eq!(firsts, want);
+    let missing = stoker(&["tokens", "order", source.as_str(), "--out", &out_s]);
+    assert!(!missing.status.success());
+    assert!(
+        text(&missing.stderr).contains("seq_len"),
+        "{}",
+        text(&missing.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -179,6 +179,74 @@ impl RankShare {
     }
 }
 
+/// The other way of dealing a global order, for token streams: cut it into global batches of
+/// `size` entries and give rank `r` of `W` the contiguous slice `[r·size/W, (r+1)·size/W)` of
+/// every one. Global batch `b` is then the same entries in the same order whatever the world
+/// size, the worker count or the micro-batch size, and the job's position after `k` global
+/// batches is `k · size` entries at any world size. An epoch is its whole global batches: the
+/// tail shorter than one global batch is not delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlobalBatches {
+    /// This process's rank, `< world_size`.
+    pub rank: usize,
+    /// Number of ranks, at least 1, dividing `size`.
+    pub world_size: usize,
+    /// Entries in one global batch (`global_batch_size`).
+    pub size: usize,
+}
+
+impl GlobalBatches {
+    /// The deal of `size`-entry global batches to `share`'s rank, in micro-batches of
+    /// `batch_size`: `size` must divide by `world_size × batch_size` (an error naming the
+    /// numbers otherwise).
+    pub fn new(share: RankShare, size: usize, batch_size: usize) -> Result<GlobalBatches> {
+        share.check("rank")?;
+        let per_step = share.world_size.checked_mul(batch_size);
+        if size == 0 || per_step.is_none_or(|p| p == 0 || !size.is_multiple_of(p)) {
+            return Err(Error::option(
+                "global_batch_size",
+                format!(
+                    "{size} does not divide into world_size {} × batch_size {batch_size}: each \
+                     rank takes an equal slice of every global batch, cut into whole micro-batches",
+                    share.world_size
+                ),
+            ));
+        }
+        Ok(GlobalBatches {
+            rank: share.rank,
+            world_size: share.world_size,
+            size,
+        })
+    }
+
+    /// Entries of one global batch this rank takes (`size / world_size`).
+    pub fn slice(&self) -> usize {
+        self.size / self.world_size
+    }
+
+    /// Entries this rank takes of `total` entries: a slice of every whole global batch.
+    pub fn per_rank(&self, total: usize) -> usize {
+        total / self.size * self.slice()
+    }
+
+    /// This rank's entries of `order`, global batch after global batch.
+    pub fn dealt(&self, order: &[usize]) -> Vec<usize> {
+        let slice = self.slice();
+        order
+            .chunks_exact(self.size)
+            .flat_map(|batch| &batch[self.rank * slice..(self.rank + 1) * slice])
+            .copied()
+            .collect()
+    }
+
+    /// The entry of the global order (counted from where dealing started) that this rank's
+    /// `j`-th entry is.
+    pub fn position(&self, j: usize) -> usize {
+        let slice = self.slice();
+        (j / slice) * self.size + self.rank * slice + j % slice
+    }
+}
+
 /// The variables one launcher sets, in precedence order (innermost launcher first).
 struct Vars {
     launcher: Launcher,
@@ -504,6 +572,42 @@ fn affinity_cores() -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn global_batches_are_the_same_for_every_world_size() {
+        let order: Vec<usize> = (0..50).map(|i| (i * 7) % 50).collect();
+        // 50 entries, global batches of 24: two whole ones, the tail of 2 not dealt.
+        for world in [1, 2, 3, 4, 6, 12] {
+            let mut union = Vec::new();
+            for rank in 0..world {
+                let share = RankShare {
+                    rank,
+                    world_size: world,
+                    drop_last: false,
+                };
+                let deal = GlobalBatches::new(share, 24, 24 / world).unwrap();
+                let mine = deal.dealt(&order);
+                assert_eq!(mine.len(), deal.per_rank(order.len()));
+                for (j, &entry) in mine.iter().enumerate() {
+                    assert_eq!(order[deal.position(j)], entry);
+                    union.push((deal.position(j), entry));
+                }
+            }
+            union.sort_unstable();
+            let want: Vec<(usize, usize)> = order[..48].iter().copied().enumerate().collect();
+            assert_eq!(union, want, "world {world}");
+        }
+        let share = RankShare {
+            rank: 0,
+            world_size: 5,
+            drop_last: false,
+        };
+        let e = GlobalBatches::new(share, 24, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("global_batch_size") && e.contains("24") && e.contains("world_size 5"),
+            "{e}"
+        );
+    }
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {

@@ -47,7 +47,7 @@ pub use close::Closer;
 pub use cuda::{DeviceBackend, Event, Stream};
 pub use dtype::{DType, Layout};
 pub use error::{catch_panic, panic_message, Error, ErrorKind, Result};
-pub use launch::{Launch, Launcher, RankShare};
+pub use launch::{GlobalBatches, Launch, Launcher, RankShare};
 pub use loader::{EpochIter, Loader};
 pub use options::{Device, LoaderOptions, OnError, Order};
 pub use resume::ResumeState;

@@ -41,6 +41,22 @@ pub struct Fingerprint {
     pub drop_last: bool,
     /// Hash of the image stages (`transform`, `dtype`, `layout`).
     pub transform: u64,
+    /// A token stream's settings; `None` for other sources.
+    pub tokens: Option<TokensPrint>,
+}
+
+/// What a token stream's order and samples depend on besides the source: its global batches
+/// are the unit of position, so `batch_size` (the micro-batch) may change between runs and
+/// `global_batch_size` may not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokensPrint {
+    /// Tokens per sample (`seq_len`).
+    pub seq_len: usize,
+    /// Samples per global batch (`global_batch_size`).
+    pub global_batch_size: usize,
+    /// Hash of the other settings that change samples (`document_boundaries`,
+    /// `token_output_dtype`, `token_dtype`, `eos_token`, `vocab_size`).
+    pub settings: u64,
 }
 
 /// Where the loader that saved a state stood.
@@ -193,6 +209,14 @@ impl ResumeState {
                     batch_size: count("batch_size")?,
                     drop_last,
                     transform: hash("transform")?,
+                    tokens: match fields.get("seq_len") {
+                        None => None,
+                        Some(_) => Some(TokensPrint {
+                            seq_len: count("seq_len")?,
+                            global_batch_size: count("global_batch_size")?,
+                            settings: hash("tokens")?,
+                        }),
+                    },
                 },
             }
         };
@@ -258,7 +282,15 @@ impl std::fmt::Display for ResumeState {
                 fp.batch_size,
                 fp.drop_last,
                 fp.transform
-            ),
+            )
+            .and_then(|()| match &fp.tokens {
+                Some(t) => write!(
+                    f,
+                    ";seq_len={};global_batch_size={};tokens={:016x}",
+                    t.seq_len, t.global_batch_size, t.settings
+                ),
+                None => Ok(()),
+            }),
         }
     }
 }
@@ -281,7 +313,29 @@ impl Fingerprint {
                 here.sampler
             ));
         }
-        if saved.batch_size != self.batch_size {
+        match (&saved.tokens, &self.tokens) {
+            (Some(there), Some(here_t)) => {
+                if there.seq_len != here_t.seq_len {
+                    diffs.push(format!(
+                        "seq_len ({} there, {} here)",
+                        there.seq_len, here_t.seq_len
+                    ));
+                }
+                if there.global_batch_size != here_t.global_batch_size {
+                    diffs.push(format!(
+                        "global_batch_size ({} there, {} here)",
+                        there.global_batch_size, here_t.global_batch_size
+                    ));
+                }
+                if there.settings != here_t.settings {
+                    diffs.push(format!("token settings (here {})", here.tokens));
+                }
+            }
+            (None, None) => {}
+            _ => diffs.push("kind of source (a token stream on one side only)".into()),
+        }
+        // A token stream's position is in global batches: its micro-batch may change.
+        if saved.batch_size != self.batch_size && self.tokens.is_none() {
             diffs.push(format!(
                 "batch_size ({} there, {} here)",
                 saved.batch_size, self.batch_size
@@ -318,6 +372,8 @@ pub struct FingerprintText {
     pub sampler: String,
     /// `transform`, `dtype` and `layout`.
     pub transform: String,
+    /// A token stream's settings in words.
+    pub tokens: String,
 }
 
 /// The string whose bytes `hex` spells (lower or upper case), if it is one.
@@ -344,6 +400,7 @@ mod tests {
             batch_size: 8,
             drop_last: false,
             transform: 0,
+            tokens: None,
         }
     }
 
@@ -365,6 +422,50 @@ mod tests {
             "{text}"
         );
         assert_eq!(ResumeState::parse(&text).unwrap(), s);
+    }
+
+    #[test]
+    fn token_states_round_trip_and_name_changed_settings() {
+        let tokens = Fingerprint {
+            tokens: Some(TokensPrint {
+                seq_len: 2048,
+                global_batch_size: 48,
+                settings: 0x5,
+            }),
+            ..fp()
+        };
+        let s = ResumeState {
+            seed: 1,
+            epoch: 0,
+            at: Position::Global {
+                consumed: 96,
+                world_size: 8,
+                fingerprint: tokens.clone(),
+            },
+            ahead: vec![],
+        };
+        let text = s.to_string();
+        assert!(
+            text.ends_with(";seq_len=2048;global_batch_size=48;tokens=0000000000000005"),
+            "{text}"
+        );
+        assert_eq!(ResumeState::parse(&text).unwrap(), s);
+        let here = Fingerprint {
+            batch_size: 2,
+            tokens: Some(TokensPrint {
+                seq_len: 1024,
+                global_batch_size: 96,
+                settings: 0x5,
+            }),
+            ..fp()
+        };
+        let m = here.mismatch(&tokens, &FingerprintText::default()).unwrap();
+        assert!(m.contains("seq_len (2048 there, 1024 here)"), "{m}");
+        assert!(m.contains("global_batch_size (48 there, 96 here)"), "{m}");
+        assert!(
+            !m.contains("batch_size (8"),
+            "the micro-batch may change: {m}"
+        );
     }
 
     #[test]
@@ -407,6 +508,7 @@ mod tests {
             source: "npy x.npy".into(),
             sampler: "random".into(),
             transform: "none".into(),
+            tokens: String::new(),
         };
         assert_eq!(fp().mismatch(&fp(), &here), None);
         let saved = Fingerprint {

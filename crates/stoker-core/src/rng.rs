@@ -19,6 +19,8 @@ pub enum Stream {
     Buffer = 0x6275_6666,
     /// Batch-level mixing (mixup, cutmix), keyed by the batch's position.
     Mix = 0x006d_6978,
+    /// A blend's passes over a dataset shorter than its share, keyed by (dataset, pass).
+    Blend = 0x626c_656e,
 }
 
 /// One SplitMix64 step: a strong 64-bit mixer.

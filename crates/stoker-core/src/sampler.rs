@@ -6,7 +6,7 @@
 //! but not bit-identical to torch's. Every order is a pure function of `(seed, epoch)`.
 
 use crate::error::{Error, Result};
-use crate::launch::RankShare;
+use crate::launch::{GlobalBatches, RankShare};
 use crate::rng::{Rng, Stream};
 
 /// Which sampler, with its parameters.
@@ -106,6 +106,8 @@ pub struct Sampler {
     /// The global order's sampler (never `Distributed`: that is `deal`).
     kind: SamplerKind,
     deal: RankShare,
+    /// Token streams: the global order dealt in global batches instead of strided.
+    global: Option<GlobalBatches>,
     dataset_len: usize,
     seed: u64,
     /// Prefix sums of the weights, for weighted sampling with replacement.
@@ -248,6 +250,7 @@ impl Sampler {
         let sampler = Sampler {
             kind,
             deal,
+            global: None,
             dataset_len,
             seed,
             cumulative,
@@ -270,6 +273,34 @@ impl Sampler {
     /// How the global order is dealt to the ranks.
     pub fn deal(&self) -> RankShare {
         self.deal
+    }
+
+    /// This sampler with its global order dealt in global batches of `size` (see
+    /// [`GlobalBatches`]: rank `r` takes its contiguous slice of each), cut into micro-batches
+    /// of `batch_size`.
+    pub fn in_global_batches(mut self, size: usize, batch_size: usize) -> Result<Sampler> {
+        self.global = Some(GlobalBatches::new(self.deal, size, batch_size)?);
+        Ok(self)
+    }
+
+    /// The global-batch deal, when the order is dealt that way.
+    pub fn global_batches(&self) -> Option<GlobalBatches> {
+        self.global
+    }
+
+    /// Entries this rank takes of `total` entries of the global order.
+    pub fn per_rank(&self, total: usize) -> usize {
+        match self.global {
+            Some(g) => g.per_rank(total),
+            None => self.deal.per_rank(total),
+        }
+    }
+
+    fn dealt_part(&self, order: &[usize]) -> Vec<usize> {
+        match self.global {
+            Some(g) => g.dealt(order),
+            None => self.deal.strided(order),
+        }
     }
 
     /// The seed every epoch's order derives from, with the epoch number.
@@ -298,7 +329,7 @@ impl Sampler {
 
     /// Samples one epoch yields on this rank (`len(sampler)` in PyTorch).
     pub fn len(&self) -> usize {
-        self.deal.per_rank(self.global_len())
+        self.per_rank(self.global_len())
     }
 
     /// Whether an epoch yields no sample on this rank.
@@ -308,14 +339,14 @@ impl Sampler {
 
     /// The indices epoch `epoch` visits on this rank, in order.
     pub fn epoch_indices(&self, epoch: u64) -> Vec<usize> {
-        self.deal.strided(&self.global_indices(epoch))
+        self.dealt_part(&self.global_indices(epoch))
     }
 
     /// This rank's share of the rest of epoch `epoch` from entry `start` of its global order:
     /// what the ranks of a job resumed at `start` (whatever their number) deal among themselves.
     pub fn segment_indices(&self, epoch: u64, start: usize) -> Vec<usize> {
         let order = self.global_indices(epoch);
-        self.deal.strided(&order[start.min(order.len())..])
+        self.dealt_part(&order[start.min(order.len())..])
     }
 
     /// The global order of epoch `epoch`: identical on every rank.
@@ -428,6 +459,9 @@ pub struct BatchPlan {
     drop_last: bool,
     first_draw: u64,
     draw_stride: u64,
+    /// Dealt in global batches: slot draws follow [`GlobalBatches::position`] from
+    /// `first_draw`.
+    global: Option<GlobalBatches>,
 }
 
 /// The draws of one batch's slots (see [`BatchPlan`]).
@@ -469,6 +503,7 @@ impl BatchPlan {
             drop_last,
             first_draw: 0,
             draw_stride: 1,
+            global: None,
         }
     }
 
@@ -481,10 +516,19 @@ impl BatchPlan {
         drop_last: bool,
     ) -> BatchPlan {
         let deal = sampler.deal();
-        BatchPlan {
-            first_draw: (start + deal.rank) as u64,
-            draw_stride: deal.world_size as u64,
-            ..BatchPlan::new(sampler.segment_indices(epoch, start), batch_size, drop_last)
+        let plan = BatchPlan::new(sampler.segment_indices(epoch, start), batch_size, drop_last);
+        match sampler.global_batches() {
+            Some(global) => BatchPlan {
+                first_draw: start as u64,
+                draw_stride: 1,
+                global: Some(global),
+                ..plan
+            },
+            None => BatchPlan {
+                first_draw: (start + deal.rank) as u64,
+                draw_stride: deal.world_size as u64,
+                ..plan
+            },
         }
     }
 
@@ -502,6 +546,14 @@ impl BatchPlan {
 
     /// The draws of batch `i`'s slots.
     pub fn draws(&self, i: usize) -> Draws {
+        if let Some(global) = self.global {
+            // A micro-batch lies within one slice of one global batch: its draws are
+            // consecutive entries of the global order.
+            return Draws::Positions {
+                first: self.first_draw + global.position(i * self.batch_size) as u64,
+                stride: 1,
+            };
+        }
         Draws::Positions {
             first: self.first_draw + (i * self.batch_size) as u64 * self.draw_stride,
             stride: self.draw_stride,

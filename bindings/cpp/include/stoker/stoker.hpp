@@ -352,6 +352,16 @@ class Options {
   Options& shard_prefetch(std::size_t n) { return set("shard_prefetch", std::to_string(n)); }
   Options& cache_dir(std::string_view path) { return set("cache_dir", path); }
   Options& cache_limit(std::string_view bytes) { return set("cache_limit", bytes); }
+  // Token streams (megatron:PREFIX, tokens:PATTERN, or a blend of them); see docs/llm.md.
+  Options& blend(std::string_view spec) { return set("blend", spec); }
+  Options& seq_len(std::size_t n) { return set("seq_len", std::to_string(n)); }
+  Options& global_batch_size(std::size_t n) { return set("global_batch_size", std::to_string(n)); }
+  Options& document_boundaries(std::string_view rule) { return set("document_boundaries", rule); }
+  Options& token_output_dtype(std::string_view name) { return set("token_output_dtype", name); }
+  Options& token_dtype(std::string_view name) { return set("token_dtype", name); }
+  Options& eos_token(uint64_t id) { return set("eos_token", std::to_string(id)); }
+  Options& vocab_size(uint64_t n) { return set("vocab_size", std::to_string(n)); }
+  Options& allow_config_change(bool on) { return set("allow_config_change", flag(on)); }
 
   const ffi::OptionsHandle& handle() const noexcept { return *handle_; }
 

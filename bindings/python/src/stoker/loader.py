@@ -204,7 +204,7 @@ class Loader:
     ``"tar:train-{000..146}.tar"``), a map-style Python dataset (see ``stoker.dataset``) or an
     iterable one, with ``__iter__`` and no ``__len__`` (see ``stoker.iterable``); a torchvision
     ``ImageFolder`` without Python transforms is read as ``image_folder:ROOT`` (see
-    ``stoker.vision``). Every keyword is an option key of the C ABI (the table in
+    ``stoker.vision``); ``None`` with a ``blend=`` of token sources. Every keyword is an option key of the C ABI (the table in
     ``docs/options.md``, and ``include/stoker.h``); ``None`` leaves the library's default.
     Options the library rejects raise ``InvalidArgumentError`` naming the key.
 
@@ -228,7 +228,7 @@ class Loader:
 
     def __init__(
         self,
-        source: str | os.PathLike[str] | Any,
+        source: str | os.PathLike[str] | Any | None,
         *,
         batch_size: int | None = None,
         shuffle: bool | None = None,
@@ -238,7 +238,10 @@ class Loader:
     ):
         # A torchvision folder dataset the library can read itself (see stoker.vision).
         source = native_source(source) or source
-        is_spec = isinstance(source, (str, os.PathLike))
+        # A blend of token sources takes the place of the source.
+        is_spec = isinstance(source, (str, os.PathLike)) or (
+            source is None and options.get("blend") is not None
+        )
         map_style = hasattr(source, "__len__") and hasattr(source, "__getitem__")
         if not is_spec and not map_style and not is_iterable_source(source):
             raise TypeError(

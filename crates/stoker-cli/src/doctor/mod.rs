@@ -70,7 +70,7 @@ pub(crate) struct DoctorArgs {
     pub(crate) samples: usize,
 }
 
-fn key_value(s: &str) -> Result<(String, String), String> {
+pub(crate) fn key_value(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
         .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))?;

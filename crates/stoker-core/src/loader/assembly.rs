@@ -152,7 +152,7 @@ impl Resolved {
         let collator = match samples {
             Samples::Indexed(source) => {
                 let image = options.image_stages(source.fields())?.map(Arc::new);
-                Collator::new(Arc::clone(source), options.pad, image, skip_bad)?
+                Collator::new(Arc::clone(source), options.ragged_pad(), image, skip_bad)?
             }
             Samples::Streamed(fields) => {
                 let image = options.image_stages(fields)?.map(Arc::new);

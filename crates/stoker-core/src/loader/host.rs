@@ -31,7 +31,7 @@ use crate::hash::Fnv;
 use crate::launch::Launch;
 use crate::options::{LoaderOptions, OpenedSource};
 use crate::pool::{Builder, Done, Pool, Task, Work, WorkerCtx};
-use crate::resume::{Fingerprint, FingerprintText, Position, ResumeState};
+use crate::resume::{Fingerprint, FingerprintText, Position, ResumeState, TokensPrint};
 use crate::sampler::{batches_for, BatchPlan, Sampler};
 use crate::source::Source;
 use crate::stats::StatsRecorder;
@@ -103,15 +103,15 @@ pub(super) struct Schedule {
     pub(super) drop_last: bool,
     pub(super) fingerprint: Fingerprint,
     pub(super) fingerprint_text: FingerprintText,
+    /// `allow_config_change` of a token stream: a state saved under other settings resumes,
+    /// its count carried over.
+    pub(super) allow_config_change: bool,
 }
 
 impl Schedule {
     /// Batches this rank delivers for an epoch dealt from entry `start`.
     pub(super) fn segment_batches(&self, start: usize) -> usize {
-        let per_rank = self
-            .sampler
-            .deal()
-            .per_rank(self.global_len.saturating_sub(start));
+        let per_rank = self.sampler.per_rank(self.global_len.saturating_sub(start));
         batches_for(per_rank, self.batch_size, self.drop_last)
     }
 
@@ -124,9 +124,17 @@ impl Schedule {
     /// the same on every rank when they have delivered the same number of batches.
     pub(super) fn state_at(&self, cursor: &Cursor) -> ResumeState {
         let deal = self.sampler.deal();
+        let mut base = cursor.position;
         let consumed = if cursor.position >= self.segment_batches(cursor.start) {
-            // Every entry was delivered, or dropped by drop_last / shard_drop_last.
+            // Every entry was delivered, or dropped by drop_last / shard_drop_last (or, dealt
+            // in global batches, the tail shorter than one).
             self.global_len
+        } else if let Some(global) = self.sampler.global_batches() {
+            // Whole global batches only: the job stands at the last step every rank finished,
+            // and a micro-batch of the step under way is delivered again on resume.
+            let steps = cursor.position * self.batch_size / global.slice();
+            base = steps * global.slice() / self.batch_size;
+            (cursor.start + steps * global.size).min(self.global_len)
         } else {
             let dealt = cursor.position * self.batch_size * deal.world_size;
             (cursor.start + dealt).min(self.global_len)
@@ -139,7 +147,7 @@ impl Schedule {
                 world_size: deal.world_size,
                 fingerprint: self.fingerprint.clone(),
             },
-            ahead: cursor.ahead.iter().map(|p| p - cursor.position).collect(),
+            ahead: cursor.ahead.iter().map(|p| p - base).collect(),
         }
     }
 }
@@ -227,7 +235,33 @@ impl HostLoader {
         }
         let launch = resolved.launch;
         let kind = options.sampler_kind_for(&*source)?;
-        let sampler = Sampler::dealt(kind, source.len(), seed, options.deal(&launch))?;
+        let mut sampler = Sampler::dealt(kind, source.len(), seed, options.deal(&launch))?;
+        let tokens = options
+            .is_token_stream()
+            .then(|| options.token_config())
+            .transpose()?;
+        if tokens.is_some() {
+            // One global order for any world size: each rank takes its slice of every global
+            // batch (see `launch::GlobalBatches`).
+            let global = options
+                .global_batch_size
+                .unwrap_or(options.batch_size * launch.world_size);
+            sampler = sampler.in_global_batches(global, options.batch_size)?;
+        }
+        let tokens_print = match (&tokens, sampler.global_batches()) {
+            (Some(config), Some(global)) => Some(TokensPrint {
+                seq_len: config.seq_len,
+                global_batch_size: global.size,
+                settings: Fnv::of_debug(&(
+                    config.boundaries,
+                    config.output,
+                    config.raw,
+                    config.eos,
+                    config.vocab_size,
+                )),
+            }),
+            _ => None,
+        };
         let schedule = Schedule {
             seed,
             launch,
@@ -235,6 +269,7 @@ impl HostLoader {
             sampler: sampler.clone(),
             batch_size: options.batch_size,
             drop_last: options.drop_last,
+            allow_config_change: options.allow_config_change,
             fingerprint: Fingerprint {
                 source: Fnv::of_debug(&source.identity()),
                 source_len: source.len(),
@@ -242,6 +277,7 @@ impl HostLoader {
                 batch_size: options.batch_size,
                 drop_last: options.drop_last,
                 transform: Fnv::of_debug(&(&options.transform, options.dtype, options.layout)),
+                tokens: tokens_print,
             },
             fingerprint_text: FingerprintText {
                 source: source.identity(),
@@ -254,6 +290,13 @@ impl HostLoader {
                         .map_or("default".to_owned(), |d| d.to_string()),
                     options.layout
                 ),
+                tokens: tokens.as_ref().map_or(String::new(), |c| {
+                    format!(
+                        "document_boundaries={:?}, token_output_dtype={}, token_dtype={:?}, \
+                         eos_token={:?}, vocab_size={:?}",
+                        c.boundaries, c.output, c.raw, c.eos, c.vocab_size
+                    )
+                }),
             },
         };
         let batches_per_epoch = schedule.batches_per_epoch();
@@ -336,21 +379,43 @@ impl HostLoader {
                 world_size,
                 fingerprint,
             } => {
+                let len = self.schedule.global_len;
+                let mut consumed = consumed;
+                let mut ahead = state.ahead;
                 if let Some(why) = self
                     .schedule
                     .fingerprint
                     .mismatch(&fingerprint, &self.schedule.fingerprint_text)
                 {
-                    return bad(why);
+                    match self.sampler.global_batches() {
+                        // A token stream told to carry on: the same epoch, the same count of
+                        // its samples, in whole global batches of this configuration.
+                        Some(global)
+                            if self.schedule.allow_config_change
+                                && fingerprint.tokens.is_some() =>
+                        {
+                            consumed = consumed.min(len) / global.size * global.size;
+                            ahead.clear();
+                        }
+                        _ => return bad(why),
+                    }
                 }
-                let len = self.schedule.global_len;
                 if consumed > len {
                     return bad(format!(
                         "says {consumed} entries of the epoch were consumed, but an epoch has {len}"
                     ));
                 }
+                if let Some(global) = self.sampler.global_batches() {
+                    if consumed != len && !consumed.is_multiple_of(global.size) {
+                        return bad(format!(
+                            "says {consumed} samples were consumed, not a whole number of global \
+                             batches of {}",
+                            global.size
+                        ));
+                    }
+                }
                 let here = self.sampler.deal().world_size;
-                if !state.ahead.is_empty() && world_size != here {
+                if !ahead.is_empty() && world_size != here {
                     return bad(format!(
                         "was saved with in_order=false while batches were delivered out of \
                          order, at world_size {world_size}; such a state resumes only at the \
@@ -358,12 +423,12 @@ impl HostLoader {
                     ));
                 }
                 let batches = self.schedule.segment_batches(consumed);
-                if state.ahead.iter().any(|&p| p == 0 || p >= batches) {
+                if ahead.iter().any(|&p| p == 0 || p >= batches) {
                     return bad("has `ahead` positions outside the epoch".into());
                 }
                 self.start = consumed;
                 self.position = 0;
-                self.ahead = state.ahead.into_iter().collect();
+                self.ahead = ahead.into_iter().collect();
             }
         }
         self.epoch = state.epoch;

@@ -17,7 +17,8 @@ use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::memory::MemoryBudget;
 use crate::source::pixels::InputLayout;
-use crate::source::SourceSpec;
+use crate::source::tokens::{Boundaries, TokenType};
+use crate::source::{SourceSpec, TokenSpec};
 
 /// One option key, documented: the single source of the option tables in `include/stoker.h`
 /// and `docs/options.md`.
@@ -103,10 +104,10 @@ declare_options! {
 keys {
     source: Option<SourceSpec> = None;
         parse |key, v| parse_source(key, v).map(Some);
-        values "`npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`",
+        values "`npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,PREFIX…]`, `tokens:PATTERN`",
         default "required",
         example "npy:/data/x.npy",
-        meaning "an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists, or a WebDataset `wids` shard index `….json` listing shards with their sample counts; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs); custom, callback and iterable sources are set in code";
+        meaning "an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists, or a WebDataset `wids` shard index `….json` listing shards with their sample counts; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs), or a token stream for language models (see docs/llm.md): Megatron-LM indexed datasets (`PREFIX.idx` + `PREFIX.bin`, several prefixes or a brace range) or flat token files (raw `.bin` of `token_dtype`, or 1-D `.npy` of uint16, uint32 or int32), memory-mapped and checked at open; custom, callback and iterable sources are set in code";
     /// Labels for an npy source.
     labels: Option<PathBuf> = None;
         parse |key, v| parse_labels(key, v).map(Some);
@@ -366,6 +367,69 @@ keys {
         default "unlimited",
         example "500GB",
         meaning "cache_dir: least recently used shards not in use by any loader are removed after a download, down to this size";
+    /// A weighted mixture of token sources, in place of `source`.
+    blend: Option<Vec<(f64, TokenSpec)>> = None;
+        parse |key, v| parse_blend(key, v).map(Some);
+        values "`W:SPEC,W:SPEC,…`, each SPEC `megatron:…` or `tokens:…`",
+        default "none",
+        example "0.7:megatron:/data/web,0.3:tokens:/data/code-*.bin",
+        meaning "in place of `source`: a weighted mixture of token sources with Megatron's greedy apportioning (after k samples each dataset's count is within 1 of its weight × k); the blend has as many samples as its datasets together, and a dataset shorter than its share wraps around, each later pass in a permutation of its own (by `seed`)";
+    /// Tokens per sample of a token source, the label's extra one not counted.
+    seq_len: Option<usize> = None;
+        parse |key, v| parse_int(key, v, 1, 1 << 30).map(|n| Some(n as usize));
+        values "integer 1..=1073741824",
+        default "required for token sources",
+        example "2048",
+        meaning "token sources: sample `i` is the `seq_len + 1` tokens from token `i × seq_len` of the files laid end to end (`input_ids` the first `seq_len`, `labels` the last `seq_len`)";
+    /// Samples per global batch of a token source; `None`: `batch_size × world_size`.
+    global_batch_size: Option<usize> = None;
+        parse |key, v| parse_int(key, v, 1, 1 << 30).map(|n| Some(n as usize));
+        values "integer ≥ 1",
+        default "`batch_size × world_size`",
+        example "512",
+        meaning "token sources: samples in one global step. Global batch `b` is entries `b·G..(b+1)·G` of the epoch's order whatever the world size, worker count or `batch_size`; rank `r` of `W` takes its contiguous slice `[r·G/W, (r+1)·G/W)` in micro-batches of `batch_size` (G must divide by `world_size × batch_size`); an epoch's tail shorter than `G` is not delivered; `save_state` counts whole global batches, so it resumes at any world size that divides `G`";
+    /// Whether token samples restart positions at document boundaries.
+    document_boundaries: Boundaries = Boundaries::Ignore;
+        parse |key, v| parse_boundaries(key, v);
+        values "`ignore`, `reset`",
+        default "ignore",
+        example "reset",
+        meaning "token sources: `reset` adds `position_ids` (0 at each document's first token in the window) and `cu_seqlens` (int32 offsets of the documents in the window, from 0 to `seq_len`; ragged: padded with `seq_len` unless `pad` says otherwise, with `cu_seqlens_lengths`)";
+    /// The element type of `input_ids`, `labels` and `position_ids`.
+    token_output_dtype: DType = DType::I64;
+        parse |key, v| parse_token_output(key, v);
+        values "`int64`, `int32`",
+        default "int64",
+        example "int32",
+        meaning "token sources: the type of `input_ids`, `labels` and `position_ids` (a token that does not fit int32 is an error naming its file)";
+    /// The element type of raw flat token files.
+    token_dtype: Option<TokenType> = None;
+        parse |key, v| parse_token_type(key, v).map(Some);
+        values "`uint16`, `uint32`, `int32`",
+        default "required for raw `tokens:` files",
+        example "uint16",
+        meaning "`tokens:` sources: the element type of raw `.bin` token files (`.npy` files say theirs)";
+    /// The token that ends a document in flat token files.
+    eos_token: Option<u64> = None;
+        parse |key, v| parse_int(key, v, 0, i64::MAX as u64).map(Some);
+        values "integer ≥ 0",
+        default "none",
+        example "50256",
+        meaning "`tokens:` sources: the end-of-document token (it ends the document it closes); without it a file is one document";
+    /// Resume a token stream whose configuration changed, carrying the position over.
+    allow_config_change: bool = false;
+        parse |key, v| parse_bool(key, v);
+        values "bool",
+        default "false",
+        example "true",
+        meaning "token sources: resume although the source, blend, `seq_len`, `global_batch_size` or token settings changed since the state was saved (otherwise an error naming what changed): the job continues in the saved epoch after as many of its samples as the state counts, rounded down to whole global batches and at most the epoch";
+    /// Every token id must be below it, checked at open.
+    vocab_size: Option<u64> = None;
+        parse |key, v| parse_int(key, v, 1, i64::MAX as u64).map(Some);
+        values "integer ≥ 1",
+        default "none (not checked)",
+        example "50304",
+        meaning "token sources: every token id must be in `0..vocab_size`, else opening fails naming the file and the token's place; the check reads every token once (O(tokens)), so it runs only when set";
 }
 in_code {
     /// Overrides the sampler the keys select (see [`LoaderOptions::set_sampler`]).

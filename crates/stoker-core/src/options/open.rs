@@ -12,8 +12,11 @@ use crate::launch::Launch;
 use crate::source::pixels::tensor_image_dims;
 use crate::source::streaming::StreamSource;
 use crate::source::tar::{TarConfig, TarSource, TarStream};
+use crate::source::tokens::blend::BlendSource;
+use crate::source::tokens::Boundaries;
 use crate::source::{
     FieldKind, FieldRules, FieldSpec, IterableStream, PackedSource, Source, SourceSpec,
+    TokenConfig, TokenSource, TokenSpec,
 };
 use crate::transform::{roles, Pipeline};
 
@@ -67,10 +70,29 @@ impl LoaderOptions {
         resume: Option<&str>,
         given: u64,
     ) -> Result<Opened> {
+        if let Some(blend) = &self.blend {
+            if self.source.is_some() {
+                return Err(Error::option(
+                    "blend",
+                    "replaces `source`: set one of them, not both",
+                ));
+            }
+            if self.labels.is_some() {
+                return Err(Error::option("labels", "applies to npy sources only"));
+            }
+            let source = BlendSource::open(blend, &self.token_config()?, seed)?;
+            return Ok(Opened {
+                source: OpenedSource::Indexed(Arc::new(source)),
+                damaged: Vec::new(),
+            });
+        }
         let spec = self.source.as_ref().ok_or_else(|| {
             Error::option("source", "required, e.g. npy:PATH or image_folder:ROOT")
         })?;
         let is_tar = matches!(spec, SourceSpec::Tar(_));
+        if !self.is_token_stream() {
+            self.check_no_token_keys()?;
+        }
         if self.fields.is_some() && !is_tar {
             return Err(Error::option("fields", "applies to tar sources only"));
         }
@@ -120,6 +142,18 @@ impl LoaderOptions {
                     damaged: Vec::new(),
                 }
             }
+            SourceSpec::Tokens(tokens) => {
+                if self.labels.is_some() {
+                    return Err(Error::option("labels", "applies to npy sources only"));
+                }
+                Opened {
+                    source: OpenedSource::Indexed(Arc::new(TokenSource::open(
+                        tokens,
+                        &self.token_config()?,
+                    )?)),
+                    damaged: Vec::new(),
+                }
+            }
             SourceSpec::Packed(path) if self.labels.is_none() => Opened {
                 source: OpenedSource::Indexed(Arc::new(PackedSource::open_with(
                     path,
@@ -134,6 +168,81 @@ impl LoaderOptions {
                 damaged: Vec::new(),
             },
         })
+    }
+
+    /// Whether the source is a token stream (`megatron:`, `tokens:`, a `blend` of them).
+    pub fn is_token_stream(&self) -> bool {
+        self.blend.is_some() || matches!(self.source, Some(SourceSpec::Tokens(_)))
+    }
+
+    /// How a token source cuts and delivers samples; `seq_len` is required.
+    pub(crate) fn token_config(&self) -> Result<TokenConfig> {
+        let specs: Vec<&TokenSpec> = match (&self.blend, &self.source) {
+            (Some(blend), _) => blend.iter().map(|(_, spec)| spec).collect(),
+            (None, Some(SourceSpec::Tokens(spec))) => vec![spec],
+            _ => Vec::new(),
+        };
+        if !specs.iter().any(|s| matches!(s, TokenSpec::Flat(_))) {
+            for (key, set) in [
+                ("token_dtype", self.token_dtype.is_some()),
+                ("eos_token", self.eos_token.is_some()),
+            ] {
+                if set {
+                    return Err(Error::option(
+                        key,
+                        "applies to tokens:PATTERN only (a Megatron index says the type and the \
+                         documents)",
+                    ));
+                }
+            }
+        }
+        Ok(TokenConfig {
+            seq_len: self.seq_len.ok_or_else(|| {
+                Error::option(
+                    "seq_len",
+                    "required for a token source: the tokens of one sample (inputs), e.g. 2048",
+                )
+            })?,
+            boundaries: self.document_boundaries,
+            output: self.token_output_dtype,
+            raw: self.token_dtype,
+            eos: self.eos_token,
+            vocab_size: self.vocab_size,
+        })
+    }
+
+    /// The token keys name their option when set for a source that is not a token stream.
+    fn check_no_token_keys(&self) -> Result<()> {
+        for (key, set) in [
+            ("seq_len", self.seq_len.is_some()),
+            ("global_batch_size", self.global_batch_size.is_some()),
+            (
+                "document_boundaries",
+                self.document_boundaries != Boundaries::Ignore,
+            ),
+            ("token_output_dtype", self.token_output_dtype != DType::I64),
+            ("token_dtype", self.token_dtype.is_some()),
+            ("eos_token", self.eos_token.is_some()),
+            ("vocab_size", self.vocab_size.is_some()),
+            ("allow_config_change", self.allow_config_change),
+        ] {
+            if set {
+                return Err(Error::option(
+                    key,
+                    "applies to token sources only (megatron:PREFIX, tokens:PATTERN)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The pad value of ragged fields: `pad`, or for a token stream `seq_len`, which pads
+    /// `cu_seqlens` with empty documents at the window's end.
+    pub(crate) fn ragged_pad(&self) -> Option<f64> {
+        match (self.pad, self.is_token_stream(), self.seq_len) {
+            (None, true, Some(seq)) => Some(seq as f64),
+            (pad, _, _) => pad,
+        }
     }
 
     /// Keys that choose a sampler have no meaning for a stream, which is read in order.

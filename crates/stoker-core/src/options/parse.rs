@@ -5,11 +5,14 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use super::{Device, DeviceChoice, OnError, Order};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::source::pixels::InputLayout;
-use crate::source::SourceSpec;
+use crate::source::tokens::{Boundaries, TokenType};
+use crate::source::{SourceSpec, TokenSpec};
 
-/// `npy:PATH`, `image_folder:ROOT`, `tar:PATTERN` or `packed:PATH`.
+/// `npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,…]` or
+/// `tokens:PATTERN`.
 pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
     Ok(if let Some(p) = v.strip_prefix("npy:") {
         SourceSpec::Npy(non_empty_path(key, p)?)
@@ -27,14 +30,100 @@ pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
             return Err(Error::option(key, "the packed path is empty"));
         }
         SourceSpec::Packed(p.to_owned())
+    } else if let Some(p) = v.strip_prefix("megatron:") {
+        // Expanded and checked when the loader opens them, as shard patterns are.
+        if p.is_empty() {
+            return Err(Error::option(key, "the Megatron prefix is empty"));
+        }
+        SourceSpec::Tokens(TokenSpec::Megatron(p.to_owned()))
+    } else if let Some(p) = v.strip_prefix("tokens:") {
+        if p.is_empty() {
+            return Err(Error::option(key, "the token file pattern is empty"));
+        }
+        SourceSpec::Tokens(TokenSpec::Flat(p.to_owned()))
     } else {
         return Err(Error::option(
             key,
             format!(
-                "`{v}` is not a source; expected npy:PATH, image_folder:ROOT, tar:PATTERN or packed:PATH"
+                "`{v}` is not a source; expected npy:PATH, image_folder:ROOT, tar:PATTERN, \
+                 packed:PATH, megatron:PREFIX or tokens:PATTERN"
             ),
         ));
     })
+}
+
+/// `W:SPEC,W:SPEC,…`, each SPEC `megatron:…` or `tokens:…`. A spec may hold commas of its own
+/// (`megatron:/a,/b`, `tokens:x-{0,1}.bin`): a comma starts a new entry only where a weight and
+/// a colon follow it.
+pub(super) fn parse_blend(key: &str, v: &str) -> Result<Vec<(f64, TokenSpec)>> {
+    let mut entries: Vec<(f64, String)> = Vec::new();
+    for piece in v.split(',') {
+        let weighted = piece
+            .split_once(':')
+            .and_then(|(w, rest)| Some((w.trim().parse::<f64>().ok()?, rest)));
+        match (weighted, entries.last_mut()) {
+            (Some((w, rest)), _) => entries.push((w, rest.trim().to_owned())),
+            (None, Some((_, spec))) => {
+                spec.push(',');
+                spec.push_str(piece);
+            }
+            (None, None) => {
+                return Err(Error::option(
+                    key,
+                    format!("`{piece}` does not start with a weight; expected W:SPEC,W:SPEC,…"),
+                ))
+            }
+        }
+    }
+    entries
+        .into_iter()
+        .map(|(w, spec)| {
+            if !w.is_finite() || w < 0.0 {
+                return Err(Error::option(
+                    key,
+                    format!("weight {w} of `{spec}` is not a finite number >= 0"),
+                ));
+            }
+            match parse_source(key, &spec)? {
+                SourceSpec::Tokens(t) => Ok((w, t)),
+                _ => Err(Error::option(
+                    key,
+                    format!(
+                        "`{spec}` is not a token source; a blend mixes megatron:… and tokens:…"
+                    ),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// `ignore` or `reset`.
+pub(super) fn parse_boundaries(key: &str, v: &str) -> Result<Boundaries> {
+    match v {
+        "ignore" => Ok(Boundaries::Ignore),
+        "reset" => Ok(Boundaries::Reset),
+        _ => Err(Error::option(
+            key,
+            format!("`{v}` is not a boundary rule; expected ignore or reset"),
+        )),
+    }
+}
+
+/// `int64` or `int32`.
+pub(super) fn parse_token_output(key: &str, v: &str) -> Result<DType> {
+    match v {
+        "int64" => Ok(DType::I64),
+        "int32" => Ok(DType::I32),
+        _ => Err(Error::option(
+            key,
+            format!("`{v}` is not a token output type; expected int64 or int32"),
+        )),
+    }
+}
+
+/// `uint16`, `uint32` or `int32`.
+pub(super) fn parse_token_type(key: &str, v: &str) -> Result<TokenType> {
+    TokenType::parse_raw(v).map_err(|reason| Error::option(key, reason))
 }
 
 /// `npy:PATH`.

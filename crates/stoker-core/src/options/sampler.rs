@@ -3,12 +3,39 @@
 
 use std::ops::Range;
 
-use super::{LoaderOptions, Order, QUASI_RANDOM_WINDOW_PAGES};
+use super::{LoaderOptions, OpenedSource, Order, QUASI_RANDOM_WINDOW_PAGES};
 use crate::error::{Error, Result};
-use crate::sampler::SamplerKind;
+use crate::launch::RankShare;
+use crate::sampler::{Sampler, SamplerKind};
 use crate::source::{Access, Source};
 
 impl LoaderOptions {
+    /// A token stream's global order of epoch `epoch`: the samples of its whole global batches,
+    /// global batch `b` at `b × G`, as every loader of these options deals them at any world
+    /// size (`stoker tokens order`). Opens the source.
+    pub fn token_order(&self, epoch: u64) -> Result<Vec<usize>> {
+        if !self.is_token_stream() {
+            return Err(Error::option(
+                "source",
+                "a token order needs a token source: megatron:PREFIX, tokens:PATTERN or blend=",
+            ));
+        }
+        let launch = self.launch()?;
+        let OpenedSource::Indexed(source) =
+            self.open_source(&launch, self.seed, epoch, None, 0)?.source
+        else {
+            return Err(Error::Internal("a token source opened as a stream".into()));
+        };
+        let global = self
+            .global_batch_size
+            .unwrap_or(self.batch_size * launch.world_size);
+        let kind = self.sampler_kind_for(&*source)?;
+        // One process taking whole global batches: the union of every rank's slices.
+        let sampler = Sampler::dealt(kind, source.len(), self.seed, RankShare::SINGLE)?
+            .in_global_batches(global, global)?;
+        Ok(sampler.epoch_indices(epoch))
+    }
+
     /// The sampler of `source` these options select ([`sampler_kind`](Self::sampler_kind)),
     /// with `order=quasi_random` applied to a shuffle of a paged source; tells the source how
     /// it will be read (`madvise` for packed files).

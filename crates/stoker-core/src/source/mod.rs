@@ -16,6 +16,7 @@ pub mod remote;
 pub mod shards;
 pub mod streaming;
 pub mod tar;
+pub mod tokens;
 
 pub use self::tar::{TarConfig, TarSource, TarStream};
 pub use callback::{
@@ -27,6 +28,7 @@ pub use iterable::{IterableSource, SampleStream, StreamInfo};
 pub use memory::MemorySource;
 pub use npy::{npy_bytes, npy_descr, npy_header, write_npy, NpyArray, NpySource};
 pub use packed::PackedSource;
+pub use tokens::{TokenConfig, TokenSource, TokenSpec};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -222,6 +224,9 @@ pub enum SourceSpec {
     /// The user's stream of samples with no length (see [`IterableSource`]); the fields are
     /// learnt from the first sample when the loader is made.
     Iterable(Arc<dyn IterableSource>),
+    /// `megatron:PREFIX[,PREFIX…]` or `tokens:PATTERN`: a token stream cut into windows of
+    /// `seq_len + 1` tokens (see [`tokens`]); opened with the loader's token options.
+    Tokens(TokenSpec),
 }
 
 impl std::fmt::Debug for SourceSpec {
@@ -234,6 +239,7 @@ impl std::fmt::Debug for SourceSpec {
             SourceSpec::Tar(pattern) => write!(f, "tar:{pattern}"),
             SourceSpec::Packed(path) => write!(f, "packed:{path}"),
             SourceSpec::Iterable(_) => f.write_str("iterable source"),
+            SourceSpec::Tokens(spec) => write!(f, "{spec}"),
         }
     }
 }
@@ -279,6 +285,12 @@ impl SourceSpec {
                 return Err(Error::InvalidArgument(
                     "an iterable source is a stream, not a map-style source".into(),
                 ))
+            }
+            SourceSpec::Tokens(spec) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{spec} is cut into samples by the loader's token options (seq_len): open it \
+                     with TokenSource::open or through a loader"
+                )))
             }
         })
     }

@@ -149,8 +149,40 @@ pub(crate) struct Header {
     pub data_offset: usize,
 }
 
+/// What an `.npy` header says, with the element type as written (`<u2`): for readers that take
+/// element types the batch has none of (token files of uint16 or uint32).
+pub(crate) struct RawHeader {
+    pub descr: String,
+    /// Empty for a 0-d array (a scalar).
+    pub shape: Vec<usize>,
+    /// Where the data starts.
+    pub data_offset: usize,
+}
+
 /// Parses the NPY header (format versions 1.0, 2.0 and 3.0).
 pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
+    let raw = parse_raw_header(bytes)?;
+    let dtype = match raw.descr.as_str() {
+        "|u1" | "<u1" | "u1" => DType::U8,
+        "<i4" => DType::I32,
+        "<i8" => DType::I64,
+        "<f2" => DType::F16,
+        "<f4" => DType::F32,
+        other => {
+            return Err(format!(
+                "unsupported dtype '{other}' (supported: |u1, <i4, <i8, <f2, <f4; little-endian)"
+            ))
+        }
+    };
+    Ok(Header {
+        dtype,
+        shape: raw.shape,
+        data_offset: raw.data_offset,
+    })
+}
+
+/// Parses the NPY header (format versions 1.0, 2.0 and 3.0), leaving the element type as text.
+pub(crate) fn parse_raw_header(bytes: &[u8]) -> std::result::Result<RawHeader, String> {
     const MAGIC: &[u8] = b"\x93NUMPY";
     if bytes.len() < 10 || !bytes.starts_with(MAGIC) {
         return Err("not an .npy file (missing \\x93NUMPY magic)".into());
@@ -175,19 +207,10 @@ pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> 
     let text = std::str::from_utf8(text).map_err(|_| "header is not text")?;
 
     let descr = dict_value(text, "descr").ok_or("header has no 'descr'")?;
-    let descr = descr.trim().trim_matches(|c| c == '\'' || c == '"');
-    let dtype = match descr {
-        "|u1" | "<u1" | "u1" => DType::U8,
-        "<i4" => DType::I32,
-        "<i8" => DType::I64,
-        "<f2" => DType::F16,
-        "<f4" => DType::F32,
-        other => {
-            return Err(format!(
-                "unsupported dtype '{other}' (supported: |u1, <i4, <i8, <f2, <f4; little-endian)"
-            ))
-        }
-    };
+    let descr = descr
+        .trim()
+        .trim_matches(|c| c == '\'' || c == '"')
+        .to_owned();
     let fortran = dict_value(text, "fortran_order").ok_or("header has no 'fortran_order'")?;
     if fortran.trim() != "False" {
         return Err(
@@ -209,8 +232,8 @@ pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> 
                 .map_err(|_| format!("malformed shape entry '{s}'"))
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(Header {
-        dtype,
+    Ok(RawHeader {
+        descr,
         shape,
         data_offset,
     })

@@ -24,4 +24,5 @@ mod tar_loader;
 mod tar_remote;
 mod tar_source;
 mod tensor_images;
+mod tokens;
 mod trace;

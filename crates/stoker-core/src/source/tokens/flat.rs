@@ -1,0 +1,150 @@
+//! `tokens:PATTERN`: flat token files, as nanoGPT and OLMo write them: the tokens of every
+//! document one after the other, raw (`.bin`, of the type `token_dtype` says) or a 1-D `.npy`
+//! array (`uint16`, `uint32` or `int32`, read from its header). Each file is mapped and read in
+//! place. Documents end with `eos_token` when it is set (the token belongs to the document it
+//! ends); a file's end always ends a document.
+
+use std::path::{Path, PathBuf};
+
+use super::{Part, TokenType};
+use crate::error::{Error, Result};
+use crate::source::mapped::Mapping;
+use crate::source::npy::parse_raw_header;
+use crate::source::open_file;
+
+/// One flat token file, mapped and checked.
+pub(super) struct FlatPart {
+    path: PathBuf,
+    map: Mapping,
+    token: TokenType,
+    /// Where the tokens start (after an `.npy` header).
+    offset: usize,
+    tokens: u64,
+    eos: Option<u64>,
+}
+
+impl FlatPart {
+    /// Maps `path`: an `.npy` file's type and length come from its header, a raw file's type is
+    /// `raw` (`token_dtype`), required.
+    pub(super) fn open(path: &Path, raw: Option<TokenType>, eos: Option<u64>) -> Result<FlatPart> {
+        let (file, _) = open_file(path, "a token file")?;
+        let map = Mapping::map(&file, path)?;
+        let is_npy = path.extension().is_some_and(|e| e == "npy");
+        let (token, offset, tokens) = if is_npy {
+            let header = parse_raw_header(&map).map_err(|reason| Error::format(path, reason))?;
+            let token = match header.descr.as_str() {
+                "<u2" => TokenType::U16,
+                "<u4" => TokenType::U32,
+                "<i4" => TokenType::I32,
+                other => {
+                    return Err(Error::format(
+                        path,
+                        format!("holds '{other}'; token arrays must be <u2, <u4 or <i4 (uint16, uint32, int32)"),
+                    ))
+                }
+            };
+            let [n] = header.shape[..] else {
+                return Err(Error::format(
+                    path,
+                    format!("has shape {:?}; a token array is 1-D", header.shape),
+                ));
+            };
+            let need = (n as u128) * token.size() as u128 + header.data_offset as u128;
+            if need != map.len() as u128 {
+                return Err(Error::format(
+                    path,
+                    format!(
+                        "says {n} tokens of {} after a {}-byte header ({need} bytes), but the file has {} ({})",
+                        token.name(),
+                        header.data_offset,
+                        map.len(),
+                        if (map.len() as u128) < need { "truncated" } else { "trailing bytes" }
+                    ),
+                ));
+            }
+            (token, header.data_offset, n as u64)
+        } else {
+            let token = raw.ok_or_else(|| {
+                Error::option(
+                    "token_dtype",
+                    format!(
+                        "{} is a raw token file: say its element type (uint16, uint32 or int32)",
+                        path.display()
+                    ),
+                )
+            })?;
+            if !map.len().is_multiple_of(token.size()) {
+                return Err(Error::format(
+                    path,
+                    format!(
+                        "has {} bytes, not a whole number of {}-byte {} tokens (truncated?)",
+                        map.len(),
+                        token.size(),
+                        token.name()
+                    ),
+                ));
+            }
+            (token, 0, (map.len() / token.size()) as u64)
+        };
+        Ok(FlatPart {
+            path: path.to_owned(),
+            map,
+            token,
+            offset,
+            tokens,
+            eos,
+        })
+    }
+
+    fn bytes(&self, from: u64, to: u64) -> &[u8] {
+        let size = self.token.size();
+        &self.map[self.offset + from as usize * size..self.offset + to as usize * size]
+    }
+}
+
+impl Part for FlatPart {
+    fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    fn token_type(&self) -> TokenType {
+        self.token
+    }
+
+    fn raw(&self, from: u64, to: u64, each: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        each(self.bytes(from, to))
+    }
+
+    fn doc_starts(&self, from: u64, to: u64, each: &mut dyn FnMut(u64)) {
+        let Some(eos) = self.eos else { return };
+        // A document starts after each end-of-document token; the one at `to - 1` starts one
+        // at `to`, outside the range.
+        let size = self.token.size();
+        let end = to.saturating_sub(1);
+        if end <= from {
+            return;
+        }
+        for (k, chunk) in self.bytes(from, end).chunks_exact(size).enumerate() {
+            if self.token.get(chunk) == eos as i64 {
+                each(from + k as u64 + 1);
+            }
+        }
+    }
+
+    fn describe(&self, t: u64) -> String {
+        format!("{} token {t}", self.path.display())
+    }
+
+    fn identity(&self) -> String {
+        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
+        format!("tokens {name}: {} of {}", self.tokens, self.token.name())
+    }
+
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    fn check(&self) -> Result<()> {
+        self.map.check()
+    }
+}

@@ -1,0 +1,491 @@
+//! Token streams for language-model training: `megatron:PREFIX[,PREFIX…]` (Megatron-LM's
+//! indexed datasets, [`megatron`]) and `tokens:PATTERN` (flat token files, `flat`), read in
+//! place from read-only mappings.
+//!
+//! The files of a source are laid end to end in the order named (a pattern's expansion order)
+//! into one stream of tokens. Sample `i` is the window of `seq_len + 1` tokens starting at token
+//! `i · seq_len` — windows share one token, none is skipped or overlapped otherwise, as
+//! Megatron's `GPTDataset` cuts a stream whose documents are not shuffled — so a source of `T`
+//! tokens has `(T - 1) / seq_len` samples. Fields:
+//!
+//! - `input_ids`: the first `seq_len` tokens (int64, or int32 with `token_output_dtype=int32`);
+//! - `labels`: the last `seq_len` (the inputs shifted by one);
+//! - with `document_boundaries=reset`, `position_ids` (0 at each document's first token in the
+//!   window, counting up) and `cu_seqlens` (int32: `0`, the offset of each document starting
+//!   inside the window, `seq_len`; ragged, so padded per batch with `cu_seqlens_lengths`).
+//!
+//! Documents are Megatron's documents (runs of sequences in the document index), or the runs a
+//! flat file's `eos_token` ends; a file's end always ends one.
+//!
+//! Nothing at open is O(tokens) except the check of every token id against `vocab_size`, which
+//! runs only when that option is set. The memory kept is 8 bytes per Megatron sequence (where it
+//! starts in the stream) and 8 per file.
+
+pub mod blend;
+mod flat;
+pub mod megatron;
+
+use std::path::PathBuf;
+
+use super::{FieldSpec, Sample, Source};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::source::remote::is_url;
+use crate::source::shards::expand_shards;
+
+/// The element type of stored tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TokenType {
+    /// `uint8` (Megatron code 1).
+    U8,
+    /// `int8` (code 2).
+    I8,
+    /// `int16` (code 3).
+    I16,
+    /// `int32` (code 4).
+    I32,
+    /// `int64` (code 5).
+    I64,
+    /// `uint16` (code 8).
+    U16,
+    /// `uint32` (flat files only).
+    U32,
+}
+
+impl TokenType {
+    /// Bytes per token.
+    pub const fn size(self) -> usize {
+        match self {
+            TokenType::U8 | TokenType::I8 => 1,
+            TokenType::I16 | TokenType::U16 => 2,
+            TokenType::I32 | TokenType::U32 => 4,
+            TokenType::I64 => 8,
+        }
+    }
+
+    /// NumPy's name for it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            TokenType::U8 => "uint8",
+            TokenType::I8 => "int8",
+            TokenType::I16 => "int16",
+            TokenType::I32 => "int32",
+            TokenType::I64 => "int64",
+            TokenType::U16 => "uint16",
+            TokenType::U32 => "uint32",
+        }
+    }
+
+    /// The type of Megatron's `DType` code (`indexed_dataset.py`); float codes are refused.
+    pub fn from_megatron_code(code: u8) -> std::result::Result<TokenType, String> {
+        Ok(match code {
+            1 => TokenType::U8,
+            2 => TokenType::I8,
+            3 => TokenType::I16,
+            4 => TokenType::I32,
+            5 => TokenType::I64,
+            8 => TokenType::U16,
+            6 | 7 => {
+                return Err(format!(
+                    "has token type code {code} ({}): token ids are integers",
+                    if code == 6 { "float64" } else { "float32" }
+                ))
+            }
+            _ => {
+                return Err(format!(
+                    "has unknown token type code {code} (Megatron's are 1-5 and 8 for integers)"
+                ))
+            }
+        })
+    }
+
+    /// The value of one little-endian token (`bytes.len() == self.size()`).
+    pub fn get(self, bytes: &[u8]) -> i64 {
+        let mut b = [0u8; 8];
+        let n = self.size().min(bytes.len());
+        b[..n].copy_from_slice(&bytes[..n]);
+        match self {
+            TokenType::U8 => i64::from(b[0]),
+            TokenType::I8 => i64::from(b[0] as i8),
+            TokenType::I16 => i64::from(i16::from_le_bytes([b[0], b[1]])),
+            TokenType::U16 => i64::from(u16::from_le_bytes([b[0], b[1]])),
+            TokenType::I32 => i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            TokenType::U32 => i64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            TokenType::I64 => i64::from_le_bytes(b),
+        }
+    }
+
+    /// `token_dtype`: the types a raw flat file may hold.
+    pub fn parse_raw(v: &str) -> std::result::Result<TokenType, String> {
+        match v {
+            "uint16" => Ok(TokenType::U16),
+            "uint32" => Ok(TokenType::U32),
+            "int32" => Ok(TokenType::I32),
+            _ => Err(format!(
+                "`{v}` is not a token type; expected uint16, uint32 or int32"
+            )),
+        }
+    }
+}
+
+/// What `document_boundaries` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Boundaries {
+    /// A plain window: `input_ids` and `labels`.
+    #[default]
+    Ignore,
+    /// Also `position_ids` restarting per document and `cu_seqlens`.
+    Reset,
+}
+
+/// How a token source cuts and delivers samples (the options `seq_len`, `document_boundaries`,
+/// `token_output_dtype`, `token_dtype`, `eos_token`, `vocab_size`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TokenConfig {
+    /// Tokens per sample, the extra one for `labels` not counted.
+    pub seq_len: usize,
+    /// Whether documents restart positions.
+    pub boundaries: Boundaries,
+    /// `input_ids`, `labels` and `position_ids` are int64 or int32.
+    pub output: DType,
+    /// The type of raw flat files.
+    pub raw: Option<TokenType>,
+    /// The token ending a document in flat files.
+    pub eos: Option<u64>,
+    /// Every token id must be below it (checked at open, O(tokens)).
+    pub vocab_size: Option<u64>,
+}
+
+/// Which files hold the tokens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenSpec {
+    /// `megatron:PREFIX[,PREFIX…]` (brace ranges allowed).
+    Megatron(String),
+    /// `tokens:PATTERN`: flat `.bin` or `.npy` files.
+    Flat(String),
+}
+
+impl std::fmt::Display for TokenSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenSpec::Megatron(p) => write!(f, "megatron:{p}"),
+            TokenSpec::Flat(p) => write!(f, "tokens:{p}"),
+        }
+    }
+}
+
+/// One file (or Megatron prefix) of a token stream.
+pub(crate) trait Part: Send + Sync {
+    /// Tokens it holds.
+    fn tokens(&self) -> u64;
+    /// Their stored type.
+    fn token_type(&self) -> TokenType;
+    /// Hands over the stored bytes of tokens `from..to` (`to <= tokens()`), in order, as
+    /// contiguous runs.
+    fn raw(&self, from: u64, to: u64, each: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()>;
+    /// Calls `each`, rising, with the first token of every document that starts strictly
+    /// between `from` and `to`.
+    fn doc_starts(&self, from: u64, to: u64, each: &mut dyn FnMut(u64));
+    /// Where token `t` is, for messages.
+    fn describe(&self, t: u64) -> String;
+    /// What it is, wherever it is mounted (name, counts, type).
+    fn identity(&self) -> String;
+    /// The file errors about its tokens name.
+    fn path(&self) -> PathBuf;
+    /// `Err` if a mapping was truncated while in use.
+    fn check(&self) -> Result<()>;
+}
+
+/// A token source: the stream of its files' tokens cut into windows (see the module docs).
+pub struct TokenSource {
+    spec: TokenSpec,
+    config: TokenConfig,
+    parts: Vec<Box<dyn Part>>,
+    /// Where each part starts in the stream; one more entry, the total.
+    starts: Vec<u64>,
+    fields: Vec<FieldSpec>,
+    len: usize,
+}
+
+/// The local paths a pattern expands to; URLs are refused (token files are read in place).
+fn local_paths(pattern: &str, what: &str) -> Result<Vec<PathBuf>> {
+    expand_shards(pattern)?
+        .into_iter()
+        .map(|name| match name.strip_prefix("file://") {
+            Some(local) => Ok(PathBuf::from(local)),
+            None if is_url(&name) => Err(Error::Unsupported(format!(
+                "`{name}`: {what} are read from local files only"
+            ))),
+            None => Ok(PathBuf::from(name)),
+        })
+        .collect()
+}
+
+impl TokenSource {
+    /// Opens and checks every file `spec` names; errors name the file and what disagrees.
+    pub fn open(spec: &TokenSpec, config: &TokenConfig) -> Result<TokenSource> {
+        if config.seq_len == 0 {
+            return Err(Error::option("seq_len", "must be at least 1"));
+        }
+        if !matches!(config.output, DType::I64 | DType::I32) {
+            return Err(Error::option(
+                "token_output_dtype",
+                format!(
+                    "tokens are delivered as int64 or int32, not {}",
+                    config.output
+                ),
+            ));
+        }
+        let parts: Vec<Box<dyn Part>> = match spec {
+            // `token_dtype` and `eos_token` are for flat files: a Megatron index says the type
+            // and the documents itself.
+            TokenSpec::Megatron(prefixes) => {
+                let paths = local_paths(prefixes, "Megatron datasets")?;
+                crate::fork::parallel(|| {
+                    use rayon::prelude::*;
+                    paths
+                        .par_iter()
+                        .map(|p| {
+                            megatron::MegatronPart::open(p).map(|m| Box::new(m) as Box<dyn Part>)
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })??
+            }
+            TokenSpec::Flat(pattern) => {
+                let paths = local_paths(pattern, "token files")?;
+                crate::fork::parallel(|| {
+                    use rayon::prelude::*;
+                    paths
+                        .par_iter()
+                        .map(|p| {
+                            flat::FlatPart::open(p, config.raw, config.eos)
+                                .map(|f| Box::new(f) as Box<dyn Part>)
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })??
+            }
+        };
+        let mut starts = Vec::with_capacity(parts.len() + 1);
+        let mut total = 0u64;
+        starts.push(0);
+        for part in &parts {
+            total = total
+                .checked_add(part.tokens())
+                .ok_or_else(|| Error::Internal("token count overflows u64".into()))?;
+            starts.push(total);
+        }
+        if let Some(vocab) = config.vocab_size {
+            crate::fork::parallel(|| {
+                use rayon::prelude::*;
+                parts.par_iter().try_for_each(|p| check_vocab(&**p, vocab))
+            })??;
+        }
+        let samples = total.saturating_sub(1) / config.seq_len as u64;
+        let len = usize::try_from(samples)
+            .map_err(|_| Error::Internal(format!("{samples} samples overflow usize")))?;
+        let seq = config.seq_len;
+        let mut fields = vec![
+            FieldSpec::tensor("input_ids", config.output, &[seq]),
+            FieldSpec::tensor("labels", config.output, &[seq]),
+        ];
+        if config.boundaries == Boundaries::Reset {
+            fields.push(FieldSpec::tensor("position_ids", config.output, &[seq]));
+            fields.push(FieldSpec::ragged("cu_seqlens", DType::I32, &[]));
+        }
+        Ok(TokenSource {
+            spec: spec.clone(),
+            config: config.clone(),
+            parts,
+            starts,
+            fields,
+            len,
+        })
+    }
+
+    /// Tokens in the stream.
+    pub fn total_tokens(&self) -> u64 {
+        self.starts[self.starts.len() - 1]
+    }
+
+    /// The spec it was opened from.
+    pub fn spec(&self) -> &TokenSpec {
+        &self.spec
+    }
+
+    /// The part holding stream token `t` (`t < total`).
+    fn part_of(&self, t: u64) -> usize {
+        self.starts.partition_point(|&s| s <= t) - 1
+    }
+
+    /// Appends tokens `from..to` of the stream to `out` in the output type.
+    fn window(&self, from: u64, to: u64, out: &mut Vec<u8>) -> Result<()> {
+        let wide = self.config.output == DType::I64;
+        let mut p = self.part_of(from);
+        let mut t = from;
+        while t < to {
+            let (start, end) = (self.starts[p], self.starts[p + 1]);
+            let stop = end.min(to);
+            if stop > t {
+                let part = &self.parts[p];
+                let ty = part.token_type();
+                part.raw(t - start, stop - start, &mut |bytes| {
+                    for chunk in bytes.chunks_exact(ty.size()) {
+                        let v = ty.get(chunk);
+                        if wide {
+                            out.extend_from_slice(&v.to_ne_bytes());
+                        } else {
+                            let v = i32::try_from(v).map_err(|_| {
+                                Error::format(
+                                    part.path(),
+                                    format!("token id {v} does not fit token_output_dtype=int32"),
+                                )
+                            })?;
+                            out.extend_from_slice(&v.to_ne_bytes());
+                        }
+                    }
+                    Ok(())
+                })?;
+                t = stop;
+            }
+            p += 1;
+        }
+        Ok(())
+    }
+
+    /// Calls `each`, rising and without repeats, with every stream token strictly between
+    /// `from` and `to` that starts a document (a part's first token starts one).
+    fn boundaries(&self, from: u64, to: u64, each: &mut dyn FnMut(u64)) {
+        let mut last = from;
+        let mut emit = |t: u64| {
+            if t > last && t < to {
+                last = t;
+                each(t);
+            }
+        };
+        let mut p = self.part_of(from);
+        while p < self.parts.len() && self.starts[p] < to {
+            let (start, end) = (self.starts[p], self.starts[p + 1]);
+            emit(start);
+            let (a, b) = (from.max(start), to.min(end));
+            if b > a {
+                self.parts[p].doc_starts(a - start, b - start, &mut |t| emit(t + start));
+            }
+            p += 1;
+        }
+    }
+}
+
+/// `Err` naming the file and the token's place unless every token of `part` is in
+/// `0..vocab`.
+fn check_vocab(part: &dyn Part, vocab: u64) -> Result<()> {
+    let ty = part.token_type();
+    let mut at = 0u64;
+    part.raw(0, part.tokens(), &mut |bytes| {
+        for chunk in bytes.chunks_exact(ty.size()) {
+            let v = ty.get(chunk);
+            if v < 0 || v as u64 >= vocab {
+                return Err(Error::format(
+                    part.path(),
+                    format!(
+                        "token {v} at {} is outside vocab_size {vocab} (ids must be in 0..{vocab})",
+                        part.describe(at)
+                    ),
+                ));
+            }
+            at += 1;
+        }
+        Ok(())
+    })
+}
+
+impl Source for TokenSource {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn fields(&self) -> &[FieldSpec] {
+        &self.fields
+    }
+
+    fn describe(&self, index: usize) -> String {
+        let first = index as u64 * self.config.seq_len as u64;
+        if first >= self.total_tokens() {
+            return format!("{} sample {index} (past the end)", self.spec);
+        }
+        let p = self.part_of(first);
+        format!(
+            "{} sample {index} (from {})",
+            self.spec,
+            self.parts[p].describe(first - self.starts[p])
+        )
+    }
+
+    fn identity(&self) -> String {
+        let parts: Vec<String> = self.parts.iter().map(|p| p.identity()).collect();
+        format!("{} samples of {}", self.len, parts.join("; "))
+    }
+
+    fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+        if index >= self.len {
+            return Err(Error::InvalidArgument(format!(
+                "sample {index} is out of range for {} samples of {}",
+                self.len, self.spec
+            )));
+        }
+        let seq = self.config.seq_len;
+        let size = self.config.output.size();
+        let first = index as u64 * seq as u64;
+        scratch.clear();
+        self.window(first, first + seq as u64 + 1, scratch)?;
+        let mut extra = None;
+        if self.config.boundaries == Boundaries::Reset {
+            // cu_seqlens: 0, each document start inside the window, seq_len.
+            let cu_at = scratch.len();
+            scratch.extend_from_slice(&0i32.to_ne_bytes());
+            self.boundaries(first, first + seq as u64, &mut |t| {
+                scratch.extend_from_slice(&((t - first) as i32).to_ne_bytes())
+            });
+            scratch.extend_from_slice(&(seq as i32).to_ne_bytes());
+            let pos_at = scratch.len();
+            scratch.resize(pos_at + seq * size, 0);
+            let (head, positions) = scratch.split_at_mut(pos_at);
+            let bounds = head[cu_at..]
+                .chunks_exact(4)
+                .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as usize);
+            let mut doc_start = 0usize;
+            let mut next = bounds.skip(1);
+            let mut doc_end = next.next().unwrap_or(seq);
+            for (k, slot) in positions.chunks_exact_mut(size).enumerate() {
+                while k >= doc_end {
+                    doc_start = doc_end;
+                    doc_end = next.next().unwrap_or(seq);
+                }
+                let pos = (k - doc_start) as i64;
+                if size == 8 {
+                    slot.copy_from_slice(&pos.to_ne_bytes());
+                } else {
+                    slot.copy_from_slice(&(pos as i32).to_ne_bytes());
+                }
+            }
+            extra = Some((cu_at, pos_at));
+        }
+        let buf: &'a [u8] = scratch;
+        let mut sample = Sample::default();
+        sample.set(0, &buf[..seq * size]);
+        sample.set(1, &buf[size..(seq + 1) * size]);
+        if let Some((cu_at, pos_at)) = extra {
+            sample.set(2, &buf[pos_at..]);
+            sample.set(3, &buf[cu_at..pos_at]);
+        }
+        Ok(sample)
+    }
+
+    fn verify(&self) -> Result<()> {
+        if crate::source::mapped::any_truncated() {
+            for part in &self.parts {
+                part.check()?;
+            }
+        }
+        Ok(())
+    }
+}
