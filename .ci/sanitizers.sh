@@ -65,7 +65,7 @@ summarize() {
     grep -nE -A30 '==[0-9]+==ERROR|WARNING: ThreadSanitizer|Undefined Behavior|unsupported operation|panicked|FAILED' "$log" | head -120 || true
     tail -n 20 "$log"
     if grep -q 'Miri only supports calls to mmap' "$log"; then
-      echo "hint: Miri maps only MAP_PRIVATE|MAP_ANONYMOUS; arena.rs must leave out MAP_POPULATE under cfg(miri)"
+      echo "hint: Miri maps only MAP_PRIVATE|MAP_ANONYMOUS; arena/mod.rs must leave out MAP_POPULATE under cfg(miri)"
     fi
   fi
 }
