@@ -13,7 +13,8 @@
 use super::augment::{self, aug_is_geometric, Drawn};
 use super::geometry::Plan;
 use super::pipeline::foldable;
-use super::spec::{parse, BoxFormat, Op};
+use super::roles::BoxFormat;
+use super::spec::{parse, Op};
 use crate::rng::Rng;
 
 /// Sides shorter than this (in output pixels) drop a box (torchvision's `min_size`).

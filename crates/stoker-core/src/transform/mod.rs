@@ -70,6 +70,7 @@
 //! channel counts and types, and masks, go through [`dense`] (the same plan and draws, plane by
 //! plane); bounding boxes through [`boxes`] (the same draws, moving coordinates).
 
+mod args;
 mod augment;
 pub mod boxes;
 mod color;
@@ -78,6 +79,7 @@ pub mod geometry;
 mod kernels;
 pub mod mix;
 pub mod pipeline;
+pub mod roles;
 pub mod spec;
 pub mod warp;
 
@@ -87,10 +89,8 @@ pub use dense::{DensePipeline, DenseScratch, Role, TensorShape};
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
 pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch, NO_SIZE};
-pub use spec::{
-    parse, roles, BoxFormat, EraseValue, Op, PadMode, Roles, DEFAULT_IGNORE_INDEX, IMAGENET_MEAN,
-    IMAGENET_STD, MAX_CHANNELS,
-};
+pub use roles::{roles, BoxFormat, Roles, DEFAULT_IGNORE_INDEX};
+pub use spec::{parse, EraseValue, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD, MAX_CHANNELS};
 
 #[cfg(test)]
 mod tests;

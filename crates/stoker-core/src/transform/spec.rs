@@ -1,6 +1,9 @@
 //! The spec language: `random_resized_crop(224) | hflip | normalize(imagenet)` parsed into
 //! [`Op`]s, each validated with an error naming the operation and the argument.
 
+use super::args::{split_args, Args};
+use super::roles::roles;
+
 /// ImageNet's channel means and standard deviations (torchvision's reference scripts).
 pub const IMAGENET_MEAN: [f64; 3] = [0.485, 0.456, 0.406];
 /// ImageNet's per-channel standard deviations (torchvision's reference scripts).
@@ -188,143 +191,6 @@ pub enum PadMode {
 /// tens of bands, hyperspectral cubes a few hundred.
 pub const MAX_CHANNELS: usize = 1024;
 
-/// The roles of fields that one draw applies to: `fields(image=NAME, mask=NAME,
-/// ignore_index=V)` as the first term of a spec. Every geometric op moves the mask with the
-/// image; the mask is resampled nearest-neighbour, and what no source pixel covers is
-/// `ignore_index`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Roles {
-    /// The image field (transformed as any image; `None`: the source's image field).
-    pub image: Option<String>,
-    /// The segmentation mask field: an integer `[H, W]` tensor of the image's size.
-    pub mask: Option<String>,
-    /// The bounding-box field (float32 rows of 4, one row per box) and how a box is written.
-    pub boxes: Option<(String, BoxFormat)>,
-    /// The boxes' labels (one integer per box), dropped with the boxes a transform drops.
-    pub labels: Option<String>,
-    /// The label written where a geometric op uncovers the mask (default 255).
-    pub ignore_index: i64,
-}
-
-/// How a box's four numbers are written (torchvision's `BoundingBoxFormat`), in pixels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BoxFormat {
-    /// Left, top, right, bottom.
-    Xyxy,
-    /// Left, top, width, height.
-    Xywh,
-    /// Centre x, centre y, width, height.
-    Cxcywh,
-}
-
-/// `ignore_index` unless `fields(...)` says otherwise (torchvision's segmentation references).
-pub const DEFAULT_IGNORE_INDEX: i64 = 255;
-
-/// The roles named by a leading `fields(...)` term of `spec`; `None` without one.
-pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
-    let Some(first) = spec.split('|').next().map(str::trim) else {
-        return Ok(None);
-    };
-    let Some(inner) = first
-        .strip_prefix("fields")
-        .map(str::trim_start)
-        .and_then(|r| r.strip_prefix('('))
-    else {
-        return Ok(None);
-    };
-    let inner = inner
-        .strip_suffix(')')
-        .ok_or_else(|| format!("`{first}`: missing closing parenthesis"))?;
-    let args = split_args(inner);
-    let err = |e: String| format!("`{first}`: fields: {e}");
-    args.check(
-        0,
-        &[
-            "image",
-            "mask",
-            "boxes",
-            "labels",
-            "keypoints",
-            "ignore_index",
-        ],
-    )
-    .map_err(err)?;
-    if args.named("keypoints").is_some() {
-        return Err(err(
-            "the `keypoints` role is not supported yet (image, mask, boxes and labels are)".into(),
-        ));
-    }
-    let name = |role: &str| -> Result<Option<String>, String> {
-        match args.named(role) {
-            Some(n) if n.is_empty() || n.contains(',') => {
-                Err(err(format!("{role}=`{n}` is not a field name")))
-            }
-            n => Ok(n.map(str::to_owned)),
-        }
-    };
-    let ignore_index = match args.named("ignore_index") {
-        None => DEFAULT_IGNORE_INDEX,
-        Some(v) => v
-            .parse::<i64>()
-            .map_err(|_| err(format!("ignore_index=`{v}` is not an integer")))?,
-    };
-    let boxes = match name("boxes")? {
-        None => None,
-        Some(b) => {
-            let (field, format) = match b.split_once(':') {
-                None => (b.as_str(), "xyxy"),
-                Some((field, format)) => (field, format),
-            };
-            let format = match format {
-                "xyxy" => BoxFormat::Xyxy,
-                "xywh" => BoxFormat::Xywh,
-                "cxcywh" => BoxFormat::Cxcywh,
-                other => {
-                    return Err(err(format!(
-                        "boxes=`{b}`: box format `{other}` is not xyxy, xywh or cxcywh"
-                    )))
-                }
-            };
-            if field.is_empty() {
-                return Err(err(format!("boxes=`{b}` names no field")));
-            }
-            Some((field.to_owned(), format))
-        }
-    };
-    let roles = Roles {
-        image: name("image")?,
-        mask: name("mask")?,
-        boxes,
-        labels: name("labels")?,
-        ignore_index,
-    };
-    if roles.mask.is_none() && roles.boxes.is_none() {
-        return Err(err(
-            "names no mask or boxes: write fields(image=NAME, mask=NAME) or \
-             fields(image=NAME, boxes=NAME, labels=NAME)"
-                .into(),
-        ));
-    }
-    if roles.labels.is_some() && roles.boxes.is_none() {
-        return Err(err(
-            "labels= names the labels of boxes: give boxes= too".into()
-        ));
-    }
-    let named: Vec<&str> = [
-        roles.image.as_deref(),
-        roles.mask.as_deref(),
-        roles.boxes.as_ref().map(|(b, _)| b.as_str()),
-        roles.labels.as_deref(),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if (1..named.len()).any(|i| named[..i].contains(&named[i])) {
-        return Err(err("each role needs a field of its own".into()));
-    }
-    Ok(Some(roles))
-}
-
 /// Number of magnitude bins of RandAugment and TrivialAugmentWide (torchvision's default).
 pub const MAGNITUDE_BINS: usize = 31;
 
@@ -366,57 +232,6 @@ pub fn parse(spec: &str) -> Result<Vec<Op>, String> {
         ops.push(op);
     }
     Ok(ops)
-}
-
-#[derive(Default, Debug)]
-struct Args {
-    positional: Vec<String>,
-    named: Vec<(String, String)>,
-}
-
-impl Args {
-    fn named(&self, key: &str) -> Option<&str> {
-        self.named
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn check(&self, max_positional: usize, keys: &[&str]) -> Result<(), String> {
-        if self.positional.len() > max_positional {
-            return Err(format!(
-                "takes at most {max_positional} positional argument(s), got {}",
-                self.positional.len()
-            ));
-        }
-        for (k, _) in &self.named {
-            if !keys.contains(&k.as_str()) {
-                return Err(if keys.is_empty() {
-                    format!("unknown argument `{k}`")
-                } else {
-                    format!("unknown argument `{k}` (expected {})", keys.join(", "))
-                });
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Splits `a, b, key=1,2,3, other=x` into positional `[a, b]` and named
-/// `[(key, "1,2,3"), (other, x)]`: a token without `=` after a named one continues it.
-fn split_args(inner: &str) -> Args {
-    let mut args = Args::default();
-    for token in inner.split(',').map(str::trim) {
-        if let Some((k, v)) = token.split_once('=') {
-            args.named.push((k.trim().to_owned(), v.trim().to_owned()));
-        } else if let Some((_, v)) = args.named.last_mut() {
-            v.push(',');
-            v.push_str(token);
-        } else if !token.is_empty() || !args.positional.is_empty() {
-            args.positional.push(token.to_owned());
-        }
-    }
-    args
 }
 
 fn number(s: &str) -> Result<f64, String> {

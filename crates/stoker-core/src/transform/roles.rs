@@ -1,0 +1,141 @@
+//! The `fields(...)` term that may open a spec: which field is the image, the mask, the boxes
+//! and their labels, so that one draw moves them all (see `dense` and `boxes`).
+
+use super::args::split_args;
+
+/// The roles of fields that one draw applies to: `fields(image=NAME, mask=NAME,
+/// ignore_index=V)` as the first term of a spec. Every geometric op moves the mask with the
+/// image; the mask is resampled nearest-neighbour, and what no source pixel covers is
+/// `ignore_index`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Roles {
+    /// The image field (transformed as any image; `None`: the source's image field).
+    pub image: Option<String>,
+    /// The segmentation mask field: an integer `[H, W]` tensor of the image's size.
+    pub mask: Option<String>,
+    /// The bounding-box field (float32 rows of 4, one row per box) and how a box is written.
+    pub boxes: Option<(String, BoxFormat)>,
+    /// The boxes' labels (one integer per box), dropped with the boxes a transform drops.
+    pub labels: Option<String>,
+    /// The label written where a geometric op uncovers the mask (default 255).
+    pub ignore_index: i64,
+}
+
+/// How a box's four numbers are written (torchvision's `BoundingBoxFormat`), in pixels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoxFormat {
+    /// Left, top, right, bottom.
+    Xyxy,
+    /// Left, top, width, height.
+    Xywh,
+    /// Centre x, centre y, width, height.
+    Cxcywh,
+}
+
+/// `ignore_index` unless `fields(...)` says otherwise (torchvision's segmentation references).
+pub const DEFAULT_IGNORE_INDEX: i64 = 255;
+
+/// The roles named by a leading `fields(...)` term of `spec`; `None` without one.
+pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
+    let Some(first) = spec.split('|').next().map(str::trim) else {
+        return Ok(None);
+    };
+    let Some(inner) = first
+        .strip_prefix("fields")
+        .map(str::trim_start)
+        .and_then(|r| r.strip_prefix('('))
+    else {
+        return Ok(None);
+    };
+    let inner = inner
+        .strip_suffix(')')
+        .ok_or_else(|| format!("`{first}`: missing closing parenthesis"))?;
+    let args = split_args(inner);
+    let err = |e: String| format!("`{first}`: fields: {e}");
+    args.check(
+        0,
+        &[
+            "image",
+            "mask",
+            "boxes",
+            "labels",
+            "keypoints",
+            "ignore_index",
+        ],
+    )
+    .map_err(err)?;
+    if args.named("keypoints").is_some() {
+        return Err(err(
+            "the `keypoints` role is not supported yet (image, mask, boxes and labels are)".into(),
+        ));
+    }
+    let name = |role: &str| -> Result<Option<String>, String> {
+        match args.named(role) {
+            Some(n) if n.is_empty() || n.contains(',') => {
+                Err(err(format!("{role}=`{n}` is not a field name")))
+            }
+            n => Ok(n.map(str::to_owned)),
+        }
+    };
+    let ignore_index = match args.named("ignore_index") {
+        None => DEFAULT_IGNORE_INDEX,
+        Some(v) => v
+            .parse::<i64>()
+            .map_err(|_| err(format!("ignore_index=`{v}` is not an integer")))?,
+    };
+    let boxes = match name("boxes")? {
+        None => None,
+        Some(b) => {
+            let (field, format) = match b.split_once(':') {
+                None => (b.as_str(), "xyxy"),
+                Some((field, format)) => (field, format),
+            };
+            let format = match format {
+                "xyxy" => BoxFormat::Xyxy,
+                "xywh" => BoxFormat::Xywh,
+                "cxcywh" => BoxFormat::Cxcywh,
+                other => {
+                    return Err(err(format!(
+                        "boxes=`{b}`: box format `{other}` is not xyxy, xywh or cxcywh"
+                    )))
+                }
+            };
+            if field.is_empty() {
+                return Err(err(format!("boxes=`{b}` names no field")));
+            }
+            Some((field.to_owned(), format))
+        }
+    };
+    let roles = Roles {
+        image: name("image")?,
+        mask: name("mask")?,
+        boxes,
+        labels: name("labels")?,
+        ignore_index,
+    };
+    if roles.mask.is_none() && roles.boxes.is_none() {
+        return Err(err(
+            "names no mask or boxes: write fields(image=NAME, mask=NAME) or \
+             fields(image=NAME, boxes=NAME, labels=NAME)"
+                .into(),
+        ));
+    }
+    if roles.labels.is_some() && roles.boxes.is_none() {
+        return Err(err(
+            "labels= names the labels of boxes: give boxes= too".into()
+        ));
+    }
+    let named: Vec<&str> = [
+        roles.image.as_deref(),
+        roles.mask.as_deref(),
+        roles.boxes.as_ref().map(|(b, _)| b.as_str()),
+        roles.labels.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if (1..named.len()).any(|i| named[..i].contains(&named[i])) {
+        return Err(err("each role needs a field of its own".into()));
+    }
+    Ok(Some(roles))
+}
