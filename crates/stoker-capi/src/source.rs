@@ -8,6 +8,7 @@
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use stoker_core::source::{ReadFn, SampleWriter};
@@ -56,8 +57,48 @@ unsafe impl Send for SampleState {}
 /// last used (no lock on the path of a sample); a thread that ends gives it to `IDLE_SAMPLES`,
 /// where a new thread takes one. Those two moments only *try* the lock: a process forked while
 /// another thread held it must not block on it forever, so a handle that finds the lock taken
-/// stays leaked (one per such thread start or end) and the caller allocates a new one.
+/// is not reused (one per such thread start or end) and the caller allocates a new one.
 static IDLE_SAMPLES: Mutex<Vec<&'static stoker_sample>> = Mutex::new(Vec::new());
+
+/// Every handle ever allocated, linked through `next`: none is freed, and this keeps each one
+/// reachable whoever holds it (a thread, `IDLE_SAMPLES`, or nobody after a lock found taken), so
+/// a leak checker reports none. Handles are only ever pushed, so a compare-and-swap loop is the
+/// whole algorithm (with no pop there is no ABA).
+static ALL_SAMPLES: AtomicPtr<Allocated> = AtomicPtr::new(std::ptr::null_mut());
+
+struct Allocated {
+    sample: stoker_sample,
+    next: *mut Allocated,
+}
+
+/// A new handle, linked into `ALL_SAMPLES`.
+fn new_sample() -> &'static stoker_sample {
+    let node: &'static mut Allocated = Box::leak(Box::new(Allocated {
+        sample: stoker_sample {
+            state: Mutex::new(SampleState {
+                writer: std::ptr::null_mut(),
+                failure: None,
+            }),
+        },
+        next: std::ptr::null_mut(),
+    }));
+    let mut head = ALL_SAMPLES.load(Ordering::Relaxed);
+    loop {
+        node.next = head;
+        // Release: a thread that reads the list sees the node's fields written.
+        match ALL_SAMPLES.compare_exchange_weak(
+            head,
+            &mut *node,
+            Ordering::Release,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => break,
+            Err(now) => head = now,
+        }
+    }
+    let node: &'static Allocated = node;
+    &node.sample
+}
 
 /// This thread's idle handle; returned to `IDLE_SAMPLES` when the thread ends.
 struct ThreadSample(Cell<Option<&'static stoker_sample>>);
@@ -79,18 +120,11 @@ fn take_sample() -> &'static stoker_sample {
     THREAD_SAMPLE
         .with(|mine| mine.0.take())
         .or_else(|| IDLE_SAMPLES.try_lock().ok()?.pop())
-        .unwrap_or_else(|| {
-            Box::leak(Box::new(stoker_sample {
-                state: Mutex::new(SampleState {
-                    writer: std::ptr::null_mut(),
-                    failure: None,
-                }),
-            }))
-        })
+        .unwrap_or_else(new_sample)
 }
 
 /// Keeps `sample` as this thread's idle handle (a re-entrant call's second handle goes to
-/// `IDLE_SAMPLES`, or stays leaked if the lock is taken).
+/// `IDLE_SAMPLES`, or is not reused if the lock is taken).
 fn give_back(sample: &'static stoker_sample) {
     let spare = THREAD_SAMPLE
         .try_with(|mine| mine.0.replace(Some(sample)))
