@@ -273,7 +273,7 @@ fn holding_the_whole_ring_still_sees_the_end_of_the_epoch() {
 fn host_slabs_are_recycled_once_copied_while_device_batches_are_held() {
     let fake = fake(20);
     // num_workers 0: host batches are built on the prefetch thread, so every leased slab is one
-    // the prefetcher holds (at most one waiting for a buffer, one being copied).
+    // the prefetcher holds: those of its copies in flight and the batch it builds next.
     let o = options(
         counting_source(40),
         &[
@@ -286,16 +286,17 @@ fn host_slabs_are_recycled_once_copied_while_device_batches_are_held() {
     let a = l.next().unwrap().unwrap();
     let b = l.next().unwrap().unwrap();
     // Both device batches are held; their host slabs are not: once both copies are done, only
-    // the batch built next (waiting for a buffer) keeps a slab.
+    // the prefetcher's own batches keep slabs (the next one's copy may still run while the one
+    // after it is built), and once it waits for a buffer, only the batch built next.
     eventually("both copies done", || fake.counters().copies_done == 4);
     eventually("host slabs of held device batches recycled", || {
         l.arena().counters().slabs_leased == 1
     });
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(
-        l.arena().counters().slabs_leased,
-        1,
-        "not 3: held device batches keep no slab"
+    let leased = l.arena().counters().slabs_leased;
+    assert!(
+        leased <= stoker_core::cuda::COPIES_IN_FLIGHT as u64,
+        "{leased} slabs leased: held device batches keep none"
     );
     assert!(
         a.is_ready().unwrap() && b.is_ready().unwrap(),
