@@ -8,6 +8,7 @@ mod images;
 mod npy;
 mod packed;
 mod scaling;
+mod tokens;
 
 use std::path::PathBuf;
 
@@ -18,6 +19,7 @@ use images::ImagesArgs;
 use npy::NpyArgs;
 use packed::PackedBenchArgs;
 use scaling::ScalingBenchArgs;
+use tokens::TokensBenchArgs;
 
 /// The benchmarks, `stoker bench NAME`.
 #[derive(Debug, clap::Subcommand)]
@@ -47,6 +49,10 @@ pub(crate) enum BenchCommand {
     /// samples, packed raw pixels and JPEGs: samples/s, GB/s, scaling efficiency, page faults
     /// per batch, worker busy; with a CUDA device also device=cuda and the pinned copy bandwidth.
     Scaling(ScalingBenchArgs),
+    /// A token source's startup on many Megatron datasets (files evicted from the page cache,
+    /// then cached) and the heap it keeps per document; tokens/s and tokens per CPU-second into
+    /// pinned batches beside nanoGPT's get_batch on the same files, natively on one thread.
+    Tokens(TokensBenchArgs),
 }
 
 /// Where the generated benchmark data goes, and whether its images are photographs.
@@ -71,5 +77,6 @@ pub(crate) fn run(command: &BenchCommand) -> Result<(), String> {
         BenchCommand::Doctor(args) => doctor::run(args),
         BenchCommand::Autotune(args) => autotune::run(args),
         BenchCommand::Scaling(args) => scaling::run(args),
+        BenchCommand::Tokens(args) => tokens::run(args),
     }
 }

@@ -76,6 +76,19 @@ impl TokenType {
         }
     }
 
+    /// Megatron's `DType` code of this type (`uint32` has none: flat files only).
+    pub const fn megatron_code(self) -> Option<u8> {
+        match self {
+            TokenType::U8 => Some(1),
+            TokenType::I8 => Some(2),
+            TokenType::I16 => Some(3),
+            TokenType::I32 => Some(4),
+            TokenType::I64 => Some(5),
+            TokenType::U16 => Some(8),
+            TokenType::U32 => None,
+        }
+    }
+
     /// The type of Megatron's `DType` code (`indexed_dataset.py`); float codes are refused.
     pub fn from_megatron_code(code: u8) -> std::result::Result<TokenType, String> {
         Ok(match code {
@@ -113,6 +126,29 @@ impl TokenType {
             TokenType::U32 => i64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
             TokenType::I64 => i64::from_le_bytes(b),
         }
+    }
+
+    /// Appends `value` as one little-endian token; an error says why it does not fit.
+    pub fn put(self, value: i64, out: &mut Vec<u8>) -> std::result::Result<(), String> {
+        let fits = |ok: bool| {
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("token {value} does not fit in {}", self.name()))
+            }
+        };
+        match self {
+            TokenType::U8 => fits(u8::try_from(value).is_ok())?,
+            TokenType::I8 => fits(i8::try_from(value).is_ok())?,
+            TokenType::I16 => fits(i16::try_from(value).is_ok())?,
+            TokenType::U16 => fits(u16::try_from(value).is_ok())?,
+            TokenType::I32 => fits(i32::try_from(value).is_ok())?,
+            TokenType::U32 => fits(u32::try_from(value).is_ok())?,
+            TokenType::I64 => {}
+        }
+        // Two's complement little-endian: the low `size` bytes are the narrower type's bytes.
+        out.extend_from_slice(&value.to_le_bytes()[..self.size()]);
+        Ok(())
     }
 
     /// `token_dtype`: the types a raw flat file may hold.
