@@ -644,9 +644,12 @@ fn boxes_source(bad_rows: Option<usize>, bad_labels: Option<usize>) -> Arc<dyn S
     })
 }
 
+/// One sample's boxes and their labels, as delivered.
+type SampleBoxes = (Vec<[f32; 4]>, Vec<i64>);
+
 /// Each sample's boxes and labels in `b`, from the padded form (`<name>_lengths`) or the flat
 /// one (`<name>_offsets`), checking the flat form's offsets on the way.
-fn boxes_by_sample(b: &Batch, flat: bool) -> Vec<(Vec<[f32; 4]>, Vec<i64>)> {
+fn boxes_by_sample(b: &Batch, flat: bool) -> Vec<SampleBoxes> {
     let bytes = |name: &str| b.field_by_name(name).unwrap().data.unwrap().to_vec();
     let i64s = |name: &str| -> Vec<i64> {
         bytes(name)
@@ -709,7 +712,7 @@ fn boxes_epoch(
     source: &Arc<dyn Source>,
     ragged: &str,
     kv: &[(&str, &str)],
-) -> Vec<(Vec<(Vec<[f32; 4]>, Vec<i64>)>, usize)> {
+) -> Vec<(Vec<SampleBoxes>, usize)> {
     let spec = "fields(image=image, boxes=boxes, labels=labels) \
                 | random_resized_crop(32, scale=0.2:1) | hflip | vflip";
     let mut kv = kv.to_vec();
