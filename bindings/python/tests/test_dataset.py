@@ -188,6 +188,38 @@ def test_ragged_sequences_are_padded_with_lengths():
     assert sorted(seen) == list(range(23))
 
 
+def test_ragged_offsets_give_the_padded_values_end_to_end():
+    padded = stoker.Loader(Sequences(), batch_size=6, pad=-1, shuffle=True, seed=2)
+    flat = stoker.Loader(Sequences(), batch_size=6, ragged="offsets", shuffle=True, seed=2,
+                         num_workers=2)
+    batches = 0
+    for p, f in zip(padded, flat, strict=True):
+        assert list(f) == ["tokens", "label", "tokens_offsets"]
+        values, offsets = f["tokens"], f["tokens_offsets"]
+        assert offsets.dtype == np.int64 and offsets.shape == (f.size + 1,)
+        assert f.size == p.size == len(p["label"])
+        assert offsets[0] == 0 and values.shape == (offsets[-1],)  # no padding
+        np.testing.assert_array_equal(np.diff(offsets), p["tokens_lengths"])
+        np.testing.assert_array_equal(f["label"], p["label"])
+        for k, n in enumerate(p["tokens_lengths"]):
+            np.testing.assert_array_equal(values[offsets[k] : offsets[k + 1]], p["tokens"][k, :n])
+        batches += 1
+    assert batches == 4
+
+
+def test_ragged_offsets_make_a_nested_tensor_with_torch():
+    torch = pytest.importorskip("torch")
+    loader = stoker.Loader(Sequences(), batch_size=6, ragged="offsets", shuffle=True, seed=2)
+    for batch in loader:
+        out = batch.torch()
+        nested = torch.nested.nested_tensor_from_jagged(out["tokens"], out["tokens_offsets"])
+        samples = nested.unbind()
+        assert len(samples) == len(out["label"])
+        for tokens, i in zip(samples, out["label"].tolist()):
+            assert tokens.dtype == torch.int32
+            assert tokens.tolist() == [100 * i + k for k in range(i % 5)]
+
+
 def test_same_batches_for_any_num_workers():
     def labels_of(workers):
         loader = stoker.Loader(Arrays(), batch_size=5, shuffle=True, seed=9, num_workers=workers)

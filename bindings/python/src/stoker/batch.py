@@ -192,9 +192,15 @@ class Batch(Mapping[str, NDArray[Any]]):
 
     @property
     def size(self) -> int:
-        """Samples in the batch (the leading dimension)."""
-        t = next(iter(self._tensors.values()))[1]
-        return int(t.shape[0]) if t.ndim else 1
+        """Samples in the batch: the leading dimension of a field that has one per sample. A
+        ragged field under ``ragged="offsets"`` is flat (its leading dimension is every
+        sample's rows), and its ``<name>_offsets`` has one entry more than there are samples."""
+        for name, (_, t) in self._tensors.items():
+            if name.endswith("_offsets") and name[: -len("_offsets")] in self._tensors:
+                return int(t.shape[0]) - 1
+            if f"{name}_offsets" not in self._tensors:
+                return int(t.shape[0]) if t.ndim else 1
+        return 0
 
     def dtype(self, name: str) -> str:
         """The field's element type as stoker names it (``bfloat16`` included)."""
@@ -211,6 +217,10 @@ class Batch(Mapping[str, NDArray[Any]]):
 
     def torch(self) -> dict[str, torch.Tensor]:
         """Every field as a torch tensor sharing the batch's memory (no copy).
+
+        A ragged field under ``ragged="offsets"`` comes as its values, ``[total, ...]``, and
+        ``<name>_offsets``, int64 ``[size + 1]``: the pieces of a nested tensor,
+        ``torch.nested.nested_tensor_from_jagged(out[name], out[name + "_offsets"])``.
 
         Uses versioned DLPack, through which torch makes its current stream wait for a CUDA
         batch's copy; with a torch that cannot consume versioned DLPack, falls back to

@@ -185,7 +185,8 @@ class DataLoader:
             raise ValueError(
                 "collate_fn: stoker collates in the library, writing each sample into the batch "
                 "(zero copy); apply your function to the tensors each step yields, or use "
-                "pad= for variable-length fields"
+                "pad= (padded, with NAME_lengths) or ragged='offsets' (flat, with "
+                "NAME_offsets) for variable-length fields"
             )
         if timeout < 0:
             raise ValueError(f"timeout option should be non-negative, not {timeout}")

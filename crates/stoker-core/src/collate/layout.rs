@@ -1,10 +1,17 @@
 //! The batch's field layout: what collate writes for each source field ([`Output`]), the shape
-//! each field takes in the batch (a ragged field padded to the batch's longest sample) and where
-//! it lies in the slab.
+//! each field takes in the batch and where it lies in the slab.
 //!
-//! The batch's fields are the source's, in order, followed by one int64 `<name>_lengths` field
-//! per ragged field. Each field starts on a [`FIELD_ALIGN`] boundary, after the end of the one
-//! before it.
+//! A ragged field is laid out as the option `ragged` says ([`Ragged`]): padded to the batch's
+//! longest sample, `[n, longest, *inner]`, with an int64 `<name>_lengths` field of `n`; or flat,
+//! the samples' elements end to end, `[total, *inner]`, with an int64 `<name>_offsets` field of
+//! `n + 1` (`offsets[i]..offsets[i + 1]` are sample `i`'s rows: the layout of
+//! `torch.nested.nested_tensor_from_jagged` and of CSR). A flat field's slab room is the sum of
+//! the lengths phase 1 read, never more than the padded layout of the same batch would take; the
+//! rows written may be fewer (boxes a draw dropped), and the field's shape is then cut to them.
+//!
+//! The batch's fields are the source's, in order, followed by one int64 `<name>_lengths` or
+//! `<name>_offsets` field per ragged field. Each field starts on a [`FIELD_ALIGN`] boundary,
+//! after the end of the one before it.
 
 use std::sync::Arc;
 
@@ -23,16 +30,44 @@ use super::Collator;
 /// Alignment of every field inside a slab (DLPack recommends 256 bytes for device copies).
 const FIELD_ALIGN: usize = 256;
 
+/// How ragged fields are batched (the option `ragged`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RaggedLayout {
+    /// Padded to the batch's longest sample, with `<name>_lengths`.
+    #[default]
+    Pad,
+    /// The samples' rows end to end, with `<name>_offsets`.
+    Offsets,
+}
+
+/// How a collator batches ragged fields. `None` and `Some(v)` convert to `Pad`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Ragged {
+    /// Padded with this value, with `<name>_lengths` (`None`: raw bytes pad with 0, any other
+    /// ragged field is refused).
+    Pad(Option<f64>),
+    /// Flat, the samples' rows end to end, with `<name>_offsets`; no pad value is needed.
+    Offsets,
+}
+
+impl From<Option<f64>> for Ragged {
+    fn from(pad: Option<f64>) -> Ragged {
+        Ragged::Pad(pad)
+    }
+}
+
 /// What collate writes for one source field.
 pub(super) enum Output {
     Copy {
         dtype: DType,
         shape: Vec<usize>,
     },
-    Pad {
+    /// A field whose first dimension varies by sample: padded with `pad` (one element's bytes)
+    /// when it is `Some`, flat (rows end to end, with offsets) when it is `None`.
+    Ragged {
         dtype: DType,
         inner: Vec<usize>,
-        pad: Vec<u8>,
+        pad: Option<Vec<u8>>,
     },
     Image {
         stages: Arc<ImageStages>,
@@ -60,12 +95,12 @@ pub(super) enum Output {
 }
 
 impl Output {
-    /// What collate writes for `spec`: `pad` is the ragged fields' pad value, `image` the image
-    /// stages, `mix` the spec's batch-level mixing (which turns an integer scalar `label` into
-    /// soft labels).
+    /// What collate writes for `spec`: `ragged` is how ragged fields are batched, `image` the
+    /// image stages, `mix` the spec's batch-level mixing (which turns an integer scalar `label`
+    /// into soft labels).
     pub(super) fn for_field(
         spec: &FieldSpec,
-        pad: Option<f64>,
+        ragged: Ragged,
         image: Option<&Arc<ImageStages>>,
         mix: Option<&BatchMix>,
     ) -> Result<Output> {
@@ -88,6 +123,17 @@ impl Output {
                 },
             },
             FieldKind::Ragged { dtype, inner_shape } => {
+                let pad = match ragged {
+                    Ragged::Pad(pad) => pad,
+                    // Nothing is padded: no pad value is needed.
+                    Ragged::Offsets => {
+                        return Ok(Output::Ragged {
+                            dtype: *dtype,
+                            inner: inner_shape.clone(),
+                            pad: None,
+                        })
+                    }
+                };
                 // Raw bytes (a tar `txt` or `json` member, say) have an obvious pad, 0;
                 // any other ragged tensor needs the caller to choose one.
                 let raw_bytes = *dtype == DType::U8 && inner_shape.is_empty();
@@ -95,17 +141,18 @@ impl Output {
                     Error::option(
                         "pad",
                         format!(
-                            "field `{}` has a different length in each sample; set pad=VALUE to pad it",
+                            "field `{}` has a different length in each sample; set pad=VALUE to \
+                             pad it, or ragged=offsets to batch it flat with offsets",
                             spec.name
                         ),
                     )
                 })?;
                 let mut bytes = vec![0u8; dtype.size()];
                 dtype.encode(pad, &mut bytes);
-                Output::Pad {
+                Output::Ragged {
                     dtype: *dtype,
                     inner: inner_shape.clone(),
-                    pad: bytes,
+                    pad: Some(bytes),
                 }
             }
             FieldKind::EncodedImage => {
@@ -295,7 +342,7 @@ pub(super) fn check_roles(
         return Ok(None);
     };
     match &outputs[field] {
-        Output::Pad {
+        Output::Ragged {
             dtype: DType::F32,
             inner,
             ..
@@ -303,14 +350,14 @@ pub(super) fn check_roles(
         _ => {
             return Err(err(format!(
                 "fields(boxes={}): boxes are float32 rows of 4, one row per box, as many as \
-                 each sample has (a ragged field: set pad=VALUE to pad them)",
+                 each sample has (a ragged field: set pad=VALUE to pad them, or ragged=offsets)",
                 names[field]
             )))
         }
     }
     if let Some(l) = labels {
         match &outputs[l] {
-            Output::Pad {
+            Output::Ragged {
                 dtype: DType::I64 | DType::I32,
                 inner,
                 ..
@@ -318,7 +365,7 @@ pub(super) fn check_roles(
             _ => {
                 return Err(err(format!(
                     "fields(labels={}): box labels are int64 or int32, one per box (a ragged \
-                     field: set pad=VALUE to pad them)",
+                     field: set pad=VALUE to pad them, or ragged=offsets)",
                     names[l]
                 )))
             }
@@ -336,37 +383,50 @@ pub(super) fn check_roles(
 impl Collator {
     /// Whether any field's shape depends on the samples (a ragged field).
     pub(super) fn has_ragged(&self) -> bool {
-        self.outputs.iter().any(|o| matches!(o, Output::Pad { .. }))
+        self.outputs
+            .iter()
+            .any(|o| matches!(o, Output::Ragged { .. }))
+    }
+
+    /// Whether field `field` is a flat ragged field (rows end to end, with offsets).
+    pub(super) fn is_flat(&self, field: usize) -> bool {
+        matches!(self.outputs[field], Output::Ragged { pad: None, .. })
     }
 
     /// Elements (rows of the inner shape) of ragged field `field` in `sample`; 0 for any other
     /// field.
     pub(super) fn ragged_len(&self, field: usize, sample: &Sample<'_>) -> usize {
         match &self.outputs[field] {
-            Output::Pad { dtype, inner, .. } => {
+            Output::Ragged { dtype, inner, .. } => {
                 sample.get(field).len() / (inner.iter().product::<usize>() * dtype.size()).max(1)
             }
             _ => 0,
         }
     }
 
-    /// The padded length of each field of a batch of `samples`: the longest sample's, for a
-    /// ragged field; 0 for the others.
-    pub(super) fn padded_lengths(&self, samples: &[(usize, Sample<'_>)]) -> Vec<usize> {
-        let mut max_len = vec![0usize; self.outputs.len()];
+    /// The rows each field of a batch of `samples` is laid out with: for a padded ragged field
+    /// the longest sample's length, for a flat one the sum of the samples' lengths (never more
+    /// rows than the padded layout has in all); 0 for the others.
+    pub(super) fn extents(&self, samples: &[(usize, Sample<'_>)]) -> Vec<usize> {
+        let mut extents = vec![0usize; self.outputs.len()];
         for (_, sample) in samples {
             for (f, out) in self.outputs.iter().enumerate() {
-                if let Output::Pad { .. } = out {
-                    max_len[f] = max_len[f].max(self.ragged_len(f, sample));
+                match out {
+                    Output::Ragged { pad: Some(_), .. } => {
+                        extents[f] = extents[f].max(self.ragged_len(f, sample));
+                    }
+                    Output::Ragged { pad: None, .. } => extents[f] += self.ragged_len(f, sample),
+                    _ => {}
                 }
             }
         }
-        max_len
+        extents
     }
 
-    /// The batch's fields and the slab size they need: the source's fields in order, then one
-    /// `<name>_lengths` field per ragged field.
-    pub(super) fn layout(&self, n: usize, max_len: &[usize]) -> (Vec<FieldMeta>, usize) {
+    /// The batch's fields and the slab size they need, for the rows of each ragged field that
+    /// [`Collator::extents`] gives: the source's fields in order, then one `<name>_lengths`
+    /// (padded) or `<name>_offsets` (flat) field per ragged field.
+    pub(super) fn layout(&self, n: usize, extents: &[usize]) -> (Vec<FieldMeta>, usize) {
         let mut metas = Vec::with_capacity(self.outputs.len() + 1);
         let mut offset = 0;
         let mut push = |name: String, dtype: DType, shape: Vec<usize>| {
@@ -380,33 +440,47 @@ impl Collator {
             metas.push(meta);
         };
         for (f, out) in self.outputs.iter().enumerate() {
-            let (dtype, per_sample) = match out {
-                Output::Copy { dtype, shape } => (*dtype, shape.clone()),
-                Output::Pad { dtype, inner, .. } => (
-                    *dtype,
-                    std::iter::once(max_len[f])
-                        .chain(inner.iter().copied())
-                        .collect(),
-                ),
-                Output::Image { pipeline, .. } | Output::TensorImage { pipeline, .. } => {
-                    (pipeline.dtype(), pipeline.shape())
+            let (dtype, shape) = match out {
+                // Flat: no sample dimension, the rows of every sample end to end.
+                Output::Ragged {
+                    dtype,
+                    inner,
+                    pad: None,
+                } => (*dtype, leading(extents[f], inner)),
+                Output::Ragged { dtype, inner, .. } => {
+                    (*dtype, leading(n, &leading(extents[f], inner)))
                 }
-                Output::Dense { pipeline } => (pipeline.dtype(), pipeline.shape()),
-                Output::SoftLabel { num_classes, .. } => (DType::F32, vec![*num_classes]),
+                Output::Copy { dtype, shape } => (*dtype, leading(n, shape)),
+                Output::Image { pipeline, .. } | Output::TensorImage { pipeline, .. } => {
+                    (pipeline.dtype(), leading(n, &pipeline.shape()))
+                }
+                Output::Dense { pipeline } => (pipeline.dtype(), leading(n, &pipeline.shape())),
+                Output::SoftLabel { num_classes, .. } => (DType::F32, leading(n, &[*num_classes])),
             };
-            push(
-                self.names[f].clone(),
-                dtype,
-                std::iter::once(n).chain(per_sample).collect(),
-            );
+            push(self.names[f].clone(), dtype, shape);
         }
         for (f, out) in self.outputs.iter().enumerate() {
-            if let Output::Pad { .. } = out {
-                push(format!("{}_lengths", self.names[f]), DType::I64, vec![n]);
+            match out {
+                Output::Ragged { pad: Some(_), .. } => {
+                    push(format!("{}_lengths", self.names[f]), DType::I64, vec![n]);
+                }
+                Output::Ragged { pad: None, .. } => {
+                    push(
+                        format!("{}_offsets", self.names[f]),
+                        DType::I64,
+                        vec![n + 1],
+                    );
+                }
+                _ => {}
             }
         }
         (metas, offset.max(1))
     }
+}
+
+/// The shape `[first, *rest]`.
+fn leading(first: usize, rest: &[usize]) -> Vec<usize> {
+    std::iter::once(first).chain(rest.iter().copied()).collect()
 }
 
 #[cfg(test)]
@@ -458,6 +532,64 @@ mod tests {
         assert!(total >= end && total % FIELD_ALIGN == 0, "{total}");
     }
 
+    /// [`mixed`]'s fields batched flat, with offsets.
+    fn mixed_flat() -> Collator {
+        let c = mixed();
+        let source = c.source().unwrap().clone();
+        Collator::new(source, Ragged::Offsets, None, false).unwrap()
+    }
+
+    #[test]
+    fn ragged_fields_under_offsets_lie_flat_and_add_an_offsets_field_after_the_sources() {
+        let c = mixed_flat();
+        let (metas, total) = c.layout(4, &[7, 0, 11]);
+        let got: Vec<_> = metas
+            .iter()
+            .map(|m| (m.name.as_str(), m.dtype, m.shape.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("tokens", DType::I32, vec![7, 3]),
+                ("id", DType::I32, vec![4, 2]),
+                ("text", DType::U8, vec![11]),
+                ("tokens_offsets", DType::I64, vec![5]),
+                ("text_offsets", DType::I64, vec![5]),
+            ]
+        );
+        let end = metas.last().map(|m| m.offset + m.num_bytes()).unwrap();
+        assert!(total >= end && total % FIELD_ALIGN == 0, "{total}");
+    }
+
+    #[test]
+    fn a_flat_fields_rows_are_the_sum_of_the_samples_and_never_take_more_slab_than_padded() {
+        fn sample(bytes: &[Vec<u8>]) -> Sample<'_> {
+            let mut s = Sample::default();
+            for (f, b) in bytes.iter().enumerate() {
+                s.set(f, b);
+            }
+            s
+        }
+        let rows = [
+            [vec![0u8; 12], vec![0u8; 8], b"abc".to_vec()],
+            [vec![0u8; 60], vec![0u8; 8], b"a".to_vec()],
+            [vec![], vec![0u8; 8], b"abcdefgh".to_vec()],
+        ];
+        let samples: Vec<_> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, sample(r)))
+            .collect();
+        let (padded, flat) = (mixed(), mixed_flat());
+        assert_eq!(padded.extents(&samples), vec![5, 0, 8]);
+        assert_eq!(flat.extents(&samples), vec![6, 0, 12]);
+        let padded_bytes = padded.layout(3, &padded.extents(&samples)).1;
+        let flat_bytes = flat.layout(3, &flat.extents(&samples)).1;
+        assert!(flat_bytes <= padded_bytes, "{flat_bytes} > {padded_bytes}");
+        // The bound the memory budget plans with holds for both.
+        assert!(flat.batch_bytes(3) <= flat_bytes);
+    }
+
     #[test]
     fn the_padded_length_is_the_longest_samples_in_rows_of_the_inner_shape() {
         let c = mixed();
@@ -481,8 +613,8 @@ mod tests {
             0,
             "a fixed field is not ragged"
         );
-        assert_eq!(c.padded_lengths(&samples), vec![5, 0, 3]);
-        assert_eq!(c.padded_lengths(&[]), vec![0, 0, 0]);
+        assert_eq!(c.extents(&samples), vec![5, 0, 3]);
+        assert_eq!(c.extents(&[]), vec![0, 0, 0]);
     }
 
     #[test]
@@ -498,29 +630,42 @@ mod tests {
     #[test]
     fn a_ragged_field_needs_a_pad_value_unless_it_is_raw_bytes() {
         let floats = FieldSpec::ragged("boxes", DType::F32, &[4]);
-        let e = Output::for_field(&floats, None, None, None)
+        let e = Output::for_field(&floats, Ragged::Pad(None), None, None)
             .err()
             .expect("no pad for float32 rows")
             .to_string();
         assert!(e.contains("pad") && e.contains("field `boxes`"), "{e}");
-        match Output::for_field(&floats, Some(-1.5), None, None).unwrap() {
-            Output::Pad { pad, inner, .. } => {
-                assert_eq!(pad, (-1.5f32).to_ne_bytes());
+        match Output::for_field(&floats, Ragged::Pad(Some(-1.5)), None, None).unwrap() {
+            Output::Ragged { pad, inner, .. } => {
+                assert_eq!(pad, Some((-1.5f32).to_ne_bytes().to_vec()));
                 assert_eq!(inner, [4]);
             }
             _ => panic!("a ragged field is padded"),
         }
         let text = FieldSpec::ragged("text", DType::U8, &[]);
-        match Output::for_field(&text, None, None, None).unwrap() {
-            Output::Pad { pad, .. } => assert_eq!(pad, [0]),
+        match Output::for_field(&text, Ragged::Pad(None), None, None).unwrap() {
+            Output::Ragged { pad, .. } => assert_eq!(pad, Some(vec![0])),
             _ => panic!("a ragged field is padded"),
+        }
+    }
+
+    #[test]
+    fn under_offsets_a_ragged_field_needs_no_pad_value_and_is_flat() {
+        let floats = FieldSpec::ragged("boxes", DType::F32, &[4]);
+        match Output::for_field(&floats, Ragged::Offsets, None, None).unwrap() {
+            Output::Ragged { pad, inner, dtype } => {
+                assert_eq!((pad, inner, dtype), (None, vec![4], DType::F32));
+            }
+            _ => panic!("a ragged field stays ragged"),
         }
     }
 
     #[test]
     fn an_encoded_image_field_needs_image_stages_with_a_sized_pipeline() {
         let spec = FieldSpec::encoded_image("jpg");
-        let e = Output::for_field(&spec, None, None, None).err().unwrap();
+        let e = Output::for_field(&spec, Ragged::Pad(None), None, None)
+            .err()
+            .unwrap();
         assert!(
             matches!(e, Error::Unsupported(ref m) if m.contains("field `jpg`")),
             "{e}"
@@ -535,7 +680,7 @@ mod tests {
             layout: crate::dtype::Layout::Nhwc,
             roles: None,
         });
-        let e = Output::for_field(&spec, None, Some(&unsized_stages), None)
+        let e = Output::for_field(&spec, Ragged::Pad(None), Some(&unsized_stages), None)
             .err()
             .unwrap()
             .to_string();

@@ -2,14 +2,15 @@
 //!
 //! Each sample is written straight into its slot of the batch's arena slab: a fixed-shape field
 //! is one `memcpy` from the source's view, a ragged field is copied and padded to the longest
-//! sample of the batch (PyTorch's `pad_sequence`) with a `<name>_lengths` int64 field added, an
+//! sample of the batch (PyTorch's `pad_sequence`) with a `<name>_lengths` int64 field added, or
+//! under `ragged=offsets` copied flat, end to end, with a `<name>_offsets` int64 field, an
 //! encoded image is decoded ([`crate::decode`]) into the worker's reused buffer and transformed
 //! ([`crate::transform`]) directly into its slot. There is no per-sample allocation and no second
 //! copy.
 //!
 //! Building happens in two phases: every sample of the batch is read first (views into a memory
 //! map cost nothing; file bytes land in per-worker buffers that are reused), which fixes the
-//! padded shapes; then one slab is taken from the arena and every slot is written. A batch may
+//! ragged fields' shapes; then one slab is taken from the arena and every slot is written. A batch may
 //! also be built in parts by several workers at once (`PartedBatch`), each part running both
 //! phases on its own slots.
 //!
@@ -24,9 +25,9 @@
 //! | file | stage |
 //! |---|---|
 //! | `pick` | where samples come from (a source's indices, a stream's owned samples) and the deterministic replacements of a bad one |
-//! | `layout` | what each field becomes (`Output`), the padded shapes of ragged fields, where each field lies in the slab |
+//! | `layout` | what each field becomes (`Output`), the padded or flat shapes of ragged fields, where each field lies in the slab |
 //! | `read` | phase 1: read and validate every sample, replacing bad ones |
-//! | `write` | phase 2: copy, pad with `<name>_lengths`, or hand to the image or label writer; replace a sample whose write fails |
+//! | `write` | phase 2: copy, pad with `<name>_lengths`, lay flat with `<name>_offsets`, or hand to the image or label writer; replace a sample whose write fails |
 //! | `image` | [`ImageStages`]: an encoded image's header, plan, window decode and transform into its slot; image-shaped tensors |
 //! | `mix` | mixup/cutmix: the `label` field it needs, one-hot soft labels, the written batch mixed once |
 //! | `parted` | `PartedBatch`: one batch built in parts by several workers, finished with the error a whole build reports |
@@ -54,6 +55,7 @@ use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
 
 pub use image::ImageStages;
+pub use layout::{Ragged, RaggedLayout};
 pub(crate) use parted::{PartedBatch, MAX_PARTS};
 pub use pick::MAX_REPLACEMENTS;
 
@@ -103,16 +105,16 @@ pub struct Collator {
 }
 
 impl Collator {
-    /// `pad` is the value ragged fields are padded with (required if the source has any, except
-    /// raw-bytes fields, which pad with 0); `image` writes encoded-image fields (required if the
-    /// source has any).
+    /// `ragged` is how ragged fields are batched: padded with a value (required if the source
+    /// has any, except raw-bytes fields, which pad with 0; an `Option<f64>` converts), or flat
+    /// with offsets; `image` writes encoded-image fields (required if the source has any).
     pub fn new(
         source: Arc<dyn Source>,
-        pad: Option<f64>,
+        ragged: impl Into<Ragged>,
         image: Option<Arc<ImageStages>>,
         skip_bad: bool,
     ) -> Result<Collator> {
-        let mut collator = Collator::for_fields(source.fields(), pad, image, skip_bad)?;
+        let mut collator = Collator::for_fields(source.fields(), ragged, image, skip_bad)?;
         collator.source = Some(source);
         Ok(collator)
     }
@@ -121,15 +123,16 @@ impl Collator {
     /// no map-style source behind it.
     pub fn for_fields(
         fields: &[FieldSpec],
-        pad: Option<f64>,
+        ragged: impl Into<Ragged>,
         image: Option<Arc<ImageStages>>,
         skip_bad: bool,
     ) -> Result<Collator> {
+        let ragged = ragged.into();
         // The spec's batch-level mixing, whatever the image fields' sizes.
         let mix = mix::batch_mix(image.as_deref(), fields)?;
         let outputs = fields
             .iter()
-            .map(|spec| Output::for_field(spec, pad, image.as_ref(), mix.as_ref()))
+            .map(|spec| Output::for_field(spec, ragged, image.as_ref(), mix.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let names: Vec<String> = fields.iter().map(|spec| spec.name.clone()).collect();
         let boxes = match image.as_deref() {
@@ -155,7 +158,8 @@ impl Collator {
     }
 
     /// Bytes of the slab a batch of `n` samples needs (ragged fields counted empty: a lower
-    /// bound for them).
+    /// bound for them; a batch's ragged rows are bounded by what its samples hold, padded or
+    /// flat, and the flat layout never needs more than the padded one).
     pub fn batch_bytes(&self, n: usize) -> usize {
         self.layout(n, &vec![0; self.outputs.len()]).1
     }
@@ -222,18 +226,19 @@ impl Collator {
         // Phase 1: read and validate every sample, replacing bad ones under on_error=skip.
         let (samples, mut skipped) = self.read_slots(key, pick, indices, 0..n, reads, spans)?;
 
-        // The padded length of each ragged field is the batch's longest.
-        let max_len = self.padded_lengths(&samples);
+        // A padded ragged field takes the batch's longest length, a flat one the sum of them.
+        let extents = self.extents(&samples);
         let start = Instant::now();
-        let (metas, total) = self.layout(n, &max_len);
+        let (mut metas, total) = self.layout(n, &extents);
         let mut lease = arena.acquire(total)?;
         spans.push(SpanKind::Stage(Stage::Collate), usize::MAX, 0, start);
 
         // Phase 2: write every slot.
         let mut slots = Slots::whole(&metas, lease.as_mut_slice());
         skipped += self.write_slots(
-            key, pick, indices, draws, &samples, &max_len, &mut slots, spare, pixels, spans,
+            key, pick, indices, draws, &samples, &extents, &mut slots, spare, pixels, spans,
         )?;
+        self.cut_flat(&mut metas, lease.as_mut_slice())?;
         self.finish(key, pick, n, metas, lease, skipped)
     }
 

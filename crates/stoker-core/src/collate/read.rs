@@ -99,7 +99,7 @@ impl Collator {
                 Output::Copy { dtype, shape } => {
                     got == shape.iter().product::<usize>() * dtype.size()
                 }
-                Output::Pad { dtype, inner, .. } => {
+                Output::Ragged { dtype, inner, .. } => {
                     got.is_multiple_of((inner.iter().product::<usize>() * dtype.size()).max(1))
                 }
                 Output::Image { .. } => got > 0,
@@ -114,7 +114,7 @@ impl Collator {
                         self.names[f],
                         shape.iter().product::<usize>() * dtype.size()
                     ),
-                    Output::Pad { dtype, inner, .. } => format!(
+                    Output::Ragged { dtype, inner, .. } => format!(
                         "field `{}` has {got} bytes, not a whole number of {dtype} {inner:?} rows",
                         self.names[f]
                     ),

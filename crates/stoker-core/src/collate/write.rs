@@ -1,11 +1,18 @@
 //! Phase 2: every sample phase 1 read is written into its slot of the slab.
 //!
-//! A fixed-shape field is one copy; a ragged field is copied, padded to the batch's length with
-//! the pad value, and its length written to `<name>_lengths`; an image goes through the image
-//! stage ([`super::image`]); a label to be mixed is written one-hot ([`super::mix`]). A sample
-//! whose write fails (an image that does not decode, a label out of range) is replaced under
-//! `on_error=skip` by a candidate that fits the layout phase 1 fixed, and keeps its slot's draw.
+//! A fixed-shape field is one copy; a padded ragged field is copied, padded to the batch's length
+//! with the pad value, and its length written to `<name>_lengths`; a flat ragged field is copied
+//! right after the rows of the slot before it, and where its rows end written to
+//! `<name>_offsets`; an image goes through the image stage ([`super::image`]); a label to be
+//! mixed is written one-hot ([`super::mix`]). A sample whose write fails (an image that does not
+//! decode, a label out of range) is replaced under `on_error=skip` by a candidate that fits the
+//! layout phase 1 fixed, and keeps its slot's draw.
+//!
+//! What fits: a padded field's padded length; for a flat field, the rows phase 1 read for the
+//! slots up to this one, less the rows written before it. Slots are written in order, so every
+//! later slot keeps the room its own sample was read with, and the rows never outgrow the slab.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use crate::batch::FieldMeta;
@@ -22,15 +29,17 @@ use super::mix::write_soft_label;
 use super::pick::{gave_up, replacements, sample_error, Pick};
 use super::{BatchKey, Collator};
 
-/// Where a replacement is written: the padded length of each ragged field (it must fit them)
-/// and the slots.
+/// Where a replacement is written: the rows each ragged field has room for in its slot (it
+/// must fit them) and the slots.
 struct Target<'a, 's> {
-    max_len: &'a [usize],
+    room: &'a [usize],
     slots: &'a mut Slots<'s>,
 }
 
-/// The slots one build writes: for every field of the batch's layout (`<name>_lengths` fields
-/// included), the bytes of slots `first..first + count` — the whole batch, or one part's range.
+/// The slots one build writes: for every field of the batch's layout (`<name>_lengths` and
+/// `<name>_offsets` fields included), the bytes of slots `first..first + count` — the whole
+/// batch, or one part's range (never a batch with ragged fields, see [`super::PartedBatch`]).
+/// A flat ragged field has no slots of its own: it is addressed by bytes ([`Slots::bytes`]).
 pub(super) struct Slots<'a> {
     first: usize,
     /// Per field: its slots' bytes, and the bytes of one slot.
@@ -64,6 +73,19 @@ impl<'a> Slots<'a> {
         let (bytes, size) = &mut self.fields[field];
         &mut bytes[(slot - self.first) * *size..][..*size]
     }
+
+    /// Bytes `range` of field `field`; `None` past its end.
+    fn bytes(&mut self, field: usize, range: Range<usize>) -> Option<&mut [u8]> {
+        self.fields[field].0.get_mut(range)
+    }
+
+    /// Int64 element `slot` of field `field` (an `<name>_offsets` field) as a row count.
+    fn offset(&mut self, field: usize, slot: usize) -> Result<usize> {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(self.slot(field, slot));
+        usize::try_from(i64::from_ne_bytes(v))
+            .map_err(|_| Error::Internal(format!("offset {slot} is negative")))
+    }
 }
 
 impl Collator {
@@ -78,15 +100,36 @@ impl Collator {
         indices: &[usize],
         draws: Option<Draws>,
         samples: &[(usize, Sample<'_>)],
-        max_len: &[usize],
+        extents: &[usize],
         slots: &mut Slots<'_>,
         spare: &mut Vec<u8>,
         pixels: &mut Pixels,
         spans: &mut Spans,
     ) -> Result<usize> {
         let mut skipped = 0;
+        // Per ragged field, the rows a slot may write: a padded field's padded length; for a
+        // flat one the rows read for the slots so far (`read`) less those written before it.
+        let mut room = extents.to_vec();
+        let mut read = vec![0usize; self.outputs.len()];
+        if slots.first == 0 {
+            for f in (0..self.outputs.len()).filter(|&f| self.is_flat(f)) {
+                let extra = self.extra_field(f);
+                slots.slot(extra, 0).copy_from_slice(&0i64.to_ne_bytes());
+            }
+        }
         for (i, (index, sample)) in samples.iter().enumerate() {
             let slot = slots.first + i;
+            for f in (0..self.outputs.len()).filter(|&f| self.is_flat(f)) {
+                read[f] += self.ragged_len(f, sample);
+                let written = slots.offset(self.extra_field(f), slot)?;
+                room[f] = read[f].checked_sub(written).ok_or_else(|| {
+                    Error::Internal(format!(
+                        "field `{}`: slots before {slot} wrote {written} rows, more than the \
+                         {} they were read with",
+                        self.names[f], read[f]
+                    ))
+                })?;
+            }
             // The slot's draw: a replacement keeps the draw of the sample it replaces. Streamed
             // samples are keyed by their position in this rank's stream.
             let draw = match draws {
@@ -95,13 +138,13 @@ impl Collator {
             };
             let start = Instant::now();
             let mut used = *index;
-            if let Err(err) =
-                self.write(key, pick, slot, *index, draw, sample, slots, pixels, spans)
-            {
+            if let Err(err) = self.write(
+                key, pick, slot, *index, draw, sample, &room, slots, pixels, spans,
+            ) {
                 if !(self.skip_bad && err.is_sample_error()) {
                     return Err(err);
                 }
-                let target = Target { max_len, slots };
+                let target = Target { room: &room, slots };
                 used = self.write_replacement(
                     key, pick, slot, *index, draw, target, spare, pixels, spans, err,
                 )?;
@@ -118,8 +161,8 @@ impl Collator {
     }
 
     /// Writes a replacement for the sample in `slot` whose write failed with `err`. The
-    /// replacement's ragged fields must fit the lengths the batch was laid out with. Returns the
-    /// replacement's index.
+    /// replacement's ragged fields must fit the room the batch's layout leaves the slot.
+    /// Returns the replacement's index.
     #[allow(clippy::too_many_arguments)]
     fn write_replacement(
         &self,
@@ -134,7 +177,7 @@ impl Collator {
         spans: &mut Spans,
         err: Error,
     ) -> Result<usize> {
-        let Target { max_len, slots } = target;
+        let Target { room, slots } = target;
         for candidate in replacements(key, pick, index) {
             let start = Instant::now();
             let read = pick.read(candidate, spare);
@@ -149,12 +192,12 @@ impl Collator {
             };
             let fits = self.validate(pick, candidate, &sample).is_ok()
                 && self.outputs.iter().enumerate().all(|(f, o)| {
-                    !matches!(o, Output::Pad { .. }) || self.ragged_len(f, &sample) <= max_len[f]
+                    !matches!(o, Output::Ragged { .. }) || self.ragged_len(f, &sample) <= room[f]
                 });
             if fits
                 && self
                     .write(
-                        key, pick, slot, candidate, draw, &sample, slots, pixels, spans,
+                        key, pick, slot, candidate, draw, &sample, room, slots, pixels, spans,
                     )
                     .is_ok()
             {
@@ -172,7 +215,7 @@ impl Collator {
         key: BatchKey,
         draw: u64,
         sample: &Sample<'_>,
-    ) -> std::result::Result<(Vec<[f32; 4]>, Vec<usize>), String> {
+    ) -> std::result::Result<Moved, String> {
         let boxes: Vec<[f32; 4]> = sample
             .get(role.field)
             .chunks_exact(16)
@@ -200,7 +243,9 @@ impl Collator {
     }
 
     /// Writes `sample` (dataset index `index`, augmented as draw `draw`) into slot `slot` of
-    /// every field.
+    /// every field; ragged field `f` may write `room[f]` rows. A flat field's offset of the
+    /// next slot is written only once every field is: a slot whose write fails and is written
+    /// again starts its rows where it did the first time.
     #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
@@ -210,11 +255,11 @@ impl Collator {
         index: usize,
         draw: u64,
         sample: &Sample<'_>,
+        room: &[usize],
         slots: &mut Slots<'_>,
         pixels: &mut Pixels,
         spans: &mut Spans,
     ) -> Result<()> {
-        let mut ragged_seen = 0;
         // Boxes move with the sample's draw before any field is written: the labels field,
         // wherever it lies, keeps the labels of the boxes kept.
         let moved = match &self.boxes {
@@ -226,41 +271,12 @@ impl Collator {
         };
         for (f, out) in self.outputs.iter().enumerate() {
             let start = Instant::now();
-            let dst = slots.slot(f, slot);
             let src = sample.get(f);
             match out {
-                Output::Copy { .. } => dst.copy_from_slice(src),
-                Output::Pad { pad, dtype, .. } => {
-                    let role = self.boxes.as_ref().zip(moved.as_ref());
-                    let (written, len) = match role {
-                        Some((role, (kept, _))) if role.field == f => {
-                            for (row, b) in dst.chunks_exact_mut(16).zip(kept) {
-                                for (v, x) in row.chunks_exact_mut(4).zip(b) {
-                                    v.copy_from_slice(&x.to_ne_bytes());
-                                }
-                            }
-                            (kept.len() * 16, kept.len())
-                        }
-                        Some((role, (_, indices))) if role.labels == Some(f) => {
-                            let n = dtype.size();
-                            for (k, &i) in indices.iter().enumerate() {
-                                dst[k * n..(k + 1) * n].copy_from_slice(&src[i * n..(i + 1) * n]);
-                            }
-                            (indices.len() * n, indices.len())
-                        }
-                        _ => {
-                            dst[..src.len()].copy_from_slice(src);
-                            (src.len(), self.ragged_len(f, sample))
-                        }
-                    };
-                    for chunk in dst[written..].chunks_exact_mut(pad.len()) {
-                        chunk.copy_from_slice(pad);
-                    }
-                    let len = len as i64;
-                    slots
-                        .slot(self.outputs.len() + ragged_seen, slot)
-                        .copy_from_slice(&len.to_ne_bytes());
-                    ragged_seen += 1;
+                Output::Copy { .. } => slots.slot(f, slot).copy_from_slice(src),
+                Output::Ragged { .. } => {
+                    let moved = self.boxes.as_ref().zip(moved.as_ref());
+                    self.write_ragged(f, slot, sample, moved, room[f], slots)?;
                 }
                 Output::SoftLabel {
                     src: label_type,
@@ -268,7 +284,7 @@ impl Collator {
                     smoothing,
                 } => {
                     let label = (*label_type, *num_classes, *smoothing);
-                    write_soft_label(label, &self.names[f], src, dst)
+                    write_soft_label(label, &self.names[f], src, slots.slot(f, slot))
                         .map_err(|reason| sample_error(pick, index, reason))?;
                 }
                 Output::TensorImage {
@@ -279,6 +295,7 @@ impl Collator {
                 } => {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let size = (*height, *width, *layout);
+                    let dst = slots.slot(f, slot);
                     write_tensor_image(pipeline, size, src, &mut rng, dst, pixels)
                         .map_err(|reason| sample_error(pick, index, reason))?;
                     spans.push(
@@ -292,7 +309,7 @@ impl Collator {
                 Output::Dense { pipeline } => {
                     // Keyed as every field of the sample is: an image and its mask draw alike.
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-                    write_dense(pipeline, src, &mut rng, dst, pixels)
+                    write_dense(pipeline, src, &mut rng, slots.slot(f, slot), pixels)
                         .map_err(|reason| sample_error(pick, index, reason))?;
                     spans.push(
                         SpanKind::Stage(Stage::Transform),
@@ -306,6 +323,7 @@ impl Collator {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let at = (slot, pick.index(index) as usize);
                     let image = (src, sample.image_size(f));
+                    let dst = slots.slot(f, slot);
                     write_image(stages, pipeline, image, &mut rng, dst, pixels, spans, at)
                         .map_err(|reason| sample_error(pick, index, reason))?;
                     continue; // decode and transform recorded their own spans
@@ -318,9 +336,141 @@ impl Collator {
                 start,
             );
         }
+        // Every field is written: the flat fields' rows of this slot are kept.
+        for f in (0..self.outputs.len()).filter(|&f| self.is_flat(f)) {
+            let extra = self.extra_field(f);
+            let end = slots.offset(extra, slot)? + self.written_len(f, sample, moved.as_ref());
+            let end = i64::try_from(end)
+                .map_err(|_| Error::Internal(format!("offset {end} does not fit int64")))?;
+            slots
+                .slot(extra, slot + 1)
+                .copy_from_slice(&end.to_ne_bytes());
+        }
+        Ok(())
+    }
+
+    /// The batch field after the source's that belongs to ragged field `field`: its
+    /// `<name>_lengths` or `<name>_offsets`.
+    pub(super) fn extra_field(&self, field: usize) -> usize {
+        let before = self.outputs[..field]
+            .iter()
+            .filter(|o| matches!(o, Output::Ragged { .. }))
+            .count();
+        self.outputs.len() + before
+    }
+
+    /// Rows ragged field `field` of `sample` writes: the boxes a draw kept (and their labels),
+    /// or every row read.
+    fn written_len(&self, field: usize, sample: &Sample<'_>, moved: Option<&Moved>) -> usize {
+        match self.boxes.as_ref().zip(moved) {
+            Some((role, (kept, _))) if role.field == field => kept.len(),
+            Some((role, (_, indices))) if role.labels == Some(field) => indices.len(),
+            _ => self.ragged_len(field, sample),
+        }
+    }
+
+    /// Writes ragged field `field` of `sample` (its boxes and labels as `moved` by the draw)
+    /// into slot `slot`: padded, with its length in `<name>_lengths`; or flat, starting where
+    /// the slot's offset says (the next offset is written by [`Collator::write`]). At most
+    /// `room` rows.
+    fn write_ragged(
+        &self,
+        field: usize,
+        slot: usize,
+        sample: &Sample<'_>,
+        moved: Option<(&BoxRole, &Moved)>,
+        room: usize,
+        slots: &mut Slots<'_>,
+    ) -> Result<()> {
+        let Output::Ragged { dtype, inner, pad } = &self.outputs[field] else {
+            return Err(Error::Internal(format!(
+                "field `{}` is not ragged",
+                self.names[field]
+            )));
+        };
+        let row = inner.iter().product::<usize>() * dtype.size();
+        let extra = self.extra_field(field);
+        let len = self.written_len(field, sample, moved.map(|(_, m)| m));
+        if len > room {
+            return Err(Error::Internal(format!(
+                "field `{}`: {len} rows for slot {slot}, which has room for {room}",
+                self.names[field]
+            )));
+        }
+        let dst = match pad {
+            Some(_) => slots.slot(field, slot),
+            None => {
+                let start = slots.offset(extra, slot)? * row;
+                slots
+                    .bytes(field, start..start + room * row)
+                    .ok_or_else(|| {
+                        Error::Internal(format!(
+                            "field `{}`: slot {slot}'s rows lie past the field's end",
+                            self.names[field]
+                        ))
+                    })?
+            }
+        };
+        let src = sample.get(field);
+        let written = match moved {
+            Some((role, (kept, _))) if role.field == field => {
+                for (row, b) in dst.chunks_exact_mut(16).zip(kept) {
+                    for (v, x) in row.chunks_exact_mut(4).zip(b) {
+                        v.copy_from_slice(&x.to_ne_bytes());
+                    }
+                }
+                kept.len() * 16
+            }
+            Some((role, (_, indices))) if role.labels == Some(field) => {
+                let n = dtype.size();
+                for (k, &i) in indices.iter().enumerate() {
+                    dst[k * n..(k + 1) * n].copy_from_slice(&src[i * n..(i + 1) * n]);
+                }
+                indices.len() * n
+            }
+            _ => {
+                dst[..src.len()].copy_from_slice(src);
+                src.len()
+            }
+        };
+        if let Some(pad) = pad {
+            for chunk in dst[written..].chunks_exact_mut(pad.len()) {
+                chunk.copy_from_slice(pad);
+            }
+            slots
+                .slot(extra, slot)
+                .copy_from_slice(&(len as i64).to_ne_bytes());
+        }
+        Ok(())
+    }
+
+    /// Cuts each flat field of a written batch (`metas`, in `slab`) to the rows its samples
+    /// wrote, its last offset: fewer than the layout's room when a draw dropped boxes or a
+    /// replacement was shorter than the sample it replaced.
+    pub(super) fn cut_flat(&self, metas: &mut [FieldMeta], slab: &[u8]) -> Result<()> {
+        for f in (0..self.outputs.len()).filter(|&f| self.is_flat(f)) {
+            let offsets = &metas[self.extra_field(f)];
+            let at = offsets.offset + offsets.num_bytes() - 8;
+            let last = slab
+                .get(at..at + 8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(i64::from_ne_bytes)
+                .and_then(|v| usize::try_from(v).ok())
+                .filter(|&rows| rows <= metas[f].shape[0])
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "field `{}`: its last offset is outside its {} rows",
+                        self.names[f], metas[f].shape[0]
+                    ))
+                })?;
+            metas[f].shape[0] = last;
+        }
         Ok(())
     }
 }
+
+/// Boxes a draw kept and their indices among the sample's.
+type Moved = (Vec<[f32; 4]>, Vec<usize>);
 
 #[cfg(test)]
 mod tests {
@@ -329,6 +479,7 @@ mod tests {
     use super::*;
     use crate::collate::pick::FromSource;
     use crate::collate::tests::{counting, image_stages, key};
+    use crate::collate::Ragged;
     use crate::dtype::DType;
     use crate::source::MemorySource;
 
@@ -346,8 +497,8 @@ mod tests {
         for (&index, buf) in indices.iter().zip(reads.iter_mut()) {
             samples.push((index, pick.read(index, buf)?));
         }
-        let max_len = c.padded_lengths(&samples);
-        let (metas, total) = c.layout(indices.len(), &max_len);
+        let extents = c.extents(&samples);
+        let (mut metas, total) = c.layout(indices.len(), &extents);
         let mut slab = vec![0xAA; total];
         let mut slots = Slots::whole(&metas, &mut slab);
         let skipped = c.write_slots(
@@ -356,12 +507,13 @@ mod tests {
             indices,
             Some(Draws::ByIndex),
             &samples,
-            &max_len,
+            &extents,
             &mut slots,
             &mut Vec::new(),
             &mut Pixels::default(),
             &mut Spans::default(),
         )?;
+        c.cut_flat(&mut metas, &slab)?;
         Ok((metas, slab, skipped))
     }
 
@@ -396,6 +548,47 @@ mod tests {
     }
 
     #[test]
+    fn ragged_fields_under_offsets_lie_end_to_end_with_offsets() {
+        let row = |v: &[i32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        let rows = vec![row(&[1]), row(&[2, 3, 4]), row(&[]), row(&[5, 6])];
+        let source = MemorySource::new()
+            .with_ragged("tokens", DType::I32, &[], rows)
+            .unwrap();
+        // No pad value: nothing is padded.
+        let c = Collator::new(Arc::new(source), Ragged::Offsets, None, false).unwrap();
+        let (metas, slab, skipped) = write_all(&c, 0, &[0, 1, 2, 3]).unwrap();
+        assert_eq!(skipped, 0);
+        let names: Vec<_> = metas
+            .iter()
+            .map(|m| (m.name.as_str(), m.shape.clone()))
+            .collect();
+        assert_eq!(names, [("tokens", vec![6]), ("tokens_offsets", vec![5])]);
+        let tokens: Vec<i32> = field(&metas, &slab, "tokens")
+            .chunks_exact(4)
+            .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(tokens, [1, 2, 3, 4, 5, 6]);
+        assert_eq!(
+            i64s(field(&metas, &slab, "tokens_offsets")),
+            [0, 1, 4, 4, 6]
+        );
+    }
+
+    #[test]
+    fn a_batch_of_empty_samples_under_offsets_has_no_rows_and_zero_offsets() {
+        let source = MemorySource::new()
+            .with_ragged("boxes", DType::F32, &[4], vec![Vec::new(), Vec::new()])
+            .unwrap();
+        let c = Collator::new(Arc::new(source), Ragged::Offsets, None, false).unwrap();
+        let (metas, slab, _) = write_all(&c, 0, &[0, 1]).unwrap();
+        assert_eq!(metas[0].shape, [0, 4]);
+        assert_eq!(i64s(field(&metas, &slab, "boxes_offsets")), [0, 0, 0]);
+        let (metas, slab, _) = write_all(&c, 0, &[]).unwrap();
+        assert_eq!(metas[0].shape, [0, 4]);
+        assert_eq!(i64s(field(&metas, &slab, "boxes_offsets")), [0]);
+    }
+
+    #[test]
     fn fixed_fields_are_copied_byte_for_byte_into_their_slots() {
         let c = Collator::new(counting(10), None, None, false).unwrap();
         let (metas, slab, _) = write_all(&c, 0, &[5, 2]).unwrap();
@@ -416,9 +609,14 @@ mod tests {
         assert_eq!(y, [1, 0]);
     }
 
-    /// Fields `tokens` (ragged bytes, sample `i` is `lens[i]` bytes of `i`) and `label`
+    /// Fields `tokens` (ragged bytes, sample `i` is `lens[i]` bytes of `i`, padded) and `label`
     /// (int64, mixed into 3 classes).
     fn labelled(lens: &[usize], labels: &[i64], skip_bad: bool) -> Collator {
+        labelled_as(Ragged::Pad(None), lens, labels, skip_bad)
+    }
+
+    /// [`labelled`] with its ragged field batched as `ragged` says.
+    fn labelled_as(ragged: Ragged, lens: &[usize], labels: &[i64], skip_bad: bool) -> Collator {
         let rows = lens
             .iter()
             .enumerate()
@@ -430,7 +628,7 @@ mod tests {
             .and_then(|s| s.with_tensor("label", DType::I64, &[], labels))
             .unwrap();
         let stages = Arc::new(image_stages(Some("mixup(alpha=1.0, num_classes=3)")));
-        Collator::new(Arc::new(source), None, Some(stages), skip_bad).unwrap()
+        Collator::new(Arc::new(source), ragged, Some(stages), skip_bad).unwrap()
     }
 
     #[test]
@@ -467,5 +665,46 @@ mod tests {
             "slot 1 holds sample 0"
         );
         assert_eq!(i64s(field(&metas, &slab, "tokens_lengths")), [1, 1]);
+    }
+
+    /// A seed whose replacements for sample `bad` of `c`'s source draw `first` before `then`.
+    fn seed_drawing(c: &Collator, bad: usize, first: usize, then: usize) -> u64 {
+        let pick = FromSource(c.source().unwrap().as_ref());
+        (0..200)
+            .find(|&seed| {
+                let drawn: Vec<usize> = replacements(key(seed, 0), &pick, bad).collect();
+                let at = |i| drawn.iter().position(|&c| c == i);
+                matches!((at(first), at(then)), (Some(a), Some(b)) if a < b)
+                    || (at(first).is_some() && at(then).is_none())
+            })
+            .expect("a seed drawing `first` before `then`")
+    }
+
+    #[test]
+    fn a_failed_write_under_offsets_is_replaced_by_a_candidate_that_fits_the_slots_room() {
+        // As under pad: sample 2 (5 rows) does not fit the room sample 1 was read with (1 row).
+        let c = labelled_as(Ragged::Offsets, &[1, 1, 5], &[0, 9, 2], true);
+        let seed = seed_drawing(&c, 1, 2, 0);
+        let (metas, slab, skipped) = write_all(&c, seed, &[0, 1]).unwrap();
+        assert_eq!(skipped, 1);
+        assert_eq!(
+            field(&metas, &slab, "tokens"),
+            [0, 0],
+            "slot 1 holds sample 0"
+        );
+        assert_eq!(i64s(field(&metas, &slab, "tokens_offsets")), [0, 1, 2]);
+    }
+
+    #[test]
+    fn a_shorter_replacement_under_offsets_leaves_no_gap_before_the_next_slot() {
+        // Sample 1 (3 rows) cannot be written; sample 2 (1 row) replaces it, so slot 2 starts
+        // one row after slot 1's start, and the field is cut to the rows written.
+        let c = labelled_as(Ragged::Offsets, &[2, 3, 1], &[0, 9, 1], true);
+        let seed = seed_drawing(&c, 1, 2, 0);
+        let (metas, slab, skipped) = write_all(&c, seed, &[0, 1, 2]).unwrap();
+        assert_eq!(skipped, 1);
+        assert_eq!(metas[0].shape, [4], "6 rows of room, 4 written");
+        assert_eq!(field(&metas, &slab, "tokens"), [0, 0, 2, 2]);
+        assert_eq!(i64s(field(&metas, &slab, "tokens_offsets")), [0, 2, 3, 4]);
     }
 }

@@ -152,11 +152,11 @@ impl Resolved {
         let collator = match samples {
             Samples::Indexed(source) => {
                 let image = options.image_stages(source.fields())?.map(Arc::new);
-                Collator::new(Arc::clone(source), options.ragged_pad(), image, skip_bad)?
+                Collator::new(Arc::clone(source), options.ragged_fields(), image, skip_bad)?
             }
             Samples::Streamed(fields) => {
                 let image = options.image_stages(fields)?.map(Arc::new);
-                Collator::for_fields(fields, options.pad, image, skip_bad)?
+                Collator::for_fields(fields, options.ragged_fields(), image, skip_bad)?
             }
         };
         let prefetch = options.prefetch_factor;

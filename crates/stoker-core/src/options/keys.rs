@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use super::parse::*;
 use super::{Device, DeviceChoice, OnError, Order, SamplerChoice};
+use crate::collate::RaggedLayout;
 use crate::decode::JpegDecoder;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
@@ -290,6 +291,13 @@ keys {
         default "none",
         example "-1",
         meaning "pad ragged fields to the batch's longest, with a `<name>_lengths` field";
+    /// How ragged fields are batched.
+    ragged: RaggedLayout = RaggedLayout::Pad;
+        parse |key, v| parse_ragged(key, v);
+        values "`pad`, `offsets`",
+        default "pad",
+        example "offsets",
+        meaning "ragged per-sample fields (boxes, tar raw members, `cu_seqlens`, varying callback tensors): `pad` pads them to the batch's longest, `[batch, longest, …]`, with an int64 `<name>_lengths` of `batch` (needs `pad` unless raw bytes); `offsets` lays the samples' rows end to end, `[total, …]`, with an int64 `<name>_offsets` of `batch + 1` (sample `i` is rows `offsets[i]..offsets[i+1]`: `torch.nested.nested_tensor_from_jagged(values, offsets)`)";
     /// Largest image (width × height) a decoder will allocate for; larger ones are bad samples.
     /// Pillow's `MAX_IMAGE_PIXELS`: larger images are decompression bombs until proven otherwise.
     max_image_pixels: u64 = 89_478_485;

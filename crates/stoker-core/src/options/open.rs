@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{LoaderOptions, OnError, Order};
-use crate::collate::ImageStages;
+use crate::collate::{ImageStages, Ragged, RaggedLayout};
 use crate::decode::JpegDecoder;
 use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
@@ -48,7 +48,7 @@ impl LoaderOptions {
     pub(crate) fn tar_config(&self) -> TarConfig {
         TarConfig {
             fields: self.fields.clone(),
-            pad: self.pad.is_some(),
+            pad: self.ragged_allowed(),
             skip_damaged: self.on_error == OnError::Skip,
             remote: crate::source::remote::RemoteConfig {
                 shard_prefetch: self.shard_prefetch,
@@ -236,13 +236,21 @@ impl LoaderOptions {
         Ok(())
     }
 
-    /// The pad value of ragged fields: `pad`, or for a token stream `seq_len`, which pads
-    /// `cu_seqlens` with empty documents at the window's end.
-    pub(crate) fn ragged_pad(&self) -> Option<f64> {
-        match (self.pad, self.is_token_stream(), self.seq_len) {
-            (None, true, Some(seq)) => Some(seq as f64),
-            (pad, _, _) => pad,
+    /// How ragged fields are batched: flat under `ragged=offsets`; else padded with `pad`, or
+    /// for a token stream `seq_len`, which pads `cu_seqlens` with empty documents at the
+    /// window's end.
+    pub(crate) fn ragged_fields(&self) -> Ragged {
+        match (self.ragged, self.pad, self.is_token_stream(), self.seq_len) {
+            (RaggedLayout::Offsets, ..) => Ragged::Offsets,
+            (RaggedLayout::Pad, None, true, Some(seq)) => Ragged::Pad(Some(seq as f64)),
+            (RaggedLayout::Pad, pad, _, _) => Ragged::Pad(pad),
         }
+    }
+
+    /// Whether a callback or tar `npy` field may vary in its leading dimension (become ragged):
+    /// when `pad` or `ragged=offsets` says how to batch it.
+    fn ragged_allowed(&self) -> bool {
+        self.pad.is_some() || self.ragged == RaggedLayout::Offsets
     }
 
     /// Keys that choose a sampler have no meaning for a stream, which is read in order.
@@ -290,7 +298,7 @@ impl LoaderOptions {
             .map(|r| r.image.into_iter().chain(r.mask).collect())
             .unwrap_or_default();
         FieldRules {
-            pad: self.pad.is_some(),
+            pad: self.ragged_allowed(),
             input_layout: self.input_layout,
             images_vary: self.transform.is_some()
                 && Pipeline::new(self.transform.as_deref(), self.dtype, self.layout).is_ok(),

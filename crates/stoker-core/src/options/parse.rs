@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use super::{Device, DeviceChoice, OnError, Order};
+use crate::collate::RaggedLayout;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::source::pixels::InputLayout;
@@ -105,6 +106,18 @@ pub(super) fn parse_boundaries(key: &str, v: &str) -> Result<Boundaries> {
         _ => Err(Error::option(
             key,
             format!("`{v}` is not a boundary rule; expected ignore or reset"),
+        )),
+    }
+}
+
+/// `pad` or `offsets`.
+pub(super) fn parse_ragged(key: &str, v: &str) -> Result<RaggedLayout> {
+    match v {
+        "pad" => Ok(RaggedLayout::Pad),
+        "offsets" => Ok(RaggedLayout::Offsets),
+        _ => Err(Error::option(
+            key,
+            format!("`{v}` is not a ragged layout; expected pad or offsets"),
         )),
     }
 }

@@ -405,7 +405,7 @@ fn mismatch(
                 )
             } else {
                 format!(
-                    "field `{name}` is {dtype} {shape:?} but sample 0 had {d0} {s0:?}; set pad=VALUE to pad a varying leading dimension"
+                    "field `{name}` is {dtype} {shape:?} but sample 0 had {d0} {s0:?}; set pad=VALUE to pad a varying leading dimension, or ragged=offsets to batch it flat"
                 )
             })
         }

@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use stoker_core::source::{write_npy, MemorySource};
-use stoker_core::{DType, Loader, LoaderOptions, SourceSpec};
+use stoker_core::source::{write_npy, FieldSpec, MemorySource, Sample, Source};
+use stoker_core::{Batch, DType, Loader, LoaderOptions, SourceSpec};
 
 use crate::support::files::tmp;
 
@@ -573,4 +573,211 @@ fn boxes_take_their_images_draw_and_drop_with_their_labels() {
         }
     }
     assert!(kept > 0 && dropped > 0, "kept {kept}, dropped {dropped}");
+}
+
+/// `inner`, whose sample `at` reads with its boxes cut short of a whole row (it does not
+/// validate).
+struct ShortBoxes {
+    inner: Arc<MemorySource>,
+    at: Option<usize>,
+}
+
+impl Source for ShortBoxes {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn fields(&self) -> &[FieldSpec] {
+        self.inner.fields()
+    }
+    fn describe(&self, i: usize) -> String {
+        self.inner.describe(i)
+    }
+    fn read<'a>(&'a self, i: usize, scratch: &'a mut Vec<u8>) -> stoker_core::Result<Sample<'a>> {
+        let mut sample = self.inner.read(i, scratch)?;
+        if self.at == Some(i) {
+            let boxes = sample.get(1);
+            sample.set(1, &boxes[..boxes.len() - 4]);
+        }
+        Ok(sample)
+    }
+}
+
+/// The image of [`boxes_take_their_images_draw_and_drop_with_their_labels`] with the boxes and
+/// labels of [`sample_boxes`]; sample `bad_rows` has a box cut short (it does not read), sample
+/// `bad_labels` one label too few (its boxes cannot be moved).
+fn boxes_source(bad_rows: Option<usize>, bad_labels: Option<usize>) -> Arc<dyn Source> {
+    let mut image = Vec::new();
+    for _ in 0..N {
+        for c in 0..2 {
+            for y in 0..S {
+                for x in 0..S {
+                    let v = if c == 0 { x } else { y } as f32;
+                    image.extend_from_slice(&v.to_ne_bytes());
+                }
+            }
+        }
+    }
+    let rows = |n: usize| -> Vec<u8> {
+        sample_boxes(n)
+            .iter()
+            .flat_map(|(b, _)| b.iter().flat_map(|v| v.to_ne_bytes()))
+            .collect()
+    };
+    let labels = |n: usize| -> Vec<u8> {
+        let mut labels: Vec<u8> = sample_boxes(n)
+            .iter()
+            .flat_map(|(_, l)| l.to_ne_bytes())
+            .collect();
+        if bad_labels == Some(n) {
+            labels.truncate(labels.len() - 8);
+        }
+        labels
+    };
+    let source = MemorySource::new()
+        .with_tensor("image", DType::F32, &[2, S, S], image)
+        .and_then(|s| s.with_ragged("boxes", DType::F32, &[4], (0..N).map(rows).collect()))
+        .and_then(|s| s.with_ragged("labels", DType::I64, &[], (0..N).map(labels).collect()))
+        .unwrap();
+    Arc::new(ShortBoxes {
+        inner: Arc::new(source),
+        at: bad_rows,
+    })
+}
+
+/// One sample's boxes and their labels, as delivered.
+type SampleBoxes = (Vec<[f32; 4]>, Vec<i64>);
+
+/// Each sample's boxes and labels in `b`, from the padded form (`<name>_lengths`) or the flat
+/// one (`<name>_offsets`), checking the flat form's offsets on the way.
+fn boxes_by_sample(b: &Batch, flat: bool) -> Vec<SampleBoxes> {
+    let bytes = |name: &str| b.field_by_name(name).unwrap().data.unwrap().to_vec();
+    let i64s = |name: &str| -> Vec<i64> {
+        bytes(name)
+            .chunks_exact(8)
+            .map(|x| i64::from_ne_bytes(x.try_into().unwrap()))
+            .collect()
+    };
+    let boxes: Vec<[f32; 4]> = bytes("boxes")
+        .chunks_exact(16)
+        .map(|r| {
+            let mut v = [0f32; 4];
+            for (v, x) in v.iter_mut().zip(r.chunks_exact(4)) {
+                *v = f32::from_ne_bytes(x.try_into().unwrap());
+            }
+            v
+        })
+        .collect();
+    let labels = i64s("labels");
+    let shape = b.field_by_name("boxes").unwrap().shape.to_vec();
+    if !flat {
+        let rows = shape[1];
+        let lens = i64s("boxes_lengths");
+        assert_eq!(lens, i64s("labels_lengths"));
+        assert!(b.field_by_name("boxes_offsets").is_none());
+        return (0..b.len())
+            .map(|s| {
+                let len = lens[s] as usize;
+                (
+                    boxes[s * rows..][..len].to_vec(),
+                    labels[s * rows..][..len].to_vec(),
+                )
+            })
+            .collect();
+    }
+    let offsets = i64s("boxes_offsets");
+    assert!(b.field_by_name("boxes_lengths").is_none());
+    assert_eq!(
+        offsets,
+        i64s("labels_offsets"),
+        "labels go with their boxes"
+    );
+    assert_eq!(offsets.len(), b.len() + 1);
+    assert_eq!(offsets[0], 0);
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    let total = offsets[b.len()] as usize;
+    assert_eq!(shape, [total, 4], "no padding: the rows are the samples'");
+    assert_eq!(b.field_by_name("labels").unwrap().shape.to_vec(), [total]);
+    offsets
+        .windows(2)
+        .map(|w| {
+            let (a, z) = (w[0] as usize, w[1] as usize);
+            (boxes[a..z].to_vec(), labels[a..z].to_vec())
+        })
+        .collect()
+}
+
+/// Every batch of an epoch of `source` under `ragged` (the boxes moving with the image's
+/// draw): each sample's boxes and labels, and how many samples each batch replaced.
+fn boxes_epoch(
+    source: &Arc<dyn Source>,
+    ragged: &str,
+    kv: &[(&str, &str)],
+) -> Vec<(Vec<SampleBoxes>, usize)> {
+    let spec = "fields(image=image, boxes=boxes, labels=labels) \
+                | random_resized_crop(32, scale=0.2:1) | hflip | vflip";
+    let mut kv = kv.to_vec();
+    kv.extend([
+        ("transform", spec),
+        ("input_layout", "chw"),
+        ("pad", "-1"),
+        ("ragged", ragged),
+    ]);
+    let o = options(&kv)
+        .unwrap()
+        .with_source(SourceSpec::Custom(source.clone()));
+    let mut l = Loader::new(&o).unwrap();
+    let mut out = Vec::new();
+    while let Some(b) = l.next().unwrap() {
+        out.push((boxes_by_sample(&b, ragged == "offsets"), b.skipped()));
+    }
+    out
+}
+
+#[test]
+fn boxes_under_offsets_are_the_padded_boxes_laid_end_to_end() {
+    let source = boxes_source(None, None);
+    let padded = boxes_epoch(&source, "pad", &[]);
+    let mut dropped = 0;
+    for workers in ["0", "3"] {
+        let flat = boxes_epoch(&source, "offsets", &[("num_workers", workers)]);
+        assert_eq!(flat, padded, "num_workers={workers}");
+    }
+    for (samples, _) in &padded {
+        for (boxes, labels) in samples {
+            assert_eq!(boxes.len(), labels.len());
+            let n = labels.first().map_or(0, |l| *l as usize / 100);
+            dropped += sample_boxes(n).len() - labels.len();
+        }
+    }
+    // The draws dropped boxes: the flat rows are fewer than the rows read.
+    assert!(dropped > 0, "no box was dropped");
+}
+
+#[test]
+fn under_offsets_a_replaced_sample_keeps_the_offsets_consistent() {
+    // Sample 2 does not read (phase 1 replaces it); sample 5's labels do not match its boxes
+    // (phase 2 replaces it, with a candidate that fits the rows left).
+    let source = boxes_source(Some(2), Some(5));
+    let skip = [("on_error", "skip")];
+    let flat = boxes_epoch(&source, "offsets", &skip);
+    let padded = boxes_epoch(&source, "pad", &skip);
+    assert_eq!(flat.len(), padded.len());
+    let skipped: usize = flat.iter().map(|(_, s)| s).sum();
+    assert_eq!(skipped, padded.iter().map(|(_, s)| s).sum::<usize>());
+    assert_eq!(skipped, 2, "both bad samples were replaced");
+    let mut same = 0;
+    for ((f, _), (p, _)) in flat.iter().zip(&padded) {
+        for (fs, ps) in f.iter().zip(p) {
+            let (boxes, labels) = fs;
+            assert_eq!(boxes.len(), labels.len());
+            // Every slot holds one good sample's boxes (its labels name it).
+            let ns: Vec<usize> = labels.iter().map(|l| *l as usize / 100).collect();
+            assert!(ns.windows(2).all(|w| w[0] == w[1]), "{ns:?}");
+            assert!(ns.first().is_none_or(|n| ![2, 5].contains(n)), "{ns:?}");
+            // A replacement made while writing may differ between the layouts (a padded slot
+            // has more room); every other slot is the same.
+            same += usize::from(fs == ps);
+        }
+    }
+    assert!(same + 1 >= N, "{same} of {N} slots the same");
 }

@@ -446,7 +446,7 @@ fn npy_data<'a>(bytes: &'a [u8], kind: &FieldKind) -> std::result::Result<&'a [u
             header.dtype,
             header.shape,
             if matches!(kind, FieldKind::Tensor { .. }) {
-                "; set pad=VALUE to allow a varying leading dimension"
+                "; set pad=VALUE or ragged=offsets to allow a varying leading dimension"
             } else {
                 ""
             }

@@ -52,7 +52,7 @@ pub struct TarConfig {
     /// name). `None`: `image` (jpg/jpeg/png) and `label` (cls/label).
     pub fields: Option<Vec<(String, String)>>,
     /// Allow `npy` fields whose leading dimension varies (they become ragged fields); like the
-    /// loader's `pad` for callback sources.
+    /// loader's `pad` (or `ragged=offsets`) for callback sources.
     pub pad: bool,
     /// The cache directory for index files when a shard's directory is not writable. `None`:
     /// `$XDG_CACHE_HOME/stoker/tar-index`, else `~/.cache/stoker/tar-index`.
