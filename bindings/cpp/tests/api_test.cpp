@@ -866,6 +866,29 @@ TEST(CustomSource, RaggedTensorsArePaddedWithLengths) {
   EXPECT_EQ(seen.size(), 17u);
 }
 
+TEST(CustomSource, RaggedTensorsUnderOffsetsLieEndToEndWithOffsets) {
+  stoker::Loader loader(stoker::Options().source(std::make_shared<Ragged>()).batch_size(5).ragged("offsets")
+                            .shuffle(true).num_workers(2));
+  std::set<int64_t> seen;
+  for (auto& batch : loader.epoch()) {
+    ASSERT_EQ(batch.num_fields(), 3u);
+    const stoker::TensorView& tokens = batch.field("tokens");
+    const stoker::TensorView& labels = batch.field("label");
+    const stoker::TensorView& offsets = batch.field("tokens_offsets");
+    ASSERT_EQ(offsets.shape[0], labels.shape[0] + 1);
+    const int64_t* at = offsets.data_as<int64_t>();
+    EXPECT_EQ(at[0], 0);
+    for (int64_t r = 0; r < labels.shape[0]; ++r) {
+      const int64_t i = labels.data_as<int64_t>()[r];
+      ASSERT_EQ(at[r + 1] - at[r], i % 4);
+      for (int64_t k = 0; k < i % 4; ++k) EXPECT_EQ(tokens.data_as<int32_t>()[at[r] + k], 100 * i + k);
+      seen.insert(i);
+    }
+    EXPECT_EQ(tokens.shape[0], at[labels.shape[0]]);  // no padding: exactly the rows of the batch
+  }
+  EXPECT_EQ(seen.size(), 17u);
+}
+
 TEST(CustomSource, SameBatchesForAnyNumberOfWorkers) {
   auto labels_of = [](int workers) {
     stoker::Loader loader(stoker::Options().source(std::make_shared<Ragged>()).batch_size(4).set("pad", "0")
