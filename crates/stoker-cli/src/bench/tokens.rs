@@ -215,16 +215,13 @@ fn get_batch_rate(prefixes: &[PathBuf], args: &TokensBenchArgs) -> Result<f64, S
                 let m = usable[rng.below(usable.len() as u64) as usize];
                 let start = rng.below(((m.len() - window) / 2 + 1) as u64) as usize * 2;
                 let tokens = &m[start..start + window];
-                let (xs, ys) = (&mut x[row * seq..][..seq], &mut y[row * seq..][..seq]);
-                for (k, t) in tokens.chunks_exact(2).enumerate() {
-                    let v = i64::from(u16::from_le_bytes([t[0], t[1]]));
-                    if k < seq {
-                        xs[k] = v;
+                let widen = |to: &mut [i64], from: &[u8]| {
+                    for (v, t) in to.iter_mut().zip(from.chunks_exact(2)) {
+                        *v = i64::from(u16::from_le_bytes([t[0], t[1]]));
                     }
-                    if k > 0 {
-                        ys[k - 1] = v;
-                    }
-                }
+                };
+                widen(&mut x[row * seq..][..seq], &tokens[..2 * seq]);
+                widen(&mut y[row * seq..][..seq], &tokens[2..]);
             }
             std::hint::black_box((&mut x, &mut y));
         }

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""stoker's token stream side by side with nanoGPT's get_batch, in one run, on the same file.
+
+    python bench/compare_tokens.py                 # 200 M uint16 tokens, made once
+    python bench/compare_tokens.py --batches 100   # a quick check
+
+The file is nanoGPT's format: every document's uint16 tokens one after the other (`train.bin`),
+written once into the cache directory. Both read windows of `--block + 1` tokens at random
+places and deliver int64 `x` (inputs) and `y` (the inputs shifted by one), `--batch` rows a
+batch, as torch tensors:
+  nanoGPT  `get_batch` exactly as nanoGPT's train.py writes it: a new np.memmap per batch (its
+           workaround for a memory leak), torch.randint offsets, per-row `astype(np.int64)` and
+           torch.stack, then `pin_memory()` where CUDA is present (as train.py does before its
+           non_blocking copy); one Python thread, as in nanoGPT
+  stoker   stoker.Loader("tokens:train.bin", token_dtype="uint16", seq_len=--block, shuffle=True,
+           pin_memory=True) with num_workers 1 and every usable core, `batch.torch()` (DLPack,
+           no copy)
+
+What differs, honestly: nanoGPT draws offsets anywhere (windows overlap, an epoch means
+nothing); stoker shuffles the non-overlapping windows `i * block` of an epoch. Both copy the same
+number of bytes per token. Measured per row: input tokens/s over `--batches` batches after as
+many to warm up, and tokens per CPU-second of the process (all its threads: time.process_time),
+the cost a trainer's host pays; every row runs `--rounds` times, interleaved, keeping its best.
+"""
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import stoker
+
+
+def nanogpt(path: Path, block: int, batch: int):
+    """nanoGPT's get_batch (train.py), for the CPU or with pinned memory under CUDA."""
+
+    def get_batch():
+        data = np.memmap(path, dtype=np.uint16, mode="r")
+        ix = torch.randint(len(data) - block, (batch,))
+        x = torch.stack([torch.from_numpy((data[i : i + block]).astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy((data[i + 1 : i + 1 + block]).astype(np.int64)) for i in ix])
+        if torch.cuda.is_available():
+            x, y = x.pin_memory(), y.pin_memory()
+        return x, y
+
+    while True:
+        yield get_batch()
+
+
+def stoker_batches(path: Path, block: int, batch: int, workers: int):
+    loader = stoker.Loader(
+        f"tokens:{path}",
+        token_dtype="uint16",
+        seq_len=block,
+        batch_size=batch,
+        shuffle=True,
+        pin_memory=True,
+        num_workers=workers,
+    )
+    while True:
+        for b in loader:
+            t = b.torch()
+            yield t["input_ids"], t["labels"]
+
+
+def measure(batches, n: int) -> tuple[float, float]:
+    """Input tokens per second and per CPU-second over `n` batches, after `n` to warm up."""
+    for _ in range(n):
+        next(batches)
+    tokens = 0
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        x, y = next(batches)
+        tokens += x.numel()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return tokens / wall, tokens / max(cpu, 1e-9)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=200_000_000, help="tokens in the generated file")
+    p.add_argument("--block", type=int, default=1024, help="nanoGPT's block_size, stoker's seq_len")
+    p.add_argument("--batch", type=int, default=12, help="rows per batch (nanoGPT's default 12)")
+    p.add_argument("--batches", type=int, default=400)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--data-dir", type=Path, default=None)
+    args = p.parse_args()
+
+    cache = args.data_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stoker"
+    path = cache / f"bench-tokens-flat-{args.tokens}.bin"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"writing {path} ({args.tokens * 2 / 1e6:.0f} MB) ...")
+        rng = np.random.default_rng(0)
+        partial = path.with_suffix(".partial")
+        with open(partial, "wb") as f:
+            for start in range(0, args.tokens, 1 << 24):
+                n = min(1 << 24, args.tokens - start)
+                rng.integers(0, 50257, size=n, dtype=np.uint16).tofile(f)
+        partial.rename(path)
+
+    cores = len(os.sched_getaffinity(0))
+    rows = {"nanoGPT get_batch, 1 thread": lambda: nanogpt(path, args.block, args.batch)}
+    for workers in sorted({1, cores}):
+        rows[f"stoker, num_workers={workers}"] = (
+            lambda w=workers: stoker_batches(path, args.block, args.batch, w)
+        )
+    best: dict[str, tuple[float, float]] = {}
+    for _ in range(args.rounds):
+        for name, make in rows.items():
+            rate, per_cpu = measure(make(), args.batches)
+            old = best.get(name, (0.0, 0.0))
+            best[name] = (max(old[0], rate), max(old[1], per_cpu))
+
+    base_rate, base_cpu = best["nanoGPT get_batch, 1 thread"]
+    print(
+        f"\n{args.tokens / 1e6:.0f} M uint16 tokens, windows of {args.block + 1}, batches of "
+        f"{args.batch}, {cores} cores, best of {args.rounds} rounds"
+    )
+    print(f"{'':32} {'tokens/s':>12} {'ratio':>7} {'tokens/CPU-s':>14} {'ratio':>7}")
+    for name, (rate, per_cpu) in best.items():
+        print(f"{name:32} {rate:12.0f} {rate / base_rate:7.2f} {per_cpu:14.0f} {per_cpu / base_cpu:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
