@@ -698,6 +698,7 @@ pub(super) fn draw(
         Op::ResizeShorter(_)
         | Op::Resize { .. }
         | Op::RandomResizedCrop { .. }
+        | Op::ScaleJitter { .. }
         | Op::Mixup { .. }
         | Op::Cutmix { .. } => {
             return Err(format!("internal: {op:?} after the geometry plan"));

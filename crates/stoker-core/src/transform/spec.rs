@@ -40,6 +40,18 @@ pub enum Op {
         /// Range of the crop's width/height ratio (default `3/4:4/3`).
         ratio: (f64, f64),
     },
+    /// `ScaleJitter`: resized by `min(height / h, width / w) * U(scale)`, the aspect ratio
+    /// kept; the output size varies per sample (`scale_jitter(S)`, `scale_jitter(H, W)`).
+    ScaleJitter {
+        /// Target height the base factor fits the image to.
+        height: usize,
+        /// Target width the base factor fits the image to.
+        width: usize,
+        /// Range the factor on the base scale is drawn from (default `0.1:2`).
+        scale: (f64, f64),
+        /// Longest side after the jitter (`Resize(max_size=)`'s cap), if any.
+        max_size: Option<usize>,
+    },
     /// `RandomHorizontalFlip(p)` (`hflip(p=0.5)`).
     HFlip {
         /// Probability of flipping, in `[0, 1]`.
@@ -195,7 +207,8 @@ pub const MAX_CHANNELS: usize = 1024;
 pub const MAGNITUDE_BINS: usize = 31;
 
 /// Every operation name, for messages.
-const KNOWN: &str = "resize, center_crop, random_resized_crop, random_crop, hflip, vflip, \
+const KNOWN: &str =
+    "resize, center_crop, random_resized_crop, scale_jitter, random_crop, hflip, vflip, \
                      color_jitter, grayscale, gaussian_blur, rotate, affine, rand_augment, \
                      trivial_augment, auto_augment, random_erasing, normalize, mixup, cutmix";
 
@@ -327,6 +340,24 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
                 width,
                 scale,
                 ratio,
+            })
+        }
+        "scale_jitter" => {
+            args.check(2, &["scale", "max_size"])?;
+            let (height, width) = sizes(args)?;
+            let scale = match args.named("scale") {
+                Some(s) => range(s, "scale")?,
+                None => (0.1, 2.0),
+            };
+            let max_size = args
+                .named("max_size")
+                .map(|m| size(m).map_err(|e| format!("max_size: {e}")))
+                .transpose()?;
+            Ok(Op::ScaleJitter {
+                height,
+                width,
+                scale,
+                max_size,
             })
         }
         "hflip" => {
