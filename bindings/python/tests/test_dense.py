@@ -299,3 +299,58 @@ def test_scale_jitter_draws_do_not_depend_on_workers_and_an_unfixed_size_is_refu
     with pytest.raises(stoker.StokerError, match="scale_jitter draws each sample's size"):
         stoker.Loader(Detection("xyxy"), batch_size=4, input_layout="chw", pad=-1,
                       transform="fields(image=image, mask=mask) | scale_jitter(40) | hflip")
+
+
+ZOOM = (f"fields(image=image, mask=mask, boxes=boxes:xyxy, labels=labels, ignore_index=-1)"
+        f" | random_zoom_out(fill=2, side_range=1:2, p=0.7) | center_crop({S})")
+
+
+def test_random_zoom_out_moves_image_mask_and_boxes_as_torchvision_on_the_same_draw():
+    """RandomZoomOut(fill={Image: 2, Mask: -1}, side_range=(1, 2), p=0.7), then CenterCrop(S):
+    the canvas side and the image's offset are read back from the coordinate mask (the first
+    label in view says where the image lies), and every candidate is checked by torchvision's
+    pad + center_crop of the mask; the image must then equal torchvision's exactly (padding and
+    cropping copy values) and the boxes its padded, cropped, clamped and sanitized boxes."""
+    coords = tv_tensors.Mask(torch.from_numpy(COORDS)[None])
+    sources = [torch.from_numpy(bands(i)) for i in range(N)]
+    loader = stoker.Loader(Detection("xyxy"), batch_size=4, shuffle=True, seed=6, transform=ZOOM,
+                           input_layout="chw", pad=-1)
+    canvases = []
+    for b in loader:
+        for image, mask, got, got_labels, n in zip(
+            np.array(b["image"]), np.array(b["mask"]), np.array(b["boxes"]),
+            np.array(b["labels"]), np.array(b["boxes_lengths"])
+        ):
+            oy, ox = np.argwhere(mask >= 0)[0]
+            sy, sx = divmod(int(mask[oy, ox]), S)
+            draws = []
+            for side in range(S, 2 * S + 1):
+                crop = int(round((side - S) / 2.0))
+                left, top = int(ox) - sx + crop, int(oy) - sy + crop
+                if not (0 <= left <= side - S and 0 <= top <= side - S):
+                    continue
+                padding = [left, top, side - S - left, side - S - top]
+                m = F.center_crop(F.pad(coords, padding, fill=-1), [S, S])
+                if torch.equal(m[0], torch.from_numpy(mask)):
+                    draws.append(padding)
+            assert draws, "the mask is torchvision's padded, centre-cropped coordinates"
+            # Draws that agree on the mask put the same pixels in view (a canvas a little wider
+            # with the image a little further right shows the same window): one stands for all.
+            padding = draws[0]
+            err, i = min((float(np.abs(F.center_crop(F.pad(src, padding, fill=2.0), [S, S]).numpy()
+                                       - image).max()), i) for i, src in enumerate(sources))
+            assert err == 0.0, err
+            canvases.append(S + padding[0] + padding[2])
+            xyxy, src_labels = scene_boxes(i)
+            bb = tv_tensors.BoundingBoxes(torch.from_numpy(xyxy), format="XYXY", canvas_size=(S, S))
+            bb = F.clamp_bounding_boxes(F.center_crop(F.pad(bb, padding), [S, S]))
+            want, want_labels = tv2.SanitizeBoundingBoxes(min_size=1)(
+                {"boxes": bb, "labels": torch.from_numpy(src_labels)}
+            ).values()
+            assert n == len(want), (got[:n], want)
+            np.testing.assert_allclose(got[:n], want.numpy(), atol=1e-4)
+            np.testing.assert_array_equal(got_labels[:n], want_labels.numpy())
+    loader.close()
+    assert len(canvases) == N
+    # Some samples zoomed out (a canvas wider than the image), and within side_range.
+    assert max(canvases) > S and all(S <= c <= 2 * S for c in canvases), canvases

@@ -1,5 +1,6 @@
-//! Tests of `scale_jitter`: its drawn sizes against torchvision's `ScaleJitter` rule, the
-//! `max_size` cap, and the pipelines' refusal of a size left varying.
+//! Tests of the detection ops: `scale_jitter`'s drawn sizes against torchvision's `ScaleJitter`
+//! rule and the `max_size` cap, `random_zoom_out`'s canvas and offset (`RandomZoomOut`), and the
+//! pipelines' refusal of a size either leaves varying.
 
 use super::*;
 use crate::dtype::Layout;
@@ -186,4 +187,130 @@ fn an_image_scale_jitter_left_too_small_for_the_crop_fails_that_sample_only() {
         }
     }
     assert!(ok > 0 && small > 0, "{ok} {small}");
+}
+
+#[test]
+fn random_zoom_out_draws_a_canvas_in_side_range_and_an_offset_inside_it() {
+    let op = parse("random_zoom_out(side_range=1.5:3, fill=9)")
+        .unwrap()
+        .remove(0);
+    let (mut applied, mut lo, mut hi) = (0, usize::MAX, 0);
+    for index in 0..300 {
+        match augment::draw(&op, 30, 20, &mut rng(index), &mut None).unwrap() {
+            augment::Drawn::Crop {
+                top,
+                left,
+                width,
+                height,
+                pad,
+                mode,
+                fill,
+            } => {
+                applied += 1;
+                // The whole canvas is the window; the image sits at the padding's offset.
+                assert_eq!((top, left, mode, fill), (0, 0, PadMode::Constant, [9; 3]));
+                assert!((45..=90).contains(&width), "{index}: {width}x{height}");
+                let r = width as f64 / 30.0;
+                assert!((height as f64 - 20.0 * r).abs() <= 1.0, "{width}x{height}");
+                assert!(
+                    pad.0 <= width - 30 && pad.1 <= height - 20,
+                    "{pad:?} {width}x{height}"
+                );
+                (lo, hi) = (lo.min(width), hi.max(width));
+            }
+            augment::Drawn::Nothing => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    // p = 0.5 by default, and the canvases cover the range.
+    assert!((100..=200).contains(&applied), "{applied}");
+    assert!(lo < 50 && hi > 85, "{lo} {hi}");
+}
+
+#[test]
+fn random_zoom_out_places_the_image_on_a_filled_canvas() {
+    // A 20x10 image of value 200 zoomed out onto fill 9 at twice its size, then the canvas
+    // kept whole by a centre crop of its own size.
+    let p = Pipeline::for_input(
+        Some("random_zoom_out(fill=9, side_range=2:2, p=1) | center_crop(20, 40)"),
+        None,
+        Layout::Nhwc,
+        10,
+        20,
+    )
+    .unwrap();
+    let rgb = vec![200u8; 20 * 10 * 3];
+    let mut out = vec![0u8; p.output_bytes()];
+    for index in 0..10 {
+        let mut trace = Vec::new();
+        p.apply_traced(
+            &rgb,
+            20,
+            10,
+            &mut rng(index),
+            &mut out,
+            &mut Scratch::default(),
+            Some(&mut trace),
+        )
+        .unwrap();
+        let drawn = &trace[1];
+        let field = |k: &str| -> usize {
+            let at = drawn.find(&format!("\"{k}\":")).unwrap() + k.len() + 3;
+            drawn[at..]
+                .split([',', '}'])
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let (left, top) = (field("left"), field("top"));
+        assert_eq!((field("width"), field("height")), (40, 20), "{drawn}");
+        for y in 0..20 {
+            for x in 0..40 {
+                let inside = (left..left + 20).contains(&x) && (top..top + 10).contains(&y);
+                let want = if inside { 200 } else { 9 };
+                assert_eq!(out[(y * 40 + x) * 3], want, "{drawn}: ({x}, {y})");
+            }
+        }
+    }
+}
+
+#[test]
+fn random_zoom_out_arguments_and_placement_are_checked() {
+    assert_eq!(
+        parse("random_zoom_out").unwrap(),
+        vec![Op::RandomZoomOut {
+            fill: [0; 3],
+            side_range: (1.0, 4.0),
+            p: 0.5,
+        }]
+    );
+    for (spec, want) in [
+        (
+            "random_zoom_out(side_range=0.5:2)",
+            "side_range=0.5:2 must lie within 1:10",
+        ),
+        ("random_zoom_out(side_range=1:11)", "must lie within 1:10"),
+        ("random_zoom_out(p=2)", "p=2 is not a probability"),
+        ("random_zoom_out(fill=300)", "fill=300 needs integers"),
+        ("random_zoom_out(2)", "positional"),
+    ] {
+        let e = parse(spec).unwrap_err();
+        assert!(
+            e.contains("random_zoom_out") && e.contains(want),
+            "{spec}: {e}"
+        );
+    }
+    let e =
+        Pipeline::for_input(Some("random_zoom_out | hflip"), None, Layout::Nchw, 8, 8).unwrap_err();
+    assert!(
+        e.contains("random_zoom_out draws each sample's size"),
+        "{e}"
+    );
+    let e =
+        Pipeline::new(Some("random_zoom_out | resize(64, 64)"), None, Layout::Nchw).unwrap_err();
+    assert!(
+        e.contains("resize: must come before random_zoom_out"),
+        "{e}"
+    );
 }

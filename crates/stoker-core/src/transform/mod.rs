@@ -13,6 +13,7 @@
 //! | `hflip`, `hflip(p=0.5)` | flip left-right with probability `p` (`RandomHorizontalFlip`) |
 //! | `normalize(mean=a,b,c, std=a,b,c)`, `normalize(imagenet)` | `(x / 255 - mean) / std` per channel |
 //! | `random_crop(S, padding=P, pad_mode=M, fill=V)` | `RandomCrop` (constant, edge, reflect, symmetric) |
+//! | `random_zoom_out(fill=V, side_range=1:4, p=0.5)` | `RandomZoomOut`: the image at a random offset of a canvas `r` times its size, the rest `fill` (a mask's: `ignore_index`). The size varies per sample: a crop must follow |
 //! | `vflip(p=0.5)` | `RandomVerticalFlip` |
 //! | `color_jitter(brightness=, contrast=, saturation=, hue=)` | `ColorJitter`, random order |
 //! | `grayscale(p=0.1)` | `RandomGrayscale` |
@@ -61,7 +62,9 @@
 //!
 //! The ops the plan cannot fold (and every op after the first of them) run on the
 //! materialised, crop-sized RGB8 image in the worker's reused buffers ([`Scratch`]): colour ops
-//! in place, warps and crops through one spare buffer swapped in. They need the size fixed
+//! in place, warps and crops through one spare buffer swapped in. `random_zoom_out` is such a
+//! crop: a window the canvas's size over the image padded at the drawn offset (the plan does not
+//! pad, and a zoom-out resamples nothing). They need the size fixed
 //! before them. `random_erasing` is kept as a box and written by the output pass, in output
 //! units, as torchvision erases the final (normalized) tensor.
 //!

@@ -26,7 +26,8 @@ pub const NO_SIZE: &str = "images of a batch must all have one size: the transfo
      output size with resize(H, W), center_crop(S) or random_resized_crop(S) (e.g. \
      `resize(256) | center_crop(224)`)";
 
-/// Why a pipeline whose size a drawn op (`scale_jitter`) left varying was refused.
+/// Why a pipeline whose size a drawn op (`scale_jitter`, `random_zoom_out`) left varying was
+/// refused.
 pub(super) fn varying_size(op: &str) -> String {
     format!(
         "images of a batch must all have one size, but {op} draws each sample's size: put \
@@ -107,6 +108,7 @@ pub(super) fn op_name(op: &Op) -> &'static str {
         Op::HFlip { .. } => "hflip",
         Op::Normalize { .. } => "normalize",
         Op::RandomCrop { .. } => "random_crop",
+        Op::RandomZoomOut { .. } => "random_zoom_out",
         Op::VFlip { .. } => "vflip",
         Op::ColorJitter { .. } => "color_jitter",
         Op::Grayscale { .. } => "grayscale",
@@ -216,7 +218,7 @@ impl Pipeline {
                         (h, w)
                     })
                 }
-                Op::ScaleJitter { .. } => {
+                Op::ScaleJitter { .. } | Op::RandomZoomOut { .. } => {
                     size = None;
                     varying = Some(name);
                 }

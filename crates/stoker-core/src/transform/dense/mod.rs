@@ -243,6 +243,11 @@ impl DensePipeline {
                     size = None;
                     varying = Some(name);
                 }
+                Op::RandomZoomOut { fill, .. } => {
+                    channel_fill(fill.map(f64::from), input.channels, role, name)?;
+                    size = None;
+                    varying = Some(name);
+                }
                 Op::Resize { height, width }
                 | Op::CenterCrop { height, width }
                 | Op::RandomResizedCrop { height, width, .. } => size = Some((*height, *width)),
