@@ -303,8 +303,11 @@ fn random_zoom_out_arguments_and_placement_are_checked() {
     }
     let e =
         Pipeline::for_input(Some("random_zoom_out | hflip"), None, Layout::Nchw, 8, 8).unwrap_err();
+    // Only crops can follow a zoom-out (it runs after the resample), and the message says so.
     assert!(
-        e.contains("random_zoom_out draws each sample's size"),
+        e.contains("random_zoom_out draws each sample's size")
+            && e.contains("center_crop(S) or random_crop(S)")
+            && !e.contains("resize"),
         "{e}"
     );
     let e =

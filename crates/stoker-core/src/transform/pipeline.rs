@@ -30,10 +30,21 @@ pub const NO_SIZE: &str = "images of a batch must all have one size: the transfo
 /// refused.
 pub(super) fn varying_size(op: &str) -> String {
     format!(
-        "images of a batch must all have one size, but {op} draws each sample's size: put \
-         resize(H, W), center_crop(S), random_crop(S) or random_resized_crop(S) after it (e.g. \
-         `{op}(1024) | center_crop(1024)`)"
+        "images of a batch must all have one size, but {op} draws each sample's size: put {} \
+         after it",
+        size_fixers(op)
     )
+}
+
+/// The ops that may fix the size after `op` (a zoom-out runs after the resample, so no resize
+/// may follow it), with an example.
+pub(super) fn size_fixers(op: &str) -> &'static str {
+    if op == "random_zoom_out" {
+        "center_crop(S) or random_crop(S) (e.g. `random_zoom_out | random_crop(300, padding=150)`)"
+    } else {
+        "resize(H, W), center_crop(S), random_crop(S) or random_resized_crop(S) (e.g. \
+         `scale_jitter(1024) | center_crop(1024)`)"
+    }
 }
 
 /// The leading ops a trial plan can check when every input has one size: those before the
@@ -248,8 +259,8 @@ impl Pipeline {
                     if let (None, Some(v)) = (size, varying) {
                         return Err(format!(
                             "{name}: needs a fixed size before it, but {v} draws each \
-                             sample's size: put resize(H, W), center_crop, random_crop or \
-                             random_resized_crop between them"
+                             sample's size: put {} between them",
+                            size_fixers(v)
                         ));
                     }
                     if size.is_none() {
