@@ -223,3 +223,134 @@ def test_an_rgb_uint8_image_from_a_dataset_keeps_its_mask_in_step():
             # Red holds x: the image's pixel and the mask's label agree within the scale.
             assert np.abs(img[0].astype(int) - m % S).max() <= 2
     loader.close()
+
+
+JITTER = (f"fields(image=image, mask=mask, boxes=boxes:xyxy, labels=labels)"
+          f" | scale_jitter(40, 48, scale=0.8:1.4) | center_crop({OUT}) | hflip")
+
+
+def jitter_batches(**options):
+    loader = stoker.Loader(Detection("xyxy"), batch_size=4, shuffle=True, seed=4, transform=JITTER,
+                           input_layout="chw", pad=-1, **options)
+    out = [{k: np.array(v) for k, v in b.items()} for b in loader]
+    loader.close()
+    return out
+
+
+def test_scale_jitter_moves_image_mask_and_boxes_as_torchvision_on_the_same_draw():
+    """ScaleJitter(target_size=(48, 40), scale_range=(0.8, 1.4)) -- torchvision reads its
+    target_size as (W, H): r = min(target[1] / h, target[0] / w) -- so scale_jitter(40, 48):
+    r = min(40/64, 48/64) * u, each side int(64 * r). The drawn side is read back from the
+    coordinate mask (torchvision's nearest resize of it, centre-cropped and maybe flipped, must
+    equal the delivered mask); the image and the boxes must then equal torchvision's."""
+    coords = tv_tensors.Mask(torch.from_numpy(COORDS)[None])
+    lo, hi = int(S * 40 / 64 * 0.8), int(S * 40 / 64 * 1.4)
+    sides = set()
+    checked = 0
+    for b in jitter_batches():
+        assert b["image"].shape == (4, C, OUT, OUT) and b["mask"].shape == (4, OUT, OUT)
+        for image, mask, got, got_labels, n in zip(b["image"], b["mask"], b["boxes"], b["labels"],
+                                                   b["boxes_lengths"]):
+            draws = []
+            for side in range(lo, hi + 1):
+                m = F.center_crop(F.resize(coords, [side, side],
+                                           interpolation=InterpolationMode.NEAREST), [OUT, OUT])
+                for flip in (False, True):
+                    mm = F.horizontal_flip(m) if flip else m
+                    if torch.equal(mm[0], torch.from_numpy(mask)):
+                        draws.append((side, flip))
+            assert draws, "the mask is torchvision's nearest resize of the coordinates"
+            best = None
+            for i in range(N):
+                for side, flip in draws:
+                    ref = F.center_crop(F.resize(torch.from_numpy(bands(i)), [side, side],
+                                                 antialias=True), [OUT, OUT])
+                    if flip:
+                        ref = F.horizontal_flip(ref)
+                    err = float(np.abs(ref.numpy() - image).max())
+                    if best is None or err < best[0]:
+                        best = (err, i, side, flip)
+            err, i, side, flip = best
+            assert err < 2e-5, err
+            sides.add(side)
+            xyxy, src_labels = scene_boxes(i)
+            bb = tv_tensors.BoundingBoxes(torch.from_numpy(xyxy), format="XYXY", canvas_size=(S, S))
+            bb = F.center_crop(F.resize(bb, [side, side]), [OUT, OUT])
+            if flip:
+                bb = F.horizontal_flip(bb)
+            bb = F.clamp_bounding_boxes(bb)
+            want, want_labels = tv2.SanitizeBoundingBoxes(min_size=1)(
+                {"boxes": bb, "labels": torch.from_numpy(src_labels)}
+            ).values()
+            assert n == len(want), (got[:n], want)
+            np.testing.assert_allclose(got[:n], want.numpy(), atol=1e-4)
+            np.testing.assert_array_equal(got_labels[:n], want_labels.numpy())
+            checked += 1
+    assert checked == N
+    assert len(sides) > 3, sides
+
+
+def test_scale_jitter_draws_do_not_depend_on_workers_and_an_unfixed_size_is_refused():
+    zero, three = jitter_batches(num_workers=0), jitter_batches(num_workers=3)
+    for a, b in zip(zero, three):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    with pytest.raises(stoker.StokerError, match="scale_jitter draws each sample's size"):
+        stoker.Loader(Detection("xyxy"), batch_size=4, input_layout="chw", pad=-1,
+                      transform="fields(image=image, mask=mask) | scale_jitter(40) | hflip")
+
+
+ZOOM = (f"fields(image=image, mask=mask, boxes=boxes:xyxy, labels=labels, ignore_index=-1)"
+        f" | random_zoom_out(fill=2, side_range=1:2, p=0.7) | center_crop({S})")
+
+
+def test_random_zoom_out_moves_image_mask_and_boxes_as_torchvision_on_the_same_draw():
+    """RandomZoomOut(fill={Image: 2, Mask: -1}, side_range=(1, 2), p=0.7), then CenterCrop(S):
+    the canvas side and the image's offset are read back from the coordinate mask (the first
+    label in view says where the image lies), and every candidate is checked by torchvision's
+    pad + center_crop of the mask; the image must then equal torchvision's exactly (padding and
+    cropping copy values) and the boxes its padded, cropped, clamped and sanitized boxes."""
+    coords = tv_tensors.Mask(torch.from_numpy(COORDS)[None])
+    sources = [torch.from_numpy(bands(i)) for i in range(N)]
+    loader = stoker.Loader(Detection("xyxy"), batch_size=4, shuffle=True, seed=6, transform=ZOOM,
+                           input_layout="chw", pad=-1)
+    canvases = []
+    for b in loader:
+        for image, mask, got, got_labels, n in zip(
+            np.array(b["image"]), np.array(b["mask"]), np.array(b["boxes"]),
+            np.array(b["labels"]), np.array(b["boxes_lengths"])
+        ):
+            oy, ox = np.argwhere(mask >= 0)[0]
+            sy, sx = divmod(int(mask[oy, ox]), S)
+            draws = []
+            for side in range(S, 2 * S + 1):
+                crop = int(round((side - S) / 2.0))
+                left, top = int(ox) - sx + crop, int(oy) - sy + crop
+                if not (0 <= left <= side - S and 0 <= top <= side - S):
+                    continue
+                padding = [left, top, side - S - left, side - S - top]
+                m = F.center_crop(F.pad(coords, padding, fill=-1), [S, S])
+                if torch.equal(m[0], torch.from_numpy(mask)):
+                    draws.append(padding)
+            assert draws, "the mask is torchvision's padded, centre-cropped coordinates"
+            # Draws that agree on the mask put the same pixels in view (a canvas a little wider
+            # with the image a little further right shows the same window): one stands for all.
+            padding = draws[0]
+            err, i = min((float(np.abs(F.center_crop(F.pad(src, padding, fill=2.0), [S, S]).numpy()
+                                       - image).max()), i) for i, src in enumerate(sources))
+            assert err == 0.0, err
+            canvases.append(S + padding[0] + padding[2])
+            xyxy, src_labels = scene_boxes(i)
+            bb = tv_tensors.BoundingBoxes(torch.from_numpy(xyxy), format="XYXY", canvas_size=(S, S))
+            bb = F.clamp_bounding_boxes(F.center_crop(F.pad(bb, padding), [S, S]))
+            want, want_labels = tv2.SanitizeBoundingBoxes(min_size=1)(
+                {"boxes": bb, "labels": torch.from_numpy(src_labels)}
+            ).values()
+            assert n == len(want), (got[:n], want)
+            np.testing.assert_allclose(got[:n], want.numpy(), atol=1e-4)
+            np.testing.assert_array_equal(got_labels[:n], want_labels.numpy())
+    loader.close()
+    assert len(canvases) == N
+    # Some samples zoomed out (a canvas wider than the image), and within side_range.
+    assert max(canvases) > S and all(S <= c <= 2 * S for c in canvases), canvases

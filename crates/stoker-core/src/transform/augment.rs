@@ -483,6 +483,41 @@ pub(super) fn draw(
                 fill,
             }
         }
+        Op::RandomZoomOut {
+            fill,
+            side_range: (a, b),
+            p,
+        } => {
+            // torchvision: the coin first, then r, then the two offsets, all float32 tensors
+            // (so the floors here are taken of float32 products too).
+            if rng.unit_f64() >= p {
+                record(trace, || {
+                    r#"{"op":"random_zoom_out","apply":false}"#.to_string()
+                });
+                return Ok(Drawn::Nothing);
+            }
+            let r = a as f32 + rng.unit_f64() as f32 * (b - a) as f32;
+            let (cw, ch) = ((w as f32 * r) as usize, (h as f32 * r) as usize);
+            let (cw, ch) = (cw.max(w), ch.max(h));
+            let left = ((cw - w) as f32 * rng.unit_f64() as f32) as usize;
+            let top = ((ch - h) as f32 * rng.unit_f64() as f32) as usize;
+            record(trace, || {
+                format!(
+                    r#"{{"op":"random_zoom_out","apply":true,"left":{left},"top":{top},"width":{cw},"height":{ch}}}"#
+                )
+            });
+            // A window the size of the canvas over the image padded by (left, top): what lies
+            // past the image on any side is the fill.
+            Drawn::Crop {
+                top: 0,
+                left: 0,
+                width: cw,
+                height: ch,
+                pad: (left, top),
+                mode: PadMode::Constant,
+                fill,
+            }
+        }
         Op::HFlip { p } | Op::VFlip { p } => {
             let vertical = matches!(op, Op::VFlip { .. });
             let apply = rng.unit_f64() < p;
@@ -698,6 +733,7 @@ pub(super) fn draw(
         Op::ResizeShorter(_)
         | Op::Resize { .. }
         | Op::RandomResizedCrop { .. }
+        | Op::ScaleJitter { .. }
         | Op::Mixup { .. }
         | Op::Cutmix { .. } => {
             return Err(format!("internal: {op:?} after the geometry plan"));

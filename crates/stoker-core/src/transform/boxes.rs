@@ -284,6 +284,12 @@ mod tests {
             "random_resized_crop(40, 50, scale=0.5:1) | hflip",
             "resize(30) | center_crop(28, 36) | vflip(p=1)",
             "center_crop(44, 60) | random_crop(40, padding=4) | hflip | vflip",
+            // The resize's factor is drawn per sample; the boxes move by the same one.
+            "scale_jitter(48, 64, scale=0.9:1.5) | random_crop(40) | hflip",
+            "scale_jitter(40, scale=1:2, max_size=72) | center_crop(30, 40)",
+            // The image lands at a drawn offset of a larger canvas; the boxes shift with it.
+            "random_zoom_out(side_range=1:2, p=0.8) | center_crop(48, 64) | hflip",
+            "random_zoom_out(side_range=1.2:1.6, p=1) | random_crop(40, 50) | vflip",
         ] {
             let p = BoxPipeline::new(spec, W, H, BoxFormat::Xyxy).unwrap();
             for index in 0..12 {

@@ -123,6 +123,39 @@ pub fn resize_shorter(w: usize, h: usize, s: usize) -> (usize, usize) {
     }
 }
 
+/// torchvision's `ScaleJitter` output size `(width, height)` for a `w`x`h` image with target
+/// `target_h`x`target_w`: `r = min(target_h / h, target_w / w) * U(scale)`, each side
+/// `int(side * r)` (at least 1). torchvision draws the factor as a float32 tensor, so `r` and the
+/// products are float32 and so are they here: the floors then agree at the boundaries. Then
+/// `max_size` caps the longer side as `Resize(size, max_size=M)` does: when it exceeds `M` it
+/// becomes `M` and the shorter `int(M * short / long)`.
+pub fn scale_jitter_size(
+    w: usize,
+    h: usize,
+    (target_h, target_w): (usize, usize),
+    scale: (f64, f64),
+    max_size: Option<usize>,
+    rng: &mut Rng,
+) -> (usize, usize) {
+    let u = rng.unit_f64() as f32;
+    let factor = scale.0 as f32 + u * (scale.1 - scale.0) as f32;
+    let base = (target_h as f64 / h as f64).min(target_w as f64 / w as f64);
+    let r = base as f32 * factor;
+    let side = |n: usize| ((n as f32 * r) as usize).max(1);
+    let (nw, nh) = (side(w), side(h));
+    match max_size {
+        Some(m) if nw.max(nh) > m => {
+            let short = ((m as f64 * nw.min(nh) as f64 / nw.max(nh) as f64) as usize).max(1);
+            if nw >= nh {
+                (m, short)
+            } else {
+                (short, m)
+            }
+        }
+        _ => (nw, nh),
+    }
+}
+
 /// torchvision's `RandomResizedCrop.get_params` for a `width`x`height` image; returns
 /// `(top, left, h, w)`. Ten attempts: `target_area = area * U(scale)`,
 /// `aspect = exp(U(ln ratio.0, ln ratio.1))`, `w = round(sqrt(target_area * aspect))`,
@@ -207,6 +240,15 @@ pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Pl
                 let (top, left, h, w) = random_resized_crop_params(v.w, v.h, scale, ratio, rng);
                 v.crop(top, left, h, w);
                 v.resize(width, height);
+            }
+            Op::ScaleJitter {
+                height,
+                width,
+                scale,
+                max_size,
+            } => {
+                let (w, h) = scale_jitter_size(v.w, v.h, (height, width), scale, max_size, rng);
+                v.resize(w, h);
             }
             Op::HFlip { p } => {
                 if rng.unit_f64() < p {

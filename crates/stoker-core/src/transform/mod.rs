@@ -9,9 +9,11 @@
 //! | `resize(H, W)` | to exactly `H`x`W` |
 //! | `center_crop(S)`, `center_crop(H, W)` | top = `round((h - H) / 2)`, left = `round((w - W) / 2)` (`CenterCrop`) |
 //! | `random_resized_crop(S, scale=a:b, ratio=a:b)` | `RandomResizedCrop`: defaults scale `0.08:1`, ratio `3/4:4/3`; `S` or `H, W` |
+//! | `scale_jitter(S, scale=a:b, max_size=M)`, `scale_jitter(H, W, …)` | `ScaleJitter`: `r = min(H / h, W / w) * U(scale)` (default `0.1:2`), sides `int(side * r)`; `max_size` caps the longer side as `Resize(max_size=)` does. The size varies per sample: a sizing op must follow |
 //! | `hflip`, `hflip(p=0.5)` | flip left-right with probability `p` (`RandomHorizontalFlip`) |
 //! | `normalize(mean=a,b,c, std=a,b,c)`, `normalize(imagenet)` | `(x / 255 - mean) / std` per channel |
 //! | `random_crop(S, padding=P, pad_mode=M, fill=V)` | `RandomCrop` (constant, edge, reflect, symmetric) |
+//! | `random_zoom_out(fill=V, side_range=1:4, p=0.5)` | `RandomZoomOut`: the image at a random offset of a canvas `r` times its size, the rest `fill` (a mask's: `ignore_index`). The size varies per sample: a crop must follow |
 //! | `vflip(p=0.5)` | `RandomVerticalFlip` |
 //! | `color_jitter(brightness=, contrast=, saturation=, hue=)` | `ColorJitter`, random order |
 //! | `grayscale(p=0.1)` | `RandomGrayscale` |
@@ -33,7 +35,8 @@
 //! (`src = offset + out * scale` on each axis, pixel edges at integers), plus a clip rectangle of
 //! source pixels the resampling filter may read and a flip flag:
 //!
-//! * a resize multiplies the scale by `old_size / new_size`;
+//! * a resize multiplies the scale by `old_size / new_size` (`scale_jitter` is a resize whose
+//!   size is drawn per sample);
 //! * a crop `(top, left, h, w)` adds `left * scale` to the offset; while no resize precedes it
 //!   (scale 1) it is an integer crop of the decoded image and also narrows the clip rectangle,
 //!   so the filter never reads outside it — exactly torchvision's crop-then-resize. A crop after a
@@ -59,7 +62,9 @@
 //!
 //! The ops the plan cannot fold (and every op after the first of them) run on the
 //! materialised, crop-sized RGB8 image in the worker's reused buffers ([`Scratch`]): colour ops
-//! in place, warps and crops through one spare buffer swapped in. They need the size fixed
+//! in place, warps and crops through one spare buffer swapped in. `random_zoom_out` is such a
+//! crop: a window the canvas's size over the image padded at the drawn offset (the plan does not
+//! pad, and a zoom-out resamples nothing). They need the size fixed
 //! before them. `random_erasing` is kept as a box and written by the output pass, in output
 //! units, as torchvision erases the final (normalized) tensor.
 //!
@@ -92,5 +97,7 @@ pub use pipeline::{Pipeline, Scratch, NO_SIZE};
 pub use roles::{roles, BoxFormat, Roles, DEFAULT_IGNORE_INDEX};
 pub use spec::{parse, EraseValue, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD, MAX_CHANNELS};
 
+#[cfg(test)]
+mod detection_tests;
 #[cfg(test)]
 mod tests;

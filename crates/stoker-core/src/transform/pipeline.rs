@@ -26,6 +26,38 @@ pub const NO_SIZE: &str = "images of a batch must all have one size: the transfo
      output size with resize(H, W), center_crop(S) or random_resized_crop(S) (e.g. \
      `resize(256) | center_crop(224)`)";
 
+/// Why a pipeline whose size a drawn op (`scale_jitter`, `random_zoom_out`) left varying was
+/// refused.
+pub(super) fn varying_size(op: &str) -> String {
+    format!(
+        "images of a batch must all have one size, but {op} draws each sample's size: put {} \
+         after it",
+        size_fixers(op)
+    )
+}
+
+/// The ops that may fix the size after `op` (a zoom-out runs after the resample, so no resize
+/// may follow it), with an example.
+pub(super) fn size_fixers(op: &str) -> &'static str {
+    if op == "random_zoom_out" {
+        "center_crop(S) or random_crop(S) (e.g. `random_zoom_out | random_crop(300, padding=150)`)"
+    } else {
+        "resize(H, W), center_crop(S), random_crop(S) or random_resized_crop(S) (e.g. \
+         `scale_jitter(1024) | center_crop(1024)`)"
+    }
+}
+
+/// The leading ops a trial plan can check when every input has one size: those before the
+/// first op that draws the size (a crop after it fits some draws and not others, so it is
+/// checked per sample).
+pub(super) fn fixed_prefix(ops: &[Op]) -> &[Op] {
+    let end = ops
+        .iter()
+        .position(|op| matches!(op, Op::ScaleJitter { .. }))
+        .unwrap_or(ops.len());
+    &ops[..end]
+}
+
 /// A parsed, validated pipeline with a fixed output size.
 pub struct Pipeline {
     ops: Vec<Op>,
@@ -71,6 +103,7 @@ pub(super) fn foldable(op: &Op) -> bool {
             | Op::Resize { .. }
             | Op::CenterCrop { .. }
             | Op::RandomResizedCrop { .. }
+            | Op::ScaleJitter { .. }
             | Op::HFlip { .. }
             | Op::Normalize { .. }
     )
@@ -82,9 +115,11 @@ pub(super) fn op_name(op: &Op) -> &'static str {
         Op::ResizeShorter(_) | Op::Resize { .. } => "resize",
         Op::CenterCrop { .. } => "center_crop",
         Op::RandomResizedCrop { .. } => "random_resized_crop",
+        Op::ScaleJitter { .. } => "scale_jitter",
         Op::HFlip { .. } => "hflip",
         Op::Normalize { .. } => "normalize",
         Op::RandomCrop { .. } => "random_crop",
+        Op::RandomZoomOut { .. } => "random_zoom_out",
         Op::VFlip { .. } => "vflip",
         Op::ColorJitter { .. } => "color_jitter",
         Op::Grayscale { .. } => "grayscale",
@@ -163,6 +198,8 @@ impl Pipeline {
         // materialised image.
         let planned = ops.iter().position(|op| !foldable(op)).unwrap_or(ops.len());
         let mut erasing = None;
+        // The last op that drew the size, while no later op has fixed it.
+        let mut varying = None;
         for (i, op) in ops.iter().enumerate() {
             let name = op_name(op);
             if let Some(e) = erasing {
@@ -174,7 +211,10 @@ impl Pipeline {
                 }
             }
             match op {
-                Op::ResizeShorter(_) | Op::Resize { .. } | Op::RandomResizedCrop { .. }
+                Op::ResizeShorter(_)
+                | Op::Resize { .. }
+                | Op::RandomResizedCrop { .. }
+                | Op::ScaleJitter { .. }
                     if i > planned =>
                 {
                     return Err(format!(
@@ -189,10 +229,17 @@ impl Pipeline {
                         (h, w)
                     })
                 }
+                Op::ScaleJitter { .. } | Op::RandomZoomOut { .. } => {
+                    size = None;
+                    varying = Some(name);
+                }
                 Op::Resize { height, width }
                 | Op::CenterCrop { height, width }
                 | Op::RandomResizedCrop { height, width, .. }
-                | Op::RandomCrop { height, width, .. } => size = Some((*height, *width)),
+                | Op::RandomCrop { height, width, .. } => {
+                    size = Some((*height, *width));
+                    varying = None;
+                }
                 Op::HFlip { .. } | Op::VFlip { .. } | Op::Mixup { .. } | Op::Cutmix { .. } => {}
                 Op::Normalize { mean, std } => {
                     if normalize.is_some() {
@@ -209,6 +256,13 @@ impl Pipeline {
                 | Op::TrivialAugment
                 | Op::AutoAugment
                 | Op::RandomErasing { .. } => {
+                    if let (None, Some(v)) = (size, varying) {
+                        return Err(format!(
+                            "{name}: needs a fixed size before it, but {v} draws each \
+                             sample's size: put {} between them",
+                            size_fixers(v)
+                        ));
+                    }
                     if size.is_none() {
                         return Err(format!(
                             "{name}: needs a fixed size before it: put it after resize(H, W), \
@@ -222,12 +276,16 @@ impl Pipeline {
                 }
             }
         }
-        let (height, width) = size.ok_or_else(|| NO_SIZE.to_string())?;
+        let (height, width) = match (size, varying) {
+            (Some(size), _) => size,
+            (None, Some(v)) => return Err(varying_size(v)),
+            (None, None) => return Err(NO_SIZE.to_string()),
+        };
         if let Some((h, w)) = input {
             // Every input has this size: a crop that cannot fit it is refused now, not at each
             // sample (the plan's random draws cannot make it fit).
             let mut rng = Rng::for_key(0, Stream::Augment, 0, 0);
-            super::geometry::plan(&ops[..planned], w, h, &mut rng)?;
+            super::geometry::plan(fixed_prefix(&ops[..planned]), w, h, &mut rng)?;
         }
         let dtype = dtype.unwrap_or(if normalize.is_some() {
             DType::F32

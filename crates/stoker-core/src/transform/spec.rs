@@ -40,6 +40,18 @@ pub enum Op {
         /// Range of the crop's width/height ratio (default `3/4:4/3`).
         ratio: (f64, f64),
     },
+    /// `ScaleJitter`: resized by `min(height / h, width / w) * U(scale)`, the aspect ratio
+    /// kept; the output size varies per sample (`scale_jitter(S)`, `scale_jitter(H, W)`).
+    ScaleJitter {
+        /// Target height the base factor fits the image to.
+        height: usize,
+        /// Target width the base factor fits the image to.
+        width: usize,
+        /// Range the factor on the base scale is drawn from (default `0.1:2`).
+        scale: (f64, f64),
+        /// Longest side after the jitter (`Resize(max_size=)`'s cap), if any.
+        max_size: Option<usize>,
+    },
     /// `RandomHorizontalFlip(p)` (`hflip(p=0.5)`).
     HFlip {
         /// Probability of flipping, in `[0, 1]`.
@@ -67,6 +79,17 @@ pub enum Op {
         pad_mode: PadMode,
         /// RGB fill of the padding when `pad_mode` is [`PadMode::Constant`].
         fill: [u8; 3],
+    },
+    /// `RandomZoomOut`: with probability `p`, the image placed at a random offset on a canvas
+    /// `r` times its size (`r` uniform in `side_range`), the rest `fill`; the output size varies
+    /// per sample (`random_zoom_out(fill=V, side_range=1:4, p=0.5)`).
+    RandomZoomOut {
+        /// RGB fill of the canvas around the image.
+        fill: [u8; 3],
+        /// Range of the canvas side as a multiple of the image's, within `[1, MAX_ZOOM_OUT]`.
+        side_range: (f64, f64),
+        /// Probability of zooming out, in `[0, 1]`.
+        p: f64,
     },
     /// `RandomVerticalFlip(p)` (`vflip(p=0.5)`).
     VFlip {
@@ -191,11 +214,17 @@ pub enum PadMode {
 /// tens of bands, hyperspectral cubes a few hundred.
 pub const MAX_CHANNELS: usize = 1024;
 
+/// Largest canvas side `random_zoom_out` takes, as a multiple of the image's: a bound on what a
+/// spec can make a worker allocate per sample (torchvision's detection recipes use up to 4).
+pub const MAX_ZOOM_OUT: f64 = 10.0;
+
 /// Number of magnitude bins of RandAugment and TrivialAugmentWide (torchvision's default).
 pub const MAGNITUDE_BINS: usize = 31;
 
 /// Every operation name, for messages.
-const KNOWN: &str = "resize, center_crop, random_resized_crop, random_crop, hflip, vflip, \
+const KNOWN: &str =
+    "resize, center_crop, random_resized_crop, scale_jitter, random_crop, random_zoom_out, \
+                     hflip, vflip, \
                      color_jitter, grayscale, gaussian_blur, rotate, affine, rand_augment, \
                      trivial_augment, auto_augment, random_erasing, normalize, mixup, cutmix";
 
@@ -329,6 +358,24 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
                 ratio,
             })
         }
+        "scale_jitter" => {
+            args.check(2, &["scale", "max_size"])?;
+            let (height, width) = sizes(args)?;
+            let scale = match args.named("scale") {
+                Some(s) => range(s, "scale")?,
+                None => (0.1, 2.0),
+            };
+            let max_size = args
+                .named("max_size")
+                .map(|m| size(m).map_err(|e| format!("max_size: {e}")))
+                .transpose()?;
+            Ok(Op::ScaleJitter {
+                height,
+                width,
+                scale,
+                max_size,
+            })
+        }
         "hflip" => {
             args.check(1, &["p"])?;
             Ok(Op::HFlip {
@@ -400,6 +447,25 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
                 padding,
                 pad_mode,
                 fill: fill(args)?,
+            })
+        }
+        "random_zoom_out" => {
+            args.check(0, &["fill", "side_range", "p"])?;
+            let side_range = match args.named("side_range") {
+                Some(s) => range(s, "side_range")?,
+                None => (1.0, 4.0),
+            };
+            if side_range.0 < 1.0 || side_range.1 > MAX_ZOOM_OUT {
+                return Err(format!(
+                    "side_range={}:{} must lie within 1:{MAX_ZOOM_OUT} (the canvas is never \
+                     smaller than the image)",
+                    side_range.0, side_range.1
+                ));
+            }
+            Ok(Op::RandomZoomOut {
+                fill: fill(args)?,
+                side_range,
+                p: probability(args, 0.5)?,
             })
         }
         "vflip" => {

@@ -178,7 +178,9 @@ impl DensePipeline {
             None => Vec::new(),
         };
         let planned = ops.iter().position(|op| !foldable(op)).unwrap_or(ops.len());
-        let mut size = (input.height, input.width);
+        // None while a drawn size (`scale_jitter`, named by `varying`) is not yet fixed again.
+        let mut size = Some((input.height, input.width));
+        let mut varying = None;
         let mut normalize = None;
         let mut erasing: Option<&str> = None;
         for (i, op) in ops.iter().enumerate() {
@@ -219,7 +221,10 @@ impl DensePipeline {
                         "{name}: batch mixing works on RGB images with class labels, not on {what}"
                     ))
                 }
-                Op::ResizeShorter(_) | Op::Resize { .. } | Op::RandomResizedCrop { .. }
+                Op::ResizeShorter(_)
+                | Op::Resize { .. }
+                | Op::RandomResizedCrop { .. }
+                | Op::ScaleJitter { .. }
                     if i > planned =>
                 {
                     return Err(format!(
@@ -229,12 +234,23 @@ impl DensePipeline {
                     ));
                 }
                 Op::ResizeShorter(s) => {
-                    let (w, h) = super::geometry::resize_shorter(size.1, size.0, *s);
-                    size = (h, w);
+                    size = size.map(|(h, w)| {
+                        let (w, h) = super::geometry::resize_shorter(w, h, *s);
+                        (h, w)
+                    });
+                }
+                Op::ScaleJitter { .. } => {
+                    size = None;
+                    varying = Some(name);
+                }
+                Op::RandomZoomOut { fill, .. } => {
+                    channel_fill(fill.map(f64::from), input.channels, role, name)?;
+                    size = None;
+                    varying = Some(name);
                 }
                 Op::Resize { height, width }
                 | Op::CenterCrop { height, width }
-                | Op::RandomResizedCrop { height, width, .. } => size = (*height, *width),
+                | Op::RandomResizedCrop { height, width, .. } => size = Some((*height, *width)),
                 Op::RandomCrop {
                     height,
                     width,
@@ -242,7 +258,7 @@ impl DensePipeline {
                     ..
                 } => {
                     channel_fill(fill.map(f64::from), input.channels, role, name)?;
-                    size = (*height, *width);
+                    size = Some((*height, *width));
                 }
                 Op::Normalize { mean, std } => {
                     if normalize.is_some() {
@@ -272,9 +288,15 @@ impl DensePipeline {
                 _ => {}
             }
         }
+        let size = match (size, varying) {
+            (Some(size), _) => size,
+            (None, Some(v)) => return Err(super::pipeline::varying_size(v)),
+            (None, None) => return Err("internal: no output size".into()),
+        };
         // Every input has this size: a crop that cannot fit it is refused now.
         let mut rng = Rng::for_key(0, Stream::Augment, 0, 0);
-        super::geometry::plan(&ops[..planned], input.width, input.height, &mut rng)?;
+        let checked = super::pipeline::fixed_prefix(&ops[..planned]);
+        super::geometry::plan(checked, input.width, input.height, &mut rng)?;
         let float_input = matches!(input.dtype, DType::F16 | DType::BF16 | DType::F32);
         let dtype = match role {
             // A mask keeps its labels' type; `normalize` and `dtype` are the image's.

@@ -257,7 +257,18 @@ pub(super) fn nearest_plane<T: Px>(plane: &[T], width: usize, plan: &Plan, out: 
     let [cx0, cy0, cx1, cy1] = plan.clip;
     let (kx, ky) = (rw / plan.width as f64, rh / plan.height as f64);
     let index = |origin: f64, i: usize, k: f64, lo: usize, hi: usize| -> usize {
-        ((origin + i as f64 * k).floor().max(0.0) as usize).clamp(lo, hi.saturating_sub(1).max(lo))
+        // torch takes `floor(j * scale)` of the resized image's pixel `j` in float32, and a crop
+        // after the resize shifts `j` by whole pixels: the origin is the clip's start (an
+        // integer crop before the resize) plus `shift * k`. Where that holds, index as torch
+        // does, so that a product landing on a whole source pixel (a resize then a crop) rounds
+        // the same way; otherwise the exact product.
+        let shift = (origin - lo as f64) / k;
+        let src = if shift > -0.5 && (shift - shift.round()).abs() < 1e-6 {
+            lo as f64 + ((shift.round() as f32 + i as f32) * k as f32).floor() as f64
+        } else {
+            (origin + i as f64 * k).floor()
+        };
+        (src.max(0.0) as usize).clamp(lo, hi.saturating_sub(1).max(lo))
     };
     for (y, row) in out.chunks_exact_mut(plan.width).enumerate() {
         let sy = index(top, y, ky, cy0, cy1);

@@ -340,6 +340,8 @@ fn a_mask_moves_with_its_image_under_one_draw() {
         "random_resized_crop(24, 28) | hflip | vflip",
         "resize(30) | center_crop(24) | hflip(p=1)",
         "random_crop(32, padding=4) | vflip | hflip | normalize(mean=0, std=1)",
+        "scale_jitter(40, 48, scale=0.5:1.5) | random_crop(32, padding=16) | hflip",
+        "random_zoom_out(side_range=1:2, p=0.9) | center_crop(40, 48) | vflip",
     ] {
         let ip = image(spec, shape(2, DType::F32, InputLayout::Chw), None);
         let mp = mask_pipeline(spec, DType::I32, -1);
@@ -391,6 +393,8 @@ fn mask_labels_stay_exact_and_uncovered_pixels_take_ignore_index() {
         "random_resized_crop(33) | hflip | rotate(35) | color_jitter(brightness=0.5)",
         "affine(degrees=20, translate=0.2:0.2, scale=0.7:1.3, shear=10) | grayscale(p=0.5)",
         "random_crop(44, padding=5, fill=3) | gaussian_blur(3) | random_erasing(p=1)",
+        "scale_jitter(40, scale=0.5:2, max_size=70) | random_crop(36, padding=12, fill=3) | hflip",
+        "random_zoom_out(fill=3, side_range=1:3, p=0.8) | random_crop(40, 48) | hflip",
     ] {
         let mp = mask_pipeline(spec, DType::U8, 255);
         let mut fills = 0;
