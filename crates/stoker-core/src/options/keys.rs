@@ -437,7 +437,7 @@ keys {
         values "integer ≥ 0",
         default "0",
         example "50256",
-        meaning "token sources with `token_packing=pad`: the token id after a document's end in `input_ids` and `labels` (`loss_mask` is 0 there)";
+        meaning "token sources with `token_packing=pad`: the token id after a document's end in `input_ids` and `labels` (`loss_mask` is 0 there), checked at open to fit `token_output_dtype` and to lie below `vocab_size` when set";
     /// Resume a token stream whose configuration changed, carrying the position over.
     allow_config_change: bool = false;
         parse |key, v| parse_bool(key, v);

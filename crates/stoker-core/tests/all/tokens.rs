@@ -1009,6 +1009,20 @@ fn padding_takes_a_flat_file_without_eos_as_one_document_and_refuses_one_with_eo
     .expect_err("a pad token beyond int32")
     .to_string();
     assert!(e.contains("`pad_token`") && e.contains("int32"), "{e}");
+    let e = Loader::new(&opts(&[
+        ("source", &pattern),
+        ("seq_len", "5"),
+        ("token_dtype", "uint16"),
+        ("token_packing", "pad"),
+        ("pad_token", "400"),
+        ("vocab_size", "400"),
+    ]))
+    .expect_err("a pad token outside the vocabulary")
+    .to_string();
+    assert!(
+        e.contains("`pad_token`") && e.contains("vocab_size 400"),
+        "{e}"
+    );
     let e = LoaderOptions::new()
         .set("token_packing", "pack")
         .expect_err("an unknown packing")

@@ -371,6 +371,18 @@ impl TokenSource {
                         format!("{} does not fit token_output_dtype=int32", config.pad_token),
                     ));
                 }
+                if let Some(vocab) = config.vocab_size {
+                    if !(0..i128::from(vocab)).contains(&i128::from(config.pad_token)) {
+                        return Err(Error::option(
+                            "pad_token",
+                            format!(
+                                "{} is outside vocab_size {vocab}: the padding is fed to the \
+                                 embedding as the tokens are (ids must be in 0..{vocab})",
+                                config.pad_token
+                            ),
+                        ));
+                    }
+                }
                 // The document count of every part comes from its index (or is 1 for a flat
                 // file without `eos_token`): nothing here reads the tokens. Counting the
                 // documents of a flat file with `eos_token` would scan every token at open, so
