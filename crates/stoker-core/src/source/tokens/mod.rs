@@ -32,7 +32,7 @@
 //!
 //! Nothing at open is O(tokens) except the check of every token id against `vocab_size`, which
 //! runs only when that option is set. The memory kept is 8 bytes per Megatron sequence (where it
-//! starts in the stream) and 16 per file.
+//! starts in the stream) and 8 per file (16 under `pad`).
 
 pub mod blend;
 mod flat;
