@@ -158,6 +158,8 @@ TEST(Options, EveryTypedSetterTakesAValueOfItsKey) {
                       .token_dtype("uint16")
                       .eos_token(50256)
                       .vocab_size(50304)
+                      .token_packing("pad")
+                      .pad_token(50256)
                       .allow_config_change(true));
   // The values round-trip: a weight that std::to_string would print as 0.000000 stays positive,
   // and a negative one is refused by the parser, naming the key.

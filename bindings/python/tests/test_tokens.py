@@ -166,3 +166,55 @@ def test_blend_of_two_sources(tmp_path):
     from_b = np.cumsum(ids[:, 0] >= 40_000)
     k = np.arange(1, len(ids) + 1)
     assert (np.abs(from_b - 0.25 * k) <= 1).all()
+
+
+def padded_reference(docs, seq=SEQ, pad=0):
+    """token_packing=pad computed with NumPy: each document's first seq + 1 tokens, padded with
+    `pad`; the mask 1 where the label is the document's own next token; the padding a segment
+    of its own for position_ids and cu_seqlens."""
+    window = np.full((len(docs), seq + 1), pad, dtype=np.int64)
+    real = np.array([min(len(d), seq + 1) for d in docs])
+    for i, d in enumerate(docs):
+        window[i, : real[i]] = d[: real[i]]
+    k = np.arange(seq)
+    mask = (k[None, :] + 1 < real[:, None]).astype(np.uint8)
+    inputs = np.minimum(real, seq)[:, None]
+    positions = np.where(k[None, :] < inputs, k[None, :], k[None, :] - inputs)
+    cu = [np.array([0, n, seq] if 0 < n < seq else [0, seq]) for n in inputs[:, 0]]
+    return window[:, :-1], window[:, 1:], mask, positions, cu
+
+
+def test_pad_packing_equals_numpy(tmp_path):
+    lengths = [0, 1, 3, SEQ, SEQ + 1, SEQ + 2, 4 * SEQ, 2]
+    docs = [2000 + 100 * d + np.arange(n) for d, n in enumerate(lengths)]
+    docs += documents(10, 5000)
+    write_megatron(tmp_path / "a", docs[:8])
+    write_megatron(tmp_path / "b", docs[8:], dtype=np.int32)
+    inputs, labels, mask, positions, cu = padded_reference(docs, pad=7)
+    loader = stoker.Loader(
+        f"megatron:{tmp_path / 'a'},{tmp_path / 'b'}",
+        seq_len=SEQ,
+        token_packing="pad",
+        pad_token=7,
+        document_boundaries="reset",
+        batch_size=3,
+        num_workers=2,
+    )
+    assert len(loader) == len(docs) // 3, "one sample a document"
+    i = 0
+    for batch in loader:
+        assert batch["loss_mask"].dtype == np.uint8
+        assert batch["loss_mask"].shape == (batch.size, SEQ)
+        for k in range(batch.size):
+            np.testing.assert_array_equal(batch["input_ids"][k], inputs[i])
+            np.testing.assert_array_equal(batch["labels"][k], labels[i])
+            np.testing.assert_array_equal(batch["loss_mask"][k], mask[i])
+            np.testing.assert_array_equal(batch["position_ids"][k], positions[i])
+            n = int(batch["cu_seqlens_lengths"][k])
+            np.testing.assert_array_equal(batch["cu_seqlens"][k][:n], cu[i])
+            i += 1
+    assert i == len(docs) // 3 * 3
+    # The mask counts each document's real labels: min(len, SEQ + 1) - 1, none below one token.
+    np.testing.assert_array_equal(
+        mask.sum(axis=1), [max(min(len(d), SEQ + 1) - 1, 0) for d in docs]
+    )

@@ -23,6 +23,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
+use crate::source::tokens::Packing;
 
 /// What a resume state depends on, hashed where the value is large. Two loaders with the same
 /// fingerprint (and seed) have the same global order and the same batches.
@@ -55,8 +56,13 @@ pub struct TokensPrint {
     /// Samples per global batch (`global_batch_size`).
     pub global_batch_size: usize,
     /// Hash of the other settings that change samples (`document_boundaries`,
-    /// `token_output_dtype`, `token_dtype`, `eos_token`, `vocab_size`).
+    /// `token_output_dtype`, `token_dtype`, `eos_token`, `vocab_size`, and under `pad`,
+    /// `pad_token`).
     pub settings: u64,
+    /// `token_packing`: written as `token_packing=pad` when not `concat`, so that states of
+    /// concatenated streams read as before, and named on its own when it changes (it changes
+    /// what a sample is, not just its tokens).
+    pub packing: Packing,
 }
 
 /// Where the loader that saved a state stood.
@@ -215,6 +221,11 @@ impl ResumeState {
                             seq_len: count("seq_len")?,
                             global_batch_size: count("global_batch_size")?,
                             settings: hash("tokens")?,
+                            packing: match fields.get("token_packing") {
+                                None | Some(&"concat") => Packing::Concat,
+                                Some(&"pad") => Packing::Pad,
+                                Some(_) => return Err(bad("has an unknown `token_packing`")),
+                            },
                         }),
                     },
                 },
@@ -288,7 +299,11 @@ impl std::fmt::Display for ResumeState {
                     f,
                     ";seq_len={};global_batch_size={};tokens={:016x}",
                     t.seq_len, t.global_batch_size, t.settings
-                ),
+                )
+                .and_then(|()| match t.packing {
+                    Packing::Concat => Ok(()),
+                    other => write!(f, ";token_packing={}", other.name()),
+                }),
                 None => Ok(()),
             }),
         }
@@ -319,6 +334,13 @@ impl Fingerprint {
                     diffs.push(format!(
                         "seq_len ({} there, {} here)",
                         there.seq_len, here_t.seq_len
+                    ));
+                }
+                if there.packing != here_t.packing {
+                    diffs.push(format!(
+                        "token_packing ({} there, {} here)",
+                        there.packing.name(),
+                        here_t.packing.name()
                     ));
                 }
                 if there.global_batch_size != here_t.global_batch_size {
@@ -431,6 +453,7 @@ mod tests {
                 seq_len: 2048,
                 global_batch_size: 48,
                 settings: 0x5,
+                packing: Packing::Concat,
             }),
             ..fp()
         };
@@ -456,6 +479,7 @@ mod tests {
                 seq_len: 1024,
                 global_batch_size: 96,
                 settings: 0x5,
+                packing: Packing::Concat,
             }),
             ..fp()
         };
@@ -466,6 +490,48 @@ mod tests {
             !m.contains("batch_size (8"),
             "the micro-batch may change: {m}"
         );
+    }
+
+    #[test]
+    fn token_packing_round_trips_and_states_without_it_are_concat() {
+        let print = |packing| Fingerprint {
+            tokens: Some(TokensPrint {
+                seq_len: 8,
+                global_batch_size: 4,
+                settings: 0x9,
+                packing,
+            }),
+            ..fp()
+        };
+        let state = |fingerprint| ResumeState {
+            seed: 1,
+            epoch: 0,
+            at: Position::Global {
+                consumed: 4,
+                world_size: 2,
+                fingerprint,
+            },
+            ahead: vec![],
+        };
+        let padded = state(print(Packing::Pad));
+        let text = padded.to_string();
+        assert!(
+            text.ends_with(";tokens=0000000000000009;token_packing=pad"),
+            "{text}"
+        );
+        assert_eq!(ResumeState::parse(&text).unwrap(), padded);
+        // A concatenated stream's state is as it was before the key existed.
+        let concat = state(print(Packing::Concat)).to_string();
+        assert!(concat.ends_with(";tokens=0000000000000009"), "{concat}");
+        assert_eq!(
+            ResumeState::parse(&concat).unwrap(),
+            state(print(Packing::Concat))
+        );
+        let m = print(Packing::Concat)
+            .mismatch(&print(Packing::Pad), &FingerprintText::default())
+            .unwrap();
+        assert!(m.contains("token_packing (pad there, concat here)"), "{m}");
+        assert!(ResumeState::parse(&text.replace("=pad", "=ragged")).is_err());
     }
 
     #[test]

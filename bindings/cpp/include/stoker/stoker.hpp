@@ -363,6 +363,8 @@ class Options {
   Options& token_dtype(std::string_view name) { return set("token_dtype", name); }
   Options& eos_token(uint64_t id) { return set("eos_token", std::to_string(id)); }
   Options& vocab_size(uint64_t n) { return set("vocab_size", std::to_string(n)); }
+  Options& token_packing(std::string_view packing) { return set("token_packing", packing); }
+  Options& pad_token(uint64_t id) { return set("pad_token", std::to_string(id)); }
   Options& allow_config_change(bool on) { return set("allow_config_change", flag(on)); }
 
   const ffi::OptionsHandle& handle() const noexcept { return *handle_; }

@@ -19,7 +19,7 @@ use stoker_core::autotune::process_cpu_ns;
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::source::mapped::Mapping;
 use stoker_core::source::tokens::megatron::MegatronWriter;
-use stoker_core::source::tokens::{Boundaries, TokenType};
+use stoker_core::source::tokens::{Boundaries, Packing, TokenType};
 use stoker_core::source::{TokenConfig, TokenSource, TokenSpec};
 use stoker_core::{DType, Loader, LoaderOptions};
 
@@ -75,6 +75,8 @@ pub(crate) fn run(args: &TokensBenchArgs) -> Result<(), String> {
         raw: None,
         eos: None,
         vocab_size: None,
+        packing: Packing::Concat,
+        pad_token: 0,
     };
     let spec = TokenSpec::Megatron(pattern.clone());
     let heap_before = rss_anon_bytes();

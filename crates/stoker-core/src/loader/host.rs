@@ -33,6 +33,7 @@ use crate::options::{LoaderOptions, OpenedSource};
 use crate::pool::{Builder, Done, Pool, Task, Work, WorkerCtx};
 use crate::resume::{Fingerprint, FingerprintText, Position, ResumeState, TokensPrint};
 use crate::sampler::{batches_for, BatchPlan, Sampler};
+use crate::source::tokens::Packing;
 use crate::source::Source;
 use crate::stats::StatsRecorder;
 
@@ -252,13 +253,26 @@ impl HostLoader {
             (Some(config), Some(global)) => Some(TokensPrint {
                 seq_len: config.seq_len,
                 global_batch_size: global.size,
-                settings: Fnv::of_debug(&(
-                    config.boundaries,
-                    config.output,
-                    config.raw,
-                    config.eos,
-                    config.vocab_size,
-                )),
+                // The concatenated stream's hash is as before `token_packing` existed, so its
+                // saved states still resume; `pad_token` matters under `pad` only.
+                settings: match config.packing {
+                    Packing::Concat => Fnv::of_debug(&(
+                        config.boundaries,
+                        config.output,
+                        config.raw,
+                        config.eos,
+                        config.vocab_size,
+                    )),
+                    Packing::Pad => Fnv::of_debug(&(
+                        config.boundaries,
+                        config.output,
+                        config.raw,
+                        config.eos,
+                        config.vocab_size,
+                        config.pad_token,
+                    )),
+                },
+                packing: config.packing,
             }),
             _ => None,
         };
@@ -293,8 +307,14 @@ impl HostLoader {
                 tokens: tokens.as_ref().map_or(String::new(), |c| {
                     format!(
                         "document_boundaries={:?}, token_output_dtype={}, token_dtype={:?}, \
-                         eos_token={:?}, vocab_size={:?}",
-                        c.boundaries, c.output, c.raw, c.eos, c.vocab_size
+                         eos_token={:?}, vocab_size={:?}, token_packing={}, pad_token={}",
+                        c.boundaries,
+                        c.output,
+                        c.raw,
+                        c.eos,
+                        c.vocab_size,
+                        c.packing.name(),
+                        c.pad_token
                     )
                 }),
             },

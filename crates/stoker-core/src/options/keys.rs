@@ -18,7 +18,7 @@ use crate::dtype::{DType, Layout};
 use crate::error::{Error, Result};
 use crate::memory::MemoryBudget;
 use crate::source::pixels::InputLayout;
-use crate::source::tokens::{Boundaries, TokenType};
+use crate::source::tokens::{Boundaries, Packing, TokenType};
 use crate::source::{SourceSpec, TokenSpec};
 
 /// One option key, documented: the single source of the option tables in `include/stoker.h`
@@ -424,6 +424,20 @@ keys {
         default "none",
         example "50256",
         meaning "`tokens:` sources: the end-of-document token (it ends the document it closes); without it a file is one document";
+    /// How a token source's documents become samples.
+    token_packing: Packing = Packing::Concat;
+        parse |key, v| parse_packing(key, v);
+        values "`concat`, `pad`",
+        default "concat",
+        example "pad",
+        meaning "token sources: `concat` cuts the files' stream into windows (see `seq_len`); `pad` makes sample `i` document `i` (the documents of every file in order: Megatron's document index; a flat file without `eos_token` is one document, with it `pad` is refused, since counting them would read every token), truncated to its first `seq_len + 1` tokens or padded with `pad_token` to them, and adds `loss_mask` (uint8, `[seq_len]`: 1 where the label is a real next token of the document, 0 on padding); with `document_boundaries=reset`, `cu_seqlens` is `[0, n, seq_len]` (n the document's tokens among the inputs) and `position_ids` restart at 0 on the padding";
+    /// The token a short document is padded with under `token_packing=pad`.
+    pad_token: Option<u64> = None;
+        parse |key, v| parse_int(key, v, 0, i64::MAX as u64).map(Some);
+        values "integer ≥ 0",
+        default "0",
+        example "50256",
+        meaning "token sources with `token_packing=pad`: the token id after a document's end in `input_ids` and `labels` (`loss_mask` is 0 there), checked at open to fit `token_output_dtype` and to lie below `vocab_size` when set";
     /// Resume a token stream whose configuration changed, carrying the position over.
     allow_config_change: bool = false;
         parse |key, v| parse_bool(key, v);

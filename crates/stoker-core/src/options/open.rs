@@ -13,7 +13,7 @@ use crate::source::pixels::tensor_image_dims;
 use crate::source::streaming::StreamSource;
 use crate::source::tar::{TarConfig, TarSource, TarStream};
 use crate::source::tokens::blend::BlendSource;
-use crate::source::tokens::Boundaries;
+use crate::source::tokens::{Boundaries, Packing};
 use crate::source::{
     FieldKind, FieldRules, FieldSpec, IterableStream, PackedSource, Source, SourceSpec,
     TokenConfig, TokenSource, TokenSpec,
@@ -196,6 +196,12 @@ impl LoaderOptions {
                 }
             }
         }
+        if self.pad_token.is_some() && self.token_packing != Packing::Pad {
+            return Err(Error::option(
+                "pad_token",
+                "applies to token_packing=pad only (concatenated windows have no padding)",
+            ));
+        }
         Ok(TokenConfig {
             seq_len: self.seq_len.ok_or_else(|| {
                 Error::option(
@@ -208,6 +214,9 @@ impl LoaderOptions {
             raw: self.token_dtype,
             eos: self.eos_token,
             vocab_size: self.vocab_size,
+            packing: self.token_packing,
+            // Bounded by the key's parser to `0..=i64::MAX`.
+            pad_token: self.pad_token.map_or(0, |t| t as i64),
         })
     }
 
@@ -224,6 +233,8 @@ impl LoaderOptions {
             ("token_dtype", self.token_dtype.is_some()),
             ("eos_token", self.eos_token.is_some()),
             ("vocab_size", self.vocab_size.is_some()),
+            ("token_packing", self.token_packing != Packing::Concat),
+            ("pad_token", self.pad_token.is_some()),
             ("allow_config_change", self.allow_config_change),
         ] {
             if set {

@@ -9,7 +9,7 @@ use crate::collate::RaggedLayout;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::source::pixels::InputLayout;
-use crate::source::tokens::{Boundaries, TokenType};
+use crate::source::tokens::{Boundaries, Packing, TokenType};
 use crate::source::{SourceSpec, TokenSpec};
 
 /// `npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,…]` or
@@ -106,6 +106,18 @@ pub(super) fn parse_boundaries(key: &str, v: &str) -> Result<Boundaries> {
         _ => Err(Error::option(
             key,
             format!("`{v}` is not a boundary rule; expected ignore or reset"),
+        )),
+    }
+}
+
+/// `concat` or `pad`.
+pub(super) fn parse_packing(key: &str, v: &str) -> Result<Packing> {
+    match v {
+        "concat" => Ok(Packing::Concat),
+        "pad" => Ok(Packing::Pad),
+        _ => Err(Error::option(
+            key,
+            format!("`{v}` is not a token packing; expected concat or pad"),
         )),
     }
 }

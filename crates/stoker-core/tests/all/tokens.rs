@@ -128,6 +128,7 @@ fn rows(batch: &Batch, name: &str) -> Vec<Vec<i64>> {
             .chunks_exact(4)
             .map(|c| i64::from(i32::from_ne_bytes(c.try_into().unwrap())))
             .collect(),
+        DType::U8 => data.iter().map(|&b| i64::from(b)).collect(),
         other => panic!("{name} is {other}"),
     };
     values.chunks(width.max(1)).map(<[i64]>::to_vec).collect()
@@ -302,8 +303,18 @@ fn resumable(name: &str) -> (String, Reference) {
 /// Global batches `0..count` of a one-process job (batch_size = G): each a list of samples'
 /// input_ids.
 fn single_process(source: &str, g: usize, count: usize) -> Vec<Vec<Vec<i64>>> {
+    single_process_with(source, &[], g, count)
+}
+
+/// [`single_process`] with `extra` keys.
+fn single_process_with(
+    source: &str,
+    extra: &[(&str, &str)],
+    g: usize,
+    count: usize,
+) -> Vec<Vec<Vec<i64>>> {
     let gs = g.to_string();
-    let mut l = loader(&[
+    let mut kv = vec![
         ("source", source),
         ("seq_len", "4"),
         ("shuffle", "true"),
@@ -311,7 +322,9 @@ fn single_process(source: &str, g: usize, count: usize) -> Vec<Vec<Vec<i64>>> {
         ("batch_size", &gs),
         ("global_batch_size", &gs),
         ("num_workers", "1"),
-    ]);
+    ];
+    kv.extend_from_slice(extra);
+    let mut l = loader(&kv);
     (0..count)
         .map(|_| rows(&next(&mut l), "input_ids"))
         .collect()
@@ -320,6 +333,19 @@ fn single_process(source: &str, g: usize, count: usize) -> Vec<Vec<Vec<i64>>> {
 /// The ranks of a `world`-rank job with micro-batches of `batch`, resumed from `state`.
 fn job(
     source: &str,
+    g: usize,
+    world: usize,
+    batch: usize,
+    workers: usize,
+    state: Option<&str>,
+) -> Vec<Loader> {
+    job_with(source, &[], g, world, batch, workers, state)
+}
+
+/// [`job`] with `extra` keys.
+fn job_with(
+    source: &str,
+    extra: &[(&str, &str)],
     g: usize,
     world: usize,
     batch: usize,
@@ -346,6 +372,7 @@ fn job(
                 ("world_size", ws.as_str()),
                 ("num_workers", w.as_str()),
             ];
+            kv.extend_from_slice(extra);
             if let Some(s) = state {
                 kv.push(("resume_state", s));
             }
@@ -473,6 +500,11 @@ fn a_changed_token_setting_is_named_on_resume() {
             "global_batch_size (24 there, 48 here)",
         ),
         ("document_boundaries", "reset", "token settings"),
+        (
+            "token_packing",
+            "pad",
+            "token_packing (concat there, pad here)",
+        ),
     ] {
         let mut o = opts(&[
             ("source", &source),
@@ -782,4 +814,347 @@ fn a_blend_apportions_greedily_and_wraps_a_short_dataset_in_new_orders() {
     .expect_err("a changed blend resumes")
     .to_string();
     assert!(e.contains("the source"), "{e}");
+}
+
+/// One sample under `token_packing=pad`, as the reference builds it from a document: its
+/// fields as i64 rows.
+struct Padded {
+    input: Vec<i64>,
+    labels: Vec<i64>,
+    loss_mask: Vec<i64>,
+    positions: Vec<i64>,
+    cu_seqlens: Vec<i64>,
+}
+
+impl Padded {
+    /// The document's first `seq + 1` tokens, padded with `pad`; the mask 1 where the label is
+    /// the document's own next token; the padding a segment of its own.
+    fn of(doc: &[i64], seq: usize, pad: i64) -> Padded {
+        let mut window: Vec<i64> = doc.iter().copied().take(seq + 1).collect();
+        let real = window.len();
+        window.resize(seq + 1, pad);
+        let loss_mask = (0..seq).map(|k| i64::from(k + 1 < real)).collect();
+        let inputs = real.min(seq);
+        let positions = (0..seq)
+            .map(|k| if k < inputs { k } else { k - inputs } as i64)
+            .collect();
+        let cu_seqlens = if inputs > 0 && inputs < seq {
+            vec![0, inputs as i64, seq as i64]
+        } else {
+            vec![0, seq as i64]
+        };
+        Padded {
+            input: window[..seq].to_vec(),
+            labels: window[1..].to_vec(),
+            loss_mask,
+            positions,
+            cu_seqlens,
+        }
+    }
+}
+
+/// Documents of every length around `seq + 1`: empty, one token, shorter, `seq`, `seq + 1`,
+/// `seq + 2` and much longer, distinct tokens from `base`.
+fn ragged_documents(seq: usize, base: i64) -> Vec<Vec<i64>> {
+    [3, 0, seq, 1, seq + 1, seq + 2, 5 * seq, seq - 1, 2]
+        .iter()
+        .enumerate()
+        .map(|(d, &len)| (0..len as i64).map(|k| base + d as i64 * 100 + k).collect())
+        .collect()
+}
+
+#[test]
+fn padded_samples_are_each_document_truncated_or_padded_with_a_loss_mask() {
+    let dir = tmp("pad-megatron");
+    let seq = 6;
+    let (a, b) = (ragged_documents(seq, 1000), ragged_documents(seq, 40_000));
+    write_megatron(&dir.join("web"), 8, &a);
+    write_megatron(&dir.join("code"), 4, &b);
+    let docs: Vec<Vec<i64>> = a.iter().chain(&b).cloned().collect();
+    let source = format!(
+        "megatron:{},{}",
+        dir.join("web").display(),
+        dir.join("code").display()
+    );
+    for (output, boundaries, pad) in [
+        ("int64", "reset", "7"),
+        ("int32", "reset", "0"),
+        ("int64", "ignore", "3"),
+    ] {
+        let pad_value: i64 = pad.parse().unwrap();
+        let mut l = loader(&[
+            ("source", &source),
+            ("seq_len", "6"),
+            ("token_packing", "pad"),
+            ("pad_token", pad),
+            ("token_output_dtype", output),
+            ("document_boundaries", boundaries),
+            ("batch_size", "3"),
+            ("num_workers", "2"),
+        ]);
+        assert_eq!(
+            l.source().map(|s| s.len()),
+            Some(docs.len()),
+            "one sample a document, the empty one included"
+        );
+        let mut i = 0;
+        for batch in l.epoch_iter() {
+            let batch = batch.unwrap();
+            let mask = batch.field_by_name("loss_mask").unwrap();
+            assert_eq!((mask.dtype, mask.shape), (DType::U8, &[3, seq][..]));
+            assert_eq!(
+                batch.field_by_name("position_ids").is_some(),
+                boundaries == "reset"
+            );
+            let (input, labels) = (rows(&batch, "input_ids"), rows(&batch, "labels"));
+            let loss_mask = rows(&batch, "loss_mask");
+            for slot in 0..batch.len() {
+                let want = Padded::of(&docs[i], seq, pad_value);
+                assert_eq!(input[slot], want.input, "input_ids of document {i}");
+                assert_eq!(labels[slot], want.labels, "labels of document {i}");
+                assert_eq!(loss_mask[slot], want.loss_mask, "loss_mask of document {i}");
+                if boundaries == "reset" {
+                    assert_eq!(rows(&batch, "position_ids")[slot], want.positions, "{i}");
+                    let len = rows(&batch, "cu_seqlens_lengths")[slot][0] as usize;
+                    assert_eq!(
+                        rows(&batch, "cu_seqlens")[slot][..len],
+                        want.cu_seqlens[..],
+                        "cu_seqlens of document {i}"
+                    );
+                }
+                i += 1;
+            }
+        }
+        assert_eq!(i, docs.len(), "{output} {boundaries}");
+    }
+    // The cases the reference covers, spelled out for one: a document of `seq` tokens has
+    // inputs all its own and one padded label.
+    let exact = Padded::of(&a[2], seq, 7);
+    assert_eq!(exact.loss_mask, [1, 1, 1, 1, 1, 0]);
+    assert_eq!(exact.labels[seq - 1], 7);
+    assert_eq!(exact.cu_seqlens, [0, seq as i64]);
+    let long = Padded::of(&a[6], seq, 7);
+    assert_eq!(long.labels, a[6][1..=seq]);
+    assert_eq!(long.loss_mask, [1; 6]);
+}
+
+#[test]
+fn padding_takes_a_flat_file_without_eos_as_one_document_and_refuses_one_with_eos() {
+    let dir = tmp("pad-flat");
+    let seq = 5;
+    let files: [Vec<i64>; 3] = [
+        (100..103).collect(),
+        (200..220).collect(),
+        (300..306).collect(),
+    ];
+    for (k, doc) in files.iter().enumerate() {
+        let raw: Vec<u8> = doc.iter().flat_map(|&t| (t as u16).to_le_bytes()).collect();
+        std::fs::write(dir.join(format!("doc-{k}.bin")), raw).unwrap();
+    }
+    let pattern = format!("tokens:{}/doc-{{0..2}}.bin", dir.display());
+    let mut l = loader(&[
+        ("source", &pattern),
+        ("seq_len", "5"),
+        ("token_dtype", "uint16"),
+        ("token_packing", "pad"),
+        ("pad_token", "1"),
+        ("batch_size", "3"),
+    ]);
+    let batch = next(&mut l);
+    for (k, doc) in files.iter().enumerate() {
+        let want = Padded::of(doc, seq, 1);
+        assert_eq!(rows(&batch, "input_ids")[k], want.input, "file {k}");
+        assert_eq!(rows(&batch, "labels")[k], want.labels, "file {k}");
+        assert_eq!(rows(&batch, "loss_mask")[k], want.loss_mask, "file {k}");
+    }
+    // With eos_token the documents are known only by reading every token: refused, saying
+    // what to do.
+    let e = Loader::new(&opts(&[
+        ("source", &pattern),
+        ("seq_len", "5"),
+        ("token_dtype", "uint16"),
+        ("eos_token", "205"),
+        ("token_packing", "pad"),
+    ]))
+    .expect_err("pad over eos_token")
+    .to_string();
+    assert!(
+        e.contains("`token_packing`")
+            && e.contains("doc-0.bin")
+            && e.contains("megatron:PREFIX")
+            && e.contains("token_packing=concat"),
+        "{e}"
+    );
+    // pad_token without pad, and one that does not fit the output type, name the key.
+    let e = Loader::new(&opts(&[
+        ("source", &pattern),
+        ("seq_len", "5"),
+        ("token_dtype", "uint16"),
+        ("pad_token", "1"),
+    ]))
+    .expect_err("pad_token under concat")
+    .to_string();
+    assert!(
+        e.contains("`pad_token`") && e.contains("token_packing=pad"),
+        "{e}"
+    );
+    let e = Loader::new(&opts(&[
+        ("source", &pattern),
+        ("seq_len", "5"),
+        ("token_dtype", "uint16"),
+        ("token_packing", "pad"),
+        ("pad_token", "4294967296"),
+        ("token_output_dtype", "int32"),
+    ]))
+    .expect_err("a pad token beyond int32")
+    .to_string();
+    assert!(e.contains("`pad_token`") && e.contains("int32"), "{e}");
+    let e = Loader::new(&opts(&[
+        ("source", &pattern),
+        ("seq_len", "5"),
+        ("token_dtype", "uint16"),
+        ("token_packing", "pad"),
+        ("pad_token", "400"),
+        ("vocab_size", "400"),
+    ]))
+    .expect_err("a pad token outside the vocabulary")
+    .to_string();
+    assert!(
+        e.contains("`pad_token`") && e.contains("vocab_size 400"),
+        "{e}"
+    );
+    let e = LoaderOptions::new()
+        .set("token_packing", "pack")
+        .expect_err("an unknown packing")
+        .to_string();
+    assert!(e.contains("concat or pad"), "{e}");
+}
+
+#[test]
+fn a_blend_of_padded_sources_is_a_blend_of_their_documents() {
+    let dir = tmp("pad-blend");
+    let seq = 4;
+    let (big, small) = (ragged_documents(seq, 1000), ragged_documents(seq, 70_000));
+    let big: Vec<Vec<i64>> = big.iter().chain(&documents(6, 5000)).cloned().collect();
+    let small = small[..4].to_vec();
+    write_megatron(&dir.join("web"), 8, &big);
+    write_megatron(&dir.join("code"), 4, &small);
+    let sets = [big, small];
+    let blend = format!(
+        "0.5:megatron:{},0.5:megatron:{}",
+        dir.join("web").display(),
+        dir.join("code").display()
+    );
+    let n = sets[0].len() + sets[1].len();
+    let ns = n.to_string();
+    let mut l = loader(&[
+        ("blend", &blend),
+        ("seq_len", "4"),
+        ("token_packing", "pad"),
+        ("pad_token", "9"),
+        ("document_boundaries", "reset"),
+        ("batch_size", &ns),
+        ("seed", "5"),
+    ]);
+    let batch = next(&mut l);
+    let (input, mask) = (rows(&batch, "input_ids"), rows(&batch, "loss_mask"));
+    let positions = rows(&batch, "position_ids");
+    let datasets = greedy(&[0.5, 0.5], n);
+    let mut seen = [Vec::new(), Vec::new()];
+    for (k, &d) in datasets.iter().enumerate() {
+        // Which document of dataset `d` sample `k` is: within a dataset the padded forms are
+        // distinct (one empty document each).
+        let j = (0..sets[d].len())
+            .find(|&j| Padded::of(&sets[d][j], seq, 9).input == input[k])
+            .unwrap_or_else(|| panic!("sample {k} is no document of dataset {d}"));
+        let want = Padded::of(&sets[d][j], seq, 9);
+        assert_eq!(mask[k], want.loss_mask, "loss_mask of sample {k}");
+        assert_eq!(positions[k], want.positions, "position_ids of sample {k}");
+        seen[d].push(j);
+    }
+    // The big dataset in order as far as its share goes; the small one wraps, its first pass
+    // in order, each later pass a permutation.
+    assert_eq!(seen[0], (0..seen[0].len()).collect::<Vec<_>>());
+    let passes: Vec<&[usize]> = seen[1].chunks(sets[1].len()).collect();
+    assert!(passes.len() > 2, "the plan needs two wraps");
+    assert_eq!(passes[0], (0..sets[1].len()).collect::<Vec<_>>());
+    for pass in &passes[1..passes.len() - 1] {
+        let mut sorted = pass.to_vec();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..sets[1].len()).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn padded_resume_continues_bit_exactly_at_another_world_size() {
+    let dir = tmp("pad-resume");
+    let docs: Vec<Vec<i64>> = documents(60, 7);
+    write_megatron(&dir.join("data"), 8, &docs);
+    let source = format!("megatron:{}", dir.join("data").display());
+    let pad = [("token_packing", "pad"), ("document_boundaries", "reset")];
+    let g = 12;
+    // 60 documents: 5 global batches an epoch; the plan crosses the boundary at 5.
+    let want = single_process_with(&source, &pad, g, 9);
+    let every: std::collections::BTreeSet<_> = want[..5].concat().into_iter().collect();
+    let padded: std::collections::BTreeSet<_> =
+        docs.iter().map(|d| Padded::of(d, 4, 0).input).collect();
+    assert_eq!(every, padded, "an epoch is every document once");
+    let mut got = Vec::new();
+
+    let mut ranks = job_with(&source, &pad, g, 4, 1, 0, None);
+    for _ in 0..2 {
+        got.push(step(&mut ranks, g));
+    }
+    for l in ranks.iter_mut() {
+        next(l);
+    }
+    let mut saved = state(&ranks);
+    assert!(
+        saved.contains("epoch=0;consumed=24;") && saved.ends_with(";token_packing=pad"),
+        "{saved}"
+    );
+    drop(ranks);
+    for (world, batch, workers, steps) in [(3, 2, 2, 4), (6, 1, 1, 3)] {
+        let mut ranks = job_with(&source, &pad, g, world, batch, workers, Some(&saved));
+        for _ in 0..steps {
+            got.push(step(&mut ranks, g));
+        }
+        saved = state(&ranks);
+    }
+    assert_eq!(got.len(), want.len());
+    for (b, (g_got, g_want)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g_got, g_want, "global batch {b}");
+    }
+    assert!(saved.contains("epoch=1;consumed=48;"), "{saved}");
+    // A changed packing or pad token is named.
+    let e = Loader::new(&opts(&[
+        ("source", &source),
+        ("seq_len", "4"),
+        ("shuffle", "true"),
+        ("seed", "11"),
+        ("batch_size", "12"),
+        ("global_batch_size", "12"),
+        ("document_boundaries", "reset"),
+        ("resume_state", &saved),
+    ]))
+    .expect_err("pad resumed as concat")
+    .to_string();
+    assert!(e.contains("token_packing (pad there, concat here)"), "{e}");
+    let mut o = opts(&[
+        ("source", &source),
+        ("seq_len", "4"),
+        ("shuffle", "true"),
+        ("seed", "11"),
+        ("batch_size", "12"),
+        ("global_batch_size", "12"),
+        ("resume_state", &saved),
+    ]);
+    for (k, v) in pad.iter().chain(&[("pad_token", "5")]) {
+        o.set(k, v).unwrap();
+    }
+    let e = Loader::new(&o).expect_err("another pad token").to_string();
+    assert!(
+        e.contains("token settings") && e.contains("pad_token=5"),
+        "{e}"
+    );
 }

@@ -131,6 +131,24 @@ impl Part for FlatPart {
         }
     }
 
+    fn documents(&self) -> std::result::Result<u64, String> {
+        // The documents `eos_token` ends are known only by reading every token, which opening
+        // never does (it would be O(tokens) at every start); without it the file is one.
+        match self.eos {
+            None => Ok(1),
+            Some(eos) => Err(format!(
+                "a flat token file's documents (ended by eos_token {eos}) are found only by \
+                 reading all its tokens, which opening does not do; write the documents as a \
+                 Megatron dataset (megatron:PREFIX, whose index lists them), or use \
+                 token_packing=concat"
+            )),
+        }
+    }
+
+    fn document(&self, _: u64) -> (u64, u64) {
+        (0, self.tokens)
+    }
+
     fn describe(&self, t: u64) -> String {
         format!("{} token {t}", self.path.display())
     }

@@ -318,6 +318,14 @@ impl Part for MegatronPart {
         }
     }
 
+    fn documents(&self) -> std::result::Result<u64, String> {
+        Ok(self.layout.doc_entries as u64 - 1)
+    }
+
+    fn document(&self, d: u64) -> (u64, u64) {
+        (self.doc_start(d as usize), self.doc_start(d as usize + 1))
+    }
+
     fn describe(&self, t: u64) -> String {
         format!(
             "{}.bin sequence {}",

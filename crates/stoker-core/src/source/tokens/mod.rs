@@ -17,9 +17,22 @@
 //! Documents are Megatron's documents (runs of sequences in the document index), or the runs a
 //! flat file's `eos_token` ends; a file's end always ends one.
 //!
+//! With `token_packing=pad` ([`Packing::Pad`]) sample `i` is document `i` instead (the documents
+//! of every file, in order, empty ones included): its first `seq_len + 1` tokens (a longer
+//! document is truncated, as Megatron-style fine-tuning loaders truncate), padded with
+//! `pad_token` to `seq_len + 1`, then cut into `input_ids` and `labels` as above. `loss_mask`
+//! (uint8) is 1 exactly where the label is a real next token of the document: at `k` for
+//! `k + 1 < min(len, seq_len + 1)`. With `reset`, `cu_seqlens` is `[0, n, seq_len]` where `n`
+//! (the document's tokens among the inputs, `min(len, seq_len)`) is strictly inside, else
+//! `[0, seq_len]`; the padding is a segment of its own, so `position_ids` count from 0 in the
+//! document and again from 0 on the padding: they restart exactly where `cu_seqlens` has an
+//! entry, as in the concatenated windows. The sample count is the document count, known from
+//! the indexes alone; a flat file with `eos_token` would need a scan of every token to count
+//! its documents, so `pad` refuses it (without `eos_token` a flat file is one document).
+//!
 //! Nothing at open is O(tokens) except the check of every token id against `vocab_size`, which
 //! runs only when that option is set. The memory kept is 8 bytes per Megatron sequence (where it
-//! starts in the stream) and 8 per file.
+//! starts in the stream) and 8 per file (16 under `pad`).
 
 pub mod blend;
 mod flat;
@@ -174,8 +187,29 @@ pub enum Boundaries {
     Reset,
 }
 
+/// What `token_packing` asks for: how documents become samples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Packing {
+    /// Windows of the concatenated stream, `seq_len` apart.
+    #[default]
+    Concat,
+    /// One document a sample, truncated or padded to `seq_len + 1`, with `loss_mask`.
+    Pad,
+}
+
+impl Packing {
+    /// The option's spelling.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Packing::Concat => "concat",
+            Packing::Pad => "pad",
+        }
+    }
+}
+
 /// How a token source cuts and delivers samples (the options `seq_len`, `document_boundaries`,
-/// `token_output_dtype`, `token_dtype`, `eos_token`, `vocab_size`).
+/// `token_output_dtype`, `token_dtype`, `eos_token`, `vocab_size`, `token_packing`,
+/// `pad_token`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TokenConfig {
     /// Tokens per sample, the extra one for `labels` not counted.
@@ -190,6 +224,10 @@ pub struct TokenConfig {
     pub eos: Option<u64>,
     /// Every token id must be below it (checked at open, O(tokens)).
     pub vocab_size: Option<u64>,
+    /// Windows of the stream, or one padded document a sample.
+    pub packing: Packing,
+    /// The token padding a short document under [`Packing::Pad`].
+    pub pad_token: i64,
 }
 
 /// Which files hold the tokens.
@@ -222,6 +260,10 @@ pub(crate) trait Part: Send + Sync {
     /// Calls `each`, rising, with the first token of every document that starts strictly
     /// between `from` and `to`.
     fn doc_starts(&self, from: u64, to: u64, each: &mut dyn FnMut(u64));
+    /// Its documents, if they can be counted without reading the tokens (`Err` says why not).
+    fn documents(&self) -> std::result::Result<u64, String>;
+    /// Tokens `[start, end)` of document `d` (`d < documents()`).
+    fn document(&self, d: u64) -> (u64, u64);
     /// Where token `t` is, for messages.
     fn describe(&self, t: u64) -> String;
     /// What it is, wherever it is mounted (name, counts, type).
@@ -239,6 +281,9 @@ pub struct TokenSource {
     parts: Vec<Box<dyn Part>>,
     /// Where each part starts in the stream; one more entry, the total.
     starts: Vec<u64>,
+    /// Under [`Packing::Pad`], the documents before each part; one more entry, the total.
+    /// Empty otherwise.
+    doc_starts: Vec<u64>,
     fields: Vec<FieldSpec>,
     len: usize,
 }
@@ -316,7 +361,50 @@ impl TokenSource {
                 parts.par_iter().try_for_each(|p| check_vocab(&**p, vocab))
             })??;
         }
-        let samples = total.saturating_sub(1) / config.seq_len as u64;
+        let mut doc_starts = Vec::new();
+        let samples = match config.packing {
+            Packing::Concat => total.saturating_sub(1) / config.seq_len as u64,
+            Packing::Pad => {
+                if config.output == DType::I32 && i32::try_from(config.pad_token).is_err() {
+                    return Err(Error::option(
+                        "pad_token",
+                        format!("{} does not fit token_output_dtype=int32", config.pad_token),
+                    ));
+                }
+                if let Some(vocab) = config.vocab_size {
+                    if !(0..i128::from(vocab)).contains(&i128::from(config.pad_token)) {
+                        return Err(Error::option(
+                            "pad_token",
+                            format!(
+                                "{} is outside vocab_size {vocab}: the padding is fed to the \
+                                 embedding as the tokens are (ids must be in 0..{vocab})",
+                                config.pad_token
+                            ),
+                        ));
+                    }
+                }
+                // The document count of every part comes from its index (or is 1 for a flat
+                // file without `eos_token`): nothing here reads the tokens. Counting the
+                // documents of a flat file with `eos_token` would scan every token at open, so
+                // such a file is refused, naming what to do instead.
+                doc_starts.reserve_exact(parts.len() + 1);
+                doc_starts.push(0u64);
+                let mut docs = 0u64;
+                for part in &parts {
+                    let n = part.documents().map_err(|why| {
+                        Error::option(
+                            "token_packing",
+                            format!("pad: {}: {why}", part.path().display()),
+                        )
+                    })?;
+                    docs = docs
+                        .checked_add(n)
+                        .ok_or_else(|| Error::Internal("document count overflows u64".into()))?;
+                    doc_starts.push(docs);
+                }
+                docs
+            }
+        };
         let len = usize::try_from(samples)
             .map_err(|_| Error::Internal(format!("{samples} samples overflow usize")))?;
         let seq = config.seq_len;
@@ -328,14 +416,26 @@ impl TokenSource {
             fields.push(FieldSpec::tensor("position_ids", config.output, &[seq]));
             fields.push(FieldSpec::ragged("cu_seqlens", DType::I32, &[]));
         }
+        if config.packing == Packing::Pad {
+            fields.push(FieldSpec::tensor("loss_mask", DType::U8, &[seq]));
+        }
         Ok(TokenSource {
             spec: spec.clone(),
             config: config.clone(),
             parts,
             starts,
+            doc_starts,
             fields,
             len,
         })
+    }
+
+    /// Under [`Packing::Pad`]: the part holding document `i` and the document's tokens
+    /// `[start, end)` in the stream (`i < len`).
+    fn document(&self, i: u64) -> (usize, u64, u64) {
+        let p = self.doc_starts.partition_point(|&s| s <= i) - 1;
+        let (start, end) = self.parts[p].document(i - self.doc_starts[p]);
+        (p, self.starts[p] + start, self.starts[p] + end)
     }
 
     /// Tokens in the stream.
@@ -411,6 +511,70 @@ impl TokenSource {
     }
 }
 
+impl TokenSource {
+    /// Sample `index` under [`Packing::Pad`] (`index < len`): document `index`, truncated or
+    /// padded to `seq_len + 1` tokens (see the module docs).
+    fn read_padded<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+        let seq = self.config.seq_len;
+        let size = self.config.output.size();
+        let (_, start, end) = self.document(index as u64);
+        // At most `seq_len + 1` tokens are read, whatever the document's length: the buffer is
+        // bounded by `seq_len`, which the options bound.
+        let real = (end - start).min(seq as u64 + 1) as usize;
+        scratch.clear();
+        self.window(start, start + real as u64, scratch)?;
+        let pad = self.config.pad_token;
+        // `open` checked that the pad token fits int32 when that is the output type.
+        let pad_bytes = pad.to_ne_bytes();
+        let pad_narrow = (pad as i32).to_ne_bytes();
+        let pad: &[u8] = if size == 8 { &pad_bytes } else { &pad_narrow };
+        for _ in real..=seq {
+            scratch.extend_from_slice(pad);
+        }
+        // The label at `k` is token `k + 1`: a real next token while `k + 1 < real`.
+        let mask_at = scratch.len();
+        let targets = real.saturating_sub(1);
+        scratch.resize(mask_at + seq, 0);
+        scratch[mask_at..mask_at + targets].fill(1);
+        let mut extra = None;
+        if self.config.boundaries == Boundaries::Reset {
+            // The document's inputs, then the padding as a segment of its own: positions
+            // restart exactly at the entries of `cu_seqlens`, as in concatenated windows.
+            let inputs = real.min(seq);
+            let cu_at = scratch.len();
+            scratch.extend_from_slice(&0i32.to_ne_bytes());
+            if inputs > 0 && inputs < seq {
+                scratch.extend_from_slice(&(inputs as i32).to_ne_bytes());
+            }
+            scratch.extend_from_slice(&(seq as i32).to_ne_bytes());
+            let pos_at = scratch.len();
+            for k in 0..seq {
+                let pos = if k < inputs { k } else { k - inputs } as i64;
+                if size == 8 {
+                    scratch.extend_from_slice(&pos.to_ne_bytes());
+                } else {
+                    scratch.extend_from_slice(&(pos as i32).to_ne_bytes());
+                }
+            }
+            extra = Some((cu_at, pos_at));
+        }
+        let buf: &'a [u8] = scratch;
+        let mut sample = Sample::default();
+        sample.set(0, &buf[..seq * size]);
+        sample.set(1, &buf[size..(seq + 1) * size]);
+        let mask = &buf[mask_at..mask_at + seq];
+        match extra {
+            Some((cu_at, pos_at)) => {
+                sample.set(2, &buf[pos_at..]);
+                sample.set(3, &buf[cu_at..pos_at]);
+                sample.set(4, mask);
+            }
+            None => sample.set(2, mask),
+        }
+        Ok(sample)
+    }
+}
+
 /// `Err` naming the file and the token's place unless every token of `part` is in
 /// `0..vocab`.
 fn check_vocab(part: &dyn Part, vocab: u64) -> Result<()> {
@@ -444,6 +608,17 @@ impl Source for TokenSource {
     }
 
     fn describe(&self, index: usize) -> String {
+        if self.config.packing == Packing::Pad {
+            if index >= self.len {
+                return format!("{} document {index} (past the end)", self.spec);
+            }
+            let (p, start, _) = self.document(index as u64);
+            return format!(
+                "{} document {index} (from {})",
+                self.spec,
+                self.parts[p].describe(start - self.starts[p])
+            );
+        }
         let first = index as u64 * self.config.seq_len as u64;
         if first >= self.total_tokens() {
             return format!("{} sample {index} (past the end)", self.spec);
@@ -467,6 +642,9 @@ impl Source for TokenSource {
                 "sample {index} is out of range for {} samples of {}",
                 self.len, self.spec
             )));
+        }
+        if self.config.packing == Packing::Pad {
+            return self.read_padded(index, scratch);
         }
         let seq = self.config.seq_len;
         let size = self.config.output.size();
