@@ -2,9 +2,10 @@
 against NumPy; global batches the same at every world size; resume at another world size;
 bad files named at open.
 
-megatron-core is not installed here: ``write_megatron`` writes ``.idx``/``.bin`` pairs following
-the layout Megatron-LM's ``_IndexWriter`` writes (magic, version, type code, sequence count,
-document index entries, int32 lengths, int64 byte offsets, int64 document index).
+``write_megatron`` writes ``.idx``/``.bin`` pairs following the layout Megatron-LM's
+``_IndexWriter`` writes (magic, version, type code, sequence count, document index entries, int32
+lengths, int64 byte offsets, int64 document index); one test reads what megatron-core's own
+``IndexedDatasetBuilder`` writes.
 """
 
 import struct
@@ -79,6 +80,41 @@ def test_megatron_windows_equal_numpy(megatron):
             assert (batch["cu_seqlens"][k][n:] == SEQ).all()
             i += 1
     assert i == len(inputs) // 4 * 4
+
+
+def test_datasets_megatron_core_writes_are_read_token_exact(tmp_path):
+    """megatron-core's own writer (``IndexedDatasetBuilder``), some documents split into several
+    sequences as ``preprocess_data.py --split-sentences`` writes them; megatron-core's reader
+    (``IndexedDataset``) sees the same tokens."""
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
+    docs = documents(40, 3000)
+    for name, dtype in [("web", np.uint16), ("code", np.int32)]:
+        builder = IndexedDatasetBuilder(str(tmp_path / f"{name}.bin"), dtype=dtype)
+        for k, d in enumerate(docs):
+            # Every third document as two sentences: one document, two sequences.
+            lengths = [len(d) // 2, len(d) - len(d) // 2] if k % 3 == 0 else [len(d)]
+            builder.add_document(torch.from_numpy(d.astype(np.int64)), lengths)
+        builder.finalize(str(tmp_path / f"{name}.idx"))
+        theirs = IndexedDataset(str(tmp_path / name))
+        np.testing.assert_array_equal(np.concatenate([theirs[i] for i in range(len(theirs))]), np.concatenate(docs))
+
+    inputs, labels, positions, cu = reference(docs + docs)
+    loader = stoker.Loader(
+        f"megatron:{tmp_path / 'web'},{tmp_path / 'code'}",
+        seq_len=SEQ,
+        document_boundaries="reset",
+        batch_size=len(inputs),
+        num_workers=0,
+    )
+    batch = next(iter(loader))
+    np.testing.assert_array_equal(batch["input_ids"], inputs)
+    np.testing.assert_array_equal(batch["labels"], labels)
+    np.testing.assert_array_equal(batch["position_ids"], positions)
+    for k in range(batch.size):
+        n = int(batch["cu_seqlens_lengths"][k])
+        np.testing.assert_array_equal(batch["cu_seqlens"][k][:n], cu[k])
 
 
 def test_flat_npy_tokens_in_int32(tmp_path):
