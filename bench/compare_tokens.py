@@ -4,6 +4,11 @@
     python bench/compare_tokens.py                 # 200 M uint16 tokens, made once
     python bench/compare_tokens.py --batches 100   # a quick check
 
+Then, where megatron-core is installed and `stoker bench tokens` has written its 2,500 Megatron
+datasets, the time to open them all: stoker's loader beside megatron-core's `IndexedDataset`
+per prefix (what its `GPTDataset` opens before building its own sample index), files evicted
+from the page cache and then cached.
+
 The file is nanoGPT's format: every document's uint16 tokens one after the other (`train.bin`),
 written once into the cache directory. Both read windows of `--block + 1` tokens at random
 places and deliver int64 `x` (inputs) and `y` (the inputs shifted by one), `--batch` rows a
@@ -79,6 +84,52 @@ def measure(batches, n: int) -> tuple[float, float]:
     return tokens / wall, tokens / max(cpu, 1e-9)
 
 
+def evict(paths) -> None:
+    """Drops the files' pages from the page cache (as on a fresh node)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def startup(directory: Path, rounds: int) -> None:
+    """Opening the Megatron datasets `stoker bench tokens` wrote: stoker's loader (every index
+    mapped and checked) beside megatron-core's `IndexedDataset` for each prefix, files evicted
+    from the page cache and then cached, interleaved rounds, best of each."""
+    try:
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+    except ImportError:
+        print("\nstartup: megatron-core is not installed (pip install megatron-core), left out")
+        return
+    prefixes = sorted(str(p)[: -len(".idx")] for p in directory.glob("part-*.idx"))
+    if not prefixes:
+        print(f"\nstartup: no datasets in {directory}: run `stoker bench tokens` first, left out")
+        return
+    files = [p + ext for p in prefixes for ext in (".idx", ".bin")]
+    pattern = f"{directory}/part-{{00000..{len(prefixes) - 1:05}}}"
+    opens = {
+        "stoker.Loader": lambda: stoker.Loader(f"megatron:{pattern}", seq_len=2048).close(),
+        "megatron-core IndexedDataset": lambda: [IndexedDataset(p) for p in prefixes],
+    }
+    best: dict[tuple[str, str], float] = {}
+    for _ in range(rounds):
+        for name, open_all in opens.items():
+            for cache in ("not cached", "cached"):
+                if cache == "not cached":
+                    evict(files)
+                start = time.perf_counter()
+                open_all()
+                took = time.perf_counter() - start
+                best[name, cache] = min(best.get((name, cache), took), took)
+    print(f"\nopening {len(prefixes)} Megatron datasets ({directory}), best of {rounds} rounds")
+    print(f"{'':32} {'not cached':>12} {'cached':>10}")
+    for name in opens:
+        print(f"{name:32} {best[name, 'not cached']:11.2f}s {best[name, 'cached']:9.2f}s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=200_000_000, help="tokens in the generated file")
@@ -87,6 +138,12 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=400)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument(
+        "--megatron-dir",
+        type=Path,
+        default=None,
+        help="the datasets of `stoker bench tokens` (default: its folder in the cache directory)",
+    )
     args = p.parse_args()
 
     cache = args.data_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stoker"
@@ -123,6 +180,8 @@ def main() -> None:
     print(f"{'':32} {'tokens/s':>12} {'ratio':>7} {'tokens/CPU-s':>14} {'ratio':>7}")
     for name, (rate, per_cpu) in best.items():
         print(f"{name:32} {rate:12.0f} {rate / base_rate:7.2f} {per_cpu:14.0f} {per_cpu / base_cpu:7.2f}")
+
+    startup(args.megatron_dir or cache / "bench-tokens-2500x1000", args.rounds)
 
 
 if __name__ == "__main__":
