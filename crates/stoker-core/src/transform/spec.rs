@@ -222,11 +222,10 @@ pub const MAX_ZOOM_OUT: f64 = 10.0;
 pub const MAGNITUDE_BINS: usize = 31;
 
 /// Every operation name, for messages.
-const KNOWN: &str =
-    "resize, center_crop, random_resized_crop, scale_jitter, random_crop, random_zoom_out, \
-                     hflip, vflip, \
-                     color_jitter, grayscale, gaussian_blur, rotate, affine, rand_augment, \
-                     trivial_augment, auto_augment, random_erasing, normalize, mixup, cutmix";
+const KNOWN: &str = "resize, center_crop, random_resized_crop, scale_jitter, random_crop, \
+                     random_zoom_out, hflip, vflip, color_jitter, grayscale, gaussian_blur, \
+                     rotate, affine, rand_augment, trivial_augment, auto_augment, \
+                     random_erasing, normalize, mixup, cutmix";
 
 /// Parses a pipeline spec: operations separated by `|`, each `name` or `name(args)`, with
 /// positional arguments first and then `key=value` ones (a value may hold commas:
