@@ -957,6 +957,62 @@ TEST(CustomSource, EncodedJpegsGiveThePixelsOfImageFolder) {
   fs::remove_all(root);
 }
 
+// A token stream from C++: a flat uint16 file cut into windows of seq_len + 1 tokens (input_ids,
+// labels the inputs shifted by one), and global batches whose union over 2 ranks is one process's.
+TEST(Tokens, FlatFileWindowsAndGlobalBatchesAtTwoRanks) {
+  const std::string path = ::testing::TempDir() + "stoker_cxx_tokens.bin";
+  auto token = [](int64_t k) { return static_cast<uint16_t>((k * 13 + 5) % 50000); };
+  {
+    std::vector<uint16_t> tokens(401);  // 25 windows of 16 (+1)
+    for (std::size_t k = 0; k < tokens.size(); ++k) tokens[k] = token(static_cast<int64_t>(k));
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  }
+  auto options = [&](std::size_t batch) {
+    return stoker::Options().source("tokens:" + path).token_dtype("uint16").seq_len(16).batch_size(batch)
+        .global_batch_size(8).shuffle(true).seed(4);
+  };
+  // Every delivered window is the tokens of its first input id's place in the stream.
+  std::vector<int64_t> whole;
+  stoker::Loader one(options(8).rank(0).world_size(1));
+  for (auto& batch : one.epoch()) {
+    const stoker::TensorView& ids = batch.field("input_ids");
+    const stoker::TensorView& labels = batch.field("labels");
+    ASSERT_EQ(ids.shape[1], 16);
+    for (int64_t r = 0; r < ids.shape[0]; ++r) {
+      int64_t sample = -1;
+      for (int64_t i = 0; i < 25 && sample < 0; ++i)
+        if (token(16 * i) == ids.data_as<int64_t>()[r * 16]) sample = i;
+      ASSERT_GE(sample, 0);
+      for (int64_t k = 0; k < 16; ++k) {
+        EXPECT_EQ(ids.data_as<int64_t>()[r * 16 + k], token(16 * sample + k));
+        EXPECT_EQ(labels.data_as<int64_t>()[r * 16 + k], token(16 * sample + k + 1));
+      }
+      whole.push_back(sample);
+    }
+  }
+  EXPECT_EQ(whole.size(), 24u);  // three whole global batches of 8; the tail of 1 is not delivered
+  // Two ranks, micro-batches of 2: step s is rank 0's 4 samples, then rank 1's.
+  stoker::Loader r0(options(2).rank(0).world_size(2)), r1(options(2).rank(1).world_size(2));
+  std::vector<int64_t> ranks;
+  auto take = [&](stoker::Loader& loader) {
+    for (int got = 0; got < 4;) {
+      auto batch = loader.next();
+      ASSERT_TRUE(batch.has_value());
+      const stoker::TensorView& ids = batch->field("input_ids");
+      for (int64_t r = 0; r < ids.shape[0]; ++r, ++got)
+        for (int64_t i = 0; i < 25; ++i)
+          if (token(16 * i) == ids.data_as<int64_t>()[r * 16]) ranks.push_back(i);
+    }
+  };
+  for (int step = 0; step < 3; ++step) {
+    take(r0);
+    take(r1);
+  }
+  EXPECT_EQ(ranks, whole);
+  std::remove(path.c_str());
+}
+
 // stoker::pack: the same photographs packed (kept, raw, in two merged slices) give the batches of
 // their image folder; a bad mode throws INVALID_ARGUMENT naming it.
 TEST(Pack, PackedPhotographsGiveTheBatchesOfTheirFolder) {
