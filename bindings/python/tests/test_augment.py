@@ -91,6 +91,31 @@ def test_color_jitter_matches():
         assert max_diff(out, hwc(ref)) <= 1, p
 
 
+def test_random_photometric_distort_matches():
+    seen = collections.Counter()
+    for index in range(24):
+        out, [p] = run(f"{CROP} | random_photometric_distort(p=0.5)", index)
+        ref = chw(photo())
+        # RandomPhotometricDistort.transform's order, with the parameters stoker drew.
+        if p["brightness"] is not None:
+            ref = F.adjust_brightness(ref, p["brightness"])
+        if p["contrast"] is not None and p["contrast_before"]:
+            ref = F.adjust_contrast(ref, p["contrast"])
+        if p["saturation"] is not None:
+            ref = F.adjust_saturation(ref, p["saturation"])
+        if p["hue"] is not None:
+            ref = F.adjust_hue(ref, p["hue"])
+        if p["contrast"] is not None and not p["contrast_before"]:
+            ref = F.adjust_contrast(ref, p["contrast"])
+        if p["permutation"] is not None:
+            ref = F.permute_channels(ref, p["permutation"])
+        assert max_diff(out, hwc(ref)) <= 1, p
+        seen["permuted"] += p["permutation"] is not None
+        seen["before"] += p["contrast_before"]
+        seen["skipped"] += sum(p[k] is None for k in ("brightness", "contrast", "saturation", "hue"))
+    assert 0 < seen["permuted"] < 24 and 0 < seen["before"] < 24 and 0 < seen["skipped"] < 96, seen
+
+
 def test_gaussian_blur_matches():
     for index in range(6):
         out, [p] = run(f"{CROP} | gaussian_blur(5, sigma=0.1:2.0)", index)

@@ -51,3 +51,41 @@ pub(super) fn split_args(inner: &str) -> Args {
     }
     args
 }
+
+/// A number, `x` or a fraction `a/b`, finite.
+pub(super) fn number(s: &str) -> Result<f64, String> {
+    let s = s.trim();
+    let value = match s.split_once('/') {
+        Some((a, b)) => {
+            let a: f64 = a
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{s}` is not a number"))?;
+            let b: f64 = b
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{s}` is not a number"))?;
+            a / b
+        }
+        None => s.parse().map_err(|_| format!("`{s}` is not a number"))?,
+    };
+    if value.is_finite() {
+        Ok(value)
+    } else {
+        Err(format!("`{s}` is not a finite number"))
+    }
+}
+
+/// `p` given once, positionally or as `p=`, a probability; `default` when absent (the caller
+/// checks the argument names).
+pub(super) fn probability(args: &Args, default: f64) -> Result<f64, String> {
+    let p = match (args.positional.first().map(String::as_str), args.named("p")) {
+        (Some(_), Some(_)) => return Err("give p once".into()),
+        (Some(p), None) | (None, Some(p)) => number(p)?,
+        (None, None) => default,
+    };
+    if !(0.0..=1.0).contains(&p) {
+        return Err(format!("p={p} is not a probability in [0, 1]"));
+    }
+    Ok(p)
+}

@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 
 use super::color;
+use super::photometric::{self, Distort};
 use super::spec::{EraseValue, Op, PadMode};
 use super::warp::{self, inverse_affine, Sampling};
 use crate::rng::Rng;
@@ -328,6 +329,8 @@ pub(super) enum Drawn {
         order: [usize; 4],
         factors: [Option<f64>; 4],
     },
+    /// `random_photometric_distort`'s parts, their order and the channel permutation.
+    Photometric(Distort),
     /// `gaussian_blur` with this kernel size and sigma.
     Blur { kernel: usize, sigma: f64 },
     /// `rotate`, `affine`: the inverse affine map and the fill.
@@ -401,6 +404,7 @@ fn apply(drawn: Drawn, frame: &mut Frame) -> Option<Erase> {
                 }
             }
         }
+        Drawn::Photometric(d) => photometric::apply(&d, &mut frame.img),
         Drawn::Blur { kernel, sigma } => {
             let Frame {
                 img,
@@ -572,6 +576,18 @@ pub(super) fn draw(
             });
             Drawn::Jitter { order, factors }
         }
+        Op::RandomPhotometricDistort {
+            brightness,
+            contrast,
+            saturation,
+            hue,
+            p,
+        } => Drawn::Photometric(photometric::draw(
+            [brightness, contrast, saturation, hue],
+            p,
+            rng,
+            trace,
+        )),
         Op::GaussianBlur { kernel, sigma } => {
             if kernel / 2 >= w || kernel / 2 >= h {
                 return Err(format!(

@@ -116,6 +116,7 @@ impl BoxPipeline {
                 Drawn::Nothing
                 | Drawn::Grayscale
                 | Drawn::Jitter { .. }
+                | Drawn::Photometric(_)
                 | Drawn::Blur { .. }
                 | Drawn::Erase(_) => {}
             }

@@ -16,6 +16,7 @@
 //! | `random_zoom_out(fill=V, side_range=1:4, p=0.5)` | `RandomZoomOut`: the image at a random offset of a canvas `r` times its size, the rest `fill` (a mask's: `ignore_index`). The size varies per sample: a crop must follow |
 //! | `vflip(p=0.5)` | `RandomVerticalFlip` |
 //! | `color_jitter(brightness=, contrast=, saturation=, hue=)` | `ColorJitter`, random order |
+//! | `random_photometric_distort(brightness=a:b, contrast=a:b, saturation=a:b, hue=a:b, p=0.5)` | `RandomPhotometricDistort`: each part with probability `p` (defaults `0.875:1.125`, `0.5:1.5`, `0.5:1.5`, `-0.05:0.05`), contrast before or after saturation and hue, channels permuted with probability `p` |
 //! | `grayscale(p=0.1)` | `RandomGrayscale` |
 //! | `gaussian_blur(K, sigma=a:b)` | `GaussianBlur` |
 //! | `rotate(D, fill=V)`, `affine(degrees=, translate=, scale=, shear=, fill=)` | `RandomRotation`, `RandomAffine`, bilinear |
@@ -71,7 +72,7 @@
 //! Layout: [`spec`] parses the spec language, [`geometry`] folds the geometric ops into one
 //! [`Plan`] per sample, [`pipeline`] is the validated [`Pipeline`] that runs a plan, and
 //! `kernels` holds the pixel loops (the resample and the one output pass); `augment` draws and
-//! runs the ops after the plan, with `color` and [`warp`] their kernels. Tensor images of other
+//! runs the ops after the plan, with `color`, `photometric` and [`warp`] their kernels. Tensor images of other
 //! channel counts and types, and masks, go through [`dense`] (the same plan and draws, plane by
 //! plane); bounding boxes through [`boxes`] (the same draws, moving coordinates).
 
@@ -83,6 +84,7 @@ pub mod dense;
 pub mod geometry;
 mod kernels;
 pub mod mix;
+mod photometric;
 pub mod pipeline;
 pub mod roles;
 pub mod spec;

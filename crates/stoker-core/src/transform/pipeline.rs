@@ -122,6 +122,7 @@ pub(super) fn op_name(op: &Op) -> &'static str {
         Op::RandomZoomOut { .. } => "random_zoom_out",
         Op::VFlip { .. } => "vflip",
         Op::ColorJitter { .. } => "color_jitter",
+        Op::RandomPhotometricDistort { .. } => "random_photometric_distort",
         Op::Grayscale { .. } => "grayscale",
         Op::GaussianBlur { .. } => "gaussian_blur",
         Op::Rotate { .. } => "rotate",
@@ -248,6 +249,7 @@ impl Pipeline {
                     normalize = Some((rgb_values(mean, "mean")?, rgb_values(std, "std")?));
                 }
                 Op::ColorJitter { .. }
+                | Op::RandomPhotometricDistort { .. }
                 | Op::Grayscale { .. }
                 | Op::GaussianBlur { .. }
                 | Op::Rotate { .. }

@@ -1,7 +1,7 @@
 //! The spec language: `random_resized_crop(224) | hflip | normalize(imagenet)` parsed into
 //! [`Op`]s, each validated with an error naming the operation and the argument.
 
-use super::args::{split_args, Args};
+use super::args::{number, probability, split_args, Args};
 use super::roles::roles;
 
 /// ImageNet's channel means and standard deviations (torchvision's reference scripts).
@@ -106,6 +106,21 @@ pub enum Op {
         saturation: Option<(f64, f64)>,
         /// Hue offset range in turns, within `[-0.5, 0.5]`.
         hue: Option<(f64, f64)>,
+    },
+    /// `RandomPhotometricDistort`: each part applied with probability `p`, factor ranges
+    /// `(min, max)`; contrast before or after saturation and hue; channels permuted with
+    /// probability `p` (see `photometric`).
+    RandomPhotometricDistort {
+        /// Brightness factor range, `0 <= a <= b` (default `0.875:1.125`).
+        brightness: (f64, f64),
+        /// Contrast factor range, `0 <= a <= b` (default `0.5:1.5`).
+        contrast: (f64, f64),
+        /// Saturation factor range, `0 <= a <= b` (default `0.5:1.5`).
+        saturation: (f64, f64),
+        /// Hue offset range in turns, within `[-0.5, 0.5]` (default `-0.05:0.05`).
+        hue: (f64, f64),
+        /// Probability of each part and of the permutation, in `[0, 1]`.
+        p: f64,
     },
     /// `RandomGrayscale`.
     Grayscale {
@@ -223,7 +238,8 @@ pub const MAGNITUDE_BINS: usize = 31;
 
 /// Every operation name, for messages.
 const KNOWN: &str = "resize, center_crop, random_resized_crop, scale_jitter, random_crop, \
-                     random_zoom_out, hflip, vflip, color_jitter, grayscale, gaussian_blur, \
+                     random_zoom_out, hflip, vflip, color_jitter, \
+                     random_photometric_distort, grayscale, gaussian_blur, \
                      rotate, affine, rand_augment, trivial_augment, auto_augment, \
                      random_erasing, normalize, mixup, cutmix";
 
@@ -260,29 +276,6 @@ pub fn parse(spec: &str) -> Result<Vec<Op>, String> {
         ops.push(op);
     }
     Ok(ops)
-}
-
-fn number(s: &str) -> Result<f64, String> {
-    let s = s.trim();
-    let value = match s.split_once('/') {
-        Some((a, b)) => {
-            let a: f64 = a
-                .trim()
-                .parse()
-                .map_err(|_| format!("`{s}` is not a number"))?;
-            let b: f64 = b
-                .trim()
-                .parse()
-                .map_err(|_| format!("`{s}` is not a number"))?;
-            a / b
-        }
-        None => s.parse().map_err(|_| format!("`{s}` is not a number"))?,
-    };
-    if value.is_finite() {
-        Ok(value)
-    } else {
-        Err(format!("`{s}` is not a finite number"))
-    }
 }
 
 fn size(s: &str) -> Result<usize, String> {
@@ -524,6 +517,16 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
                 hue,
             })
         }
+        "random_photometric_distort" => {
+            let ([brightness, contrast, saturation, hue], p) = super::photometric::parse(args)?;
+            Ok(Op::RandomPhotometricDistort {
+                brightness,
+                contrast,
+                saturation,
+                hue,
+                p,
+            })
+        }
         "gaussian_blur" => {
             args.check(1, &["sigma"])?;
             let kernel = match args.positional.as_slice() {
@@ -695,20 +698,6 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
         }
         _ => Err(format!("unknown operation `{name}` (known: {KNOWN})")),
     }
-}
-
-/// `p` given once, positionally or as `p=`, a probability; `default` when absent (the caller
-/// checks the argument names).
-fn probability(args: &Args, default: f64) -> Result<f64, String> {
-    let p = match (args.positional.first().map(String::as_str), args.named("p")) {
-        (Some(_), Some(_)) => return Err("give p once".into()),
-        (Some(p), None) | (None, Some(p)) => number(p)?,
-        (None, None) => default,
-    };
-    if !(0.0..=1.0).contains(&p) {
-        return Err(format!("p={p} is not a probability in [0, 1]"));
-    }
-    Ok(p)
 }
 
 /// `D` (meaning `-D:D`, `D >= 0`) or `a:b` with `a <= b`, in degrees.

@@ -677,6 +677,7 @@ fn every_augmentation_is_deterministic_per_draw() {
         "random_crop(24, padding=4, pad_mode=reflect)",
         "center_crop(24) | vflip",
         "center_crop(24) | color_jitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)",
+        "center_crop(24) | random_photometric_distort",
         "center_crop(24) | grayscale(p=0.5)",
         "center_crop(24) | gaussian_blur(5)",
         "center_crop(24) | rotate(30)",

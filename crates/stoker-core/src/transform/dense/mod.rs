@@ -19,8 +19,9 @@
 //! the corners of a rotation) is `ignore_index`. Colour ops and `random_erasing` leave it
 //! as it is but still draw, so the image's later draws stay in step.
 //!
-//! Colour ops (`color_jitter`, `grayscale`, `gaussian_blur` and the AutoAugment family) are
-//! defined for RGB8 here; a pipeline for any other image refuses them when it is built.
+//! Colour ops (`color_jitter`, `random_photometric_distort`, `grayscale`, `gaussian_blur` and
+//! the AutoAugment family) are defined for RGB8 here; a pipeline for any other image refuses
+//! them when it is built.
 
 mod planes;
 
@@ -95,6 +96,7 @@ fn colour_only(op: &Op) -> bool {
     matches!(
         op,
         Op::ColorJitter { .. }
+            | Op::RandomPhotometricDistort { .. }
             | Op::Grayscale { .. }
             | Op::GaussianBlur { .. }
             | Op::RandAugment { .. }
@@ -494,7 +496,11 @@ impl DensePipeline {
         for op in &self.ops[self.planned..] {
             let drawn = augment::draw(op, w, h, rng, &mut None)?;
             match drawn {
-                Drawn::Nothing | Drawn::Grayscale | Drawn::Jitter { .. } | Drawn::Blur { .. } => {
+                Drawn::Nothing
+                | Drawn::Grayscale
+                | Drawn::Jitter { .. }
+                | Drawn::Photometric(_)
+                | Drawn::Blur { .. } => {
                     // Colour: a mask's labels stay (an image never gets here: refused when
                     // built), but the draw above kept the rng in step with the image's.
                 }

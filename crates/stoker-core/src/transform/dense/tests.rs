@@ -242,6 +242,7 @@ fn normalize_takes_one_mean_and_std_per_channel_and_layouts_interleave() {
 fn colour_ops_are_refused_for_images_other_than_rgb8_with_what_the_image_is() {
     for op in [
         "color_jitter(brightness=0.4)",
+        "random_photometric_distort",
         "grayscale",
         "gaussian_blur(3)",
         "rand_augment",
