@@ -1,11 +1,12 @@
 //! The integration tests of stoker-core, as one test binary: each file is a module (named as
 //! its file), `support` holds the shared helpers. One binary links the engine once instead of
 //! once per file. `tests/soak.rs` stays a binary of its own: it measures the whole process
-//! (resident memory, threads, file descriptors), which tests running beside it would disturb.
+//! (resident memory, threads, file descriptors), which tests running beside it would disturb;
+//! so do `tests/autotune.rs` (the controller adds workers only while a core is spare) and
+//! `tests/fork.rs` (a fork copies whatever the other tests' threads hold).
 
 mod support;
 
-mod autotune;
 mod cuda_gpu;
 mod cuda_prefetch;
 mod dense;

@@ -2,8 +2,12 @@
 //! a slow source, sheds workers when the consumer is the bottleneck, stays within the cores and
 //! the memory budget, records every decision, and never changes a batch; for streaming loaders
 //! (tar shards through a shuffle buffer, iterable sources) as for indexed ones.
+//!
+//! A binary of its own, apart from `tests/all`, and one test at a time ([`alone`]): the
+//! controller adds a worker only while the machine has a core to spare, so tests running beside
+//! these would decide for it (it rightly holds back on a busy machine).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use stoker_core::{
@@ -21,6 +25,21 @@ fn options(source: Arc<dyn Source>, kv: &[(&str, &str)]) -> LoaderOptions {
         o.set(k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
     }
     o
+}
+
+// The shared helpers of the integration tests (`all/`), of which this binary uses two.
+#[allow(dead_code, unused_imports)]
+#[path = "all/support/mod.rs"]
+mod support;
+
+/// Held for the whole of each test: the tests of this binary measure the machine, so they take
+/// it one at a time. A test that failed holding it does not stop the others (the poison is
+/// ignored: the guarded value is nothing).
+fn alone() -> MutexGuard<'static, ()> {
+    static ALONE: Mutex<()> = Mutex::new(());
+    ALONE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn cores() -> usize {
@@ -48,6 +67,7 @@ fn take(l: &mut Loader, n: usize, step: Duration) -> Vec<Vec<i64>> {
 
 #[test]
 fn from_one_worker_it_reaches_more_workers_and_higher_readiness_without_changing_batches() {
+    let _alone = alone();
     // A batch takes one worker 4 x 4 ms; the consumer's step is 10 ms: one worker starves it,
     // two keep up.
     let kv = [
@@ -110,6 +130,7 @@ fn from_one_worker_it_reaches_more_workers_and_higher_readiness_without_changing
 
 #[test]
 fn it_sheds_workers_when_the_consumer_is_the_bottleneck() {
+    let _alone = alone();
     // Reads are free, the consumer takes 4 ms per batch: four workers idle.
     let kv = [
         ("batch_size", "4"),
@@ -127,6 +148,7 @@ fn it_sheds_workers_when_the_consumer_is_the_bottleneck() {
 
 #[test]
 fn the_memory_budget_bounds_the_workers() {
+    let _alone = alone();
     // One batch's slab is one page: a budget of one page holds one batch in flight, so one
     // worker, however starved the consumer is.
     let page = 4096.to_string();
@@ -144,6 +166,7 @@ fn the_memory_budget_bounds_the_workers() {
 
 #[test]
 fn every_decision_is_in_the_trace() {
+    let _alone = alone();
     let path = std::env::temp_dir().join(format!("stoker-autotune-{}.json", std::process::id()));
     let kv = [
         ("batch_size", "4"),
@@ -181,6 +204,7 @@ fn every_decision_is_in_the_trace() {
 
 #[test]
 fn autotune_needs_worker_threads() {
+    let _alone = alone();
     let err = Loader::new(&options(
         slow(10, 0),
         &[("autotune", "true"), ("num_workers", "0")],
@@ -274,6 +298,7 @@ fn take_hashed(l: &mut Loader, n: usize, step: Duration) -> Vec<u64> {
 
 #[test]
 fn a_streaming_loader_adds_workers_when_building_starves_the_consumer() {
+    let _alone = alone();
     let dir = crate::support::files::tmp("autotune-stream");
     let source = crate::support::files::photo_shard(&dir, 48);
     let kv = [
@@ -344,6 +369,7 @@ fn a_streaming_loader_adds_workers_when_building_starves_the_consumer() {
 
 #[test]
 fn the_memory_budget_bounds_a_streaming_loaders_workers() {
+    let _alone = alone();
     // As on the host: a budget of one page holds one batch in flight, so one worker.
     let page = 4096.to_string();
     let kv = [
@@ -364,6 +390,7 @@ fn the_memory_budget_bounds_a_streaming_loaders_workers() {
 
 #[test]
 fn a_streaming_loader_sheds_workers_and_traces_every_decision() {
+    let _alone = alone();
     // Reads are free, the consumer takes 4 ms per batch: three workers idle.
     let path = std::env::temp_dir().join(format!(
         "stoker-autotune-stream-{}.json",
@@ -400,6 +427,7 @@ fn a_streaming_loader_sheds_workers_and_traces_every_decision() {
 
 #[test]
 fn streaming_autotune_needs_worker_threads() {
+    let _alone = alone();
     let source = SlowIds {
         n: 10,
         delay: Duration::ZERO,
