@@ -18,7 +18,7 @@ use std::time::Instant;
 use stoker_core::autotune::process_cpu_ns;
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::source::mapped::Mapping;
-use stoker_core::source::tokens::megatron::MegatronWriter;
+use stoker_core::source::tokens::megatron::{with_extension, MegatronWriter};
 use stoker_core::source::tokens::{Boundaries, Packing, TokenType};
 use stoker_core::source::{TokenConfig, TokenSource, TokenSpec};
 use stoker_core::{DType, Loader, LoaderOptions};
@@ -263,13 +263,6 @@ fn generated(dir: &Path, files: usize, docs: usize) -> Result<Vec<PathBuf>, Stri
     }
     std::fs::write(&complete, b"").map_err(|e| format!("{}: {e}", complete.display()))?;
     Ok(prefixes)
-}
-
-/// `PREFIX` + `ext`.
-fn with_extension(prefix: &Path, ext: &str) -> PathBuf {
-    let mut p = prefix.as_os_str().to_owned();
-    p.push(ext);
-    PathBuf::from(p)
 }
 
 /// Drops `path`'s pages from the page cache, so the next read comes from the disk.

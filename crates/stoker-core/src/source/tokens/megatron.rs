@@ -375,8 +375,8 @@ pub struct MegatronWriter {
     scratch: Vec<u8>,
 }
 
-/// `PREFIX` + `ext`.
-fn with_extension(prefix: &Path, ext: &str) -> PathBuf {
+/// `PREFIX` + `ext`: the paths of a dataset's files (`.idx`, `.bin`).
+pub fn with_extension(prefix: &Path, ext: &str) -> PathBuf {
     let mut p = prefix.as_os_str().to_owned();
     p.push(ext);
     PathBuf::from(p)
