@@ -4,13 +4,37 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s (%ds; %s free on disk)\n' "$*" "$SECONDS" "$(df -h --output=avail . | tail -1 | tr -d ' ')"; }
-
-if [ "${CI:-}" = true ]; then
-  # A clean machine builds everything once: incremental artifacts and pip's wheel cache would
-  # only take disk (torch's wheels are gigabytes).
-  export CARGO_INCREMENTAL=0 PIP_NO_CACHE_DIR=1
-fi
+# step NAME: starts a step. Each step's wall time and the CPU time its processes used (user +
+# system, as the shell's `times` counts its waited-for children) are tabled at the end: where the
+# run's minutes go, and how many of the cores each step kept busy.
+timings=$(mktemp)
+step_name="" step_began=0 step_cpu=0 cpu_now=0
+# Sets cpu_now to the CPU seconds this shell's waited-for children have used. `times` must run in
+# this shell: inside $(...) it would count the subshell's children only.
+count_cpu() {
+  local t
+  t=$(mktemp)
+  times >"$t"
+  cpu_now=$(awk 'function s(x) { split(x, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
+                 NR == 2 { printf "%d", s($1) + s($2) }' "$t")
+  rm -f "$t"
+}
+# table_row WALL CPU NAME
+table_row() {
+  printf '%6s s %6d CPU-s  %5s cores  %s\n' "$1" "$2" \
+    "$(awk -v c="$2" -v w="$1" 'BEGIN { if (w > 0) printf "%.1f", c / w; else print "-" }')" "$3" >>"$timings"
+}
+end_step() {
+  [ -n "$step_name" ] || return 0
+  count_cpu
+  table_row $((SECONDS - step_began)) $((cpu_now - step_cpu)) "$step_name"
+}
+step() {
+  end_step
+  count_cpu
+  step_name=$1 step_began=$SECONDS step_cpu=$cpu_now
+  printf '\n==> %s (%ds; %s free on disk)\n' "$*" "$SECONDS" "$(df -h --output=avail . | tail -1 | tr -d ' ')"
+}
 
 # done_with PATH...: on CI, remove build outputs once the last step that reads them has run. The
 # whole run needs about 20 GB at its peak otherwise, more than a clean CI machine has free; a
@@ -71,18 +95,30 @@ done_with "$cache/wheels" "$cache"/libtorch-*
 # below waits for its build and builds again itself if the background one failed, so a failure
 # shows there with its output.
 background_log=$(mktemp -d)
-# Each in a process group of its own (setsid), so that leaving early stops them and their cargo.
-setsid nice -n 19 env FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh >"$background_log/fuzz.log" 2>&1 &
+# lowest CMD...: CMD in a session of its own (setsid), so that leaving early stops it and its
+# cargo, at the lowest CPU priority. Linux schedules each session as one group (autogroup) and a
+# nice value ranks a process only within its group, so the new session's group is lowered too:
+# without that the background builds took half the CPU from the steps they were to fill in for.
+lowest() { setsid bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"' _ "$@"; }
+lowest env FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh >"$background_log/fuzz.log" 2>&1 &
 fuzz_build=$!
-setsid nice -n 19 bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
+lowest bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
   SANITIZERS_BUILD_ONLY=1 exec bash .ci/sanitizers.sh' _ "$fuzz_build" \
   >"$background_log/sanitizers.log" 2>&1 &
 sanitizer_build=$!
 trap 'kill -- -"$fuzz_build" -"$sanitizer_build" 2>/dev/null || true' EXIT
-# background NAME PID LOG: waits for a background build and prints its last lines.
+background_began=$SECONDS
+# background NAME PID LOG: waits for a background build and prints its last lines. Its CPU time
+# gets a row of its own in the table, apart from the step that waited for it.
 background() {
+  local before
+  count_cpu
+  before=$cpu_now
   if wait "$2"; then echo "$1 (built in the background): ok"; else echo "$1 (built in the background): failed; building again"; fi
   tail -n 4 "$3"
+  count_cpu
+  table_row "-" $((cpu_now - before)) "$1, built in the background since ${background_began}s"
+  step_cpu=$((step_cpu + cpu_now - before))
 }
 
 # After the C++ suite: its C++ reader links the C++ API that suite installed.
@@ -106,3 +142,7 @@ done_with crates/stoker-core/fuzz/target
 step "sanitizers: the concurrency core under AddressSanitizer, ThreadSanitizer and Miri"
 background "sanitizer builds" "$sanitizer_build" "$background_log/sanitizers.log"
 bash .ci/sanitizers.sh
+
+end_step
+printf '\n==> every step passed in %d s; wall time, CPU time and cores kept busy per step:\n' "$SECONDS"
+cat "$timings"
