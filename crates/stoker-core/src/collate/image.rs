@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::decode::mask::{decode_mask, MaskBuffers};
 use crate::decode::{
     decode as decode_part, raw_pixels, read_header, stored_header, DecodeBuffers, Dims, JpegDecoder,
 };
@@ -105,6 +106,7 @@ pub(super) struct Pixels {
     decode: DecodeBuffers,
     transform: TransformScratch,
     dense: DenseScratch,
+    mask: MaskBuffers,
 }
 
 /// Transforms one stored dense tensor (an image of any channel count, or a mask) into `out`.
@@ -117,6 +119,65 @@ pub(super) fn write_dense(
     pixels: &mut Pixels,
 ) -> std::result::Result<(), String> {
     pipeline.apply(src, rng, out, &mut pixels.dense)
+}
+
+/// An encoded image's bytes, its size if the source stored it, and its field's name.
+pub(super) type ImageRef<'a> = (&'a [u8], Option<(u32, u32)>, &'a str);
+
+/// Decodes one PNG mask and moves it with its sample's draw into `out` (int64 labels of the
+/// `height`x`width` output): its size must be the image's, `image` (encoded, with its stored
+/// size if the source knows it; named `image_name` in errors). The mask pipeline is built for
+/// each sample's size, as the image's plan is: the same spec, so the same draws.
+pub(super) fn write_mask(
+    stages: &ImageStages,
+    encoded: &[u8],
+    (image, stored, image_name): ImageRef<'_>,
+    rng: &mut Rng,
+    out: &mut [u8],
+    pixels: &mut Pixels,
+) -> std::result::Result<(), String> {
+    let image_dims = match stored {
+        Some((width, height)) => Dims {
+            width: width as usize,
+            height: height as usize,
+        },
+        None => {
+            read_header(
+                image,
+                stages.max_pixels,
+                stages.jpeg_decoder,
+                &mut pixels.decode,
+            )
+            .map_err(|e| format!("image `{image_name}`: {e}"))?
+            .dims
+        }
+    };
+    let dims = decode_mask(encoded, stages.max_pixels, &mut pixels.mask)?;
+    if dims != image_dims {
+        return Err(format!(
+            "the mask is {}x{} (WxH) but the image `{image_name}` is {}x{}; a mask labels the \
+             pixels of its image, so it has the image's size",
+            dims.width, dims.height, image_dims.width, image_dims.height
+        ));
+    }
+    let input = TensorShape {
+        height: dims.height,
+        width: dims.width,
+        channels: 1,
+        dtype: DType::I64,
+        layout: InputLayout::Hwc,
+    };
+    let role = Role::Mask {
+        ignore_index: stages.roles.as_ref().map_or(255, |r| r.ignore_index),
+    };
+    let pipeline = DensePipeline::new(
+        stages.transform.as_deref(),
+        input,
+        role,
+        stages.dtype,
+        stages.layout,
+    )?;
+    pipeline.apply(&pixels.mask.labels, rng, out, &mut pixels.dense)
 }
 
 /// Decodes one encoded image (with its width and height when the source stored them) into the

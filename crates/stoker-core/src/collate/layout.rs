@@ -85,6 +85,16 @@ pub(super) enum Output {
     Dense {
         pipeline: Arc<DensePipeline>,
     },
+    /// The PNG mask of `fields(mask=)` beside an encoded image: decoded to int64 labels, then
+    /// moved with the image's draw by a mask pipeline built for each sample's size (which is the
+    /// image's, checked per sample). `image` is the image field (set by [`check_roles`]);
+    /// `height`x`width` the output size, the image pipeline's.
+    EncodedMask {
+        stages: Arc<ImageStages>,
+        image: usize,
+        height: usize,
+        width: usize,
+    },
     /// An integer class label written as a float32 one-hot row of `num_classes` (label smoothing
     /// folded in), later blended by the batch's mixup/cutmix.
     SoftLabel {
@@ -168,6 +178,19 @@ impl Output {
                         format!("field `{}` holds encoded images: {NO_SIZE}", spec.name),
                     )
                 })?;
+                let is_mask = stages
+                    .roles
+                    .as_ref()
+                    .is_some_and(|r| r.mask.as_deref() == Some(spec.name.as_str()));
+                if is_mask {
+                    let (height, width) = pipeline.output_size();
+                    return Ok(Output::EncodedMask {
+                        stages,
+                        image: usize::MAX,
+                        height,
+                        width,
+                    });
+                }
                 Output::Image { stages, pipeline }
             }
         })
@@ -270,7 +293,7 @@ pub(super) fn check_roles(
     roles: &Roles,
     spec: &str,
     names: &[String],
-    outputs: &[Output],
+    outputs: &mut [Output],
 ) -> Result<Option<BoxRole>> {
     let err = |m: String| Error::option("transform", m);
     let list = names.join(", ");
@@ -311,6 +334,22 @@ pub(super) fn check_roles(
             images.len()
         )));
     };
+    if let Some(mask) = mask.filter(|&m| matches!(outputs[m], Output::EncodedMask { .. })) {
+        // An encoded mask goes with an encoded image: their sizes are checked per sample.
+        if !matches!(outputs[image], Output::Image { .. }) {
+            return Err(err(format!(
+                "fields(mask={}): an encoded (PNG) mask goes with an encoded image; the image \
+                 `{}` is a tensor: store the mask as an [H, W] integer tensor too",
+                names[mask], names[image]
+            )));
+        }
+        if let Output::EncodedMask { image: of, .. } = &mut outputs[mask] {
+            *of = image;
+        }
+        if roles.boxes.is_none() {
+            return Ok(None);
+        }
+    }
     let (height, width) = match &outputs[image] {
         Output::TensorImage { height, width, .. } => (*height, *width),
         Output::Dense { pipeline } => (pipeline.input().height, pipeline.input().width),
@@ -455,6 +494,9 @@ impl Collator {
                     (pipeline.dtype(), leading(n, &pipeline.shape()))
                 }
                 Output::Dense { pipeline } => (pipeline.dtype(), leading(n, &pipeline.shape())),
+                Output::EncodedMask { height, width, .. } => {
+                    (DType::I64, leading(n, &[*height, *width]))
+                }
                 Output::SoftLabel { num_classes, .. } => (DType::F32, leading(n, &[*num_classes])),
             };
             push(self.names[f].clone(), dtype, shape);

@@ -23,7 +23,7 @@ use crate::source::Sample;
 use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
 
-use super::image::{write_dense, write_image, write_tensor_image, Pixels};
+use super::image::{write_dense, write_image, write_mask, write_tensor_image, Pixels};
 use super::layout::{BoxRole, Output};
 use super::mix::write_soft_label;
 use super::pick::{gave_up, replacements, sample_error, Pick};
@@ -311,6 +311,27 @@ impl Collator {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     write_dense(pipeline, src, &mut rng, slots.slot(f, slot), pixels)
                         .map_err(|reason| sample_error(pick, index, reason))?;
+                    spans.push(
+                        SpanKind::Stage(Stage::Transform),
+                        slot,
+                        pick.index(index) as usize,
+                        start,
+                    );
+                    continue;
+                }
+                Output::EncodedMask { stages, image, .. } => {
+                    // Keyed as its image: the same draws, planned on the same size.
+                    let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
+                    let image = (
+                        sample.get(*image),
+                        sample.image_size(*image),
+                        &*self.names[*image],
+                    );
+                    write_mask(stages, src, image, &mut rng, slots.slot(f, slot), pixels).map_err(
+                        |reason| {
+                            sample_error(pick, index, format!("mask `{}`: {reason}", self.names[f]))
+                        },
+                    )?;
                     spans.push(
                         SpanKind::Stage(Stage::Transform),
                         slot,

@@ -10,6 +10,7 @@ mod support;
 mod cuda_gpu;
 mod cuda_prefetch;
 mod dense;
+mod dense_sources;
 mod distributed;
 mod faults;
 mod fuzz_regressions;

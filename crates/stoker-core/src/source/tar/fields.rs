@@ -4,7 +4,7 @@
 //!
 //! | extension | field kind | bytes delivered |
 //! |---|---|---|
-//! | `jpg`, `jpeg`, `png` | `EncodedImage` | the member, decoded and transformed by collate |
+//! | `jpg`, `jpeg`, `png` (also after a dot: `seg.png`) | `EncodedImage` | the member, decoded and transformed by collate |
 //! | `cls`, `label`, `index` | int64 scalar | the member's text (`" 42\n"`) parsed as an integer |
 //! | `npy` | tensor of the header's dtype and shape | the data after the `.npy` header |
 //! | anything else (`txt`, `json`, ...) | ragged uint8 | the member as is (padded by collate) |
@@ -41,7 +41,10 @@ enum Class {
 }
 
 fn class_of(ext: &str) -> Class {
-    if IMAGE_EXTENSIONS.contains(&ext) {
+    // `seg.png`, `mask.png`: WebDataset's extension is everything after the key, and a
+    // segmentation mask beside its image is commonly stored as `KEY.seg.png`.
+    let last = ext.rsplit('.').next().unwrap_or(ext);
+    if IMAGE_EXTENSIONS.contains(&ext) || IMAGE_EXTENSIONS.contains(&last) {
         Class::Image
     } else if INT_EXTENSIONS.contains(&ext) {
         Class::Int

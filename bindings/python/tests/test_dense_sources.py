@@ -1,0 +1,137 @@
+"""Dense tasks from the files people have: a WebDataset shard of JPEG photos with PNG class masks
+(Pillow writes both; the masks as VOC stores them, palette images whose *indices* are the labels)
+read with ``fields(image=..., mask=...)``. The mask must come out label-exact, through the same
+draw as its image, against torchvision v2 on that draw; a mask of another size than its image is
+that sample's error, naming it and both sizes, and is replaced under ``on_error="skip"``.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+import stoker
+
+Image = pytest.importorskip("PIL.Image")
+wds = pytest.importorskip("webdataset")
+torch = pytest.importorskip("torch")
+tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+F = pytest.importorskip("torchvision.transforms.v2").functional
+
+N, W, H = 6, 64, 48
+
+
+def voc_palette() -> list[int]:
+    """VOC's colour map: index i's colour interleaves i's bits; no colour equals its index."""
+    out = []
+    for i in range(256):
+        r = g = b = 0
+        c = i
+        for j in range(8):
+            r |= (c & 1) << (7 - j)
+            g |= ((c >> 1) & 1) << (7 - j)
+            b |= ((c >> 2) & 1) << (7 - j)
+            c >>= 3
+        out += [r, g, b]
+    return out
+
+
+def photo(i: int) -> np.ndarray:
+    y, x = np.mgrid[0:H, 0:W]
+    return np.stack([x * 4, y * 5, np.full_like(x, 20 * i)], -1).astype(np.uint8)
+
+
+def classes(i: int) -> np.ndarray:
+    """Class indices 0..20 in blobs, 255 (VOC's "void") on the border."""
+    y, x = np.mgrid[0:H, 0:W]
+    m = ((x // 5 + y // 7 + i) % 21).astype(np.uint8)
+    m[0, :] = m[-1, :] = m[:, 0] = m[:, -1] = 255
+    return m
+
+
+def jpeg(a: np.ndarray) -> bytes:
+    b = io.BytesIO()
+    Image.fromarray(a).save(b, "JPEG", quality=95)
+    return b.getvalue()
+
+
+def palette_png(m: np.ndarray) -> bytes:
+    im = Image.fromarray(m, "P")
+    im.putpalette(voc_palette())
+    b = io.BytesIO()
+    im.save(b, "PNG")
+    return b.getvalue()
+
+
+def coords_png(h: int = H, w: int = W) -> bytes:
+    """A 16-bit grayscale mask whose label at (x, y) is ``y * W + x``."""
+    b = io.BytesIO()
+    labels = (np.arange(h)[:, None] * W + np.arange(w)[None, :]).astype(np.uint16)
+    Image.fromarray(labels).save(b, "PNG")
+    return b.getvalue()
+
+
+def shard(tmp_path, masks) -> str:
+    path = tmp_path / "seg-000000.tar"
+    with wds.TarWriter(str(path)) as sink:
+        for i, mask in enumerate(masks):
+            sink.write({"__key__": f"{i:06d}", "jpg": jpeg(photo(i)), "png": mask})
+    return f"tar:{path}"
+
+
+def run(source: str, spec: str, **options):
+    loader = stoker.Loader(source, batch_size=2, fields="jpg:image,png:mask", transform=spec,
+                           **options)
+    out = [(np.array(b["image"]), np.array(b["mask"])) for b in loader]
+    return out, loader
+
+
+def test_voc_palette_masks_are_their_indices_after_torchvisions_crop(tmp_path):
+    source = shard(tmp_path, [palette_png(classes(i)) for i in range(N)])
+    out, _ = run(source, "fields(image=image, mask=mask) | center_crop(32, 40)")
+    masks = np.concatenate([m for _, m in out])
+    assert masks.dtype == np.int64 and masks.shape == (N, 32, 40)
+    for i in range(N):
+        want = F.center_crop(tv_tensors.Mask(torch.from_numpy(classes(i))[None]), [32, 40])
+        np.testing.assert_array_equal(masks[i], want[0].numpy().astype(np.int64))
+    assert set(np.unique(masks)) <= set(range(21)) | {255}
+
+
+def test_a_jpeg_and_its_mask_take_one_draw(tmp_path):
+    source = shard(tmp_path, [coords_png() for _ in range(N)])
+    out, _ = run(source, "fields(image=image, mask=mask) | random_crop(24) | hflip",
+                 shuffle=True, seed=7)
+    flips = set()
+    for images, masks in out:
+        for image, mask in zip(images, masks):
+            flip = mask[0, 0] % W > mask[0, -1] % W
+            unflipped = mask[:, ::-1] if flip else mask
+            top, left = divmod(int(unflipped[0, 0]), W)
+            coords = tv_tensors.Mask(
+                torch.from_numpy((np.arange(H)[:, None] * W + np.arange(W)).astype(np.int64))[None])
+            want = F.crop(coords, top, left, 24, 24)
+            if flip:
+                want = F.horizontal_flip(want)
+            np.testing.assert_array_equal(mask, want[0].numpy())
+            flips.add(bool(flip))
+            # The photo's red and green say where each pixel came from (within JPEG's loss).
+            src = photo(0)[top:top + 24, left:left + 24]
+            if flip:
+                src = src[:, ::-1]
+            diff = np.abs(image[:2].astype(int) - src.transpose(2, 0, 1)[:2].astype(int))
+            assert diff.mean() < 3, diff.mean()
+    assert flips == {True, False}
+
+
+def test_a_mask_of_another_size_names_the_sample_and_both_sizes(tmp_path):
+    masks = [coords_png() for _ in range(N)]
+    masks[3] = coords_png(h=H - 8)
+    source = shard(tmp_path, masks)
+    spec = "fields(image=image, mask=mask) | center_crop(24)"
+    with pytest.raises(stoker.StokerError, match=r"000003[\s\S]*64x40[\s\S]*64x48"):
+        run(source, spec)
+    out, loader = run(source, spec, on_error="skip")
+    assert sum(len(m) for _, m in out) == N
+    assert loader.stats().samples_skipped == 1

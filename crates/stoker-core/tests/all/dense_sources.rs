@@ -1,0 +1,297 @@
+//! Dense tasks from files people have: PNG segmentation masks (grayscale or palette, whose
+//! indices are the labels) beside encoded images in WebDataset shards, moved with their
+//! image's draw, and the per-sample errors of a mask that does not fit its image.
+
+use std::path::Path;
+
+use stoker_core::{Loader, LoaderOptions};
+
+use crate::support::files::{tmp, write_tar};
+
+const W: usize = 48;
+const H: usize = 40;
+
+/// A PNG of `width`x`height` pixels, `color` with `depth` bits, holding `data`; `palette` for
+/// an indexed image.
+fn png(
+    (width, height): (usize, usize),
+    color: png::ColorType,
+    depth: png::BitDepth,
+    palette: Option<Vec<u8>>,
+    data: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    {
+        let mut e = png::Encoder::new(&mut out, width as u32, height as u32);
+        e.set_color(color);
+        e.set_depth(depth);
+        if let Some(p) = palette {
+            e.set_palette(p);
+        }
+        let mut w = e.write_header().unwrap();
+        w.write_image_data(data).unwrap();
+    }
+    out
+}
+
+/// An RGB PNG whose pixel (x, y) is `(5x, 6y, 10 * sample)`: each pixel says where it was.
+fn coded_image(sample: usize, (width, height): (usize, usize)) -> Vec<u8> {
+    let data: Vec<u8> = (0..width * height)
+        .flat_map(|p| {
+            [
+                (p % width * 5) as u8,
+                (p / width * 6) as u8,
+                (sample * 10) as u8,
+            ]
+        })
+        .collect();
+    png(
+        (width, height),
+        png::ColorType::Rgb,
+        png::BitDepth::Eight,
+        None,
+        &data,
+    )
+}
+
+/// A 16-bit grayscale mask whose label at (x, y) is `y * W + x`.
+fn coded_mask((width, height): (usize, usize)) -> Vec<u8> {
+    let data: Vec<u8> = (0..width * height)
+        .flat_map(|p| (p as u16).to_be_bytes())
+        .collect();
+    png(
+        (width, height),
+        png::ColorType::Grayscale,
+        png::BitDepth::Sixteen,
+        None,
+        &data,
+    )
+}
+
+/// VOC's class mask: palette indices 0..=20 in bands, 255 on the border; the palette colours
+/// are VOC's bit-interleaved ones, none equal to its index.
+fn voc_labels() -> Vec<u8> {
+    (0..W * H)
+        .map(|p| {
+            let (x, y) = (p % W, p / W);
+            if x == 0 || y == 0 || x == W - 1 || y == H - 1 {
+                255
+            } else {
+                ((x / 3 + y / 5) % 21) as u8
+            }
+        })
+        .collect()
+}
+
+fn voc_palette() -> Vec<u8> {
+    (0..256usize)
+        .flat_map(|i| {
+            let (mut r, mut g, mut b) = (0u8, 0u8, 0u8);
+            let mut c = i;
+            for j in 0..8 {
+                r |= ((c & 1) as u8) << (7 - j);
+                g |= (((c >> 1) & 1) as u8) << (7 - j);
+                b |= (((c >> 2) & 1) as u8) << (7 - j);
+                c >>= 3;
+            }
+            [r, g, b]
+        })
+        .collect()
+}
+
+fn shard(dir: &Path, samples: &[(Vec<u8>, Vec<u8>)]) -> String {
+    let members: Vec<(String, Vec<u8>)> = samples
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (image, mask))| {
+            [
+                (format!("s{i:03}.jpg"), image.clone()),
+                (format!("s{i:03}.seg.png"), mask.clone()),
+            ]
+        })
+        .collect();
+    let path = dir.join("seg.tar");
+    write_tar(&path, &members);
+    format!("tar:{}", path.display())
+}
+
+fn loader(source: &str, spec: &str, kv: &[(&str, &str)]) -> stoker_core::Result<Loader> {
+    let mut o = LoaderOptions::new();
+    o.set("source", source)?;
+    o.set("fields", "jpg:image,seg.png:mask")?;
+    o.set("batch_size", "2")?;
+    o.set("shuffle", "true")?;
+    o.set("seed", "3")?;
+    o.set("num_workers", "1")?;
+    o.set("transform", spec)?;
+    for (k, v) in kv {
+        o.set(k, v)?;
+    }
+    Loader::new(&o)
+}
+
+fn i64s(bytes: &[u8]) -> Vec<i64> {
+    bytes
+        .chunks_exact(8)
+        .map(|b| i64::from_ne_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn png_mask_takes_its_encoded_images_draw() {
+    let dir = tmp("png-mask-draw");
+    let samples: Vec<_> = (0..6)
+        .map(|i| (coded_image(i, (W, H)), coded_mask((W, H))))
+        .collect();
+    let source = shard(&dir, &samples);
+    let spec = "fields(image=image, mask=mask) | random_crop(24) | hflip";
+    let mut l = loader(&source, spec, &[]).unwrap();
+    let mut seen = 0;
+    let mut flipped = [0usize; 2];
+    while let Some(b) = l.next().unwrap() {
+        let image = b.field_by_name("image").unwrap();
+        let mask = b.field_by_name("mask").unwrap();
+        assert_eq!(mask.dtype, stoker_core::DType::I64);
+        assert_eq!(mask.shape, [2, 24, 24]);
+        assert_eq!(image.shape, [2, 3, 24, 24]);
+        let (px, labels) = (image.data.unwrap(), i64s(mask.data.unwrap()));
+        for n in 0..2 {
+            for p in 0..24 * 24 {
+                let label = labels[n * 576 + p] as usize;
+                let (x, y) = (label % W, label / W);
+                let r = px[n * 3 * 576 + p];
+                let g = px[n * 3 * 576 + 576 + p];
+                assert_eq!(
+                    (r, g),
+                    ((x * 5) as u8, (y * 6) as u8),
+                    "sample {n} pixel {p}"
+                );
+            }
+            // Left to right, the labels go up unless the draw flipped both.
+            let row = &labels[n * 576..n * 576 + 2];
+            flipped[usize::from(row[1] < row[0])] += 1;
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 6);
+    assert!(flipped[0] > 0 && flipped[1] > 0, "{flipped:?}");
+}
+
+#[test]
+fn palette_mask_labels_are_its_indices() {
+    let dir = tmp("palette-mask");
+    let labels = voc_labels();
+    let mask = png(
+        (W, H),
+        png::ColorType::Indexed,
+        png::BitDepth::Eight,
+        Some(voc_palette()),
+        &labels,
+    );
+    let samples: Vec<_> = (0..4)
+        .map(|i| (coded_image(i, (W, H)), mask.clone()))
+        .collect();
+    let source = shard(&dir, &samples);
+    let spec = "fields(image=image, mask=mask) | center_crop(32)";
+    let mut l = loader(&source, spec, &[]).unwrap();
+    // torchvision's center_crop: top (40 - 32) / 2 = 4, left (48 - 32) / 2 = 8.
+    let want: Vec<i64> = (4..36)
+        .flat_map(|y| (8..40).map(move |x| (y, x)))
+        .map(|(y, x)| i64::from(labels[y * W + x]))
+        .collect();
+    let mut n = 0;
+    while let Some(b) = l.next().unwrap() {
+        let got = i64s(b.field_by_name("mask").unwrap().data.unwrap());
+        for s in got.chunks(32 * 32) {
+            assert_eq!(s, &want[..]);
+            n += 1;
+        }
+    }
+    assert_eq!(n, 4);
+}
+
+#[test]
+fn gray8_and_low_bit_masks_read_as_values() {
+    let dir = tmp("gray-mask");
+    let gray: Vec<u8> = (0..W * H).map(|p| (p % 7) as u8).collect();
+    // 4-bit palette: two pixels a byte, high nibble first.
+    let nibbles: Vec<u8> = (0..H)
+        .flat_map(|y| {
+            (0..W / 2).map(move |x| (((2 * x + y) % 16) << 4 | ((2 * x + 1 + y) % 16)) as u8)
+        })
+        .collect();
+    let p4 = png(
+        (W, H),
+        png::ColorType::Indexed,
+        png::BitDepth::Four,
+        Some(voc_palette()[..48].to_vec()),
+        &nibbles,
+    );
+    let g8 = png(
+        (W, H),
+        png::ColorType::Grayscale,
+        png::BitDepth::Eight,
+        None,
+        &gray,
+    );
+    let source = shard(
+        &dir,
+        &[(coded_image(0, (W, H)), g8), (coded_image(1, (W, H)), p4)],
+    );
+    let spec = "fields(image=image, mask=mask) | center_crop(40, 48)";
+    let mut l = loader(&source, spec, &[("shuffle", "false")]).unwrap();
+    let b = l.next().unwrap().unwrap();
+    let got = i64s(b.field_by_name("mask").unwrap().data.unwrap());
+    let want_gray: Vec<i64> = gray.iter().map(|&v| i64::from(v)).collect();
+    let want_p4: Vec<i64> = (0..W * H).map(|p| ((p % W + p / W) % 16) as i64).collect();
+    assert_eq!(&got[..W * H], &want_gray[..]);
+    assert_eq!(&got[W * H..], &want_p4[..]);
+}
+
+#[test]
+fn mask_of_another_size_is_that_samples_error() {
+    let dir = tmp("mask-size");
+    let mut samples: Vec<_> = (0..4)
+        .map(|i| (coded_image(i, (W, H)), coded_mask((W, H))))
+        .collect();
+    samples[2].1 = coded_mask((W, H - 10));
+    let source = shard(&dir, &samples);
+    let spec = "fields(image=image, mask=mask) | center_crop(24)";
+    let run = |on_error: &str| -> (usize, Option<String>, u64) {
+        let mut l = loader(&source, spec, &[("on_error", on_error)]).unwrap();
+        let mut n = 0;
+        loop {
+            match l.next() {
+                Ok(Some(b)) => n += b.field_by_name("mask").unwrap().shape[0],
+                Ok(None) => return (n, None, l.stats().samples_skipped),
+                Err(e) => return (n, Some(e.to_string()), l.stats().samples_skipped),
+            }
+        }
+    };
+    let (_, e, _) = run("raise");
+    let e = e.expect("the mismatched mask fails its batch");
+    assert!(e.contains("s002"), "names the sample: {e}");
+    assert!(
+        e.contains("48x30") && e.contains("48x40"),
+        "both sizes: {e}"
+    );
+    assert!(e.contains("mask"), "{e}");
+    let (n, e, skipped) = run("skip");
+    assert_eq!((n, e, skipped), (4, None, 1));
+}
+
+#[test]
+fn colour_png_is_not_a_mask() {
+    let dir = tmp("rgb-mask");
+    let samples: Vec<_> = (0..2)
+        .map(|i| (coded_image(i, (W, H)), coded_image(i, (W, H))))
+        .collect();
+    let source = shard(&dir, &samples);
+    let spec = "fields(image=image, mask=mask) | center_crop(24)";
+    let mut l = loader(&source, spec, &[]).unwrap();
+    let Err(e) = l.next() else {
+        panic!("an RGB mask fails its batch")
+    };
+    let e = e.to_string();
+    assert!(e.contains("single-channel") && e.contains("Rgb"), "{e}");
+}
