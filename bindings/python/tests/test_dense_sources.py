@@ -135,3 +135,25 @@ def test_a_mask_of_another_size_names_the_sample_and_both_sizes(tmp_path):
     out, loader = run(source, spec, on_error="skip")
     assert sum(len(m) for _, m in out) == N
     assert loader.stats().samples_skipped == 1
+
+
+def test_segmentation_folder_reads_voc_style_twin_trees(tmp_path):
+    """``images/<split>/NAME.jpg`` beside ``masks/<split>/NAME.png`` (VOC's ``JPEGImages`` and
+    ``SegmentationClass`` under the names the rule gives them)."""
+    names = ["train/2007_000032", "train/2007_000039", "val/2007_000033"]
+    for i, name in enumerate(names):
+        (tmp_path / "images" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "masks" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "images" / f"{name}.jpg").write_bytes(jpeg(photo(i)))
+        (tmp_path / "masks" / f"{name}.png").write_bytes(palette_png(classes(i)))
+    loader = stoker.Loader(f"segmentation_folder:{tmp_path}", batch_size=3,
+                           transform="fields(image=image, mask=mask) | center_crop(48, 64)")
+    (batch,) = list(loader)
+    assert np.array(batch["image"]).shape == (3, 3, 48, 64)
+    masks = np.array(batch["mask"])
+    for i in range(3):
+        np.testing.assert_array_equal(masks[i], classes(i).astype(np.int64))
+    (tmp_path / "masks" / "val" / "2007_000033.png").unlink()
+    with pytest.raises(stoker.StokerError, match=r"images/val/2007_000033\.jpg.*masks/val/2007_000033\.png"):
+        stoker.Loader(f"segmentation_folder:{tmp_path}", batch_size=3,
+                      transform="fields(image=image, mask=mask) | center_crop(48, 64)")

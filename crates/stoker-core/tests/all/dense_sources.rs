@@ -295,3 +295,76 @@ fn colour_png_is_not_a_mask() {
     let e = e.to_string();
     assert!(e.contains("single-channel") && e.contains("Rgb"), "{e}");
 }
+
+/// `segmentation_folder:ROOT`: `images/<split>/NAME.jpg` beside `masks/<split>/NAME.png`.
+fn twin_trees(root: &Path, names: &[&str]) {
+    for (i, name) in names.iter().enumerate() {
+        let image = root.join("images").join(format!("{name}.jpg"));
+        let mask = root.join("masks").join(format!("{name}.png"));
+        std::fs::create_dir_all(image.parent().unwrap()).unwrap();
+        std::fs::create_dir_all(mask.parent().unwrap()).unwrap();
+        std::fs::write(&image, coded_image(i, (W, H))).unwrap();
+        let labels = vec![i as u8; W * H];
+        let png = png(
+            (W, H),
+            png::ColorType::Grayscale,
+            png::BitDepth::Eight,
+            None,
+            &labels,
+        );
+        std::fs::write(&mask, png).unwrap();
+    }
+}
+
+fn folder_loader(root: &Path, kv: &[(&str, &str)]) -> stoker_core::Result<Loader> {
+    let mut o = LoaderOptions::new();
+    o.set("source", &format!("segmentation_folder:{}", root.display()))?;
+    o.set("batch_size", "3")?;
+    o.set(
+        "transform",
+        "fields(image=image, mask=mask) | center_crop(24)",
+    )?;
+    for (k, v) in kv {
+        o.set(k, v)?;
+    }
+    Loader::new(&o)
+}
+
+#[test]
+fn segmentation_folder_pairs_each_image_with_its_mask() {
+    let root = tmp("seg-folder");
+    // Written out of order: samples come in path order, `train/b/` after `train/a.jpg`.
+    twin_trees(&root, &["val/z", "train/b/c", "train/a"]);
+    let mut l = folder_loader(&root, &[]).unwrap();
+    let b = l.next().unwrap().unwrap();
+    let image = b.field_by_name("image").unwrap();
+    assert_eq!(image.shape, [3, 3, 24, 24]);
+    let masks = i64s(b.field_by_name("mask").unwrap().data.unwrap());
+    // Labels are each mask's writing order (val/z 0, train/b/c 1, train/a 2); blue is 10x it.
+    let px = image.data.unwrap();
+    for (n, want) in [2i64, 1, 0].iter().enumerate() {
+        assert!(masks[n * 576..(n + 1) * 576].iter().all(|l| l == want));
+        assert_eq!(i64::from(px[n * 3 * 576 + 2 * 576]), want * 10);
+    }
+    assert!(l.next().unwrap().is_none());
+}
+
+#[test]
+fn segmentation_folder_without_a_mask_fails_at_open_naming_it() {
+    let root = tmp("seg-missing");
+    twin_trees(&root, &["train/a", "train/b"]);
+    std::fs::remove_file(root.join("masks/train/b.png")).unwrap();
+    let Err(e) = folder_loader(&root, &[]) else {
+        panic!("a missing mask fails at open")
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("images/train/b.jpg") && e.contains("masks/train/b.png"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(root.join("masks")).unwrap();
+    let Err(e) = folder_loader(&root, &[]) else {
+        panic!("no masks directory fails at open")
+    };
+    assert!(e.to_string().contains("masks"), "{e}");
+}
