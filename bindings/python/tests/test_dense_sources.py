@@ -157,3 +157,59 @@ def test_segmentation_folder_reads_voc_style_twin_trees(tmp_path):
     with pytest.raises(stoker.StokerError, match=r"images/val/2007_000033\.jpg.*masks/val/2007_000033\.png"):
         stoker.Loader(f"segmentation_folder:{tmp_path}", batch_size=3,
                       transform="fields(image=image, mask=mask) | center_crop(48, 64)")
+
+
+def detection_shard(tmp_path, annotations) -> str:
+    import json
+
+    path = tmp_path / "det-000000.tar"
+    with wds.TarWriter(str(path)) as sink:
+        for i, ann in enumerate(annotations):
+            sink.write({"__key__": f"{i:06d}", "jpg": jpeg(photo(i)),
+                        "json": json.dumps(ann).encode()})
+    return f"tar:{path}"
+
+
+DETECTION = [
+    {"boxes": [[3.0, 4.0, 20.0, 10.0], [40.25, 30.5, 23.75, 17.5]], "labels": [5, 17]},
+    {"boxes": [[0.0, 0.0, 64.0, 48.0]], "labels": [1]},
+    {"boxes": [], "labels": []},
+    {"boxes": [[10.0, 10.0, 0.5, 8.0], [8.0, 8.0, 8.0, 8.0]], "labels": [2, 3]},
+]
+
+
+def test_json_boxes_and_labels_match_torchvisions_bounding_boxes(tmp_path):
+    source = detection_shard(tmp_path, DETECTION)
+    spec = "fields(image=image, boxes=boxes:xywh, labels=labels) | hflip(p=1) | center_crop(32, 40)"
+    loader = stoker.Loader(source, batch_size=4, transform=spec, ragged="offsets",
+                           fields="jpg:image,json#boxes:boxes,json#labels:labels")
+    (batch,) = list(loader)
+    boxes, labels = np.array(batch["boxes"]), np.array(batch["labels"])
+    offsets = np.array(batch["boxes_offsets"])
+    assert boxes.dtype == np.float32 and labels.dtype == np.int64
+    for i, ann in enumerate(DETECTION):
+        bb = tv_tensors.BoundingBoxes(torch.tensor(ann["boxes"], dtype=torch.float32).reshape(-1, 4),
+                                      format="XYWH", canvas_size=(H, W))
+        bb = F.center_crop(F.horizontal_flip(bb), [32, 40])
+        bb = F.clamp_bounding_boxes(bb)
+        keep = (bb[:, 2] >= 1) & (bb[:, 3] >= 1)
+        got = slice(offsets[i], offsets[i + 1])
+        np.testing.assert_allclose(boxes[got], bb[keep].numpy(), atol=1e-4)
+        np.testing.assert_array_equal(labels[got], np.array(ann["labels"], np.int64)[keep.numpy()])
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"boxes": [[1.0, 1.0, -4.0, 4.0]], "labels": [3]}, "negative width or height"),
+    ({"boxes": [[60.0, 1.0, 20.0, 4.0]], "labels": [3]}, "outside the 64x48 image"),
+    ({"boxes": [[1.0, 1.0, 4.0, 4.0]], "labels": [3, 4]}, "2 labels for 1 boxes"),
+])
+def test_a_bad_annotation_is_its_samples_error(tmp_path, bad, words):
+    source = detection_shard(tmp_path, [DETECTION[0], bad, DETECTION[1]])
+    options = dict(batch_size=3, ragged="offsets",
+                   fields="jpg:image,json#boxes:boxes,json#labels:labels",
+                   transform="fields(image=image, boxes=boxes:xywh, labels=labels) | center_crop(32)")
+    with pytest.raises(stoker.StokerError, match=f"000001[\\s\\S]*{words}"):
+        list(stoker.Loader(source, **options))
+    loader = stoker.Loader(source, on_error="skip", **options)
+    assert sum(len(b["image"]) for b in loader) == 3
+    assert loader.stats().samples_skipped == 1

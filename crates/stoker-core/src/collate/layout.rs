@@ -283,6 +283,9 @@ pub(super) struct BoxRole {
     pub(super) field: usize,
     pub(super) labels: Option<usize>,
     pub(super) pipeline: BoxPipeline,
+    /// The encoded image field whose size (read per sample) the boxes are in; `None` for a
+    /// tensor image, whose size `pipeline` was built for.
+    pub(super) encoded: Option<usize>,
 }
 
 /// Checks the roles of `fields(...)` (of transform `spec`) against the source's fields and what
@@ -350,18 +353,25 @@ pub(super) fn check_roles(
             return Ok(None);
         }
     }
-    let (height, width) = match &outputs[image] {
-        Output::TensorImage { height, width, .. } => (*height, *width),
-        Output::Dense { pipeline } => (pipeline.input().height, pipeline.input().width),
+    // An encoded image's size is read from each sample's header: its boxes' pipeline is sized
+    // per sample (`BoxRole::encoded`), and an encoded mask is checked against it per sample.
+    let (height, width, encoded) = match &outputs[image] {
+        Output::TensorImage { height, width, .. } => (*height, *width, None),
+        Output::Dense { pipeline } => (pipeline.input().height, pipeline.input().width, None),
+        Output::Image { .. }
+            if mask.is_none_or(|m| matches!(outputs[m], Output::EncodedMask { .. })) =>
+        {
+            (0, 0, Some(image))
+        }
         _ => {
             return Err(err(format!(
-                "fields(...): the image `{}` is not a tensor of a known size (masks and boxes \
-                 go with tensor images for now: npy, packed or callback tensors)",
+                "fields(...): the image `{}` is encoded (JPEG or PNG) but its mask is a tensor: \
+                 store the mask as a PNG too, or the image as a tensor",
                 names[image]
             )))
         }
     };
-    if let Some(mask) = mask {
+    if let Some(mask) = mask.filter(|_| encoded.is_none()) {
         let Output::Dense { pipeline } = &outputs[mask] else {
             return Err(err(format!(
                 "internal: mask `{}` has no mask pipeline",
@@ -416,6 +426,7 @@ pub(super) fn check_roles(
         field,
         labels,
         pipeline,
+        encoded,
     }))
 }
 

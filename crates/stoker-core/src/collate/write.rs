@@ -16,6 +16,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use crate::batch::FieldMeta;
+use crate::decode::dimensions;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::sampler::Draws;
@@ -238,8 +239,26 @@ impl Collator {
                 ));
             }
         }
+        // An encoded image's boxes are in its size, read from its header (or as stored).
+        let sized;
+        let pipeline = match role.encoded {
+            None => &role.pipeline,
+            Some(image) => {
+                let (width, height) = match sample.image_size(image) {
+                    Some((w, h)) => (w as usize, h as usize),
+                    None => dimensions(sample.get(image))
+                        .map(|d| (d.width, d.height))
+                        .map_err(|e| format!("image `{}`: {e}", self.names[image]))?,
+                };
+                sized = role.pipeline.for_size(width, height);
+                &sized
+            }
+        };
+        pipeline
+            .check(&boxes)
+            .map_err(|e| format!("field `{}`: {e}", self.names[role.field]))?;
         let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-        role.pipeline.apply(&boxes, &mut rng)
+        pipeline.apply(&boxes, &mut rng)
     }
 
     /// Writes `sample` (dataset index `index`, augmented as draw `draw`) into slot `slot` of

@@ -354,7 +354,7 @@ keys {
         values "`EXT:NAME,...` (`jpg;png:image,cls:label,txt:caption`)",
         default "image + label",
         example "jpg;png:image,cls:label",
-        meaning "tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, anything else raw bytes (uint8, padded with 0, with `NAME_lengths`)";
+        meaning "tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, `json#boxes` and `json#labels` a JSON member's `boxes` (float32 rows of 4) and `labels` (int64), anything else raw bytes (uint8, padded with 0, with `NAME_lengths`)";
     /// Remote shards downloaded at once (see [`crate::source::remote`]).
     shard_prefetch: usize = crate::source::remote::RemoteConfig::default().shard_prefetch;
         parse |key, v| parse_int(key, v, 0, 64).map(|n| n as usize);

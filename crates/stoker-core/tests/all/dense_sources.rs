@@ -368,3 +368,128 @@ fn segmentation_folder_without_a_mask_fails_at_open_naming_it() {
     };
     assert!(e.to_string().contains("masks"), "{e}");
 }
+
+/// A shard of coded images with a JSON member each: `{"boxes": [[x, y, w, h], ...], "labels":
+/// [...]}` as given.
+fn detection_shard(dir: &Path, jsons: &[String]) -> String {
+    let members: Vec<(String, Vec<u8>)> = jsons
+        .iter()
+        .enumerate()
+        .flat_map(|(i, json)| {
+            [
+                (format!("d{i:03}.jpg"), coded_image(i, (W, H))),
+                (format!("d{i:03}.json"), json.clone().into_bytes()),
+            ]
+        })
+        .collect();
+    let path = dir.join("det.tar");
+    write_tar(&path, &members);
+    format!("tar:{}", path.display())
+}
+
+fn detection_loader(source: &str, kv: &[(&str, &str)]) -> stoker_core::Result<Loader> {
+    let mut o = LoaderOptions::new();
+    o.set("source", source)?;
+    o.set("fields", "jpg:image,json#boxes:boxes,json#labels:labels")?;
+    o.set("batch_size", "2")?;
+    o.set("ragged", "offsets")?;
+    o.set(
+        "transform",
+        "fields(image=image, boxes=boxes:xywh, labels=labels) | hflip(p=1) | center_crop(40, 48)",
+    )?;
+    for (k, v) in kv {
+        o.set(k, v)?;
+    }
+    Loader::new(&o)
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn json_boxes_and_labels_move_with_an_encoded_image() {
+    let dir = tmp("json-boxes");
+    let jsons = [
+        r#"{"boxes": [[2, 3, 10, 5], [30.5, 0, 17.5, 40]], "labels": [7, 1], "extra": "kept out"}"#,
+        r#"{"boxes": [], "labels": []}"#,
+    ]
+    .map(str::to_owned);
+    let source = detection_shard(&dir, &jsons);
+    let mut l = detection_loader(&source, &[]).unwrap();
+    let b = l.next().unwrap().unwrap();
+    let boxes = b.field_by_name("boxes").unwrap();
+    assert_eq!(boxes.dtype, stoker_core::DType::F32);
+    // Mirrored: x' = W - x - w.
+    assert_eq!(
+        f32s(boxes.data.unwrap()),
+        [36.0, 3.0, 10.0, 5.0, 0.0, 0.0, 17.5, 40.0]
+    );
+    assert_eq!(
+        i64s(b.field_by_name("labels").unwrap().data.unwrap()),
+        [7, 1]
+    );
+    assert_eq!(
+        i64s(b.field_by_name("boxes_offsets").unwrap().data.unwrap()),
+        [0, 2, 2]
+    );
+}
+
+#[test]
+fn bad_annotations_are_their_samples_errors() {
+    let good = r#"{"boxes": [[1, 1, 4, 4]], "labels": [3]}"#;
+    let cases = [
+        (
+            r#"{"boxes": [[1, 1, -4, 4]], "labels": [3]}"#,
+            "negative width or height",
+        ),
+        (
+            r#"{"boxes": [[40, 1, 20, 4]], "labels": [3]}"#,
+            "outside the 48x40 image",
+        ),
+        (
+            r#"{"boxes": [[1, 1, NaN, 4]], "labels": [3]}"#,
+            "not valid JSON",
+        ),
+        (
+            r#"{"boxes": [[1, 1, 1e39, 4]], "labels": [3]}"#,
+            "too large for float32",
+        ),
+        (
+            r#"{"boxes": [[1, 1, 4]], "labels": [3]}"#,
+            "not a list of 4 numbers",
+        ),
+        (
+            r#"{"boxes": [[1, 1, 4, 4]], "labels": [3.5]}"#,
+            "not an integer",
+        ),
+        (
+            r#"{"boxes": [[1, 1, 4, 4]], "labels": [3, 4]}"#,
+            "2 labels for 1 boxes",
+        ),
+        (r#"{"labels": [3]}"#, "no `boxes` key"),
+    ];
+    for (bad, want) in cases {
+        let dir = tmp("bad-annotations");
+        let jsons = [good, good, bad, good].map(str::to_owned);
+        let source = detection_shard(&dir, &jsons);
+        let mut l = detection_loader(&source, &[]).unwrap();
+        let e = loop {
+            match l.next() {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("{bad}: no error"),
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(e.contains(want) && e.contains("d002"), "{bad}: {e}");
+        let mut l = detection_loader(&source, &[("on_error", "skip")]).unwrap();
+        let mut n = 0;
+        while let Some(b) = l.next().unwrap() {
+            n += b.field_by_name("image").unwrap().shape[0];
+        }
+        assert_eq!((n, l.stats().samples_skipped), (4, 1), "{bad}");
+    }
+}
