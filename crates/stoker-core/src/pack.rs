@@ -187,6 +187,7 @@ pub fn pack(
 ) -> Result<PackReport> {
     options.check()?;
     let fields = packed_fields(source)?;
+    keeps_dense_fields(&fields, options)?;
     let schema = encode_schema(&fields);
     let (slice, of) = options.slice.unwrap_or((0, 1));
     let len = source.len();
@@ -360,6 +361,40 @@ pub fn merge(dir: &Path) -> Result<PathBuf> {
         entries.push(entry);
     }
     write_index(dir, &entries)
+}
+
+/// Refuses options that would change an image without the fields drawn on it: a second image
+/// field (a segmentation mask, whose PNG labels a resize would blend and raw RGB would turn into
+/// colours) or float32 rows of 4 (bounding boxes, in the stored image's pixels). Such samples
+/// are packed whole with `--mode jpeg` and no `--max-side`: every image byte for byte.
+fn keeps_dense_fields(fields: &[PackedField], options: &PackOptions) -> Result<()> {
+    let images: Vec<&str> = fields
+        .iter()
+        .filter(|f| f.kind == PackedKind::Image)
+        .map(|f| f.name.as_str())
+        .collect();
+    let boxes = fields
+        .iter()
+        .find(|f| f.kind == PackedKind::Ragged && f.dtype == DType::F32 && f.dims == [4]);
+    let held = match (images.get(1), boxes) {
+        (Some(mask), _) => format!(
+            "image fields `{}` and `{mask}` (an image and its mask?)",
+            images[0]
+        ),
+        (None, Some(b)) => format!("float32 rows of 4 in field `{}` (boxes?)", b.name),
+        (None, None) => return Ok(()),
+    };
+    let change = match (options.max_side, options.mode) {
+        (Some(side), _) => format!("--max-side {side} would shrink the image"),
+        (None, PackMode::Raw | PackMode::Smart) if images.len() > 1 => {
+            "--mode raw/smart would store a mask's labels as RGB colours".to_owned()
+        }
+        _ => return Ok(()),
+    };
+    Err(Error::InvalidArgument(format!(
+        "the source has {held}: {change} without the fields drawn on it; pack it with \
+         --mode jpeg and no --max-side to keep every field as it is"
+    )))
 }
 
 /// The packed schema of a source's fields.

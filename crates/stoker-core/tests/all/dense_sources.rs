@@ -4,6 +4,8 @@
 
 use std::path::Path;
 
+use stoker_core::source::tar::parse_fields;
+use stoker_core::source::{TarConfig, TarSource};
 use stoker_core::{Loader, LoaderOptions};
 
 use crate::support::files::{tmp, write_tar};
@@ -492,4 +494,109 @@ fn bad_annotations_are_their_samples_errors() {
         }
         assert_eq!((n, l.stats().samples_skipped), (4, 1), "{bad}");
     }
+}
+
+/// One batch field: its name, shape and bytes.
+type Field = (String, Vec<usize>, Vec<u8>);
+
+/// Every field of every batch of one epoch, by name.
+fn epoch_fields(mut l: Loader) -> Vec<Vec<Field>> {
+    let mut out = Vec::new();
+    while let Some(b) = l.next().unwrap() {
+        out.push(
+            b.fields()
+                .map(|f| {
+                    let data = f.data.unwrap_or(&[]).to_vec();
+                    (f.name.to_string(), f.shape.to_vec(), data)
+                })
+                .collect(),
+        );
+    }
+    out
+}
+
+#[test]
+fn pack_keeps_masks_and_boxes_and_refuses_to_shrink_them() {
+    use stoker_core::pack::{pack_spec, PackMode, PackOptions};
+    let no_progress = |_: u64, _: u64| {};
+    let root = tmp("pack-dense");
+    twin_trees(&root, &["train/a", "train/b", "val/c"]);
+    let packed = root.join("seg.stkpack");
+    pack_spec(
+        &format!("segmentation_folder:{}", root.display()),
+        &packed,
+        &PackOptions::default(),
+        &no_progress,
+    )
+    .unwrap();
+    let direct = epoch_fields(folder_loader(&root, &[]).unwrap());
+    let mut o = LoaderOptions::new();
+    o.set("source", &format!("packed:{}", packed.display()))
+        .unwrap();
+    o.set("batch_size", "3").unwrap();
+    o.set(
+        "transform",
+        "fields(image=image, mask=mask) | center_crop(24)",
+    )
+    .unwrap();
+    assert_eq!(epoch_fields(Loader::new(&o).unwrap()), direct);
+
+    let jsons = [
+        r#"{"boxes": [[2, 3, 10, 5], [30.5, 0, 17.5, 40]], "labels": [7, 1]}"#,
+        r#"{"boxes": [[0, 0, 48, 40]], "labels": [2]}"#,
+    ]
+    .map(str::to_owned);
+    let source = detection_shard(&root, &jsons);
+    let det = root.join("det.stkpack");
+    // The tar's fields as the loader names them (a source spec alone gives image and label).
+    let config = TarConfig {
+        fields: Some(parse_fields("jpg:image,json#boxes:boxes,json#labels:labels").unwrap()),
+        pad: true,
+        ..TarConfig::default()
+    };
+    let src = TarSource::open_pattern(source.strip_prefix("tar:").unwrap(), config).unwrap();
+    stoker_core::pack::pack(&src, &det, &PackOptions::default(), &no_progress).unwrap();
+    let direct = epoch_fields(detection_loader(&source, &[]).unwrap());
+    let mut o = LoaderOptions::new();
+    o.set("source", &format!("packed:{}", det.display()))
+        .unwrap();
+    o.set("batch_size", "2").unwrap();
+    o.set("ragged", "offsets").unwrap();
+    o.set(
+        "transform",
+        "fields(image=image, boxes=boxes:xywh, labels=labels) | hflip(p=1) | center_crop(40, 48)",
+    )
+    .unwrap();
+    assert_eq!(epoch_fields(Loader::new(&o).unwrap()), direct);
+
+    let spec = format!("segmentation_folder:{}", root.display());
+    for options in [
+        PackOptions {
+            max_side: Some(16),
+            ..PackOptions::default()
+        },
+        PackOptions {
+            mode: PackMode::Raw,
+            ..PackOptions::default()
+        },
+    ] {
+        let e = pack_spec(&spec, &root.join("no.stkpack"), &options, &no_progress)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("`mask`") && e.contains("--mode jpeg"), "{e}");
+    }
+    let e = stoker_core::pack::pack(
+        &src,
+        &root.join("no.stkpack"),
+        &PackOptions {
+            max_side: Some(16),
+            ..PackOptions::default()
+        },
+        &no_progress,
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(e.contains("`boxes`") && e.contains("--max-side 16"), "{e}");
 }
