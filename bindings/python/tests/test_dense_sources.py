@@ -213,3 +213,76 @@ def test_a_bad_annotation_is_its_samples_error(tmp_path, bad, words):
     loader = stoker.Loader(source, on_error="skip", **options)
     assert sum(len(b["image"]) for b in loader) == 3
     assert loader.stats().samples_skipped == 1
+
+
+def rle_string(mask: np.ndarray) -> str:
+    """pycocotools' ``mask.encode(...)["counts"]``: column-major runs from 0, each count in 5-bit
+    groups as characters from 48, counts after the third as differences from two before."""
+    flat = mask.T.reshape(-1).astype(np.uint8)
+    counts, value, run = [], 0, 0
+    for v in flat:
+        if v != value:
+            counts.append(run)
+            value, run = v, 0
+        run += 1
+    counts.append(run)
+    out = ""
+    for i, x in enumerate(counts):
+        if i > 2:
+            x -= counts[i - 2]
+        more = True
+        while more:
+            c = x & 0x1F
+            x >>= 5
+            more = (x != -1) if c & 0x10 else (x != 0)
+            if more:
+                c |= 0x20
+            out += chr(c + 48)
+    return out
+
+
+def test_coco_instances_json_gives_boxes_labels_and_the_semantic_mask(tmp_path):
+    import json
+
+    (tmp_path / "val2017").mkdir()
+    (tmp_path / "annotations").mkdir()
+    ids = [42, 7, 139]
+    for n, i in enumerate(ids):
+        Image.fromarray(photo(n)).save(tmp_path / "val2017" / f"{i:012d}.jpg", quality=95)
+    crowd = np.zeros((H, W), bool)
+    crowd[30:40, 5:9] = True
+    crowd[31, 9] = True
+    anns = [
+        # Rectangles with integer corners: every rasteriser fills the same pixels.
+        dict(id=1, image_id=42, category_id=18, iscrowd=0, area=80.0, bbox=[4.0, 6.0, 10.0, 8.0],
+             segmentation=[[4, 6, 14, 6, 14, 14, 4, 14]]),
+        dict(id=2, image_id=42, category_id=1, iscrowd=1, area=float(crowd.sum()),
+             bbox=[5.0, 30.0, 5.0, 10.0],
+             segmentation={"counts": rle_string(crowd), "size": [H, W]}),
+        dict(id=3, image_id=139, category_id=3, iscrowd=0, area=4.0, bbox=[60.0, 40.0, 2.5, 1.5],
+             segmentation=[[60, 40, 62, 40, 62, 42, 60, 42]]),
+    ]
+    images = [dict(id=i, file_name=f"{i:012d}.jpg", width=W, height=H, license=1) for i in ids]
+    (tmp_path / "annotations" / "instances_val2017.json").write_text(json.dumps(
+        {"info": {}, "licenses": [], "images": images, "annotations": anns,
+         "categories": [{"id": c, "name": str(c), "supercategory": "x"} for c in (1, 3, 18)]}))
+    ann = tmp_path / "annotations" / "instances_val2017.json"
+    loader = stoker.Loader(
+        f"coco_masks:{ann}", batch_size=3, ragged="offsets",
+        transform="fields(image=image, mask=mask, boxes=boxes:xywh, labels=labels) "
+                  "| center_crop(48, 64)")
+    (batch,) = list(loader)
+    offsets = np.array(batch["boxes_offsets"])
+    np.testing.assert_array_equal(offsets, [0, 0, 2, 3])  # ids in order: 7, 42, 139
+    np.testing.assert_array_equal(np.array(batch["labels"]), [18, 1, 3])
+    np.testing.assert_array_equal(np.array(batch["boxes"]),
+                                  np.array([a["bbox"] for a in anns], np.float32))
+    masks = np.array(batch["mask"])
+    want = np.zeros((3, H, W), np.int64)
+    want[1, 6:14, 4:14] = 18
+    want[1][crowd] = 1
+    want[2, 40:42, 60:62] = 3
+    np.testing.assert_array_equal(masks, want)
+    # The images come through in the same order: blue is 20 * their place in `ids`.
+    blue = np.array(batch["image"])[:, 2, 24, 32]
+    assert np.all(np.abs(blue.astype(int) - [20, 0, 40]) <= 3), blue

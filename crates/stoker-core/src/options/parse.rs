@@ -12,7 +12,8 @@ use crate::source::pixels::InputLayout;
 use crate::source::tokens::{Boundaries, Packing, TokenType};
 use crate::source::{SourceSpec, TokenSpec};
 
-/// `npy:PATH`, `image_folder:ROOT`, `segmentation_folder:ROOT`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,…]` or
+/// `npy:PATH`, `image_folder:ROOT`, `segmentation_folder:ROOT`, `coco:ANNOTATIONS`,
+/// `coco_masks:ANNOTATIONS`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,…]` or
 /// `tokens:PATTERN`.
 pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
     Ok(if let Some(p) = v.strip_prefix("npy:") {
@@ -21,6 +22,16 @@ pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
         SourceSpec::ImageFolder(non_empty_path(key, p)?)
     } else if let Some(p) = v.strip_prefix("segmentation_folder:") {
         SourceSpec::SegmentationFolder(non_empty_path(key, p)?)
+    } else if let Some(p) = v.strip_prefix("coco:") {
+        SourceSpec::Coco {
+            annotations: non_empty_path(key, p)?,
+            masks: false,
+        }
+    } else if let Some(p) = v.strip_prefix("coco_masks:") {
+        SourceSpec::Coco {
+            annotations: non_empty_path(key, p)?,
+            masks: true,
+        }
     } else if let Some(p) = v.strip_prefix("tar:") {
         // Expanded (and checked) when the loader opens the shards: a pattern may name shards
         // that do not exist yet.
@@ -49,7 +60,7 @@ pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
             key,
             format!(
                 "`{v}` is not a source; expected npy:PATH, image_folder:ROOT, \
-                 segmentation_folder:ROOT, tar:PATTERN, packed:PATH, megatron:PREFIX or tokens:PATTERN"
+                 segmentation_folder:ROOT, coco:ANNOTATIONS, coco_masks:ANNOTATIONS, tar:PATTERN, packed:PATH, megatron:PREFIX or tokens:PATTERN"
             ),
         ));
     })

@@ -5,6 +5,7 @@
 //! (`data` and `label`, say) whose kinds the source declares once, up front.
 
 mod callback;
+pub mod coco;
 mod image_folder;
 mod iterable;
 pub mod mapped;
@@ -23,6 +24,7 @@ pub use self::tar::{TarConfig, TarSource, TarStream};
 pub use callback::{
     CallbackSource, DeclaredFields, FieldRules, ReadFn, SampleWriter, IMAGE_FIELD, LABEL_FIELD,
 };
+pub use coco::CocoSource;
 pub use image_folder::{ImageFolderSource, IMAGE_EXTENSIONS};
 pub(crate) use iterable::IterableStream;
 pub use iterable::{IterableSource, SampleStream, StreamInfo};
@@ -211,6 +213,14 @@ pub enum SourceSpec {
     /// `segmentation_folder:ROOT`: `ROOT/images/**/NAME.jpg` with its mask
     /// `ROOT/masks/**/NAME.png` (fields `image` and `mask`).
     SegmentationFolder(PathBuf),
+    /// `coco:ANNOTATIONS` (`masks` false) or `coco_masks:ANNOTATIONS`: a COCO
+    /// `instances_*.json` and its images (see [`coco`]).
+    Coco {
+        /// The annotation file.
+        annotations: PathBuf,
+        /// Whether samples have the semantic `mask` field.
+        masks: bool,
+    },
     /// A source built in code (the in-memory source, say).
     Custom(Arc<dyn Source>),
     /// The user's dataset through a read function (see [`crate::source::CallbackSource`]); the
@@ -241,6 +251,10 @@ impl std::fmt::Debug for SourceSpec {
             SourceSpec::ImageFolder(p) => write!(f, "image_folder:{}", p.display()),
             SourceSpec::SegmentationFolder(p) => {
                 write!(f, "segmentation_folder:{}", p.display())
+            }
+            SourceSpec::Coco { annotations, masks } => {
+                let kind = if *masks { "coco_masks" } else { "coco" };
+                write!(f, "{kind}:{}", annotations.display())
             }
             SourceSpec::Custom(s) => write!(f, "custom source of {} samples", s.len()),
             SourceSpec::Callback { len, .. } => write!(f, "callback source of {len} samples"),
@@ -278,6 +292,9 @@ impl SourceSpec {
             SourceSpec::Npy(path) => Arc::new(NpySource::open(path, labels)?),
             SourceSpec::ImageFolder(root) => Arc::new(ImageFolderSource::open(root)?),
             SourceSpec::SegmentationFolder(root) => Arc::new(SegmentationFolderSource::open(root)?),
+            SourceSpec::Coco { annotations, masks } => {
+                Arc::new(CocoSource::open(annotations, *masks)?)
+            }
             SourceSpec::Custom(source) => Arc::clone(source),
             SourceSpec::Callback { len, read } => {
                 Arc::new(CallbackSource::new(*len, Arc::clone(read), rules)?)

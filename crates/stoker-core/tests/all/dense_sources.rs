@@ -10,8 +10,8 @@ use stoker_core::{Loader, LoaderOptions};
 
 use crate::support::files::{tmp, write_tar};
 
-const W: usize = 48;
-const H: usize = 40;
+pub(crate) const W: usize = 48;
+pub(crate) const H: usize = 40;
 
 /// A PNG of `width`x`height` pixels, `color` with `depth` bits, holding `data`; `palette` for
 /// an indexed image.
@@ -37,7 +37,7 @@ fn png(
 }
 
 /// An RGB PNG whose pixel (x, y) is `(5x, 6y, 10 * sample)`: each pixel says where it was.
-fn coded_image(sample: usize, (width, height): (usize, usize)) -> Vec<u8> {
+pub(crate) fn coded_image(sample: usize, (width, height): (usize, usize)) -> Vec<u8> {
     let data: Vec<u8> = (0..width * height)
         .flat_map(|p| {
             [
@@ -132,7 +132,7 @@ fn loader(source: &str, spec: &str, kv: &[(&str, &str)]) -> stoker_core::Result<
     Loader::new(&o)
 }
 
-fn i64s(bytes: &[u8]) -> Vec<i64> {
+pub(crate) fn i64s(bytes: &[u8]) -> Vec<i64> {
     bytes
         .chunks_exact(8)
         .map(|b| i64::from_ne_bytes(b.try_into().unwrap()))
@@ -405,7 +405,7 @@ fn detection_loader(source: &str, kv: &[(&str, &str)]) -> stoker_core::Result<Lo
     Loader::new(&o)
 }
 
-fn f32s(bytes: &[u8]) -> Vec<f32> {
+pub(crate) fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
         .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))

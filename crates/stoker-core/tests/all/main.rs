@@ -7,6 +7,7 @@
 
 mod support;
 
+mod coco_source;
 mod cuda_gpu;
 mod cuda_prefetch;
 mod dense;
