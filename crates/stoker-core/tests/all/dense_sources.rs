@@ -180,6 +180,42 @@ fn png_mask_takes_its_encoded_images_draw() {
 }
 
 #[test]
+fn png_mask_takes_its_encoded_images_resampling_draw() {
+    // random_resized_crop draws a box and scale from the image's size: the mask's pipeline,
+    // built for the same size, must draw the same. The image's red is 5x and green 6x the
+    // source pixel's x and y, smooth, so the bilinear image at each output pixel is within a
+    // source pixel of where the nearest mask label says it came from.
+    let dir = tmp("png-mask-rrc");
+    let samples: Vec<_> = (0..8)
+        .map(|i| (coded_image(i, (W, H)), coded_mask((W, H))))
+        .collect();
+    let source = shard(&dir, &samples);
+    let spec = "fields(image=image, mask=mask) | random_resized_crop(16) | hflip";
+    let mut l = loader(&source, spec, &[]).unwrap();
+    let (mut worst, mut seen) = (0i32, 0);
+    while let Some(b) = l.next().unwrap() {
+        let px = b.field_by_name("image").unwrap().data.unwrap();
+        let labels = i64s(b.field_by_name("mask").unwrap().data.unwrap());
+        for n in 0..2 {
+            for p in 0..256 {
+                let label = labels[n * 256 + p] as usize;
+                let (x, y) = ((label % W) as i32, (label / W) as i32);
+                let r = i32::from(px[n * 3 * 256 + p]);
+                let g = i32::from(px[n * 3 * 256 + 256 + p]);
+                worst = worst.max((r - 5 * x).abs() / 5).max((g - 6 * y).abs() / 6);
+            }
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 8);
+    // A different draw would be off by many pixels; the same one by under a resample step.
+    assert!(
+        worst <= 1,
+        "the image is {worst} source pixels from the mask's labels"
+    );
+}
+
+#[test]
 fn palette_mask_labels_are_its_indices() {
     let dir = tmp("palette-mask");
     let labels = voc_labels();
