@@ -31,7 +31,8 @@ use crate::source::packed::format::{
 use crate::source::packed::index::{write_index, IndexEntry};
 use crate::source::packed::PackedFile;
 use crate::source::pixels::raw_header;
-use crate::source::{FieldKind, Source};
+use crate::source::tar::parse_fields;
+use crate::source::{FieldKind, Source, SourceSpec, TarConfig, TarSource};
 
 /// Samples read and encoded in parallel before they are appended in order: bounds the memory
 /// of encoded samples waiting to be written.
@@ -734,6 +735,32 @@ pub fn open_source(spec: &str) -> Result<Arc<dyn Source>> {
         .ok_or_else(|| Error::option("source", "required"))?;
     // Ragged fields (tar `txt` members, say) are packed as they are; padding is the loader's.
     spec.open(None, true)
+}
+
+/// [`open_source`] with a tar source's `fields` (`EXT:NAME,...`, the loader's option): a shard's
+/// other members (`json#boxes`, `seg.png`, say) are packed only when named. `None` is the
+/// default fields; any other source refuses `fields`.
+pub fn open_source_with_fields(spec: &str, fields: Option<&str>) -> Result<Arc<dyn Source>> {
+    let Some(fields) = fields else {
+        return open_source(spec);
+    };
+    let mut options = LoaderOptions::new();
+    options.set("source", spec)?;
+    options.set("fields", fields)?;
+    match options.source() {
+        Some(SourceSpec::Tar(pattern)) => Ok(Arc::new(TarSource::open_pattern(
+            pattern,
+            TarConfig {
+                fields: Some(parse_fields(fields)?),
+                pad: true,
+                ..TarConfig::default()
+            },
+        )?)),
+        _ => Err(Error::option(
+            "fields",
+            format!("chooses the members of tar shards; `{spec}` is not a tar: source"),
+        )),
+    }
 }
 
 /// Packs the source `spec` names into `out` (see [`pack`]).

@@ -4,8 +4,6 @@
 
 use std::path::Path;
 
-use stoker_core::source::tar::parse_fields;
-use stoker_core::source::{TarConfig, TarSource};
 use stoker_core::{Loader, LoaderOptions};
 
 use crate::support::files::{tmp, write_tar};
@@ -553,7 +551,8 @@ fn epoch_fields(mut l: Loader) -> Vec<Vec<Field>> {
 
 #[test]
 fn pack_keeps_masks_and_boxes_and_refuses_to_shrink_them() {
-    use stoker_core::pack::{pack_spec, PackMode, PackOptions};
+    use stoker_core::pack::{open_source_with_fields, pack_spec, PackMode, PackOptions};
+    let spec_of = |root: &Path| format!("segmentation_folder:{}", root.display());
     let no_progress = |_: u64, _: u64| {};
     let root = tmp("pack-dense");
     twin_trees(&root, &["train/a", "train/b", "val/c"]);
@@ -585,13 +584,10 @@ fn pack_keeps_masks_and_boxes_and_refuses_to_shrink_them() {
     let source = detection_shard(&root, &jsons);
     let det = root.join("det.stkpack");
     // The tar's fields as the loader names them (a source spec alone gives image and label).
-    let config = TarConfig {
-        fields: Some(parse_fields("jpg:image,json#boxes:boxes,json#labels:labels").unwrap()),
-        pad: true,
-        ..TarConfig::default()
-    };
-    let src = TarSource::open_pattern(source.strip_prefix("tar:").unwrap(), config).unwrap();
-    stoker_core::pack::pack(&src, &det, &PackOptions::default(), &no_progress).unwrap();
+    let fields = "jpg:image,json#boxes:boxes,json#labels:labels";
+    let src = open_source_with_fields(&source, Some(fields)).unwrap();
+    assert!(open_source_with_fields(&spec_of(&root), Some(fields)).is_err());
+    stoker_core::pack::pack(&*src, &det, &PackOptions::default(), &no_progress).unwrap();
     let direct = epoch_fields(detection_loader(&source, &[]).unwrap());
     let mut o = LoaderOptions::new();
     o.set("source", &format!("packed:{}", det.display()))
@@ -623,7 +619,7 @@ fn pack_keeps_masks_and_boxes_and_refuses_to_shrink_them() {
         assert!(e.contains("`mask`") && e.contains("--mode jpeg"), "{e}");
     }
     let e = stoker_core::pack::pack(
-        &src,
+        &*src,
         &root.join("no.stkpack"),
         &PackOptions {
             max_side: Some(16),
