@@ -107,6 +107,8 @@ pub(super) struct Pixels {
     transform: TransformScratch,
     dense: DenseScratch,
     mask: MaskBuffers,
+    /// The last encoded mask's pipeline, keyed by its stages (their address) and its size.
+    mask_pipeline: Option<((usize, usize, usize), DensePipeline)>,
 }
 
 /// Transforms one stored dense tensor (an image of any channel count, or a mask) into `out`.
@@ -170,14 +172,21 @@ pub(super) fn write_mask(
     let role = Role::Mask {
         ignore_index: stages.roles.as_ref().map_or(255, |r| r.ignore_index),
     };
-    let pipeline = DensePipeline::new(
-        stages.transform.as_deref(),
-        input,
-        role,
-        stages.dtype,
-        stages.layout,
-    )?;
-    pipeline.apply(&pixels.mask.labels, rng, out, &mut pixels.dense)
+    // Masks of one size (most datasets', or a run of them) reuse the last pipeline built.
+    let key = (std::ptr::from_ref(stages) as usize, dims.height, dims.width);
+    let pipeline = match pixels.mask_pipeline.take() {
+        Some((k, p)) if k == key => p,
+        _ => DensePipeline::new(
+            stages.transform.as_deref(),
+            input,
+            role,
+            stages.dtype,
+            stages.layout,
+        )?,
+    };
+    let done = pipeline.apply(&pixels.mask.labels, rng, out, &mut pixels.dense);
+    pixels.mask_pipeline = Some((key, pipeline));
+    done
 }
 
 /// Decodes one encoded image (with its width and height when the source stored them) into the

@@ -214,6 +214,35 @@ fn png_mask_takes_its_encoded_images_resampling_draw() {
 }
 
 #[test]
+fn masks_of_images_of_different_sizes_each_take_their_own_plan() {
+    // Coded masks (label = y * W + x) of 48x40, 40x48 and 48x40 again, centre-cropped to 24.
+    let dir = tmp("mask-sizes");
+    let sizes = [(W, H), (H, W), (W, H)];
+    let samples: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| (coded_image(i, s), coded_mask(s)))
+        .collect();
+    let source = shard(&dir, &samples);
+    let spec = "fields(image=image, mask=mask) | center_crop(24)";
+    let mut l = loader(&source, spec, &[("shuffle", "false"), ("batch_size", "3")]).unwrap();
+    let b = l.next().unwrap().unwrap();
+    let labels = i64s(b.field_by_name("mask").unwrap().data.unwrap());
+    for (n, &(w, h)) in sizes.iter().enumerate() {
+        let (top, left) = ((h - 24) / 2, (w - 24) / 2);
+        // The label counts pixels in rows of the coded mask's own width.
+        let want: Vec<i64> = (0..24 * 24)
+            .map(|p| ((top + p / 24) * w + left + p % 24) as i64)
+            .collect();
+        assert_eq!(
+            &labels[n * 576..(n + 1) * 576],
+            &want[..],
+            "sample {n} ({w}x{h})"
+        );
+    }
+}
+
+#[test]
 fn palette_mask_labels_are_its_indices() {
     let dir = tmp("palette-mask");
     let labels = voc_labels();
