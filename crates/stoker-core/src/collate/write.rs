@@ -24,7 +24,7 @@ use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
 
 use super::image::{write_dense, write_image, write_tensor_image, Pixels};
-use super::layout::{BoxRole, Output};
+use super::layout::{BoxRole, KeypointRole, Output};
 use super::mix::write_soft_label;
 use super::pick::{gave_up, replacements, sample_error, Pick};
 use super::{BatchKey, Collator};
@@ -242,6 +242,26 @@ impl Collator {
         role.pipeline.apply(&boxes, &mut rng)
     }
 
+    /// The keypoints of `sample` moved by its draw (keyed as its image's), rows as stored.
+    fn move_keypoints(
+        &self,
+        role: &KeypointRole,
+        key: BatchKey,
+        draw: u64,
+        sample: &Sample<'_>,
+    ) -> std::result::Result<Vec<f32>, String> {
+        let mut points: Vec<f32> = sample
+            .get(role.field)
+            .chunks_exact(4)
+            .map(|x| f32::from_ne_bytes([x[0], x[1], x[2], x[3]]))
+            .collect();
+        let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
+        role.pipeline
+            .apply(&mut points, role.columns, &mut rng)
+            .map_err(|reason| format!("field `{}`: {reason}", self.names[role.field]))?;
+        Ok(points)
+    }
+
     /// Writes `sample` (dataset index `index`, augmented as draw `draw`) into slot `slot` of
     /// every field; ragged field `f` may write `room[f]` rows. A flat field's offset of the
     /// next slot is written only once every field is: a slot whose write fails and is written
@@ -269,6 +289,13 @@ impl Collator {
             ),
             None => None,
         };
+        let points = match &self.keypoints {
+            Some(role) => Some(
+                self.move_keypoints(role, key, draw, sample)
+                    .map_err(|reason| sample_error(pick, index, reason))?,
+            ),
+            None => None,
+        };
         for (f, out) in self.outputs.iter().enumerate() {
             let start = Instant::now();
             let src = sample.get(f);
@@ -276,7 +303,11 @@ impl Collator {
                 Output::Copy { .. } => slots.slot(f, slot).copy_from_slice(src),
                 Output::Ragged { .. } => {
                     let moved = self.boxes.as_ref().zip(moved.as_ref());
-                    self.write_ragged(f, slot, sample, moved, room[f], slots)?;
+                    let points = match &self.keypoints {
+                        Some(role) if role.field == f => points.as_deref(),
+                        _ => None,
+                    };
+                    self.write_ragged(f, slot, sample, (moved, points), room[f], slots)?;
                 }
                 Output::SoftLabel {
                     src: label_type,
@@ -369,16 +400,16 @@ impl Collator {
         }
     }
 
-    /// Writes ragged field `field` of `sample` (its boxes and labels as `moved` by the draw)
-    /// into slot `slot`: padded, with its length in `<name>_lengths`; or flat, starting where
-    /// the slot's offset says (the next offset is written by [`Collator::write`]). At most
-    /// `room` rows.
+    /// Writes ragged field `field` of `sample` (its boxes and labels as `moved` by the draw, or
+    /// its keypoints as moved, `points`) into slot `slot`: padded, with its length in
+    /// `<name>_lengths`; or flat, starting where the slot's offset says (the next offset is
+    /// written by [`Collator::write`]). At most `room` rows.
     fn write_ragged(
         &self,
         field: usize,
         slot: usize,
         sample: &Sample<'_>,
-        moved: Option<(&BoxRole, &Moved)>,
+        (moved, points): (Option<(&BoxRole, &Moved)>, Option<&[f32]>),
         room: usize,
         slots: &mut Slots<'_>,
     ) -> Result<()> {
@@ -412,8 +443,14 @@ impl Collator {
             }
         };
         let src = sample.get(field);
-        let written = match moved {
-            Some((role, (kept, _))) if role.field == field => {
+        let written = match (moved, points) {
+            (_, Some(points)) => {
+                for (v, x) in dst.chunks_exact_mut(4).zip(points) {
+                    v.copy_from_slice(&x.to_ne_bytes());
+                }
+                points.len() * 4
+            }
+            (Some((role, (kept, _))), None) if role.field == field => {
                 for (row, b) in dst.chunks_exact_mut(16).zip(kept) {
                     for (v, x) in row.chunks_exact_mut(4).zip(b) {
                         v.copy_from_slice(&x.to_ne_bytes());
@@ -421,7 +458,7 @@ impl Collator {
                 }
                 kept.len() * 16
             }
-            Some((role, (_, indices))) if role.labels == Some(field) => {
+            (Some((role, (_, indices))), None) if role.labels == Some(field) => {
                 let n = dtype.size();
                 for (k, &i) in indices.iter().enumerate() {
                     dst[k * n..(k + 1) * n].copy_from_slice(&src[i * n..(i + 1) * n]);

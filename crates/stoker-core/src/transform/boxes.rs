@@ -191,22 +191,40 @@ fn through_plan(plan: &Plan, b: [f64; 4]) -> [f64; 4] {
     out
 }
 
-/// The enclosing box of `b`'s corners moved by the forward map of the inverse affine `m`
-/// (output-to-input, centred coordinates; see [`super::warp::inverse_affine`]).
-fn warp_box(m: &[f64; 6], b: [f64; 4], w: usize, h: usize) -> [f64; 4] {
+/// The forward map of the inverse affine `m` (output-to-input, centred coordinates; see
+/// [`super::warp::inverse_affine`]) for a `w`x`h` image: where input point `(x, y)` lands.
+/// `None` when `m` cannot be inverted.
+pub(super) fn forward_map(
+    m: &[f64; 6],
+    w: usize,
+    h: usize,
+) -> Option<impl Fn(f64, f64) -> (f64, f64)> {
     let (cx, cy) = (w as f64 / 2.0, h as f64 / 2.0);
     // in = M * out + t, so out = M^-1 * (in - t).
     let det = m[0] * m[4] - m[1] * m[3];
     if det == 0.0 || !det.is_finite() {
-        return [0.0; 4];
+        return None;
     }
     let inv = [m[4] / det, -m[1] / det, -m[3] / det, m[0] / det];
+    let (tx, ty) = (m[2], m[5]);
+    Some(move |x: f64, y: f64| {
+        let (ix, iy) = (x - cx - tx, y - cy - ty);
+        (
+            inv[0] * ix + inv[1] * iy + cx,
+            inv[2] * ix + inv[3] * iy + cy,
+        )
+    })
+}
+
+/// The enclosing box of `b`'s corners moved by the forward map of the inverse affine `m`.
+fn warp_box(m: &[f64; 6], b: [f64; 4], w: usize, h: usize) -> [f64; 4] {
+    let Some(forward) = forward_map(m, w, h) else {
+        return [0.0; 4];
+    };
     let mut lo = [f64::INFINITY; 2];
     let mut hi = [f64::NEG_INFINITY; 2];
     for (x, y) in [(b[0], b[1]), (b[2], b[1]), (b[0], b[3]), (b[2], b[3])] {
-        let (ix, iy) = (x - cx - m[2], y - cy - m[5]);
-        let ox = inv[0] * ix + inv[1] * iy + cx;
-        let oy = inv[2] * ix + inv[3] * iy + cy;
+        let (ox, oy) = forward(x, y);
         lo = [lo[0].min(ox), lo[1].min(oy)];
         hi = [hi[0].max(ox), hi[1].max(oy)];
     }

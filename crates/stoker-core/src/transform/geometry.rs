@@ -198,9 +198,50 @@ pub fn random_resized_crop_params(
     ((height - h) / 2, (width - w) / 2, h, w)
 }
 
+/// One geometric step of a plan, in the coordinates of the image as it is before the step
+/// (a crop of a flipped view is where torchvision's crop of the flipped image would be): what
+/// [`plan_traced`] reports, op by op, for what must follow each op exactly (keypoints).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Step {
+    /// A resize from `from` to `to` (both `(width, height)`).
+    Resize {
+        /// Size before.
+        from: (usize, usize),
+        /// Size after.
+        to: (usize, usize),
+    },
+    /// A crop whose top-left corner is `(left, top)`, `width`x`height`.
+    Crop {
+        /// Left edge.
+        left: usize,
+        /// Top edge.
+        top: usize,
+        /// Width of the crop.
+        width: usize,
+        /// Height of the crop.
+        height: usize,
+    },
+    /// A left-right mirror of an image `width` wide.
+    HFlip {
+        /// Width of the image mirrored.
+        width: usize,
+    },
+}
+
 /// Folds `ops` for a `width`x`height` decoded image, drawing the random choices from `rng` in op
 /// order.
 pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Plan, String> {
+    plan_traced(ops, width, height, rng, &mut |_| {})
+}
+
+/// [`plan`], telling `step` each geometric step as it folds it (same draws, same order).
+pub fn plan_traced(
+    ops: &[Op],
+    width: usize,
+    height: usize,
+    rng: &mut Rng,
+    step: &mut dyn FnMut(Step),
+) -> Result<Plan, String> {
     let mut v = View {
         clip: [0, 0, width, height],
         ox: 0.0,
@@ -215,9 +256,19 @@ pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Pl
         match *op {
             Op::ResizeShorter(s) => {
                 let (w, h) = resize_shorter(v.w, v.h, s);
+                step(Step::Resize {
+                    from: (v.w, v.h),
+                    to: (w, h),
+                });
                 v.resize(w, h);
             }
-            Op::Resize { height, width } => v.resize(width, height),
+            Op::Resize { height, width } => {
+                step(Step::Resize {
+                    from: (v.w, v.h),
+                    to: (width, height),
+                });
+                v.resize(width, height)
+            }
             Op::CenterCrop { height, width } => {
                 if height > v.h || width > v.w {
                     return Err(format!(
@@ -229,6 +280,12 @@ pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Pl
                 // torchvision: int(round((h - ch) / 2.0)), Python's round (half to even).
                 let top = ((v.h - height) as f64 / 2.0).round_ties_even() as usize;
                 let left = ((v.w - width) as f64 / 2.0).round_ties_even() as usize;
+                step(Step::Crop {
+                    left,
+                    top,
+                    width,
+                    height,
+                });
                 v.crop(top, left, height, width);
             }
             Op::RandomResizedCrop {
@@ -238,6 +295,16 @@ pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Pl
                 ratio,
             } => {
                 let (top, left, h, w) = random_resized_crop_params(v.w, v.h, scale, ratio, rng);
+                step(Step::Crop {
+                    left,
+                    top,
+                    width: w,
+                    height: h,
+                });
+                step(Step::Resize {
+                    from: (w, h),
+                    to: (width, height),
+                });
                 v.crop(top, left, h, w);
                 v.resize(width, height);
             }
@@ -248,10 +315,15 @@ pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Pl
                 max_size,
             } => {
                 let (w, h) = scale_jitter_size(v.w, v.h, (height, width), scale, max_size, rng);
+                step(Step::Resize {
+                    from: (v.w, v.h),
+                    to: (w, h),
+                });
                 v.resize(w, h);
             }
             Op::HFlip { p } => {
                 if rng.unit_f64() < p {
+                    step(Step::HFlip { width: v.w });
                     v.flip = !v.flip;
                 }
             }

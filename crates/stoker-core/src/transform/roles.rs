@@ -3,8 +3,8 @@
 
 use super::args::split_args;
 
-/// The roles of fields that one draw applies to: `fields(image=NAME, mask=NAME,
-/// ignore_index=V)` as the first term of a spec. Every geometric op moves the mask with the
+/// The roles of fields that one draw applies to: `fields(image=NAME, mask=NAME, boxes=NAME,
+/// labels=NAME, keypoints=NAME, ignore_index=V)` as the first term of a spec. Every geometric op moves the mask with the
 /// image; the mask is resampled nearest-neighbour, and what no source pixel covers is
 /// `ignore_index`.
 #[derive(Clone, Debug, PartialEq)]
@@ -17,6 +17,8 @@ pub struct Roles {
     pub boxes: Option<(String, BoxFormat)>,
     /// The boxes' labels (one integer per box), dropped with the boxes a transform drops.
     pub labels: Option<String>,
+    /// The keypoint field: float32 rows of 2 (`x, y`) or 3 (`x, y, visibility`), one per point.
+    pub keypoints: Option<String>,
     /// The label written where a geometric op uncovers the mask (default 255).
     pub ignore_index: i64,
 }
@@ -64,11 +66,6 @@ pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
         ],
     )
     .map_err(err)?;
-    if args.named("keypoints").is_some() {
-        return Err(err(
-            "the `keypoints` role is not supported yet (image, mask, boxes and labels are)".into(),
-        ));
-    }
     let name = |role: &str| -> Result<Option<String>, String> {
         match args.named(role) {
             Some(n) if n.is_empty() || n.contains(',') => {
@@ -111,12 +108,13 @@ pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
         mask: name("mask")?,
         boxes,
         labels: name("labels")?,
+        keypoints: name("keypoints")?,
         ignore_index,
     };
-    if roles.mask.is_none() && roles.boxes.is_none() {
+    if roles.mask.is_none() && roles.boxes.is_none() && roles.keypoints.is_none() {
         return Err(err(
-            "names no mask or boxes: write fields(image=NAME, mask=NAME) or \
-             fields(image=NAME, boxes=NAME, labels=NAME)"
+            "names no mask, boxes or keypoints: write fields(image=NAME, mask=NAME), \
+             fields(image=NAME, boxes=NAME, labels=NAME) or fields(image=NAME, keypoints=NAME)"
                 .into(),
         ));
     }
@@ -130,6 +128,7 @@ pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
         roles.mask.as_deref(),
         roles.boxes.as_ref().map(|(b, _)| b.as_str()),
         roles.labels.as_deref(),
+        roles.keypoints.as_deref(),
     ]
     .into_iter()
     .flatten()

@@ -313,8 +313,8 @@ fn roles_are_checked_against_the_source() {
         ("fields(image=nope, mask=mask) | hflip", "no field `nope`"),
         ("fields(image=image) | hflip", "names no mask"),
         (
-            "fields(image=image, mask=mask, keypoints=k) | hflip",
-            "`keypoints` role is not supported yet",
+            "fields(image=image, keypoints=mask) | hflip",
+            "keypoints are float32 rows of 2",
         ),
         (
             "fields(image=image, boxes=mask) | hflip",
