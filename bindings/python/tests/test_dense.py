@@ -469,3 +469,72 @@ def test_keypoints_of_the_wrong_shape_are_refused_in_words():
 
     with pytest.raises(stoker.InvalidArgumentError, match="keypoints are float32 rows of 2"):
         stoker.Loader(Flat(), batch_size=4, transform=POSE, input_layout="chw", pad=-1)
+
+
+IOU = (f"fields(image=image, mask=mask, boxes=boxes:xyxy, labels=labels)"
+       f" | random_iou_crop | resize({OUT}, {OUT}) | hflip")
+
+
+def test_random_iou_crop_matches_torchvision_crop_of_the_same_rectangle():
+    """RandomIoUCrop's rectangle read back from the coordinate mask (as ``resized_crop`` to
+    ``OUT``); the image must equal torchvision's ``resized_crop`` of it and the boxes
+    torchvision's ``crop`` + ``resize`` with the boxes whose centre lies outside zeroed (what
+    ``RandomIoUCrop.transform`` does), clamped and sanitized, labels with them."""
+    loader = stoker.Loader(Detection("xyxy"), batch_size=4, shuffle=True, seed=21, transform=IOU,
+                           input_layout="chw", pad=-1)
+    cropped = cut = 0
+    for b in loader:
+        for image, mask, got, got_labels, n in zip(
+            np.array(b["image"]), np.array(b["mask"]), np.array(b["boxes"]),
+            np.array(b["labels"]), np.array(b["boxes_lengths"])
+        ):
+            best = None
+            for i in range(N):
+                src = torch.from_numpy(bands(i))
+                for top, left, h, w, flip in draw_from_mask(mask):
+                    ref = F.resized_crop(src, top, left, h, w, [OUT, OUT], antialias=True)
+                    if flip:
+                        ref = F.horizontal_flip(ref)
+                    err = float(np.abs(ref.numpy() - image).max())
+                    if best is None or err < best[0]:
+                        best = (err, i, (top, left, h, w, flip))
+            err, i, (top, left, h, w, flip) = best
+            assert err < 2e-5
+            xyxy, src_labels = scene_boxes(i)
+            cx, cy = (xyxy[:, 0] + xyxy[:, 2]) / 2, (xyxy[:, 1] + xyxy[:, 3]) / 2
+            within = (left < cx) & (cx < left + w) & (top < cy) & (cy < top + h)
+            bb = tv_tensors.BoundingBoxes(torch.from_numpy(xyxy), format="XYXY", canvas_size=(S, S))
+            bb = F.crop(bb, top, left, h, w)
+            bb[~torch.from_numpy(within)] = 0
+            bb = F.resize(bb, [OUT, OUT])
+            if flip:
+                bb = F.horizontal_flip(bb)
+            bb = F.clamp_bounding_boxes(bb)
+            want, want_labels = tv2.SanitizeBoundingBoxes(min_size=1)(
+                {"boxes": bb, "labels": torch.from_numpy(src_labels)}
+            ).values()
+            assert n == len(want), (got[:n], want)
+            np.testing.assert_allclose(got[:n], want.numpy(), atol=1e-4)
+            np.testing.assert_array_equal(got_labels[:n], want_labels.numpy())
+            cropped += (h, w) != (S, S)
+            cut += int((~within).sum())
+    loader.close()
+    # Most samples were cropped, and some boxes were dropped for their centre.
+    assert cropped > N // 2 and cut > 0, (cropped, cut)
+
+
+def test_random_iou_crop_needs_boxes_and_does_not_depend_on_workers():
+    with pytest.raises(stoker.InvalidArgumentError, match="random_iou_crop draws its crop"):
+        stoker.Loader(Scenes(), batch_size=4, input_layout="chw",
+                      transform=f"fields(image=image, mask=mask) | random_iou_crop | resize({OUT}, {OUT})")
+
+    def run(workers):
+        loader = stoker.Loader(Detection("xyxy"), batch_size=4, seed=3, transform=IOU,
+                               input_layout="chw", pad=-1, num_workers=workers)
+        out = [(np.array(b["mask"]), np.array(b["boxes"])) for b in loader]
+        loader.close()
+        return out
+
+    for (m0, b0), (m3, b3) in zip(run(0), run(3)):
+        np.testing.assert_array_equal(m0, m3)
+        np.testing.assert_array_equal(b0, b3)

@@ -145,6 +145,22 @@ impl Collator {
             }) => layout::check_roles(roles, spec, &names, &outputs)?,
             _ => layout::Moving::default(),
         };
+        let iou_crop = image
+            .as_deref()
+            .and_then(|stages| stages.transform.as_deref())
+            .and_then(|spec| crate::transform::parse(spec).ok())
+            .is_some_and(|ops| {
+                ops.iter()
+                    .any(|op| matches!(op, crate::transform::Op::RandomIouCrop(_)))
+            });
+        if iou_crop && moving.boxes.is_none() {
+            return Err(Error::option(
+                "transform",
+                "random_iou_crop draws its crop from each sample's boxes and drops the boxes \
+                 it cuts away: name them first in the spec, \
+                 fields(image=NAME, boxes=NAME, labels=NAME) | random_iou_crop | resize(H, W)",
+            ));
+        }
         Ok(Collator {
             source: None,
             outputs,

@@ -207,26 +207,15 @@ impl Collator {
         Err(gave_up(err))
     }
 
-    /// The boxes of `sample` moved by its draw (keyed as its image's): the kept boxes and
-    /// their indices among the sample's. The labels must be one per box.
+    /// `boxes` (the sample's, as stored) moved by its draw (keyed as its image's): the kept
+    /// boxes and their indices among the sample's. The labels must be one per box.
     fn move_boxes(
         &self,
         role: &BoxRole,
-        key: BatchKey,
-        draw: u64,
+        (key, draw): (BatchKey, u64),
         sample: &Sample<'_>,
+        boxes: &[[f32; 4]],
     ) -> std::result::Result<Moved, String> {
-        let boxes: Vec<[f32; 4]> = sample
-            .get(role.field)
-            .chunks_exact(16)
-            .map(|row| {
-                let mut b = [0f32; 4];
-                for (v, x) in b.iter_mut().zip(row.chunks_exact(4)) {
-                    *v = f32::from_ne_bytes([x[0], x[1], x[2], x[3]]);
-                }
-                b
-            })
-            .collect();
         if let Some(l) = role.labels {
             let labels = self.ragged_len(l, sample);
             if labels != boxes.len() {
@@ -239,16 +228,17 @@ impl Collator {
             }
         }
         let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-        role.pipeline.apply(&boxes, &mut rng)
+        role.pipeline.apply(boxes, &mut rng)
     }
 
-    /// The keypoints of `sample` moved by its draw (keyed as its image's), rows as stored.
+    /// The keypoints of `sample` moved by its draw (keyed as its image's), rows as stored;
+    /// `boxes` are the sample's (`xyxy`), which `random_iou_crop` draws from.
     fn move_keypoints(
         &self,
         role: &KeypointRole,
-        key: BatchKey,
-        draw: u64,
+        (key, draw): (BatchKey, u64),
         sample: &Sample<'_>,
+        boxes: Option<&[[f64; 4]]>,
     ) -> std::result::Result<Vec<f32>, String> {
         let mut points: Vec<f32> = sample
             .get(role.field)
@@ -257,7 +247,7 @@ impl Collator {
             .collect();
         let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
         role.pipeline
-            .apply(&mut points, role.columns, &mut rng)
+            .apply(&mut points, role.columns, boxes, &mut rng)
             .map_err(|reason| format!("field `{}`: {reason}", self.names[role.field]))?;
         Ok(points)
     }
@@ -282,16 +272,27 @@ impl Collator {
     ) -> Result<()> {
         // Boxes move with the sample's draw before any field is written: the labels field,
         // wherever it lies, keeps the labels of the boxes kept.
-        let moved = match &self.boxes {
-            Some(role) => Some(
-                self.move_boxes(role, key, draw, sample)
+        // Every field plans `random_iou_crop` from the same boxes (xyxy pixels).
+        let stored = self
+            .boxes
+            .as_ref()
+            .map(|role| read_boxes(sample.get(role.field)));
+        let source = self
+            .boxes
+            .as_ref()
+            .zip(stored.as_ref())
+            .map(|(role, stored)| role.pipeline.source_xyxy(stored));
+        let boxes = source.as_deref();
+        let moved = match self.boxes.as_ref().zip(stored.as_ref()) {
+            Some((role, stored)) => Some(
+                self.move_boxes(role, (key, draw), sample, stored)
                     .map_err(|reason| sample_error(pick, index, reason))?,
             ),
             None => None,
         };
         let points = match &self.keypoints {
             Some(role) => Some(
-                self.move_keypoints(role, key, draw, sample)
+                self.move_keypoints(role, (key, draw), sample, boxes)
                     .map_err(|reason| sample_error(pick, index, reason))?,
             ),
             None => None,
@@ -327,7 +328,7 @@ impl Collator {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let size = (*height, *width, *layout);
                     let dst = slots.slot(f, slot);
-                    write_tensor_image(pipeline, size, src, &mut rng, dst, pixels)
+                    write_tensor_image(pipeline, size, (src, boxes), &mut rng, dst, pixels)
                         .map_err(|reason| sample_error(pick, index, reason))?;
                     spans.push(
                         SpanKind::Stage(Stage::Transform),
@@ -340,8 +341,14 @@ impl Collator {
                 Output::Dense { pipeline } => {
                     // Keyed as every field of the sample is: an image and its mask draw alike.
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-                    write_dense(pipeline, src, &mut rng, slots.slot(f, slot), pixels)
-                        .map_err(|reason| sample_error(pick, index, reason))?;
+                    write_dense(
+                        pipeline,
+                        (src, boxes),
+                        &mut rng,
+                        slots.slot(f, slot),
+                        pixels,
+                    )
+                    .map_err(|reason| sample_error(pick, index, reason))?;
                     spans.push(
                         SpanKind::Stage(Stage::Transform),
                         slot,
@@ -504,6 +511,21 @@ impl Collator {
         }
         Ok(())
     }
+}
+
+/// A ragged boxes field's rows: float32 rows of 4 (a partial row, which reading refuses, is
+/// left out).
+fn read_boxes(bytes: &[u8]) -> Vec<[f32; 4]> {
+    bytes
+        .chunks_exact(16)
+        .map(|row| {
+            let mut b = [0f32; 4];
+            for (v, x) in b.iter_mut().zip(row.chunks_exact(4)) {
+                *v = f32::from_ne_bytes([x[0], x[1], x[2], x[3]]);
+            }
+            b
+        })
+        .collect()
 }
 
 /// Boxes a draw kept and their indices among the sample's.

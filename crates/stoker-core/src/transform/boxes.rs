@@ -11,7 +11,7 @@
 //! label (`SanitizeBoundingBoxes(min_size=1)`).
 
 use super::augment::{self, aug_is_geometric, Drawn};
-use super::geometry::Plan;
+use super::geometry::{Plan, Step};
 use super::pipeline::foldable;
 use super::roles::BoxFormat;
 use super::spec::{parse, Op};
@@ -62,18 +62,39 @@ impl BoxPipeline {
         })
     }
 
+    /// `boxes` (stored as the pipeline's format) as `xyxy` pixels: what the other fields of the
+    /// sample plan `random_iou_crop` from.
+    pub fn source_xyxy(&self, boxes: &[[f32; 4]]) -> Vec<[f64; 4]> {
+        boxes
+            .iter()
+            .map(|b| to_xyxy(self.format, b.map(f64::from)))
+            .collect()
+    }
+
     /// Moves `boxes` (stored as the pipeline's format) with the draws `rng` gives, as the
     /// image's pipeline draws them; returns the kept boxes (same format) and their indices.
+    /// A box whose centre `random_iou_crop` left outside its crop is dropped.
     pub fn apply(
         &self,
         boxes: &[[f32; 4]],
         rng: &mut Rng,
     ) -> Result<(Vec<[f32; 4]>, Vec<usize>), String> {
-        let plan = super::geometry::plan(&self.ops[..self.planned], self.width, self.height, rng)?;
-        let mut xyxy: Vec<[f64; 4]> = boxes
-            .iter()
-            .map(|b| to_xyxy(self.format, b.map(f64::from)))
-            .collect();
+        let mut xyxy = self.source_xyxy(boxes);
+        let mut dropped = vec![false; xyxy.len()];
+        let plan = super::geometry::plan_with(
+            &self.ops[..self.planned],
+            self.width,
+            self.height,
+            rng,
+            Some(&xyxy),
+            &mut |step| {
+                if let Step::Within(within) = step {
+                    for (d, &inside) in dropped.iter_mut().zip(within) {
+                        *d |= !inside;
+                    }
+                }
+            },
+        )?;
         for b in &mut xyxy {
             *b = through_plan(&plan, *b);
         }
@@ -127,7 +148,7 @@ impl BoxPipeline {
             let b = clamp(b, w, h);
             let (bw, bh) = (b[2] - b[0], b[3] - b[1]);
             // NaN sides (a NaN box from the source) fail these comparisons: dropped too.
-            if bw >= MIN_SIDE && bh >= MIN_SIDE {
+            if bw >= MIN_SIDE && bh >= MIN_SIDE && !dropped[i] {
                 kept.push(from_xyxy(self.format, b).map(|v| v as f32));
                 indices.push(i);
             }

@@ -17,7 +17,7 @@
 
 use super::augment::{self, aug_is_geometric, Drawn};
 use super::boxes::forward_map;
-use super::geometry::{plan_traced, Step};
+use super::geometry::{plan_with, Step};
 use super::pipeline::foldable;
 use super::spec::{parse, Op};
 use crate::rng::Rng;
@@ -75,8 +75,15 @@ impl KeypointPipeline {
     }
 
     /// Moves `points` in place, rows of `columns` (2: `x, y`; 3: `x, y, visibility`) float32
-    /// values, with the draws `rng` gives, as the image's pipeline draws them.
-    pub fn apply(&self, points: &mut [f32], columns: usize, rng: &mut Rng) -> Result<(), String> {
+    /// values, with the draws `rng` gives, as the image's pipeline draws them; `boxes` are the
+    /// sample's (`xyxy`), which `random_iou_crop` draws from.
+    pub fn apply(
+        &self,
+        points: &mut [f32],
+        columns: usize,
+        boxes: Option<&[[f64; 4]]>,
+        rng: &mut Rng,
+    ) -> Result<(), String> {
         if !(columns == 2 || columns == 3) || !points.len().is_multiple_of(columns) {
             return Err(format!(
                 "keypoints are rows of 2 (x, y) or 3 (x, y, visibility) values, not {} values \
@@ -91,12 +98,14 @@ impl KeypointPipeline {
                 .collect(),
             inside: vec![true; points.len() / columns],
         };
-        let plan = plan_traced(
+        let plan = plan_with(
             &self.ops[..self.planned],
             self.width,
             self.height,
             rng,
+            boxes,
             &mut |step| match step {
+                Step::Within(_) => {}
                 Step::Resize { from, to } => {
                     let kx = to.0 as f64 / from.0 as f64;
                     let ky = to.1 as f64 / from.1 as f64;

@@ -83,6 +83,7 @@ pub mod boxes;
 mod color;
 pub mod dense;
 pub mod geometry;
+pub mod iou_crop;
 mod kernels;
 pub mod keypoints;
 pub mod mix;

@@ -321,6 +321,10 @@ fn roles_are_checked_against_the_source() {
             "boxes are float32 rows of 4",
         ),
         ("hflip | fields(image=image, mask=mask)", "must come first"),
+        (
+            "fields(image=image, mask=mask) | random_iou_crop | resize(8, 8)",
+            "random_iou_crop draws its crop from each sample's boxes",
+        ),
         ("fields(mask=mask) | rand_augment", "a colour op"),
     ] {
         let e = memory_loader(

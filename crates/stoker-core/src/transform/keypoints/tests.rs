@@ -14,7 +14,7 @@ fn rng(i: u64) -> Rng {
 fn moved(spec: &str, points: &[f32], columns: usize, index: u64) -> Vec<f32> {
     let p = KeypointPipeline::new(spec, W, H).unwrap();
     let mut out = points.to_vec();
-    p.apply(&mut out, columns, &mut rng(index)).unwrap();
+    p.apply(&mut out, columns, None, &mut rng(index)).unwrap();
     out
 }
 
@@ -122,8 +122,8 @@ fn refusals_say_what_is_wrong() {
     let e = KeypointPipeline::new("rand_augment", W, H).unwrap_err();
     assert!(e.contains("not supported with keypoints"), "{e}");
     let p = KeypointPipeline::new("hflip", W, H).unwrap();
-    let e = p.apply(&mut [1.0; 4], 4, &mut rng(0)).unwrap_err();
+    let e = p.apply(&mut [1.0; 4], 4, None, &mut rng(0)).unwrap_err();
     assert!(e.contains("rows of 2"), "{e}");
-    let e = p.apply(&mut [1.0; 5], 2, &mut rng(0)).unwrap_err();
+    let e = p.apply(&mut [1.0; 5], 2, None, &mut rng(0)).unwrap_err();
     assert!(e.contains("5 values"), "{e}");
 }
