@@ -538,3 +538,24 @@ def test_random_iou_crop_needs_boxes_and_does_not_depend_on_workers():
     for (m0, b0), (m3, b3) in zip(run(0), run(3)):
         np.testing.assert_array_equal(m0, m3)
         np.testing.assert_array_equal(b0, b3)
+
+
+def test_box_format_option_is_the_format_of_boxes_named_without_a_suffix():
+    def run(boxes, **options):
+        spec = (f"fields(image=image, mask=mask, boxes={boxes}, labels=labels)"
+                f" | random_resized_crop({OUT}) | hflip")
+        loader = stoker.Loader(Detection("xywh"), batch_size=4, seed=2, transform=spec,
+                               input_layout="chw", pad=-1, **options)
+        out = [(np.array(b["boxes"]), np.array(b["boxes_lengths"])) for b in loader]
+        loader.close()
+        return out
+
+    by_suffix = run("boxes:xywh")
+    for (a, la), (b, lb) in zip(run("boxes", box_format="xywh"), by_suffix):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(la, lb)
+    # The suffix wins over the option.
+    for (a, _), (b, _) in zip(run("boxes:xywh", box_format="cxcywh"), by_suffix):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(stoker.InvalidArgumentError, match="not a box format"):
+        run("boxes", box_format="ltrb")

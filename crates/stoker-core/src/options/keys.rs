@@ -20,6 +20,7 @@ use crate::memory::MemoryBudget;
 use crate::source::pixels::InputLayout;
 use crate::source::tokens::{Boundaries, Packing, TokenType};
 use crate::source::{SourceSpec, TokenSpec};
+use crate::transform::BoxFormat;
 
 /// One option key, documented: the single source of the option tables in `include/stoker.h`
 /// and `docs/options.md`.
@@ -298,6 +299,13 @@ keys {
         default "pad",
         example "offsets",
         meaning "ragged per-sample fields (boxes, tar raw members, `cu_seqlens`, varying callback tensors): `pad` pads them to the batch's longest, `[batch, longest, …]`, with an int64 `<name>_lengths` of `batch` (needs `pad` unless raw bytes); `offsets` lays the samples' rows end to end, `[total, …]`, with an int64 `<name>_offsets` of `batch + 1` (sample `i` is rows `offsets[i]..offsets[i+1]`: `torch.nested.nested_tensor_from_jagged(values, offsets)`)";
+    /// How box fields are stored and delivered.
+    box_format: BoxFormat = BoxFormat::Xyxy;
+        parse |key, v| parse_box_format(key, v);
+        values "`xyxy`, `xywh`, `cxcywh`",
+        default "xyxy",
+        example "cxcywh",
+        meaning "how the boxes a `fields(boxes=NAME)` transform role names are stored and delivered (pixels: left, top, right, bottom; left, top, width, height; centre x, centre y, width, height); a `boxes=NAME:FORMAT` suffix in the spec wins over it";
     /// Largest image (width × height) a decoder will allocate for; larger ones are bad samples.
     /// Pillow's `MAX_IMAGE_PIXELS`: larger images are decompression bombs until proven otherwise.
     max_image_pixels: u64 = 89_478_485;

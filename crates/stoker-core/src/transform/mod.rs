@@ -100,7 +100,7 @@ pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
 pub use keypoints::KeypointPipeline;
 pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch, NO_SIZE};
-pub use roles::{roles, BoxFormat, Roles, DEFAULT_IGNORE_INDEX};
+pub use roles::{roles, roles_with, BoxFormat, Roles, DEFAULT_IGNORE_INDEX};
 pub use spec::{parse, EraseValue, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD, MAX_CHANNELS};
 
 #[cfg(test)]

@@ -34,11 +34,30 @@ pub enum BoxFormat {
     Cxcywh,
 }
 
+impl BoxFormat {
+    /// The format named `xyxy`, `xywh` or `cxcywh`.
+    pub fn parse(name: &str) -> Option<BoxFormat> {
+        match name {
+            "xyxy" => Some(BoxFormat::Xyxy),
+            "xywh" => Some(BoxFormat::Xywh),
+            "cxcywh" => Some(BoxFormat::Cxcywh),
+            _ => None,
+        }
+    }
+}
+
 /// `ignore_index` unless `fields(...)` says otherwise (torchvision's segmentation references).
 pub const DEFAULT_IGNORE_INDEX: i64 = 255;
 
-/// The roles named by a leading `fields(...)` term of `spec`; `None` without one.
+/// The roles named by a leading `fields(...)` term of `spec`; `None` without one. Boxes
+/// without a `:FORMAT` suffix are `xyxy`.
 pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
+    roles_with(spec, BoxFormat::Xyxy)
+}
+
+/// [`roles`], with boxes named without a `:FORMAT` suffix in `default_format` (the loader's
+/// `box_format` option); a suffix wins over it.
+pub fn roles_with(spec: &str, default_format: BoxFormat) -> Result<Option<Roles>, String> {
     let Some(first) = spec.split('|').next().map(str::trim) else {
         return Ok(None);
     };
@@ -84,18 +103,15 @@ pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
         None => None,
         Some(b) => {
             let (field, format) = match b.split_once(':') {
-                None => (b.as_str(), "xyxy"),
-                Some((field, format)) => (field, format),
-            };
-            let format = match format {
-                "xyxy" => BoxFormat::Xyxy,
-                "xywh" => BoxFormat::Xywh,
-                "cxcywh" => BoxFormat::Cxcywh,
-                other => {
-                    return Err(err(format!(
-                        "boxes=`{b}`: box format `{other}` is not xyxy, xywh or cxcywh"
-                    )))
-                }
+                None => (b.as_str(), default_format),
+                Some((field, format)) => (
+                    field,
+                    BoxFormat::parse(format).ok_or_else(|| {
+                        err(format!(
+                            "boxes=`{b}`: box format `{format}` is not xyxy, xywh or cxcywh"
+                        ))
+                    })?,
+                ),
             };
             if field.is_empty() {
                 return Err(err(format!("boxes=`{b}` names no field")));
