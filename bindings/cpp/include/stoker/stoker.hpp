@@ -343,6 +343,8 @@ class Options {
   Options& pad(double value) { return set("pad", number(value)); }
   // "pad" (padded, with NAME_lengths) or "offsets" (flat, with NAME_offsets of batch + 1).
   Options& ragged(std::string_view layout) { return set("ragged", layout); }
+  // "xyxy", "xywh" or "cxcywh": boxes named by fields(boxes=NAME) without a :FORMAT suffix.
+  Options& box_format(std::string_view format) { return set("box_format", format); }
   Options& max_image_pixels(uint64_t n) { return set("max_image_pixels", std::to_string(n)); }
   Options& jpeg_decoder(std::string_view name) { return set("jpeg_decoder", name); }
   Options& memory_budget(std::string_view bytes) { return set("memory_budget", bytes); }

@@ -111,12 +111,12 @@ pub(super) struct Pixels {
 /// The caller records the span: there is no decode stage.
 pub(super) fn write_dense(
     pipeline: &DensePipeline,
-    src: &[u8],
+    (src, boxes): (&[u8], Option<&[[f64; 4]]>),
     rng: &mut Rng,
     out: &mut [u8],
     pixels: &mut Pixels,
 ) -> std::result::Result<(), String> {
-    pipeline.apply(src, rng, out, &mut pixels.dense)
+    pipeline.apply_boxed(src, boxes, rng, out, &mut pixels.dense)
 }
 
 /// Decodes one encoded image (with its width and height when the source stored them) into the
@@ -182,7 +182,7 @@ pub(super) fn write_image(
 pub(super) fn write_tensor_image(
     pipeline: &Pipeline,
     (height, width, layout): (usize, usize, InputLayout),
-    src: &[u8],
+    (src, boxes): (&[u8], Option<&[[f64; 4]]>),
     rng: &mut Rng,
     out: &mut [u8],
     pixels: &mut Pixels,
@@ -205,7 +205,7 @@ pub(super) fn write_tensor_image(
             &decode.rgb
         }
     };
-    pipeline.apply(rgb, width, height, rng, out, transform)
+    pipeline.apply_boxed(rgb, (width, height), boxes, rng, out, transform, None)
 }
 
 #[cfg(test)]
@@ -259,7 +259,7 @@ mod tests {
         write_tensor_image(
             &pipeline,
             size,
-            &hwc,
+            (&hwc, None),
             &mut rng(),
             &mut from_hwc,
             &mut pixels,
@@ -269,7 +269,7 @@ mod tests {
         write_tensor_image(
             &pipeline,
             size,
-            &chw,
+            (&chw, None),
             &mut rng(),
             &mut from_chw,
             &mut pixels,

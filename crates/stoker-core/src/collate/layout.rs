@@ -21,7 +21,8 @@ use crate::error::{Error, Result};
 use crate::source::pixels::{tensor_image_dims, InputLayout};
 use crate::source::{FieldKind, FieldSpec, Sample};
 use crate::transform::{
-    BatchMix, BoxPipeline, DensePipeline, Pipeline, Role, Roles, TensorShape, NO_SIZE,
+    BatchMix, BoxPipeline, DensePipeline, KeypointPipeline, Pipeline, Role, Roles, TensorShape,
+    NO_SIZE,
 };
 
 use super::image::{dense_pipeline, tensor_pipeline, ImageStages};
@@ -262,16 +263,32 @@ pub(super) struct BoxRole {
     pub(super) pipeline: BoxPipeline,
 }
 
+/// The keypoints of `fields(keypoints=...)`: their field, its columns (2 or 3), and how a draw
+/// moves them.
+pub(super) struct KeypointRole {
+    pub(super) field: usize,
+    pub(super) columns: usize,
+    pub(super) pipeline: KeypointPipeline,
+}
+
+/// The coordinate fields a sample's draw moves.
+#[derive(Default)]
+pub(super) struct Moving {
+    pub(super) boxes: Option<BoxRole>,
+    pub(super) keypoints: Option<KeypointRole>,
+}
+
 /// Checks the roles of `fields(...)` (of transform `spec`) against the source's fields and what
 /// collate made of them: the named fields exist, there is one image, and it is a tensor (the
 /// draw is planned on its size for every role); a mask has the image's size; boxes are ragged
-/// float32 rows of 4 and labels ragged integers. Returns how the boxes move, if any.
+/// float32 rows of 4, labels ragged integers, keypoints ragged float32 rows of 2 or 3. Returns
+/// how the boxes and the keypoints move, if any.
 pub(super) fn check_roles(
     roles: &Roles,
     spec: &str,
     names: &[String],
     outputs: &[Output],
-) -> Result<Option<BoxRole>> {
+) -> Result<Moving> {
     let err = |m: String| Error::option("transform", m);
     let list = names.join(", ");
     let find = |role: &str, name: &str| {
@@ -291,7 +308,12 @@ pub(super) fn check_roles(
         .as_deref()
         .map(|l| find("labels", l))
         .transpose()?;
-    let roled = [mask, boxes, labels];
+    let keypoints = roles
+        .keypoints
+        .as_deref()
+        .map(|k| find("keypoints", k))
+        .transpose()?;
+    let roled = [mask, boxes, labels, keypoints];
     let images: Vec<usize> = match roles.image.as_deref() {
         Some(name) => vec![find("image", name)?],
         None => (0..outputs.len())
@@ -316,7 +338,8 @@ pub(super) fn check_roles(
         Output::Dense { pipeline } => (pipeline.input().height, pipeline.input().width),
         _ => {
             return Err(err(format!(
-                "fields(...): the image `{}` is not a tensor of a known size (masks and boxes \
+                "fields(...): the image `{}` is not a tensor of a known size (masks, boxes and \
+                 keypoints \
                  go with tensor images for now: npy, packed or callback tensors)",
                 names[image]
             )))
@@ -338,8 +361,38 @@ pub(super) fn check_roles(
             )));
         }
     }
+    let keypoints = match keypoints {
+        None => None,
+        Some(field) => {
+            let columns = match &outputs[field] {
+                Output::Ragged {
+                    dtype: DType::F32,
+                    inner,
+                    ..
+                } if matches!(inner.as_slice(), [2] | [3]) => inner[0],
+                _ => {
+                    return Err(err(format!(
+                        "fields(keypoints={}): keypoints are float32 rows of 2 (x, y) or 3 (x, y, \
+                         visibility), one row per point, as many as each sample has (a ragged \
+                         field: set pad=VALUE to pad them, or ragged=offsets)",
+                        names[field]
+                    )))
+                }
+            };
+            let pipeline = KeypointPipeline::new(spec, width, height)
+                .map_err(|reason| err(format!("field `{}`: {reason}", names[field])))?;
+            Some(KeypointRole {
+                field,
+                columns,
+                pipeline,
+            })
+        }
+    };
     let (Some(field), Some((_, format))) = (boxes, &roles.boxes) else {
-        return Ok(None);
+        return Ok(Moving {
+            boxes: None,
+            keypoints,
+        });
     };
     match &outputs[field] {
         Output::Ragged {
@@ -373,11 +426,14 @@ pub(super) fn check_roles(
     }
     let pipeline = BoxPipeline::new(spec, width, height, *format)
         .map_err(|reason| err(format!("field `{}`: {reason}", names[field])))?;
-    Ok(Some(BoxRole {
-        field,
-        labels,
-        pipeline,
-    }))
+    Ok(Moving {
+        boxes: Some(BoxRole {
+            field,
+            labels,
+            pipeline,
+        }),
+        keypoints,
+    })
 }
 
 impl Collator {

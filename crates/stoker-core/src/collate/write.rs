@@ -24,7 +24,7 @@ use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
 
 use super::image::{write_dense, write_image, write_tensor_image, Pixels};
-use super::layout::{BoxRole, Output};
+use super::layout::{BoxRole, KeypointRole, Output};
 use super::mix::write_soft_label;
 use super::pick::{gave_up, replacements, sample_error, Pick};
 use super::{BatchKey, Collator};
@@ -207,26 +207,15 @@ impl Collator {
         Err(gave_up(err))
     }
 
-    /// The boxes of `sample` moved by its draw (keyed as its image's): the kept boxes and
-    /// their indices among the sample's. The labels must be one per box.
+    /// `boxes` (the sample's, as stored) moved by its draw (keyed as its image's): the kept
+    /// boxes and their indices among the sample's. The labels must be one per box.
     fn move_boxes(
         &self,
         role: &BoxRole,
-        key: BatchKey,
-        draw: u64,
+        (key, draw): (BatchKey, u64),
         sample: &Sample<'_>,
+        boxes: &[[f32; 4]],
     ) -> std::result::Result<Moved, String> {
-        let boxes: Vec<[f32; 4]> = sample
-            .get(role.field)
-            .chunks_exact(16)
-            .map(|row| {
-                let mut b = [0f32; 4];
-                for (v, x) in b.iter_mut().zip(row.chunks_exact(4)) {
-                    *v = f32::from_ne_bytes([x[0], x[1], x[2], x[3]]);
-                }
-                b
-            })
-            .collect();
         if let Some(l) = role.labels {
             let labels = self.ragged_len(l, sample);
             if labels != boxes.len() {
@@ -239,7 +228,28 @@ impl Collator {
             }
         }
         let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-        role.pipeline.apply(&boxes, &mut rng)
+        role.pipeline.apply(boxes, &mut rng)
+    }
+
+    /// The keypoints of `sample` moved by its draw (keyed as its image's), rows as stored;
+    /// `boxes` are the sample's (`xyxy`), which `random_iou_crop` draws from.
+    fn move_keypoints(
+        &self,
+        role: &KeypointRole,
+        (key, draw): (BatchKey, u64),
+        sample: &Sample<'_>,
+        boxes: Option<&[[f64; 4]]>,
+    ) -> std::result::Result<Vec<f32>, String> {
+        let mut points: Vec<f32> = sample
+            .get(role.field)
+            .chunks_exact(4)
+            .map(|x| f32::from_ne_bytes([x[0], x[1], x[2], x[3]]))
+            .collect();
+        let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
+        role.pipeline
+            .apply(&mut points, role.columns, boxes, &mut rng)
+            .map_err(|reason| format!("field `{}`: {reason}", self.names[role.field]))?;
+        Ok(points)
     }
 
     /// Writes `sample` (dataset index `index`, augmented as draw `draw`) into slot `slot` of
@@ -262,9 +272,27 @@ impl Collator {
     ) -> Result<()> {
         // Boxes move with the sample's draw before any field is written: the labels field,
         // wherever it lies, keeps the labels of the boxes kept.
-        let moved = match &self.boxes {
+        // Every field plans `random_iou_crop` from the same boxes (xyxy pixels).
+        let stored = self
+            .boxes
+            .as_ref()
+            .map(|role| read_boxes(sample.get(role.field)));
+        let source = self
+            .boxes
+            .as_ref()
+            .zip(stored.as_ref())
+            .map(|(role, stored)| role.pipeline.source_xyxy(stored));
+        let boxes = source.as_deref();
+        let moved = match self.boxes.as_ref().zip(stored.as_ref()) {
+            Some((role, stored)) => Some(
+                self.move_boxes(role, (key, draw), sample, stored)
+                    .map_err(|reason| sample_error(pick, index, reason))?,
+            ),
+            None => None,
+        };
+        let points = match &self.keypoints {
             Some(role) => Some(
-                self.move_boxes(role, key, draw, sample)
+                self.move_keypoints(role, (key, draw), sample, boxes)
                     .map_err(|reason| sample_error(pick, index, reason))?,
             ),
             None => None,
@@ -276,7 +304,11 @@ impl Collator {
                 Output::Copy { .. } => slots.slot(f, slot).copy_from_slice(src),
                 Output::Ragged { .. } => {
                     let moved = self.boxes.as_ref().zip(moved.as_ref());
-                    self.write_ragged(f, slot, sample, moved, room[f], slots)?;
+                    let points = match &self.keypoints {
+                        Some(role) if role.field == f => points.as_deref(),
+                        _ => None,
+                    };
+                    self.write_ragged(f, slot, sample, (moved, points), room[f], slots)?;
                 }
                 Output::SoftLabel {
                     src: label_type,
@@ -296,7 +328,7 @@ impl Collator {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let size = (*height, *width, *layout);
                     let dst = slots.slot(f, slot);
-                    write_tensor_image(pipeline, size, src, &mut rng, dst, pixels)
+                    write_tensor_image(pipeline, size, (src, boxes), &mut rng, dst, pixels)
                         .map_err(|reason| sample_error(pick, index, reason))?;
                     spans.push(
                         SpanKind::Stage(Stage::Transform),
@@ -309,8 +341,14 @@ impl Collator {
                 Output::Dense { pipeline } => {
                     // Keyed as every field of the sample is: an image and its mask draw alike.
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-                    write_dense(pipeline, src, &mut rng, slots.slot(f, slot), pixels)
-                        .map_err(|reason| sample_error(pick, index, reason))?;
+                    write_dense(
+                        pipeline,
+                        (src, boxes),
+                        &mut rng,
+                        slots.slot(f, slot),
+                        pixels,
+                    )
+                    .map_err(|reason| sample_error(pick, index, reason))?;
                     spans.push(
                         SpanKind::Stage(Stage::Transform),
                         slot,
@@ -369,16 +407,16 @@ impl Collator {
         }
     }
 
-    /// Writes ragged field `field` of `sample` (its boxes and labels as `moved` by the draw)
-    /// into slot `slot`: padded, with its length in `<name>_lengths`; or flat, starting where
-    /// the slot's offset says (the next offset is written by [`Collator::write`]). At most
-    /// `room` rows.
+    /// Writes ragged field `field` of `sample` (its boxes and labels as `moved` by the draw, or
+    /// its keypoints as moved, `points`) into slot `slot`: padded, with its length in
+    /// `<name>_lengths`; or flat, starting where the slot's offset says (the next offset is
+    /// written by [`Collator::write`]). At most `room` rows.
     fn write_ragged(
         &self,
         field: usize,
         slot: usize,
         sample: &Sample<'_>,
-        moved: Option<(&BoxRole, &Moved)>,
+        (moved, points): (Option<(&BoxRole, &Moved)>, Option<&[f32]>),
         room: usize,
         slots: &mut Slots<'_>,
     ) -> Result<()> {
@@ -412,8 +450,14 @@ impl Collator {
             }
         };
         let src = sample.get(field);
-        let written = match moved {
-            Some((role, (kept, _))) if role.field == field => {
+        let written = match (moved, points) {
+            (_, Some(points)) => {
+                for (v, x) in dst.chunks_exact_mut(4).zip(points) {
+                    v.copy_from_slice(&x.to_ne_bytes());
+                }
+                points.len() * 4
+            }
+            (Some((role, (kept, _))), None) if role.field == field => {
                 for (row, b) in dst.chunks_exact_mut(16).zip(kept) {
                     for (v, x) in row.chunks_exact_mut(4).zip(b) {
                         v.copy_from_slice(&x.to_ne_bytes());
@@ -421,7 +465,7 @@ impl Collator {
                 }
                 kept.len() * 16
             }
-            Some((role, (_, indices))) if role.labels == Some(field) => {
+            (Some((role, (_, indices))), None) if role.labels == Some(field) => {
                 let n = dtype.size();
                 for (k, &i) in indices.iter().enumerate() {
                     dst[k * n..(k + 1) * n].copy_from_slice(&src[i * n..(i + 1) * n]);
@@ -467,6 +511,21 @@ impl Collator {
         }
         Ok(())
     }
+}
+
+/// A ragged boxes field's rows: float32 rows of 4 (a partial row, which reading refuses, is
+/// left out).
+fn read_boxes(bytes: &[u8]) -> Vec<[f32; 4]> {
+    bytes
+        .chunks_exact(16)
+        .map(|row| {
+            let mut b = [0f32; 4];
+            for (v, x) in b.iter_mut().zip(row.chunks_exact(4)) {
+                *v = f32::from_ne_bytes([x[0], x[1], x[2], x[3]]);
+            }
+            b
+        })
+        .collect()
 }
 
 /// Boxes a draw kept and their indices among the sample's.

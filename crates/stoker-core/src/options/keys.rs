@@ -20,6 +20,7 @@ use crate::memory::MemoryBudget;
 use crate::source::pixels::InputLayout;
 use crate::source::tokens::{Boundaries, Packing, TokenType};
 use crate::source::{SourceSpec, TokenSpec};
+use crate::transform::BoxFormat;
 
 /// One option key, documented: the single source of the option tables in `include/stoker.h`
 /// and `docs/options.md`.
@@ -222,7 +223,7 @@ keys {
         values "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`",
         default "none",
         example "random_resized_crop(224) | hflip",
-        meaning "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `scale_jitter`, `random_crop`, `random_zoom_out`, `hflip`, `vflip`, `color_jitter`, `random_photometric_distort`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); a leading `fields(image=NAME, mask=NAME, boxes=NAME:xyxy, labels=NAME, ignore_index=255)` moves a segmentation mask (nearest, labels kept) and bounding boxes (clamped, dropped under a pixel with their labels) with their image under one draw; run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument";
+        meaning "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `scale_jitter`, `random_crop`, `random_zoom_out`, `random_iou_crop`, `hflip`, `vflip`, `color_jitter`, `random_photometric_distort`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); a leading `fields(image=NAME, mask=NAME, boxes=NAME:xyxy, labels=NAME, keypoints=NAME, ignore_index=255)` moves a segmentation mask (nearest, labels kept), bounding boxes (clamped, dropped under a pixel with their labels) and keypoints (`x, y[, visibility]` rows, never dropped; visibility 0 once outside) with their image under one draw; run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument";
     dtype: Option<DType> = None;
         parse |key, v| v.parse().map(Some).map_err(|e| Error::option(key, e));
         values "`uint8`, `float32`, `float16`, `bfloat16`",
@@ -298,6 +299,13 @@ keys {
         default "pad",
         example "offsets",
         meaning "ragged per-sample fields (boxes, tar raw members, `cu_seqlens`, varying callback tensors): `pad` pads them to the batch's longest, `[batch, longest, …]`, with an int64 `<name>_lengths` of `batch` (needs `pad` unless raw bytes); `offsets` lays the samples' rows end to end, `[total, …]`, with an int64 `<name>_offsets` of `batch + 1` (sample `i` is rows `offsets[i]..offsets[i+1]`: `torch.nested.nested_tensor_from_jagged(values, offsets)`)";
+    /// How box fields are stored and delivered.
+    box_format: BoxFormat = BoxFormat::Xyxy;
+        parse |key, v| parse_box_format(key, v);
+        values "`xyxy`, `xywh`, `cxcywh`",
+        default "xyxy",
+        example "cxcywh",
+        meaning "how the boxes a `fields(boxes=NAME)` transform role names are stored and delivered (pixels: left, top, right, bottom; left, top, width, height; centre x, centre y, width, height); a `boxes=NAME:FORMAT` suffix in the spec wins over it";
     /// Largest image (width × height) a decoder will allocate for; larger ones are bad samples.
     /// Pillow's `MAX_IMAGE_PIXELS`: larger images are decompression bombs until proven otherwise.
     max_image_pixels: u64 = 89_478_485;

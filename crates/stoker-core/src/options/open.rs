@@ -18,7 +18,7 @@ use crate::source::{
     FieldKind, FieldRules, FieldSpec, IterableStream, PackedSource, Source, SourceSpec,
     TokenConfig, TokenSource, TokenSpec,
 };
-use crate::transform::{roles, Pipeline};
+use crate::transform::{roles, roles_with, Pipeline};
 
 /// A loader's source once opened: map-style (read by index) or a stream.
 pub(crate) enum OpenedSource {
@@ -323,7 +323,8 @@ impl LoaderOptions {
         let options = self;
         let has_images = fields.iter().any(|f| f.kind == FieldKind::EncodedImage);
         let roles = match options.transform.as_deref() {
-            Some(spec) => roles(spec).map_err(|reason| Error::option("transform", reason))?,
+            Some(spec) => roles_with(spec, options.box_format)
+                .map_err(|reason| Error::option("transform", reason))?,
             None => None,
         };
         let tensor_images = fields

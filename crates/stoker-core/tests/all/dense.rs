@@ -313,14 +313,18 @@ fn roles_are_checked_against_the_source() {
         ("fields(image=nope, mask=mask) | hflip", "no field `nope`"),
         ("fields(image=image) | hflip", "names no mask"),
         (
-            "fields(image=image, mask=mask, keypoints=k) | hflip",
-            "`keypoints` role is not supported yet",
+            "fields(image=image, keypoints=mask) | hflip",
+            "keypoints are float32 rows of 2",
         ),
         (
             "fields(image=image, boxes=mask) | hflip",
             "boxes are float32 rows of 4",
         ),
         ("hflip | fields(image=image, mask=mask)", "must come first"),
+        (
+            "fields(image=image, mask=mask) | random_iou_crop | resize(8, 8)",
+            "random_iou_crop draws its crop from each sample's boxes",
+        ),
         ("fields(mask=mask) | rand_augment", "a colour op"),
     ] {
         let e = memory_loader(

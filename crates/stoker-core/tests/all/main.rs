@@ -7,6 +7,7 @@
 
 mod support;
 
+mod box_format;
 mod cuda_gpu;
 mod cuda_prefetch;
 mod dense;

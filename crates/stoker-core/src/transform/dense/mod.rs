@@ -227,6 +227,7 @@ impl DensePipeline {
                 | Op::Resize { .. }
                 | Op::RandomResizedCrop { .. }
                 | Op::ScaleJitter { .. }
+                | Op::RandomIouCrop(_)
                     if i > planned =>
                 {
                     return Err(format!(
@@ -241,7 +242,7 @@ impl DensePipeline {
                         (h, w)
                     });
                 }
-                Op::ScaleJitter { .. } => {
+                Op::ScaleJitter { .. } | Op::RandomIouCrop(_) => {
                     size = None;
                     varying = Some(name);
                 }
@@ -405,6 +406,19 @@ impl DensePipeline {
         out: &mut [u8],
         scratch: &mut DenseScratch,
     ) -> Result<(), String> {
+        self.apply_boxed(src, None, rng, out, scratch)
+    }
+
+    /// [`apply`](Self::apply) for a sample with `boxes` (`xyxy` pixels), which
+    /// `random_iou_crop` draws its crop from.
+    pub fn apply_boxed(
+        &self,
+        src: &[u8],
+        boxes: Option<&[[f64; 4]]>,
+        rng: &mut Rng,
+        out: &mut [u8],
+        scratch: &mut DenseScratch,
+    ) -> Result<(), String> {
         if src.len() != self.input.bytes() {
             return Err(format!(
                 "tensor has {} bytes, expected {} {}x{}x{} ({} bytes)",
@@ -431,17 +445,17 @@ impl DensePipeline {
             resizer,
         } = scratch;
         match (self.role, self.input.dtype) {
-            (_, DType::U8) => self.run(src, rng, out, u8s, resizer),
-            (Role::Image, _) => self.run(src, rng, out, f32s, resizer),
-            (Role::Mask { .. }, DType::I32) => self.run(src, rng, out, i32s, resizer),
-            (Role::Mask { .. }, _) => self.run(src, rng, out, i64s, resizer),
+            (_, DType::U8) => self.run(src, (boxes, rng), out, u8s, resizer),
+            (Role::Image, _) => self.run(src, (boxes, rng), out, f32s, resizer),
+            (Role::Mask { .. }, DType::I32) => self.run(src, (boxes, rng), out, i32s, resizer),
+            (Role::Mask { .. }, _) => self.run(src, (boxes, rng), out, i64s, resizer),
         }
     }
 
     fn run<T: Px>(
         &self,
         src: &[u8],
-        rng: &mut Rng,
+        (boxes, rng): (Option<&[[f64; 4]]>, &mut Rng),
         out: &mut [u8],
         bufs: &mut Planes<T>,
         resizer: &mut Resizer,
@@ -453,7 +467,8 @@ impl DensePipeline {
             dtype,
             layout,
         } = self.input;
-        let plan = super::geometry::plan(&self.ops[..self.planned], iw, ih, rng)?;
+        let ops = &self.ops[..self.planned];
+        let plan = super::geometry::plan_with(ops, iw, ih, rng, boxes, &mut |_| {})?;
         let (pw, ph) = (plan.width, plan.height);
         let fill_mask = match self.role {
             Role::Mask { ignore_index } => Some(T::from_f64(ignore_index as f64)),
