@@ -25,5 +25,6 @@ mod tar_loader;
 mod tar_remote;
 mod tar_source;
 mod tensor_images;
+mod token_index;
 mod tokens;
 mod trace;

@@ -31,12 +31,19 @@
 //! its documents, so `pad` refuses it (without `eos_token` a flat file is one document).
 //!
 //! Nothing at open is O(tokens) except the check of every token id against `vocab_size`, which
-//! runs only when that option is set. The memory kept is 8 bytes per Megatron sequence (where it
-//! starts in the stream) and 8 per file (16 under `pad`).
+//! runs only when that option is set. A Megatron index is read whole (O(documents)) only the
+//! first time a dataset is opened: its tables are then cached on disk ([`cache`]: beside the
+//! data as `.NAME.idx.stkidx`, or in `~/.cache/stoker/token-index`) and later opens map them.
+//! The tables kept are 8 bytes per Megatron sequence (where it starts in the stream), plus 8
+//! per sequence only for an index whose sequences do not lie end to end in `.bin` and 8 per
+//! document only for one whose documents are not one sequence each; and 8 bytes per file (16
+//! under `pad`).
 
 pub mod blend;
+mod cache;
 mod flat;
 pub mod megatron;
+mod writer;
 
 use std::path::PathBuf;
 
@@ -272,6 +279,10 @@ pub(crate) trait Part: Send + Sync {
     fn path(&self) -> PathBuf;
     /// `Err` if a mapping was truncated while in use.
     fn check(&self) -> Result<()>;
+    /// Bytes of the per-sequence and per-document tables it keeps (in memory or mapped).
+    fn index_bytes(&self) -> usize {
+        0
+    }
 }
 
 /// A token source: the stream of its files' tokens cut into windows (see the module docs).
@@ -322,12 +333,14 @@ impl TokenSource {
             // and the documents itself.
             TokenSpec::Megatron(prefixes) => {
                 let paths = local_paths(prefixes, "Megatron datasets")?;
+                let places = cache::CachePlaces::default();
                 crate::fork::parallel(|| {
                     use rayon::prelude::*;
                     paths
                         .par_iter()
                         .map(|p| {
-                            megatron::MegatronPart::open(p).map(|m| Box::new(m) as Box<dyn Part>)
+                            megatron::MegatronPart::open(p, &places)
+                                .map(|m| Box::new(m) as Box<dyn Part>)
                         })
                         .collect::<Result<Vec<_>>>()
                 })??
@@ -441,6 +454,13 @@ impl TokenSource {
     /// Tokens in the stream.
     pub fn total_tokens(&self) -> u64 {
         self.starts[self.starts.len() - 1]
+    }
+
+    /// Bytes of the index tables the source keeps, in memory or mapped from the cache: its
+    /// files' tables and its own per-file tables.
+    pub fn index_bytes(&self) -> usize {
+        let own = 8 * (self.starts.len() + self.doc_starts.len());
+        self.parts.iter().map(|p| p.index_bytes()).sum::<usize>() + own
     }
 
     /// The spec it was opened from.
