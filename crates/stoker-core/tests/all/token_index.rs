@@ -13,7 +13,7 @@ use stoker_core::DType;
 use crate::support::files::tmp;
 use crate::tokens::write_megatron;
 
-fn config(packing: Packing) -> TokenConfig {
+pub(crate) fn config(packing: Packing) -> TokenConfig {
     TokenConfig {
         seq_len: 5,
         boundaries: Boundaries::Reset,
@@ -27,7 +27,7 @@ fn config(packing: Packing) -> TokenConfig {
 }
 
 /// Every sample of `spec`, each field's bytes.
-fn samples(spec: &TokenSpec, packing: Packing) -> Vec<Vec<Vec<u8>>> {
+pub(crate) fn samples(spec: &TokenSpec, packing: Packing) -> Vec<Vec<Vec<u8>>> {
     let source = TokenSource::open(spec, &config(packing)).unwrap_or_else(|e| panic!("{e}"));
     let mut scratch = Vec::new();
     (0..source.len())
@@ -41,7 +41,7 @@ fn samples(spec: &TokenSpec, packing: Packing) -> Vec<Vec<Vec<u8>>> {
 }
 
 /// `n` documents whose lengths are `lengths` cycled, tokens distinct, seeded by `base`.
-fn docs(lengths: &[usize], base: i64) -> Vec<Vec<i64>> {
+pub(crate) fn docs(lengths: &[usize], base: i64) -> Vec<Vec<i64>> {
     lengths
         .iter()
         .enumerate()
@@ -62,7 +62,7 @@ fn inode(path: &Path) -> u64 {
 }
 
 /// The samples of documents `docs` written fresh to a directory of their own (no cache).
-fn fresh(tag: &str, sets: &[Vec<Vec<i64>>], packing: Packing) -> Vec<Vec<Vec<u8>>> {
+pub(crate) fn fresh(tag: &str, sets: &[Vec<Vec<i64>>], packing: Packing) -> Vec<Vec<Vec<u8>>> {
     let dir = tmp(tag);
     let names: Vec<String> = (0..sets.len())
         .map(|k| {

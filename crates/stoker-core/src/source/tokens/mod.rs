@@ -14,8 +14,9 @@
 //!   window, counting up) and `cu_seqlens` (int32: `0`, the offset of each document starting
 //!   inside the window, `seq_len`; ragged, so padded per batch with `cu_seqlens_lengths`).
 //!
-//! Documents are Megatron's documents (runs of sequences in the document index), or the runs a
-//! flat file's `eos_token` ends; a file's end always ends one.
+//! Documents are Megatron's documents (runs of sequences in the document index), a flat file's
+//! documents as its sidecar of lengths lists them (`NAME.lengths.npy`, [`lengths`]), or the runs
+//! a flat file's `eos_token` ends; a file's end always ends one.
 //!
 //! With `token_packing=pad` ([`Packing::Pad`]) sample `i` is document `i` instead (the documents
 //! of every file, in order, empty ones included): its first `seq_len + 1` tokens (a longer
@@ -27,8 +28,9 @@
 //! `[0, seq_len]`; the padding is a segment of its own, so `position_ids` count from 0 in the
 //! document and again from 0 on the padding: they restart exactly where `cu_seqlens` has an
 //! entry, as in the concatenated windows. The sample count is the document count, known from
-//! the indexes alone; a flat file with `eos_token` would need a scan of every token to count
-//! its documents, so `pad` refuses it (without `eos_token` a flat file is one document).
+//! the indexes (and sidecars of lengths) alone; a flat file with `eos_token` would need a scan
+//! of every token to count its documents, so `pad` refuses it (without `eos_token` or a sidecar
+//! a flat file is one document).
 //!
 //! Nothing at open is O(tokens) except the check of every token id against `vocab_size`, which
 //! runs only when that option is set. A Megatron index is read whole (O(documents)) only the
@@ -42,6 +44,7 @@
 pub mod blend;
 mod cache;
 mod flat;
+mod lengths;
 pub mod megatron;
 mod writer;
 
@@ -346,13 +349,26 @@ impl TokenSource {
                 })??
             }
             TokenSpec::Flat(pattern) => {
-                let paths = local_paths(pattern, "token files")?;
+                // Sidecars of document lengths are read with their token files, never as one.
+                let named = local_paths(pattern, "token files")?;
+                let paths: Vec<PathBuf> = named
+                    .iter()
+                    .filter(|p| !lengths::is_sidecar(&p.to_string_lossy()))
+                    .cloned()
+                    .collect();
+                if paths.is_empty() {
+                    return Err(Error::InvalidArgument(format!(
+                        "{spec} names only sidecars of document lengths ({}), no token file",
+                        named[0].display()
+                    )));
+                }
+                let places = cache::CachePlaces::default();
                 crate::fork::parallel(|| {
                     use rayon::prelude::*;
                     paths
                         .par_iter()
                         .map(|p| {
-                            flat::FlatPart::open(p, config.raw, config.eos)
+                            flat::FlatPart::open(p, config.raw, config.eos, &places)
                                 .map(|f| Box::new(f) as Box<dyn Part>)
                         })
                         .collect::<Result<Vec<_>>>()
