@@ -14,6 +14,16 @@ use crate::source::mapped::Mapping;
 use crate::source::npy::parse_raw_header;
 use crate::source::open_file;
 
+/// A flat token file to open.
+pub(super) struct FlatFile<'a> {
+    /// Where it is (for a remote file, its copy in the cache).
+    pub path: &'a Path,
+    /// What messages name (a remote file's URL).
+    pub shown: &'a Path,
+    /// Whether a sidecar of document lengths is looked for beside it (local files only).
+    pub sidecar: bool,
+}
+
 /// One flat token file, mapped and checked.
 pub(super) struct FlatPart {
     path: PathBuf,
@@ -33,13 +43,14 @@ impl FlatPart {
     /// `raw` (`token_dtype`), required. Its documents come from its sidecar of lengths when it
     /// has one (cached in `places`), else from `eos`.
     pub(super) fn open(
-        path: &Path,
+        source: &FlatFile<'_>,
         raw: Option<TokenType>,
         eos: Option<u64>,
         places: &CachePlaces,
     ) -> Result<FlatPart> {
-        let (file, meta) = open_file(path, "a token file")?;
-        let map = Mapping::map(&file, path)?;
+        let (file, meta) = open_file(source.path, "a token file")?;
+        let path = source.shown;
+        let map = Mapping::map(&file, source.path)?;
         let is_npy = path.extension().is_some_and(|e| e == "npy");
         let (token, offset, tokens) = if is_npy {
             let header = parse_raw_header(&map).map_err(|reason| Error::format(path, reason))?;
@@ -98,7 +109,7 @@ impl FlatPart {
             (token, 0, (map.len() / token.size()) as u64)
         };
         let sidecar = lengths::sidecar_of(path);
-        let docs = if sidecar.exists() {
+        let docs = if source.sidecar && sidecar.exists() {
             if let Some(eos) = eos {
                 return Err(Error::option(
                     "eos_token",

@@ -283,33 +283,41 @@ impl MegatronPart {
     /// Opens `prefix.idx` and `prefix.bin`: the tables from the cache when it holds them for
     /// these very files, else from the index, checked against `.bin` and cached. Errors name
     /// the file and what disagrees.
-    pub(super) fn open(prefix: &Path, places: &CachePlaces) -> Result<MegatronPart> {
+    ///
+    /// `idx` and `bin` are where the files are (for a remote dataset, their copies in the
+    /// cache); messages name `prefix.idx` and `prefix.bin`.
+    pub(super) fn open(
+        prefix: &Path,
+        idx: &Path,
+        bin: &Path,
+        places: &CachePlaces,
+    ) -> Result<MegatronPart> {
         use std::os::unix::fs::FileExt;
         let (idx_path, bin_path) = (
             with_extension(prefix, ".idx"),
             with_extension(prefix, ".bin"),
         );
-        let (idx_file, idx_meta) = open_file(&idx_path, "a Megatron index (.idx)")?;
-        let (bin_file, bin_meta) = open_file(&bin_path, "a Megatron token file (.bin)")?;
-        let bin = Mapping::map(&bin_file, &bin_path)?;
+        let (idx_file, idx_meta) = open_file(idx, "a Megatron index (.idx)")?;
+        let (bin_file, bin_meta) = open_file(bin, "a Megatron token file (.bin)")?;
+        let bin = Mapping::map(&bin_file, bin)?;
         // The key: both files' size and mtime, and a hash of the index's header and tail.
         let idx_len = idx_meta.len();
         let mut head = vec![0u8; HEADER_BYTES.min(idx_len as usize)];
         idx_file
             .read_exact_at(&mut head, 0)
-            .map_err(|e| Error::os(&idx_path, e))?;
+            .map_err(|e| Error::os(idx, e))?;
         let layout = parse_header(&head, idx_len).map_err(|r| Error::format(&idx_path, r))?;
         let tail_len = TAIL_BYTES.min(idx_len - HEADER_BYTES as u64);
         let mut tail = vec![0u8; tail_len as usize];
         idx_file
             .read_exact_at(&mut tail, idx_len - tail_len)
-            .map_err(|e| Error::os(&idx_path, e))?;
+            .map_err(|e| Error::os(idx, e))?;
         let mut hash = Fnv::new();
         hash.bytes(&head);
         hash.bytes(&tail);
         let key = CacheKey {
             kind: CACHE_KIND,
-            path: cache::absolute(&idx_path),
+            path: cache::absolute(idx),
             files: [FileStamp::of(&idx_meta), FileStamp::of(&bin_meta)],
             header: hash.finish(),
         };
@@ -328,7 +336,7 @@ impl MegatronPart {
             // A cache that agrees with its key and checksums but not with the index is not
             // trusted either: rebuilt below, and overwritten.
         }
-        let idx = Mapping::map(&idx_file, &idx_path)?;
+        let idx = Mapping::map(&idx_file, idx)?;
         let layout = parse_index(&idx).map_err(|reason| Error::format(&idx_path, reason))?;
         let starts = check_index(&idx, &layout, bin.len() as u64).map_err(|reason| {
             Error::format(

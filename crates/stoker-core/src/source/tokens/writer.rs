@@ -143,7 +143,13 @@ mod tests {
 
         let idx = std::fs::read(with_extension(&prefix, ".idx")).unwrap();
         assert_eq!(idx, index(8, &[3, 0, 2], &[0, 1, 2, 3]));
-        let part = MegatronPart::open(&prefix, &CachePlaces::default()).unwrap();
+        let part = MegatronPart::open(
+            &prefix,
+            &with_extension(&prefix, ".idx"),
+            &with_extension(&prefix, ".bin"),
+            &CachePlaces::default(),
+        )
+        .unwrap();
         let mut tokens = Vec::new();
         part.raw(0, part.tokens(), &mut |b| {
             tokens.extend(b.chunks_exact(2).map(|t| TokenType::U16.get(t)));
