@@ -167,7 +167,8 @@ impl Part for FlatPart {
             let docs = docs.as_slice();
             // The first document starting after `from`; the last entry is the file's end.
             let first = docs.partition_point(|&s| s <= from);
-            for &start in &docs[first..docs.len() - 1] {
+            let inner = docs.get(first..docs.len().saturating_sub(1)).unwrap_or(&[]);
+            for &start in inner {
                 if start >= to {
                     break;
                 }
@@ -239,6 +240,9 @@ impl Part for FlatPart {
     }
 
     fn check(&self) -> Result<()> {
+        if let Some(Table::Mapped { map, .. }) = &self.docs {
+            map.check()?;
+        }
         self.map.check()
     }
 
