@@ -91,6 +91,20 @@ index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "shard",
                        for name, n in zip(shards, sizes)]}
 with open(f"{out}/train.json", "w") as f:
     json.dump(index, f, indent=2)
+# Token streams: a Megatron dataset (uint16, one sequence per document, as Megatron-LM's
+# _IndexWriter lays it out) and a flat uint16 file, read remotely against the same files read
+# locally from this directory.
+import struct
+import numpy as np
+rng = np.random.default_rng(7)
+docs = [(1000 + 100 * d + np.arange(rng.integers(1, 40))) % 65536 for d in range(300)]
+lengths = np.array([len(d) for d in docs], dtype="<i4")
+pointers = np.concatenate([[0], np.cumsum(lengths[:-1].astype(np.int64) * 2)]).astype("<i8")
+with open(f"{out}/tok-web.idx", "wb") as f:
+    f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(docs), len(docs) + 1))
+    f.write(lengths.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1, dtype="<i8").tobytes())
+np.concatenate(docs).astype("<u2").tofile(f"{out}/tok-web.bin")
+np.concatenate(docs[::-1]).astype("<u2").tofile(f"{out}/tok-flat.bin")
 PY
 ls "$work/www"
 

@@ -431,14 +431,14 @@ keys {
         values "integer ≥ 0",
         default "none",
         example "50256",
-        meaning "`tokens:` sources: the end-of-document token (it ends the document it closes); without it a file is one document";
+        meaning "`tokens:` sources: the end-of-document token (it ends the document it closes); without it a file is one document, unless a sidecar of document lengths `NAME.lengths.npy` lies beside it (not with `eos_token`)";
     /// How a token source's documents become samples.
     token_packing: Packing = Packing::Concat;
         parse |key, v| parse_packing(key, v);
         values "`concat`, `pad`",
         default "concat",
         example "pad",
-        meaning "token sources: `concat` cuts the files' stream into windows (see `seq_len`); `pad` makes sample `i` document `i` (the documents of every file in order: Megatron's document index; a flat file without `eos_token` is one document, with it `pad` is refused, since counting them would read every token), truncated to its first `seq_len + 1` tokens or padded with `pad_token` to them, and adds `loss_mask` (uint8, `[seq_len]`: 1 where the label is a real next token of the document, 0 on padding); with `document_boundaries=reset`, `cu_seqlens` is `[0, n, seq_len]` (n the document's tokens among the inputs) and `position_ids` restart at 0 on the padding";
+        meaning "token sources: `concat` cuts the files' stream into windows (see `seq_len`); `pad` makes sample `i` document `i` (the documents of every file in order: Megatron's document index; a flat file's sidecar of lengths `NAME.lengths.npy`; a flat file without either is one document, with `eos_token` `pad` is refused, since counting them would read every token), truncated to its first `seq_len + 1` tokens or padded with `pad_token` to them, and adds `loss_mask` (uint8, `[seq_len]`: 1 where the label is a real next token of the document, 0 on padding); with `document_boundaries=reset`, `cu_seqlens` is `[0, n, seq_len]` (n the document's tokens among the inputs) and `position_ids` restart at 0 on the padding";
     /// The token a short document is padded with under `token_packing=pad`.
     pad_token: Option<u64> = None;
         parse |key, v| parse_int(key, v, 0, i64::MAX as u64).map(Some);

@@ -80,7 +80,12 @@ impl LoaderOptions {
             if self.labels.is_some() {
                 return Err(Error::option("labels", "applies to npy sources only"));
             }
-            let source = BlendSource::open(blend, &self.token_config()?, seed)?;
+            let source = BlendSource::open(
+                blend,
+                &self.token_config()?,
+                &self.tar_config().remote,
+                seed,
+            )?;
             return Ok(Opened {
                 source: OpenedSource::Indexed(Arc::new(source)),
                 damaged: Vec::new(),
@@ -147,9 +152,10 @@ impl LoaderOptions {
                     return Err(Error::option("labels", "applies to npy sources only"));
                 }
                 Opened {
-                    source: OpenedSource::Indexed(Arc::new(TokenSource::open(
+                    source: OpenedSource::Indexed(Arc::new(TokenSource::open_with(
                         tokens,
                         &self.token_config()?,
+                        &self.tar_config().remote,
                     )?)),
                     damaged: Vec::new(),
                 }

@@ -26,5 +26,7 @@ mod tar_loader;
 mod tar_remote;
 mod tar_source;
 mod tensor_images;
+mod token_index;
+mod token_lengths;
 mod tokens;
 mod trace;
