@@ -1,8 +1,9 @@
-"""Dense tensors against torchvision v2: a 13-channel float32 image and its segmentation mask
-(``fields(image=..., mask=...)``) through one draw. The mask's labels encode their source pixel
-(``y * W + x``), so the crop and flip stoker drew can be read back from the delivered mask; the
-image and the mask must then equal torchvision's ``resized_crop`` + ``hflip`` of the same box:
-the image with antialiased bilinear resampling in float (within float32 rounding), the mask with
+"""Dense tensors against torchvision v2: a 13-channel float32 (and uint16) image and its
+segmentation mask (``fields(image=..., mask=...)``) through one draw. The mask's labels encode
+their source pixel (``y * W + x``), so the crop and flip stoker drew can be read back from the
+delivered mask; the image and the mask must then equal torchvision's ``resized_crop`` +
+``hflip`` of the same box: the image with antialiased bilinear resampling in float (within
+float32 rounding; uint16 against a float copy, rounded once), the mask with
 ``InterpolationMode.NEAREST`` (exactly, as a ``tv_tensors.Mask``), and bounding boxes as
 ``tv_tensors.BoundingBoxes`` through the same ops, then ``ClampBoundingBoxes`` and
 ``SanitizeBoundingBoxes`` (their labels dropped with them).
@@ -122,6 +123,65 @@ def test_a_colour_op_on_a_13_channel_image_is_refused_at_creation():
     with pytest.raises(stoker.InvalidArgumentError, match="13-channel float32"):
         stoker.Loader(Scenes(), batch_size=4, transform="color_jitter(brightness=0.2)",
                       input_layout="chw")
+
+
+def bands16(i: int) -> np.ndarray:
+    """``bands(i)`` as 16-bit data: uint16 over most of its range (values up to ~60000)."""
+    return np.round(bands(i).clip(0, 1) * 60000).astype(np.uint16)
+
+
+class Scenes16(Scenes):
+    def __getitem__(self, i):
+        return {"image": bands16(i), "mask": COORDS}
+
+
+def test_a_uint16_image_matches_torchvision_on_a_float_copy_and_stays_uint16():
+    loader = stoker.Loader(Scenes16(), batch_size=4, shuffle=True, seed=5, transform=SPEC,
+                           input_layout="chw", num_workers=2)
+    matched = 0
+    for batch in loader:
+        images, masks = np.array(batch["image"]), np.array(batch["mask"])
+        assert batch.dtype("image") == "uint16"
+        assert images.shape == (4, C, OUT, OUT) and images.dtype == np.uint16
+        tensor = batch.torch()["image"]
+        assert tensor.dtype == torch.uint16
+        np.testing.assert_array_equal(tensor.numpy(), images)
+        assert (images > 255).mean() > 0.5, "16-bit values survive"
+        for image, mask in zip(images, masks):
+            candidates = draw_from_mask(mask)
+            assert candidates
+            errors = []
+            for i in range(N):
+                # torchvision on a float copy of the same values, rounded once.
+                src = torch.from_numpy(bands16(i).astype(np.float32))
+                for top, left, h, w, flip in candidates:
+                    ref = F.resized_crop(src, top, left, h, w, [OUT, OUT],
+                                         interpolation=InterpolationMode.BILINEAR, antialias=True)
+                    if flip:
+                        ref = F.horizontal_flip(ref)
+                    ref = ref.round().clamp(0, 65535).numpy()
+                    diff = np.abs(ref - image.astype(np.float32))
+                    errors.append((float(diff.max()), float((diff > 0).mean())))
+            # float32 rounding of the two filters may put a value on the other side of a
+            # half: at most one level apart, never more.
+            worst, off = min(errors)
+            assert worst <= 1.0 and off < 0.01, (worst, off)
+            matched += 1
+    loader.close()
+    assert matched == N
+
+
+def test_a_uint16_image_normalizes_in_stored_units_and_refuses_uint8():
+    spec = f"{SPEC} | normalize(mean=30000, std=10000)"
+    loader = stoker.Loader(Scenes16(), batch_size=4, transform=spec, input_layout="chw")
+    batch = next(iter(loader))
+    image = np.array(batch["image"])
+    assert image.dtype == np.float32 and batch.torch()["image"].dtype == torch.float32
+    # Stored units: 0..60000 lands within (0 - 3, 6 - 3), not scaled to [0, 1] first.
+    assert image.min() >= -3.0 - 1e-4 and image.max() <= 3.0 + 1e-4 and image.max() > 1.0
+    loader.close()
+    with pytest.raises(stoker.InvalidArgumentError, match="not narrowed"):
+        stoker.Loader(Scenes16(), batch_size=4, transform=SPEC, input_layout="chw", dtype="uint8")
 
 
 def scene_boxes(i: int):

@@ -243,7 +243,7 @@ fn tensor_output(
                 "transform",
                 format!(
                     "fields(image={name}): field `{name}` ({dtype} {shape:?}) is not an image: \
-                     a 3-dimensional uint8, float16, bfloat16 or float32 tensor whose channels \
+                     a 3-dimensional uint8, uint16, float16, bfloat16 or float32 tensor whose channels \
                      input_layout (hwc or chw) says, or the shape shows (1, 3 or 4 channels)"
                 ),
             ))

@@ -109,7 +109,7 @@ keys {
         values "`npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,PREFIX…]`, `tokens:PATTERN`",
         default "required",
         example "npy:/data/x.npy",
-        meaning "an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists, or a WebDataset `wids` shard index `….json` listing shards with their sample counts; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs), or a token stream for language models (see docs/llm.md): Megatron-LM indexed datasets (`PREFIX.idx` + `PREFIX.bin`, several prefixes or a brace range) or flat token files (raw `.bin` of `token_dtype`, or 1-D `.npy` of uint16, uint32 or int32), memory-mapped and checked at open; custom, callback and iterable sources are set in code";
+        meaning "an npy array (memory-mapped; uint8, uint16, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists, or a WebDataset `wids` shard index `….json` listing shards with their sample counts; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs), or a token stream for language models (see docs/llm.md): Megatron-LM indexed datasets (`PREFIX.idx` + `PREFIX.bin`, several prefixes or a brace range) or flat token files (raw `.bin` of `token_dtype`, or 1-D `.npy` of uint16, uint32 or int32), memory-mapped and checked at open; custom, callback and iterable sources are set in code";
     /// Labels for an npy source.
     labels: Option<PathBuf> = None;
         parse |key, v| parse_labels(key, v).map(Some);
@@ -226,10 +226,10 @@ keys {
         meaning "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `scale_jitter`, `random_crop`, `random_zoom_out`, `random_iou_crop`, `hflip`, `vflip`, `color_jitter`, `random_photometric_distort`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); a leading `fields(image=NAME, mask=NAME, boxes=NAME:xyxy, labels=NAME, keypoints=NAME, ignore_index=255)` moves a segmentation mask (nearest, labels kept), bounding boxes (clamped, dropped under a pixel with their labels) and keypoints (`x, y[, visibility]` rows, never dropped; visibility 0 once outside) with their image under one draw; run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument";
     dtype: Option<DType> = None;
         parse |key, v| v.parse().map(Some).map_err(|e| Error::option(key, e));
-        values "`uint8`, `float32`, `float16`, `bfloat16`",
+        values "`uint8`, `uint16`, `float32`, `float16`, `bfloat16`",
         default "float32 after normalize, else uint8",
         example "bfloat16",
-        meaning "image output element type (other tensors are delivered as stored; image-shaped uint8, float16, bfloat16 and float32 tensors are images, see `input_layout`)";
+        meaning "image output element type (other tensors are delivered as stored; image-shaped uint8, uint16, float16, bfloat16 and float32 tensors are images, see `input_layout`; `uint16` only for uint16 tensor images)";
     layout: Layout = Layout::Nchw;
         parse |key, v| v.parse().map_err(|e| Error::option(key, e));
         values "`nchw`, `nhwc`",
@@ -242,7 +242,7 @@ keys {
         values "`hwc`, `chw`",
         default "`hwc` if the last dimension is 1, 3 or 4, else `chw` if the first is",
         example "chw",
-        meaning "how an image-shaped tensor field (3 dimensions of uint8, float16, bfloat16 or float32: npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; any other channel count (13 bands: `[H, W, 13]`) needs it set, and a layout the shape contradicts (`hwc` on `[3, H, W]`) is refused; RGB uint8 goes through the RGB pipeline, any other channel count or a float type plane by plane (colour ops need RGB uint8); its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size; from callbacks, RGB uint8 images may vary in size from sample to sample when the transform fixes the output size";
+        meaning "how an image-shaped tensor field (3 dimensions of uint8, uint16, float16, bfloat16 or float32: npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; any other channel count (13 bands: `[H, W, 13]`) needs it set, and a layout the shape contradicts (`hwc` on `[3, H, W]`) is refused; RGB uint8 goes through the RGB pipeline, any other channel count or a float type plane by plane (colour ops need RGB uint8); its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size; from callbacks, RGB uint8 images may vary in size from sample to sample when the transform fixes the output size";
     /// `None`: page-locked when the device is CUDA.
     pin_memory: Option<bool> = None;
         parse |key, v| parse_bool(key, v).map(Some);

@@ -357,7 +357,7 @@ impl LoaderOptions {
                     return Err(Error::option(
                         key,
                         "applies to images: encoded image fields, or image-shaped uint8 tensor \
-                         fields (float16, bfloat16 and float32 too) of shape [H, W, C] or \
+                         fields (uint16, float16, bfloat16 and float32 too) of shape [H, W, C] or \
                          [C, H, W] (set input_layout=hwc or chw unless C is 1, 3 or 4); this \
                          source has none",
                     ));
@@ -368,7 +368,7 @@ impl LoaderOptions {
         if let Some(dtype @ (DType::I32 | DType::I64)) = options.dtype {
             return Err(Error::option(
                 "dtype",
-                format!("images can be uint8, float32, float16 or bfloat16, not {dtype}"),
+                format!("images can be uint8, uint16, float32, float16 or bfloat16, not {dtype}"),
             ));
         }
         // Encoded images vary in size, so their pipeline must fix it; image-shaped tensors get a

@@ -339,6 +339,13 @@ impl Pipeline {
                 }
                 Lut::Half(t)
             }
+            DType::U16 => {
+                return Err(
+                    "dtype uint16 is for uint16 tensor images; an 8-bit image can be uint8, \
+                     float32, float16 or bfloat16"
+                        .into(),
+                )
+            }
             other => {
                 return Err(format!(
                     "images can be uint8, float32, float16 or bfloat16, not {other}"
