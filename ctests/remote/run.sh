@@ -199,8 +199,12 @@ step "library for Python and C"
 # With stoker-cxx, as the C and C++ steps' CMake build makes it: cargo resolves features per
 # build, and stoker-capi alone (without cxx-build's proc-macro2 features) would compile stoker-core
 # and its dependencies again (140 s on 2 cores) instead of finding them built.
-cargo build -q --release -p stoker-capi -p stoker-cxx
-lib="$root/target/release/libstoker.so"
+# The profile of the C++ step's build (STOKER_CARGO_PROFILE, default release), found built.
+profile=${STOKER_CARGO_PROFILE:-release}
+cargo build -q --profile "$profile" -p stoker-capi -p stoker-cxx
+profile_dir=$profile
+[ "$profile" = dev ] && profile_dir=debug
+lib="${CARGO_TARGET_DIR:-$root/target}/$profile_dir/libstoker.so"
 
 step "https:// with a certificate the reader does not trust fails, naming the URL"
 STOKER_LIBRARY="$lib" PYTHONPATH="$root/bindings/python/src" "$py" - <<'PY'
