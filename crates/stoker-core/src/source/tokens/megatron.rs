@@ -547,8 +547,6 @@ pub fn with_extension(prefix: &Path, ext: &str) -> PathBuf {
     PathBuf::from(p)
 }
 
-pub use super::writer::MegatronWriter;
-
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;

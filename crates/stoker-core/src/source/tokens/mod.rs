@@ -50,6 +50,7 @@ mod flat;
 mod lengths;
 pub mod megatron;
 mod writer;
+pub use writer::MegatronWriter;
 
 use std::path::{Path, PathBuf};
 
