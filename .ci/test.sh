@@ -56,6 +56,38 @@ fi
 cargo --version
 bash .ci/native-deps.sh
 
+# Every step until fuzzing leaves a core idle at times (a crate that everything after it waits
+# for, a link, pytest's one thread, downloads, waits on servers and launchers). The fuzz targets
+# and the sanitizers' test builds use it from the start, at the lowest CPU priority, so those two
+# steps mostly run rather than build. Each of them waits for its build and builds again itself if
+# the background one failed, so a failure shows there with its output.
+background_log=$(mktemp -d)
+# lowest CMD...: CMD in a session of its own (setsid), so that leaving early stops it and its
+# cargo, at the lowest CPU priority. Linux schedules each session as one group (autogroup) and a
+# nice value ranks a process only within its group, so the new session's group is lowered too:
+# without that the background builds took half the CPU from the steps they were to fill in for.
+lowest() { setsid bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"' _ "$@"; }
+lowest env FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh >"$background_log/fuzz.log" 2>&1 &
+fuzz_build=$!
+lowest bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
+  SANITIZERS_BUILD_ONLY=1 exec bash .ci/sanitizers.sh' _ "$fuzz_build" \
+  >"$background_log/sanitizers.log" 2>&1 &
+sanitizer_build=$!
+trap 'kill -- -"$fuzz_build" -"$sanitizer_build" 2>/dev/null || true' EXIT
+background_began=$SECONDS
+# background NAME PID LOG: waits for a background build and prints its last lines. Its CPU time
+# gets a row of its own in the table, apart from the step that waited for it.
+background() {
+  local before
+  count_cpu
+  before=$cpu_now
+  if wait "$2"; then echo "$1 (built in the background): ok"; else echo "$1 (built in the background): failed; building again"; fi
+  tail -n 4 "$3"
+  count_cpu
+  table_row "-" $((cpu_now - before)) "$1, built in the background since ${background_began}s"
+  step_cpu=$((step_cpu + cpu_now - before))
+}
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -102,38 +134,6 @@ bash ctests/run.sh
 step "C++ API: GoogleTest suite, LibTorch adapter, install consumer, example trainer"
 bash bindings/cpp/run_tests.sh
 done_with "$cache/wheels" "$cache"/libtorch-*
-
-# The steps from here to fuzzing leave a core idle for long stretches (downloads, pytest's one
-# thread, waits on servers and launchers). The fuzz targets and the sanitizers' test builds use
-# it, at the lowest CPU priority, so those two steps mostly run rather than build. Each step
-# below waits for its build and builds again itself if the background one failed, so a failure
-# shows there with its output.
-background_log=$(mktemp -d)
-# lowest CMD...: CMD in a session of its own (setsid), so that leaving early stops it and its
-# cargo, at the lowest CPU priority. Linux schedules each session as one group (autogroup) and a
-# nice value ranks a process only within its group, so the new session's group is lowered too:
-# without that the background builds took half the CPU from the steps they were to fill in for.
-lowest() { setsid bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"' _ "$@"; }
-lowest env FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh >"$background_log/fuzz.log" 2>&1 &
-fuzz_build=$!
-lowest bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
-  SANITIZERS_BUILD_ONLY=1 exec bash .ci/sanitizers.sh' _ "$fuzz_build" \
-  >"$background_log/sanitizers.log" 2>&1 &
-sanitizer_build=$!
-trap 'kill -- -"$fuzz_build" -"$sanitizer_build" 2>/dev/null || true' EXIT
-background_began=$SECONDS
-# background NAME PID LOG: waits for a background build and prints its last lines. Its CPU time
-# gets a row of its own in the table, apart from the step that waited for it.
-background() {
-  local before
-  count_cpu
-  before=$cpu_now
-  if wait "$2"; then echo "$1 (built in the background): ok"; else echo "$1 (built in the background): failed; building again"; fi
-  tail -n 4 "$3"
-  count_cpu
-  table_row "-" $((cpu_now - before)) "$1, built in the background since ${background_began}s"
-  step_cpu=$((step_cpu + cpu_now - before))
-}
 
 # After the C++ suite: its C++ reader links the C++ API that suite installed.
 step "remote shards: nginx (http://, https://) and an S3 server (s3://) on 127.0.0.1, from Rust, Python, C and C++"
