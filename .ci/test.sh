@@ -56,44 +56,11 @@ fi
 cargo --version
 bash .ci/native-deps.sh
 
-step "cargo fmt --check"
-cargo fmt --all -- --check
-
-step "layout: stoker-core's imports follow ARCHITECTURE.md's module map"
-python3 .ci/layout.py
-
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
-
-step "cargo doc (warnings denied)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib
-
-step "cargo test"
-cargo test --workspace 2>&1 | tee /tmp/stoker-cargo-test.log
-passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/stoker-cargo-test.log | awk '{s+=$4} END {print s+0}')
-echo "cargo test: ${passed} passed, 0 failed"
-
-step "stoker-core without its default features, every JPEG through zune-jpeg"
-# The crate as `default-features = false` users get it: no cudarc (the CUDA prefetcher's logic is
-# tested against the fake device), no remote fetcher, no libjpeg-turbo, so every image test runs
-# on the pure-Rust decoder.
-cargo clippy -p stoker-core --all-targets --no-default-features -- -D warnings
-STOKER_JPEG_DECODER=zune cargo test -p stoker-core --no-default-features 2>&1 | tee /tmp/stoker-cargo-test-nocuda.log
-passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/stoker-cargo-test-nocuda.log | awk '{s+=$4} END {print s+0}')
-echo "cargo test (no default features, jpeg_decoder=zune): ${passed} passed, 0 failed"
-
-step "C ABI: header freshness, CTest, find_package consumer, ASan/UBSan, valgrind"
-bash ctests/run.sh
-
-step "C++ API: GoogleTest suite, LibTorch adapter, install consumer, example trainer"
-bash bindings/cpp/run_tests.sh
-done_with "$cache/wheels" "$cache"/libtorch-*
-
-# The steps from here to fuzzing leave a core idle for long stretches (downloads, pytest's one
-# thread, waits on servers and launchers). The fuzz targets and the sanitizers' test builds use
-# it, at the lowest CPU priority, so those two steps mostly run rather than build. Each step
-# below waits for its build and builds again itself if the background one failed, so a failure
-# shows there with its output.
+# Every step until fuzzing leaves a core idle at times (a crate that everything after it waits
+# for, a link, pytest's one thread, downloads, waits on servers and launchers). The fuzz targets
+# and the sanitizers' test builds use it from the start, at the lowest CPU priority, so those two
+# steps mostly run rather than build. Each of them waits for its build and builds again itself if
+# the background one failed, so a failure shows there with its output.
 background_log=$(mktemp -d)
 # lowest CMD...: CMD in a session of its own (setsid), so that leaving early stops it and its
 # cargo, at the lowest CPU priority. Linux schedules each session as one group (autogroup) and a
@@ -121,6 +88,53 @@ background() {
   step_cpu=$((step_cpu + cpu_now - before))
 }
 
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "layout: stoker-core's imports follow ARCHITECTURE.md's module map"
+python3 .ci/layout.py
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo doc (warnings denied)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib
+
+step "cargo test"
+cargo test --workspace 2>&1 | tee /tmp/stoker-cargo-test.log
+# The modules of tests/all that measure or fork the whole process, each in a process of its own.
+for alone in soak autotune fork; do
+  cargo test --workspace --test all -- --ignored "$alone::" 2>&1 | tee -a /tmp/stoker-cargo-test.log
+done
+passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/stoker-cargo-test.log | awk '{s+=$4} END {print s+0}')
+echo "cargo test: ${passed} passed, 0 failed"
+
+step "stoker-core without its default features, every JPEG through zune-jpeg"
+# The crate as `default-features = false` users get it: no cudarc (the CUDA prefetcher's logic is
+# tested against the fake device), no remote fetcher, no libjpeg-turbo, so every image test runs
+# on the pure-Rust decoder.
+cargo clippy -p stoker-core --all-targets --no-default-features -- -D warnings
+STOKER_JPEG_DECODER=zune cargo test -p stoker-core --no-default-features 2>&1 | tee /tmp/stoker-cargo-test-nocuda.log
+for alone in soak autotune fork; do
+  STOKER_JPEG_DECODER=zune cargo test -p stoker-core --no-default-features --test all -- --ignored "$alone::" 2>&1 |
+    tee -a /tmp/stoker-cargo-test-nocuda.log
+done
+passed=$(grep -Eo 'test result: ok\. [0-9]+ passed' /tmp/stoker-cargo-test-nocuda.log | awk '{s+=$4} END {print s+0}')
+echo "cargo test (no default features, jpeg_decoder=zune): ${passed} passed, 0 failed"
+
+# The C, C++ and remote steps link libstoker as `cargo test` just built it (cargo's dev profile:
+# debug assertions on, dependencies optimised) instead of building it again in the release
+# profile, a tenth of the run's CPU time (420 of 4,140 CPU-s). The release build the test command
+# checks is the wheel's, which the Python and distributed steps test.
+export STOKER_CARGO_PROFILE=dev
+
+step "C ABI: header freshness, CTest, find_package consumer, ASan/UBSan, valgrind"
+bash ctests/run.sh
+
+step "C++ API: GoogleTest suite, LibTorch adapter, install consumer, example trainer"
+bash bindings/cpp/run_tests.sh
+done_with "$cache/wheels" "$cache"/libtorch-*
+
 # After the C++ suite: its C++ reader links the C++ API that suite installed.
 step "remote shards: nginx (http://, https://) and an S3 server (s3://) on 127.0.0.1, from Rust, Python, C and C++"
 bash ctests/remote/run.sh
@@ -132,7 +146,7 @@ bash bindings/python/run_tests.sh
 step "distributed: torchrun (gloo) 2 and 3 ranks with elastic resume, mpirun -np 2"
 # The wheel the Python step just built and tested, from this tree.
 STOKER_WHEEL=$(ls bindings/python/dist/stoker-*manylinux*.whl) bash bindings/python/run_distributed_tests.sh
-done_with .venv-test .venv-build "$target/release" "$target/zig"
+done_with .venv-test .venv-build "$target/zig"
 
 step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 30)"
 background "fuzz targets" "$fuzz_build" "$background_log/fuzz.log"

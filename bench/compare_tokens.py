@@ -7,7 +7,12 @@
 Then, where megatron-core is installed and `stoker bench tokens` has written its 2,500 Megatron
 datasets, the time to open them all: stoker's loader beside megatron-core's `IndexedDataset`
 per prefix (what its `GPTDataset` opens before building its own sample index), files evicted
-from the page cache and then cached.
+from the page cache and then cached; and megatron-core's `GPTDataset` itself over the same
+datasets (`--gpt-dataset`, on by default), one run: its build (document, sample and shuffle
+indices written to a fresh `path_to_cache`, then built again from that cache) beside stoker's
+first open (its index cache written) and a later one (loaded), and random samples of
+`seq_len=2048` read one at a time from the built dataset beside stoker's loader
+(`num_workers=1`, `shuffle=True`), with the ratios.
 
 The file is nanoGPT's format: every document's uint16 tokens one after the other (`train.bin`),
 written once into the cache directory. Both read windows of `--block + 1` tokens at random
@@ -130,6 +135,120 @@ def startup(directory: Path, rounds: int) -> None:
         print(f"{name:32} {best[name, 'not cached']:11.2f}s {best[name, 'cached']:9.2f}s")
 
 
+class _BenchTokenizer:
+    """The little of a tokenizer GPTDataset reads: GPT-2's vocabulary size and end of text."""
+
+    vocab_size = 50257
+    eod = 50256
+    pad = 50256
+    unique_identifiers = {"class": "BenchTokenizer", "vocab_size": 50257}
+
+
+def gpt_dataset(directory: Path, samples: int) -> None:
+    """megatron-core's GPTDataset beside stoker over the Megatron datasets of `stoker bench
+    tokens`: build or open time, first and later, and random samples per second; one run."""
+    import gc
+    import resource
+    import shutil
+    import tempfile
+
+    try:
+        import torch.distributed as dist
+        from megatron.core.datasets.blended_megatron_dataset_builder import (
+            BlendedMegatronDatasetBuilder,
+        )
+        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    except ImportError:
+        print("\nGPTDataset: megatron-core is not installed (pip install megatron-core), left out")
+        return
+    prefixes = sorted(str(p)[: -len(".idx")] for p in directory.glob("part-*.idx"))
+    if not prefixes:
+        print(f"\nGPTDataset: no datasets in {directory}: run `stoker bench tokens` first, left out")
+        return
+    seq_len = 2048
+    # GPTDataset keeps several files open per dataset: thousands of datasets need more than the
+    # usual soft limit of 1,024 descriptors.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    work = Path(tempfile.mkdtemp(prefix="stoker-gpt-dataset-"))
+    try:
+        if not dist.is_initialized():
+            dist.init_process_group(
+                "gloo", init_method=f"file://{work / 'store'}", rank=0, world_size=1
+            )
+        config = GPTDatasetConfig(
+            random_seed=1,
+            sequence_length=seq_len,
+            blend=(prefixes, None),
+            split="100,0,0",
+            tokenizer=_BenchTokenizer(),
+            reset_position_ids=False,
+            reset_attention_mask=False,
+            eod_mask_loss=False,
+            create_attention_mask=False,
+            path_to_cache=str(work / "cache"),
+        )
+        build = {}
+        for when in ("first", "later"):
+            start = time.perf_counter()
+            train, _, _ = BlendedMegatronDatasetBuilder(
+                GPTDataset, [None, None, None], lambda: True, config
+            ).build()
+            build[when] = time.perf_counter() - start
+            if when == "first":
+                del train
+                gc.collect()
+        rng = np.random.default_rng(0)
+        picks = rng.integers(0, len(train), samples)
+        start = time.perf_counter()
+        for i in picks:
+            train[int(i)]
+        gpt_rate = samples / (time.perf_counter() - start)
+        gpt_len = len(train)
+        del train
+        gc.collect()
+
+        pattern = f"{directory}/part-{{00000..{len(prefixes) - 1:05}}}"
+        for p in prefixes:
+            Path(p).with_name(f".{Path(p).name}.idx.stkidx").unlink(missing_ok=True)
+        opened = {}
+        for when in ("first", "later"):
+            start = time.perf_counter()
+            stoker.Loader(f"megatron:{pattern}", seq_len=seq_len).close()
+            opened[when] = time.perf_counter() - start
+        loader = stoker.Loader(
+            f"megatron:{pattern}", seq_len=seq_len, batch_size=8, shuffle=True, num_workers=1
+        )
+        batches = iter(loader)
+        next(batches)
+        n, start = 0, time.perf_counter()
+        while n < samples:
+            n += next(batches).size
+        stoker_rate = n / (time.perf_counter() - start)
+        stoker_len = len(loader) * 8
+        loader.close()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        shutil.rmtree(work, ignore_errors=True)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    print(
+        f"\nmegatron-core GPTDataset and stoker over {len(prefixes)} Megatron datasets, seq_len "
+        f"{seq_len} ({gpt_len} and {stoker_len} samples), one run"
+    )
+    print(f"{'':44} {'GPTDataset':>12} {'stoker':>10} {'ratio':>7}")
+    for when, what in (("first", "first (indices built)"), ("later", "later (indices loaded)")):
+        print(
+            f"{'open, ' + what:44} {build[when]:11.2f}s {opened[when]:9.2f}s "
+            f"{build[when] / max(opened[when], 1e-9):7.1f}"
+        )
+    print(
+        f"{'random samples/s (stoker: num_workers=1)':44} {gpt_rate:12.0f} {stoker_rate:10.0f} "
+        f"{stoker_rate / gpt_rate:7.1f}"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=200_000_000, help="tokens in the generated file")
@@ -144,6 +263,13 @@ def main() -> None:
         default=None,
         help="the datasets of `stoker bench tokens` (default: its folder in the cache directory)",
     )
+    p.add_argument(
+        "--gpt-dataset",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time megatron-core's GPTDataset over the Megatron datasets (one run)",
+    )
+    p.add_argument("--gpt-samples", type=int, default=2000, help="random samples read from each")
     args = p.parse_args()
 
     cache = args.data_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stoker"
@@ -181,7 +307,10 @@ def main() -> None:
     for name, (rate, per_cpu) in best.items():
         print(f"{name:32} {rate:12.0f} {rate / base_rate:7.2f} {per_cpu:14.0f} {per_cpu / base_cpu:7.2f}")
 
-    startup(args.megatron_dir or cache / "bench-tokens-2500x1000", args.rounds)
+    megatron_dir = args.megatron_dir or cache / "bench-tokens-2500x1000"
+    startup(megatron_dir, args.rounds)
+    if args.gpt_dataset:
+        gpt_dataset(megatron_dir, args.gpt_samples)
 
 
 if __name__ == "__main__":

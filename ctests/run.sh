@@ -6,7 +6,9 @@
 #   bash ctests/run.sh            (from anywhere; idempotent: every run works in a fresh temp dir)
 #
 # Environment: CARGO_TARGET_DIR (default <repo>/target, shared with cargo), CARGO_BUILD_JOBS and
-# STOKER_JOBS (default 2), STOKER_KEEP=1 keeps the temp dir.
+# STOKER_JOBS (default 2), STOKER_KEEP=1 keeps the temp dir, STOKER_CARGO_PROFILE the cargo profile
+# that builds libstoker for this RelWithDebInfo configuration (default release; .ci/test.sh
+# passes dev, the build `cargo test` just made).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -100,8 +102,10 @@ run_prog() {
 }
 
 # --- build, install, test the build tree ----------------------------------------------------
-step "configure + build (cargo release build of libstoker, C tests)"
-cmake -S . -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
+profile="${STOKER_CARGO_PROFILE:-release}"
+step "configure + build (libstoker in cargo's $profile profile, C tests)"
+cmake -S . -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX="$prefix" \
+  "-DSTOKER_CARGO_PROFILE_RELEASE=$profile" >/dev/null
 cmake --build "$work/build" -j "$jobs"
 step "install to $prefix (and the debug component: the split debug info)"
 cmake --install "$work/build" >/dev/null

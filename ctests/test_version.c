@@ -25,6 +25,7 @@ int main(void) {
   CHECK(STOKER_ERR_OUT_OF_MEMORY == -9 && STOKER_ERR_CUDA == -10);
   CHECK(STOKER_DTYPE_U8 == 0 && STOKER_DTYPE_I32 == 1 && STOKER_DTYPE_I64 == 2);
   CHECK(STOKER_DTYPE_F16 == 3 && STOKER_DTYPE_BF16 == 4 && STOKER_DTYPE_F32 == 5);
+  CHECK(STOKER_DTYPE_U16 == 6); /* an addition: the codes before it keep their values */
   /* Layout of the public structs (fields are only ever appended). */
   CHECK(sizeof(stoker_stats) == 49 * 8);
   CHECK(offsetof(stoker_stats, pin_failures) == 12 * 8);

@@ -10,6 +10,8 @@
 #   CARGO_TARGET_DIR    cargo's target dir; default <repo>/target
 #   BUILD_DIR           CMake build dir; default <repo>/build-cpp
 #   JOBS                parallel build jobs; default 2
+#   STOKER_CARGO_PROFILE the cargo profile of the Release configuration's Rust libraries; default
+#                       release (.ci/test.sh passes dev, the build `cargo test` just made)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -79,10 +81,12 @@ echo "in sync"
 
 # ---- configure, build, test ----
 step "configure ($BUILD_DIR)"
+PROFILE="${STOKER_CARGO_PROFILE:-release}"
 cmake -S bindings/cpp -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
-  "-DSTOKER_CARGO_TARGET_DIR=$CARGO_TARGET_DIR" "-DSTOKER_CARGO_JOBS=$JOBS" "${TORCH_ARGS[@]}" >/dev/null
+  "-DSTOKER_CARGO_TARGET_DIR=$CARGO_TARGET_DIR" "-DSTOKER_CARGO_JOBS=$JOBS" \
+  "-DSTOKER_CARGO_PROFILE_RELEASE=$PROFILE" "${TORCH_ARGS[@]}" >/dev/null
 t=$SECONDS
-step "build (cargo release + C++, -j $JOBS)"
+step "build (cargo $PROFILE profile + C++, -j $JOBS)"
 cmake --build "$BUILD_DIR" -j "$JOBS"
 echo "build: $((SECONDS - t)) s"
 

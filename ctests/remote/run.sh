@@ -91,6 +91,20 @@ index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "shard",
                        for name, n in zip(shards, sizes)]}
 with open(f"{out}/train.json", "w") as f:
     json.dump(index, f, indent=2)
+# Token streams: a Megatron dataset (uint16, one sequence per document, as Megatron-LM's
+# _IndexWriter lays it out) and a flat uint16 file, read remotely against the same files read
+# locally from this directory.
+import struct
+import numpy as np
+rng = np.random.default_rng(7)
+docs = [(1000 + 100 * d + np.arange(rng.integers(1, 40))) % 65536 for d in range(300)]
+lengths = np.array([len(d) for d in docs], dtype="<i4")
+pointers = np.concatenate([[0], np.cumsum(lengths[:-1].astype(np.int64) * 2)]).astype("<i8")
+with open(f"{out}/tok-web.idx", "wb") as f:
+    f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(docs), len(docs) + 1))
+    f.write(lengths.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1, dtype="<i8").tobytes())
+np.concatenate(docs).astype("<u2").tofile(f"{out}/tok-web.bin")
+np.concatenate(docs[::-1]).astype("<u2").tofile(f"{out}/tok-flat.bin")
 PY
 ls "$work/www"
 
@@ -185,8 +199,12 @@ step "library for Python and C"
 # With stoker-cxx, as the C and C++ steps' CMake build makes it: cargo resolves features per
 # build, and stoker-capi alone (without cxx-build's proc-macro2 features) would compile stoker-core
 # and its dependencies again (140 s on 2 cores) instead of finding them built.
-cargo build -q --release -p stoker-capi -p stoker-cxx
-lib="$root/target/release/libstoker.so"
+# The profile of the C++ step's build (STOKER_CARGO_PROFILE, default release), found built.
+profile=${STOKER_CARGO_PROFILE:-release}
+cargo build -q --profile "$profile" -p stoker-capi -p stoker-cxx
+profile_dir=$profile
+[ "$profile" = dev ] && profile_dir=debug
+lib="${CARGO_TARGET_DIR:-$root/target}/$profile_dir/libstoker.so"
 
 step "https:// with a certificate the reader does not trust fails, naming the URL"
 STOKER_LIBRARY="$lib" PYTHONPATH="$root/bindings/python/src" "$py" - <<'PY'

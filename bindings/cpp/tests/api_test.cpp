@@ -51,6 +51,7 @@ STOKER_SAME(stoker::DType::I64, STOKER_DTYPE_I64);
 STOKER_SAME(stoker::DType::F16, STOKER_DTYPE_F16);
 STOKER_SAME(stoker::DType::BF16, STOKER_DTYPE_BF16);
 STOKER_SAME(stoker::DType::F32, STOKER_DTYPE_F32);
+STOKER_SAME(stoker::DType::U16, STOKER_DTYPE_U16);
 #undef STOKER_SAME
 
 static_assert(!std::is_copy_constructible_v<stoker::Batch>, "Batch is a lease: not copyable");

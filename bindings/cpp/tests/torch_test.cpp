@@ -122,6 +122,7 @@ TEST_F(TorchTest, UnknownFieldThrows) {
 TEST(TorchDType, EveryStokerDTypeHasATorchType) {
   EXPECT_EQ(stoker::scalar_type(stoker::DType::F16), torch::kFloat16);
   EXPECT_EQ(stoker::scalar_type(stoker::DType::BF16), torch::kBFloat16);
+  EXPECT_EQ(stoker::scalar_type(stoker::DType::U16), torch::kUInt16);
   EXPECT_EQ(stoker::scalar_type(stoker::DType::I32), torch::kInt32);
 }
 

@@ -1,8 +1,9 @@
-"""Dense tensors against torchvision v2: a 13-channel float32 image and its segmentation mask
-(``fields(image=..., mask=...)``) through one draw. The mask's labels encode their source pixel
-(``y * W + x``), so the crop and flip stoker drew can be read back from the delivered mask; the
-image and the mask must then equal torchvision's ``resized_crop`` + ``hflip`` of the same box:
-the image with antialiased bilinear resampling in float (within float32 rounding), the mask with
+"""Dense tensors against torchvision v2: a 13-channel float32 (and uint16) image and its
+segmentation mask (``fields(image=..., mask=...)``) through one draw. The mask's labels encode
+their source pixel (``y * W + x``), so the crop and flip stoker drew can be read back from the
+delivered mask; the image and the mask must then equal torchvision's ``resized_crop`` +
+``hflip`` of the same box: the image with antialiased bilinear resampling in float (within
+float32 rounding; uint16 against a float copy, rounded once), the mask with
 ``InterpolationMode.NEAREST`` (exactly, as a ``tv_tensors.Mask``), and bounding boxes as
 ``tv_tensors.BoundingBoxes`` through the same ops, then ``ClampBoundingBoxes`` and
 ``SanitizeBoundingBoxes`` (their labels dropped with them).
@@ -122,6 +123,65 @@ def test_a_colour_op_on_a_13_channel_image_is_refused_at_creation():
     with pytest.raises(stoker.InvalidArgumentError, match="13-channel float32"):
         stoker.Loader(Scenes(), batch_size=4, transform="color_jitter(brightness=0.2)",
                       input_layout="chw")
+
+
+def bands16(i: int) -> np.ndarray:
+    """``bands(i)`` as 16-bit data: uint16 over most of its range (values up to ~60000)."""
+    return np.round(bands(i).clip(0, 1) * 60000).astype(np.uint16)
+
+
+class Scenes16(Scenes):
+    def __getitem__(self, i):
+        return {"image": bands16(i), "mask": COORDS}
+
+
+def test_a_uint16_image_matches_torchvision_on_a_float_copy_and_stays_uint16():
+    loader = stoker.Loader(Scenes16(), batch_size=4, shuffle=True, seed=5, transform=SPEC,
+                           input_layout="chw", num_workers=2)
+    matched = 0
+    for batch in loader:
+        images, masks = np.array(batch["image"]), np.array(batch["mask"])
+        assert batch.dtype("image") == "uint16"
+        assert images.shape == (4, C, OUT, OUT) and images.dtype == np.uint16
+        tensor = batch.torch()["image"]
+        assert tensor.dtype == torch.uint16
+        np.testing.assert_array_equal(tensor.numpy(), images)
+        assert (images > 255).mean() > 0.5, "16-bit values survive"
+        for image, mask in zip(images, masks):
+            candidates = draw_from_mask(mask)
+            assert candidates
+            errors = []
+            for i in range(N):
+                # torchvision on a float copy of the same values, rounded once.
+                src = torch.from_numpy(bands16(i).astype(np.float32))
+                for top, left, h, w, flip in candidates:
+                    ref = F.resized_crop(src, top, left, h, w, [OUT, OUT],
+                                         interpolation=InterpolationMode.BILINEAR, antialias=True)
+                    if flip:
+                        ref = F.horizontal_flip(ref)
+                    ref = ref.round().clamp(0, 65535).numpy()
+                    diff = np.abs(ref - image.astype(np.float32))
+                    errors.append((float(diff.max()), float((diff > 0).mean())))
+            # float32 rounding of the two filters may put a value on the other side of a
+            # half: at most one level apart, never more.
+            worst, off = min(errors)
+            assert worst <= 1.0 and off < 0.01, (worst, off)
+            matched += 1
+    loader.close()
+    assert matched == N
+
+
+def test_a_uint16_image_normalizes_in_stored_units_and_refuses_uint8():
+    spec = f"{SPEC} | normalize(mean=30000, std=10000)"
+    loader = stoker.Loader(Scenes16(), batch_size=4, transform=spec, input_layout="chw")
+    batch = next(iter(loader))
+    image = np.array(batch["image"])
+    assert image.dtype == np.float32 and batch.torch()["image"].dtype == torch.float32
+    # Stored units: 0..60000 lands within (0 - 3, 6 - 3), not scaled to [0, 1] first.
+    assert image.min() >= -3.0 - 1e-4 and image.max() <= 3.0 + 1e-4 and image.max() > 1.0
+    loader.close()
+    with pytest.raises(stoker.InvalidArgumentError, match="not narrowed"):
+        stoker.Loader(Scenes16(), batch_size=4, transform=SPEC, input_layout="chw", dtype="uint8")
 
 
 def scene_boxes(i: int):
@@ -354,3 +414,208 @@ def test_random_zoom_out_moves_image_mask_and_boxes_as_torchvision_on_the_same_d
     assert len(canvases) == N
     # Some samples zoomed out (a canvas wider than the image), and within side_range.
     assert max(canvases) > S and all(S <= c <= 2 * S for c in canvases), canvases
+
+
+def scene_points(i: int) -> np.ndarray:
+    """A different number of keypoints per sample, ``(x, y, visibility)``: pixel positions
+    anywhere in the image (so that crops and warps push some out), visibility 1 or 2, and one
+    point already invisible."""
+    rng = np.random.default_rng(200 + i)
+    k = 3 + i % 4
+    xy = rng.uniform(0, S - 1, (k, 2))
+    vis = rng.integers(1, 3, (k, 1)).astype(np.float64)
+    vis[0] = 0
+    return np.concatenate([xy, vis], 1).astype(np.float32)
+
+
+class Posed:
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return {"image": bands(i), "mask": COORDS, "points": scene_points(i)}
+
+
+POSE_OPS = ("random_resized_crop(40, scale=0.5:1) | hflip | random_zoom_out(side_range=1:1.5, p=0.7)"
+            " | center_crop(40) | affine(degrees=20, translate=0.1:0.1, scale=0.9:1.1, shear=5)"
+            " | vflip")
+POSE = f"fields(image=image, mask=mask, keypoints=points) | {POSE_OPS}"
+
+
+def pose_batches(**options):
+    loader = stoker.Loader(Posed(), batch_size=4, seed=13, transform=POSE, input_layout="chw",
+                           **options)
+    out = [{k: np.array(v) for k, v in b.items()} for b in loader]
+    loader.close()
+    return out
+
+
+def torchvision_points(i: int):
+    """Sample ``i``'s keypoints through torchvision's functional ops with the parameters stoker
+    drew for it (``transform_image`` replays draw ``i`` of the same seed; unshuffled, draw ``i``
+    is sample ``i``), and the visibility stoker documents: 0 once a point is outside the canvas
+    after an op (``SanitizeKeyPoints``'s test), else as given."""
+    _, params = stoker.transform_image(POSE_OPS, np.zeros((S, S, 3), np.uint8), (40, 40), seed=13,
+                                       index=i)
+    by = {p["op"]: p for p in params}
+    src = scene_points(i)
+    kp = tv_tensors.KeyPoints(torch.from_numpy(src[:, :2].copy()), canvas_size=(S, S))
+    inside = np.ones(len(src), bool)
+
+    def step(k):
+        h, w = k.canvas_size
+        x, y = k[:, 0].numpy(), k[:, 1].numpy()
+        inside[:] &= (x >= 0) & (x < w) & (y >= 0) & (y < h)
+        return k
+
+    plan = by["plan"]
+    top, left, h, w = (int(plan[k]) for k in ("top", "left", "height", "width"))
+    kp = step(F.resized_crop(kp, top, left, h, w, [40, 40]))
+    if plan["flip"]:
+        kp = step(F.horizontal_flip(kp))
+    zoom = by["random_zoom_out"]
+    if zoom["apply"]:
+        padding = [zoom["left"], zoom["top"], zoom["width"] - 40 - zoom["left"],
+                   zoom["height"] - 40 - zoom["top"]]
+        kp = step(F.pad(kp, padding))
+    kp = step(F.center_crop(kp, [40, 40]))
+    a = by["affine"]
+    kp = step(F.affine(kp, angle=a["angle"], translate=[int(t) for t in a["translate"]],
+                       scale=a["scale"], shear=a["shear"]))
+    if by["vflip"]["apply"]:
+        kp = step(F.vertical_flip(kp))
+    vis = np.where(inside, src[:, 2], 0)
+    return np.concatenate([kp.numpy(), vis[:, None]], 1), zoom["apply"]
+
+
+def test_keypoints_match_torchvision_keypoints_on_the_same_draw():
+    """Crop, resize, flips, a zoom-out's padding and an affine warp: the delivered keypoints
+    equal torchvision's ``KeyPoints`` through the same ops with the same parameters (none is
+    dropped or clamped), and the visibility of a point that left the canvas is 0."""
+    batches = pose_batches(pad=-1)
+    seen = left_canvas = zoomed = 0
+    for b in batches:
+        assert b["image"].shape == (4, C, 40, 40)
+        for got, n in zip(b["points"], b["points_lengths"]):
+            i = seen
+            want, zoom = torchvision_points(i)
+            assert n == len(want) == len(scene_points(i))
+            np.testing.assert_allclose(got[:n], want, atol=2e-3)
+            assert (got[n:] == -1).all()
+            left_canvas += int(((want[:, 2] == 0) & (scene_points(i)[:, 2] > 0)).sum())
+            zoomed += zoom
+            seen += 1
+    assert seen == N
+    # The draws moved some points out of the canvas, and some zoomed out.
+    assert left_canvas > 0 and zoomed > 0
+
+
+def test_keypoints_do_not_depend_on_workers_or_the_ragged_layout():
+    zero = pose_batches(pad=-1)
+    three = pose_batches(pad=-1, num_workers=3)
+    flat = pose_batches(ragged="offsets")
+    for a, b, f in zip(zero, three, flat):
+        np.testing.assert_array_equal(a["points"], b["points"])
+        np.testing.assert_array_equal(a["image"], b["image"])
+        rows = [p[:n] for p, n in zip(a["points"], a["points_lengths"])]
+        np.testing.assert_array_equal(np.concatenate(rows), f["points"])
+        np.testing.assert_array_equal(np.cumsum([0] + [len(r) for r in rows]), f["points_offsets"])
+
+
+def test_keypoints_of_the_wrong_shape_are_refused_in_words():
+    class Flat(Posed):
+        def __getitem__(self, i):
+            return {"image": bands(i), "mask": COORDS, "points": scene_points(i)[:, :1].copy()}
+
+    with pytest.raises(stoker.InvalidArgumentError, match="keypoints are float32 rows of 2"):
+        stoker.Loader(Flat(), batch_size=4, transform=POSE, input_layout="chw", pad=-1)
+
+
+IOU = (f"fields(image=image, mask=mask, boxes=boxes:xyxy, labels=labels)"
+       f" | random_iou_crop | resize({OUT}, {OUT}) | hflip")
+
+
+def test_random_iou_crop_matches_torchvision_crop_of_the_same_rectangle():
+    """RandomIoUCrop's rectangle read back from the coordinate mask (as ``resized_crop`` to
+    ``OUT``); the image must equal torchvision's ``resized_crop`` of it and the boxes
+    torchvision's ``crop`` + ``resize`` with the boxes whose centre lies outside zeroed (what
+    ``RandomIoUCrop.transform`` does), clamped and sanitized, labels with them."""
+    loader = stoker.Loader(Detection("xyxy"), batch_size=4, shuffle=True, seed=21, transform=IOU,
+                           input_layout="chw", pad=-1)
+    cropped = cut = 0
+    for b in loader:
+        for image, mask, got, got_labels, n in zip(
+            np.array(b["image"]), np.array(b["mask"]), np.array(b["boxes"]),
+            np.array(b["labels"]), np.array(b["boxes_lengths"])
+        ):
+            best = None
+            for i in range(N):
+                src = torch.from_numpy(bands(i))
+                for top, left, h, w, flip in draw_from_mask(mask):
+                    ref = F.resized_crop(src, top, left, h, w, [OUT, OUT], antialias=True)
+                    if flip:
+                        ref = F.horizontal_flip(ref)
+                    err = float(np.abs(ref.numpy() - image).max())
+                    if best is None or err < best[0]:
+                        best = (err, i, (top, left, h, w, flip))
+            err, i, (top, left, h, w, flip) = best
+            assert err < 2e-5
+            xyxy, src_labels = scene_boxes(i)
+            cx, cy = (xyxy[:, 0] + xyxy[:, 2]) / 2, (xyxy[:, 1] + xyxy[:, 3]) / 2
+            within = (left < cx) & (cx < left + w) & (top < cy) & (cy < top + h)
+            bb = tv_tensors.BoundingBoxes(torch.from_numpy(xyxy), format="XYXY", canvas_size=(S, S))
+            bb = F.crop(bb, top, left, h, w)
+            bb[~torch.from_numpy(within)] = 0
+            bb = F.resize(bb, [OUT, OUT])
+            if flip:
+                bb = F.horizontal_flip(bb)
+            bb = F.clamp_bounding_boxes(bb)
+            want, want_labels = tv2.SanitizeBoundingBoxes(min_size=1)(
+                {"boxes": bb, "labels": torch.from_numpy(src_labels)}
+            ).values()
+            assert n == len(want), (got[:n], want)
+            np.testing.assert_allclose(got[:n], want.numpy(), atol=1e-4)
+            np.testing.assert_array_equal(got_labels[:n], want_labels.numpy())
+            cropped += (h, w) != (S, S)
+            cut += int((~within).sum())
+    loader.close()
+    # Most samples were cropped, and some boxes were dropped for their centre.
+    assert cropped > N // 2 and cut > 0, (cropped, cut)
+
+
+def test_random_iou_crop_needs_boxes_and_does_not_depend_on_workers():
+    with pytest.raises(stoker.InvalidArgumentError, match="random_iou_crop draws its crop"):
+        stoker.Loader(Scenes(), batch_size=4, input_layout="chw",
+                      transform=f"fields(image=image, mask=mask) | random_iou_crop | resize({OUT}, {OUT})")
+
+    def run(workers):
+        loader = stoker.Loader(Detection("xyxy"), batch_size=4, seed=3, transform=IOU,
+                               input_layout="chw", pad=-1, num_workers=workers)
+        out = [(np.array(b["mask"]), np.array(b["boxes"])) for b in loader]
+        loader.close()
+        return out
+
+    for (m0, b0), (m3, b3) in zip(run(0), run(3)):
+        np.testing.assert_array_equal(m0, m3)
+        np.testing.assert_array_equal(b0, b3)
+
+
+def test_box_format_option_is_the_format_of_boxes_named_without_a_suffix():
+    def run(boxes, **options):
+        spec = (f"fields(image=image, mask=mask, boxes={boxes}, labels=labels)"
+                f" | random_resized_crop({OUT}) | hflip")
+        loader = stoker.Loader(Detection("xywh"), batch_size=4, seed=2, transform=spec,
+                               input_layout="chw", pad=-1, **options)
+        out = [(np.array(b["boxes"]), np.array(b["boxes_lengths"])) for b in loader]
+        loader.close()
+        return out
+
+    by_suffix = run("boxes:xywh")
+    for (a, la), (b, lb) in zip(run("boxes", box_format="xywh"), by_suffix):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(la, lb)
+    # The suffix wins over the option.
+    for (a, _), (b, _) in zip(run("boxes:xywh", box_format="cxcywh"), by_suffix):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(stoker.InvalidArgumentError, match="not a box format"):
+        run("boxes", box_format="ltrb")

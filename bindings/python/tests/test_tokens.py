@@ -254,3 +254,43 @@ def test_pad_packing_equals_numpy(tmp_path):
     np.testing.assert_array_equal(
         mask.sum(axis=1), [max(min(len(d), SEQ + 1) - 1, 0) for d in docs]
     )
+
+
+def test_flat_file_with_a_sidecar_of_document_lengths(tmp_path):
+    docs = [3000 + 100 * d + np.arange(n) for d, n in enumerate([0, 1, 3, SEQ, SEQ + 2, 4, 9])]
+    np.concatenate(docs).astype(np.uint16).tofile(tmp_path / "train.bin")
+    np.save(tmp_path / "train.lengths.npy", np.array([len(d) for d in docs]))
+    spec = f"tokens:{tmp_path / 'train.bin'}"
+
+    # One document a sample, as the sidecar lists them.
+    inputs, labels, mask, _, _ = padded_reference(docs)
+    loader = stoker.Loader(
+        spec, token_dtype="uint16", seq_len=SEQ, token_packing="pad",
+        batch_size=len(docs), num_workers=0,
+    )
+    batch = next(iter(loader))
+    np.testing.assert_array_equal(batch["input_ids"], inputs)
+    np.testing.assert_array_equal(batch["labels"], labels)
+    np.testing.assert_array_equal(batch["loss_mask"], mask)
+
+    # Windows whose positions restart at the sidecar's documents.
+    inputs, labels, positions, cu = reference(docs)
+    loader = stoker.Loader(
+        spec, token_dtype="uint16", seq_len=SEQ, document_boundaries="reset",
+        batch_size=len(inputs), num_workers=0,
+    )
+    batch = next(iter(loader))
+    np.testing.assert_array_equal(batch["input_ids"], inputs)
+    np.testing.assert_array_equal(batch["position_ids"], positions)
+    for k, want in enumerate(cu):
+        n = int(batch["cu_seqlens_lengths"][k])
+        np.testing.assert_array_equal(batch["cu_seqlens"][k][:n], want)
+
+    # Lengths that do not sum to the file's tokens: an error naming both files and numbers.
+    total = sum(len(d) for d in docs)
+    np.save(tmp_path / "train.lengths.npy", np.array([len(d) for d in docs[:-1]]))
+    with pytest.raises(stoker.StokerError) as e:
+        stoker.Loader(spec, token_dtype="uint16", seq_len=SEQ, batch_size=2)
+    message = str(e.value)
+    assert "train.lengths.npy" in message and "train.bin" in message
+    assert f"sum to {total - 9} tokens" in message and f"holds {total} tokens" in message

@@ -125,6 +125,7 @@ fn dl_dtype(d: DType) -> DLDataType {
         DType::F16 => (DLDataTypeCode::kDLFloat, 16),
         DType::BF16 => (DLDataTypeCode::kDLBfloat, 16),
         DType::F32 => (DLDataTypeCode::kDLFloat, 32),
+        DType::U16 => (DLDataTypeCode::kDLUInt, 16),
     };
     DLDataType {
         code: code as u8,

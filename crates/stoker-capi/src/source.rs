@@ -350,6 +350,7 @@ fn dtype_of(code: i32) -> Option<DType> {
         3 => DType::F16,
         4 => DType::BF16,
         5 => DType::F32,
+        6 => DType::U16,
         _ => return None,
     })
 }

@@ -46,6 +46,7 @@ pub enum stoker_dtype {
     STOKER_DTYPE_F16 = 3,
     STOKER_DTYPE_BF16 = 4,
     STOKER_DTYPE_F32 = 5,
+    STOKER_DTYPE_U16 = 6,
 }
 
 // The numbers of the C enums are the core's (`ErrorKind::code`, `DType::code`): cbindgen needs
@@ -79,6 +80,7 @@ const _: () = {
         (STOKER_DTYPE_F16, DType::F16),
         (STOKER_DTYPE_BF16, DType::BF16),
         (STOKER_DTYPE_F32, DType::F32),
+        (STOKER_DTYPE_U16, DType::U16),
     ];
     let mut i = 0;
     while i < dtypes.len() {
@@ -116,6 +118,7 @@ impl From<DType> for stoker_dtype {
             DType::F16 => STOKER_DTYPE_F16,
             DType::BF16 => STOKER_DTYPE_BF16,
             DType::F32 => STOKER_DTYPE_F32,
+            DType::U16 => STOKER_DTYPE_U16,
         }
     }
 }

@@ -19,17 +19,20 @@ pub enum DType {
     BF16 = 4,
     /// IEEE 754 single precision (`float32`).
     F32 = 5,
+    /// Unsigned 16-bit integer (`uint16`): 16-bit images (medical, satellite).
+    U16 = 6,
 }
 
 impl DType {
     /// Every element type, in code order.
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 7] = [
         DType::U8,
         DType::I32,
         DType::I64,
         DType::F16,
         DType::BF16,
         DType::F32,
+        DType::U16,
     ];
 
     /// The `stoker_dtype` code every face uses for this type (C, C++, Python).
@@ -46,7 +49,7 @@ impl DType {
     pub const fn size(self) -> usize {
         match self {
             DType::U8 => 1,
-            DType::F16 | DType::BF16 => 2,
+            DType::U16 | DType::F16 | DType::BF16 => 2,
             DType::I32 | DType::F32 => 4,
             DType::I64 => 8,
         }
@@ -61,6 +64,7 @@ impl DType {
             DType::F16 => "float16",
             DType::BF16 => "bfloat16",
             DType::F32 => "float32",
+            DType::U16 => "uint16",
         }
     }
 
@@ -74,6 +78,7 @@ impl DType {
             DType::F16 => out.copy_from_slice(&half::f16::from_f64(value).to_ne_bytes()),
             DType::BF16 => out.copy_from_slice(&half::bf16::from_f64(value).to_ne_bytes()),
             DType::F32 => out.copy_from_slice(&(value as f32).to_ne_bytes()),
+            DType::U16 => out.copy_from_slice(&(value as u16).to_ne_bytes()),
         }
     }
 }
@@ -94,9 +99,11 @@ impl FromStr for DType {
             "float16" | "f16" | "half" => DType::F16,
             "bfloat16" | "bf16" => DType::BF16,
             "float32" | "f32" | "float" => DType::F32,
+            "uint16" | "u16" => DType::U16,
             _ => {
                 return Err(format!(
-                "unknown dtype `{s}` (expected uint8, int32, int64, float16, bfloat16 or float32)"
+                "unknown dtype `{s}` (expected uint8, uint16, int32, int64, float16, bfloat16 or \
+                 float32)"
             ))
             }
         })

@@ -87,11 +87,12 @@ class Error : public std::runtime_error {
 };
 
 // The C ABI's `stoker_dtype` values.
-enum class DType : uint32_t { U8 = 0, I32 = 1, I64 = 2, F16 = 3, BF16 = 4, F32 = 5 };
+enum class DType : uint32_t { U8 = 0, I32 = 1, I64 = 2, F16 = 3, BF16 = 4, F32 = 5, U16 = 6 };
 
 inline std::size_t dtype_size(DType d) noexcept {
   switch (d) {
     case DType::U8: return 1;
+    case DType::U16:
     case DType::F16:
     case DType::BF16: return 2;
     case DType::I32:
@@ -109,6 +110,7 @@ inline const char* to_string(DType d) noexcept {
     case DType::F16: return "float16";
     case DType::BF16: return "bfloat16";
     case DType::F32: return "float32";
+    case DType::U16: return "uint16";
   }
   return "unknown";
 }
@@ -343,6 +345,8 @@ class Options {
   Options& pad(double value) { return set("pad", number(value)); }
   // "pad" (padded, with NAME_lengths) or "offsets" (flat, with NAME_offsets of batch + 1).
   Options& ragged(std::string_view layout) { return set("ragged", layout); }
+  // "xyxy", "xywh" or "cxcywh": boxes named by fields(boxes=NAME) without a :FORMAT suffix.
+  Options& box_format(std::string_view format) { return set("box_format", format); }
   Options& max_image_pixels(uint64_t n) { return set("max_image_pixels", std::to_string(n)); }
   Options& jpeg_decoder(std::string_view name) { return set("jpeg_decoder", name); }
   Options& memory_budget(std::string_view bytes) { return set("memory_budget", bytes); }

@@ -52,6 +52,7 @@ inline c10::ScalarType scalar_type(DType d) {
     case DType::F16: return torch::kFloat16;
     case DType::BF16: return torch::kBFloat16;
     case DType::F32: return torch::kFloat32;
+    case DType::U16: return torch::kUInt16;
   }
   throw Error(Status::InvalidArgument, "unknown stoker dtype " + std::to_string(static_cast<uint32_t>(d)));
 }

@@ -20,7 +20,7 @@ OK = 0
 END_OF_EPOCH = 1
 
 # stoker_dtype -> NumPy type string (bfloat16 has none: its raw bits are exposed as uint16)
-DTYPE_U8, DTYPE_I32, DTYPE_I64, DTYPE_F16, DTYPE_BF16, DTYPE_F32 = range(6)
+DTYPE_U8, DTYPE_I32, DTYPE_I64, DTYPE_F16, DTYPE_BF16, DTYPE_F32, DTYPE_U16 = range(7)
 DTYPE_NAMES = {
     DTYPE_U8: "uint8",
     DTYPE_I32: "int32",
@@ -28,6 +28,7 @@ DTYPE_NAMES = {
     DTYPE_F16: "float16",
     DTYPE_BF16: "bfloat16",
     DTYPE_F32: "float32",
+    DTYPE_U16: "uint16",
 }
 _NATIVE = "<" if sys.byteorder == "little" else ">"  # the library writes native byte order
 DTYPE_NUMPY = {
@@ -37,8 +38,17 @@ DTYPE_NUMPY = {
     DTYPE_F16: _NATIVE + "f2",
     DTYPE_BF16: _NATIVE + "u2",
     DTYPE_F32: _NATIVE + "f4",
+    DTYPE_U16: _NATIVE + "u2",
 }
-DTYPE_ITEMSIZE = {DTYPE_U8: 1, DTYPE_I32: 4, DTYPE_I64: 8, DTYPE_F16: 2, DTYPE_BF16: 2, DTYPE_F32: 4}
+DTYPE_ITEMSIZE = {
+    DTYPE_U8: 1,
+    DTYPE_I32: 4,
+    DTYPE_I64: 8,
+    DTYPE_F16: 2,
+    DTYPE_BF16: 2,
+    DTYPE_F32: 4,
+    DTYPE_U16: 2,
+}
 
 # DLPack device codes used in stoker_tensor.device_type
 # (pinned host memory is DEVICE_CPU too: it is ordinary memory to a reader)

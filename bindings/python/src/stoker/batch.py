@@ -7,7 +7,9 @@ array lives, whatever happened to the ``Batch`` object or the ``Loader``. DLPack
 their own share of the batch inside the library and need no Python owner.
 
 bfloat16: NumPy has no such type, so ``batch["x"]`` of a bfloat16 field is the raw bits as a
-``uint16`` array; ``batch.torch()`` gives a proper ``torch.bfloat16`` tensor.
+``uint16`` array; ``batch.torch()`` gives a proper ``torch.bfloat16`` tensor. A uint16 field
+(16-bit tensor images) is a ``uint16`` array and a ``torch.uint16`` tensor; ``batch.dtype(name)``
+tells the two apart.
 """
 
 from __future__ import annotations

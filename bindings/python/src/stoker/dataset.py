@@ -9,8 +9,8 @@ A value that is ``bytes`` (a JPEG or PNG file) goes to field ``image`` and is de
 transformed like an ``image_folder`` file; an int ``label`` becomes the int64 ``label`` field;
 a PIL image is converted to RGB (as torchvision's loader does) and goes to field ``image`` as a
 uint8 ``[H, W, 3]`` array; anything else is taken as an array (NumPy, or anything
-``np.asarray`` accepts, such as a CPU torch tensor) of uint8, int32, int64, float16 or float32,
-for field ``data`` when it is unnamed.
+``np.asarray`` accepts, such as a CPU torch tensor) of uint8, uint16, int32, int64, float16 or
+float32, for field ``data`` when it is unnamed.
 
 Images given as pixels — PIL images, uint8 arrays of shape ``[H, W, 3]`` or ``[3, H, W]`` (see
 option ``input_layout``) — may differ in size from sample to sample when the ``transform``
@@ -40,6 +40,7 @@ from .errors import check
 
 _STOKER_DTYPE = {
     np.dtype(np.uint8): _ffi.DTYPE_U8,
+    np.dtype(np.uint16): _ffi.DTYPE_U16,
     np.dtype(np.int32): _ffi.DTYPE_I32,
     np.dtype(np.int64): _ffi.DTYPE_I64,
     np.dtype(np.float16): _ffi.DTYPE_F16,

@@ -2,10 +2,11 @@
 //! files, beside the machine's limit for the same work, in one run.
 //!
 //! - **Startup**: opening `--files` Megatron `.idx`/`.bin` pairs of `--docs` documents each
-//!   (`TokenSource::open`: every index mapped and checked, the sequence starts built), first with
-//!   the files evicted from the page cache (`POSIX_FADV_DONTNEED`, as after a reboot or on a new
-//!   node), then again with them cached; and the heap the opened source keeps per document
-//!   (`RssAnon` before and after).
+//!   (`TokenSource::open`): the first open (every index mapped and checked, its tables built and
+//!   cached beside it) and later ones (the cached tables mapped), each with the files evicted
+//!   from the page cache (`POSIX_FADV_DONTNEED`, as after a reboot or on a new node) and with
+//!   them cached; the index tables an opened source keeps per document, and the heap a later
+//!   open keeps (`RssAnon` before and after).
 //! - **Throughput**: shuffled `seq_len + 1`-token windows as int64 `input_ids`/`labels` in
 //!   pinned batches, with one worker and with every usable core: input tokens per second and per
 //!   CPU-second of the process (per core). Beside it, nanoGPT's `get_batch` done natively in this
@@ -18,7 +19,8 @@ use std::time::Instant;
 use stoker_core::autotune::process_cpu_ns;
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::source::mapped::Mapping;
-use stoker_core::source::tokens::megatron::{with_extension, MegatronWriter};
+use stoker_core::source::tokens::megatron::with_extension;
+use stoker_core::source::tokens::MegatronWriter;
 use stoker_core::source::tokens::{Boundaries, Packing, TokenType};
 use stoker_core::source::{TokenConfig, TokenSource, TokenSpec};
 use stoker_core::{DType, Loader, LoaderOptions};
@@ -62,12 +64,31 @@ pub(crate) fn run(args: &TokensBenchArgs) -> Result<(), String> {
     let pattern = format!("{}/part-{{00000..{:05}}}", dir.display(), args.files - 1);
     let documents = args.files * args.docs;
 
-    // Startup.
-    for prefix in &prefixes {
-        for ext in [".idx", ".bin"] {
-            evict(&with_extension(prefix, ext))?;
+    // Startup: the first open (indexes read, checked, their tables cached beside them), then
+    // later opens (the cached tables mapped), each with the files evicted and then cached.
+    let caches: Vec<PathBuf> = prefixes.iter().map(|p| index_cache(p)).collect();
+    for cache in &caches {
+        match std::fs::remove_file(cache) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!("{}: {e}", cache.display()))
+            }
+            _ => {}
         }
     }
+    let evict_all = |with_caches: bool| -> Result<(), String> {
+        for prefix in &prefixes {
+            for ext in [".idx", ".bin"] {
+                evict(&with_extension(prefix, ext))?;
+            }
+        }
+        if with_caches {
+            for cache in &caches {
+                evict(cache)?;
+            }
+        }
+        Ok(())
+    };
+    evict_all(false)?;
     let config = TokenConfig {
         seq_len: args.seq_len,
         boundaries: Boundaries::Ignore,
@@ -79,18 +100,36 @@ pub(crate) fn run(args: &TokensBenchArgs) -> Result<(), String> {
         pad_token: 0,
     };
     let spec = TokenSpec::Megatron(pattern.clone());
+    let timed = || -> Result<(f64, TokenSource), String> {
+        let started = Instant::now();
+        let source = TokenSource::open(&spec, &config).map_err(|e| e.to_string())?;
+        Ok((started.elapsed().as_secs_f64(), source))
+    };
+    let (first_cold, source) = timed()?;
+    drop(source);
+    if let Some(missing) = caches.iter().find(|c| !c.exists()) {
+        return Err(format!(
+            "{}: the first open wrote no index cache (is {} writable?)",
+            missing.display(),
+            dir.display()
+        ));
+    }
+    for cache in &caches {
+        std::fs::remove_file(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+    }
+    let (first_warm, source) = timed()?;
+    drop(source);
+    evict_all(true)?;
+    let (later_cold, source) = timed()?;
+    drop(source);
     let heap_before = rss_anon_bytes();
-    let started = Instant::now();
-    let source = TokenSource::open(&spec, &config).map_err(|e| e.to_string())?;
-    let cold = started.elapsed().as_secs_f64();
+    let (later_warm, source) = timed()?;
     let heap = rss_anon_bytes()
         .zip(heap_before)
         .map(|(after, before)| after.saturating_sub(before));
+    let resident = source.index_bytes();
     let tokens = source.total_tokens();
     drop(source);
-    let started = Instant::now();
-    drop(TokenSource::open(&spec, &config).map_err(|e| e.to_string())?);
-    let warm = started.elapsed().as_secs_f64();
 
     // Throughput.
     let cores = stoker_core::launch::usable_cores();
@@ -111,12 +150,21 @@ pub(crate) fn run(args: &TokensBenchArgs) -> Result<(), String> {
         tokens as f64 / 1e6,
         cores
     );
-    println!("startup (TokenSource::open: every index mapped, checked, sequence starts built)");
-    println!("  files not in the page cache   {cold:>8.2} s");
-    println!("  files in the page cache       {warm:>8.2} s");
+    println!("startup (TokenSource::open)");
+    println!("  first open: every index read, checked, its tables cached beside it");
+    println!("    files not in the page cache   {first_cold:>8.2} s");
+    println!("    files in the page cache       {first_warm:>8.2} s");
+    println!("  later opens: the cached tables mapped");
+    println!("    files not in the page cache   {later_cold:>8.2} s");
+    println!("    files in the page cache       {later_warm:>8.2} s");
+    println!(
+        "  index tables kept             {:>8.1} bytes per document ({:.1} MB, mapped)",
+        resident as f64 / documents as f64,
+        resident as f64 / 1e6
+    );
     match heap {
         Some(bytes) => println!(
-            "  heap kept                     {:>8.1} bytes per document ({:.1} MB)",
+            "  heap kept by a later open     {:>8.1} bytes per document ({:.1} MB)",
             bytes as f64 / documents as f64,
             bytes as f64 / 1e6
         ),
@@ -266,6 +314,12 @@ fn generated(dir: &Path, files: usize, docs: usize) -> Result<Vec<PathBuf>, Stri
 }
 
 /// Drops `path`'s pages from the page cache, so the next read comes from the disk.
+/// The index cache the first open writes beside a dataset's index (`.NAME.idx.stkidx`).
+fn index_cache(prefix: &Path) -> PathBuf {
+    let name = prefix.file_name().unwrap_or_default().to_string_lossy();
+    prefix.with_file_name(format!(".{name}.idx.stkidx"))
+}
+
 fn evict(path: &Path) -> Result<(), String> {
     use std::os::fd::AsRawFd;
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;

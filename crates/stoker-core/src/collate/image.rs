@@ -115,13 +115,16 @@ pub(super) struct Pixels {
 /// The caller records the span: there is no decode stage.
 pub(super) fn write_dense(
     pipeline: &DensePipeline,
-    src: &[u8],
+    (src, boxes): (&[u8], Option<&[[f64; 4]]>),
     rng: &mut Rng,
     out: &mut [u8],
     pixels: &mut Pixels,
 ) -> std::result::Result<(), String> {
-    pipeline.apply(src, rng, out, &mut pixels.dense)
+    pipeline.apply_boxed(src, boxes, rng, out, &mut pixels.dense)
 }
+
+/// A sample's boxes as `xyxy` pixels, if it has any, which `random_iou_crop` draws from.
+pub(super) type SampleBoxes<'a> = Option<&'a [[f64; 4]]>;
 
 /// An encoded image's bytes, its size if the source stored it, and its field's name.
 pub(super) type ImageRef<'a> = (&'a [u8], Option<(u32, u32)>, &'a str);
@@ -129,10 +132,11 @@ pub(super) type ImageRef<'a> = (&'a [u8], Option<(u32, u32)>, &'a str);
 /// Decodes one PNG mask and moves it with its sample's draw into `out` (int64 labels of the
 /// `height`x`width` output): its size must be the image's, `image` (encoded, with its stored
 /// size if the source knows it; named `image_name` in errors). The mask pipeline is built for
-/// each sample's size, as the image's plan is: the same spec, so the same draws.
+/// each sample's size, as the image's plan is: the same spec, so the same draws; `boxes` are
+/// the sample's (`xyxy`), which `random_iou_crop` draws from.
 pub(super) fn write_mask(
     stages: &ImageStages,
-    encoded: &[u8],
+    (encoded, boxes): (&[u8], Option<&[[f64; 4]]>),
     (image, stored, image_name): ImageRef<'_>,
     rng: &mut Rng,
     out: &mut [u8],
@@ -184,19 +188,19 @@ pub(super) fn write_mask(
             stages.layout,
         )?,
     };
-    let done = pipeline.apply(&pixels.mask.labels, rng, out, &mut pixels.dense);
+    let done = pipeline.apply_boxed(&pixels.mask.labels, boxes, rng, out, &mut pixels.dense);
     pixels.mask_pipeline = Some((key, pipeline));
     done
 }
 
 /// Decodes one encoded image (with its width and height when the source stored them) into the
 /// worker's buffer, then transforms it into `out`; records both stages for the sample at
-/// `(slot, index)`.
+/// `(slot, index)`. `boxes` are the sample's (`xyxy`), which `random_iou_crop` draws from.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn write_image(
     stages: &ImageStages,
     pipeline: &Pipeline,
-    (encoded, stored_size): (&[u8], Option<(u32, u32)>),
+    (encoded, stored_size, boxes): (&[u8], Option<(u32, u32)>, SampleBoxes<'_>),
     rng: &mut Rng,
     out: &mut [u8],
     pixels: &mut Pixels,
@@ -212,7 +216,8 @@ pub(super) fn write_image(
         let mid = Instant::now();
         spans.push_ended(SpanKind::Stage(Stage::Decode), slot, index, start, mid);
         let (dims, rgb) = raw?;
-        let result = pipeline.apply(rgb, dims.width, dims.height, rng, out, transform);
+        let size = (dims.width, dims.height);
+        let result = pipeline.apply_boxed(rgb, size, boxes, rng, out, transform, None);
         spans.push(SpanKind::Stage(Stage::Transform), slot, index, mid);
         return result;
     }
@@ -230,7 +235,7 @@ pub(super) fn write_image(
         None => read_header(encoded, stages.max_pixels, stages.jpeg_decoder, decode),
     };
     let decoded = header.and_then(|header| {
-        let plan = pipeline.plan(header.dims.width, header.dims.height, rng)?;
+        let plan = pipeline.plan_boxed(header.dims.width, header.dims.height, boxes, rng)?;
         let window = pipeline.window(&plan);
         Ok((decode_part(encoded, &header, Some(window), decode)?, plan))
     });
@@ -252,7 +257,7 @@ pub(super) fn write_image(
 pub(super) fn write_tensor_image(
     pipeline: &Pipeline,
     (height, width, layout): (usize, usize, InputLayout),
-    src: &[u8],
+    (src, boxes): (&[u8], Option<&[[f64; 4]]>),
     rng: &mut Rng,
     out: &mut [u8],
     pixels: &mut Pixels,
@@ -275,7 +280,7 @@ pub(super) fn write_tensor_image(
             &decode.rgb
         }
     };
-    pipeline.apply(rgb, width, height, rng, out, transform)
+    pipeline.apply_boxed(rgb, (width, height), boxes, rng, out, transform, None)
 }
 
 #[cfg(test)]
@@ -329,7 +334,7 @@ mod tests {
         write_tensor_image(
             &pipeline,
             size,
-            &hwc,
+            (&hwc, None),
             &mut rng(),
             &mut from_hwc,
             &mut pixels,
@@ -339,7 +344,7 @@ mod tests {
         write_tensor_image(
             &pipeline,
             size,
-            &chw,
+            (&chw, None),
             &mut rng(),
             &mut from_chw,
             &mut pixels,
@@ -382,7 +387,7 @@ mod tests {
         write_image(
             &stages,
             &pipeline,
-            (&png, None),
+            (&png, None, None),
             &mut rng(),
             &mut out,
             &mut pixels,
@@ -424,7 +429,7 @@ mod tests {
         let e = write_image(
             &stages(None),
             &pipeline,
-            (&bomb, None),
+            (&bomb, None, None),
             &mut rng(),
             &mut out,
             &mut pixels,

@@ -21,7 +21,8 @@ use crate::error::{Error, Result};
 use crate::source::pixels::{tensor_image_dims, InputLayout};
 use crate::source::{FieldKind, FieldSpec, Sample};
 use crate::transform::{
-    BatchMix, BoxPipeline, DensePipeline, Pipeline, Role, Roles, TensorShape, NO_SIZE,
+    BatchMix, BoxPipeline, DensePipeline, KeypointPipeline, Pipeline, Role, Roles, TensorShape,
+    NO_SIZE,
 };
 
 use super::image::{dense_pipeline, tensor_pipeline, ImageStages};
@@ -265,7 +266,7 @@ fn tensor_output(
                 "transform",
                 format!(
                     "fields(image={name}): field `{name}` ({dtype} {shape:?}) is not an image: \
-                     a 3-dimensional uint8, float16, bfloat16 or float32 tensor whose channels \
+                     a 3-dimensional uint8, uint16, float16, bfloat16 or float32 tensor whose channels \
                      input_layout (hwc or chw) says, or the shape shows (1, 3 or 4 channels)"
                 ),
             ))
@@ -288,16 +289,36 @@ pub(super) struct BoxRole {
     pub(super) encoded: Option<usize>,
 }
 
+/// The keypoints of `fields(keypoints=...)`: their field, its columns (2 or 3), and how a draw
+/// moves them.
+pub(super) struct KeypointRole {
+    pub(super) field: usize,
+    pub(super) columns: usize,
+    pub(super) pipeline: KeypointPipeline,
+    /// The encoded image field whose size (read per sample) the keypoints are in; `None` for a
+    /// tensor image, whose size `pipeline` was built for.
+    pub(super) encoded: Option<usize>,
+}
+
+/// The coordinate fields a sample's draw moves.
+#[derive(Default)]
+pub(super) struct Moving {
+    pub(super) boxes: Option<BoxRole>,
+    pub(super) keypoints: Option<KeypointRole>,
+}
+
 /// Checks the roles of `fields(...)` (of transform `spec`) against the source's fields and what
 /// collate made of them: the named fields exist, there is one image, and it is a tensor (the
-/// draw is planned on its size for every role); a mask has the image's size; boxes are ragged
-/// float32 rows of 4 and labels ragged integers. Returns how the boxes move, if any.
+/// draw is planned on its size for every role) or an encoded image (sized per sample, with a
+/// PNG mask if any); a mask has the image's size; boxes are ragged float32 rows of 4, labels
+/// ragged integers, keypoints ragged float32 rows of 2 or 3. Returns how the boxes and the
+/// keypoints move, if any.
 pub(super) fn check_roles(
     roles: &Roles,
     spec: &str,
     names: &[String],
     outputs: &mut [Output],
-) -> Result<Option<BoxRole>> {
+) -> Result<Moving> {
     let err = |m: String| Error::option("transform", m);
     let list = names.join(", ");
     let find = |role: &str, name: &str| {
@@ -317,7 +338,12 @@ pub(super) fn check_roles(
         .as_deref()
         .map(|l| find("labels", l))
         .transpose()?;
-    let roled = [mask, boxes, labels];
+    let keypoints = roles
+        .keypoints
+        .as_deref()
+        .map(|k| find("keypoints", k))
+        .transpose()?;
+    let roled = [mask, boxes, labels, keypoints];
     let images: Vec<usize> = match roles.image.as_deref() {
         Some(name) => vec![find("image", name)?],
         None => (0..outputs.len())
@@ -349,9 +375,6 @@ pub(super) fn check_roles(
         if let Output::EncodedMask { image: of, .. } = &mut outputs[mask] {
             *of = image;
         }
-        if roles.boxes.is_none() {
-            return Ok(None);
-        }
     }
     // An encoded image's size is read from each sample's header: its boxes' pipeline is sized
     // per sample (`BoxRole::encoded`), and an encoded mask is checked against it per sample.
@@ -363,10 +386,18 @@ pub(super) fn check_roles(
         {
             (0, 0, Some(image))
         }
-        _ => {
+        Output::Image { .. } => {
             return Err(err(format!(
                 "fields(...): the image `{}` is encoded (JPEG or PNG) but its mask is a tensor: \
                  store the mask as a PNG too, or the image as a tensor",
+                names[image]
+            )))
+        }
+        _ => {
+            return Err(err(format!(
+                "fields(...): the image `{}` is neither an image tensor of a known size (npy, \
+                 packed or callback tensors) nor an encoded image (JPEG or PNG), so masks, boxes \
+                 and keypoints cannot move with it",
                 names[image]
             )))
         }
@@ -387,8 +418,39 @@ pub(super) fn check_roles(
             )));
         }
     }
+    let keypoints = match keypoints {
+        None => None,
+        Some(field) => {
+            let columns = match &outputs[field] {
+                Output::Ragged {
+                    dtype: DType::F32,
+                    inner,
+                    ..
+                } if matches!(inner.as_slice(), [2] | [3]) => inner[0],
+                _ => {
+                    return Err(err(format!(
+                        "fields(keypoints={}): keypoints are float32 rows of 2 (x, y) or 3 (x, y, \
+                         visibility), one row per point, as many as each sample has (a ragged \
+                         field: set pad=VALUE to pad them, or ragged=offsets)",
+                        names[field]
+                    )))
+                }
+            };
+            let pipeline = KeypointPipeline::new(spec, width, height)
+                .map_err(|reason| err(format!("field `{}`: {reason}", names[field])))?;
+            Some(KeypointRole {
+                field,
+                columns,
+                pipeline,
+                encoded,
+            })
+        }
+    };
     let (Some(field), Some((_, format))) = (boxes, &roles.boxes) else {
-        return Ok(None);
+        return Ok(Moving {
+            boxes: None,
+            keypoints,
+        });
     };
     match &outputs[field] {
         Output::Ragged {
@@ -422,12 +484,15 @@ pub(super) fn check_roles(
     }
     let pipeline = BoxPipeline::new(spec, width, height, *format)
         .map_err(|reason| err(format!("field `{}`: {reason}", names[field])))?;
-    Ok(Some(BoxRole {
-        field,
-        labels,
-        pipeline,
-        encoded,
-    }))
+    Ok(Moving {
+        boxes: Some(BoxRole {
+            field,
+            labels,
+            pipeline,
+            encoded,
+        }),
+        keypoints,
+    })
 }
 
 impl Collator {

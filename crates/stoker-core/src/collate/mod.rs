@@ -101,6 +101,8 @@ pub struct Collator {
     names: Vec<String>,
     /// The boxes (and their labels) that move with the image's draw, if `fields(boxes=)`.
     boxes: Option<layout::BoxRole>,
+    /// The keypoints that move with the image's draw, if `fields(keypoints=)`.
+    keypoints: Option<layout::KeypointRole>,
     skip_bad: bool,
 }
 
@@ -135,19 +137,36 @@ impl Collator {
             .map(|spec| Output::for_field(spec, ragged, image.as_ref(), mix.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let names: Vec<String> = fields.iter().map(|spec| spec.name.clone()).collect();
-        let boxes = match image.as_deref() {
+        let moving = match image.as_deref() {
             Some(ImageStages {
                 roles: Some(roles),
                 transform: Some(spec),
                 ..
             }) => layout::check_roles(roles, spec, &names, &mut outputs)?,
-            _ => None,
+            _ => layout::Moving::default(),
         };
+        let iou_crop = image
+            .as_deref()
+            .and_then(|stages| stages.transform.as_deref())
+            .and_then(|spec| crate::transform::parse(spec).ok())
+            .is_some_and(|ops| {
+                ops.iter()
+                    .any(|op| matches!(op, crate::transform::Op::RandomIouCrop(_)))
+            });
+        if iou_crop && moving.boxes.is_none() {
+            return Err(Error::option(
+                "transform",
+                "random_iou_crop draws its crop from each sample's boxes and drops the boxes \
+                 it cuts away: name them first in the spec, \
+                 fields(image=NAME, boxes=NAME, labels=NAME) | random_iou_crop | resize(H, W)",
+            ));
+        }
         Ok(Collator {
             source: None,
             outputs,
             names,
-            boxes,
+            boxes: moving.boxes,
+            keypoints: moving.keypoints,
             skip_bad,
         })
     }

@@ -24,8 +24,8 @@ use crate::source::Sample;
 use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
 
-use super::image::{write_dense, write_image, write_mask, write_tensor_image, Pixels};
-use super::layout::{BoxRole, Output};
+use super::image::{write_dense, write_image, write_mask, write_tensor_image, Pixels, SampleBoxes};
+use super::layout::{BoxRole, KeypointRole, Output};
 use super::mix::write_soft_label;
 use super::pick::{gave_up, replacements, sample_error, Pick};
 use super::{BatchKey, Collator};
@@ -208,26 +208,31 @@ impl Collator {
         Err(gave_up(err))
     }
 
-    /// The boxes of `sample` moved by its draw (keyed as its image's): the kept boxes and
-    /// their indices among the sample's. The labels must be one per box.
+    /// The `(width, height)` of encoded image field `image` of `sample`: as the source stored
+    /// it, or read from its header.
+    fn encoded_size(
+        &self,
+        sample: &Sample<'_>,
+        image: usize,
+    ) -> std::result::Result<(usize, usize), String> {
+        match sample.image_size(image) {
+            Some((w, h)) => Ok((w as usize, h as usize)),
+            None => dimensions(sample.get(image))
+                .map(|d| (d.width, d.height))
+                .map_err(|e| format!("image `{}`: {e}", self.names[image])),
+        }
+    }
+
+    /// `boxes` (the sample's, as stored) moved by its draw (keyed as its image's): the kept
+    /// boxes and their indices among the sample's. The labels must be one per box. `size` is
+    /// an encoded image's `(width, height)` (read per sample), which the boxes are in.
     fn move_boxes(
         &self,
         role: &BoxRole,
-        key: BatchKey,
-        draw: u64,
+        (key, draw): (BatchKey, u64),
         sample: &Sample<'_>,
+        (boxes, size): (&[[f32; 4]], Option<(usize, usize)>),
     ) -> std::result::Result<Moved, String> {
-        let boxes: Vec<[f32; 4]> = sample
-            .get(role.field)
-            .chunks_exact(16)
-            .map(|row| {
-                let mut b = [0f32; 4];
-                for (v, x) in b.iter_mut().zip(row.chunks_exact(4)) {
-                    *v = f32::from_ne_bytes([x[0], x[1], x[2], x[3]]);
-                }
-                b
-            })
-            .collect();
         if let Some(l) = role.labels {
             let labels = self.ragged_len(l, sample);
             if labels != boxes.len() {
@@ -239,26 +244,53 @@ impl Collator {
                 ));
             }
         }
-        // An encoded image's boxes are in its size, read from its header (or as stored).
+        // An encoded image's boxes are in its size, read from its header (or as stored). They
+        // are annotations read from files (a tar `json` member, COCO, a packed field): checked
+        // before they move. A tensor image's boxes move as torchvision moves them, clamped,
+        // and a degenerate one dropped.
         let sized;
-        let pipeline = match role.encoded {
+        let pipeline = match size {
             None => &role.pipeline,
-            Some(image) => {
-                let (width, height) = match sample.image_size(image) {
-                    Some((w, h)) => (w as usize, h as usize),
-                    None => dimensions(sample.get(image))
-                        .map(|d| (d.width, d.height))
-                        .map_err(|e| format!("image `{}`: {e}", self.names[image]))?,
-                };
+            Some((width, height)) => {
+                sized = role.pipeline.for_size(width, height);
+                sized
+                    .check(boxes)
+                    .map_err(|e| format!("field `{}`: {e}", self.names[role.field]))?;
+                &sized
+            }
+        };
+        let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
+        pipeline.apply(boxes, &mut rng)
+    }
+
+    /// The keypoints of `sample` moved by its draw (keyed as its image's), rows as stored;
+    /// `boxes` are the sample's (`xyxy`), which `random_iou_crop` draws from, and `size` an
+    /// encoded image's `(width, height)` (read per sample), which the keypoints are in.
+    fn move_keypoints(
+        &self,
+        role: &KeypointRole,
+        (key, draw): (BatchKey, u64),
+        sample: &Sample<'_>,
+        (boxes, size): (SampleBoxes<'_>, Option<(usize, usize)>),
+    ) -> std::result::Result<Vec<f32>, String> {
+        let mut points: Vec<f32> = sample
+            .get(role.field)
+            .chunks_exact(4)
+            .map(|x| f32::from_ne_bytes([x[0], x[1], x[2], x[3]]))
+            .collect();
+        let sized;
+        let pipeline = match size {
+            None => &role.pipeline,
+            Some((width, height)) => {
                 sized = role.pipeline.for_size(width, height);
                 &sized
             }
         };
-        pipeline
-            .check(&boxes)
-            .map_err(|e| format!("field `{}`: {e}", self.names[role.field]))?;
         let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-        pipeline.apply(&boxes, &mut rng)
+        pipeline
+            .apply(&mut points, role.columns, boxes, &mut rng)
+            .map_err(|reason| format!("field `{}`: {reason}", self.names[role.field]))?;
+        Ok(points)
     }
 
     /// Writes `sample` (dataset index `index`, augmented as draw `draw`) into slot `slot` of
@@ -281,9 +313,37 @@ impl Collator {
     ) -> Result<()> {
         // Boxes move with the sample's draw before any field is written: the labels field,
         // wherever it lies, keeps the labels of the boxes kept.
-        let moved = match &self.boxes {
+        // Every field plans `random_iou_crop` from the same boxes (xyxy pixels). Boxes and
+        // keypoints of an encoded image are in its size, read once per sample.
+        let encoded = self
+            .boxes
+            .as_ref()
+            .and_then(|role| role.encoded)
+            .or_else(|| self.keypoints.as_ref().and_then(|role| role.encoded));
+        let size = encoded
+            .map(|image| self.encoded_size(sample, image))
+            .transpose()
+            .map_err(|reason| sample_error(pick, index, reason))?;
+        let stored = self
+            .boxes
+            .as_ref()
+            .map(|role| read_boxes(sample.get(role.field)));
+        let source = self
+            .boxes
+            .as_ref()
+            .zip(stored.as_ref())
+            .map(|(role, stored)| role.pipeline.source_xyxy(stored));
+        let boxes = source.as_deref();
+        let moved = match self.boxes.as_ref().zip(stored.as_ref()) {
+            Some((role, stored)) => Some(
+                self.move_boxes(role, (key, draw), sample, (stored, size))
+                    .map_err(|reason| sample_error(pick, index, reason))?,
+            ),
+            None => None,
+        };
+        let points = match &self.keypoints {
             Some(role) => Some(
-                self.move_boxes(role, key, draw, sample)
+                self.move_keypoints(role, (key, draw), sample, (boxes, size))
                     .map_err(|reason| sample_error(pick, index, reason))?,
             ),
             None => None,
@@ -295,7 +355,11 @@ impl Collator {
                 Output::Copy { .. } => slots.slot(f, slot).copy_from_slice(src),
                 Output::Ragged { .. } => {
                     let moved = self.boxes.as_ref().zip(moved.as_ref());
-                    self.write_ragged(f, slot, sample, moved, room[f], slots)?;
+                    let points = match &self.keypoints {
+                        Some(role) if role.field == f => points.as_deref(),
+                        _ => None,
+                    };
+                    self.write_ragged(f, slot, sample, (moved, points), room[f], slots)?;
                 }
                 Output::SoftLabel {
                     src: label_type,
@@ -315,7 +379,7 @@ impl Collator {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let size = (*height, *width, *layout);
                     let dst = slots.slot(f, slot);
-                    write_tensor_image(pipeline, size, src, &mut rng, dst, pixels)
+                    write_tensor_image(pipeline, size, (src, boxes), &mut rng, dst, pixels)
                         .map_err(|reason| sample_error(pick, index, reason))?;
                     spans.push(
                         SpanKind::Stage(Stage::Transform),
@@ -328,8 +392,14 @@ impl Collator {
                 Output::Dense { pipeline } => {
                     // Keyed as every field of the sample is: an image and its mask draw alike.
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-                    write_dense(pipeline, src, &mut rng, slots.slot(f, slot), pixels)
-                        .map_err(|reason| sample_error(pick, index, reason))?;
+                    write_dense(
+                        pipeline,
+                        (src, boxes),
+                        &mut rng,
+                        slots.slot(f, slot),
+                        pixels,
+                    )
+                    .map_err(|reason| sample_error(pick, index, reason))?;
                     spans.push(
                         SpanKind::Stage(Stage::Transform),
                         slot,
@@ -346,7 +416,8 @@ impl Collator {
                         sample.image_size(*image),
                         &*self.names[*image],
                     );
-                    write_mask(stages, src, image, &mut rng, slots.slot(f, slot), pixels).map_err(
+                    let dst = slots.slot(f, slot);
+                    write_mask(stages, (src, boxes), image, &mut rng, dst, pixels).map_err(
                         |reason| {
                             sample_error(pick, index, format!("mask `{}`: {reason}", self.names[f]))
                         },
@@ -362,7 +433,7 @@ impl Collator {
                 Output::Image { stages, pipeline } => {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let at = (slot, pick.index(index) as usize);
-                    let image = (src, sample.image_size(f));
+                    let image = (src, sample.image_size(f), boxes);
                     let dst = slots.slot(f, slot);
                     write_image(stages, pipeline, image, &mut rng, dst, pixels, spans, at)
                         .map_err(|reason| sample_error(pick, index, reason))?;
@@ -409,16 +480,16 @@ impl Collator {
         }
     }
 
-    /// Writes ragged field `field` of `sample` (its boxes and labels as `moved` by the draw)
-    /// into slot `slot`: padded, with its length in `<name>_lengths`; or flat, starting where
-    /// the slot's offset says (the next offset is written by [`Collator::write`]). At most
-    /// `room` rows.
+    /// Writes ragged field `field` of `sample` (its boxes and labels as `moved` by the draw, or
+    /// its keypoints as moved, `points`) into slot `slot`: padded, with its length in
+    /// `<name>_lengths`; or flat, starting where the slot's offset says (the next offset is
+    /// written by [`Collator::write`]). At most `room` rows.
     fn write_ragged(
         &self,
         field: usize,
         slot: usize,
         sample: &Sample<'_>,
-        moved: Option<(&BoxRole, &Moved)>,
+        (moved, points): (Option<(&BoxRole, &Moved)>, Option<&[f32]>),
         room: usize,
         slots: &mut Slots<'_>,
     ) -> Result<()> {
@@ -452,8 +523,14 @@ impl Collator {
             }
         };
         let src = sample.get(field);
-        let written = match moved {
-            Some((role, (kept, _))) if role.field == field => {
+        let written = match (moved, points) {
+            (_, Some(points)) => {
+                for (v, x) in dst.chunks_exact_mut(4).zip(points) {
+                    v.copy_from_slice(&x.to_ne_bytes());
+                }
+                points.len() * 4
+            }
+            (Some((role, (kept, _))), None) if role.field == field => {
                 for (row, b) in dst.chunks_exact_mut(16).zip(kept) {
                     for (v, x) in row.chunks_exact_mut(4).zip(b) {
                         v.copy_from_slice(&x.to_ne_bytes());
@@ -461,7 +538,7 @@ impl Collator {
                 }
                 kept.len() * 16
             }
-            Some((role, (_, indices))) if role.labels == Some(field) => {
+            (Some((role, (_, indices))), None) if role.labels == Some(field) => {
                 let n = dtype.size();
                 for (k, &i) in indices.iter().enumerate() {
                     dst[k * n..(k + 1) * n].copy_from_slice(&src[i * n..(i + 1) * n]);
@@ -507,6 +584,21 @@ impl Collator {
         }
         Ok(())
     }
+}
+
+/// A ragged boxes field's rows: float32 rows of 4 (a partial row, which reading refuses, is
+/// left out).
+fn read_boxes(bytes: &[u8]) -> Vec<[f32; 4]> {
+    bytes
+        .chunks_exact(16)
+        .map(|row| {
+            let mut b = [0f32; 4];
+            for (v, x) in b.iter_mut().zip(row.chunks_exact(4)) {
+                *v = f32::from_ne_bytes([x[0], x[1], x[2], x[3]]);
+            }
+            b
+        })
+        .collect()
 }
 
 /// Boxes a draw kept and their indices among the sample's.

@@ -20,6 +20,7 @@ use crate::memory::MemoryBudget;
 use crate::source::pixels::InputLayout;
 use crate::source::tokens::{Boundaries, Packing, TokenType};
 use crate::source::{SourceSpec, TokenSpec};
+use crate::transform::BoxFormat;
 
 /// One option key, documented: the single source of the option tables in `include/stoker.h`
 /// and `docs/options.md`.
@@ -108,7 +109,7 @@ keys {
         values "`npy:PATH`, `image_folder:ROOT`, `segmentation_folder:ROOT`, `coco:ANNOTATIONS`, `coco_masks:ANNOTATIONS`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,PREFIX…]`, `tokens:PATTERN`",
         default "required",
         example "npy:/data/x.npy",
-        meaning "an npy array (memory-mapped; uint8, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or images and their PNG masks in twin trees (`ROOT/images/**/NAME.jpg` with `ROOT/masks/**/NAME.png`: fields `image` and `mask`), or a COCO `instances_*.json` with its images (`ROOT/annotations/instances_NAME.json` reads `ROOT/NAME/`: fields `image`, `boxes` (xywh), `labels`, and with `coco_masks:` a semantic `mask`), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists, or a WebDataset `wids` shard index `….json` listing shards with their sample counts; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs), or a token stream for language models (see docs/llm.md): Megatron-LM indexed datasets (`PREFIX.idx` + `PREFIX.bin`, several prefixes or a brace range) or flat token files (raw `.bin` of `token_dtype`, or 1-D `.npy` of uint16, uint32 or int32), memory-mapped and checked at open; custom, callback and iterable sources are set in code";
+        meaning "an npy array (memory-mapped; uint8, uint16, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or images and their PNG masks in twin trees (`ROOT/images/**/NAME.jpg` with `ROOT/masks/**/NAME.png`: fields `image` and `mask`), or a COCO `instances_*.json` with its images (`ROOT/annotations/instances_NAME.json` reads `ROOT/NAME/`: fields `image`, `boxes` (xywh), `labels`, and with `coco_masks:` a semantic `mask`), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists, or a WebDataset `wids` shard index `….json` listing shards with their sample counts; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs), or a token stream for language models (see docs/llm.md): Megatron-LM indexed datasets (`PREFIX.idx` + `PREFIX.bin`, several prefixes or a brace range) or flat token files (raw `.bin` of `token_dtype`, or 1-D `.npy` of uint16, uint32 or int32), memory-mapped and checked at open; custom, callback and iterable sources are set in code";
     /// Labels for an npy source.
     labels: Option<PathBuf> = None;
         parse |key, v| parse_labels(key, v).map(Some);
@@ -222,13 +223,13 @@ keys {
         values "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`",
         default "none",
         example "random_resized_crop(224) | hflip",
-        meaning "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `scale_jitter`, `random_crop`, `random_zoom_out`, `hflip`, `vflip`, `color_jitter`, `random_photometric_distort`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); a leading `fields(image=NAME, mask=NAME, boxes=NAME:xyxy, labels=NAME, ignore_index=255)` moves a segmentation mask (nearest, labels kept) and bounding boxes (clamped, dropped under a pixel with their labels) with their image under one draw; run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument";
+        meaning "operations separated by `\\|`, torchvision v2 semantics: `resize`, `center_crop`, `random_resized_crop`, `scale_jitter`, `random_crop`, `random_zoom_out`, `random_iou_crop`, `hflip`, `vflip`, `color_jitter`, `random_photometric_distort`, `grayscale`, `gaussian_blur`, `rotate`, `affine`, `rand_augment`, `trivial_augment`, `auto_augment(imagenet)`, `random_erasing`, `normalize`, and batch-level `mixup`, `cutmix` (`label` becomes float32 `[B, N]`) (see docs/transforms.md); a leading `fields(image=NAME, mask=NAME, boxes=NAME:xyxy, labels=NAME, keypoints=NAME, ignore_index=255)` moves a segmentation mask (nearest, labels kept), bounding boxes (clamped, dropped under a pixel with their labels) and keypoints (`x, y[, visibility]` rows, never dropped; visibility 0 once outside) with their image under one draw; run fused, per sample, into the batch slot; a bad spec is an error naming the operation and argument";
     dtype: Option<DType> = None;
         parse |key, v| v.parse().map(Some).map_err(|e| Error::option(key, e));
-        values "`uint8`, `float32`, `float16`, `bfloat16`",
+        values "`uint8`, `uint16`, `float32`, `float16`, `bfloat16`",
         default "float32 after normalize, else uint8",
         example "bfloat16",
-        meaning "image output element type (other tensors are delivered as stored; image-shaped uint8, float16, bfloat16 and float32 tensors are images, see `input_layout`)";
+        meaning "image output element type (other tensors are delivered as stored; image-shaped uint8, uint16, float16, bfloat16 and float32 tensors are images, see `input_layout`; `uint16` only for uint16 tensor images)";
     layout: Layout = Layout::Nchw;
         parse |key, v| v.parse().map_err(|e| Error::option(key, e));
         values "`nchw`, `nhwc`",
@@ -241,7 +242,7 @@ keys {
         values "`hwc`, `chw`",
         default "`hwc` if the last dimension is 1, 3 or 4, else `chw` if the first is",
         example "chw",
-        meaning "how an image-shaped tensor field (3 dimensions of uint8, float16, bfloat16 or float32: npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; any other channel count (13 bands: `[H, W, 13]`) needs it set, and a layout the shape contradicts (`hwc` on `[3, H, W]`) is refused; RGB uint8 goes through the RGB pipeline, any other channel count or a float type plane by plane (colour ops need RGB uint8); its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size; from callbacks, RGB uint8 images may vary in size from sample to sample when the transform fixes the output size";
+        meaning "how an image-shaped tensor field (3 dimensions of uint8, uint16, float16, bfloat16 or float32: npy, tar `npy`, packed tensor fields, callbacks) is stored, so that `transform`, `dtype` and `layout` apply to it as to decoded images; any other channel count (13 bands: `[H, W, 13]`) needs it set, and a layout the shape contradicts (`hwc` on `[3, H, W]`) is refused; RGB uint8 goes through the RGB pipeline, any other channel count or a float type plane by plane (colour ops need RGB uint8); its size is known, so `dtype` or `layout` alone converts it and the transform need not fix a size; from callbacks, RGB uint8 images may vary in size from sample to sample when the transform fixes the output size";
     /// `None`: page-locked when the device is CUDA.
     pin_memory: Option<bool> = None;
         parse |key, v| parse_bool(key, v).map(Some);
@@ -298,6 +299,13 @@ keys {
         default "pad",
         example "offsets",
         meaning "ragged per-sample fields (boxes, tar raw members, `cu_seqlens`, varying callback tensors): `pad` pads them to the batch's longest, `[batch, longest, …]`, with an int64 `<name>_lengths` of `batch` (needs `pad` unless raw bytes); `offsets` lays the samples' rows end to end, `[total, …]`, with an int64 `<name>_offsets` of `batch + 1` (sample `i` is rows `offsets[i]..offsets[i+1]`: `torch.nested.nested_tensor_from_jagged(values, offsets)`)";
+    /// How box fields are stored and delivered.
+    box_format: BoxFormat = BoxFormat::Xyxy;
+        parse |key, v| parse_box_format(key, v);
+        values "`xyxy`, `xywh`, `cxcywh`",
+        default "xyxy",
+        example "cxcywh",
+        meaning "how the boxes a `fields(boxes=NAME)` transform role names are stored and delivered (pixels: left, top, right, bottom; left, top, width, height; centre x, centre y, width, height); a `boxes=NAME:FORMAT` suffix in the spec wins over it";
     /// Largest image (width × height) a decoder will allocate for; larger ones are bad samples.
     /// Pillow's `MAX_IMAGE_PIXELS`: larger images are decompression bombs until proven otherwise.
     max_image_pixels: u64 = 89_478_485;
@@ -423,14 +431,14 @@ keys {
         values "integer ≥ 0",
         default "none",
         example "50256",
-        meaning "`tokens:` sources: the end-of-document token (it ends the document it closes); without it a file is one document";
+        meaning "`tokens:` sources: the end-of-document token (it ends the document it closes); without it a file is one document, unless a sidecar of document lengths `NAME.lengths.npy` lies beside it (not with `eos_token`)";
     /// How a token source's documents become samples.
     token_packing: Packing = Packing::Concat;
         parse |key, v| parse_packing(key, v);
         values "`concat`, `pad`",
         default "concat",
         example "pad",
-        meaning "token sources: `concat` cuts the files' stream into windows (see `seq_len`); `pad` makes sample `i` document `i` (the documents of every file in order: Megatron's document index; a flat file without `eos_token` is one document, with it `pad` is refused, since counting them would read every token), truncated to its first `seq_len + 1` tokens or padded with `pad_token` to them, and adds `loss_mask` (uint8, `[seq_len]`: 1 where the label is a real next token of the document, 0 on padding); with `document_boundaries=reset`, `cu_seqlens` is `[0, n, seq_len]` (n the document's tokens among the inputs) and `position_ids` restart at 0 on the padding";
+        meaning "token sources: `concat` cuts the files' stream into windows (see `seq_len`); `pad` makes sample `i` document `i` (the documents of every file in order: Megatron's document index; a flat file's sidecar of lengths `NAME.lengths.npy`; a flat file without either is one document, with `eos_token` `pad` is refused, since counting them would read every token), truncated to its first `seq_len + 1` tokens or padded with `pad_token` to them, and adds `loss_mask` (uint8, `[seq_len]`: 1 where the label is a real next token of the document, 0 on padding); with `document_boundaries=reset`, `cu_seqlens` is `[0, n, seq_len]` (n the document's tokens among the inputs) and `position_ids` restart at 0 on the padding";
     /// The token a short document is padded with under `token_packing=pad`.
     pad_token: Option<u64> = None;
         parse |key, v| parse_int(key, v, 0, i64::MAX as u64).map(Some);

@@ -18,7 +18,7 @@ use crate::source::{
     FieldKind, FieldRules, FieldSpec, IterableStream, PackedSource, Source, SourceSpec,
     TokenConfig, TokenSource, TokenSpec,
 };
-use crate::transform::{roles, Pipeline};
+use crate::transform::{roles, roles_with, Pipeline};
 
 /// A loader's source once opened: map-style (read by index) or a stream.
 pub(crate) enum OpenedSource {
@@ -80,7 +80,12 @@ impl LoaderOptions {
             if self.labels.is_some() {
                 return Err(Error::option("labels", "applies to npy sources only"));
             }
-            let source = BlendSource::open(blend, &self.token_config()?, seed)?;
+            let source = BlendSource::open(
+                blend,
+                &self.token_config()?,
+                &self.tar_config().remote,
+                seed,
+            )?;
             return Ok(Opened {
                 source: OpenedSource::Indexed(Arc::new(source)),
                 damaged: Vec::new(),
@@ -147,9 +152,10 @@ impl LoaderOptions {
                     return Err(Error::option("labels", "applies to npy sources only"));
                 }
                 Opened {
-                    source: OpenedSource::Indexed(Arc::new(TokenSource::open(
+                    source: OpenedSource::Indexed(Arc::new(TokenSource::open_with(
                         tokens,
                         &self.token_config()?,
+                        &self.tar_config().remote,
                     )?)),
                     damaged: Vec::new(),
                 }
@@ -323,7 +329,8 @@ impl LoaderOptions {
         let options = self;
         let has_images = fields.iter().any(|f| f.kind == FieldKind::EncodedImage);
         let roles = match options.transform.as_deref() {
-            Some(spec) => roles(spec).map_err(|reason| Error::option("transform", reason))?,
+            Some(spec) => roles_with(spec, options.box_format)
+                .map_err(|reason| Error::option("transform", reason))?,
             None => None,
         };
         let tensor_images = fields
@@ -350,7 +357,7 @@ impl LoaderOptions {
                     return Err(Error::option(
                         key,
                         "applies to images: encoded image fields, or image-shaped uint8 tensor \
-                         fields (float16, bfloat16 and float32 too) of shape [H, W, C] or \
+                         fields (uint16, float16, bfloat16 and float32 too) of shape [H, W, C] or \
                          [C, H, W] (set input_layout=hwc or chw unless C is 1, 3 or 4); this \
                          source has none",
                     ));
@@ -361,7 +368,7 @@ impl LoaderOptions {
         if let Some(dtype @ (DType::I32 | DType::I64)) = options.dtype {
             return Err(Error::option(
                 "dtype",
-                format!("images can be uint8, float32, float16 or bfloat16, not {dtype}"),
+                format!("images can be uint8, uint16, float32, float16 or bfloat16, not {dtype}"),
             ));
         }
         // Encoded images vary in size, so their pipeline must fix it; image-shaped tensors get a

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::source::pixels::InputLayout;
 use crate::source::tokens::{Boundaries, Packing, TokenType};
 use crate::source::{SourceSpec, TokenSpec};
+use crate::transform::BoxFormat;
 
 /// `npy:PATH`, `image_folder:ROOT`, `segmentation_folder:ROOT`, `coco:ANNOTATIONS`,
 /// `coco_masks:ANNOTATIONS`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,…]` or
@@ -145,6 +146,16 @@ pub(super) fn parse_ragged(key: &str, v: &str) -> Result<RaggedLayout> {
             format!("`{v}` is not a ragged layout; expected pad or offsets"),
         )),
     }
+}
+
+/// `xyxy`, `xywh` or `cxcywh`.
+pub(super) fn parse_box_format(key: &str, v: &str) -> Result<BoxFormat> {
+    BoxFormat::parse(v).ok_or_else(|| {
+        Error::option(
+            key,
+            format!("`{v}` is not a box format; expected xyxy, xywh or cxcywh"),
+        )
+    })
 }
 
 /// `int64` or `int32`.

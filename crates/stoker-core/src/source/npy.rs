@@ -164,14 +164,15 @@ pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> 
     let raw = parse_raw_header(bytes)?;
     let dtype = match raw.descr.as_str() {
         "|u1" | "<u1" | "u1" => DType::U8,
+        "<u2" => DType::U16,
         "<i4" => DType::I32,
         "<i8" => DType::I64,
         "<f2" => DType::F16,
         "<f4" => DType::F32,
         other => {
             return Err(format!(
-                "unsupported dtype '{other}' (supported: |u1, <i4, <i8, <f2, <f4; little-endian)"
-            ))
+            "unsupported dtype '{other}' (supported: |u1, <u2, <i4, <i8, <f2, <f4; little-endian)"
+        ))
         }
     };
     Ok(Header {
@@ -350,6 +351,7 @@ pub fn npy_descr(dtype: DType) -> Option<&'static str> {
         DType::F16 => Some("<f2"),
         DType::BF16 => None,
         DType::F32 => Some("<f4"),
+        DType::U16 => Some("<u2"),
     }
 }
 
@@ -459,6 +461,7 @@ pub(crate) mod tests {
     #[test]
     fn float_and_int_dtypes() {
         for (descr, dtype) in [
+            ("<u2", DType::U16),
             ("<i4", DType::I32),
             ("<i8", DType::I64),
             ("<f2", DType::F16),

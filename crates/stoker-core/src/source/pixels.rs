@@ -1,6 +1,6 @@
 //! How a source holds an image that needs no decoding: an image-shaped tensor field (its
 //! layout, option `input_layout`: RGB uint8 as the RGB8 pipeline takes it, or any channel count
-//! of uint8/float16/bfloat16/float32 as the dense pipeline does), and the raw-pixel record (packed RGB8 behind a small header)
+//! of uint8/uint16/float16/bfloat16/float32 as the dense pipeline does), and the raw-pixel record (packed RGB8 behind a small header)
 //! that the packed format's raw mode and the callback sources write and `decode` reads back.
 
 use super::{FieldKind, FieldSpec};
@@ -23,7 +23,10 @@ pub const OBVIOUS_CHANNELS: [usize; 3] = [1, 3, 4];
 
 /// The element types a tensor image may have.
 pub fn is_image_dtype(dtype: DType) -> bool {
-    matches!(dtype, DType::U8 | DType::F16 | DType::BF16 | DType::F32)
+    matches!(
+        dtype,
+        DType::U8 | DType::U16 | DType::F16 | DType::BF16 | DType::F32
+    )
 }
 
 /// `(height, width, channels, layout)` of a 3-dimensional tensor of `shape` read as an image:

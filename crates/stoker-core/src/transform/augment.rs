@@ -750,6 +750,7 @@ pub(super) fn draw(
         | Op::Resize { .. }
         | Op::RandomResizedCrop { .. }
         | Op::ScaleJitter { .. }
+        | Op::RandomIouCrop(_)
         | Op::Mixup { .. }
         | Op::Cutmix { .. } => {
             return Err(format!("internal: {op:?} after the geometry plan"));

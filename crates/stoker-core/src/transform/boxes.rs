@@ -11,7 +11,7 @@
 //! label (`SanitizeBoundingBoxes(min_size=1)`).
 
 use super::augment::{self, aug_is_geometric, Drawn};
-use super::geometry::Plan;
+use super::geometry::{Plan, Step};
 use super::pipeline::foldable;
 use super::roles::BoxFormat;
 use super::spec::{parse, Op};
@@ -104,18 +104,39 @@ impl BoxPipeline {
         Ok(())
     }
 
+    /// `boxes` (stored as the pipeline's format) as `xyxy` pixels: what the other fields of the
+    /// sample plan `random_iou_crop` from.
+    pub fn source_xyxy(&self, boxes: &[[f32; 4]]) -> Vec<[f64; 4]> {
+        boxes
+            .iter()
+            .map(|b| to_xyxy(self.format, b.map(f64::from)))
+            .collect()
+    }
+
     /// Moves `boxes` (stored as the pipeline's format) with the draws `rng` gives, as the
     /// image's pipeline draws them; returns the kept boxes (same format) and their indices.
+    /// A box whose centre `random_iou_crop` left outside its crop is dropped.
     pub fn apply(
         &self,
         boxes: &[[f32; 4]],
         rng: &mut Rng,
     ) -> Result<(Vec<[f32; 4]>, Vec<usize>), String> {
-        let plan = super::geometry::plan(&self.ops[..self.planned], self.width, self.height, rng)?;
-        let mut xyxy: Vec<[f64; 4]> = boxes
-            .iter()
-            .map(|b| to_xyxy(self.format, b.map(f64::from)))
-            .collect();
+        let mut xyxy = self.source_xyxy(boxes);
+        let mut dropped = vec![false; xyxy.len()];
+        let plan = super::geometry::plan_with(
+            &self.ops[..self.planned],
+            self.width,
+            self.height,
+            rng,
+            Some(&xyxy),
+            &mut |step| {
+                if let Step::Within(within) = step {
+                    for (d, &inside) in dropped.iter_mut().zip(within) {
+                        *d |= !inside;
+                    }
+                }
+            },
+        )?;
         for b in &mut xyxy {
             *b = through_plan(&plan, *b);
         }
@@ -169,7 +190,7 @@ impl BoxPipeline {
             let b = clamp(b, w, h);
             let (bw, bh) = (b[2] - b[0], b[3] - b[1]);
             // NaN sides (a NaN box from the source) fail these comparisons: dropped too.
-            if bw >= MIN_SIDE && bh >= MIN_SIDE {
+            if bw >= MIN_SIDE && bh >= MIN_SIDE && !dropped[i] {
                 kept.push(from_xyxy(self.format, b).map(|v| v as f32));
                 indices.push(i);
             }
@@ -233,22 +254,40 @@ fn through_plan(plan: &Plan, b: [f64; 4]) -> [f64; 4] {
     out
 }
 
-/// The enclosing box of `b`'s corners moved by the forward map of the inverse affine `m`
-/// (output-to-input, centred coordinates; see [`super::warp::inverse_affine`]).
-fn warp_box(m: &[f64; 6], b: [f64; 4], w: usize, h: usize) -> [f64; 4] {
+/// The forward map of the inverse affine `m` (output-to-input, centred coordinates; see
+/// [`super::warp::inverse_affine`]) for a `w`x`h` image: where input point `(x, y)` lands.
+/// `None` when `m` cannot be inverted.
+pub(super) fn forward_map(
+    m: &[f64; 6],
+    w: usize,
+    h: usize,
+) -> Option<impl Fn(f64, f64) -> (f64, f64)> {
     let (cx, cy) = (w as f64 / 2.0, h as f64 / 2.0);
     // in = M * out + t, so out = M^-1 * (in - t).
     let det = m[0] * m[4] - m[1] * m[3];
     if det == 0.0 || !det.is_finite() {
-        return [0.0; 4];
+        return None;
     }
     let inv = [m[4] / det, -m[1] / det, -m[3] / det, m[0] / det];
+    let (tx, ty) = (m[2], m[5]);
+    Some(move |x: f64, y: f64| {
+        let (ix, iy) = (x - cx - tx, y - cy - ty);
+        (
+            inv[0] * ix + inv[1] * iy + cx,
+            inv[2] * ix + inv[3] * iy + cy,
+        )
+    })
+}
+
+/// The enclosing box of `b`'s corners moved by the forward map of the inverse affine `m`.
+fn warp_box(m: &[f64; 6], b: [f64; 4], w: usize, h: usize) -> [f64; 4] {
+    let Some(forward) = forward_map(m, w, h) else {
+        return [0.0; 4];
+    };
     let mut lo = [f64::INFINITY; 2];
     let mut hi = [f64::NEG_INFINITY; 2];
     for (x, y) in [(b[0], b[1]), (b[2], b[1]), (b[0], b[3]), (b[2], b[3])] {
-        let (ix, iy) = (x - cx - m[2], y - cy - m[5]);
-        let ox = inv[0] * ix + inv[1] * iy + cx;
-        let oy = inv[2] * ix + inv[3] * iy + cy;
+        let (ox, oy) = forward(x, y);
         lo = [lo[0].min(ox), lo[1].min(oy)];
         hi = [hi[0].max(ox), hi[1].max(oy)];
     }

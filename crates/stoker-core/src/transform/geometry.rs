@@ -198,9 +198,57 @@ pub fn random_resized_crop_params(
     ((height - h) / 2, (width - w) / 2, h, w)
 }
 
+/// One geometric step of a plan, in the coordinates of the image as it is before the step
+/// (a crop of a flipped view is where torchvision's crop of the flipped image would be): what
+/// [`plan_with`] reports, op by op, for what must follow each op exactly (keypoints).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Step<'a> {
+    /// A resize from `from` to `to` (both `(width, height)`).
+    Resize {
+        /// Size before.
+        from: (usize, usize),
+        /// Size after.
+        to: (usize, usize),
+    },
+    /// A crop whose top-left corner is `(left, top)`, `width`x`height`.
+    Crop {
+        /// Left edge.
+        left: usize,
+        /// Top edge.
+        top: usize,
+        /// Width of the crop.
+        width: usize,
+        /// Height of the crop.
+        height: usize,
+    },
+    /// A left-right mirror of an image `width` wide.
+    HFlip {
+        /// Width of the image mirrored.
+        width: usize,
+    },
+    /// `random_iou_crop` chose the crop that follows: per box of the sample, whether its
+    /// centre lies inside (the boxes kept).
+    Within(&'a [bool]),
+}
+
 /// Folds `ops` for a `width`x`height` decoded image, drawing the random choices from `rng` in op
 /// order.
 pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Plan, String> {
+    plan_with(ops, width, height, rng, None, &mut |_| {})
+}
+
+/// [`plan`] for a sample with `boxes` (`xyxy` pixels of the decoded image; what
+/// `random_iou_crop` draws its crop from, `None` when the sample has no boxes role), telling
+/// `step` each geometric step as it folds it (same draws, same order). Every field of a sample
+/// plans with the same boxes, so draws the same crop.
+pub fn plan_with(
+    ops: &[Op],
+    width: usize,
+    height: usize,
+    rng: &mut Rng,
+    boxes: Option<&[[f64; 4]]>,
+    step: &mut dyn FnMut(Step<'_>),
+) -> Result<Plan, String> {
     let mut v = View {
         clip: [0, 0, width, height],
         ox: 0.0,
@@ -215,9 +263,19 @@ pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Pl
         match *op {
             Op::ResizeShorter(s) => {
                 let (w, h) = resize_shorter(v.w, v.h, s);
+                step(Step::Resize {
+                    from: (v.w, v.h),
+                    to: (w, h),
+                });
                 v.resize(w, h);
             }
-            Op::Resize { height, width } => v.resize(width, height),
+            Op::Resize { height, width } => {
+                step(Step::Resize {
+                    from: (v.w, v.h),
+                    to: (width, height),
+                });
+                v.resize(width, height)
+            }
             Op::CenterCrop { height, width } => {
                 if height > v.h || width > v.w {
                     return Err(format!(
@@ -229,6 +287,12 @@ pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Pl
                 // torchvision: int(round((h - ch) / 2.0)), Python's round (half to even).
                 let top = ((v.h - height) as f64 / 2.0).round_ties_even() as usize;
                 let left = ((v.w - width) as f64 / 2.0).round_ties_even() as usize;
+                step(Step::Crop {
+                    left,
+                    top,
+                    width,
+                    height,
+                });
                 v.crop(top, left, height, width);
             }
             Op::RandomResizedCrop {
@@ -238,6 +302,16 @@ pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Pl
                 ratio,
             } => {
                 let (top, left, h, w) = random_resized_crop_params(v.w, v.h, scale, ratio, rng);
+                step(Step::Crop {
+                    left,
+                    top,
+                    width: w,
+                    height: h,
+                });
+                step(Step::Resize {
+                    from: (w, h),
+                    to: (width, height),
+                });
                 v.crop(top, left, h, w);
                 v.resize(width, height);
             }
@@ -248,10 +322,53 @@ pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Pl
                 max_size,
             } => {
                 let (w, h) = scale_jitter_size(v.w, v.h, (height, width), scale, max_size, rng);
+                step(Step::Resize {
+                    from: (v.w, v.h),
+                    to: (w, h),
+                });
                 v.resize(w, h);
+            }
+            Op::RandomIouCrop(ref crop) => {
+                let Some(boxes) = boxes else {
+                    return Err(
+                        "random_iou_crop draws its crop from the sample's boxes: name \
+                                them with fields(image=NAME, boxes=NAME, labels=NAME) first \
+                                in the spec"
+                            .into(),
+                    );
+                };
+                // The boxes in the view's pixels: shifted and scaled by the crops and resizes
+                // folded so far, mirrored by a flip, clamped as after each crop.
+                let (w, h) = (v.w as f64, v.h as f64);
+                let seen: Vec<[f64; 4]> = boxes
+                    .iter()
+                    .map(|b| {
+                        let (x0, x1) = ((b[0] - v.ox) / v.kx, (b[2] - v.ox) / v.kx);
+                        let (y0, y1) = ((b[1] - v.oy) / v.ky, (b[3] - v.oy) / v.ky);
+                        let (x0, x1) = if v.flip { (w - x1, w - x0) } else { (x0, x1) };
+                        [
+                            x0.clamp(0.0, w),
+                            y0.clamp(0.0, h),
+                            x1.clamp(0.0, w),
+                            y1.clamp(0.0, h),
+                        ]
+                    })
+                    .collect();
+                if let Some(drawn) = super::iou_crop::draw(crop, v.w, v.h, &seen, rng) {
+                    let (left, top, width, height) = drawn.rect;
+                    step(Step::Within(&drawn.within));
+                    step(Step::Crop {
+                        left,
+                        top,
+                        width,
+                        height,
+                    });
+                    v.crop(top, left, height, width);
+                }
             }
             Op::HFlip { p } => {
                 if rng.unit_f64() < p {
+                    step(Step::HFlip { width: v.w });
                     v.flip = !v.flip;
                 }
             }

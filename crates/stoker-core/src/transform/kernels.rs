@@ -235,7 +235,7 @@ fn planar_row<'a, const N: usize>(
 }
 
 /// Overwrites the erased box of the written output with its fill (in output units: uint8
-/// rounded, float16 and bfloat16 rounded to nearest even), as torchvision's `RandomErasing` on
+/// rounded, uint16 rounded, float16 and bfloat16 rounded to nearest even), as torchvision's `RandomErasing` on
 /// the final tensor. Noise is drawn channel by channel, row by row (torchvision's `[C, h, w]`
 /// order), whatever the layout, so it does not depend on it.
 pub(super) fn write_erase(
@@ -254,6 +254,9 @@ pub(super) fn write_erase(
             DType::F32 => v.copy_from_slice(&(x as f32).to_ne_bytes()),
             DType::F16 => v[..2].copy_from_slice(&half::f16::from_f64(x).to_bits().to_ne_bytes()),
             DType::BF16 => v[..2].copy_from_slice(&half::bf16::from_f64(x).to_bits().to_ne_bytes()),
+            DType::U16 => {
+                v[..2].copy_from_slice(&(x.round().clamp(0.0, 65535.0) as u16).to_ne_bytes())
+            }
             _ => v[0] = x.round().clamp(0.0, 255.0) as u8,
         }
         v

@@ -74,7 +74,8 @@
 //! `kernels` holds the pixel loops (the resample and the one output pass); `augment` draws and
 //! runs the ops after the plan, with `color`, `photometric` and [`warp`] their kernels. Tensor images of other
 //! channel counts and types, and masks, go through [`dense`] (the same plan and draws, plane by
-//! plane); bounding boxes through [`boxes`] (the same draws, moving coordinates).
+//! plane); bounding boxes through [`boxes`] and keypoints through [`keypoints`] (the same draws, moving
+//! coordinates).
 
 mod args;
 mod augment;
@@ -82,7 +83,9 @@ pub mod boxes;
 mod color;
 pub mod dense;
 pub mod geometry;
+pub mod iou_crop;
 mod kernels;
+pub mod keypoints;
 pub mod mix;
 mod photometric;
 pub mod pipeline;
@@ -94,9 +97,10 @@ pub use augment::AugOp;
 pub use boxes::BoxPipeline;
 pub use dense::{DensePipeline, DenseScratch, Role, TensorShape};
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
+pub use keypoints::KeypointPipeline;
 pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch, NO_SIZE};
-pub use roles::{roles, BoxFormat, Roles, DEFAULT_IGNORE_INDEX};
+pub use roles::{roles, roles_with, BoxFormat, Roles, DEFAULT_IGNORE_INDEX};
 pub use spec::{parse, EraseValue, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD, MAX_CHANNELS};
 
 #[cfg(test)]

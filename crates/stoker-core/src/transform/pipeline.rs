@@ -53,7 +53,7 @@ pub(super) fn size_fixers(op: &str) -> &'static str {
 pub(super) fn fixed_prefix(ops: &[Op]) -> &[Op] {
     let end = ops
         .iter()
-        .position(|op| matches!(op, Op::ScaleJitter { .. }))
+        .position(|op| matches!(op, Op::ScaleJitter { .. } | Op::RandomIouCrop(_)))
         .unwrap_or(ops.len());
     &ops[..end]
 }
@@ -104,6 +104,7 @@ pub(super) fn foldable(op: &Op) -> bool {
             | Op::CenterCrop { .. }
             | Op::RandomResizedCrop { .. }
             | Op::ScaleJitter { .. }
+            | Op::RandomIouCrop(_)
             | Op::HFlip { .. }
             | Op::Normalize { .. }
     )
@@ -116,6 +117,7 @@ pub(super) fn op_name(op: &Op) -> &'static str {
         Op::CenterCrop { .. } => "center_crop",
         Op::RandomResizedCrop { .. } => "random_resized_crop",
         Op::ScaleJitter { .. } => "scale_jitter",
+        Op::RandomIouCrop(_) => "random_iou_crop",
         Op::HFlip { .. } => "hflip",
         Op::Normalize { .. } => "normalize",
         Op::RandomCrop { .. } => "random_crop",
@@ -216,6 +218,7 @@ impl Pipeline {
                 | Op::Resize { .. }
                 | Op::RandomResizedCrop { .. }
                 | Op::ScaleJitter { .. }
+                | Op::RandomIouCrop(_)
                     if i > planned =>
                 {
                     return Err(format!(
@@ -230,7 +233,7 @@ impl Pipeline {
                         (h, w)
                     })
                 }
-                Op::ScaleJitter { .. } | Op::RandomZoomOut { .. } => {
+                Op::ScaleJitter { .. } | Op::RandomZoomOut { .. } | Op::RandomIouCrop(_) => {
                     size = None;
                     varying = Some(name);
                 }
@@ -336,6 +339,13 @@ impl Pipeline {
                 }
                 Lut::Half(t)
             }
+            DType::U16 => {
+                return Err(
+                    "dtype uint16 is for uint16 tensor images; an 8-bit image can be uint8, \
+                     float32, float16 or bfloat16"
+                        .into(),
+                )
+            }
             other => {
                 return Err(format!(
                     "images can be uint8, float32, float16 or bfloat16, not {other}"
@@ -416,7 +426,20 @@ impl Pipeline {
     /// in op order.
     /// Only the leading ops the plan can fold take part; the rest run after it.
     pub fn plan(&self, width: usize, height: usize, rng: &mut Rng) -> Result<Plan, String> {
-        super::geometry::plan(&self.ops[..self.planned], width, height, rng)
+        self.plan_boxed(width, height, None, rng)
+    }
+
+    /// [`plan`](Self::plan) for a sample with `boxes` (`xyxy` pixels), which `random_iou_crop`
+    /// draws its crop from.
+    pub fn plan_boxed(
+        &self,
+        width: usize,
+        height: usize,
+        boxes: Option<&[[f64; 4]]>,
+        rng: &mut Rng,
+    ) -> Result<Plan, String> {
+        let ops = &self.ops[..self.planned];
+        super::geometry::plan_with(ops, width, height, rng, boxes, &mut |_| {})
     }
 
     /// Transforms a decoded RGB8 image (`width * height * 3` bytes) into `out`, with fresh
@@ -458,9 +481,25 @@ impl Pipeline {
         rng: &mut Rng,
         out: &mut [u8],
         scratch: &mut Scratch,
+        trace: Option<&mut Vec<String>>,
+    ) -> Result<(), String> {
+        self.apply_boxed(rgb, (width, height), None, rng, out, scratch, trace)
+    }
+
+    /// [`apply_traced`](Self::apply_traced) for a `(width, height)` image with `boxes` (`xyxy`
+    /// pixels), which `random_iou_crop` draws its crop from.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_boxed(
+        &self,
+        rgb: &[u8],
+        (width, height): (usize, usize),
+        boxes: Option<&[[f64; 4]]>,
+        rng: &mut Rng,
+        out: &mut [u8],
+        scratch: &mut Scratch,
         mut trace: Option<&mut Vec<String>>,
     ) -> Result<(), String> {
-        let plan = self.plan(width, height, rng)?;
+        let plan = self.plan_boxed(width, height, boxes, rng)?;
         if let Some(t) = trace.as_deref_mut() {
             let [left, top, w, h] = plan.rect;
             t.push(format!(

@@ -3,8 +3,8 @@
 
 use super::args::split_args;
 
-/// The roles of fields that one draw applies to: `fields(image=NAME, mask=NAME,
-/// ignore_index=V)` as the first term of a spec. Every geometric op moves the mask with the
+/// The roles of fields that one draw applies to: `fields(image=NAME, mask=NAME, boxes=NAME,
+/// labels=NAME, keypoints=NAME, ignore_index=V)` as the first term of a spec. Every geometric op moves the mask with the
 /// image; the mask is resampled nearest-neighbour, and what no source pixel covers is
 /// `ignore_index`.
 #[derive(Clone, Debug, PartialEq)]
@@ -17,6 +17,8 @@ pub struct Roles {
     pub boxes: Option<(String, BoxFormat)>,
     /// The boxes' labels (one integer per box), dropped with the boxes a transform drops.
     pub labels: Option<String>,
+    /// The keypoint field: float32 rows of 2 (`x, y`) or 3 (`x, y, visibility`), one per point.
+    pub keypoints: Option<String>,
     /// The label written where a geometric op uncovers the mask (default 255).
     pub ignore_index: i64,
 }
@@ -32,11 +34,30 @@ pub enum BoxFormat {
     Cxcywh,
 }
 
+impl BoxFormat {
+    /// The format named `xyxy`, `xywh` or `cxcywh`.
+    pub fn parse(name: &str) -> Option<BoxFormat> {
+        match name {
+            "xyxy" => Some(BoxFormat::Xyxy),
+            "xywh" => Some(BoxFormat::Xywh),
+            "cxcywh" => Some(BoxFormat::Cxcywh),
+            _ => None,
+        }
+    }
+}
+
 /// `ignore_index` unless `fields(...)` says otherwise (torchvision's segmentation references).
 pub const DEFAULT_IGNORE_INDEX: i64 = 255;
 
-/// The roles named by a leading `fields(...)` term of `spec`; `None` without one.
+/// The roles named by a leading `fields(...)` term of `spec`; `None` without one. Boxes
+/// without a `:FORMAT` suffix are `xyxy`.
 pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
+    roles_with(spec, BoxFormat::Xyxy)
+}
+
+/// [`roles`], with boxes named without a `:FORMAT` suffix in `default_format` (the loader's
+/// `box_format` option); a suffix wins over it.
+pub fn roles_with(spec: &str, default_format: BoxFormat) -> Result<Option<Roles>, String> {
     let Some(first) = spec.split('|').next().map(str::trim) else {
         return Ok(None);
     };
@@ -64,11 +85,6 @@ pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
         ],
     )
     .map_err(err)?;
-    if args.named("keypoints").is_some() {
-        return Err(err(
-            "the `keypoints` role is not supported yet (image, mask, boxes and labels are)".into(),
-        ));
-    }
     let name = |role: &str| -> Result<Option<String>, String> {
         match args.named(role) {
             Some(n) if n.is_empty() || n.contains(',') => {
@@ -87,18 +103,15 @@ pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
         None => None,
         Some(b) => {
             let (field, format) = match b.split_once(':') {
-                None => (b.as_str(), "xyxy"),
-                Some((field, format)) => (field, format),
-            };
-            let format = match format {
-                "xyxy" => BoxFormat::Xyxy,
-                "xywh" => BoxFormat::Xywh,
-                "cxcywh" => BoxFormat::Cxcywh,
-                other => {
-                    return Err(err(format!(
-                        "boxes=`{b}`: box format `{other}` is not xyxy, xywh or cxcywh"
-                    )))
-                }
+                None => (b.as_str(), default_format),
+                Some((field, format)) => (
+                    field,
+                    BoxFormat::parse(format).ok_or_else(|| {
+                        err(format!(
+                            "boxes=`{b}`: box format `{format}` is not xyxy, xywh or cxcywh"
+                        ))
+                    })?,
+                ),
             };
             if field.is_empty() {
                 return Err(err(format!("boxes=`{b}` names no field")));
@@ -111,12 +124,13 @@ pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
         mask: name("mask")?,
         boxes,
         labels: name("labels")?,
+        keypoints: name("keypoints")?,
         ignore_index,
     };
-    if roles.mask.is_none() && roles.boxes.is_none() {
+    if roles.mask.is_none() && roles.boxes.is_none() && roles.keypoints.is_none() {
         return Err(err(
-            "names no mask or boxes: write fields(image=NAME, mask=NAME) or \
-             fields(image=NAME, boxes=NAME, labels=NAME)"
+            "names no mask, boxes or keypoints: write fields(image=NAME, mask=NAME), \
+             fields(image=NAME, boxes=NAME, labels=NAME) or fields(image=NAME, keypoints=NAME)"
                 .into(),
         ));
     }
@@ -130,6 +144,7 @@ pub fn roles(spec: &str) -> Result<Option<Roles>, String> {
         roles.mask.as_deref(),
         roles.boxes.as_ref().map(|(b, _)| b.as_str()),
         roles.labels.as_deref(),
+        roles.keypoints.as_deref(),
     ]
     .into_iter()
     .flatten()

@@ -52,6 +52,9 @@ pub enum Op {
         /// Longest side after the jitter (`Resize(max_size=)`'s cap), if any.
         max_size: Option<usize>,
     },
+    /// `RandomIoUCrop`: SSD's crop, drawn from the sample's boxes; the output size varies per
+    /// sample (`random_iou_crop(scale=0.3:1, ratio=0.5:2, options=…, trials=40)`).
+    RandomIouCrop(super::iou_crop::IouCrop),
     /// `RandomHorizontalFlip(p)` (`hflip(p=0.5)`).
     HFlip {
         /// Probability of flipping, in `[0, 1]`.
@@ -238,7 +241,7 @@ pub const MAGNITUDE_BINS: usize = 31;
 
 /// Every operation name, for messages.
 const KNOWN: &str = "resize, center_crop, random_resized_crop, scale_jitter, random_crop, \
-                     random_zoom_out, hflip, vflip, color_jitter, \
+                     random_zoom_out, random_iou_crop, hflip, vflip, color_jitter, \
                      random_photometric_distort, grayscale, gaussian_blur, \
                      rotate, affine, rand_augment, trivial_augment, auto_augment, \
                      random_erasing, normalize, mixup, cutmix";
@@ -368,6 +371,7 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
                 max_size,
             })
         }
+        "random_iou_crop" => super::iou_crop::parse(args).map(Op::RandomIouCrop),
         "hflip" => {
             args.check(1, &["p"])?;
             Ok(Op::HFlip {

@@ -1,5 +1,5 @@
 //! Dense tensors through the loader: image-shaped tensors of any channel count and of uint8,
-//! float16, bfloat16 or float32 (`input_layout` says where the channels are when the shape
+//! uint16, float16, bfloat16 or float32 (`input_layout` says where the channels are when the shape
 //! cannot), and segmentation masks and bounding boxes named by `fields(...)` that take every
 //! geometric op with their image's draw.
 
@@ -191,6 +191,74 @@ fn dense_batches_are_the_same_whatever_num_workers() {
 }
 
 #[test]
+fn a_uint16_array_is_resampled_as_float32_rounded_once_whatever_num_workers() {
+    let dir = tmp("dense_u16");
+    // [N, S, S, 4] uint16 over the whole 16-bit range (4 channels: the shape says hwc).
+    const C4: usize = 4;
+    let values: Vec<u16> = (0..N * S * S * C4)
+        .map(|i| {
+            let (px, c) = (i / C4, i % C4);
+            let (n, y, x) = (px / (S * S), px / S % S, px % S);
+            ((x * 1031 + y * 613 + c * 9973 + n * 3001 + (x ^ y) % 11 * 97) % 65536) as u16
+        })
+        .collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let source = npy(&dir, "u16.npy", DType::U16, &[N, S, S, C4], &bytes);
+    let floats: Vec<u8> = values
+        .iter()
+        .flat_map(|&v| f32::from(v).to_ne_bytes())
+        .collect();
+    let f32_source = npy(&dir, "f32.npy", DType::F32, &[N, S, S, C4], &floats);
+    let run = |source: &str, workers: &str| {
+        epoch(
+            &mut loader(&[
+                ("source", source),
+                ("transform", SPEC),
+                ("num_workers", workers),
+            ])
+            .unwrap(),
+            "data",
+        )
+    };
+    let zero = run(&source, "0");
+    assert_eq!(zero.len(), N / B);
+    assert_eq!(zero, run(&source, "3"), "the same whatever num_workers");
+    let float = run(&f32_source, "2");
+    for ((dtype, shape, got), (fdtype, _, want)) in zero.iter().zip(&float) {
+        assert_eq!((*dtype, shape.clone()), (DType::U16, vec![B, C4, 32, 32]));
+        assert_eq!(*fdtype, DType::F32);
+        let got: Vec<u16> = got
+            .chunks_exact(2)
+            .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+            .collect();
+        let want: Vec<u16> = want
+            .chunks_exact(4)
+            .map(|b| {
+                let v = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+                // Round half to even, as the pipeline does (ties are rare in a blend).
+                let r = v.round();
+                let r = if (v - v.trunc()).abs() == 0.5 && r % 2.0 != 0.0 {
+                    r - 1.0
+                } else {
+                    r
+                };
+                r.clamp(0.0, 65535.0) as u16
+            })
+            .collect();
+        assert_eq!(got, want);
+        assert!(
+            got.iter().filter(|&&v| v > 255).count() > got.len() / 2,
+            "values above 255 survive"
+        );
+    }
+    // A float output needs no dtype beyond normalize; uint8 is refused with the reason.
+    let e = loader(&[("source", &source), ("transform", SPEC), ("dtype", "uint8")])
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("uint16") && e.contains("not narrowed"), "{e}");
+}
+
+#[test]
 fn a_colour_op_on_a_multispectral_image_fails_at_creation_naming_the_field() {
     let dir = tmp("dense_colour");
     let source = npy(&dir, "bands.npy", DType::U8, &[N, S, S, C], &hwc());
@@ -313,14 +381,18 @@ fn roles_are_checked_against_the_source() {
         ("fields(image=nope, mask=mask) | hflip", "no field `nope`"),
         ("fields(image=image) | hflip", "names no mask"),
         (
-            "fields(image=image, mask=mask, keypoints=k) | hflip",
-            "`keypoints` role is not supported yet",
+            "fields(image=image, keypoints=mask) | hflip",
+            "keypoints are float32 rows of 2",
         ),
         (
             "fields(image=image, boxes=mask) | hflip",
             "boxes are float32 rows of 4",
         ),
         ("hflip | fields(image=image, mask=mask)", "must come first"),
+        (
+            "fields(image=image, mask=mask) | random_iou_crop | resize(8, 8)",
+            "random_iou_crop draws its crop from each sample's boxes",
+        ),
         ("fields(mask=mask) | rand_augment", "a colour op"),
     ] {
         let e = memory_loader(

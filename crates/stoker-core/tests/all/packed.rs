@@ -681,3 +681,48 @@ fn repacking_a_directory_with_fewer_shards_removes_the_stale_ones() {
     let packed = PackedSource::open(out.to_str().unwrap()).unwrap();
     assert_eq!(all_samples(&packed), all_samples(&*src));
 }
+
+#[test]
+fn a_uint16_tensor_field_packs_with_its_dtype_and_transforms_as_its_npy_array() {
+    let dir = tmp("packed_u16");
+    // Five [16, 16, 4] uint16 images over the whole 16-bit range.
+    let (n, s, c) = (5usize, 16usize, 4usize);
+    let values: Vec<u16> = (0..n * s * s * c)
+        .map(|i| ((i * 2477 + (i / 7) * 131) % 65536) as u16)
+        .collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let src = MemorySource::new()
+        .with_tensor("image", DType::U16, &[s, s, c], bytes.clone())
+        .unwrap();
+    let out = dir.join("u16.stkpack");
+    pack(&src, &out, &small_pages(), &no_progress).unwrap();
+    let packed = PackedSource::open(out.to_str().unwrap()).unwrap();
+    assert_eq!(packed.fields(), src.fields());
+    assert_eq!(
+        packed.fields()[0],
+        stoker_core::source::FieldSpec::tensor("image", DType::U16, &[s, s, c])
+    );
+    assert_eq!(all_samples(&packed), all_samples(&src));
+    let npy = dir.join("u16.npy");
+    stoker_core::source::write_npy(&npy, DType::U16, &[n, s, s, c], &bytes).unwrap();
+    let kv = [
+        ("batch_size", "5"),
+        ("transform", "random_resized_crop(8) | hflip"),
+    ];
+    let from_pack = loader(&format!("packed:{}", out.display()), &kv)
+        .unwrap()
+        .next();
+    let from_npy = loader(&format!("npy:{}", npy.display()), &kv)
+        .unwrap()
+        .next();
+    let (a, b) = (from_pack.unwrap().unwrap(), from_npy.unwrap().unwrap());
+    let (fa, fb) = (
+        a.field_by_name("image").unwrap(),
+        b.field_by_name("data").unwrap(),
+    );
+    assert_eq!(
+        (fa.dtype, fa.shape.to_vec()),
+        (DType::U16, vec![5, c, 8, 8])
+    );
+    assert_eq!(fa.data.unwrap(), fb.data.unwrap());
+}

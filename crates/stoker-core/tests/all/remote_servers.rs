@@ -3,7 +3,9 @@
 //! the shards, sets `STOKER_REMOTE_HTTP`, `STOKER_REMOTE_HTTPS` (nginx over TLS, its authority
 //! trusted through `SSL_CERT_FILE`), `STOKER_REMOTE_S3` (shard patterns), `STOKER_REMOTE_SAMPLES`,
 //! `STOKER_REMOTE_WWW` (the directory nginx serves, where a packed dataset is written) and the
-//! `AWS_*` variables, and runs these with `--ignored`; plain `cargo test` skips them.
+//! `AWS_*` variables, and runs these with `--ignored`; plain `cargo test` skips them. The token
+//! files it also serves (`tok-web.idx`/`.bin`, a Megatron dataset, and `tok-flat.bin`) are read
+//! remotely and compared with the same files read from the served directory.
 #![cfg(feature = "remote")]
 
 use std::path::PathBuf;
@@ -145,4 +147,109 @@ fn nginx_packed_dataset() {
         assert_eq!(labels(&mut l), (0..samples).collect::<Vec<_>>());
     }
     std::fs::remove_dir_all(&cache).unwrap();
+}
+
+/// Every sample of a token source, each field's bytes, through a loader with `extra` options.
+fn token_rows(source: &str, extra: &[(&str, &str)]) -> Vec<Vec<u8>> {
+    let mut o = LoaderOptions::new();
+    o.set("source", source).unwrap();
+    o.set("seq_len", "16").unwrap();
+    o.set("document_boundaries", "reset").unwrap();
+    o.set("batch_size", "4").unwrap();
+    o.set("num_workers", "0").unwrap();
+    for (k, v) in extra {
+        o.set(k, v).unwrap();
+    }
+    let mut l = Loader::new(&o).unwrap_or_else(|e| panic!("{source}: {e}"));
+    l.epoch_iter()
+        .flat_map(|b| {
+            let b = b.unwrap();
+            ["input_ids", "labels", "position_ids"]
+                .iter()
+                .map(|name| b.field_by_name(name).unwrap().data.unwrap().to_vec())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// `megatron:` and `tokens:` sources at `base` (a URL ending in `/`) equal the same files read
+/// locally, the second time from the cache (whose files are then the only copies read).
+fn read_tokens(base: &str, tag: &str) {
+    let www = PathBuf::from(env("STOKER_REMOTE_WWW"));
+    let cache: PathBuf =
+        std::env::temp_dir().join(format!("stoker-remote-tokens-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let cache_dir = cache.to_str().unwrap();
+    for (remote, local, extra) in [
+        (
+            format!("megatron:{base}tok-web"),
+            format!("megatron:{}", www.join("tok-web").display()),
+            vec![],
+        ),
+        (
+            format!("tokens:{base}tok-flat.bin"),
+            format!("tokens:{}", www.join("tok-flat.bin").display()),
+            vec![("token_dtype", "uint16")],
+        ),
+    ] {
+        let want = token_rows(&local, &extra);
+        assert!(!want.is_empty());
+        let mut with_cache = extra.clone();
+        with_cache.push(("cache_dir", cache_dir));
+        for round in 0..2 {
+            assert_eq!(
+                token_rows(&remote, &with_cache),
+                want,
+                "{remote} round {round}"
+            );
+        }
+        // Without cache_dir: a private cache, removed with the loader.
+        assert_eq!(token_rows(&remote, &extra), want, "{remote}, private cache");
+    }
+    // The index's tables were cached beside its downloaded copy, and loaded the second time.
+    let names: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with('.') && n.ends_with("-tok-web.idx.stkidx")),
+        "{names:?}"
+    );
+    std::fs::remove_dir_all(&cache).unwrap();
+}
+
+#[test]
+#[ignore = "needs nginx on 127.0.0.1: run by ctests/remote/run.sh"]
+fn nginx_http_token_files() {
+    let http = env("STOKER_REMOTE_HTTP");
+    read_tokens(&http[..=http.rfind('/').unwrap()], "http");
+}
+
+#[test]
+#[ignore = "needs nginx with TLS on 127.0.0.1: run by ctests/remote/run.sh"]
+fn nginx_https_token_files() {
+    let https = env("STOKER_REMOTE_HTTPS");
+    read_tokens(&https[..=https.rfind('/').unwrap()], "https");
+}
+
+#[test]
+#[ignore = "needs an S3 server on 127.0.0.1: run by ctests/remote/run.sh"]
+fn s3_server_token_files() {
+    let s3 = env("STOKER_REMOTE_S3");
+    read_tokens(&s3[..=s3.rfind('/').unwrap()], "s3");
+}
+
+#[test]
+#[ignore = "needs nginx on 127.0.0.1: run by ctests/remote/run.sh"]
+fn nginx_missing_megatron_dataset_is_a_404_naming_the_url() {
+    let http = env("STOKER_REMOTE_HTTP");
+    let url = format!("{}absent-web", &http[..=http.rfind('/').unwrap()]);
+    let mut o = LoaderOptions::new();
+    o.set("source", &format!("megatron:{url}")).unwrap();
+    o.set("seq_len", "16").unwrap();
+    let err = Loader::new(&o).err().unwrap().to_string();
+    assert!(err.contains(&format!("{url}.idx")), "{err}");
+    assert!(err.contains("404"), "{err}");
 }

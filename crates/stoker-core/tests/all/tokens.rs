@@ -14,7 +14,7 @@ use crate::support::files::tmp;
 
 /// Writes `prefix.idx` and `prefix.bin`: one sequence per document, tokens of Megatron type
 /// `code` (8: uint16, 4: int32).
-fn write_megatron(prefix: &Path, code: u8, docs: &[Vec<i64>]) {
+pub(crate) fn write_megatron(prefix: &Path, code: u8, docs: &[Vec<i64>]) {
     let size: usize = match code {
         8 => 2,
         4 => 4,

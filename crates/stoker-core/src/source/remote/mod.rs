@@ -160,7 +160,7 @@ pub fn resolve(
             paths.push(PathBuf::from(local));
         } else if is_url(name) {
             return Err(crate::error::Error::Unsupported(format!(
-                "tar shard `{}`: this build of stoker has no remote shard support (built without the `remote` feature)",
+                "`{}`: this build of stoker has no remote file support (built without the `remote` feature)",
                 shown_without_credentials(name)
             )));
         } else {

@@ -18,6 +18,7 @@
 use super::{TokenConfig, TokenSource, TokenSpec};
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
+use crate::source::remote::RemoteConfig;
 use crate::source::{FieldSpec, Sample, Source};
 
 /// Normalises `weights` (finite, ≥ 0, some > 0) to sum to 1.
@@ -74,10 +75,11 @@ pub struct BlendSource {
 
 impl BlendSource {
     /// Opens every dataset of `blend` (weight, spec) with `config`; `seed` keys the passes of a
-    /// dataset shorter than its share.
+    /// dataset shorter than its share. Remote files go through `remote`'s cache.
     pub fn open(
         blend: &[(f64, TokenSpec)],
         config: &TokenConfig,
+        remote: &RemoteConfig,
         seed: u64,
     ) -> Result<BlendSource> {
         let raw: Vec<f64> = blend.iter().map(|(w, _)| *w).collect();
@@ -92,7 +94,7 @@ impl BlendSource {
         }
         let datasets = blend
             .iter()
-            .map(|(_, spec)| TokenSource::open(spec, config))
+            .map(|(_, spec)| TokenSource::open_with(spec, config, remote))
             .collect::<Result<Vec<_>>>()?;
         for (d, (w, spec)) in datasets.iter().zip(blend) {
             if d.is_empty() && *w > 0.0 {

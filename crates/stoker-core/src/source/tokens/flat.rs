@@ -2,15 +2,27 @@
 //! document one after the other, raw (`.bin`, of the type `token_dtype` says) or a 1-D `.npy`
 //! array (`uint16`, `uint32` or `int32`, read from its header). Each file is mapped and read in
 //! place. Documents end with `eos_token` when it is set (the token belongs to the document it
-//! ends); a file's end always ends a document.
+//! ends), or are listed by a sidecar of document lengths beside the file (`NAME.lengths.npy`,
+//! [`super::lengths`]), not both; a file's end always ends a document.
 
 use std::path::{Path, PathBuf};
 
-use super::{Part, TokenType};
+use super::cache::{CachePlaces, Table};
+use super::{lengths, Part, TokenType};
 use crate::error::{Error, Result};
 use crate::source::mapped::Mapping;
 use crate::source::npy::parse_raw_header;
 use crate::source::open_file;
+
+/// A flat token file to open.
+pub(super) struct FlatFile<'a> {
+    /// Where it is (for a remote file, its copy in the cache).
+    pub path: &'a Path,
+    /// What messages name (a remote file's URL).
+    pub shown: &'a Path,
+    /// Whether a sidecar of document lengths is looked for beside it (local files only).
+    pub sidecar: bool,
+}
 
 /// One flat token file, mapped and checked.
 pub(super) struct FlatPart {
@@ -21,14 +33,24 @@ pub(super) struct FlatPart {
     offset: usize,
     tokens: u64,
     eos: Option<u64>,
+    /// Where each document starts (documents + 1 entries, the last `tokens`), from the sidecar
+    /// of document lengths when the file has one.
+    docs: Option<Table>,
 }
 
 impl FlatPart {
     /// Maps `path`: an `.npy` file's type and length come from its header, a raw file's type is
-    /// `raw` (`token_dtype`), required.
-    pub(super) fn open(path: &Path, raw: Option<TokenType>, eos: Option<u64>) -> Result<FlatPart> {
-        let (file, _) = open_file(path, "a token file")?;
-        let map = Mapping::map(&file, path)?;
+    /// `raw` (`token_dtype`), required. Its documents come from its sidecar of lengths when it
+    /// has one (cached in `places`), else from `eos`.
+    pub(super) fn open(
+        source: &FlatFile<'_>,
+        raw: Option<TokenType>,
+        eos: Option<u64>,
+        places: &CachePlaces,
+    ) -> Result<FlatPart> {
+        let (file, meta) = open_file(source.path, "a token file")?;
+        let path = source.shown;
+        let map = Mapping::map(&file, source.path)?;
         let is_npy = path.extension().is_some_and(|e| e == "npy");
         let (token, offset, tokens) = if is_npy {
             let header = parse_raw_header(&map).map_err(|reason| Error::format(path, reason))?;
@@ -86,6 +108,30 @@ impl FlatPart {
             }
             (token, 0, (map.len() / token.size()) as u64)
         };
+        let sidecar = lengths::sidecar_of(path);
+        let docs = if source.sidecar && sidecar.exists() {
+            if let Some(eos) = eos {
+                return Err(Error::option(
+                    "eos_token",
+                    format!(
+                        "{eos} ends documents, but {} has a sidecar of document lengths, {}: \
+                         documents are said one way; unset eos_token or remove the sidecar",
+                        path.display(),
+                        sidecar.display()
+                    ),
+                ));
+            }
+            Some(lengths::document_starts(
+                &sidecar,
+                path,
+                &meta,
+                &map[..offset],
+                tokens,
+                places,
+            )?)
+        } else {
+            None
+        };
         Ok(FlatPart {
             path: path.to_owned(),
             map,
@@ -93,6 +139,7 @@ impl FlatPart {
             offset,
             tokens,
             eos,
+            docs,
         })
     }
 
@@ -116,6 +163,19 @@ impl Part for FlatPart {
     }
 
     fn doc_starts(&self, from: u64, to: u64, each: &mut dyn FnMut(u64)) {
+        if let Some(docs) = &self.docs {
+            let docs = docs.as_slice();
+            // The first document starting after `from`; the last entry is the file's end.
+            let first = docs.partition_point(|&s| s <= from);
+            let inner = docs.get(first..docs.len().saturating_sub(1)).unwrap_or(&[]);
+            for &start in inner {
+                if start >= to {
+                    break;
+                }
+                each(start);
+            }
+            return;
+        }
         let Some(eos) = self.eos else { return };
         // A document starts after each end-of-document token; the one at `to - 1` starts one
         // at `to`, outside the range.
@@ -132,21 +192,38 @@ impl Part for FlatPart {
     }
 
     fn documents(&self) -> std::result::Result<u64, String> {
+        if let Some(docs) = &self.docs {
+            return Ok(docs.len() as u64 - 1);
+        }
         // The documents `eos_token` ends are known only by reading every token, which opening
         // never does (it would be O(tokens) at every start); without it the file is one.
         match self.eos {
             None => Ok(1),
             Some(eos) => Err(format!(
                 "a flat token file's documents (ended by eos_token {eos}) are found only by \
-                 reading all its tokens, which opening does not do; write the documents as a \
-                 Megatron dataset (megatron:PREFIX, whose index lists them), or use \
-                 token_packing=concat"
+                 reading all its tokens, which opening does not do; write their lengths beside \
+                 it as a sidecar ({}, a 1-D integer .npy) in place of eos_token, or the \
+                 documents as a Megatron dataset (megatron:PREFIX), or use token_packing=concat",
+                lengths::sidecar_of(&self.path).display()
             )),
         }
     }
 
-    fn document(&self, _: u64) -> (u64, u64) {
-        (0, self.tokens)
+    fn document(&self, d: u64) -> (u64, u64) {
+        match &self.docs {
+            Some(docs) => {
+                let docs = docs.as_slice();
+                let at = |d: u64| {
+                    usize::try_from(d)
+                        .ok()
+                        .and_then(|d| docs.get(d))
+                        .map_or(self.tokens, |&t| t.min(self.tokens))
+                };
+                let start = at(d);
+                (start, at(d + 1).max(start))
+            }
+            None => (0, self.tokens),
+        }
     }
 
     fn describe(&self, t: u64) -> String {
@@ -163,6 +240,13 @@ impl Part for FlatPart {
     }
 
     fn check(&self) -> Result<()> {
+        if let Some(Table::Mapped { map, .. }) = &self.docs {
+            map.check()?;
+        }
         self.map.check()
+    }
+
+    fn index_bytes(&self) -> usize {
+        self.docs.as_ref().map_or(0, |d| 8 * d.len())
     }
 }

@@ -20,14 +20,18 @@
 //! sequence mode per sequence after the document index): the file must be exactly the size the
 //! header implies.
 //!
-//! Every check is done when the dataset opens, against the sizes of both files, before
+//! Every check is done when the dataset is first opened, against the sizes of both files, before
 //! anything sized by the header is allocated ([`parse_index`], then [`check_index`], which the
-//! fuzz target `megatron_index` drives over arbitrary bytes).
+//! fuzz target `megatron_index` drives over arbitrary bytes). The tables kept from a checked
+//! index are then cached ([`super::cache`]); a later open of the same, unchanged files checks
+//! the header and maps the cached tables instead of reading the index again.
 
 use std::path::{Path, PathBuf};
 
+use super::cache::{self, CacheKey, CachePlaces, FileStamp, Table};
 use super::{Part, TokenType};
 use crate::error::{Error, Result};
+use crate::hash::Fnv;
 use crate::source::mapped::Mapping;
 use crate::source::open_file;
 
@@ -85,31 +89,35 @@ fn field<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
 /// Reads the header of an index of `bytes.len()` bytes and checks that the file is exactly as
 /// long as its counts say; says in words what disagrees.
 pub fn parse_index(bytes: &[u8]) -> std::result::Result<IndexLayout, String> {
-    if bytes.len() < HEADER_BYTES {
+    parse_header(&bytes[..bytes.len().min(HEADER_BYTES)], bytes.len() as u64)
+}
+
+/// [`parse_index`] from the first [`HEADER_BYTES`] of an index (`head`) and its length.
+fn parse_header(head: &[u8], len: u64) -> std::result::Result<IndexLayout, String> {
+    if head.len() < HEADER_BYTES || len < HEADER_BYTES as u64 {
         return Err(format!(
-            "is {} bytes, shorter than the {HEADER_BYTES}-byte header of a Megatron index",
-            bytes.len()
+            "is {len} bytes, shorter than the {HEADER_BYTES}-byte header of a Megatron index"
         ));
     }
-    if &bytes[..9] != MAGIC {
+    if &head[..9] != MAGIC {
         return Err(format!(
             "does not start with Megatron's index magic MMIDIDX\\x00\\x00 (found {:?})",
-            String::from_utf8_lossy(&bytes[..9])
+            String::from_utf8_lossy(&head[..9])
         ));
     }
-    let version = u64::from_le_bytes(field(bytes, 9));
+    let version = u64::from_le_bytes(field(head, 9));
     if version != 1 {
         return Err(format!(
             "has index version {version}; only version 1 is read"
         ));
     }
-    let token = TokenType::from_megatron_code(bytes[17])?;
-    let sequences = u64::from_le_bytes(field(bytes, 18));
-    let doc_entries = u64::from_le_bytes(field(bytes, 26));
+    let token = TokenType::from_megatron_code(head[17])?;
+    let sequences = u64::from_le_bytes(field(head, 18));
+    let doc_entries = u64::from_le_bytes(field(head, 26));
     // Checked arithmetic in u128: the counts are the file's word, and a product that wraps could
     // pass the size check with counts far beyond the file.
     let need = HEADER_BYTES as u128 + 12 * u128::from(sequences) + 8 * u128::from(doc_entries);
-    let have = bytes.len() as u128;
+    let have = u128::from(len);
     if need != have {
         return Err(format!(
             "says {sequences} sequences and {doc_entries} document index entries, which take \
@@ -124,11 +132,15 @@ pub fn parse_index(bytes: &[u8]) -> std::result::Result<IndexLayout, String> {
     if doc_entries == 0 {
         return Err("has an empty document index (it needs at least the leading 0)".into());
     }
-    // Both fit: they are bounded by the file's length, which is a usize.
+    // Both fit: they are bounded by the file's length, and the index is mapped (or, from the
+    // cache, the tables of that length are).
+    let fit = |n: u64| {
+        usize::try_from(n).map_err(|_| format!("counts {n} entries, more than memory holds"))
+    };
     Ok(IndexLayout {
         token,
-        sequences: sequences as usize,
-        doc_entries: doc_entries as usize,
+        sequences: fit(sequences)?,
+        doc_entries: fit(doc_entries)?,
     })
 }
 
@@ -220,27 +232,113 @@ pub fn check_index(
     Ok(starts)
 }
 
-/// One Megatron dataset (`PREFIX.idx` + `PREFIX.bin`), mapped and checked.
+/// One Megatron dataset (`PREFIX.idx` + `PREFIX.bin`): the tokens mapped, the index reduced
+/// to the tables below (built from the index once, then loaded from the cache, [`cache`]).
 pub(super) struct MegatronPart {
     prefix: PathBuf,
-    idx: Mapping,
     bin: Mapping,
-    layout: IndexLayout,
-    /// Where each sequence starts in this dataset's tokens (see [`check_index`]).
-    starts: Vec<u64>,
+    token: TokenType,
+    /// Where each sequence starts in this dataset's tokens (`S + 1` entries, the last the
+    /// total; see [`check_index`]).
+    starts: Table,
+    /// The byte offset of each sequence in `.bin`; empty when the sequences lie end to end, as
+    /// Megatron writes them (sequence `s` is then at `starts[s]` tokens).
+    pointers: Table,
+    /// Where each document starts in this dataset's tokens (`D` entries: documents + 1); empty
+    /// when every document is one sequence (document `d` is then sequence `d`).
+    docs: Table,
+    /// The cache file the tables were read from or written to.
+    cached: Option<PathBuf>,
 }
 
+/// Whether tables loaded from a cache (starts, pointers, documents) fit the index's header and
+/// the `bin_len`-byte `.bin`: their sizes, ends and first entries (O(1); every read is
+/// bounds-checked besides).
+fn consistent(layout: &IndexLayout, tables: [&Table; 3], bin_len: u64) -> bool {
+    let (starts, pointers, docs) = (
+        tables[0].as_slice(),
+        tables[1].as_slice(),
+        tables[2].as_slice(),
+    );
+    let size = layout.token.size() as u128;
+    starts.len() == layout.sequences + 1
+        && starts.first() == Some(&0)
+        && starts.last().map(|&t| u128::from(t) * size) == Some(u128::from(bin_len))
+        && [0, layout.sequences].contains(&pointers.len())
+        && if docs.is_empty() {
+            layout.doc_entries == layout.sequences + 1
+        } else {
+            docs.len() == layout.doc_entries
+                && docs.first() == Some(&0)
+                && docs.last() == starts.last()
+        }
+}
+
+/// Cache kind of a Megatron dataset's tables.
+const CACHE_KIND: u32 = 1;
+
+/// Bytes of the end of an index hashed into the cache key with its header (the last entries of
+/// the document index, which any rewrite of the index changes).
+const TAIL_BYTES: u64 = 4096;
+
 impl MegatronPart {
-    /// Maps and checks `prefix.idx` and `prefix.bin`; errors name the file and what disagrees.
-    pub(super) fn open(prefix: &Path) -> Result<MegatronPart> {
+    /// Opens `prefix.idx` and `prefix.bin`: the tables from the cache when it holds them for
+    /// these very files, else from the index, checked against `.bin` and cached. Errors name
+    /// the file and what disagrees.
+    ///
+    /// `idx` and `bin` are where the files are (for a remote dataset, their copies in the
+    /// cache); messages name `prefix.idx` and `prefix.bin`.
+    pub(super) fn open(
+        prefix: &Path,
+        idx: &Path,
+        bin: &Path,
+        places: &CachePlaces,
+    ) -> Result<MegatronPart> {
+        use std::os::unix::fs::FileExt;
         let (idx_path, bin_path) = (
             with_extension(prefix, ".idx"),
             with_extension(prefix, ".bin"),
         );
-        let (idx_file, _) = open_file(&idx_path, "a Megatron index (.idx)")?;
-        let (bin_file, _) = open_file(&bin_path, "a Megatron token file (.bin)")?;
-        let idx = Mapping::map(&idx_file, &idx_path)?;
-        let bin = Mapping::map(&bin_file, &bin_path)?;
+        let (idx_file, idx_meta) = open_file(idx, "a Megatron index (.idx)")?;
+        let (bin_file, bin_meta) = open_file(bin, "a Megatron token file (.bin)")?;
+        let bin = Mapping::map(&bin_file, bin)?;
+        // The key: both files' size and mtime, and a hash of the index's header and tail.
+        let idx_len = idx_meta.len();
+        let mut head = vec![0u8; HEADER_BYTES.min(idx_len as usize)];
+        idx_file
+            .read_exact_at(&mut head, 0)
+            .map_err(|e| Error::os(idx, e))?;
+        let layout = parse_header(&head, idx_len).map_err(|r| Error::format(&idx_path, r))?;
+        let tail_len = TAIL_BYTES.min(idx_len - HEADER_BYTES as u64);
+        let mut tail = vec![0u8; tail_len as usize];
+        idx_file
+            .read_exact_at(&mut tail, idx_len - tail_len)
+            .map_err(|e| Error::os(idx, e))?;
+        let mut hash = Fnv::new();
+        hash.bytes(&head);
+        hash.bytes(&tail);
+        let key = CacheKey {
+            kind: CACHE_KIND,
+            path: cache::absolute(idx),
+            files: [FileStamp::of(&idx_meta), FileStamp::of(&bin_meta)],
+            header: hash.finish(),
+        };
+        if let Some(([starts, pointers, docs], from)) = places.load(&key) {
+            if consistent(&layout, [&starts, &pointers, &docs], bin.len() as u64) {
+                return Ok(MegatronPart {
+                    prefix: prefix.to_owned(),
+                    bin,
+                    token: layout.token,
+                    starts,
+                    pointers,
+                    docs,
+                    cached: Some(from),
+                });
+            }
+            // A cache that agrees with its key and checksums but not with the index is not
+            // trusted either: rebuilt below, and overwritten.
+        }
+        let idx = Mapping::map(&idx_file, idx)?;
         let layout = parse_index(&idx).map_err(|reason| Error::format(&idx_path, reason))?;
         let starts = check_index(&idx, &layout, bin.len() as u64).map_err(|reason| {
             Error::format(
@@ -248,48 +346,123 @@ impl MegatronPart {
                 format!("disagrees with {}: {reason}", bin_path.display()),
             )
         })?;
+        let size = layout.token.size() as u64;
+        let end_to_end =
+            (0..layout.sequences).all(|s| layout.pointer(&idx, s) as u64 == starts[s] * size);
+        let pointers: Vec<u64> = if end_to_end {
+            Vec::new()
+        } else {
+            // Checked non-negative by `check_index`.
+            (0..layout.sequences)
+                .map(|s| layout.pointer(&idx, s) as u64)
+                .collect()
+        };
+        let one_each = layout.doc_entries == layout.sequences + 1
+            && (0..layout.doc_entries).all(|d| layout.doc(&idx, d) == d as i64);
+        let docs: Vec<u64> = if one_each {
+            Vec::new()
+        } else {
+            // Checked in range by `check_index`.
+            (0..layout.doc_entries)
+                .map(|d| starts[layout.doc(&idx, d) as usize])
+                .collect()
+        };
+        let cached = places.save(&key, [&starts, &pointers, &docs]);
+        idx.check()?;
         Ok(MegatronPart {
             prefix: prefix.to_owned(),
-            idx,
             bin,
-            layout,
-            starts,
+            token: layout.token,
+            starts: Table::Owned(starts),
+            pointers: Table::Owned(pointers),
+            docs: Table::Owned(docs),
+            cached,
         })
     }
 
     /// The sequence holding token `t` (`t < tokens()`): the last whose start is ≤ `t` (empty
     /// sequences share their start with the next one and are passed over).
     fn sequence_of(&self, t: u64) -> usize {
-        self.starts.partition_point(|&s| s <= t) - 1
+        self.starts
+            .as_slice()
+            .partition_point(|&s| s <= t)
+            .saturating_sub(1)
     }
 
-    /// Where document `d` starts in this dataset's tokens (`d < doc_entries`).
+    /// Documents in the dataset.
+    fn doc_count(&self) -> usize {
+        match self.docs.len() {
+            0 => self.starts.len() - 1,
+            n => n - 1,
+        }
+    }
+
+    /// Where document `d` starts in this dataset's tokens (`d <= doc_count()`), clamped to the
+    /// dataset.
     fn doc_start(&self, d: usize) -> u64 {
-        // Checked in range by `check_index`.
-        self.starts[self.layout.doc(&self.idx, d) as usize]
+        let table = if self.docs.len() == 0 {
+            &self.starts
+        } else {
+            &self.docs
+        };
+        table
+            .as_slice()
+            .get(d)
+            .map_or(self.tokens(), |&t| t.min(self.tokens()))
+    }
+
+    /// An error naming the cache file (or the index) when a table points outside `.bin`.
+    fn corrupt(&self, what: String) -> Error {
+        let from = self
+            .cached
+            .clone()
+            .unwrap_or_else(|| with_extension(&self.prefix, ".idx"));
+        Error::format(
+            &from,
+            format!("{what}; delete this file and open the dataset again"),
+        )
     }
 }
 
 impl Part for MegatronPart {
     fn tokens(&self) -> u64 {
-        self.starts[self.starts.len() - 1]
+        let starts = self.starts.as_slice();
+        starts[starts.len() - 1]
     }
 
     fn token_type(&self) -> TokenType {
-        self.layout.token
+        self.token
     }
 
     fn raw(&self, from: u64, to: u64, each: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
-        let size = self.layout.token.size() as u64;
+        let size = self.token.size() as u64;
+        let (starts, pointers) = (self.starts.as_slice(), self.pointers.as_slice());
         let mut t = from;
         let mut s = self.sequence_of(from);
         while t < to {
-            let (start, end) = (self.starts[s], self.starts[s + 1]);
+            let (Some(&start), Some(&end)) = (starts.get(s), starts.get(s + 1)) else {
+                return Err(self.corrupt(format!("no sequence holds token {t}")));
+            };
             let stop = end.min(to);
             if stop > t {
-                let byte = self.layout.pointer(&self.idx, s) as u64 + (t - start) * size;
-                let bytes = (stop - t) * size;
-                each(&self.bin[byte as usize..(byte + bytes) as usize])?;
+                let at = match pointers.get(s) {
+                    Some(&p) => p,
+                    None => start.saturating_mul(size),
+                };
+                let bytes = at
+                    .checked_add(t.saturating_sub(start).saturating_mul(size))
+                    .and_then(|a| Some((a, a.checked_add((stop - t).saturating_mul(size))?)))
+                    .and_then(|(a, b)| {
+                        self.bin
+                            .get(usize::try_from(a).ok()?..usize::try_from(b).ok()?)
+                    });
+                let Some(bytes) = bytes else {
+                    return Err(self.corrupt(format!(
+                        "sequence {s} lies outside the {}-byte .bin file",
+                        self.bin.len()
+                    )));
+                };
+                each(bytes)?;
                 t = stop;
             }
             s += 1;
@@ -299,7 +472,7 @@ impl Part for MegatronPart {
 
     fn doc_starts(&self, from: u64, to: u64, each: &mut dyn FnMut(u64)) {
         // Documents `0..D-1` start in rising order; the first starting after `from`.
-        let docs = self.layout.doc_entries - 1;
+        let docs = self.doc_count();
         let (mut lo, mut hi) = (0, docs);
         while lo < hi {
             let mid = (lo + hi) / 2;
@@ -319,11 +492,12 @@ impl Part for MegatronPart {
     }
 
     fn documents(&self) -> std::result::Result<u64, String> {
-        Ok(self.layout.doc_entries as u64 - 1)
+        Ok(self.doc_count() as u64)
     }
 
     fn document(&self, d: u64) -> (u64, u64) {
-        (self.doc_start(d as usize), self.doc_start(d as usize + 1))
+        let start = self.doc_start(d as usize);
+        (start, self.doc_start(d as usize + 1).max(start))
     }
 
     fn describe(&self, t: u64) -> String {
@@ -342,9 +516,9 @@ impl Part for MegatronPart {
             .to_string_lossy();
         format!(
             "megatron {name}: {} sequences, {} tokens of {}",
-            self.layout.sequences,
+            self.starts.len() - 1,
             self.tokens(),
-            self.layout.token.name()
+            self.token.name()
         )
     }
 
@@ -354,25 +528,16 @@ impl Part for MegatronPart {
         PathBuf::from(p)
     }
 
+    fn index_bytes(&self) -> usize {
+        8 * (self.starts.len() + self.pointers.len() + self.docs.len())
+    }
+
     fn check(&self) -> Result<()> {
-        self.idx.check()?;
+        if let Table::Mapped { map, .. } = &self.starts {
+            map.check()?;
+        }
         self.bin.check()
     }
-}
-
-/// Writes a Megatron indexed dataset (`PREFIX.bin` and `PREFIX.idx`) one document at a time,
-/// as megatron-core's `IndexedDatasetBuilder` does with one sequence per document: tokens stream
-/// to `.bin` as they come; the index, 12 bytes a document in memory, is written by
-/// [`finish`](MegatronWriter::finish). Until then the files are `PREFIX.bin.partial` and
-/// `PREFIX.idx.partial`, so a dataset that was not finished is never read as a whole one.
-pub struct MegatronWriter {
-    prefix: PathBuf,
-    token: TokenType,
-    bin: std::io::BufWriter<std::fs::File>,
-    lengths: Vec<i32>,
-    pointers: Vec<i64>,
-    written: i64,
-    scratch: Vec<u8>,
 }
 
 /// `PREFIX` + `ext`: the paths of a dataset's files (`.idx`, `.bin`).
@@ -382,100 +547,8 @@ pub fn with_extension(prefix: &Path, ext: &str) -> PathBuf {
     PathBuf::from(p)
 }
 
-impl MegatronWriter {
-    /// Starts a dataset of `token`-typed tokens at `prefix` (its folder must exist).
-    pub fn create(prefix: &Path, token: TokenType) -> Result<MegatronWriter> {
-        if token.megatron_code().is_none() {
-            return Err(Error::Unsupported(format!(
-                "{}: Megatron datasets have no {} token type",
-                prefix.display(),
-                token.name()
-            )));
-        }
-        let path = with_extension(prefix, ".bin.partial");
-        let file = std::fs::File::create(&path).map_err(|e| Error::os(&path, e))?;
-        Ok(MegatronWriter {
-            prefix: prefix.to_owned(),
-            token,
-            bin: std::io::BufWriter::new(file),
-            lengths: Vec::new(),
-            pointers: Vec::new(),
-            written: 0,
-            scratch: Vec::new(),
-        })
-    }
-
-    /// Appends one document (one sequence). A token that does not fit the type is an error
-    /// naming the document, and nothing of that document is written.
-    pub fn add_document(&mut self, tokens: &[i64]) -> Result<()> {
-        let doc = self.lengths.len();
-        let path = with_extension(&self.prefix, ".bin.partial");
-        let len = i32::try_from(tokens.len()).map_err(|_| {
-            Error::format(
-                &path,
-                format!(
-                    "document {doc} has {} tokens; a sequence holds at most {}",
-                    tokens.len(),
-                    i32::MAX
-                ),
-            )
-        })?;
-        self.scratch.clear();
-        for (k, &t) in tokens.iter().enumerate() {
-            self.token.put(t, &mut self.scratch).map_err(|reason| {
-                Error::format(&path, format!("document {doc}, token {k}: {reason}"))
-            })?;
-        }
-        std::io::Write::write_all(&mut self.bin, &self.scratch).map_err(|e| Error::os(&path, e))?;
-        self.lengths.push(len);
-        self.pointers.push(self.written);
-        self.written += self.scratch.len() as i64;
-        Ok(())
-    }
-
-    /// Documents added so far.
-    pub fn documents(&self) -> usize {
-        self.lengths.len()
-    }
-
-    /// Writes the index and moves both files to their names.
-    pub fn finish(self) -> Result<()> {
-        let bin_partial = with_extension(&self.prefix, ".bin.partial");
-        let idx_partial = with_extension(&self.prefix, ".idx.partial");
-        let file = self
-            .bin
-            .into_inner()
-            .map_err(|e| Error::os(&bin_partial, e.into_error()))?;
-        file.sync_all().map_err(|e| Error::os(&bin_partial, e))?;
-        let documents = self.lengths.len();
-        let mut idx = Vec::with_capacity(HEADER_BYTES + documents * 20 + 8);
-        idx.extend_from_slice(MAGIC);
-        idx.extend_from_slice(&1u64.to_le_bytes());
-        // `create` refused the types without a code.
-        idx.push(self.token.megatron_code().unwrap_or(0));
-        idx.extend_from_slice(&(documents as u64).to_le_bytes());
-        idx.extend_from_slice(&(documents as u64 + 1).to_le_bytes());
-        for l in &self.lengths {
-            idx.extend_from_slice(&l.to_le_bytes());
-        }
-        for p in &self.pointers {
-            idx.extend_from_slice(&p.to_le_bytes());
-        }
-        // One sequence per document: document `d` is sequence `d`.
-        for d in 0..=documents as i64 {
-            idx.extend_from_slice(&d.to_le_bytes());
-        }
-        std::fs::write(&idx_partial, &idx).map_err(|e| Error::os(&idx_partial, e))?;
-        for (from, ext) in [(&bin_partial, ".bin"), (&idx_partial, ".idx")] {
-            let to = with_extension(&self.prefix, ext);
-            std::fs::rename(from, &to).map_err(|e| Error::os(&to, e))?;
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// An index as Megatron's `_IndexWriter` writes it (megatron-core is not installed here:
@@ -594,40 +667,5 @@ mod tests {
                 "{docs:?}"
             );
         }
-    }
-
-    #[test]
-    fn the_writer_writes_the_index_megatron_writes_and_refuses_tokens_that_do_not_fit() {
-        let dir =
-            std::env::temp_dir().join(format!("stoker-megatron-writer-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let prefix = dir.join("part");
-        let mut w = MegatronWriter::create(&prefix, TokenType::U16).unwrap();
-        w.add_document(&[1, 2, 3]).unwrap();
-        let e = w.add_document(&[4, 70_000]).unwrap_err().to_string();
-        assert!(
-            e.contains("document 1, token 1") && e.contains("uint16"),
-            "{e}"
-        );
-        w.add_document(&[]).unwrap();
-        w.add_document(&[65_535, 0]).unwrap();
-        assert!(
-            !with_extension(&prefix, ".idx").exists(),
-            "an unfinished dataset has no index"
-        );
-        w.finish().unwrap();
-
-        let idx = std::fs::read(with_extension(&prefix, ".idx")).unwrap();
-        assert_eq!(idx, index(8, &[3, 0, 2], &[0, 1, 2, 3]));
-        let part = MegatronPart::open(&prefix).unwrap();
-        let mut tokens = Vec::new();
-        part.raw(0, part.tokens(), &mut |b| {
-            tokens.extend(b.chunks_exact(2).map(|t| TokenType::U16.get(t)));
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(tokens, [1, 2, 3, 65_535, 0]);
-        assert!(MegatronWriter::create(&dir.join("x"), TokenType::U32).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

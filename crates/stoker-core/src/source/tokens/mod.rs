@@ -1,6 +1,9 @@
 //! Token streams for language-model training: `megatron:PREFIX[,PREFIX…]` (Megatron-LM's
 //! indexed datasets, [`megatron`]) and `tokens:PATTERN` (flat token files, `flat`), read in
-//! place from read-only mappings.
+//! place from read-only mappings. Remote files (`s3://`, `gs://`, `az://`, `http(s)://`) are
+//! downloaded whole into the remote shard cache first (`cache_dir`, bounded by `cache_limit`,
+//! [`crate::source::remote`]), then mapped as local files are; a remote flat file's sidecar of
+//! lengths is not looked for.
 //!
 //! The files of a source are laid end to end in the order named (a pattern's expansion order)
 //! into one stream of tokens. Sample `i` is the window of `seq_len + 1` tokens starting at token
@@ -14,8 +17,9 @@
 //!   window, counting up) and `cu_seqlens` (int32: `0`, the offset of each document starting
 //!   inside the window, `seq_len`; ragged, so padded per batch with `cu_seqlens_lengths`).
 //!
-//! Documents are Megatron's documents (runs of sequences in the document index), or the runs a
-//! flat file's `eos_token` ends; a file's end always ends one.
+//! Documents are Megatron's documents (runs of sequences in the document index), a flat file's
+//! documents as its sidecar of lengths lists them (`NAME.lengths.npy`, [`lengths`]), or the runs
+//! a flat file's `eos_token` ends; a file's end always ends one.
 //!
 //! With `token_packing=pad` ([`Packing::Pad`]) sample `i` is document `i` instead (the documents
 //! of every file, in order, empty ones included): its first `seq_len + 1` tokens (a longer
@@ -27,23 +31,33 @@
 //! `[0, seq_len]`; the padding is a segment of its own, so `position_ids` count from 0 in the
 //! document and again from 0 on the padding: they restart exactly where `cu_seqlens` has an
 //! entry, as in the concatenated windows. The sample count is the document count, known from
-//! the indexes alone; a flat file with `eos_token` would need a scan of every token to count
-//! its documents, so `pad` refuses it (without `eos_token` a flat file is one document).
+//! the indexes (and sidecars of lengths) alone; a flat file with `eos_token` would need a scan
+//! of every token to count its documents, so `pad` refuses it (without `eos_token` or a sidecar
+//! a flat file is one document).
 //!
 //! Nothing at open is O(tokens) except the check of every token id against `vocab_size`, which
-//! runs only when that option is set. The memory kept is 8 bytes per Megatron sequence (where it
-//! starts in the stream) and 8 per file (16 under `pad`).
+//! runs only when that option is set. A Megatron index is read whole (O(documents)) only the
+//! first time a dataset is opened: its tables are then cached on disk ([`cache`]: beside the
+//! data as `.NAME.idx.stkidx`, or in `~/.cache/stoker/token-index`) and later opens map them.
+//! The tables kept are 8 bytes per Megatron sequence (where it starts in the stream), plus 8
+//! per sequence only for an index whose sequences do not lie end to end in `.bin` and 8 per
+//! document only for one whose documents are not one sequence each; and 8 bytes per file (16
+//! under `pad`).
 
 pub mod blend;
+mod cache;
 mod flat;
+mod lengths;
 pub mod megatron;
+mod writer;
+pub use writer::MegatronWriter;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::{FieldSpec, Sample, Source};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::source::remote::is_url;
+use crate::source::remote::{is_url, RemoteConfig, ShardHolder};
 use crate::source::shards::expand_shards;
 
 /// The element type of stored tokens.
@@ -272,6 +286,10 @@ pub(crate) trait Part: Send + Sync {
     fn path(&self) -> PathBuf;
     /// `Err` if a mapping was truncated while in use.
     fn check(&self) -> Result<()>;
+    /// Bytes of the per-sequence and per-document tables it keeps (in memory or mapped).
+    fn index_bytes(&self) -> usize {
+        0
+    }
 }
 
 /// A token source: the stream of its files' tokens cut into windows (see the module docs).
@@ -286,25 +304,36 @@ pub struct TokenSource {
     doc_starts: Vec<u64>,
     fields: Vec<FieldSpec>,
     len: usize,
+    /// Keeps remote files in the cache while the source maps them.
+    _holders: Vec<ShardHolder>,
 }
 
-/// The local paths a pattern expands to; URLs are refused (token files are read in place).
-fn local_paths(pattern: &str, what: &str) -> Result<Vec<PathBuf>> {
-    expand_shards(pattern)?
-        .into_iter()
-        .map(|name| match name.strip_prefix("file://") {
-            Some(local) => Ok(PathBuf::from(local)),
-            None if is_url(&name) => Err(Error::Unsupported(format!(
-                "`{name}`: {what} are read from local files only"
-            ))),
-            None => Ok(PathBuf::from(name)),
-        })
-        .collect()
+/// The files `names` (paths, `file://` or remote URLs) as local files: remote ones downloaded
+/// whole into the remote cache (`cache_dir`, bounded by `cache_limit`), as tar shards are, then
+/// mapped like local files. Each with the name messages show (a URL without credentials); the
+/// holder keeps the cached copies in place while the source lives.
+fn resolve_files(
+    names: Vec<String>,
+    remote: &RemoteConfig,
+) -> Result<(Vec<PathBuf>, Vec<String>, ShardHolder)> {
+    let resolved = crate::source::remote::resolve(names, remote, false)?;
+    Ok((resolved.paths, resolved.names, resolved.holder))
 }
 
 impl TokenSource {
     /// Opens and checks every file `spec` names; errors name the file and what disagrees.
+    /// Remote files are fetched into a private cache removed when the source closes.
     pub fn open(spec: &TokenSpec, config: &TokenConfig) -> Result<TokenSource> {
+        Self::open_with(spec, config, &RemoteConfig::default())
+    }
+
+    /// [`open`](Self::open), remote files (`s3://`, `gs://`, `az://`, `http(s)://`) downloaded
+    /// whole into the cache `remote` says (`cache_dir`, `cache_limit`, `shard_prefetch`).
+    pub fn open_with(
+        spec: &TokenSpec,
+        config: &TokenConfig,
+        remote: &RemoteConfig,
+    ) -> Result<TokenSource> {
         if config.seq_len == 0 {
             return Err(Error::option("seq_len", "must be at least 1"));
         }
@@ -317,29 +346,77 @@ impl TokenSource {
                 ),
             ));
         }
+        let mut holders = Vec::new();
         let parts: Vec<Box<dyn Part>> = match spec {
             // `token_dtype` and `eos_token` are for flat files: a Megatron index says the type
             // and the documents itself.
             TokenSpec::Megatron(prefixes) => {
-                let paths = local_paths(prefixes, "Megatron datasets")?;
+                let prefixes = expand_shards(prefixes)?;
+                let names = prefixes
+                    .iter()
+                    .flat_map(|p| [format!("{p}.idx"), format!("{p}.bin")])
+                    .collect();
+                let (paths, shown, holder) = resolve_files(names, remote)?;
+                holders.push(holder);
+                let places = cache::CachePlaces::default();
+                let datasets: Vec<(PathBuf, &[PathBuf])> = shown
+                    .chunks_exact(2)
+                    .zip(paths.chunks_exact(2))
+                    .map(|(names, files)| {
+                        let prefix = names[0].strip_suffix(".idx").unwrap_or(&names[0]);
+                        (PathBuf::from(prefix), files)
+                    })
+                    .collect();
                 crate::fork::parallel(|| {
                     use rayon::prelude::*;
-                    paths
+                    datasets
                         .par_iter()
-                        .map(|p| {
-                            megatron::MegatronPart::open(p).map(|m| Box::new(m) as Box<dyn Part>)
+                        .map(|(prefix, files)| {
+                            megatron::MegatronPart::open(prefix, &files[0], &files[1], &places)
+                                .map(|m| Box::new(m) as Box<dyn Part>)
                         })
                         .collect::<Result<Vec<_>>>()
                 })??
             }
             TokenSpec::Flat(pattern) => {
-                let paths = local_paths(pattern, "token files")?;
+                // Sidecars of document lengths are read with their token files, never as one.
+                let named = expand_shards(pattern)?;
+                let names: Vec<String> = named
+                    .iter()
+                    .filter(|n| !lengths::is_sidecar(n))
+                    .cloned()
+                    .collect();
+                if names.is_empty() {
+                    return Err(Error::InvalidArgument(format!(
+                        "{spec} names only sidecars of document lengths ({}), no token file",
+                        named.first().map_or("", String::as_str)
+                    )));
+                }
+                // A local file's sidecar is looked for beside it; a remote file's is not.
+                let local: Vec<bool> = names
+                    .iter()
+                    .map(|n| n.starts_with("file://") || !is_url(n))
+                    .collect();
+                let (paths, shown, holder) = resolve_files(names, remote)?;
+                holders.push(holder);
+                let places = cache::CachePlaces::default();
+                let files: Vec<(&PathBuf, &String, bool)> = paths
+                    .iter()
+                    .zip(&shown)
+                    .zip(local)
+                    .map(|((p, n), l)| (p, n, l))
+                    .collect();
                 crate::fork::parallel(|| {
                     use rayon::prelude::*;
-                    paths
+                    files
                         .par_iter()
-                        .map(|p| {
-                            flat::FlatPart::open(p, config.raw, config.eos)
+                        .map(|(path, name, local)| {
+                            let source = flat::FlatFile {
+                                path,
+                                shown: Path::new(name.strip_prefix("file://").unwrap_or(name)),
+                                sidecar: *local,
+                            };
+                            flat::FlatPart::open(&source, config.raw, config.eos, &places)
                                 .map(|f| Box::new(f) as Box<dyn Part>)
                         })
                         .collect::<Result<Vec<_>>>()
@@ -427,6 +504,7 @@ impl TokenSource {
             doc_starts,
             fields,
             len,
+            _holders: holders,
         })
     }
 
@@ -441,6 +519,13 @@ impl TokenSource {
     /// Tokens in the stream.
     pub fn total_tokens(&self) -> u64 {
         self.starts[self.starts.len() - 1]
+    }
+
+    /// Bytes of the index tables the source keeps, in memory or mapped from the cache: its
+    /// files' tables and its own per-file tables.
+    pub fn index_bytes(&self) -> usize {
+        let own = 8 * (self.starts.len() + self.doc_starts.len());
+        self.parts.iter().map(|p| p.index_bytes()).sum::<usize>() + own
     }
 
     /// The spec it was opened from.

@@ -2,14 +2,21 @@
 //! (multispectral stacks, float images) and the segmentation masks that share an image's draw.
 //!
 //! The RGB8 [`Pipeline`](super::Pipeline) keeps interleaved 8-bit pixels and per-channel
-//! lookup tables; a tensor image of `C` channels of `uint8`, `float16`, `bfloat16` or `float32`
-//! goes through a [`DensePipeline`] instead, which works plane by plane with the same design:
-//! the geometric ops fold into one [`Plan`](super::geometry::Plan) per sample (the same function, so the same draws),
+//! lookup tables; a tensor image of `C` channels of `uint8`, `uint16`, `float16`, `bfloat16` or
+//! `float32` goes through a [`DensePipeline`] instead, which works plane by plane with the same
+//! design: the geometric ops fold into one [`Plan`](super::geometry::Plan) per sample (the same function, so the same draws),
 //! one resample writes each output plane, the ops after the plan (`augment::draw`: the same
 //! draws again) move the crop-sized planes, and one output pass normalizes, converts and lays
 //! out into the slot. Floats stay floats: `float16`/`bfloat16` are widened to `float32` once,
 //! resampled as `float32`, and rounded once on output; `uint8` is resampled as `uint8` (the
 //! same fixed-point filter as RGB8, so each plane equals the matching channel of an RGB resample).
+//! `uint16` (16-bit medical and satellite data) is widened to `float32` (exact: every uint16
+//! is a float32) and resampled and warped there, then rounded half to even once on output when
+//! the output stays `uint16`: fast_image_resize's 16-bit kernels would round each of the two
+//! resample passes and round again after a warp, so the float path is the one that loses
+//! nothing but the final rounding. Its values are kept in stored units (a float output is not
+//! scaled to `[0, 1]`: 16-bit data rarely fills the range, so `normalize` takes its mean and
+//! std in stored units).
 //!
 //! A mask ([`Role::Mask`]) takes every geometric op of its image's spec with the image's draws
 //! (the rng of a sample's fields is keyed alike, and both pipelines draw through the same
@@ -34,7 +41,7 @@ use super::augment::{self, aug_is_geometric, Drawn, Erase};
 use super::kernels::write_erase;
 use super::pipeline::{foldable, op_name};
 use super::spec::{parse, EraseValue, Op, MAX_CHANNELS};
-use super::warp::pad_index;
+use super::warp::{pad_index, round_ties_even};
 use crate::dtype::{DType, Layout};
 use crate::rng::{Rng, Stream};
 use crate::source::pixels::InputLayout;
@@ -144,7 +151,7 @@ impl DensePipeline {
         let elements_ok = match role {
             Role::Image => matches!(
                 input.dtype,
-                DType::U8 | DType::F16 | DType::BF16 | DType::F32
+                DType::U8 | DType::U16 | DType::F16 | DType::BF16 | DType::F32
             ),
             Role::Mask { .. } => {
                 matches!(input.dtype, DType::U8 | DType::I32 | DType::I64) && input.channels == 1
@@ -153,7 +160,7 @@ impl DensePipeline {
         if !elements_ok {
             return Err(match role {
                 Role::Image => format!(
-                    "tensor images can be uint8, float16, bfloat16 or float32, not {}",
+                    "tensor images can be uint8, uint16, float16, bfloat16 or float32, not {}",
                     input.dtype
                 ),
                 Role::Mask { .. } => format!(
@@ -227,6 +234,7 @@ impl DensePipeline {
                 | Op::Resize { .. }
                 | Op::RandomResizedCrop { .. }
                 | Op::ScaleJitter { .. }
+                | Op::RandomIouCrop(_)
                     if i > planned =>
                 {
                     return Err(format!(
@@ -241,7 +249,7 @@ impl DensePipeline {
                         (h, w)
                     });
                 }
-                Op::ScaleJitter { .. } => {
+                Op::ScaleJitter { .. } | Op::RandomIouCrop(_) => {
                     size = None;
                     varying = Some(name);
                 }
@@ -309,16 +317,37 @@ impl DensePipeline {
                         "normalize produces floats; use dtype float32, float16 or bfloat16".into(),
                     )
                 }
+                Some(DType::U16) if normalize.is_some() => {
+                    return Err(
+                        "normalize produces floats; use dtype float32, float16 or bfloat16".into(),
+                    )
+                }
                 Some(DType::U8) if float_input => {
                     return Err(format!(
                         "dtype uint8 from {what}: floats are not rounded to bytes; use a float \
                          dtype"
                     ))
                 }
-                Some(d @ (DType::U8 | DType::F16 | DType::BF16 | DType::F32)) => d,
+                Some(DType::U8) if input.dtype == DType::U16 => {
+                    return Err(format!(
+                        "dtype uint8 from {what}: 16-bit values are not narrowed to bytes; use \
+                         uint16 or a float dtype"
+                    ))
+                }
+                Some(DType::U16) if input.dtype != DType::U16 => {
+                    return Err(format!(
+                        "dtype uint16 is for uint16 images, not {what}; use {}",
+                        if float_input {
+                            "a float dtype"
+                        } else {
+                            "uint8 or a float dtype"
+                        }
+                    ))
+                }
+                Some(d @ (DType::U8 | DType::U16 | DType::F16 | DType::BF16 | DType::F32)) => d,
                 Some(other) => {
                     return Err(format!(
-                        "images can be uint8, float32, float16 or bfloat16, not {other}"
+                        "images can be uint8, uint16, float32, float16 or bfloat16, not {other}"
                     ))
                 }
                 None if normalize.is_some() => DType::F32,
@@ -330,11 +359,10 @@ impl DensePipeline {
             ..
         }) = ops.iter().find(|op| matches!(op, Op::RandomErasing { .. }))
         {
-            if dtype == DType::U8 && role == Role::Image {
-                return Err(
-                    "random_erasing: value=random (normal noise) needs a float output, not uint8"
-                        .into(),
-                );
+            if matches!(dtype, DType::U8 | DType::U16) && role == Role::Image {
+                return Err(format!(
+                    "random_erasing: value=random (normal noise) needs a float output, not {dtype}"
+                ));
             }
         }
         let channels = input.channels;
@@ -405,6 +433,19 @@ impl DensePipeline {
         out: &mut [u8],
         scratch: &mut DenseScratch,
     ) -> Result<(), String> {
+        self.apply_boxed(src, None, rng, out, scratch)
+    }
+
+    /// [`apply`](Self::apply) for a sample with `boxes` (`xyxy` pixels), which
+    /// `random_iou_crop` draws its crop from.
+    pub fn apply_boxed(
+        &self,
+        src: &[u8],
+        boxes: Option<&[[f64; 4]]>,
+        rng: &mut Rng,
+        out: &mut [u8],
+        scratch: &mut DenseScratch,
+    ) -> Result<(), String> {
         if src.len() != self.input.bytes() {
             return Err(format!(
                 "tensor has {} bytes, expected {} {}x{}x{} ({} bytes)",
@@ -431,17 +472,17 @@ impl DensePipeline {
             resizer,
         } = scratch;
         match (self.role, self.input.dtype) {
-            (_, DType::U8) => self.run(src, rng, out, u8s, resizer),
-            (Role::Image, _) => self.run(src, rng, out, f32s, resizer),
-            (Role::Mask { .. }, DType::I32) => self.run(src, rng, out, i32s, resizer),
-            (Role::Mask { .. }, _) => self.run(src, rng, out, i64s, resizer),
+            (_, DType::U8) => self.run(src, (boxes, rng), out, u8s, resizer),
+            (Role::Image, _) => self.run(src, (boxes, rng), out, f32s, resizer),
+            (Role::Mask { .. }, DType::I32) => self.run(src, (boxes, rng), out, i32s, resizer),
+            (Role::Mask { .. }, _) => self.run(src, (boxes, rng), out, i64s, resizer),
         }
     }
 
     fn run<T: Px>(
         &self,
         src: &[u8],
-        rng: &mut Rng,
+        (boxes, rng): (Option<&[[f64; 4]]>, &mut Rng),
         out: &mut [u8],
         bufs: &mut Planes<T>,
         resizer: &mut Resizer,
@@ -453,7 +494,8 @@ impl DensePipeline {
             dtype,
             layout,
         } = self.input;
-        let plan = super::geometry::plan(&self.ops[..self.planned], iw, ih, rng)?;
+        let ops = &self.ops[..self.planned];
+        let plan = super::geometry::plan_with(ops, iw, ih, rng, boxes, &mut |_| {})?;
         let (pw, ph) = (plan.width, plan.height);
         let fill_mask = match self.role {
             Role::Mask { ignore_index } => Some(T::from_f64(ignore_index as f64)),
@@ -586,6 +628,15 @@ impl DensePipeline {
                     // Unnormalized integers: the stored values, unchanged.
                     for (i, v) in src.iter().enumerate() {
                         v.store(&mut out[at(i)..at(i) + n]);
+                    }
+                }
+                DType::U16 => {
+                    // uint16 planes were widened to float32 and kept unrounded: rounded once
+                    // here, half to even, and saturated (a bilinear blend stays in range, so
+                    // this only guards).
+                    for (i, v) in src.iter().enumerate() {
+                        let x = round_ties_even(v.to_f64()).clamp(0.0, 65535.0) as u16;
+                        out[at(i)..at(i) + n].copy_from_slice(&x.to_ne_bytes());
                     }
                 }
                 dtype => {

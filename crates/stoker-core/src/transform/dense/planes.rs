@@ -135,6 +135,7 @@ impl Px for f32 {
         match dtype {
             DType::F16 => half::f16::from_ne_bytes([b[0], b[1]]).to_f32(),
             DType::BF16 => half::bf16::from_ne_bytes([b[0], b[1]]).to_f32(),
+            DType::U16 => u16::from_ne_bytes([b[0], b[1]]) as f32,
             _ => f32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
         }
     }

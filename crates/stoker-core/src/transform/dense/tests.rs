@@ -249,7 +249,12 @@ fn colour_ops_are_refused_for_images_other_than_rgb8_with_what_the_image_is() {
         "trivial_augment",
         "auto_augment(imagenet)",
     ] {
-        for (channels, dtype) in [(C, DType::U8), (3, DType::F32), (1, DType::U8)] {
+        for (channels, dtype) in [
+            (C, DType::U8),
+            (3, DType::F32),
+            (1, DType::U8),
+            (3, DType::U16),
+        ] {
             let e = DensePipeline::new(
                 Some(&format!("center_crop(16) | {op}")),
                 shape(channels, dtype, InputLayout::Chw),
@@ -290,6 +295,168 @@ fn a_float_image_is_not_rounded_to_uint8() {
         e.contains("dtype uint8") && e.contains("13-channel float32"),
         "{e}"
     );
+}
+
+/// A `[H, W, C]` uint16 tensor spanning the whole range (most values above 255), and the
+/// same values as float32: the reference a uint16 image is checked against.
+fn hwc_u16() -> (Vec<u8>, Vec<u8>) {
+    let values: Vec<u16> = (0..H * W * C)
+        .map(|i| {
+            let (px, c) = (i / C, i % C);
+            let (y, x) = (px / W, px % W);
+            ((x * 1303 + y * 977 + c * 4099 + (x * y) % 13 * 251) % 65536) as u16
+        })
+        .collect();
+    (
+        values.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+        values
+            .iter()
+            .flat_map(|&v| f32::from(v).to_ne_bytes())
+            .collect(),
+    )
+}
+
+fn u16s(bytes: &[u8]) -> Vec<u16> {
+    bytes
+        .chunks_exact(2)
+        .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+        .collect()
+}
+
+#[test]
+fn a_uint16_image_equals_the_float32_path_rounded_once_and_keeps_its_range() {
+    let (u16_bytes, f32_bytes) = hwc_u16();
+    let above_255 = u16s(&u16_bytes).iter().filter(|&&v| v > 255).count();
+    assert!(above_255 > u16_bytes.len() / 4, "the input spans 16 bits");
+    for spec in [
+        "random_resized_crop(32) | hflip",
+        "resize(20) | center_crop(16, 18) | vflip(p=1)",
+        "center_crop(24, 30)",
+        "random_resized_crop(24, 20) | random_crop(20, padding=3, pad_mode=reflect) | vflip",
+        "center_crop(32) | rotate(40, fill=9) | affine(degrees=10, translate=0.1:0.2, scale=0.8:1.2, shear=5)",
+        "random_crop(30, padding=2, fill=4) | hflip | random_erasing(p=1, value=7)",
+    ] {
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let input = shape(C, DType::U16, InputLayout::Hwc);
+            let p = DensePipeline::new(Some(spec), input, Role::Image, None, layout).unwrap();
+            assert_eq!(p.dtype(), DType::U16, "uint16 stays uint16");
+            let f = DensePipeline::new(
+                Some(spec),
+                shape(C, DType::F32, InputLayout::Hwc),
+                Role::Image,
+                None,
+                layout,
+            )
+            .unwrap();
+            assert_eq!(p.shape(), f.shape());
+            for index in 0..4 {
+                let got = u16s(&run(&p, &u16_bytes, index));
+                let want: Vec<u16> = f32s(&run(&f, &f32_bytes, index))
+                    .iter()
+                    .map(|&v| round_ties_even(f64::from(v)).clamp(0.0, 65535.0) as u16)
+                    .collect();
+                assert_eq!(got, want, "`{spec}` {layout:?}, sample {index}");
+                let big = got.iter().filter(|&&v| v > 255).count();
+                assert!(big > got.len() / 4, "`{spec}`: values above 255 survive");
+            }
+        }
+    }
+    // A whole-pixel crop and a flip copy the stored values exactly.
+    let p = image(
+        "center_crop(8) | hflip(p=1)",
+        shape(C, DType::U16, InputLayout::Hwc),
+        None,
+    );
+    let got = u16s(&run(&p, &u16_bytes, 0));
+    let stored = u16s(&u16_bytes);
+    let (top, left) = ((H - 8) / 2, (W - 8) / 2);
+    for c in 0..C {
+        for y in 0..8 {
+            for x in 0..8 {
+                let want = stored[((top + y) * W + left + 7 - x) * C + c];
+                assert_eq!(got[(c * 8 + y) * 8 + x], want, "({c}, {y}, {x})");
+            }
+        }
+    }
+    // The top of the range stays there: a resample of a constant 65535 plane (whose float
+    // blend may land a hair above it) gives 65535, not a wrapped value.
+    let white: Vec<u8> = std::iter::repeat_n(u16::MAX.to_ne_bytes(), H * W)
+        .flatten()
+        .collect();
+    let p = image(
+        "random_resized_crop(17, 23) | hflip",
+        shape(1, DType::U16, InputLayout::Chw),
+        None,
+    );
+    for index in 0..4 {
+        let out = u16s(&run(&p, &white, index));
+        assert!(out.iter().all(|&v| v == u16::MAX), "sample {index}");
+    }
+}
+
+#[test]
+fn a_uint16_image_normalizes_to_floats_in_stored_units() {
+    let (u16_bytes, f32_bytes) = hwc_u16();
+    let spec = "random_resized_crop(20) | hflip | normalize(mean=30000, std=1000)";
+    let p = image(spec, shape(C, DType::U16, InputLayout::Hwc), None);
+    assert_eq!(p.dtype(), DType::F32, "normalize produces float32");
+    let f = image(spec, shape(C, DType::F32, InputLayout::Hwc), None);
+    for index in 0..3 {
+        // uint16 widens to float32 exactly and is not scaled: the float image's result.
+        assert_eq!(run(&p, &u16_bytes, index), run(&f, &f32_bytes, index));
+    }
+    for dtype in [DType::F16, DType::BF16, DType::F32] {
+        let p = image(
+            "center_crop(8)",
+            shape(C, DType::U16, InputLayout::Hwc),
+            Some(dtype),
+        );
+        assert_eq!(p.dtype(), dtype);
+    }
+}
+
+#[test]
+fn uint16_output_dtypes_are_checked_with_the_reason() {
+    let refused = |spec: &str, input: DType, dtype: DType| {
+        DensePipeline::new(
+            Some(spec),
+            shape(C, input, InputLayout::Chw),
+            Role::Image,
+            Some(dtype),
+            Layout::Nchw,
+        )
+        .unwrap_err()
+    };
+    let e = refused("center_crop(8)", DType::U16, DType::U8);
+    assert!(
+        e.contains("dtype uint8") && e.contains("13-channel uint16"),
+        "{e}"
+    );
+    let e = refused(
+        "center_crop(8) | normalize(mean=0.5, std=0.2)",
+        DType::U16,
+        DType::U16,
+    );
+    assert!(e.contains("normalize produces floats"), "{e}");
+    let e = refused("center_crop(8)", DType::U8, DType::U16);
+    assert!(e.contains("dtype uint16 is for uint16 images"), "{e}");
+    let e = refused("center_crop(8)", DType::F32, DType::U16);
+    assert!(e.contains("dtype uint16") && e.contains("float32"), "{e}");
+    let e = DensePipeline::new(
+        Some("center_crop(8) | random_erasing(p=1, value=random)"),
+        shape(C, DType::U16, InputLayout::Chw),
+        Role::Image,
+        None,
+        Layout::Nchw,
+    )
+    .unwrap_err();
+    assert!(e.contains("needs a float output, not uint16"), "{e}");
+    let ok = image(
+        "center_crop(8)",
+        shape(C, DType::U16, InputLayout::Chw),
+        Some(DType::U16),
+    );
+    assert_eq!(ok.dtype(), DType::U16);
 }
 
 /// An int32 mask whose label is the pixel's own coordinate, `y * W + x`.

@@ -5,13 +5,9 @@
 //!
 //! Each test forks this (multi-threaded) test process. The child reports through a pipe and
 //! `_exit`s; it prints nothing, since another test's thread may hold the output locks at the
-//! moment of the fork. A child that hangs is killed, and the test fails saying so. A binary of
-//! its own, apart from `tests/all`: a fork copies whatever the other tests' threads hold.
-
-// The shared helpers of the integration tests (`all/`), of which this binary uses two.
-#[allow(dead_code, unused_imports)]
-#[path = "all/support/mod.rs"]
-mod support;
+//! moment of the fork. A child that hangs is killed, and the test fails saying so. Ignored by a
+//! plain `cargo test`, and run by the test command in a process of their own (`--ignored fork::`):
+//! a fork copies whatever the other tests' threads hold.
 
 use std::fs;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -19,12 +15,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::{counting_source, options};
 use stoker_core::testing::{counting_indices, FakeDevice};
 use stoker_core::{
     DType, ErrorKind, IterableSource, Loader, LoaderOptions, SampleStream, SampleWriter,
     SourceSpec, StreamInfo,
 };
-use support::{counting_source, options};
 
 /// Longer than any child here needs by far; reached only by a child that hangs.
 const HANG_LIMIT: Duration = Duration::from_secs(120);
@@ -149,6 +145,7 @@ fn epoch_indices(l: &mut Loader) -> stoker_core::Result<Vec<i64>> {
 }
 
 #[test]
+#[ignore = "forks the test process, copying whatever other tests' threads hold: run apart, `cargo test --test all -- --ignored fork::`"]
 fn a_loader_made_before_fork_fails_in_the_child_and_goes_on_in_the_parent() {
     let trace = std::env::temp_dir().join(format!("stoker-fork-{}.json", std::process::id()));
     let mut o = options(
@@ -204,6 +201,7 @@ fn a_loader_made_before_fork_fails_in_the_child_and_goes_on_in_the_parent() {
 }
 
 #[test]
+#[ignore = "forks the test process, copying whatever other tests' threads hold: run apart, `cargo test --test all -- --ignored fork::`"]
 fn a_loader_made_in_the_child_works_and_indexes_without_the_parents_pool() {
     // An image folder is indexed with rayon: the parent's global pool is started here, and its
     // threads do not exist in the child.
@@ -238,6 +236,7 @@ fn a_loader_made_in_the_child_works_and_indexes_without_the_parents_pool() {
 }
 
 #[test]
+#[ignore = "forks the test process, copying whatever other tests' threads hold: run apart, `cargo test --test all -- --ignored fork::`"]
 fn a_streaming_loader_made_before_fork_fails_in_the_child() {
     let mut o = LoaderOptions::new().with_source(SourceSpec::Iterable(Arc::new(Counter(30))));
     for (k, v) in [("batch_size", "5"), ("num_workers", "2")] {
@@ -265,6 +264,7 @@ fn a_streaming_loader_made_before_fork_fails_in_the_child() {
 }
 
 #[test]
+#[ignore = "forks the test process, copying whatever other tests' threads hold: run apart, `cargo test --test all -- --ignored fork::`"]
 fn a_device_loader_made_before_fork_fails_in_the_child() {
     let fake = FakeDevice::new(0).unwrap();
     let o = options(

@@ -1,10 +1,10 @@
 //! Soak: hundreds of epochs with loaders created and dropped mid-epoch, at seeded random points,
 //! from several threads at once. After a warm-up (epoch 10) the process's resident memory, open
 //! file descriptors and memory mappings must stay flat to the end, and no loader thread may be
-//! left behind. Figures are printed (`cargo test --test soak -- --nocapture`).
+//! left behind. Figures are printed (`cargo test --test all -- --ignored soak:: --nocapture`).
 //!
-//! One test in this file on purpose: the figures are the whole process's, so nothing else may
-//! run beside it.
+//! One test, ignored by a plain `cargo test`: the figures are the whole process's, so nothing else
+//! may run beside it. The test command runs it in a process of its own (`--ignored soak::`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -14,11 +14,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use stoker_core::rng::{Rng, Stream};
 use stoker_core::{DType, Loader, LoaderOptions, MemorySource, Source};
 
-// The shared helpers of the integration tests (`all/`), of which this binary uses one.
-#[allow(dead_code, unused_imports)]
-#[path = "all/support/mod.rs"]
-mod support;
-use support::options;
+use crate::support::options;
 
 const SAMPLES: usize = 64;
 const BATCH: usize = 8;
@@ -177,6 +173,7 @@ fn one_loader(rng: &mut Rng, source: &Arc<dyn Source>, npy: &Path, batches_seen:
 }
 
 #[test]
+#[ignore = "measures the whole process (memory, descriptors, threads): run alone, `cargo test --test all -- --ignored soak::`"]
 fn hundreds_of_epochs_with_loaders_dropped_mid_epoch_keep_memory_fds_and_threads_flat() {
     let npy = Arc::new(write_npy());
     let source = memory_source();

@@ -3,9 +3,10 @@
 //! the memory budget, records every decision, and never changes a batch; for streaming loaders
 //! (tar shards through a shuffle buffer, iterable sources) as for indexed ones.
 //!
-//! A binary of its own, apart from `tests/all`, and one test at a time ([`alone`]): the
-//! controller adds a worker only while the machine has a core to spare, so tests running beside
-//! these would decide for it (it rightly holds back on a busy machine).
+//! Ignored by a plain `cargo test`, run by the test command in a process of their own
+//! (`--ignored autotune::`), one test at a time ([`alone`]): the controller adds a worker only
+//! while the process leaves a core to spare, so tests running beside these would decide for it
+//! (it rightly holds back on a busy machine).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -27,12 +28,7 @@ fn options(source: Arc<dyn Source>, kv: &[(&str, &str)]) -> LoaderOptions {
     o
 }
 
-// The shared helpers of the integration tests (`all/`), of which this binary uses two.
-#[allow(dead_code, unused_imports)]
-#[path = "all/support/mod.rs"]
-mod support;
-
-/// Held for the whole of each test: the tests of this binary measure the machine, so they take
+/// Held for the whole of each test: these tests measure the process, so they take
 /// it one at a time. A test that failed holding it does not stop the others (the poison is
 /// ignored: the guarded value is nothing).
 fn alone() -> MutexGuard<'static, ()> {
@@ -66,6 +62,7 @@ fn take(l: &mut Loader, n: usize, step: Duration) -> Vec<Vec<i64>> {
 }
 
 #[test]
+#[ignore = "the controller reads the process's CPU time, which other tests would take: run alone, `cargo test --test all -- --ignored autotune::`"]
 fn from_one_worker_it_reaches_more_workers_and_higher_readiness_without_changing_batches() {
     let _alone = alone();
     // A batch takes one worker 4 x 4 ms; the consumer's step is 10 ms: one worker starves it,
@@ -129,6 +126,7 @@ fn from_one_worker_it_reaches_more_workers_and_higher_readiness_without_changing
 }
 
 #[test]
+#[ignore = "the controller reads the process's CPU time, which other tests would take: run alone, `cargo test --test all -- --ignored autotune::`"]
 fn it_sheds_workers_when_the_consumer_is_the_bottleneck() {
     let _alone = alone();
     // Reads are free, the consumer takes 4 ms per batch: four workers idle.
@@ -147,6 +145,7 @@ fn it_sheds_workers_when_the_consumer_is_the_bottleneck() {
 }
 
 #[test]
+#[ignore = "the controller reads the process's CPU time, which other tests would take: run alone, `cargo test --test all -- --ignored autotune::`"]
 fn the_memory_budget_bounds_the_workers() {
     let _alone = alone();
     // One batch's slab is one page: a budget of one page holds one batch in flight, so one
@@ -165,6 +164,7 @@ fn the_memory_budget_bounds_the_workers() {
 }
 
 #[test]
+#[ignore = "the controller reads the process's CPU time, which other tests would take: run alone, `cargo test --test all -- --ignored autotune::`"]
 fn every_decision_is_in_the_trace() {
     let _alone = alone();
     let path = std::env::temp_dir().join(format!("stoker-autotune-{}.json", std::process::id()));
@@ -203,6 +203,7 @@ fn every_decision_is_in_the_trace() {
 }
 
 #[test]
+#[ignore = "the controller reads the process's CPU time, which other tests would take: run alone, `cargo test --test all -- --ignored autotune::`"]
 fn autotune_needs_worker_threads() {
     let _alone = alone();
     let err = Loader::new(&options(
@@ -297,6 +298,7 @@ fn take_hashed(l: &mut Loader, n: usize, step: Duration) -> Vec<u64> {
 }
 
 #[test]
+#[ignore = "the controller reads the process's CPU time, which other tests would take: run alone, `cargo test --test all -- --ignored autotune::`"]
 fn a_streaming_loader_adds_workers_when_building_starves_the_consumer() {
     let _alone = alone();
     let dir = crate::support::files::tmp("autotune-stream");
@@ -368,6 +370,7 @@ fn a_streaming_loader_adds_workers_when_building_starves_the_consumer() {
 }
 
 #[test]
+#[ignore = "the controller reads the process's CPU time, which other tests would take: run alone, `cargo test --test all -- --ignored autotune::`"]
 fn the_memory_budget_bounds_a_streaming_loaders_workers() {
     let _alone = alone();
     // As on the host: a budget of one page holds one batch in flight, so one worker.
@@ -389,6 +392,7 @@ fn the_memory_budget_bounds_a_streaming_loaders_workers() {
 }
 
 #[test]
+#[ignore = "the controller reads the process's CPU time, which other tests would take: run alone, `cargo test --test all -- --ignored autotune::`"]
 fn a_streaming_loader_sheds_workers_and_traces_every_decision() {
     let _alone = alone();
     // Reads are free, the consumer takes 4 ms per batch: three workers idle.
@@ -426,6 +430,7 @@ fn a_streaming_loader_sheds_workers_and_traces_every_decision() {
 }
 
 #[test]
+#[ignore = "the controller reads the process's CPU time, which other tests would take: run alone, `cargo test --test all -- --ignored autotune::`"]
 fn streaming_autotune_needs_worker_threads() {
     let _alone = alone();
     let source = SlowIds {
