@@ -661,3 +661,186 @@ fn pack_keeps_masks_and_boxes_and_refuses_to_shrink_them() {
     .unwrap_or_default();
     assert!(e.contains("`boxes`") && e.contains("--max-side 16"), "{e}");
 }
+
+/// Sample `i`'s boxes (`xywh`, within the `W`x`H` image) and labels, as a tar `json` member
+/// holds them.
+fn iou_boxes(i: usize) -> (Vec<[f32; 4]>, Vec<i64>) {
+    let boxes = [
+        [2.0 + i as f32, 3.0, 10.0, 5.0],
+        [20.0, 10.0 + i as f32, 15.0, 20.0],
+        [30.5, 0.0, 17.5, 40.0],
+    ];
+    let n = 1 + i % 3;
+    (boxes[..n].to_vec(), [7, 1, 4][..n].to_vec())
+}
+
+/// The pixels of [`coded_image`] as an RGB `[H, W, 3]` tensor.
+fn coded_pixels(sample: usize) -> Vec<u8> {
+    (0..W * H)
+        .flat_map(|p| [(p % W * 5) as u8, (p / W * 6) as u8, (sample * 10) as u8])
+        .collect()
+}
+
+/// Every field of every batch of one epoch, sorted by name.
+fn sorted_epoch(l: Loader) -> Vec<Vec<Field>> {
+    let mut epoch = epoch_fields(l);
+    for batch in &mut epoch {
+        batch.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    epoch
+}
+
+const IOU_SPEC: &str = "fields(image=image, mask=mask, boxes=boxes, labels=labels) \
+     | random_iou_crop | resize(32, 32) | hflip";
+
+#[test]
+fn json_boxes_of_an_encoded_image_draw_random_iou_crop_for_image_and_png_mask() {
+    use std::sync::Arc;
+    use stoker_core::source::MemorySource;
+    use stoker_core::{DType, SourceSpec};
+    const N: usize = 6;
+    let dir = tmp("json-iou-crop");
+    let members: Vec<(String, Vec<u8>)> = (0..N)
+        .flat_map(|i| {
+            let (boxes, labels) = iou_boxes(i);
+            let json = format!(r#"{{"boxes": {boxes:?}, "labels": {labels:?}}}"#);
+            [
+                (format!("d{i:03}.jpg"), coded_image(i, (W, H))),
+                (format!("d{i:03}.json"), json.into_bytes()),
+                (format!("d{i:03}.seg.png"), coded_mask((W, H))),
+            ]
+        })
+        .collect();
+    let path = dir.join("det.tar");
+    write_tar(&path, &members);
+    let options = |o: &mut LoaderOptions| {
+        for (k, v) in [
+            ("batch_size", "2"),
+            ("ragged", "offsets"),
+            ("seed", "11"),
+            ("box_format", "xywh"),
+            ("transform", IOU_SPEC),
+        ] {
+            o.set(k, v).unwrap();
+        }
+    };
+    let mut o = LoaderOptions::new();
+    o.set("source", &format!("tar:{}", path.display())).unwrap();
+    o.set(
+        "fields",
+        "jpg:image,json#boxes:boxes,json#labels:labels,seg.png:mask",
+    )
+    .unwrap();
+    options(&mut o);
+    let from_tar = sorted_epoch(Loader::new(&o).unwrap());
+
+    // The same samples as tensors: an RGB image, an int64 mask, ragged boxes and labels.
+    let f32_rows = |i: usize| -> Vec<u8> {
+        iou_boxes(i)
+            .0
+            .iter()
+            .flat_map(|b| b.iter().flat_map(|v| v.to_ne_bytes()))
+            .collect()
+    };
+    let labels = |i: usize| -> Vec<u8> {
+        iou_boxes(i)
+            .1
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect()
+    };
+    let mask: Vec<u8> = (0..N)
+        .flat_map(|_| (0..W * H).flat_map(|p| (p as i64).to_ne_bytes()))
+        .collect();
+    let source = MemorySource::new()
+        .with_tensor(
+            "image",
+            DType::U8,
+            &[H, W, 3],
+            (0..N).flat_map(coded_pixels).collect(),
+        )
+        .and_then(|s| s.with_tensor("mask", DType::I64, &[H, W], mask))
+        .and_then(|s| s.with_ragged("boxes", DType::F32, &[4], (0..N).map(f32_rows).collect()))
+        .and_then(|s| s.with_ragged("labels", DType::I64, &[], (0..N).map(labels).collect()))
+        .unwrap();
+    let mut o = LoaderOptions::new();
+    options(&mut o);
+    let o = o.with_source(SourceSpec::Custom(Arc::new(source)));
+    let from_tensors = sorted_epoch(Loader::new(&o).unwrap());
+
+    // One crop per sample, drawn from its boxes, for every field: the encoded image, its PNG
+    // mask and its JSON boxes come out as the tensors do.
+    assert_eq!(from_tar.len(), N / 2);
+    assert_eq!(from_tar, from_tensors);
+    // The crops cut: some box was dropped or some mask label is past the output's size.
+    let kept: usize = from_tar
+        .iter()
+        .map(|b| b.iter().find(|f| f.0 == "labels").unwrap().2.len() / 8)
+        .sum();
+    let stored: usize = (0..N).map(|i| iou_boxes(i).1.len()).sum();
+    let cut = kept < stored
+        || from_tar.iter().any(|b| {
+            let mask = &b.iter().find(|f| f.0 == "mask").unwrap().2;
+            i64s(mask)
+                .chunks_exact(32 * 32)
+                .any(|m| m[0] != (W - 1) as i64)
+        });
+    assert!(cut, "random_iou_crop left every sample whole");
+}
+
+#[test]
+fn keypoints_and_boxes_of_encoded_images_move_as_a_tensor_images_do() {
+    use std::sync::Arc;
+    use stoker_core::source::MemorySource;
+    use stoker_core::{DType, SourceSpec};
+    const N: usize = 4;
+    let boxes = |i: usize| -> Vec<u8> {
+        iou_boxes(i)
+            .0
+            .iter()
+            .flat_map(|b| b.iter().flat_map(|v| v.to_ne_bytes()))
+            .collect()
+    };
+    let points = |i: usize| -> Vec<u8> {
+        (0..2 + i)
+            .flat_map(|k| [(3 + 9 * k + i) as f32, (2 + 7 * k) as f32, 2.0])
+            .flat_map(f32::to_ne_bytes)
+            .collect()
+    };
+    let with_coords = |s: MemorySource| {
+        s.with_ragged("boxes", DType::F32, &[4], (0..N).map(boxes).collect())
+            .and_then(|s| s.with_ragged("points", DType::F32, &[3], (0..N).map(points).collect()))
+            .unwrap()
+    };
+    let run = |source: MemorySource| {
+        let mut o = LoaderOptions::new();
+        for (k, v) in [
+            ("batch_size", "2"),
+            ("pad", "-1"),
+            ("seed", "5"),
+            (
+                "transform",
+                "fields(image=image, boxes=boxes:xywh, keypoints=points) | random_iou_crop \
+                 | resize(24, 30) | hflip | affine(degrees=15)",
+            ),
+        ] {
+            o.set(k, v).unwrap();
+        }
+        sorted_epoch(Loader::new(&o.with_source(SourceSpec::Custom(Arc::new(source)))).unwrap())
+    };
+    let encoded = MemorySource::new()
+        .with_encoded_images("image", (0..N).map(|i| coded_image(i, (W, H))).collect())
+        .unwrap();
+    let tensors = MemorySource::new()
+        .with_tensor(
+            "image",
+            DType::U8,
+            &[H, W, 3],
+            (0..N).flat_map(coded_pixels).collect(),
+        )
+        .unwrap();
+    let from_encoded = run(with_coords(encoded));
+    let from_tensors = run(with_coords(tensors));
+    assert_eq!(from_encoded.len(), N / 2);
+    assert_eq!(from_encoded, from_tensors);
+}
