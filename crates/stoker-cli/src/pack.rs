@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use stoker_core::pack::{merge, open_source, pack, parse_size, PackOptions};
+use stoker_core::pack::{merge, open_source_with_fields, pack, parse_size, PackOptions};
 
 /// `stoker pack`'s arguments.
 #[derive(Debug, clap::Args)]
@@ -38,6 +38,10 @@ pub(crate) struct PackArgs {
     /// The number of slices the source is split into (see --shard-index).
     #[arg(long, value_name = "N", requires = "shard_index")]
     pub(crate) num_shards: Option<usize>,
+    /// A tar source's fields, as the loader's `fields` option
+    /// (`jpg:image,json#boxes:boxes,json#labels:labels`); default: image and label.
+    #[arg(long, value_name = "EXT:NAME,...")]
+    pub(crate) fields: Option<String>,
 }
 
 pub(crate) fn run(args: &PackArgs) -> Result<(), String> {
@@ -68,7 +72,7 @@ pub(crate) fn run(args: &PackArgs) -> Result<(), String> {
         slice: args.shard_index.zip(args.num_shards),
         ..PackOptions::default()
     };
-    let source = open_source(src).map_err(|e| e.to_string())?;
+    let source = open_source_with_fields(src, args.fields.as_deref()).map_err(|e| e.to_string())?;
     let interactive = std::io::stderr().is_terminal();
     let bar = interactive.then(|| {
         // The template is a constant; should indicatif ever reject it, the default bar still

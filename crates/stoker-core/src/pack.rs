@@ -31,7 +31,8 @@ use crate::source::packed::format::{
 use crate::source::packed::index::{write_index, IndexEntry};
 use crate::source::packed::PackedFile;
 use crate::source::pixels::raw_header;
-use crate::source::{FieldKind, Source};
+use crate::source::tar::parse_fields;
+use crate::source::{FieldKind, Source, SourceSpec, TarConfig, TarSource};
 
 /// Samples read and encoded in parallel before they are appended in order: bounds the memory
 /// of encoded samples waiting to be written.
@@ -187,6 +188,7 @@ pub fn pack(
 ) -> Result<PackReport> {
     options.check()?;
     let fields = packed_fields(source)?;
+    keeps_dense_fields(&fields, options)?;
     let schema = encode_schema(&fields);
     let (slice, of) = options.slice.unwrap_or((0, 1));
     let len = source.len();
@@ -360,6 +362,40 @@ pub fn merge(dir: &Path) -> Result<PathBuf> {
         entries.push(entry);
     }
     write_index(dir, &entries)
+}
+
+/// Refuses options that would change an image without the fields drawn on it: a second image
+/// field (a segmentation mask, whose PNG labels a resize would blend and raw RGB would turn into
+/// colours) or float32 rows of 4 (bounding boxes, in the stored image's pixels). Such samples
+/// are packed whole with `--mode jpeg` and no `--max-side`: every image byte for byte.
+fn keeps_dense_fields(fields: &[PackedField], options: &PackOptions) -> Result<()> {
+    let images: Vec<&str> = fields
+        .iter()
+        .filter(|f| f.kind == PackedKind::Image)
+        .map(|f| f.name.as_str())
+        .collect();
+    let boxes = fields
+        .iter()
+        .find(|f| f.kind == PackedKind::Ragged && f.dtype == DType::F32 && f.dims == [4]);
+    let held = match (images.get(1), boxes) {
+        (Some(mask), _) => format!(
+            "image fields `{}` and `{mask}` (an image and its mask?)",
+            images[0]
+        ),
+        (None, Some(b)) => format!("float32 rows of 4 in field `{}` (boxes?)", b.name),
+        (None, None) => return Ok(()),
+    };
+    let change = match (options.max_side, options.mode) {
+        (Some(side), _) => format!("--max-side {side} would shrink the image"),
+        (None, PackMode::Raw | PackMode::Smart) if images.len() > 1 => {
+            "--mode raw/smart would store a mask's labels as RGB colours".to_owned()
+        }
+        _ => return Ok(()),
+    };
+    Err(Error::InvalidArgument(format!(
+        "the source has {held}: {change} without the fields drawn on it; pack it with \
+         --mode jpeg and no --max-side to keep every field as it is"
+    )))
 }
 
 /// The packed schema of a source's fields.
@@ -699,6 +735,32 @@ pub fn open_source(spec: &str) -> Result<Arc<dyn Source>> {
         .ok_or_else(|| Error::option("source", "required"))?;
     // Ragged fields (tar `txt` members, say) are packed as they are; padding is the loader's.
     spec.open(None, true)
+}
+
+/// [`open_source`] with a tar source's `fields` (`EXT:NAME,...`, the loader's option): a shard's
+/// other members (`json#boxes`, `seg.png`, say) are packed only when named. `None` is the
+/// default fields; any other source refuses `fields`.
+pub fn open_source_with_fields(spec: &str, fields: Option<&str>) -> Result<Arc<dyn Source>> {
+    let Some(fields) = fields else {
+        return open_source(spec);
+    };
+    let mut options = LoaderOptions::new();
+    options.set("source", spec)?;
+    options.set("fields", fields)?;
+    match options.source() {
+        Some(SourceSpec::Tar(pattern)) => Ok(Arc::new(TarSource::open_pattern(
+            pattern,
+            TarConfig {
+                fields: Some(parse_fields(fields)?),
+                pad: true,
+                ..TarConfig::default()
+            },
+        )?)),
+        _ => Err(Error::option(
+            "fields",
+            format!("chooses the members of tar shards; `{spec}` is not a tar: source"),
+        )),
+    }
 }
 
 /// Packs the source `spec` names into `out` (see [`pack`]).

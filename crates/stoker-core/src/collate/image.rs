@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::decode::mask::{decode_mask, MaskBuffers};
 use crate::decode::{
     decode as decode_part, raw_pixels, read_header, stored_header, DecodeBuffers, Dims, JpegDecoder,
 };
@@ -105,6 +106,9 @@ pub(super) struct Pixels {
     decode: DecodeBuffers,
     transform: TransformScratch,
     dense: DenseScratch,
+    mask: MaskBuffers,
+    /// The last encoded mask's pipeline, keyed by its stages (their address) and its size.
+    mask_pipeline: Option<((usize, usize, usize), DensePipeline)>,
 }
 
 /// Transforms one stored dense tensor (an image of any channel count, or a mask) into `out`.
@@ -119,14 +123,84 @@ pub(super) fn write_dense(
     pipeline.apply_boxed(src, boxes, rng, out, &mut pixels.dense)
 }
 
+/// A sample's boxes as `xyxy` pixels, if it has any, which `random_iou_crop` draws from.
+pub(super) type SampleBoxes<'a> = Option<&'a [[f64; 4]]>;
+
+/// An encoded image's bytes, its size if the source stored it, and its field's name.
+pub(super) type ImageRef<'a> = (&'a [u8], Option<(u32, u32)>, &'a str);
+
+/// Decodes one PNG mask and moves it with its sample's draw into `out` (int64 labels of the
+/// `height`x`width` output): its size must be the image's, `image` (encoded, with its stored
+/// size if the source knows it; named `image_name` in errors). The mask pipeline is built for
+/// each sample's size, as the image's plan is: the same spec, so the same draws; `boxes` are
+/// the sample's (`xyxy`), which `random_iou_crop` draws from.
+pub(super) fn write_mask(
+    stages: &ImageStages,
+    (encoded, boxes): (&[u8], Option<&[[f64; 4]]>),
+    (image, stored, image_name): ImageRef<'_>,
+    rng: &mut Rng,
+    out: &mut [u8],
+    pixels: &mut Pixels,
+) -> std::result::Result<(), String> {
+    let image_dims = match stored {
+        Some((width, height)) => Dims {
+            width: width as usize,
+            height: height as usize,
+        },
+        None => {
+            read_header(
+                image,
+                stages.max_pixels,
+                stages.jpeg_decoder,
+                &mut pixels.decode,
+            )
+            .map_err(|e| format!("image `{image_name}`: {e}"))?
+            .dims
+        }
+    };
+    let dims = decode_mask(encoded, stages.max_pixels, &mut pixels.mask)?;
+    if dims != image_dims {
+        return Err(format!(
+            "the mask is {}x{} (WxH) but the image `{image_name}` is {}x{}; a mask labels the \
+             pixels of its image, so it has the image's size",
+            dims.width, dims.height, image_dims.width, image_dims.height
+        ));
+    }
+    let input = TensorShape {
+        height: dims.height,
+        width: dims.width,
+        channels: 1,
+        dtype: DType::I64,
+        layout: InputLayout::Hwc,
+    };
+    let role = Role::Mask {
+        ignore_index: stages.roles.as_ref().map_or(255, |r| r.ignore_index),
+    };
+    // Masks of one size (most datasets', or a run of them) reuse the last pipeline built.
+    let key = (std::ptr::from_ref(stages) as usize, dims.height, dims.width);
+    let pipeline = match pixels.mask_pipeline.take() {
+        Some((k, p)) if k == key => p,
+        _ => DensePipeline::new(
+            stages.transform.as_deref(),
+            input,
+            role,
+            stages.dtype,
+            stages.layout,
+        )?,
+    };
+    let done = pipeline.apply_boxed(&pixels.mask.labels, boxes, rng, out, &mut pixels.dense);
+    pixels.mask_pipeline = Some((key, pipeline));
+    done
+}
+
 /// Decodes one encoded image (with its width and height when the source stored them) into the
 /// worker's buffer, then transforms it into `out`; records both stages for the sample at
-/// `(slot, index)`.
+/// `(slot, index)`. `boxes` are the sample's (`xyxy`), which `random_iou_crop` draws from.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn write_image(
     stages: &ImageStages,
     pipeline: &Pipeline,
-    (encoded, stored_size): (&[u8], Option<(u32, u32)>),
+    (encoded, stored_size, boxes): (&[u8], Option<(u32, u32)>, SampleBoxes<'_>),
     rng: &mut Rng,
     out: &mut [u8],
     pixels: &mut Pixels,
@@ -142,7 +216,8 @@ pub(super) fn write_image(
         let mid = Instant::now();
         spans.push_ended(SpanKind::Stage(Stage::Decode), slot, index, start, mid);
         let (dims, rgb) = raw?;
-        let result = pipeline.apply(rgb, dims.width, dims.height, rng, out, transform);
+        let size = (dims.width, dims.height);
+        let result = pipeline.apply_boxed(rgb, size, boxes, rng, out, transform, None);
         spans.push(SpanKind::Stage(Stage::Transform), slot, index, mid);
         return result;
     }
@@ -160,7 +235,7 @@ pub(super) fn write_image(
         None => read_header(encoded, stages.max_pixels, stages.jpeg_decoder, decode),
     };
     let decoded = header.and_then(|header| {
-        let plan = pipeline.plan(header.dims.width, header.dims.height, rng)?;
+        let plan = pipeline.plan_boxed(header.dims.width, header.dims.height, boxes, rng)?;
         let window = pipeline.window(&plan);
         Ok((decode_part(encoded, &header, Some(window), decode)?, plan))
     });
@@ -312,7 +387,7 @@ mod tests {
         write_image(
             &stages,
             &pipeline,
-            (&png, None),
+            (&png, None, None),
             &mut rng(),
             &mut out,
             &mut pixels,
@@ -354,7 +429,7 @@ mod tests {
         let e = write_image(
             &stages(None),
             &pipeline,
-            (&bomb, None),
+            (&bomb, None, None),
             &mut rng(),
             &mut out,
             &mut pixels,

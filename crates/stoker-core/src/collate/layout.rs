@@ -86,6 +86,16 @@ pub(super) enum Output {
     Dense {
         pipeline: Arc<DensePipeline>,
     },
+    /// The PNG mask of `fields(mask=)` beside an encoded image: decoded to int64 labels, then
+    /// moved with the image's draw by a mask pipeline built for each sample's size (which is the
+    /// image's, checked per sample). `image` is the image field (set by [`check_roles`]);
+    /// `height`x`width` the output size, the image pipeline's.
+    EncodedMask {
+        stages: Arc<ImageStages>,
+        image: usize,
+        height: usize,
+        width: usize,
+    },
     /// An integer class label written as a float32 one-hot row of `num_classes` (label smoothing
     /// folded in), later blended by the batch's mixup/cutmix.
     SoftLabel {
@@ -169,6 +179,19 @@ impl Output {
                         format!("field `{}` holds encoded images: {NO_SIZE}", spec.name),
                     )
                 })?;
+                let is_mask = stages
+                    .roles
+                    .as_ref()
+                    .is_some_and(|r| r.mask.as_deref() == Some(spec.name.as_str()));
+                if is_mask {
+                    let (height, width) = pipeline.output_size();
+                    return Ok(Output::EncodedMask {
+                        stages,
+                        image: usize::MAX,
+                        height,
+                        width,
+                    });
+                }
                 Output::Image { stages, pipeline }
             }
         })
@@ -261,6 +284,9 @@ pub(super) struct BoxRole {
     pub(super) field: usize,
     pub(super) labels: Option<usize>,
     pub(super) pipeline: BoxPipeline,
+    /// The encoded image field whose size (read per sample) the boxes are in; `None` for a
+    /// tensor image, whose size `pipeline` was built for.
+    pub(super) encoded: Option<usize>,
 }
 
 /// The keypoints of `fields(keypoints=...)`: their field, its columns (2 or 3), and how a draw
@@ -269,6 +295,9 @@ pub(super) struct KeypointRole {
     pub(super) field: usize,
     pub(super) columns: usize,
     pub(super) pipeline: KeypointPipeline,
+    /// The encoded image field whose size (read per sample) the keypoints are in; `None` for a
+    /// tensor image, whose size `pipeline` was built for.
+    pub(super) encoded: Option<usize>,
 }
 
 /// The coordinate fields a sample's draw moves.
@@ -280,14 +309,15 @@ pub(super) struct Moving {
 
 /// Checks the roles of `fields(...)` (of transform `spec`) against the source's fields and what
 /// collate made of them: the named fields exist, there is one image, and it is a tensor (the
-/// draw is planned on its size for every role); a mask has the image's size; boxes are ragged
-/// float32 rows of 4, labels ragged integers, keypoints ragged float32 rows of 2 or 3. Returns
-/// how the boxes and the keypoints move, if any.
+/// draw is planned on its size for every role) or an encoded image (sized per sample, with a
+/// PNG mask if any); a mask has the image's size; boxes are ragged float32 rows of 4, labels
+/// ragged integers, keypoints ragged float32 rows of 2 or 3. Returns how the boxes and the
+/// keypoints move, if any.
 pub(super) fn check_roles(
     roles: &Roles,
     spec: &str,
     names: &[String],
-    outputs: &[Output],
+    outputs: &mut [Output],
 ) -> Result<Moving> {
     let err = |m: String| Error::option("transform", m);
     let list = names.join(", ");
@@ -333,19 +363,46 @@ pub(super) fn check_roles(
             images.len()
         )));
     };
-    let (height, width) = match &outputs[image] {
-        Output::TensorImage { height, width, .. } => (*height, *width),
-        Output::Dense { pipeline } => (pipeline.input().height, pipeline.input().width),
+    if let Some(mask) = mask.filter(|&m| matches!(outputs[m], Output::EncodedMask { .. })) {
+        // An encoded mask goes with an encoded image: their sizes are checked per sample.
+        if !matches!(outputs[image], Output::Image { .. }) {
+            return Err(err(format!(
+                "fields(mask={}): an encoded (PNG) mask goes with an encoded image; the image \
+                 `{}` is a tensor: store the mask as an [H, W] integer tensor too",
+                names[mask], names[image]
+            )));
+        }
+        if let Output::EncodedMask { image: of, .. } = &mut outputs[mask] {
+            *of = image;
+        }
+    }
+    // An encoded image's size is read from each sample's header: its boxes' pipeline is sized
+    // per sample (`BoxRole::encoded`), and an encoded mask is checked against it per sample.
+    let (height, width, encoded) = match &outputs[image] {
+        Output::TensorImage { height, width, .. } => (*height, *width, None),
+        Output::Dense { pipeline } => (pipeline.input().height, pipeline.input().width, None),
+        Output::Image { .. }
+            if mask.is_none_or(|m| matches!(outputs[m], Output::EncodedMask { .. })) =>
+        {
+            (0, 0, Some(image))
+        }
+        Output::Image { .. } => {
+            return Err(err(format!(
+                "fields(...): the image `{}` is encoded (JPEG or PNG) but its mask is a tensor: \
+                 store the mask as a PNG too, or the image as a tensor",
+                names[image]
+            )))
+        }
         _ => {
             return Err(err(format!(
-                "fields(...): the image `{}` is not a tensor of a known size (masks, boxes and \
-                 keypoints \
-                 go with tensor images for now: npy, packed or callback tensors)",
+                "fields(...): the image `{}` is neither an image tensor of a known size (npy, \
+                 packed or callback tensors) nor an encoded image (JPEG or PNG), so masks, boxes \
+                 and keypoints cannot move with it",
                 names[image]
             )))
         }
     };
-    if let Some(mask) = mask {
+    if let Some(mask) = mask.filter(|_| encoded.is_none()) {
         let Output::Dense { pipeline } = &outputs[mask] else {
             return Err(err(format!(
                 "internal: mask `{}` has no mask pipeline",
@@ -385,6 +442,7 @@ pub(super) fn check_roles(
                 field,
                 columns,
                 pipeline,
+                encoded,
             })
         }
     };
@@ -431,6 +489,7 @@ pub(super) fn check_roles(
             field,
             labels,
             pipeline,
+            encoded,
         }),
         keypoints,
     })
@@ -511,6 +570,9 @@ impl Collator {
                     (pipeline.dtype(), leading(n, &pipeline.shape()))
                 }
                 Output::Dense { pipeline } => (pipeline.dtype(), leading(n, &pipeline.shape())),
+                Output::EncodedMask { height, width, .. } => {
+                    (DType::I64, leading(n, &[*height, *width]))
+                }
                 Output::SoftLabel { num_classes, .. } => (DType::F32, leading(n, &[*num_classes])),
             };
             push(self.names[f].clone(), dtype, shape);

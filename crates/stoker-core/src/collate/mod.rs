@@ -132,7 +132,7 @@ impl Collator {
         let ragged = ragged.into();
         // The spec's batch-level mixing, whatever the image fields' sizes.
         let mix = mix::batch_mix(image.as_deref(), fields)?;
-        let outputs = fields
+        let mut outputs = fields
             .iter()
             .map(|spec| Output::for_field(spec, ragged, image.as_ref(), mix.as_ref()))
             .collect::<Result<Vec<_>>>()?;
@@ -142,7 +142,7 @@ impl Collator {
                 roles: Some(roles),
                 transform: Some(spec),
                 ..
-            }) => layout::check_roles(roles, spec, &names, &outputs)?,
+            }) => layout::check_roles(roles, spec, &names, &mut outputs)?,
             _ => layout::Moving::default(),
         };
         let iou_crop = image

@@ -102,7 +102,7 @@ impl Collator {
                 Output::Ragged { dtype, inner, .. } => {
                     got.is_multiple_of((inner.iter().product::<usize>() * dtype.size()).max(1))
                 }
-                Output::Image { .. } => got > 0,
+                Output::Image { .. } | Output::EncodedMask { .. } => got > 0,
                 Output::SoftLabel { src, .. } => got == src.size(),
                 Output::TensorImage { height, width, .. } => got == height * width * 3,
                 Output::Dense { pipeline } => got == pipeline.input().bytes(),
@@ -118,7 +118,9 @@ impl Collator {
                         "field `{}` has {got} bytes, not a whole number of {dtype} {inner:?} rows",
                         self.names[f]
                     ),
-                    Output::Image { .. } => format!("field `{}` is empty (0 bytes)", self.names[f]),
+                    Output::Image { .. } | Output::EncodedMask { .. } => {
+                        format!("field `{}` is empty (0 bytes)", self.names[f])
+                    }
                     Output::TensorImage { height, width, .. } => format!(
                         "field `{}` has {got} bytes; expected a uint8 {height}x{width}x3 image",
                         self.names[f]

@@ -16,6 +16,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use crate::batch::FieldMeta;
+use crate::decode::dimensions;
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::sampler::Draws;
@@ -23,7 +24,7 @@ use crate::source::Sample;
 use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
 
-use super::image::{write_dense, write_image, write_tensor_image, Pixels};
+use super::image::{write_dense, write_image, write_mask, write_tensor_image, Pixels, SampleBoxes};
 use super::layout::{BoxRole, KeypointRole, Output};
 use super::mix::write_soft_label;
 use super::pick::{gave_up, replacements, sample_error, Pick};
@@ -207,14 +208,30 @@ impl Collator {
         Err(gave_up(err))
     }
 
+    /// The `(width, height)` of encoded image field `image` of `sample`: as the source stored
+    /// it, or read from its header.
+    fn encoded_size(
+        &self,
+        sample: &Sample<'_>,
+        image: usize,
+    ) -> std::result::Result<(usize, usize), String> {
+        match sample.image_size(image) {
+            Some((w, h)) => Ok((w as usize, h as usize)),
+            None => dimensions(sample.get(image))
+                .map(|d| (d.width, d.height))
+                .map_err(|e| format!("image `{}`: {e}", self.names[image])),
+        }
+    }
+
     /// `boxes` (the sample's, as stored) moved by its draw (keyed as its image's): the kept
-    /// boxes and their indices among the sample's. The labels must be one per box.
+    /// boxes and their indices among the sample's. The labels must be one per box. `size` is
+    /// an encoded image's `(width, height)` (read per sample), which the boxes are in.
     fn move_boxes(
         &self,
         role: &BoxRole,
         (key, draw): (BatchKey, u64),
         sample: &Sample<'_>,
-        boxes: &[[f32; 4]],
+        (boxes, size): (&[[f32; 4]], Option<(usize, usize)>),
     ) -> std::result::Result<Moved, String> {
         if let Some(l) = role.labels {
             let labels = self.ragged_len(l, sample);
@@ -227,26 +244,50 @@ impl Collator {
                 ));
             }
         }
+        // An encoded image's boxes are in its size, read from its header (or as stored). They
+        // are annotations read from files (a tar `json` member, COCO, a packed field): checked
+        // before they move. A tensor image's boxes move as torchvision moves them, clamped,
+        // and a degenerate one dropped.
+        let sized;
+        let pipeline = match size {
+            None => &role.pipeline,
+            Some((width, height)) => {
+                sized = role.pipeline.for_size(width, height);
+                sized
+                    .check(boxes)
+                    .map_err(|e| format!("field `{}`: {e}", self.names[role.field]))?;
+                &sized
+            }
+        };
         let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-        role.pipeline.apply(boxes, &mut rng)
+        pipeline.apply(boxes, &mut rng)
     }
 
     /// The keypoints of `sample` moved by its draw (keyed as its image's), rows as stored;
-    /// `boxes` are the sample's (`xyxy`), which `random_iou_crop` draws from.
+    /// `boxes` are the sample's (`xyxy`), which `random_iou_crop` draws from, and `size` an
+    /// encoded image's `(width, height)` (read per sample), which the keypoints are in.
     fn move_keypoints(
         &self,
         role: &KeypointRole,
         (key, draw): (BatchKey, u64),
         sample: &Sample<'_>,
-        boxes: Option<&[[f64; 4]]>,
+        (boxes, size): (SampleBoxes<'_>, Option<(usize, usize)>),
     ) -> std::result::Result<Vec<f32>, String> {
         let mut points: Vec<f32> = sample
             .get(role.field)
             .chunks_exact(4)
             .map(|x| f32::from_ne_bytes([x[0], x[1], x[2], x[3]]))
             .collect();
+        let sized;
+        let pipeline = match size {
+            None => &role.pipeline,
+            Some((width, height)) => {
+                sized = role.pipeline.for_size(width, height);
+                &sized
+            }
+        };
         let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
-        role.pipeline
+        pipeline
             .apply(&mut points, role.columns, boxes, &mut rng)
             .map_err(|reason| format!("field `{}`: {reason}", self.names[role.field]))?;
         Ok(points)
@@ -272,7 +313,17 @@ impl Collator {
     ) -> Result<()> {
         // Boxes move with the sample's draw before any field is written: the labels field,
         // wherever it lies, keeps the labels of the boxes kept.
-        // Every field plans `random_iou_crop` from the same boxes (xyxy pixels).
+        // Every field plans `random_iou_crop` from the same boxes (xyxy pixels). Boxes and
+        // keypoints of an encoded image are in its size, read once per sample.
+        let encoded = self
+            .boxes
+            .as_ref()
+            .and_then(|role| role.encoded)
+            .or_else(|| self.keypoints.as_ref().and_then(|role| role.encoded));
+        let size = encoded
+            .map(|image| self.encoded_size(sample, image))
+            .transpose()
+            .map_err(|reason| sample_error(pick, index, reason))?;
         let stored = self
             .boxes
             .as_ref()
@@ -285,14 +336,14 @@ impl Collator {
         let boxes = source.as_deref();
         let moved = match self.boxes.as_ref().zip(stored.as_ref()) {
             Some((role, stored)) => Some(
-                self.move_boxes(role, (key, draw), sample, stored)
+                self.move_boxes(role, (key, draw), sample, (stored, size))
                     .map_err(|reason| sample_error(pick, index, reason))?,
             ),
             None => None,
         };
         let points = match &self.keypoints {
             Some(role) => Some(
-                self.move_keypoints(role, (key, draw), sample, boxes)
+                self.move_keypoints(role, (key, draw), sample, (boxes, size))
                     .map_err(|reason| sample_error(pick, index, reason))?,
             ),
             None => None,
@@ -357,10 +408,32 @@ impl Collator {
                     );
                     continue;
                 }
+                Output::EncodedMask { stages, image, .. } => {
+                    // Keyed as its image: the same draws, planned on the same size.
+                    let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
+                    let image = (
+                        sample.get(*image),
+                        sample.image_size(*image),
+                        &*self.names[*image],
+                    );
+                    let dst = slots.slot(f, slot);
+                    write_mask(stages, (src, boxes), image, &mut rng, dst, pixels).map_err(
+                        |reason| {
+                            sample_error(pick, index, format!("mask `{}`: {reason}", self.names[f]))
+                        },
+                    )?;
+                    spans.push(
+                        SpanKind::Stage(Stage::Transform),
+                        slot,
+                        pick.index(index) as usize,
+                        start,
+                    );
+                    continue;
+                }
                 Output::Image { stages, pipeline } => {
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let at = (slot, pick.index(index) as usize);
-                    let image = (src, sample.image_size(f));
+                    let image = (src, sample.image_size(f), boxes);
                     let dst = slots.slot(f, slot);
                     write_image(stages, pipeline, image, &mut rng, dst, pixels, spans, at)
                         .map_err(|reason| sample_error(pick, index, reason))?;

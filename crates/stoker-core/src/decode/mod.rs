@@ -32,6 +32,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::source::pixels::{RAW_HEADER_BYTES, RAW_MAGIC};
 
+pub mod mask;
 #[cfg(feature = "turbojpeg")]
 mod turbo;
 mod zune;

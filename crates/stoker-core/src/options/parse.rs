@@ -13,13 +13,26 @@ use crate::source::tokens::{Boundaries, Packing, TokenType};
 use crate::source::{SourceSpec, TokenSpec};
 use crate::transform::BoxFormat;
 
-/// `npy:PATH`, `image_folder:ROOT`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,…]` or
+/// `npy:PATH`, `image_folder:ROOT`, `segmentation_folder:ROOT`, `coco:ANNOTATIONS`,
+/// `coco_masks:ANNOTATIONS`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,…]` or
 /// `tokens:PATTERN`.
 pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
     Ok(if let Some(p) = v.strip_prefix("npy:") {
         SourceSpec::Npy(non_empty_path(key, p)?)
     } else if let Some(p) = v.strip_prefix("image_folder:") {
         SourceSpec::ImageFolder(non_empty_path(key, p)?)
+    } else if let Some(p) = v.strip_prefix("segmentation_folder:") {
+        SourceSpec::SegmentationFolder(non_empty_path(key, p)?)
+    } else if let Some(p) = v.strip_prefix("coco:") {
+        SourceSpec::Coco {
+            annotations: non_empty_path(key, p)?,
+            masks: false,
+        }
+    } else if let Some(p) = v.strip_prefix("coco_masks:") {
+        SourceSpec::Coco {
+            annotations: non_empty_path(key, p)?,
+            masks: true,
+        }
     } else if let Some(p) = v.strip_prefix("tar:") {
         // Expanded (and checked) when the loader opens the shards: a pattern may name shards
         // that do not exist yet.
@@ -47,8 +60,8 @@ pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
         return Err(Error::option(
             key,
             format!(
-                "`{v}` is not a source; expected npy:PATH, image_folder:ROOT, tar:PATTERN, \
-                 packed:PATH, megatron:PREFIX or tokens:PATTERN"
+                "`{v}` is not a source; expected npy:PATH, image_folder:ROOT, \
+                 segmentation_folder:ROOT, coco:ANNOTATIONS, coco_masks:ANNOTATIONS, tar:PATTERN, packed:PATH, megatron:PREFIX or tokens:PATTERN"
             ),
         ));
     })

@@ -44,9 +44,9 @@ pub struct ImageFolderSource {
 }
 
 /// The files of one class directory: relative paths (bytes) in torchvision's order.
-struct ClassFiles {
-    names: Vec<u8>,
-    ends: Vec<usize>,
+pub(super) struct ClassFiles {
+    pub(super) names: Vec<u8>,
+    pub(super) ends: Vec<usize>,
 }
 
 impl ImageFolderSource {
@@ -159,7 +159,7 @@ impl ImageFolderSource {
 }
 
 /// Whether a directory entry is a directory, following symlinks (only symlinks cost a `stat`).
-fn is_dir(entry: &fs::DirEntry) -> bool {
+pub(super) fn is_dir(entry: &fs::DirEntry) -> bool {
     match entry.file_type() {
         Ok(t) if t.is_symlink() => fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()),
         Ok(t) => t.is_dir(),
@@ -180,7 +180,7 @@ fn is_image(name: &[u8]) -> bool {
 /// Lists the images under `root/class`, recursively, in the order of torchvision's
 /// `for root, _, fnames in sorted(os.walk(class_dir)): for f in sorted(fnames)`: directories
 /// by their path, files by name within each.
-fn walk_class(root: &Path, class: &[u8]) -> Result<ClassFiles> {
+pub(super) fn walk_class(root: &Path, class: &[u8]) -> Result<ClassFiles> {
     // (relative directory path, sorted image file names in it)
     let mut dirs: Vec<(Vec<u8>, Vec<Vec<u8>>)> = Vec::new();
     let mut stack: Vec<(Vec<u8>, usize)> = vec![(class.to_vec(), 0)];

@@ -5,6 +5,7 @@
 //! (`data` and `label`, say) whose kinds the source declares once, up front.
 
 mod callback;
+pub mod coco;
 mod image_folder;
 mod iterable;
 pub mod mapped;
@@ -13,6 +14,7 @@ mod npy;
 pub mod packed;
 pub mod pixels;
 pub mod remote;
+mod segmentation_folder;
 pub mod shards;
 pub mod streaming;
 pub mod tar;
@@ -22,12 +24,14 @@ pub use self::tar::{TarConfig, TarSource, TarStream};
 pub use callback::{
     CallbackSource, DeclaredFields, FieldRules, ReadFn, SampleWriter, IMAGE_FIELD, LABEL_FIELD,
 };
+pub use coco::CocoSource;
 pub use image_folder::{ImageFolderSource, IMAGE_EXTENSIONS};
 pub(crate) use iterable::IterableStream;
 pub use iterable::{IterableSource, SampleStream, StreamInfo};
 pub use memory::MemorySource;
 pub use npy::{npy_bytes, npy_descr, npy_header, write_npy, NpyArray, NpySource};
 pub use packed::PackedSource;
+pub use segmentation_folder::SegmentationFolderSource;
 pub use tokens::{TokenConfig, TokenSource, TokenSpec};
 
 use std::path::{Path, PathBuf};
@@ -206,6 +210,17 @@ pub enum SourceSpec {
     Npy(PathBuf),
     /// `image_folder:ROOT`: one subfolder per class (torchvision's ImageFolder layout).
     ImageFolder(PathBuf),
+    /// `segmentation_folder:ROOT`: `ROOT/images/**/NAME.jpg` with its mask
+    /// `ROOT/masks/**/NAME.png` (fields `image` and `mask`).
+    SegmentationFolder(PathBuf),
+    /// `coco:ANNOTATIONS` (`masks` false) or `coco_masks:ANNOTATIONS`: a COCO
+    /// `instances_*.json` and its images (see [`coco`]).
+    Coco {
+        /// The annotation file.
+        annotations: PathBuf,
+        /// Whether samples have the semantic `mask` field.
+        masks: bool,
+    },
     /// A source built in code (the in-memory source, say).
     Custom(Arc<dyn Source>),
     /// The user's dataset through a read function (see [`crate::source::CallbackSource`]); the
@@ -234,6 +249,13 @@ impl std::fmt::Debug for SourceSpec {
         match self {
             SourceSpec::Npy(p) => write!(f, "npy:{}", p.display()),
             SourceSpec::ImageFolder(p) => write!(f, "image_folder:{}", p.display()),
+            SourceSpec::SegmentationFolder(p) => {
+                write!(f, "segmentation_folder:{}", p.display())
+            }
+            SourceSpec::Coco { annotations, masks } => {
+                let kind = if *masks { "coco_masks" } else { "coco" };
+                write!(f, "{kind}:{}", annotations.display())
+            }
             SourceSpec::Custom(s) => write!(f, "custom source of {} samples", s.len()),
             SourceSpec::Callback { len, .. } => write!(f, "callback source of {len} samples"),
             SourceSpec::Tar(pattern) => write!(f, "tar:{pattern}"),
@@ -269,6 +291,10 @@ impl SourceSpec {
         Ok(match self {
             SourceSpec::Npy(path) => Arc::new(NpySource::open(path, labels)?),
             SourceSpec::ImageFolder(root) => Arc::new(ImageFolderSource::open(root)?),
+            SourceSpec::SegmentationFolder(root) => Arc::new(SegmentationFolderSource::open(root)?),
+            SourceSpec::Coco { annotations, masks } => {
+                Arc::new(CocoSource::open(annotations, *masks)?)
+            }
             SourceSpec::Custom(source) => Arc::clone(source),
             SourceSpec::Callback { len, read } => {
                 Arc::new(CallbackSource::new(*len, Arc::clone(read), rules)?)

@@ -20,8 +20,12 @@ use crate::rng::Rng;
 /// Sides shorter than this (in output pixels) drop a box (torchvision's `min_size`).
 pub const MIN_SIDE: f64 = 1.0;
 
+/// How far (in pixels) an annotated box may reach past the image's edge before it is refused:
+/// annotations rounded to a pixel or written as pixel centres (COCO's) overshoot by under one.
+pub const EDGE_SLACK: f64 = 1.0;
+
 /// The ops of a spec as they move the boxes of a `width`x`height` tensor image.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct BoxPipeline {
     ops: Vec<Op>,
     planned: usize,
@@ -60,6 +64,44 @@ impl BoxPipeline {
             height,
             format,
         })
+    }
+
+    /// This pipeline for images of `width`x`height` (an encoded image's size, read per sample).
+    pub fn for_size(&self, width: usize, height: usize) -> BoxPipeline {
+        BoxPipeline {
+            width,
+            height,
+            ..self.clone()
+        }
+    }
+
+    /// Checks annotated boxes before they move: every number finite, no negative width or
+    /// height, and every box within the image (up to [`EDGE_SLACK`] past an edge). Errors say
+    /// which box and what is wrong, in the boxes' own format.
+    pub fn check(&self, boxes: &[[f32; 4]]) -> Result<(), String> {
+        let (w, h) = (self.width as f64, self.height as f64);
+        for (i, b) in boxes.iter().enumerate() {
+            if b.iter().any(|v| !v.is_finite()) {
+                return Err(format!(
+                    "box {i} {b:?} has a coordinate that is not a finite number"
+                ));
+            }
+            let [x0, y0, x1, y1] = to_xyxy(self.format, b.map(f64::from));
+            if x1 < x0 || y1 < y0 {
+                return Err(format!(
+                    "box {i} {b:?} ({:?}) has a negative width or height",
+                    self.format
+                ));
+            }
+            let s = EDGE_SLACK;
+            if x0 < -s || y0 < -s || x1 > w + s || y1 > h + s {
+                return Err(format!(
+                    "box {i} {b:?} ({:?}) is outside the {}x{} image",
+                    self.format, self.width, self.height
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// `boxes` (stored as the pipeline's format) as `xyxy` pixels: what the other fields of the

@@ -22,8 +22,8 @@ use super::pipeline::foldable;
 use super::spec::{parse, Op};
 use crate::rng::Rng;
 
-/// The ops of a spec as they move the keypoints of a `width`x`height` tensor image.
-#[derive(Debug)]
+/// The ops of a spec as they move the keypoints of a `width`x`height` image.
+#[derive(Clone, Debug)]
 pub struct KeypointPipeline {
     ops: Vec<Op>,
     planned: usize,
@@ -72,6 +72,15 @@ impl KeypointPipeline {
             width,
             height,
         })
+    }
+
+    /// This pipeline for images of `width`x`height` (an encoded image's size, read per sample).
+    pub fn for_size(&self, width: usize, height: usize) -> KeypointPipeline {
+        KeypointPipeline {
+            width,
+            height,
+            ..self.clone()
+        }
     }
 
     /// Moves `points` in place, rows of `columns` (2: `x, y`; 3: `x, y, visibility`) float32

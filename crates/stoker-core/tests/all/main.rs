@@ -10,9 +10,11 @@ mod support;
 
 mod autotune;
 mod box_format;
+mod coco_source;
 mod cuda_gpu;
 mod cuda_prefetch;
 mod dense;
+mod dense_sources;
 mod distributed;
 mod faults;
 mod fork;

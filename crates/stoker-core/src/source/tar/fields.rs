@@ -4,9 +4,11 @@
 //!
 //! | extension | field kind | bytes delivered |
 //! |---|---|---|
-//! | `jpg`, `jpeg`, `png` | `EncodedImage` | the member, decoded and transformed by collate |
+//! | `jpg`, `jpeg`, `png` (also after a dot: `seg.png`) | `EncodedImage` | the member, decoded and transformed by collate |
 //! | `cls`, `label`, `index` | int64 scalar | the member's text (`" 42\n"`) parsed as an integer |
 //! | `npy` | tensor of the header's dtype and shape | the data after the `.npy` header |
+//! | `json#boxes` | ragged float32 `[n, 4]` | the JSON object's `boxes`, rows of 4 numbers |
+//! | `json#labels` | ragged int64 `[n]` | the JSON object's `labels`, integers |
 //! | anything else (`txt`, `json`, ...) | ragged uint8 | the member as is (padded by collate) |
 //!
 //! By default a sample gives `image` (its `jpg`, `jpeg` or `png` member) and `label` (its `cls`
@@ -38,10 +40,40 @@ enum Class {
     Int,
     Npy,
     Raw,
+    /// `json#boxes`: the member's `boxes`, rows of 4 numbers, as float32 `[n, 4]`.
+    JsonBoxes,
+    /// `json#labels`: the member's `labels`, integers, as int64 `[n]`.
+    JsonLabels,
+}
+
+/// The keys a `EXT#KEY` field may read from a JSON member.
+const JSON_KEYS: &[&str] = &["boxes", "labels"];
+/// Most boxes (or labels) one sample's JSON member may hold.
+pub const MAX_JSON_ROWS: usize = 1 << 20;
+
+/// `EXT#KEY`'s class, or why the key is not one; `None` without `#`.
+fn json_class(ext: &str) -> std::result::Result<Option<Class>, String> {
+    let Some((_, key)) = ext.split_once('#') else {
+        return Ok(None);
+    };
+    match key {
+        "boxes" => Ok(Some(Class::JsonBoxes)),
+        "labels" => Ok(Some(Class::JsonLabels)),
+        other => Err(format!(
+            "`{ext}`: a JSON member's field reads the key {} (as `json#boxes`), not `{other}`",
+            JSON_KEYS.join(" or ")
+        )),
+    }
 }
 
 fn class_of(ext: &str) -> Class {
-    if IMAGE_EXTENSIONS.contains(&ext) {
+    if let Ok(Some(class)) = json_class(ext) {
+        return class;
+    }
+    // `seg.png`, `mask.png`: WebDataset's extension is everything after the key, and a
+    // segmentation mask beside its image is commonly stored as `KEY.seg.png`.
+    let last = ext.rsplit('.').next().unwrap_or(ext);
+    if IMAGE_EXTENSIONS.contains(&ext) || IMAGE_EXTENSIONS.contains(&last) {
         Class::Image
     } else if INT_EXTENSIONS.contains(&ext) {
         Class::Int
@@ -79,6 +111,9 @@ pub fn parse_fields(s: &str) -> Result<Vec<(String, String)>> {
         }
         if out.iter().any(|(_, n)| n == name) {
             return Err(bad(format!("field `{name}` is named twice")));
+        }
+        for e in &exts {
+            json_class(e).map_err(&bad)?;
         }
         let classes: Vec<Class> = exts.iter().map(|e| class_of(e)).collect();
         if classes.iter().any(|c| *c != classes[0]) {
@@ -188,6 +223,9 @@ impl TarFields {
                 let mut rules = Vec::with_capacity(list.len());
                 for (exts, name) in list {
                     let exts: Vec<String> = exts.split(';').map(|e| e.to_lowercase()).collect();
+                    for e in &exts {
+                        json_class(e).map_err(|reason| Error::option("fields", reason))?;
+                    }
                     let class = class_of(&exts[0]);
                     if exts.iter().any(|e| e.is_empty() || class_of(e) != class) {
                         return Err(Error::option(
@@ -204,6 +242,11 @@ impl TarFields {
                             format!("field `{name}` is named twice"),
                         ));
                     }
+                    // The member's extension, without the JSON key.
+                    let exts = exts
+                        .iter()
+                        .map(|e| e.split('#').next().unwrap_or(e).to_owned())
+                        .collect();
                     rules.push(Rule {
                         name: name.clone(),
                         exts,
@@ -219,6 +262,8 @@ impl TarFields {
                 Class::Image => FieldSpec::encoded_image(&rule.name),
                 Class::Int => FieldSpec::tensor(&rule.name, DType::I64, &[]),
                 Class::Raw => FieldSpec::ragged(&rule.name, DType::U8, &[]),
+                Class::JsonBoxes => FieldSpec::ragged(&rule.name, DType::F32, &[4]),
+                Class::JsonLabels => FieldSpec::ragged(&rule.name, DType::I64, &[]),
                 Class::Npy => {
                     let found = rule
                         .exts
@@ -319,7 +364,8 @@ impl TarFields {
     ) -> Result<Sample<'a>> {
         scratch.clear();
         let mut views: [&'a [u8]; MAX_FIELDS] = [&[]; MAX_FIELDS];
-        let mut int_at = [None; MAX_FIELDS];
+        // Field bytes written into `scratch`: where they start and how many.
+        let mut int_at: [Option<(usize, usize)>; MAX_FIELDS] = [None; MAX_FIELDS];
         for (f, rule) in self.rules.iter().enumerate() {
             let fail = |reason: String| Error::Sample {
                 index: sample.index,
@@ -360,8 +406,15 @@ impl TarFields {
                         .into_owned();
                         fail(format!("{}: {shown:?} is not an integer label", name()))
                     })?;
-                    int_at[f] = Some(scratch.len());
+                    int_at[f] = Some((scratch.len(), 8));
                     scratch.extend_from_slice(&value.to_ne_bytes());
+                }
+                Class::JsonBoxes | Class::JsonLabels => {
+                    let start = scratch.len();
+                    let boxes = rule.class == Class::JsonBoxes;
+                    json_rows(member.bytes, boxes, scratch)
+                        .map_err(|reason| fail(format!("{}: {reason}", name())))?;
+                    int_at[f] = Some((start, scratch.len() - start));
                 }
                 Class::Npy => {
                     views[f] = npy_data(member.bytes, &self.specs[f].kind)
@@ -373,7 +426,7 @@ impl TarFields {
         let mut out = Sample::default();
         for f in 0..self.rules.len() {
             match int_at[f] {
-                Some(at) => out.set(f, &scratch[at..at + 8]),
+                Some((at, len)) => out.set(f, &scratch[at..at + len]),
                 None => out.set(f, views[f]),
             }
         }
@@ -409,6 +462,53 @@ impl TarFields {
         };
         self.assemble(&located[..self.rules.len()], &sample_ref, scratch)
     }
+}
+
+/// The `boxes` (float32 rows of 4, `boxes`) or `labels` (int64) of a JSON member
+/// (`{"boxes": [[x, y, w, h], ...], "labels": [3, ...]}`), appended to `out` as native-endian
+/// bytes. Errors say which key, which entry and what is wrong.
+fn json_rows(bytes: &[u8], boxes: bool, out: &mut Vec<u8>) -> std::result::Result<(), String> {
+    let key = if boxes { "boxes" } else { "labels" };
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+    let object = value
+        .as_object()
+        .ok_or_else(|| format!("a JSON object with `{key}` was expected"))?;
+    let list = object
+        .get(key)
+        .ok_or_else(|| format!("the JSON object has no `{key}` key"))?
+        .as_array()
+        .ok_or_else(|| format!("`{key}` is not a list"))?;
+    if list.len() > MAX_JSON_ROWS {
+        return Err(format!(
+            "`{key}` has {} entries, more than {MAX_JSON_ROWS}",
+            list.len()
+        ));
+    }
+    for (i, entry) in list.iter().enumerate() {
+        if boxes {
+            let row = entry
+                .as_array()
+                .filter(|r| r.len() == 4)
+                .ok_or_else(|| format!("`boxes[{i}]` is not a list of 4 numbers: {entry}"))?;
+            for v in row {
+                let x = v
+                    .as_f64()
+                    .ok_or_else(|| format!("`boxes[{i}]` holds {v}, not a number"))?;
+                let x = x as f32;
+                if !x.is_finite() {
+                    return Err(format!("`boxes[{i}]` holds {v}, too large for float32"));
+                }
+                out.extend_from_slice(&x.to_ne_bytes());
+            }
+        } else {
+            let label = entry
+                .as_i64()
+                .ok_or_else(|| format!("`labels[{i}]` is {entry}, not an integer"))?;
+            out.extend_from_slice(&label.to_ne_bytes());
+        }
+    }
+    Ok(())
 }
 
 /// An integer label as WebDataset writes it (`str(int)`, maybe with whitespace around).
