@@ -23,7 +23,7 @@
 //! Every check is done when the dataset is first opened, against the sizes of both files, before
 //! anything sized by the header is allocated ([`parse_index`], then [`check_index`], which the
 //! fuzz target `megatron_index` drives over arbitrary bytes). The tables kept from a checked
-//! index are then cached ([`super::cache`]); a later open of the same, unchanged files checks
+//! index are then cached (module `tokens::cache`); a later open of the same, unchanged files checks
 //! the header and maps the cached tables instead of reading the index again.
 
 use std::path::{Path, PathBuf};

@@ -18,7 +18,7 @@
 //!   inside the window, `seq_len`; ragged, so padded per batch with `cu_seqlens_lengths`).
 //!
 //! Documents are Megatron's documents (runs of sequences in the document index), a flat file's
-//! documents as its sidecar of lengths lists them (`NAME.lengths.npy`, [`lengths`]), or the runs
+//! documents as its sidecar of lengths lists them (`NAME.lengths.npy`, module `lengths`), or the runs
 //! a flat file's `eos_token` ends; a file's end always ends one.
 //!
 //! With `token_packing=pad` ([`Packing::Pad`]) sample `i` is document `i` instead (the documents
@@ -37,7 +37,7 @@
 //!
 //! Nothing at open is O(tokens) except the check of every token id against `vocab_size`, which
 //! runs only when that option is set. A Megatron index is read whole (O(documents)) only the
-//! first time a dataset is opened: its tables are then cached on disk ([`cache`]: beside the
+//! first time a dataset is opened: its tables are then cached on disk (module `cache`: beside the
 //! data as `.NAME.idx.stkidx`, or in `~/.cache/stoker/token-index`) and later opens map them.
 //! The tables kept are 8 bytes per Megatron sequence (where it starts in the stream), plus 8
 //! per sequence only for an index whose sequences do not lie end to end in `.bin` and 8 per
