@@ -62,14 +62,15 @@ bash .ci/native-deps.sh
 # steps mostly run rather than build. Each of them waits for its build and builds again itself if
 # the background one failed, so a failure shows there with its output.
 background_log=$(mktemp -d)
-# lowest CMD...: CMD in a session of its own (setsid), so that leaving early stops it and its
-# cargo, at the lowest CPU priority. Linux schedules each session as one group (autogroup) and a
-# nice value ranks a process only within its group, so the new session's group is lowered too:
-# without that the background builds took half the CPU from the steps they were to fill in for.
-lowest() { setsid bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"' _ "$@"; }
-lowest env FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh >"$background_log/fuzz.log" 2>&1 &
+# Each in a session of its own (setsid, run directly so that $! is the session's id), so that
+# leaving early stops it and its cargo, at the lowest CPU priority. Linux schedules each session
+# as one group (autogroup) and a nice value ranks a process only within its group, so the new
+# session's group is lowered too: without that the background builds took half the CPU from the
+# steps they were to fill in for.
+lowest='echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"'
+setsid bash -c "$lowest" _ env FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh >"$background_log/fuzz.log" 2>&1 &
 fuzz_build=$!
-lowest bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
+setsid bash -c "$lowest" _ bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
   SANITIZERS_BUILD_ONLY=1 exec bash .ci/sanitizers.sh' _ "$fuzz_build" \
   >"$background_log/sanitizers.log" 2>&1 &
 sanitizer_build=$!

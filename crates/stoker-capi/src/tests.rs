@@ -211,6 +211,10 @@ fn batches_dlpack_exports_and_stats() {
 #[test]
 fn option_tables_match_the_key_table() {
     let table = stoker_core::options::options_markdown();
+    // The table lands inside the header's C comment: a `*/` (a glob's `**/`) would end it there.
+    if let Some(line) = table.lines().find(|l| l.contains("*/")) {
+        panic!("an option's text holds `*/`, which ends the header's C comment: {line}");
+    }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let bless = std::env::var_os("STOKER_BLESS").is_some();
     let doc: String = table.lines().map(|l| format!("/// {l}\n")).collect();
