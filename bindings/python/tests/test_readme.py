@@ -147,12 +147,21 @@ def test_book_c_program_compiles_and_runs(code, dense_data, tmp_path):
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         pytest.skip("no C compiler (cc) on PATH")
-    library = Path(stoker.LIBRARY_PATH)
+    # The library this package loads, under its own name and its soname (libstoker.so.0), which
+    # the program asks the dynamic loader for.
+    library = Path(stoker.LIBRARY_PATH).resolve()
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libstoker.so").symlink_to(library)
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True).stdout
+    soname = re.search(r"\(SONAME\).*\[(.+?)\]", dynamic)
+    if soname and soname.group(1) != "libstoker.so":
+        (lib / soname.group(1)).symlink_to(library)
     (tmp_path / "example.c").write_text(code)
     exe = tmp_path / "example"
     build = subprocess.run(
         [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", str(REPO / "include"),
-         str(tmp_path / "example.c"), "-o", str(exe), str(library), f"-Wl,-rpath,{library.parent}"],
+         str(tmp_path / "example.c"), "-o", str(exe), f"-L{lib}", "-lstoker", f"-Wl,-rpath,{lib}"],
         capture_output=True, text=True)
     assert build.returncode == 0, f"the book's C program does not compile:\n{build.stderr}"
     run = subprocess.run([str(exe), str(dense_data[0]), str(dense_data[1])],
