@@ -3,7 +3,8 @@
 Each ```python block of README.md, bindings/python/README.md and docs/*.md runs in a fresh
 namespace; only what a reader substitutes anyway is replaced: the dataset path by a small folder
 of real JPEG files (a ``segmentation_folder:`` path by a folder of JPEGs and PNG masks, and the
-detection shards ``tar:/data/det-...`` by one shard of JPEGs with their boxes), the epoch count by
+detection shards ``tar:/data/det-...`` by one shard of JPEGs with their boxes, a ``coco:`` or
+``coco_masks:`` annotation file by their COCO instances), the epoch count by
 2, and the variables a fragment takes from the reader's program (``stoker`` itself, ``docs``,
 ``labels``) are provided.
 
@@ -61,15 +62,17 @@ def image_folder(tmp_path):
 
 @pytest.fixture(scope="module")
 def dense_data(tmp_path_factory):
-    """(segmentation folder, detection shard): 12 photo-like 100x75 JPEGs, each with a PNG mask
-    of two rectangles of classes 1..20 and the rectangles' boxes (xywh) and classes in a json
-    member beside the JPEG in the shard."""
+    """(segmentation folder, detection shard, COCO annotations): 12 photo-like 100x75 JPEGs, each
+    with a PNG mask of two rectangles of classes 1..20 and the rectangles' boxes (xywh) and
+    classes in a json member beside the JPEG in the shard, and as COCO instances (polygons)."""
     root = tmp_path_factory.mktemp("dense")
     rng = np.random.default_rng(6)
     y, x = np.mgrid[0:75, 0:100]
     for sub in ("images", "masks"):
         (root / "seg" / sub).mkdir(parents=True)
     shard = root / "det-000000.tar"
+    coco = {"images": [], "annotations": [],
+            "categories": [{"id": c, "name": f"class {c}"} for c in range(1, 21)]}
     with tarfile.open(shard, "w") as tar:
         for k in range(12):
             rgb = np.stack([np.sin(x / (4 + k % 5)), np.cos(y / 7 + k), x / 100], -1)
@@ -96,7 +99,19 @@ def dense_data(tmp_path_factory):
                 info = tarfile.TarInfo(f"{k:03d}.{ext}")
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
-    return root / "seg", shard
+            (root / "coco" / "train").mkdir(parents=True, exist_ok=True)
+            (root / "coco" / "train" / f"{k:03d}.jpg").write_bytes(members["jpg"])
+            coco["images"].append({"id": k, "file_name": f"{k:03d}.jpg", "width": 100, "height": 75})
+            for (bx, by, bw, bh), c in zip(boxes, classes):
+                polygon = [bx, by, bx + bw, by, bx + bw, by + bh, bx, by + bh]
+                coco["annotations"].append({
+                    "id": len(coco["annotations"]) + 1, "image_id": k, "category_id": c,
+                    "bbox": [bx, by, bw, bh], "area": bw * bh, "iscrowd": 0,
+                    "segmentation": [polygon]})
+    (root / "coco" / "annotations").mkdir()
+    annotations = root / "coco" / "annotations" / "instances_train.json"
+    annotations.write_text(json.dumps(coco))
+    return root / "seg", shard, annotations
 
 
 def test_the_readmes_have_python_examples():
@@ -106,12 +121,14 @@ def test_the_readmes_have_python_examples():
 
 
 @pytest.mark.parametrize("code", list(python_blocks()))
-def test_readme_python_example_runs(code, image_folder, dense_data, capsys):
+def test_readme_python_example_runs(code, image_folder, dense_data, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # what an example writes lands here
     if "batch.torch()" in code or ".torch()" in code:
         import_torch()
     code = re.sub(r'"image_folder:[^"]*"', f'"image_folder:{image_folder}"', code)
     code = re.sub(r'"segmentation_folder:[^"]*"', f'"segmentation_folder:{dense_data[0]}"', code)
     code = re.sub(r'"tar:/data/det-[^"]*"', f'"tar:{dense_data[1]}"', code)
+    code = re.sub(r'"coco(_masks)?:[^"]*"', lambda m: f'"coco{m.group(1) or ""}:{dense_data[2]}"', code)
     code = re.sub(r"range\(\d+\)", "range(2)", code)
     rng = np.random.default_rng(0)
     namespace = {
