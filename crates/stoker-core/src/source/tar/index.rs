@@ -420,7 +420,7 @@ fn read_index(path: &Path, stamp: &Stamp, check_path: bool) -> Option<ShardIndex
 }
 
 /// Writes `bytes` to a temporary file beside `target`, then renames it over `target`.
-fn write_atomic(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomic(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = target
         .file_name()

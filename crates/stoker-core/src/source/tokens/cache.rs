@@ -35,10 +35,10 @@
 //! 112  tables       u64 entries, one table after the other
 //! ```
 
+use crate::source::tar::index::write_atomic;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::hash::Fnv;
 use crate::source::mapped::Mapping;
@@ -314,25 +314,6 @@ fn load(path: &Path, key: &CacheKey) -> Option<[Table; TABLES]> {
         at += 8 * len;
         t
     }))
-}
-
-/// Writes `bytes` to a temporary file beside `target`, then renames it over `target`.
-fn write_atomic(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = target
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("no file name"))?
-        .to_string_lossy();
-    let tmp = target.with_file_name(format!(
-        "{name}.tmp-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = fs::write(&tmp, bytes).and_then(|_| fs::rename(&tmp, target));
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
 }
 
 #[cfg(test)]
