@@ -6,7 +6,7 @@
 # (the pipeline spec parser), resume_state (ResumeState::parse), tar_members (the WebDataset
 # shard scan of the indexed tar source), packed_reader (the packed format's open and per-field
 # checks), wids_index (WebDataset's JSON shard index). Each runs FUZZ_SECONDS
-# (default 30), FUZZ_JOBS at a time (default: 2, or 1 on a single core), from a corpus seeded
+# (default 20), FUZZ_JOBS at a time (default: 2, or 1 on a single core), from a corpus seeded
 # with the committed parser seeds and the test images; any crash, panic, leak, timeout or
 # allocation over the limit fails the script and leaves the input under fuzz/artifacts/TARGET/.
 #
@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CARGO_FUZZ_VERSION=0.13.2
-FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 ALL_TARGETS="image_pipeline npy_header options transform_spec resume_state tar_members packed_reader wids_index megatron_index"
 read -r -a targets <<<"${FUZZ_TARGETS:-$ALL_TARGETS}"
 cores=$(nproc 2>/dev/null || echo 1)
