@@ -56,27 +56,30 @@ fi
 cargo --version
 bash .ci/native-deps.sh
 
-# Every step until fuzzing leaves a core idle at times (a crate that everything after it waits
-# for, a link, pytest's one thread, downloads, waits on servers and launchers). The fuzz targets
-# and the sanitizers' test builds use it from the start, at the lowest CPU priority, so those two
-# steps mostly run rather than build. Each of them waits for its build and builds again itself if
-# the background one failed, so a failure shows there with its output.
+# Every step until the sanitizers leaves a core idle at times (a crate that everything after it
+# waits for, a link, pytest's one thread, downloads, waits on servers and launchers). The
+# sanitizers' test builds and the fuzz targets use it from the start, at the lowest CPU priority,
+# so those two steps mostly run rather than build. Each of them waits for its build and builds
+# again itself if the background one failed, so a failure shows there with its output.
 background_log=$(mktemp -d)
 # Each in a session of its own (setsid, run directly so that $! is the session's id), so that
 # leaving early stops it and its cargo, at the lowest CPU priority. Linux schedules each session
 # as one group (autogroup) and a nice value ranks a process only within its group, so the new
 # session's group is lowered too: without that the background builds took half the CPU from the
-# steps they were to fill in for.
+# steps they were to fill in for. One after the other, in the order the steps need them: with
+# the fuzz targets built first (ready 450 s before fuzzing began), the last step waited 190 s for
+# Miri.
+# Miri interprets its tests on one thread for a minute or two: run in the background too, after
+# its build, it fills idle time instead of ending the run with one core busy.
 lowest='echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"'
-setsid bash -c "$lowest" _ env FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh >"$background_log/fuzz.log" 2>&1 &
-fuzz_build=$!
-# Miri interprets its tests on one thread for about two minutes: run in the background too, after
-# the builds, it fills idle time instead of ending the run with one core busy.
-setsid bash -c "$lowest" _ bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
-  SANITIZERS_BUILD_ONLY=1 bash .ci/sanitizers.sh && SANITIZERS=miri exec bash .ci/sanitizers.sh' _ "$fuzz_build" \
+setsid bash -c "$lowest" _ bash -c \
+  'SANITIZERS_BUILD_ONLY=1 bash .ci/sanitizers.sh && SANITIZERS=miri exec bash .ci/sanitizers.sh' \
   >"$background_log/sanitizers.log" 2>&1 &
 sanitizer_build=$!
-trap 'kill -- -"$fuzz_build" -"$sanitizer_build" 2>/dev/null || true' EXIT
+setsid bash -c "$lowest" _ bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
+  FUZZ_BUILD_ONLY=1 exec bash .ci/fuzz.sh' _ "$sanitizer_build" >"$background_log/fuzz.log" 2>&1 &
+fuzz_build=$!
+trap 'kill -- -"$sanitizer_build" -"$fuzz_build" 2>/dev/null || true' EXIT
 background_began=$SECONDS
 # background NAME PID LOG: waits for a background job and prints its last lines; fails if the job
 # failed. Its CPU time gets a row of its own in the table, apart from the step that waited for it.
@@ -153,17 +156,17 @@ step "distributed: torchrun (gloo) 2 and 3 ranks with elastic resume, mpirun -np
 STOKER_WHEEL=$(ls bindings/python/dist/stoker-*manylinux*.whl) bash bindings/python/run_distributed_tests.sh
 done_with .venv-test .venv-build "$target/zig"
 
-step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 20)"
-background "fuzz targets build" "$fuzz_build" "$background_log/fuzz.log" || true
-bash .ci/fuzz.sh
-done_with crates/stoker-core/fuzz/target
-
 step "sanitizers: the concurrency core under AddressSanitizer, ThreadSanitizer and Miri"
 if background "sanitizer builds, then Miri's run" "$sanitizer_build" "$background_log/sanitizers.log"; then
   SANITIZERS="asan tsan" bash .ci/sanitizers.sh
 else
   bash .ci/sanitizers.sh
 fi
+
+step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 20)"
+background "fuzz targets build" "$fuzz_build" "$background_log/fuzz.log" || true
+bash .ci/fuzz.sh
+done_with crates/stoker-core/fuzz/target
 
 end_step
 printf '\n==> every step passed in %d s; wall time, CPU time and cores kept busy per step:\n' "$SECONDS"
