@@ -82,11 +82,16 @@ pub(super) fn dense_pipeline(
     input: TensorShape,
     role: Role,
 ) -> Result<DensePipeline> {
+    // `dtype` is the image's; a stored mask keeps its labels' type.
+    let dtype = match role {
+        Role::Image => stages.dtype,
+        Role::Mask { .. } => None,
+    };
     DensePipeline::new(
         stages.transform.as_deref(),
         input,
         role,
-        stages.dtype,
+        dtype,
         stages.layout,
     )
     .map_err(|reason| {
@@ -108,7 +113,7 @@ pub(super) struct Pixels {
     dense: DenseScratch,
     mask: MaskBuffers,
     /// The last encoded mask's pipeline, keyed by its stages (their address) and its size.
-    mask_pipeline: Option<((usize, usize, usize), DensePipeline)>,
+    mask_pipeline: Option<((usize, usize, usize, DType), DensePipeline)>,
 }
 
 /// Transforms one stored dense tensor (an image of any channel count, or a mask) into `out`.
@@ -158,7 +163,7 @@ pub(super) fn write_mask(
             .dims
         }
     };
-    let dims = decode_mask(encoded, stages.max_pixels, &mut pixels.mask)?;
+    let (dims, labels) = decode_mask(encoded, stages.max_pixels, &mut pixels.mask)?;
     if dims != image_dims {
         return Err(format!(
             "the mask is {}x{} (WxH) but the image `{image_name}` is {}x{}; a mask labels the \
@@ -170,21 +175,27 @@ pub(super) fn write_mask(
         height: dims.height,
         width: dims.width,
         channels: 1,
-        dtype: DType::I64,
+        dtype: labels,
         layout: InputLayout::Hwc,
     };
     let role = Role::Mask {
         ignore_index: stages.roles.as_ref().map_or(255, |r| r.ignore_index),
     };
-    // Masks of one size (most datasets', or a run of them) reuse the last pipeline built.
-    let key = (std::ptr::from_ref(stages) as usize, dims.height, dims.width);
+    // Masks of one size and label type (most datasets', or a run of them) reuse the last
+    // pipeline built.
+    let key = (
+        std::ptr::from_ref(stages) as usize,
+        dims.height,
+        dims.width,
+        labels,
+    );
     let pipeline = match pixels.mask_pipeline.take() {
         Some((k, p)) if k == key => p,
         _ => DensePipeline::new(
             stages.transform.as_deref(),
             input,
             role,
-            stages.dtype,
+            Some(DType::I64),
             stages.layout,
         )?,
     };

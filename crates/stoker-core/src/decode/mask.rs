@@ -13,6 +13,7 @@ use std::io::Cursor;
 use png::{BitDepth, ColorType, Decoder, Limits, Transformations};
 
 use super::{check_size, Dims};
+use crate::dtype::DType;
 
 /// Bytes the png crate may allocate beyond the pixels themselves (ancillary chunks: a palette,
 /// text, ICC profiles), whatever the file says.
@@ -23,19 +24,21 @@ const CHUNK_BYTES: usize = 16 << 20;
 pub struct MaskBuffers {
     /// The PNG's rows as stored (packed for under 8 bits, big-endian for 16).
     raw: Vec<u8>,
-    /// One label per pixel, as native-endian int64 bytes (what a stored int64 mask holds).
+    /// One label per pixel: a byte each for a mask of up to 8 bits, native-endian int64 bytes
+    /// for a 16-bit one ([`decode_mask`] says which).
     pub labels: Vec<u8>,
 }
 
-/// Decodes the PNG mask `encoded` into `bufs.labels` (one int64 label per pixel, row-major, as
-/// native-endian bytes),
-/// refusing a mask of more than `max_pixels` pixels before its pixels are allocated. Returns
-/// its size.
+/// Decodes the PNG mask `encoded` into `bufs.labels`, one label per pixel, row-major: `uint8`
+/// for masks of 1 to 8 bits (a quarter of the memory traffic of the int64 the batch holds, which
+/// the transform's output pass widens to), native-endian `int64` for 16-bit masks. Refuses a
+/// mask of more than `max_pixels` pixels before its pixels are allocated. Returns its size and
+/// the labels' type.
 pub fn decode_mask(
     encoded: &[u8],
     max_pixels: u64,
     bufs: &mut MaskBuffers,
-) -> Result<Dims, String> {
+) -> Result<(Dims, DType), String> {
     if !encoded.starts_with(b"\x89PNG\r\n\x1a\n") {
         return Err(
             "a mask must be a PNG (8- or 16-bit grayscale, or palette); this is not a PNG \
@@ -96,38 +99,34 @@ pub fn decode_mask(
         .next_frame(&mut bufs.raw)
         .map_err(|e| format!("mask PNG ({width}x{height}): {e}"))?;
     let line = frame.line_size;
-    bufs.labels.clear();
-    bufs.labels.reserve(pixels * 8);
+    let labels = &mut bufs.labels;
+    labels.clear();
+    let dtype = if bits == 16 { DType::I64 } else { DType::U8 };
+    labels.reserve(pixels * dtype.size());
     for row in bufs.raw.chunks(line).take(height) {
         match bits {
             16 => {
                 for v in row.chunks_exact(2).take(width) {
                     let label = i64::from(u16::from_be_bytes([v[0], v[1]]));
-                    bufs.labels.extend_from_slice(&label.to_ne_bytes());
+                    labels.extend_from_slice(&label.to_ne_bytes());
                 }
             }
-            8 => {
-                for &v in row.iter().take(width) {
-                    bufs.labels.extend_from_slice(&i64::from(v).to_ne_bytes());
-                }
-            }
+            8 => labels.extend_from_slice(&row[..width.min(row.len())]),
             _ => {
                 let per_byte = 8 / bits;
                 let mask = (1u8 << bits) - 1;
-                for x in 0..width {
+                labels.extend((0..width).map(|x| {
                     let byte = row.get(x / per_byte).copied().unwrap_or(0);
-                    let shift = 8 - bits * (x % per_byte + 1);
-                    let label = i64::from((byte >> shift) & mask);
-                    bufs.labels.extend_from_slice(&label.to_ne_bytes());
-                }
+                    (byte >> (8 - bits * (x % per_byte + 1))) & mask
+                }));
             }
         }
     }
-    if bufs.labels.len() != pixels * 8 {
+    if labels.len() != pixels * dtype.size() {
         return Err(format!(
             "mask PNG ({width}x{height}) gave {} labels, expected {pixels}",
-            bufs.labels.len() / 8
+            labels.len() / dtype.size()
         ));
     }
-    Ok(Dims { width, height })
+    Ok((Dims { width, height }, dtype))
 }

@@ -170,8 +170,24 @@ impl DensePipeline {
                 ),
             });
         }
-        if let Role::Mask { ignore_index } = role {
-            let fits = match input.dtype {
+        // A mask keeps its labels' type, or widens uint8 labels to int64 (a PNG mask's labels
+        // are decoded as bytes, and batched as int64 as torchvision's are).
+        let mask_dtype = match (role, dtype) {
+            (Role::Image, _) => None,
+            (Role::Mask { .. }, None) => Some(input.dtype),
+            (Role::Mask { .. }, Some(d))
+                if d == input.dtype || (input.dtype == DType::U8 && d == DType::I64) =>
+            {
+                Some(d)
+            }
+            (Role::Mask { .. }, Some(d)) => {
+                return Err(format!(
+                    "{what}: labels keep their type (or widen from uint8 to int64), not {d}"
+                ))
+            }
+        };
+        if let (Role::Mask { ignore_index }, Some(labels)) = (role, mask_dtype) {
+            let fits = match labels {
                 DType::U8 => u8::try_from(ignore_index).is_ok(),
                 DType::I32 => i32::try_from(ignore_index).is_ok(),
                 _ => true,
@@ -308,10 +324,11 @@ impl DensePipeline {
         let checked = super::pipeline::fixed_prefix(&ops[..planned]);
         super::geometry::plan(checked, input.width, input.height, &mut rng)?;
         let float_input = matches!(input.dtype, DType::F16 | DType::BF16 | DType::F32);
-        let dtype = match role {
-            // A mask keeps its labels' type; `normalize` and `dtype` are the image's.
-            Role::Mask { .. } => input.dtype,
-            Role::Image => match dtype {
+        let dtype = match (role, mask_dtype) {
+            // `normalize` and `dtype` are the image's.
+            (Role::Mask { .. }, Some(labels)) => labels,
+            (Role::Mask { .. }, None) => return Err("internal: a mask without labels".into()),
+            (Role::Image, _) => match dtype {
                 Some(DType::U8) if normalize.is_some() => {
                     return Err(
                         "normalize produces floats; use dtype float32, float16 or bfloat16".into(),
@@ -472,6 +489,11 @@ impl DensePipeline {
             resizer,
         } = scratch;
         match (self.role, self.input.dtype) {
+            // uint8 labels widened to int64 with an `ignore_index` no byte holds are moved as
+            // int64.
+            (Role::Mask { ignore_index }, DType::U8) if u8::try_from(ignore_index).is_err() => {
+                self.run(src, (boxes, rng), out, i64s, resizer)
+            }
             (_, DType::U8) => self.run(src, (boxes, rng), out, u8s, resizer),
             (Role::Image, _) => self.run(src, (boxes, rng), out, f32s, resizer),
             (Role::Mask { .. }, DType::I32) => self.run(src, (boxes, rng), out, i32s, resizer),
@@ -494,6 +516,12 @@ impl DensePipeline {
             dtype,
             layout,
         } = self.input;
+        // One channel is laid out alike either way; read as planes, uint8 is used in place.
+        let layout = if channels == 1 {
+            InputLayout::Chw
+        } else {
+            layout
+        };
         let ops = &self.ops[..self.planned];
         let plan = super::geometry::plan_with(ops, iw, ih, rng, boxes, &mut |_| {})?;
         let (pw, ph) = (plan.width, plan.height);
@@ -624,10 +652,27 @@ impl DensePipeline {
                 Layout::Nhwc => (i * channels + c) * n,
             };
             match self.dtype {
-                DType::U8 | DType::I32 | DType::I64 => {
+                DType::U8 | DType::I32 | DType::I64 if n == std::mem::size_of::<T>() => {
                     // Unnormalized integers: the stored values, unchanged.
-                    for (i, v) in src.iter().enumerate() {
-                        v.store(&mut out[at(i)..at(i) + n]);
+                    match (self.layout, channels) {
+                        (Layout::Nchw, _) | (_, 1) => {
+                            let plane_out = &mut out[c * plane * n..(c + 1) * plane * n];
+                            for (o, v) in plane_out.chunks_exact_mut(n).zip(src) {
+                                v.store(o);
+                            }
+                        }
+                        _ => {
+                            for (i, v) in src.iter().enumerate() {
+                                v.store(&mut out[at(i)..at(i) + n]);
+                            }
+                        }
+                    }
+                }
+                DType::I64 => {
+                    // A mask's uint8 labels, widened.
+                    let plane_out = &mut out[c * plane * n..(c + 1) * plane * n];
+                    for (o, v) in plane_out.chunks_exact_mut(8).zip(src) {
+                        o.copy_from_slice(&v.to_i64().to_ne_bytes());
                     }
                 }
                 DType::U16 => {

@@ -89,6 +89,10 @@ pub(super) trait Px: Copy + Default + PartialEq + 'static {
     /// A computed value: rounded half to even and saturated for integers.
     fn from_f64(v: f64) -> Self;
     fn to_f64(self) -> f64;
+    /// A label as int64 (masks' elements: uint8, int32, int64).
+    fn to_i64(self) -> i64 {
+        self.to_f64() as i64
+    }
     /// The antialiased bilinear resample of `plan` for this element type.
     fn resample(
         _plane: &[Self],
@@ -105,6 +109,9 @@ pub(super) trait Px: Copy + Default + PartialEq + 'static {
 impl Px for u8 {
     fn load(_: DType, bytes: &[u8]) -> u8 {
         bytes[0]
+    }
+    fn to_i64(self) -> i64 {
+        i64::from(self)
     }
     fn stored_planes(src: &[u8], dtype: DType, layout: InputLayout) -> Option<&[u8]> {
         (dtype == DType::U8 && layout == InputLayout::Chw).then_some(src)
@@ -178,6 +185,9 @@ impl Px for i32 {
     fn load(_: DType, b: &[u8]) -> i32 {
         i32::from_ne_bytes([b[0], b[1], b[2], b[3]])
     }
+    fn to_i64(self) -> i64 {
+        i64::from(self)
+    }
     fn store(self, out: &mut [u8]) {
         out.copy_from_slice(&self.to_ne_bytes());
     }
@@ -190,10 +200,19 @@ impl Px for i32 {
 }
 
 impl Px for i64 {
-    fn load(_: DType, b: &[u8]) -> i64 {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&b[..8]);
-        i64::from_ne_bytes(a)
+    fn load(dtype: DType, b: &[u8]) -> i64 {
+        match dtype {
+            // uint8 labels widened (an `ignore_index` no byte holds).
+            DType::U8 => i64::from(b[0]),
+            _ => {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(&b[..8]);
+                i64::from_ne_bytes(a)
+            }
+        }
+    }
+    fn to_i64(self) -> i64 {
+        self
     }
     fn store(self, out: &mut [u8]) {
         out.copy_from_slice(&self.to_ne_bytes());
@@ -256,27 +275,37 @@ pub(super) fn copy_plane<T: Px>(plane: &[T], width: usize, plan: &Plan, out: &mu
 pub(super) fn nearest_plane<T: Px>(plane: &[T], width: usize, plan: &Plan, out: &mut [T]) {
     let [left, top, rw, rh] = plan.rect;
     let [cx0, cy0, cx1, cy1] = plan.clip;
-    let (kx, ky) = (rw / plan.width as f64, rh / plan.height as f64);
-    let index = |origin: f64, i: usize, k: f64, lo: usize, hi: usize| -> usize {
-        // torch takes `floor(j * scale)` of the resized image's pixel `j` in float32, and a crop
-        // after the resize shifts `j` by whole pixels: the origin is the clip's start (an
-        // integer crop before the resize) plus `shift * k`. Where that holds, index as torch
-        // does, so that a product landing on a whole source pixel (a resize then a crop) rounds
-        // the same way; otherwise the exact product.
-        let shift = (origin - lo as f64) / k;
-        let src = if shift > -0.5 && (shift - shift.round()).abs() < 1e-6 {
-            lo as f64 + ((shift.round() as f32 + i as f32) * k as f32).floor() as f64
-        } else {
-            (origin + i as f64 * k).floor()
-        };
-        (src.max(0.0) as usize).clamp(lo, hi.saturating_sub(1).max(lo))
-    };
-    for (y, row) in out.chunks_exact_mut(plan.width).enumerate() {
-        let sy = index(top, y, ky, cy0, cy1);
-        for (x, px) in row.iter_mut().enumerate() {
-            *px = plane[sy * width + index(left, x, kx, cx0, cx1)];
+    // The source column of each output column, computed once for all rows.
+    let columns = nearest_indices(left, rw / plan.width as f64, plan.width, (cx0, cx1));
+    let rows = nearest_indices(top, rh / plan.height as f64, plan.height, (cy0, cy1));
+    for (row, sy) in out.chunks_exact_mut(plan.width).zip(rows) {
+        let src = &plane[sy * width..(sy + 1) * width];
+        for (px, &sx) in row.iter_mut().zip(&columns) {
+            *px = src[sx];
         }
     }
+}
+
+/// The source index of each of `count` output pixels sampled nearest from `origin` in steps of
+/// `k`, within `[lo, hi)`.
+fn nearest_indices(origin: f64, k: f64, count: usize, (lo, hi): (usize, usize)) -> Vec<usize> {
+    // torch takes `floor(j * scale)` of the resized image's pixel `j` in float32, and a crop
+    // after the resize shifts `j` by whole pixels: the origin is the clip's start (an integer
+    // crop before the resize) plus `shift * k`. Where that holds, index as torch does, so that a
+    // product landing on a whole source pixel (a resize then a crop) rounds the same way;
+    // otherwise the exact product.
+    let shift = (origin - lo as f64) / k;
+    let whole = shift > -0.5 && (shift - shift.round()).abs() < 1e-6;
+    (0..count)
+        .map(|i| {
+            let src = if whole {
+                lo as f64 + ((shift.round() as f32 + i as f32) * k as f32).floor() as f64
+            } else {
+                (origin + i as f64 * k).floor()
+            };
+            (src.max(0.0) as usize).clamp(lo, hi.saturating_sub(1).max(lo))
+        })
+        .collect()
 }
 
 /// The inverse-affine warp of one plane, nearest (round half to even) with `fill` outside:

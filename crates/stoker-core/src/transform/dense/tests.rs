@@ -632,3 +632,60 @@ fn a_mask_refuses_what_would_move_the_image_without_it() {
     .unwrap_err();
     assert!(e.contains("ignore_index=-1"), "{e}");
 }
+
+#[test]
+fn uint8_labels_widened_to_int64_are_the_int64_labels_moved() {
+    // A PNG mask's labels are decoded as bytes and batched as int64: the same labels stored as
+    // int64 must give the same batch, with an ignore_index a byte holds or not.
+    let labels: Vec<u8> = (0..H * W).map(|i| ((i / W) * 7 + i % W) as u8).collect();
+    let wide: Vec<u8> = labels
+        .iter()
+        .flat_map(|&v| i64::from(v).to_ne_bytes())
+        .collect();
+    let spec = "random_resized_crop(24, 28) | random_crop(32, padding=6) | hflip | vflip";
+    for ignore_index in [255, -1, 300] {
+        let role = Role::Mask { ignore_index };
+        let input = |dtype| TensorShape {
+            channels: 1,
+            ..shape(1, dtype, InputLayout::Hwc)
+        };
+        let bytes = DensePipeline::new(
+            Some(spec),
+            input(DType::U8),
+            role,
+            Some(DType::I64),
+            Layout::Nchw,
+        )
+        .unwrap();
+        let int64 =
+            DensePipeline::new(Some(spec), input(DType::I64), role, None, Layout::Nchw).unwrap();
+        assert_eq!(bytes.dtype(), DType::I64);
+        assert_eq!(bytes.output_bytes(), int64.output_bytes());
+        let mut filled = 0;
+        for index in 0..6 {
+            let out = run(&bytes, &labels, index);
+            assert_eq!(
+                out,
+                run(&int64, &wide, index),
+                "ignore_index={ignore_index} {index}"
+            );
+            filled += out
+                .chunks_exact(8)
+                .filter(|v| i64::from_ne_bytes((*v).try_into().unwrap()) == ignore_index)
+                .count();
+        }
+        assert!(filled > 0, "ignore_index={ignore_index}: no padding drawn");
+    }
+    let e = DensePipeline::new(
+        None,
+        TensorShape {
+            channels: 1,
+            ..shape(1, DType::I32, InputLayout::Hwc)
+        },
+        Role::Mask { ignore_index: 255 },
+        Some(DType::U8),
+        Layout::Nchw,
+    )
+    .unwrap_err();
+    assert!(e.contains("not uint8"), "{e}");
+}
