@@ -13,16 +13,20 @@ fn mixed() -> Collator {
     Collator::new(Arc::new(source), Some(-1.0), None, false).unwrap()
 }
 
+/// Each field's name, element type and shape.
+fn names_types_shapes(metas: &[FieldMeta]) -> Vec<(&str, DType, Vec<usize>)> {
+    metas
+        .iter()
+        .map(|m| (m.name.as_str(), m.dtype, m.shape.clone()))
+        .collect()
+}
+
 #[test]
 fn ragged_fields_take_the_padded_length_and_add_a_lengths_field_after_the_sources() {
     let c = mixed();
     let (metas, total) = c.layout(4, &[7, 0, 11]);
-    let got: Vec<_> = metas
-        .iter()
-        .map(|m| (m.name.as_str(), m.dtype, m.shape.clone()))
-        .collect();
     assert_eq!(
-        got,
+        names_types_shapes(&metas),
         [
             ("tokens", DType::I32, vec![4, 7, 3]),
             ("id", DType::I32, vec![4, 2]),
@@ -56,12 +60,8 @@ fn mixed_flat() -> Collator {
 fn ragged_fields_under_offsets_lie_flat_and_add_an_offsets_field_after_the_sources() {
     let c = mixed_flat();
     let (metas, total) = c.layout(4, &[7, 0, 11]);
-    let got: Vec<_> = metas
-        .iter()
-        .map(|m| (m.name.as_str(), m.dtype, m.shape.clone()))
-        .collect();
     assert_eq!(
-        got,
+        names_types_shapes(&metas),
         [
             ("tokens", DType::I32, vec![7, 3]),
             ("id", DType::I32, vec![4, 2]),

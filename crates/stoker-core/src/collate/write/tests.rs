@@ -167,30 +167,6 @@ fn without_skip_a_failed_write_fails_with_the_samples_error() {
     }
 }
 
-#[test]
-fn a_failed_write_is_replaced_by_a_candidate_that_fits_the_padded_lengths() {
-    // Sample 1's label cannot be written; sample 2 reads and writes but is longer than the
-    // batch's padded length (1); sample 0 fits. Find a seed whose replacements for sample 1
-    // draw 2 before 0, so the length check is what passes 2 over.
-    let c = labelled(&[1, 1, 5], &[0, 9, 2], true);
-    let pick = FromSource(c.source().unwrap().as_ref());
-    let seed = (0..100)
-        .find(|&seed| {
-            let drawn: Vec<usize> = replacements(key(seed, 0), &pick, 1).collect();
-            let at = |i| drawn.iter().position(|&c| c == i);
-            matches!((at(2), at(0)), (Some(two), Some(zero)) if two < zero)
-        })
-        .expect("a seed drawing 2 before 0");
-    let (metas, slab, skipped) = write_all(&c, seed, &[0, 1]).unwrap();
-    assert_eq!(skipped, 1);
-    assert_eq!(
-        field(&metas, &slab, "tokens"),
-        [0, 0],
-        "slot 1 holds sample 0"
-    );
-    assert_eq!(i64s(field(&metas, &slab, "tokens_lengths")), [1, 1]);
-}
-
 /// A seed whose replacements for sample `bad` of `c`'s source draw `first` before `then`.
 fn seed_drawing(c: &Collator, bad: usize, first: usize, then: usize) -> u64 {
     let pick = FromSource(c.source().unwrap().as_ref());
@@ -205,18 +181,26 @@ fn seed_drawing(c: &Collator, bad: usize, first: usize, then: usize) -> u64 {
 }
 
 #[test]
-fn a_failed_write_under_offsets_is_replaced_by_a_candidate_that_fits_the_slots_room() {
-    // As under pad: sample 2 (5 rows) does not fit the room sample 1 was read with (1 row).
-    let c = labelled_as(Ragged::Offsets, &[1, 1, 5], &[0, 9, 2], true);
-    let seed = seed_drawing(&c, 1, 2, 0);
-    let (metas, slab, skipped) = write_all(&c, seed, &[0, 1]).unwrap();
-    assert_eq!(skipped, 1);
-    assert_eq!(
-        field(&metas, &slab, "tokens"),
-        [0, 0],
-        "slot 1 holds sample 0"
-    );
-    assert_eq!(i64s(field(&metas, &slab, "tokens_offsets")), [0, 1, 2]);
+fn a_failed_write_is_replaced_by_a_candidate_that_fits_the_padded_lengths_or_the_slots_room() {
+    // Sample 1's label cannot be written; sample 2 reads and writes but is longer than the
+    // batch's padded length (1) under pad, and than the room sample 1 was read with (1 row)
+    // under offsets; sample 0 fits. A seed whose replacements for sample 1 draw 2 before 0
+    // shows that the length check is what passes 2 over.
+    for (ragged, extents, expected) in [
+        (Ragged::Pad(None), "tokens_lengths", vec![1, 1]),
+        (Ragged::Offsets, "tokens_offsets", vec![0, 1, 2]),
+    ] {
+        let c = labelled_as(ragged, &[1, 1, 5], &[0, 9, 2], true);
+        let seed = seed_drawing(&c, 1, 2, 0);
+        let (metas, slab, skipped) = write_all(&c, seed, &[0, 1]).unwrap();
+        assert_eq!(skipped, 1, "{extents}");
+        assert_eq!(
+            field(&metas, &slab, "tokens"),
+            [0, 0],
+            "{extents}: slot 1 holds sample 0"
+        );
+        assert_eq!(i64s(field(&metas, &slab, extents)), expected);
+    }
 }
 
 #[test]
