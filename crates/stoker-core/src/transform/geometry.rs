@@ -231,6 +231,10 @@ pub enum Step<'a> {
     Within(&'a [bool]),
 }
 
+/// The most pixels a planned image may have: Pillow's `MAX_IMAGE_PIXELS`, the default of option
+/// `max_image_pixels`.
+pub const MAX_PLANNED_PIXELS: u64 = 89_478_485;
+
 /// Folds `ops` for a `width`x`height` decoded image, drawing the random choices from `rng` in op
 /// order.
 pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Plan, String> {
@@ -379,6 +383,17 @@ pub fn plan_with(
                 ))
             }
         }
+    }
+    // The planned image is materialised when ops follow the plan: a spec such as
+    // `resize(56565) | random_crop(224)` would ask for 13 GB per sample (found by the
+    // transform_spec fuzz target). It is held to what a decoded image may be by default.
+    if (v.w as u64).saturating_mul(v.h as u64) > MAX_PLANNED_PIXELS {
+        return Err(format!(
+            "the geometric ops make this {width}x{height} image {}x{}: more than \
+             {MAX_PLANNED_PIXELS} pixels, the most a decoded image has by default \
+             (max_image_pixels); resize it smaller",
+            v.w, v.h
+        ));
     }
     // Keep the source rectangle inside the image despite float rounding.
     let left = v.ox.clamp(0.0, width as f64);

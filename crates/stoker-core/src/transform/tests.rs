@@ -549,6 +549,24 @@ fn bad_samples_are_errors_not_panics() {
     let err =
         decode_and_apply(&p, &fixture("png_gray.png"), 100, &mut rng(0), &mut out).unwrap_err();
     assert!(err.contains("max_image_pixels=100"), "{err}");
+    // The image planned before the ops after the plan is bounded as a decoded one is: the
+    // transform_spec fuzz target's oom-8d13c810b2e0e4bbe280e98c0956731ec3c5b128 asked for 13 GB.
+    // Refused when the pipeline is built for a known size, and per sample otherwise.
+    let spec = Some("resize(56565) | random_crop(1)");
+    let err = Pipeline::for_input(spec, None, Layout::Nchw, 5, 7).unwrap_err();
+    assert!(
+        err.contains("79191x56565") && err.contains("89478485 pixels"),
+        "{err}"
+    );
+    let p = Pipeline::new(spec, None, Layout::Nchw).unwrap();
+    let mut out = vec![0u8; p.output_bytes()];
+    let err = p
+        .apply_rgb(&[0; 5 * 7 * 3], 7, 5, &mut rng(0), &mut out)
+        .unwrap_err();
+    assert!(
+        err.contains("79191x56565") && err.contains("89478485 pixels"),
+        "{err}"
+    );
 }
 
 /// A synthetic 40x30 RGB8 image with distinct, varied pixels.
