@@ -610,9 +610,10 @@ def fastest_decoder_images_per_s() -> tuple[str, float]:
     return name, rates[name]
 
 
-def run_child(workload: str, name: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", workload, name]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+def run_child(workload: str, name: str, script: str = __file__, timeout: int = 300) -> dict:
+    """Runs loader `name` on `workload` in a child process of `script` (`--child`)."""
+    cmd = [sys.executable, script, "--child", workload, name]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         return {"error": " | ".join(tail)}

@@ -45,11 +45,13 @@ import hashlib
 import io
 import json
 import os
-import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
+
+# The child-process runner of the main benchmark (bench/compare.py, beside this file). Its
+# measure() also samples memory with psutil, which this benchmark does not need.
+from compare import run_child
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / ".data"
@@ -61,6 +63,7 @@ TAR = DENSE / "det-000000.tar"
 WORKERS = 2
 ROUNDS = 2
 EPOCHS = 2  # measured epochs per round, after one warm-up epoch
+CHILD_TIMEOUT = 900  # seconds for one loader's child process (torchvision's rounds are slow)
 PREFETCH = 4
 SEG_BATCH, DET_BATCH = 16, 8
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -184,26 +187,13 @@ def measure(make_epoch, batch_len) -> dict:
 def stoker_loader(recipe: str, workers: int):
     import stoker
 
+    common = dict(shuffle=True, seed=SEED, num_workers=workers, prefetch_factor=PREFETCH)
     if recipe == "segmentation":
         return stoker.Loader(
-            f"segmentation_folder:{SEG}",
-            batch_size=SEG_BATCH,
-            shuffle=True,
-            seed=SEED,
-            transform=SEG_SPEC,
-            num_workers=workers,
-            prefetch_factor=PREFETCH,
+            f"segmentation_folder:{SEG}", batch_size=SEG_BATCH, transform=SEG_SPEC, **common
         )
     return stoker.Loader(
-        f"tar:{TAR}",
-        batch_size=DET_BATCH,
-        shuffle=True,
-        seed=SEED,
-        fields=DET_FIELDS,
-        pad=-1,
-        transform=DET_SPEC,
-        num_workers=workers,
-        prefetch_factor=PREFETCH,
+        f"tar:{TAR}", batch_size=DET_BATCH, fields=DET_FIELDS, pad=-1, transform=DET_SPEC, **common
     )
 
 
@@ -368,15 +358,6 @@ def child(recipe: str, name: str) -> None:
     print(json.dumps(result))
 
 
-def run_child(recipe: str, name: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", recipe, name]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"error": " | ".join(tail)}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def best(a: dict | None, b: dict) -> dict:
     if a is None or "error" in a:
         return b
@@ -408,11 +389,13 @@ def main() -> None:
     for round_ in range(ROUNDS):
         for recipe, name in RUNS:
             print(f"round {round_ + 1}/{ROUNDS}: {recipe}: {name} ...", flush=True)
-            results[(recipe, name)] = best(results.get((recipe, name)), run_child(recipe, name))
+            result = run_child(recipe, name, __file__, CHILD_TIMEOUT)
+            results[(recipe, name)] = best(results.get((recipe, name)), result)
     determinism = {}
     for recipe in ("segmentation", "detection"):
         print(f"determinism: {recipe}: stoker with 1 and {WORKERS} workers ...", flush=True)
-        one, many = run_child(recipe, "digests 1"), run_child(recipe, f"digests {WORKERS}")
+        one = run_child(recipe, "digests 1", __file__, CHILD_TIMEOUT)
+        many = run_child(recipe, f"digests {WORKERS}", __file__, CHILD_TIMEOUT)
         if "error" in one or "error" in many:
             determinism[recipe] = {"error": one.get("error") or many.get("error")}
         else:

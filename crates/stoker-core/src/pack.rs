@@ -20,7 +20,9 @@ use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use rayon::prelude::*;
 
-use crate::decode::{decode_rgb, dimensions, raw_pixels, DecodeBuffers, Dims, Format};
+use crate::decode::{
+    decode_rgb, dimensions, raw_pixels, DecodeBuffers, Dims, Format, MAX_IMAGE_PIXELS,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::options::LoaderOptions;
@@ -41,9 +43,6 @@ pub const CHUNK: usize = 256;
 /// `max_side`), as JPEG otherwise: small images are cheap to keep raw and cost the most to
 /// decode relative to their size.
 pub const SMART_RAW_MAX_PIXELS: u64 = 256 * 256;
-/// Images larger than this are refused while packing (a decompression bomb), as the loader's
-/// default `max_image_pixels`.
-const MAX_PACK_PIXELS: u64 = 89_478_485;
 
 /// How image fields are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -510,7 +509,7 @@ fn encode_image(
     out: &mut Vec<u8>,
 ) -> std::result::Result<(u32, u32, ImageMode), String> {
     // An image already stored raw (packing a packed dataset) is its own pixels.
-    let raw = raw_pixels(src, MAX_PACK_PIXELS).transpose()?;
+    let raw = raw_pixels(src, MAX_IMAGE_PIXELS).transpose()?;
     let dims = match raw {
         Some((dims, _)) => dims,
         None => dimensions(src)?,
@@ -534,7 +533,7 @@ fn encode_image(
     let pixels: &[u8] = match raw {
         Some((_, pixels)) => pixels,
         None => {
-            let decoded = decode_rgb(src, MAX_PACK_PIXELS, decode)?;
+            let decoded = decode_rgb(src, MAX_IMAGE_PIXELS, decode)?;
             if decoded != dims {
                 return Err(format!(
                     "the header says {}x{}, the decoded image is {}x{}",

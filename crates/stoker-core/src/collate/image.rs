@@ -303,7 +303,7 @@ mod tests {
 
     fn stages(transform: Option<&str>) -> ImageStages {
         ImageStages {
-            max_pixels: 89_478_485,
+            max_pixels: crate::decode::MAX_IMAGE_PIXELS,
             jpeg_decoder: JpegDecoder::Auto,
             input_layout: None,
             pipeline: None,

@@ -32,6 +32,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::source::pixels::{RAW_HEADER_BYTES, RAW_MAGIC};
 
+/// Pillow's `MAX_IMAGE_PIXELS`, the default of option `max_image_pixels`: a larger image is a
+/// decompression bomb until proven otherwise. Packing refuses larger images, and a transform
+/// refuses to resample any image to a larger size.
+pub const MAX_IMAGE_PIXELS: u64 = 89_478_485;
+
 pub mod mask;
 #[cfg(feature = "turbojpeg")]
 mod turbo;

@@ -308,7 +308,7 @@ keys {
         meaning "how the boxes a `fields(boxes=NAME)` transform role names are stored and delivered (pixels: left, top, right, bottom; left, top, width, height; centre x, centre y, width, height); a `boxes=NAME:FORMAT` suffix in the spec wins over it";
     /// Largest image (width × height) a decoder will allocate for; larger ones are bad samples.
     /// Pillow's `MAX_IMAGE_PIXELS`: larger images are decompression bombs until proven otherwise.
-    max_image_pixels: u64 = 89_478_485;
+    max_image_pixels: u64 = crate::decode::MAX_IMAGE_PIXELS;
         parse |key, v| parse_int(key, v, 1, u64::MAX);
         values "integer ≥ 1",
         default "89478485",

@@ -3,7 +3,7 @@
 //! (see the module docs of [`crate::transform`]).
 
 use super::spec::Op;
-use crate::decode::Dims;
+use crate::decode::{Dims, MAX_IMAGE_PIXELS};
 use crate::rng::Rng;
 
 /// Where one sample's output pixels come from in its decoded image, after the random choices.
@@ -231,10 +231,6 @@ pub enum Step<'a> {
     Within(&'a [bool]),
 }
 
-/// The most pixels a planned image may have: Pillow's `MAX_IMAGE_PIXELS`, the default of option
-/// `max_image_pixels`.
-pub const MAX_PLANNED_PIXELS: u64 = 89_478_485;
-
 /// Folds `ops` for a `width`x`height` decoded image, drawing the random choices from `rng` in op
 /// order.
 pub fn plan(ops: &[Op], width: usize, height: usize, rng: &mut Rng) -> Result<Plan, String> {
@@ -387,10 +383,10 @@ pub fn plan_with(
     // The planned image is materialised when ops follow the plan: a spec such as
     // `resize(56565) | random_crop(224)` would ask for 13 GB per sample (found by the
     // transform_spec fuzz target). It is held to what a decoded image may be by default.
-    if (v.w as u64).saturating_mul(v.h as u64) > MAX_PLANNED_PIXELS {
+    if (v.w as u64).saturating_mul(v.h as u64) > MAX_IMAGE_PIXELS {
         return Err(format!(
             "the geometric ops make this {width}x{height} image {}x{}: more than \
-             {MAX_PLANNED_PIXELS} pixels, the most a decoded image has by default \
+             {MAX_IMAGE_PIXELS} pixels, the most a decoded image has by default \
              (max_image_pixels); resize it smaller",
             v.w, v.h
         ));
