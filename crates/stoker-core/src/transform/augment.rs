@@ -428,6 +428,23 @@ fn apply(drawn: Drawn, frame: &mut Frame) -> Option<Erase> {
     None
 }
 
+/// Whether `op`, right after the geometry plan, keeps a window of the planned image with a
+/// constant fill around it (`random_crop` with constant or no padding, `random_zoom_out`): it
+/// is then drawn before the planned image is materialised, and only the window is (see
+/// [`Plan::part`](super::geometry::Plan::part)).
+pub(super) fn cuts_planned_image(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::RandomCrop {
+            pad_mode: PadMode::Constant,
+            ..
+        } | Op::RandomCrop {
+            padding: [0, 0, 0, 0],
+            ..
+        } | Op::RandomZoomOut { .. }
+    )
+}
+
 /// Draws one stage op's random parameters for a `w`x`h` image, in torchvision's order,
 /// recording them in `trace` when given; checks first that the op fits the image.
 pub(super) fn draw(

@@ -38,6 +38,45 @@ impl Plan {
 }
 
 impl Plan {
+    /// The part of this plan's output that a `width`x`height` window at `(left, top)` of it
+    /// keeps (the window may reach past the output: a padded crop fills that), as the plan of
+    /// that part alone, and where the part lands in the window; `None` when nothing is kept.
+    /// Resampling only the part gives that part of the whole output, as a crop after a resize
+    /// does (see the module docs of [`crate::transform`]): each output pixel keeps its place
+    /// and filter in the source. Pixels may differ by one level, because fast_image_resize
+    /// sizes its fixed-point weights by the largest weight of the output it writes.
+    pub(super) fn part(
+        &self,
+        (left, top): (isize, isize),
+        (width, height): (usize, usize),
+    ) -> Option<(Plan, (usize, usize))> {
+        let span = |origin: isize, len: usize, size: usize| {
+            let start = origin.max(0) as usize;
+            let end = (origin + len as isize).clamp(0, size as isize) as usize;
+            (start < end).then_some((start, end))
+        };
+        let (x0, x1) = span(left, width, self.width)?;
+        let (y0, y1) = span(top, height, self.height)?;
+        let (w, h) = (x1 - x0, y1 - y0);
+        // A flipped plan's output is mirrored: the part's columns before the mirror.
+        let ux = if self.flip { self.width - x1 } else { x0 };
+        let [rl, rt, rw, rh] = self.rect;
+        let (kx, ky) = (rw / self.width as f64, rh / self.height as f64);
+        let plan = Plan {
+            rect: [
+                rl + ux as f64 * kx,
+                rt + y0 as f64 * ky,
+                w as f64 * kx,
+                h as f64 * ky,
+            ],
+            width: w,
+            height: h,
+            ..*self
+        };
+        let at = ((x0 as isize - left) as usize, (y0 as isize - top) as usize);
+        Some((plan, at))
+    }
+
     /// The same plan over a part of the image shrunk by `1/scale`: `dims` pixels whose top-left
     /// is `(x, y)` of the shrunk image (what a region decode produced). The clip is rounded
     /// outwards to whole shrunk pixels and kept inside the part.

@@ -86,6 +86,21 @@ pub(super) fn write_u8(img: &SrcView<'_>, layout: Layout, out: &mut [u8]) {
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: this CPU has AVX2, checked just above.
+        unsafe { write_u8_avx2(img, layout, out) };
+        return;
+    }
+    let (out, _) = out.as_chunks_mut::<1>();
+    write_pass(img, layout, out, |_, v| [v]);
+}
+
+/// [`write_u8`]'s pass compiled for AVX2, where the compiler turns the three-way split of
+/// RGB pixels into planes into byte shuffles.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn write_u8_avx2(img: &SrcView<'_>, layout: Layout, out: &mut [u8]) {
     let (out, _) = out.as_chunks_mut::<1>();
     write_pass(img, layout, out, |_, v| [v]);
 }

@@ -41,8 +41,9 @@
 //! * a crop `(top, left, h, w)` adds `left * scale` to the offset; while no resize precedes it
 //!   (scale 1) it is an integer crop of the decoded image and also narrows the clip rectangle,
 //!   so the filter never reads outside it — exactly torchvision's crop-then-resize. A crop after a
-//!   resize selects output pixels of that resize, which is also exact: the filter support stays
-//!   that of the resize and is clamped at the borders of the image, as in resize-then-crop;
+//!   resize selects output pixels of that resize: the filter support stays that of the resize
+//!   and is clamped at the borders of the image, as in resize-then-crop (pixels may differ by
+//!   one level, as fast_image_resize sizes its fixed-point weights by the output's largest);
 //! * a flip toggles the flag, and a later crop box is mirrored (`left' = w - left - width`) so
 //!   that crop-after-flip picks the same pixels torchvision would.
 //!
@@ -62,7 +63,8 @@
 //! # After the plan
 //!
 //! The ops the plan cannot fold (and every op after the first of them) run on the
-//! materialised, crop-sized RGB8 image in the worker's reused buffers ([`Scratch`]): colour ops
+//! materialised, crop-sized RGB8 image (a constant-padded `random_crop` or `random_zoom_out`
+//! right after the plan is drawn first, so that only the window it keeps is materialised) in the worker's reused buffers ([`Scratch`]): colour ops
 //! in place, warps and crops through one spare buffer swapped in. `random_zoom_out` is such a
 //! crop: a window the canvas's size over the image padded at the drawn offset (the plan does not
 //! pad, and a zoom-out resamples nothing). They need the size fixed

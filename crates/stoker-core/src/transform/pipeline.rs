@@ -624,6 +624,11 @@ impl Pipeline {
     /// The ops after the geometry plan: materialise the planned image (flipped if the plan
     /// flips) in the frame, run each op on it in place or through the frame's spare buffer,
     /// then the one output pass.
+    ///
+    /// Two shortcuts. A constant-fill crop right after the plan is drawn first, so only the
+    /// window it keeps is resampled (see [`Plan::part`]): after `scale_jitter` the planned image
+    /// can be four times the crop's area. And a trailing `hflip` is left to the output pass,
+    /// which can read rows mirrored.
     #[allow(clippy::too_many_arguments)]
     fn apply_stages(
         &self,
@@ -637,28 +642,63 @@ impl Pipeline {
         resizer: &mut Resizer,
         frame: &mut Frame,
     ) -> Result<(), String> {
-        let (pw, ph) = (plan.width, plan.height);
-        if plan.is_copy() {
-            let (x0, y0) = (plan.rect[0] as usize, plan.rect[1] as usize);
+        let mut stages = &self.ops[self.planned..];
+        let mut cut = augment::Drawn::Nothing;
+        if let Some(op) = stages.first().filter(|op| augment::cuts_planned_image(op)) {
+            cut = augment::draw(op, plan.width, plan.height, rng, &mut trace)?;
+            stages = &stages[1..];
+        }
+        if let augment::Drawn::Crop {
+            top,
+            left,
+            width: cw,
+            height: ch,
+            pad,
+            fill,
+            ..
+        } = cut
+        {
+            let origin = (
+                left as isize - pad.0 as isize,
+                top as isize - pad.1 as isize,
+            );
             frame.img.clear();
-            for y in y0..y0 + ph {
-                let start = (y * width + x0) * 3;
-                frame.img.extend_from_slice(&rgb[start..start + pw * 3]);
+            frame.img.resize(cw * ch * 3, 0);
+            match plan.part(origin, (cw, ch)) {
+                Some((part, _)) if (part.width, part.height) == (cw, ch) => {
+                    materialise(rgb, width, height, &part, &mut frame.img, resizer)?;
+                }
+                Some((part, at)) => {
+                    materialise(rgb, width, height, &part, &mut frame.spare, resizer)?;
+                    let part_px = frame.spare.as_chunks::<3>().0;
+                    let canvas = frame.img.as_chunks_mut::<3>().0;
+                    super::warp::paste(part_px, part.width, canvas, cw, at, fill);
+                }
+                None => frame.img.as_chunks_mut::<3>().0.fill(fill),
             }
+            (frame.width, frame.height) = (cw, ch);
         } else {
-            resample(rgb, width, height, plan, &mut frame.img, resizer)?;
+            materialise(rgb, width, height, plan, &mut frame.img, resizer)?;
+            (frame.width, frame.height) = (plan.width, plan.height);
         }
-        if plan.flip {
-            super::warp::hflip(&mut frame.img, pw);
-        }
-        frame.width = pw;
-        frame.height = ph;
+        // Only normalize (drawing nothing) may follow a trailing hflip.
+        let last = stages
+            .iter()
+            .rposition(|op| !matches!(op, Op::Normalize { .. }));
+        let trailing_flip = last.filter(|&i| matches!(stages[i], Op::HFlip { .. }));
         let mut erase = None;
-        for op in &self.ops[self.planned..] {
+        for op in &stages[..trailing_flip.unwrap_or(stages.len())] {
             if let Some(e) = augment::run(op, frame, rng, &mut trace)? {
                 erase = Some(e);
             }
         }
+        let flip = match trailing_flip {
+            Some(i) => {
+                let drawn = augment::draw(&stages[i], frame.width, frame.height, rng, &mut trace)?;
+                matches!(drawn, augment::Drawn::Flip { vertical: false })
+            }
+            None => false,
+        };
         if (frame.width, frame.height) != (self.width, self.height) {
             return Err(format!(
                 "internal: transformed to {}x{}, pipeline output {}x{}",
@@ -672,10 +712,38 @@ impl Pipeline {
             y0: 0,
             width: frame.width,
             height: frame.height,
-            flip: false,
+            flip,
         };
         self.write_out(&img, out, erase.as_ref());
         Ok(())
+    }
+
+    /// The ops after the plan as they would run without [`apply_stages`](Self::apply_stages)'
+    /// shortcuts: the whole planned image materialised, then every op on it in turn; its
+    /// final RGB8 pixels (tests).
+    #[cfg(test)]
+    pub(super) fn whole_planned_image(
+        &self,
+        rgb: &[u8],
+        (width, height): (usize, usize),
+        rng: &mut Rng,
+    ) -> Vec<u8> {
+        let plan = self.plan(width, height, rng).unwrap();
+        let mut frame = Frame::default();
+        materialise(
+            rgb,
+            width,
+            height,
+            &plan,
+            &mut frame.img,
+            &mut Resizer::new(),
+        )
+        .unwrap();
+        (frame.width, frame.height) = (plan.width, plan.height);
+        for op in &self.ops[self.planned..] {
+            augment::run(op, &mut frame, rng, &mut None).unwrap();
+        }
+        frame.img
     }
 
     /// Whether float32 output is computed by the affine pass rather than looked up (tests).
@@ -695,4 +763,30 @@ impl Pipeline {
             write_erase(e, img.width, img.height, 3, self.layout, self.dtype, out);
         }
     }
+}
+
+/// The planned image, mirrored if the plan flips, into `buf` (`plan.width * plan.height` RGB8
+/// pixels): copied when the plan resamples nothing.
+fn materialise(
+    rgb: &[u8],
+    width: usize,
+    height: usize,
+    plan: &Plan,
+    buf: &mut Vec<u8>,
+    resizer: &mut Resizer,
+) -> Result<(), String> {
+    if plan.is_copy() {
+        let (x0, y0) = (plan.rect[0] as usize, plan.rect[1] as usize);
+        buf.clear();
+        for y in y0..y0 + plan.height {
+            let start = (y * width + x0) * 3;
+            buf.extend_from_slice(&rgb[start..start + plan.width * 3]);
+        }
+    } else {
+        resample(rgb, width, height, plan, buf, resizer)?;
+    }
+    if plan.flip {
+        super::warp::hflip(buf, plan.width);
+    }
+    Ok(())
 }

@@ -819,6 +819,63 @@ fn random_crop_pads_with_the_fill_or_the_mode() {
 }
 
 #[test]
+fn a_constant_padded_crop_after_the_plan_resamples_only_its_window_exactly() {
+    // The crop is drawn before the planned image is materialised, and only the window it keeps
+    // is resampled; a trailing hflip is left to the output pass. Each sample must equal the
+    // whole planned image cropped and flipped, whether the window keeps all of the image,
+    // part of it or (a crop smaller than the padding) none of it.
+    let (rgb, w, h) = synthetic();
+    let specs = [
+        "scale_jitter(48, scale=0.5:2) | hflip | random_crop(16, padding=40, fill=200)",
+        "scale_jitter(64, scale=0.1:2) | random_crop(64, padding=32, fill=7) | hflip",
+        "random_resized_crop(40) | random_crop(24) | hflip(p=0.5) | normalize(mean=0, std=1)",
+        "resize(40, 30) | random_zoom_out(fill=9) | random_crop(40, padding=8) | hflip",
+    ];
+    for spec in specs {
+        let dtype = if spec.contains("normalize") {
+            DType::F32
+        } else {
+            DType::U8
+        };
+        let p = pipeline(spec, Some(dtype), Layout::Nhwc);
+        let mut filled_rows = [0usize; 3];
+        for index in 0..300 {
+            let mut out = vec![0u8; p.output_bytes()];
+            p.apply_rgb(&rgb, w, h, &mut rng(index), &mut out).unwrap();
+            let whole = p.whole_planned_image(&rgb, (w, h), &mut rng(index));
+            let out: Vec<u8> = match dtype {
+                DType::U8 => out,
+                _ => floats(&out)
+                    .iter()
+                    .map(|v| (v * 255.0).round() as u8)
+                    .collect(),
+            };
+            let expected = &whole;
+            // Within one level: fast_image_resize sizes its fixed-point weights by the largest
+            // weight of the whole output, and a window's may be another.
+            let (max, mean) = diff(&out, expected);
+            assert!(
+                max <= 1 && mean < 0.1,
+                "{spec}: sample {index}: {max}, {mean}"
+            );
+            let rows = whole.chunks(16 * 3);
+            let fill = rows.clone().filter(|r| r.iter().all(|&v| v == 200)).count();
+            filled_rows[if fill == 0 {
+                0
+            } else if fill < rows.len() {
+                1
+            } else {
+                2
+            }] += 1;
+        }
+        if spec.contains("fill=200") {
+            // No row of fill, some, and nothing but fill: all three cases were met.
+            assert!(filled_rows.iter().all(|&n| n > 0), "{filled_rows:?}");
+        }
+    }
+}
+
+#[test]
 fn random_erasing_writes_its_value_in_output_units_after_normalize() {
     let (rgb, w, h) = synthetic();
     let p = pipeline(

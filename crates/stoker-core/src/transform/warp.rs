@@ -312,6 +312,49 @@ pub(super) fn check_padding(pad: usize, n: usize, mode: PadMode) -> Result<(), S
     }
 }
 
+/// Copies `part` (`part_width` pixels a row) into `canvas` (`canvas_width` pixels a row) with
+/// its top-left corner at `at`, and `fill` around it: a constant-padded crop whose kept part
+/// was materialised alone.
+pub(super) fn paste<P: Copy>(
+    part: &[P],
+    part_width: usize,
+    canvas: &mut [P],
+    canvas_width: usize,
+    (x, y): (usize, usize),
+    fill: P,
+) {
+    let part_height = part.len() / part_width;
+    let (above, rest) = canvas.split_at_mut(y * canvas_width);
+    let (middle, below) = rest.split_at_mut(part_height * canvas_width);
+    fill_doubling(above, fill);
+    fill_doubling(below, fill);
+    for (row, src) in middle
+        .chunks_exact_mut(canvas_width)
+        .zip(part.chunks_exact(part_width))
+    {
+        let (left, rest) = row.split_at_mut(x);
+        let (kept, right) = rest.split_at_mut(part_width);
+        fill_doubling(left, fill);
+        kept.copy_from_slice(src);
+        fill_doubling(right, fill);
+    }
+}
+
+/// `slice.fill(value)` by copying what is filled already onto the rest, doubling each time:
+/// memcpy's speed for a 3-byte pixel, which `fill` stores one at a time.
+fn fill_doubling<P: Copy>(slice: &mut [P], value: P) {
+    let Some(first) = slice.first_mut() else {
+        return;
+    };
+    *first = value;
+    let mut done = 1;
+    while done < slice.len() {
+        let n = done.min(slice.len() - done);
+        slice.copy_within(..n, done);
+        done += n;
+    }
+}
+
 /// Writes the `out_w`x`out_h` window at `(top, left)` of `src` padded by `(pad_left, pad_top)`
 /// (window coordinates are in the padded image) into `dst`, without materialising the padding.
 #[allow(clippy::too_many_arguments)]

@@ -38,10 +38,11 @@ pub use planes::DenseScratch;
 use planes::{copy_plane, nearest_plane, warp_bilinear, warp_nearest, Planes, Px};
 
 use super::augment::{self, aug_is_geometric, Drawn, Erase};
+use super::geometry::Plan;
 use super::kernels::write_erase;
 use super::pipeline::{foldable, op_name};
 use super::spec::{parse, EraseValue, Op, MAX_CHANNELS};
-use super::warp::{pad_index, round_ties_even};
+use super::warp::{pad_index, paste, round_ties_even};
 use crate::dtype::{DType, Layout};
 use crate::rng::{Rng, Stream};
 use crate::source::pixels::InputLayout;
@@ -544,26 +545,55 @@ impl DensePipeline {
                 plane
             }
         };
-        img.clear();
-        img.resize(pw * ph * channels, T::default());
-        for (stored, dst) in stored
-            .chunks_exact(iw * ih)
-            .zip(img.chunks_exact_mut(pw * ph))
-        {
-            match fill_mask {
-                Some(_) => nearest_plane(stored, iw, &plan, dst),
-                None if plan.is_copy() => copy_plane(stored, iw, &plan, dst),
-                None => T::resample(stored, iw, ih, &plan, dst, resizer)?,
-            }
+        // A constant-fill crop right after the plan: drawn first, so that only the window it
+        // keeps is materialised, as the RGB pipeline does (the same part, so the same pixels).
+        let mut stages = &self.ops[self.planned..];
+        let mut cut = Drawn::Nothing;
+        if let Some(op) = stages.first().filter(|op| augment::cuts_planned_image(op)) {
+            cut = augment::draw(op, pw, ph, rng, &mut None)?;
+            stages = &stages[1..];
         }
-        let (mut w, mut h) = (pw, ph);
-        if plan.flip {
-            for plane in bufs.img.chunks_exact_mut(w * h) {
-                plane.chunks_exact_mut(w).for_each(|row| row.reverse());
+        let (mut w, mut h) = match cut {
+            Drawn::Crop {
+                top,
+                left,
+                width,
+                height,
+                pad,
+                fill,
+                ..
+            } => {
+                let fill = |c: usize| fill_mask.unwrap_or(T::from_f64(fill[c.min(2)] as f64));
+                let origin = (
+                    left as isize - pad.0 as isize,
+                    top as isize - pad.1 as isize,
+                );
+                match plan.part(origin, (width, height)) {
+                    Some((part, _)) if (part.width, part.height) == (width, height) => {
+                        materialise(stored, (iw, ih), &part, fill_mask, img, resizer)?;
+                    }
+                    Some((part, at)) => {
+                        materialise(stored, (iw, ih), &part, fill_mask, img, resizer)?;
+                        bufs.replace(channels, width * height, |c, src, dst| {
+                            paste(src, part.width, dst, width, at, fill(c))
+                        });
+                    }
+                    None => {
+                        img.clear();
+                        for c in 0..channels {
+                            img.extend(std::iter::repeat_n(fill(c), width * height));
+                        }
+                    }
+                }
+                (width, height)
             }
-        }
+            _ => {
+                materialise(stored, (iw, ih), &plan, fill_mask, img, resizer)?;
+                (pw, ph)
+            }
+        };
         let mut erase = None;
-        for op in &self.ops[self.planned..] {
+        for op in stages {
             let drawn = augment::draw(op, w, h, rng, &mut None)?;
             match drawn {
                 Drawn::Nothing
@@ -708,3 +738,32 @@ impl DensePipeline {
 
 #[cfg(test)]
 mod tests;
+
+/// The planned planes, each mirrored if the plan flips, into `img` (`plan.width * plan.height`
+/// elements a plane): masks by nearest neighbour, images copied or resampled.
+fn materialise<T: Px>(
+    stored: &[T],
+    (iw, ih): (usize, usize),
+    plan: &Plan,
+    fill_mask: Option<T>,
+    img: &mut Vec<T>,
+    resizer: &mut Resizer,
+) -> Result<(), String> {
+    let (pw, ph) = (plan.width, plan.height);
+    img.clear();
+    img.resize(stored.len() / (iw * ih) * pw * ph, T::default());
+    for (stored, dst) in stored
+        .chunks_exact(iw * ih)
+        .zip(img.chunks_exact_mut(pw * ph))
+    {
+        match fill_mask {
+            Some(_) => nearest_plane(stored, iw, plan, dst),
+            None if plan.is_copy() => copy_plane(stored, iw, plan, dst),
+            None => T::resample(stored, iw, ih, plan, dst, resizer)?,
+        }
+        if plan.flip {
+            dst.chunks_exact_mut(pw).for_each(|row| row.reverse());
+        }
+    }
+    Ok(())
+}

@@ -76,6 +76,7 @@ fn every_plane_of_a_13_channel_uint8_image_equals_the_rgb_path_on_its_channels()
         "random_resized_crop(24, 20) | random_crop(20, padding=3, pad_mode=reflect) | vflip",
         "center_crop(32) | rotate(40, fill=9) | affine(degrees=10, translate=0.1:0.2, scale=0.8:1.2, shear=5)",
         "random_crop(30, padding=2, fill=4) | hflip | random_erasing(p=1, value=7)",
+        "scale_jitter(40, scale=0.5:2) | random_crop(32, padding=20, fill=4) | hflip",
     ] {
         let p = image(spec, shape(C, DType::U8, InputLayout::Hwc), None);
         assert_eq!(p.dtype(), DType::U8);
@@ -335,6 +336,7 @@ fn a_uint16_image_equals_the_float32_path_rounded_once_and_keeps_its_range() {
         "random_resized_crop(24, 20) | random_crop(20, padding=3, pad_mode=reflect) | vflip",
         "center_crop(32) | rotate(40, fill=9) | affine(degrees=10, translate=0.1:0.2, scale=0.8:1.2, shear=5)",
         "random_crop(30, padding=2, fill=4) | hflip | random_erasing(p=1, value=7)",
+        "scale_jitter(40, scale=0.5:2) | random_crop(32, padding=20, fill=4) | hflip",
     ] {
         for layout in [Layout::Nchw, Layout::Nhwc] {
             let input = shape(C, DType::U16, InputLayout::Hwc);
