@@ -4,7 +4,7 @@
 //! The RGB8 [`Pipeline`](super::Pipeline) keeps interleaved 8-bit pixels and per-channel
 //! lookup tables; a tensor image of `C` channels of `uint8`, `uint16`, `float16`, `bfloat16` or
 //! `float32` goes through a [`DensePipeline`] instead, which works plane by plane with the same
-//! design: the geometric ops fold into one [`Plan`](super::geometry::Plan) per sample (the same function, so the same draws),
+//! design: the geometric ops fold into one [`Plan`] per sample (the same function, so the same draws),
 //! one resample writes each output plane, the ops after the plan (`augment::draw`: the same
 //! draws again) move the crop-sized planes, and one output pass normalizes, converts and lays
 //! out into the slot. Floats stay floats: `float16`/`bfloat16` are widened to `float32` once,
