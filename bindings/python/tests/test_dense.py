@@ -119,6 +119,36 @@ def test_the_mask_keeps_its_labels_and_batches_do_not_depend_on_workers():
         assert np.isin(m0, COORDS).all()
 
 
+class ScenesU16Mask(Scenes):
+    def __getitem__(self, i):
+        return {"image": bands(i), "mask": COORDS.astype(np.uint16)}
+
+
+def test_a_uint16_mask_keeps_its_type_and_a_float_image_takes_a_float_fill():
+    """A 16-bit label map batches as uint16 with the labels the int64 one gets, and the padding
+    of a float image is the fill in its own units."""
+    spec = SPEC + f" | random_crop({OUT + 8}, padding=4, fill=-0.25)"
+
+    def run(dataset):
+        loader = stoker.Loader(dataset, batch_size=4, shuffle=True, seed=5, transform=spec,
+                               input_layout="chw")
+        out = [(np.array(b["image"]), np.array(b["mask"]), b.torch()["mask"].dtype)
+               for b in loader]
+        loader.close()
+        return out
+
+    for (image16, mask16, dtype16), (image64, mask64, dtype64) in zip(
+            run(ScenesU16Mask()), run(Scenes())):
+        assert mask16.dtype == np.uint16 and dtype16 == torch.uint16 and dtype64 == torch.int64
+        np.testing.assert_array_equal(mask16.astype(np.int64), mask64)
+        np.testing.assert_array_equal(image16, image64)
+        assert (image16[:, :, :4, :] == np.float32(-0.25)).all()
+        assert (mask16[:, :4, :] == 255).all(), "uncovered labels are ignore_index"
+    with pytest.raises(stoker.InvalidArgumentError, match="fill 0.5 is not a uint16 value"):
+        stoker.Loader(Scenes16(), batch_size=4, input_layout="chw",
+                      transform=f"random_crop({OUT}, padding=2, fill=0.5)")
+
+
 def test_a_colour_op_on_a_13_channel_image_is_refused_at_creation():
     with pytest.raises(stoker.InvalidArgumentError, match="13-channel float32"):
         stoker.Loader(Scenes(), batch_size=4, transform="color_jitter(brightness=0.2)",

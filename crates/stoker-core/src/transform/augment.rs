@@ -318,7 +318,8 @@ pub(super) enum Drawn {
         height: usize,
         pad: (usize, usize),
         mode: PadMode,
-        fill: [u8; 3],
+        /// In the image's stored units (see [`byte_fill`]).
+        fill: [f64; 3],
     },
     /// A mirror: top-bottom when `vertical`, else left-right.
     Flip { vertical: bool },
@@ -334,7 +335,7 @@ pub(super) enum Drawn {
     /// `gaussian_blur` with this kernel size and sigma.
     Blur { kernel: usize, sigma: f64 },
     /// `rotate`, `affine`: the inverse affine map and the fill.
-    Warp { m: [f64; 6], fill: [u8; 3] },
+    Warp { m: [f64; 6], fill: [f64; 3] },
     /// AutoAugment-family ops with their signed magnitudes, the first `len` of `ops`.
     Aug {
         ops: [(AugOp, f64); MAX_AUG_OPS],
@@ -364,6 +365,12 @@ pub(super) fn run(
     Ok(apply(drawn, frame))
 }
 
+/// A fill as RGB8 bytes: every fill of an RGB pipeline's op was checked to be one
+/// ([`Pipeline::new`](super::Pipeline::new)).
+pub(super) fn byte_fill(fill: [f64; 3]) -> [u8; 3] {
+    fill.map(|v| v as u8)
+}
+
 /// Applies drawn parameters to the RGB8 `frame`; `random_erasing` returns its box.
 fn apply(drawn: Drawn, frame: &mut Frame) -> Option<Erase> {
     let (w, h) = (frame.width, frame.height);
@@ -387,7 +394,7 @@ fn apply(drawn: Drawn, frame: &mut Frame) -> Option<Erase> {
                 (width, height),
                 pad,
                 mode,
-                fill,
+                byte_fill(fill),
             )
         }),
         Drawn::Flip { vertical: true } => warp::vflip(&mut frame.img, w, h),
@@ -416,7 +423,7 @@ fn apply(drawn: Drawn, frame: &mut Frame) -> Option<Erase> {
             warp::blur(img, w, h, k, floats);
         }
         Drawn::Warp { m, fill } => frame.replace(w, h, |src, dst| {
-            warp::warp(src, dst, w, h, &m, Sampling::Bilinear(fill))
+            warp::warp(src, dst, w, h, &m, Sampling::Bilinear(byte_fill(fill)))
         }),
         Drawn::Aug { ops, len } => {
             for &(op, m) in &ops[..len] {
@@ -468,7 +475,7 @@ pub(super) fn draw(
                 height,
                 pad: (0, 0),
                 mode: PadMode::Constant,
-                fill: [0; 3],
+                fill: [0.0; 3],
             }
         }
         Op::RandomCrop {

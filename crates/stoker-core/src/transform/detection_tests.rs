@@ -208,7 +208,7 @@ fn random_zoom_out_draws_a_canvas_in_side_range_and_an_offset_inside_it() {
             } => {
                 applied += 1;
                 // The whole canvas is the window; the image sits at the padding's offset.
-                assert_eq!((top, left, mode, fill), (0, 0, PadMode::Constant, [9; 3]));
+                assert_eq!((top, left, mode, fill), (0, 0, PadMode::Constant, [9.0; 3]));
                 assert!((45..=90).contains(&width), "{index}: {width}x{height}");
                 let r = width as f64 / 30.0;
                 assert!((height as f64 - 20.0 * r).abs() <= 1.0, "{width}x{height}");
@@ -280,7 +280,7 @@ fn random_zoom_out_arguments_and_placement_are_checked() {
     assert_eq!(
         parse("random_zoom_out").unwrap(),
         vec![Op::RandomZoomOut {
-            fill: [0; 3],
+            fill: [0.0; 3],
             side_range: (1.0, 4.0),
             p: 0.5,
         }]
@@ -292,7 +292,7 @@ fn random_zoom_out_arguments_and_placement_are_checked() {
         ),
         ("random_zoom_out(side_range=1:11)", "must lie within 1:10"),
         ("random_zoom_out(p=2)", "p=2 is not a probability"),
-        ("random_zoom_out(fill=300)", "fill=300 needs integers"),
+        ("random_zoom_out(fill=inf)", "`inf` is not a finite number"),
         ("random_zoom_out(2)", "positional"),
     ] {
         let e = parse(spec).unwrap_err();
@@ -301,6 +301,16 @@ fn random_zoom_out_arguments_and_placement_are_checked() {
             "{spec}: {e}"
         );
     }
+    let e = Pipeline::new(
+        Some("random_zoom_out(fill=300) | center_crop(8)"),
+        None,
+        Layout::Nchw,
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("random_zoom_out: fill 300 is not a uint8 value"),
+        "{e}"
+    );
     let e =
         Pipeline::for_input(Some("random_zoom_out | hflip"), None, Layout::Nchw, 8, 8).unwrap_err();
     // Only crops can follow a zoom-out (it runs after the resample), and the message says so.

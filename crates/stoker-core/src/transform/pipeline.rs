@@ -8,7 +8,7 @@ use super::augment::{self, Erase, Frame};
 use super::geometry::Plan;
 use super::kernels::{resample, write_erase, write_f32, write_lut, write_u8, Affine, SrcView};
 use super::mix::BatchMix;
-use super::spec::{parse, EraseValue, Op};
+use super::spec::{check_fill, op_fill, parse, EraseValue, Op};
 use crate::decode::{Decoded, Dims, Window};
 use crate::dtype::{DType, Layout};
 use crate::rng::{Rng, Stream};
@@ -205,6 +205,9 @@ impl Pipeline {
         let mut varying = None;
         for (i, op) in ops.iter().enumerate() {
             let name = op_name(op);
+            if let Some(fill) = op_fill(op) {
+                check_fill(fill, DType::U8).map_err(|e| format!("{name}: {e}"))?;
+            }
             if let Some(e) = erasing {
                 if !matches!(op, Op::Normalize { .. }) {
                     return Err(format!(
@@ -672,9 +675,14 @@ impl Pipeline {
                     materialise(rgb, width, height, &part, &mut frame.spare, resizer)?;
                     let part_px = frame.spare.as_chunks::<3>().0;
                     let canvas = frame.img.as_chunks_mut::<3>().0;
+                    let fill = augment::byte_fill(fill);
                     super::warp::paste(part_px, part.width, canvas, cw, at, fill);
                 }
-                None => frame.img.as_chunks_mut::<3>().0.fill(fill),
+                None => frame
+                    .img
+                    .as_chunks_mut::<3>()
+                    .0
+                    .fill(augment::byte_fill(fill)),
             }
             (frame.width, frame.height) = (cw, ch);
         } else {

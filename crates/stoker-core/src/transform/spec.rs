@@ -80,15 +80,15 @@ pub enum Op {
         padding: [usize; 4],
         /// How the padding is filled.
         pad_mode: PadMode,
-        /// RGB fill of the padding when `pad_mode` is [`PadMode::Constant`].
-        fill: [u8; 3],
+        /// Fill of the padding when `pad_mode` is [`PadMode::Constant`], in the image's units.
+        fill: [f64; 3],
     },
     /// `RandomZoomOut`: with probability `p`, the image placed at a random offset on a canvas
     /// `r` times its size (`r` uniform in `side_range`), the rest `fill`; the output size varies
     /// per sample (`random_zoom_out(fill=V, side_range=1:4, p=0.5)`).
     RandomZoomOut {
-        /// RGB fill of the canvas around the image.
-        fill: [u8; 3],
+        /// Fill of the canvas around the image.
+        fill: [f64; 3],
         /// Range of the canvas side as a multiple of the image's, within `[1, MAX_ZOOM_OUT]`.
         side_range: (f64, f64),
         /// Probability of zooming out, in `[0, 1]`.
@@ -141,8 +141,8 @@ pub enum Op {
     Rotate {
         /// Angle range in degrees (counter-clockwise), within `[-360, 360]`.
         degrees: (f64, f64),
-        /// RGB fill of the area outside the rotated image.
-        fill: [u8; 3],
+        /// Fill of the area outside the rotated image.
+        fill: [f64; 3],
     },
     /// `RandomAffine` (bilinear).
     Affine {
@@ -154,8 +154,8 @@ pub enum Op {
         scale: Option<(f64, f64)>,
         /// Range of the x-shear angle in degrees.
         shear: Option<(f64, f64)>,
-        /// RGB fill of the area outside the transformed image.
-        fill: [u8; 3],
+        /// Fill of the area outside the transformed image.
+        fill: [f64; 3],
     },
     /// `RandAugment(num_ops, magnitude)` with [`MAGNITUDE_BINS`] bins
     /// (`rand_augment(num_ops=2, magnitude=9)`).
@@ -750,18 +750,43 @@ fn padding(s: &str) -> Result<[usize; 4], String> {
     }
 }
 
-/// `fill=V` or `fill=R,G,B` (0..=255), default 0.
-fn fill(args: &Args) -> Result<[u8; 3], String> {
+/// `fill=V` or `fill=R,G,B` in the image's stored units, default 0: any number here, which the
+/// pipeline checks its input type holds ([`check_fill`]).
+fn fill(args: &Args) -> Result<[f64; 3], String> {
     let Some(v) = args.named("fill") else {
-        return Ok([0; 3]);
+        return Ok([0.0; 3]);
     };
-    let t = triple(v, "fill")?;
-    let mut out = [0u8; 3];
-    for (o, x) in out.iter_mut().zip(t) {
-        if !(0.0..=255.0).contains(&x) || x.fract() != 0.0 {
-            return Err(format!("fill={v} needs integers in 0..=255"));
-        }
-        *o = x as u8;
+    triple(v, "fill")
+}
+
+/// The fill of `op`, if it has one.
+pub(super) fn op_fill(op: &Op) -> Option<[f64; 3]> {
+    match *op {
+        Op::RandomCrop { fill, .. }
+        | Op::RandomZoomOut { fill, .. }
+        | Op::Rotate { fill, .. }
+        | Op::Affine { fill, .. } => Some(fill),
+        _ => None,
     }
-    Ok(out)
+}
+
+/// Checks that an image of `dtype` holds every value of `fill`: integers in its range for
+/// integer types (torchvision casts a fill to the image's type; a fraction or an overflow there
+/// would be silently another value), anything finite for floats.
+pub(super) fn check_fill(fill: [f64; 3], dtype: crate::dtype::DType) -> Result<(), String> {
+    use crate::dtype::DType;
+    let max = match dtype {
+        DType::U8 => 255.0,
+        DType::U16 => 65535.0,
+        _ => return Ok(()),
+    };
+    match fill
+        .iter()
+        .find(|v| v.fract() != 0.0 || !(0.0..=max).contains(*v))
+    {
+        Some(v) => Err(format!(
+            "fill {v} is not a {dtype} value: a {dtype} image's fill is an integer in 0..={max}"
+        )),
+        None => Ok(()),
+    }
 }

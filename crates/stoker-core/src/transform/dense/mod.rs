@@ -41,7 +41,7 @@ use super::augment::{self, aug_is_geometric, Drawn, Erase};
 use super::geometry::Plan;
 use super::kernels::write_erase;
 use super::pipeline::{foldable, op_name};
-use super::spec::{parse, EraseValue, Op, MAX_CHANNELS};
+use super::spec::{check_fill, op_fill, parse, EraseValue, Op, MAX_CHANNELS};
 use super::warp::{pad_index, paste, round_ties_even};
 use crate::dtype::{DType, Layout};
 use crate::rng::{Rng, Stream};
@@ -155,7 +155,10 @@ impl DensePipeline {
                 DType::U8 | DType::U16 | DType::F16 | DType::BF16 | DType::F32
             ),
             Role::Mask { .. } => {
-                matches!(input.dtype, DType::U8 | DType::I32 | DType::I64) && input.channels == 1
+                matches!(
+                    input.dtype,
+                    DType::U8 | DType::U16 | DType::I32 | DType::I64
+                ) && input.channels == 1
             }
         };
         if !elements_ok {
@@ -165,7 +168,8 @@ impl DensePipeline {
                     input.dtype
                 ),
                 Role::Mask { .. } => format!(
-                    "a mask is an [H, W] tensor of uint8, int32 or int64 labels, not {} with {} \
+                    "a mask is an [H, W] tensor of uint8, uint16, int32 or int64 labels, not {} \
+                     with {} \
                      channels",
                     input.dtype, input.channels
                 ),
@@ -177,19 +181,22 @@ impl DensePipeline {
             (Role::Image, _) => None,
             (Role::Mask { .. }, None) => Some(input.dtype),
             (Role::Mask { .. }, Some(d))
-                if d == input.dtype || (input.dtype == DType::U8 && d == DType::I64) =>
+                if d == input.dtype
+                    || (matches!(input.dtype, DType::U8 | DType::U16) && d == DType::I64) =>
             {
                 Some(d)
             }
             (Role::Mask { .. }, Some(d)) => {
                 return Err(format!(
-                    "{what}: labels keep their type (or widen from uint8 to int64), not {d}"
+                    "{what}: labels keep their type (or widen from uint8 or uint16 to int64), \
+                     not {d}"
                 ))
             }
         };
         if let (Role::Mask { ignore_index }, Some(labels)) = (role, mask_dtype) {
             let fits = match labels {
                 DType::U8 => u8::try_from(ignore_index).is_ok(),
+                DType::U16 => u16::try_from(ignore_index).is_ok(),
                 DType::I32 => i32::try_from(ignore_index).is_ok(),
                 _ => true,
             };
@@ -211,6 +218,10 @@ impl DensePipeline {
         let mut erasing: Option<&str> = None;
         for (i, op) in ops.iter().enumerate() {
             let name = op_name(op);
+            // A mask's uncovered pixels take `ignore_index`, whatever the op's fill.
+            if let (Some(fill), Role::Image) = (op_fill(op), role) {
+                check_fill(fill, input.dtype).map_err(|e| format!("{name}: {e}"))?;
+            }
             if let Some(e) = erasing {
                 if !matches!(op, Op::Normalize { .. }) {
                     return Err(format!(
@@ -271,7 +282,7 @@ impl DensePipeline {
                     varying = Some(name);
                 }
                 Op::RandomZoomOut { fill, .. } => {
-                    channel_fill(fill.map(f64::from), input.channels, role, name)?;
+                    channel_fill(*fill, input.channels, role, name)?;
                     size = None;
                     varying = Some(name);
                 }
@@ -284,7 +295,7 @@ impl DensePipeline {
                     fill,
                     ..
                 } => {
-                    channel_fill(fill.map(f64::from), input.channels, role, name)?;
+                    channel_fill(*fill, input.channels, role, name)?;
                     size = Some((*height, *width));
                 }
                 Op::Normalize { mean, std } => {
@@ -304,7 +315,7 @@ impl DensePipeline {
                     normalize = Some((mean.clone(), std.clone()));
                 }
                 Op::Rotate { fill, .. } | Op::Affine { fill, .. } => {
-                    channel_fill(fill.map(f64::from), input.channels, role, name)?;
+                    channel_fill(*fill, input.channels, role, name)?;
                 }
                 Op::RandomErasing { value, .. } => {
                     if let EraseValue::Fill(v) = value {
@@ -497,7 +508,10 @@ impl DensePipeline {
             }
             (_, DType::U8) => self.run(src, (boxes, rng), out, u8s, resizer),
             (Role::Image, _) => self.run(src, (boxes, rng), out, f32s, resizer),
-            (Role::Mask { .. }, DType::I32) => self.run(src, (boxes, rng), out, i32s, resizer),
+            // uint16 labels move as int32, which holds each exactly.
+            (Role::Mask { .. }, DType::I32 | DType::U16) => {
+                self.run(src, (boxes, rng), out, i32s, resizer)
+            }
             (Role::Mask { .. }, _) => self.run(src, (boxes, rng), out, i64s, resizer),
         }
     }
@@ -563,7 +577,7 @@ impl DensePipeline {
                 fill,
                 ..
             } => {
-                let fill = |c: usize| fill_mask.unwrap_or(T::from_f64(fill[c.min(2)] as f64));
+                let fill = |c: usize| fill_mask.unwrap_or(T::from_f64(fill[c.min(2)]));
                 let origin = (
                     left as isize - pad.0 as isize,
                     top as isize - pad.1 as isize,
@@ -615,7 +629,7 @@ impl DensePipeline {
                 } => {
                     let (sw, sh) = (w, h);
                     bufs.replace(channels, width * height, |c, src, dst| {
-                        let fill = fill_mask.unwrap_or(T::from_f64(fill[c.min(2)] as f64));
+                        let fill = fill_mask.unwrap_or(T::from_f64(fill[c.min(2)]));
                         for (y, row) in dst.chunks_exact_mut(width).enumerate() {
                             let sy = pad_index((top + y) as isize - pad.1 as isize, sh, mode);
                             for (x, px) in row.iter_mut().enumerate() {
@@ -645,7 +659,7 @@ impl DensePipeline {
                     let (ww, wh) = (w, h);
                     bufs.replace(channels, w * h, |c, src, dst| match fill_mask {
                         Some(f) => warp_nearest(src, dst, ww, wh, &m, f),
-                        None => warp_bilinear(src, dst, ww, wh, &m, fill[c.min(2)] as f64),
+                        None => warp_bilinear(src, dst, ww, wh, &m, fill[c.min(2)]),
                     });
                 }
                 Drawn::Aug { ops, len } => {
@@ -708,7 +722,7 @@ impl DensePipeline {
                 DType::U16 => {
                     // uint16 planes were widened to float32 and kept unrounded: rounded once
                     // here, half to even, and saturated (a bilinear blend stays in range, so
-                    // this only guards).
+                    // this only guards). A uint16 mask's labels are int32 planes: exact.
                     for (i, v) in src.iter().enumerate() {
                         let x = round_ties_even(v.to_f64()).clamp(0.0, 65535.0) as u16;
                         out[at(i)..at(i) + n].copy_from_slice(&x.to_ne_bytes());

@@ -89,7 +89,7 @@ pub(super) trait Px: Copy + Default + PartialEq + 'static {
     /// A computed value: rounded half to even and saturated for integers.
     fn from_f64(v: f64) -> Self;
     fn to_f64(self) -> f64;
-    /// A label as int64 (masks' elements: uint8, int32, int64).
+    /// A label as int64 (masks' elements: uint8, int32 (for uint16 too), int64).
     fn to_i64(self) -> i64 {
         self.to_f64() as i64
     }
@@ -182,8 +182,12 @@ impl Px for f32 {
 }
 
 impl Px for i32 {
-    fn load(_: DType, b: &[u8]) -> i32 {
-        i32::from_ne_bytes([b[0], b[1], b[2], b[3]])
+    fn load(dtype: DType, b: &[u8]) -> i32 {
+        match dtype {
+            // A uint16 mask's labels, widened.
+            DType::U16 => i32::from(u16::from_ne_bytes([b[0], b[1]])),
+            _ => i32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+        }
     }
     fn to_i64(self) -> i64 {
         i64::from(self)

@@ -300,6 +300,73 @@ fn a_float_image_is_not_rounded_to_uint8() {
 
 /// A `[H, W, C]` uint16 tensor spanning the whole range (most values above 255), and the
 /// same values as float32: the reference a uint16 image is checked against.
+#[test]
+fn a_fill_is_in_stored_units_and_the_image_type_must_hold_it() {
+    // A crop of the whole image padded by 8 on each side: a border of fill around the image,
+    // in values the 8-bit path could not write.
+    let spec = |fill: &str| {
+        format!(
+            "random_crop({}, {}, padding=8, fill={fill})",
+            H + 16,
+            W + 16
+        )
+    };
+    let (u16_bytes, f32_bytes) = hwc_u16();
+    let cases: [(DType, &[u8], &str, f64); 3] = [
+        (DType::F32, &f32_bytes, "-0.5", -0.5),
+        (DType::U16, &u16_bytes, "1000", 1000.0),
+        (DType::U8, &hwc_u8(), "200", 200.0),
+    ];
+    for (dtype, bytes, fill, value) in cases {
+        let p = image(&spec(fill), shape(C, dtype, InputLayout::Hwc), None);
+        let out = run(&p, bytes, 0);
+        let values: Vec<f64> = match dtype {
+            DType::F32 => f32s(&out).iter().map(|&v| v as f64).collect(),
+            DType::U16 => u16s(&out).iter().map(|&v| v as f64).collect(),
+            _ => out.iter().map(|&v| v as f64).collect(),
+        };
+        let (ow, plane) = (W + 16, (H + 16) * (W + 16));
+        for c in [0, C - 1] {
+            let plane = &values[c * plane..(c + 1) * plane];
+            assert!(
+                plane[..8 * ow].iter().all(|&v| v == value),
+                "{dtype}: top rows"
+            );
+            let inside = plane[8 * ow + 8];
+            let stored = match dtype {
+                DType::F32 => f32s(bytes)[c] as f64,
+                DType::U16 => u16s(bytes)[c] as f64,
+                _ => bytes[c] as f64,
+            };
+            assert_eq!(inside, stored, "{dtype}: the image's first pixel");
+        }
+    }
+    // What the type cannot hold is refused when the pipeline is built, naming the op.
+    for (dtype, fill) in [
+        (DType::U8, "0.5"),
+        (DType::U8, "256"),
+        (DType::U16, "65536"),
+        (DType::U16, "-1"),
+    ] {
+        let e = DensePipeline::new(
+            Some(&spec(fill)),
+            shape(C, dtype, InputLayout::Hwc),
+            Role::Image,
+            None,
+            Layout::Nchw,
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("random_crop: fill") && e.contains(&format!("not a {dtype} value")),
+            "{dtype} {fill}: {e}"
+        );
+    }
+    let e = Pipeline::new(Some("rotate(10, fill=0.5)"), None, Layout::Nchw).unwrap_err();
+    assert!(e.contains("rotate: fill 0.5 is not a uint8 value"), "{e}");
+    // A mask's uncovered pixels take ignore_index: the op's fill is not the mask's.
+    mask_pipeline(&spec("0.5"), DType::U8, 255);
+}
+
 fn hwc_u16() -> (Vec<u8>, Vec<u8>) {
     let values: Vec<u16> = (0..H * W * C)
         .map(|i| {
@@ -623,7 +690,7 @@ fn a_mask_refuses_what_would_move_the_image_without_it() {
         Layout::Nchw,
     )
     .unwrap_err();
-    assert!(e.contains("uint8, int32 or int64 labels"), "{e}");
+    assert!(e.contains("uint8, uint16, int32 or int64 labels"), "{e}");
     let e = DensePipeline::new(
         None,
         shape(1, DType::U8, InputLayout::Hwc),
@@ -690,4 +757,62 @@ fn uint8_labels_widened_to_int64_are_the_int64_labels_moved() {
     )
     .unwrap_err();
     assert!(e.contains("not uint8"), "{e}");
+}
+
+#[test]
+fn uint16_labels_move_exactly_and_keep_their_type_or_widen_to_int64() {
+    // Instance ids past a byte, as 16-bit label maps store them: the uint16 mask must give the
+    // labels the same mask stored as int64 gives, as uint16 or widened to int64.
+    let ids: Vec<u16> = (0..H * W)
+        .map(|i| 1000 + ((i / W / 7) * 9 + i % W / 5) as u16 * 97)
+        .collect();
+    let narrow: Vec<u8> = ids.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let wide: Vec<u8> = ids
+        .iter()
+        .flat_map(|&v| i64::from(v).to_ne_bytes())
+        .collect();
+    let spec = "scale_jitter(40, scale=0.5:2) | random_crop(36, padding=12) | hflip | rotate(20)";
+    let role = Role::Mask {
+        ignore_index: 65535,
+    };
+    let input = |dtype| TensorShape {
+        channels: 1,
+        ..shape(1, dtype, InputLayout::Hwc)
+    };
+    let kept = DensePipeline::new(Some(spec), input(DType::U16), role, None, Layout::Nchw).unwrap();
+    let widened = DensePipeline::new(
+        Some(spec),
+        input(DType::U16),
+        role,
+        Some(DType::I64),
+        Layout::Nchw,
+    )
+    .unwrap();
+    let int64 =
+        DensePipeline::new(Some(spec), input(DType::I64), role, None, Layout::Nchw).unwrap();
+    assert_eq!((kept.dtype(), widened.dtype()), (DType::U16, DType::I64));
+    let mut filled = 0;
+    for index in 0..8 {
+        let reference = run(&int64, &wide, index);
+        assert_eq!(run(&widened, &narrow, index), reference, "sample {index}");
+        let as_u16: Vec<u8> = reference
+            .chunks_exact(8)
+            .flat_map(|v| (i64::from_ne_bytes(v.try_into().unwrap()) as u16).to_ne_bytes())
+            .collect();
+        let out = run(&kept, &narrow, index);
+        assert_eq!(out, as_u16, "sample {index}");
+        filled += u16s(&out).iter().filter(|&&v| v == 65535).count();
+    }
+    assert!(filled > 0, "no padding drawn");
+    let e = DensePipeline::new(
+        None,
+        input(DType::U16),
+        Role::Mask {
+            ignore_index: 70000,
+        },
+        None,
+        Layout::Nchw,
+    )
+    .unwrap_err();
+    assert!(e.contains("ignore_index=70000 does not fit"), "{e}");
 }
