@@ -244,19 +244,44 @@ class Detection:
         return {"image": bands(i), "mask": COORDS, "boxes": as_format(xyxy, self.fmt), "labels": labels}
 
 
-@pytest.mark.parametrize("fmt", ["xyxy", "xywh", "cxcywh"])
-def test_boxes_match_torchvision_bounding_boxes_on_the_same_draw(fmt):
-    spec = (f"fields(image=image, mask=mask, boxes=boxes:{fmt}, labels=labels)"
+class DetectionCrowd(Detection):
+    """With a per-box ``iscrowd`` row (the label's parity, as float32 pairs to give the rows a
+    shape) beside the labels."""
+
+    def __getitem__(self, i):
+        sample = super().__getitem__(i)
+        parity = (sample["labels"] % 2).astype(np.float32)
+        sample["iscrowd"] = np.stack([parity, -parity], 1)
+        return sample
+
+
+SANITIZE = {"": {}, "strict": {"min_size": 3, "min_area": 20}}
+
+
+@pytest.mark.parametrize("fmt, sanitize", [("xyxy", ""), ("xywh", ""), ("cxcywh", ""),
+                                           ("xyxy", "strict")])
+def test_boxes_match_torchvision_bounding_boxes_on_the_same_draw(fmt, sanitize):
+    """The boxes against torchvision's on the sample's draw, then ``SanitizeBoundingBoxes``:
+    by default (min_size=1, min_area=1), or with other thresholds and a per-box field that its
+    ``labels_getter`` drops with the labels."""
+    thresholds = SANITIZE[sanitize]
+    extra = "".join(f", {k}={v}" for k, v in thresholds.items())
+    if sanitize:
+        extra += ", per_box=iscrowd"
+    spec = (f"fields(image=image, mask=mask, boxes=boxes:{fmt}, labels=labels{extra})"
             f" | random_resized_crop({OUT}) | hflip")
-    loader = stoker.Loader(Detection(fmt), batch_size=4, shuffle=True, seed=9, transform=spec,
+    dataset = DetectionCrowd(fmt) if sanitize else Detection(fmt)
+    loader = stoker.Loader(dataset, batch_size=4, shuffle=True, seed=9, transform=spec,
                            input_layout="chw", pad=-1)
     checked = dropped = 0
     for b in loader:
         images, masks = np.array(b["image"]), np.array(b["mask"])
         boxes, labels = np.array(b["boxes"]), np.array(b["labels"])
+        crowds = np.array(b["iscrowd"]) if sanitize else [None] * len(boxes)
         lengths = np.array(b["boxes_lengths"])
         np.testing.assert_array_equal(lengths, np.array(b["labels_lengths"]))
-        for image, mask, got, got_labels, n in zip(images, masks, boxes, labels, lengths):
+        for image, mask, got, got_labels, crowd_rows, n in zip(images, masks, boxes, labels,
+                                                               crowds, lengths):
             # The sample and the box of its draw: the image and the mask agree with
             # torchvision for exactly one (sample, box) among the candidates.
             best = None
@@ -278,12 +303,18 @@ def test_boxes_match_torchvision_bounding_boxes_on_the_same_draw(fmt):
             if flip:
                 bb = F.horizontal_flip(bb)
             bb = F.clamp_bounding_boxes(bb)
-            want, want_labels = tv2.SanitizeBoundingBoxes(min_size=1)(
-                {"boxes": bb, "labels": torch.from_numpy(src_labels)}
-            ).values()
+            parity = torch.from_numpy((src_labels % 2).astype(np.float32))
+            crowd = torch.stack([parity, -parity], 1)
+            sanitized = tv2.SanitizeBoundingBoxes(
+                **thresholds, labels_getter=lambda d: (d["labels"], d["iscrowd"]))(
+                {"boxes": bb, "labels": torch.from_numpy(src_labels), "iscrowd": crowd})
+            want, want_labels = sanitized["boxes"], sanitized["labels"]
             assert n == len(want), (got[:n], want)
             np.testing.assert_allclose(got[:n], want.numpy(), atol=1e-4)
             np.testing.assert_array_equal(got_labels[:n], want_labels.numpy())
+            if sanitize:
+                np.testing.assert_array_equal(crowd_rows[:n], sanitized["iscrowd"].numpy())
+                assert (crowd_rows[n:] == -1).all()
             assert (got[n:] == -1).all() and (got_labels[n:] == -1).all()
             checked += n
             dropped += len(src_labels) - n
@@ -315,34 +346,42 @@ def test_an_rgb_uint8_image_from_a_dataset_keeps_its_mask_in_step():
     loader.close()
 
 
-JITTER = (f"fields(image=image, mask=mask, boxes=boxes:xyxy, labels=labels)"
-          f" | scale_jitter(40, 48, scale=0.8:1.4) | center_crop({OUT}) | hflip")
+ROLES = "fields(image=image, mask=mask, boxes=boxes:xyxy, labels=labels)"
+JITTER = f"{ROLES} | scale_jitter(40, 48, scale=0.8:1.4) | center_crop({OUT}) | hflip"
+# RandomShortestSize(min_size=[40, 48, 56], max_size=50) on the 64x64 scenes: sides 40, 48 and
+# (56 capped) 50.
+SHORTEST = f"{ROLES} | random_shortest_size(40, 48, 56, max_size=50) | center_crop({OUT}) | hflip"
 
 
-def jitter_batches(**options):
-    loader = stoker.Loader(Detection("xyxy"), batch_size=4, shuffle=True, seed=4, transform=JITTER,
+def jitter_batches(spec=JITTER, **options):
+    loader = stoker.Loader(Detection("xyxy"), batch_size=4, shuffle=True, seed=4, transform=spec,
                            input_layout="chw", pad=-1, **options)
     out = [{k: np.array(v) for k, v in b.items()} for b in loader]
     loader.close()
     return out
 
 
-def test_scale_jitter_moves_image_mask_and_boxes_as_torchvision_on_the_same_draw():
+@pytest.mark.parametrize("spec, candidates, least", [
+    (JITTER, range(int(S * 40 / 64 * 0.8), int(S * 40 / 64 * 1.4) + 1), 4),
+    (SHORTEST, (40, 48, 50), 3),
+], ids=["scale_jitter", "random_shortest_size"])
+def test_a_drawn_size_moves_image_mask_and_boxes_as_torchvision_on_the_same_draw(
+        spec, candidates, least):
     """ScaleJitter(target_size=(48, 40), scale_range=(0.8, 1.4)) -- torchvision reads its
     target_size as (W, H): r = min(target[1] / h, target[0] / w) -- so scale_jitter(40, 48):
-    r = min(40/64, 48/64) * u, each side int(64 * r). The drawn side is read back from the
-    coordinate mask (torchvision's nearest resize of it, centre-cropped and maybe flipped, must
-    equal the delivered mask); the image and the boxes must then equal torchvision's."""
+    r = min(40/64, 48/64) * u, each side int(64 * r); and RandomShortestSize. The drawn side is
+    read back from the coordinate mask (torchvision's nearest resize of it, centre-cropped and
+    maybe flipped, must equal the delivered mask); the image and the boxes must then equal
+    torchvision's."""
     coords = tv_tensors.Mask(torch.from_numpy(COORDS)[None])
-    lo, hi = int(S * 40 / 64 * 0.8), int(S * 40 / 64 * 1.4)
     sides = set()
     checked = 0
-    for b in jitter_batches():
+    for b in jitter_batches(spec):
         assert b["image"].shape == (4, C, OUT, OUT) and b["mask"].shape == (4, OUT, OUT)
         for image, mask, got, got_labels, n in zip(b["image"], b["mask"], b["boxes"], b["labels"],
                                                    b["boxes_lengths"]):
             draws = []
-            for side in range(lo, hi + 1):
+            for side in candidates:
                 m = F.center_crop(F.resize(coords, [side, side],
                                            interpolation=InterpolationMode.NEAREST), [OUT, OUT])
                 for flip in (False, True):
@@ -377,7 +416,7 @@ def test_scale_jitter_moves_image_mask_and_boxes_as_torchvision_on_the_same_draw
             np.testing.assert_array_equal(got_labels[:n], want_labels.numpy())
             checked += 1
     assert checked == N
-    assert len(sides) > 3, sides
+    assert len(sides) >= least, sides
 
 
 def test_scale_jitter_draws_do_not_depend_on_workers_and_an_unfixed_size_is_refused():

@@ -278,15 +278,25 @@ fn tensor_output(
     })
 }
 
-/// The boxes of `fields(boxes=...)`: their field, their labels' field, and how a draw moves
-/// them.
+/// The boxes of `fields(boxes=...)`: their field, their labels' field and other per-box fields,
+/// and how a draw moves them.
 pub(super) struct BoxRole {
     pub(super) field: usize,
     pub(super) labels: Option<usize>,
+    /// Fields of one row per box besides the labels (`fields(per_box=...)`).
+    pub(super) per_box: Vec<usize>,
     pub(super) pipeline: BoxPipeline,
     /// The encoded image field whose size (read per sample) the boxes are in; `None` for a
     /// tensor image, whose size `pipeline` was built for.
     pub(super) encoded: Option<usize>,
+}
+
+impl BoxRole {
+    /// Whether `field` has one row per box (the labels or a per-box field), kept and dropped
+    /// with its box.
+    pub(super) fn follows(&self, field: usize) -> bool {
+        self.labels == Some(field) || self.per_box.contains(&field)
+    }
 }
 
 /// The keypoints of `fields(keypoints=...)`: their field, its columns (2 or 3), and how a draw
@@ -343,7 +353,15 @@ pub(super) fn check_roles(
         .as_deref()
         .map(|k| find("keypoints", k))
         .transpose()?;
-    let roled = [mask, boxes, labels, keypoints];
+    let per_box = roles
+        .per_box
+        .iter()
+        .map(|name| find("per_box", name))
+        .collect::<Result<Vec<_>>>()?;
+    let roled: Vec<Option<usize>> = [mask, boxes, labels, keypoints]
+        .into_iter()
+        .chain(per_box.iter().map(|&f| Some(f)))
+        .collect();
     let images: Vec<usize> = match roles.image.as_deref() {
         Some(name) => vec![find("image", name)?],
         None => (0..outputs.len())
@@ -482,12 +500,23 @@ pub(super) fn check_roles(
             }
         }
     }
+    for &f in &per_box {
+        if !matches!(outputs[f], Output::Ragged { .. }) {
+            return Err(err(format!(
+                "fields(per_box={}): a per-box field has one row per box, as many as each \
+                 sample has (a ragged field: set pad=VALUE to pad it, or ragged=offsets)",
+                names[f]
+            )));
+        }
+    }
     let pipeline = BoxPipeline::new(spec, width, height, *format)
-        .map_err(|reason| err(format!("field `{}`: {reason}", names[field])))?;
+        .map_err(|reason| err(format!("field `{}`: {reason}", names[field])))?
+        .sanitized(roles.sanitize);
     Ok(Moving {
         boxes: Some(BoxRole {
             field,
             labels,
+            per_box,
             pipeline,
             encoded,
         }),

@@ -224,7 +224,8 @@ impl Collator {
     }
 
     /// `boxes` (the sample's, as stored) moved by its draw (keyed as its image's): the kept
-    /// boxes and their indices among the sample's. The labels must be one per box. `size` is
+    /// boxes and their indices among the sample's. The labels and per-box fields must have one
+    /// row per box. `size` is
     /// an encoded image's `(width, height)` (read per sample), which the boxes are in.
     fn move_boxes(
         &self,
@@ -233,12 +234,17 @@ impl Collator {
         sample: &Sample<'_>,
         (boxes, size): (&[[f32; 4]], Option<(usize, usize)>),
     ) -> std::result::Result<Moved, String> {
-        if let Some(l) = role.labels {
-            let labels = self.ragged_len(l, sample);
-            if labels != boxes.len() {
+        for f in role.labels.iter().chain(&role.per_box) {
+            let rows = self.ragged_len(*f, sample);
+            if rows != boxes.len() {
+                let what = if role.labels == Some(*f) {
+                    "labels"
+                } else {
+                    "rows"
+                };
                 return Err(format!(
-                    "field `{}` has {labels} labels for {} boxes of field `{}`",
-                    self.names[l],
+                    "field `{}` has {rows} {what} for {} boxes of field `{}`",
+                    self.names[*f],
                     boxes.len(),
                     self.names[role.field]
                 ));
@@ -311,8 +317,8 @@ impl Collator {
         pixels: &mut Pixels,
         spans: &mut Spans,
     ) -> Result<()> {
-        // Boxes move with the sample's draw before any field is written: the labels field,
-        // wherever it lies, keeps the labels of the boxes kept.
+        // Boxes move with the sample's draw before any field is written: the labels and per-box
+        // fields, wherever they lie, keep the rows of the boxes kept.
         // Every field plans `random_iou_crop` from the same boxes (xyxy pixels). Boxes and
         // keypoints of an encoded image are in its size, read once per sample.
         let encoded = self
@@ -475,7 +481,7 @@ impl Collator {
     fn written_len(&self, field: usize, sample: &Sample<'_>, moved: Option<&Moved>) -> usize {
         match self.boxes.as_ref().zip(moved) {
             Some((role, (kept, _))) if role.field == field => kept.len(),
-            Some((role, (_, indices))) if role.labels == Some(field) => indices.len(),
+            Some((role, (_, indices))) if role.follows(field) => indices.len(),
             _ => self.ragged_len(field, sample),
         }
     }
@@ -538,12 +544,11 @@ impl Collator {
                 }
                 kept.len() * 16
             }
-            (Some((role, (_, indices))), None) if role.labels == Some(field) => {
-                let n = dtype.size();
+            (Some((role, (_, indices))), None) if role.follows(field) => {
                 for (k, &i) in indices.iter().enumerate() {
-                    dst[k * n..(k + 1) * n].copy_from_slice(&src[i * n..(i + 1) * n]);
+                    dst[k * row..(k + 1) * row].copy_from_slice(&src[i * row..(i + 1) * row]);
                 }
-                indices.len() * n
+                indices.len() * row
             }
             _ => {
                 dst[..src.len()].copy_from_slice(src);

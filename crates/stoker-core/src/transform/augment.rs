@@ -774,6 +774,7 @@ pub(super) fn draw(
         | Op::Resize { .. }
         | Op::RandomResizedCrop { .. }
         | Op::ScaleJitter { .. }
+        | Op::RandomShortestSize { .. }
         | Op::RandomIouCrop(_)
         | Op::Mixup { .. }
         | Op::Cutmix { .. } => {

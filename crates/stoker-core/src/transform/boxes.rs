@@ -7,18 +7,15 @@
 //! pixels' business), flips mirror them, `rotate`/`affine` move the four corners by the forward
 //! map and take their enclosing box (torchvision's `expand=False` path); every crop and warp
 //! clamps to the image, as torchvision does after each. Colour ops and `random_erasing` leave
-//! them. Finally a box narrower or lower than [`MIN_SIDE`] pixels is dropped, and with it its
-//! label (`SanitizeBoundingBoxes(min_size=1)`).
+//! them. Finally a box narrower or lower than `min_size` pixels, or smaller than `min_area`, is
+//! dropped, and with it its label and per-box fields (`SanitizeBoundingBoxes`, see [`Sanitize`]).
 
 use super::augment::{self, aug_is_geometric, Drawn};
 use super::geometry::{Plan, Step};
 use super::pipeline::foldable;
-use super::roles::BoxFormat;
+use super::roles::{BoxFormat, Sanitize};
 use super::spec::{parse, Op};
 use crate::rng::Rng;
-
-/// Sides shorter than this (in output pixels) drop a box (torchvision's `min_size`).
-pub const MIN_SIDE: f64 = 1.0;
 
 /// How far (in pixels) an annotated box may reach past the image's edge before it is refused:
 /// annotations rounded to a pixel or written as pixel centres (COCO's) overshoot by under one.
@@ -32,6 +29,7 @@ pub struct BoxPipeline {
     width: usize,
     height: usize,
     format: BoxFormat,
+    sanitize: Sanitize,
 }
 
 impl BoxPipeline {
@@ -63,7 +61,13 @@ impl BoxPipeline {
             width,
             height,
             format,
+            sanitize: Sanitize::default(),
         })
+    }
+
+    /// This pipeline dropping boxes by `sanitize` instead of the defaults.
+    pub fn sanitized(self, sanitize: Sanitize) -> BoxPipeline {
+        BoxPipeline { sanitize, ..self }
     }
 
     /// This pipeline for images of `width`x`height` (an encoded image's size, read per sample).
@@ -190,7 +194,8 @@ impl BoxPipeline {
             let b = clamp(b, w, h);
             let (bw, bh) = (b[2] - b[0], b[3] - b[1]);
             // NaN sides (a NaN box from the source) fail these comparisons: dropped too.
-            if bw >= MIN_SIDE && bh >= MIN_SIDE && !dropped[i] {
+            let Sanitize { min_size, min_area } = self.sanitize;
+            if bw >= min_size && bh >= min_size && bw * bh >= min_area && !dropped[i] {
                 kept.push(from_xyxy(self.format, b).map(|v| v as f32));
                 indices.push(i);
             }

@@ -1,5 +1,5 @@
 //! Tests of the detection ops: `scale_jitter`'s drawn sizes against torchvision's `ScaleJitter`
-//! rule and the `max_size` cap, `random_zoom_out`'s canvas and offset (`RandomZoomOut`), and the
+//! rule and the `max_size` cap, `random_shortest_size`'s (`RandomShortestSize`), `random_zoom_out`'s canvas and offset (`RandomZoomOut`), and the
 //! pipelines' refusal of a size either leaves varying.
 
 use super::*;
@@ -8,6 +8,14 @@ use crate::rng::{Rng, Stream};
 
 fn rng(index: u64) -> Rng {
     Rng::for_key(11, Stream::Augment, 2, index)
+}
+
+/// Each spec of `cases` is refused by the parser, naming `op` and saying what the case wants.
+fn parse_refuses(op: &str, cases: &[(&str, &str)]) {
+    for (spec, want) in cases {
+        let e = parse(spec).unwrap_err();
+        assert!(e.contains(op) && e.contains(want), "{spec}: {e}");
+    }
 }
 
 #[test]
@@ -79,6 +87,66 @@ fn scale_jitter_is_deterministic_per_key_and_draws_differ_between_samples() {
 }
 
 #[test]
+fn random_shortest_size_follows_torchvision_and_draws_every_size() {
+    let mut r = rng(0);
+    // 640x480 to a shorter side of 800: r = 800/480, under 1333/640; int(1066.67) = 1066.
+    assert_eq!(
+        geometry::shortest_size(640, 480, &[800], Some(1333), &mut r),
+        (1066, 800)
+    );
+    // The cap wins: r = min(800/480, 1000/640) = 1.5625, either orientation.
+    assert_eq!(
+        geometry::shortest_size(640, 480, &[800], Some(1000), &mut r),
+        (1000, 750)
+    );
+    assert_eq!(
+        geometry::shortest_size(480, 640, &[800], Some(1000), &mut r),
+        (750, 1000)
+    );
+    // Each candidate is drawn, about equally often, the same for the same key.
+    let ops = parse("random_shortest_size(480, 512, 544) | center_crop(400)").unwrap();
+    let mut counts = std::collections::HashMap::new();
+    for index in 0..300 {
+        let plan = geometry::plan(&ops[..1], 640, 480, &mut rng(index)).unwrap();
+        assert_eq!(
+            plan,
+            geometry::plan(&ops[..1], 640, 480, &mut rng(index)).unwrap()
+        );
+        *counts.entry(plan.height).or_insert(0) += 1;
+    }
+    assert_eq!(counts.len(), 3, "{counts:?}");
+    assert!(counts.values().all(|&n| n > 70), "{counts:?}");
+    assert_eq!(
+        parse("random_shortest_size(480, 800, max_size=1333)").unwrap(),
+        vec![Op::RandomShortestSize {
+            sizes: vec![480, 800],
+            max_size: Some(1333),
+        }]
+    );
+    parse_refuses(
+        "random_shortest_size",
+        &[
+            ("random_shortest_size", "needs the shorter side's sizes"),
+            ("random_shortest_size(480, 0)", "`0` is not a size"),
+            (
+                "random_shortest_size(480, max_size=x)",
+                "max_size: `x` is not a size",
+            ),
+        ],
+    );
+    let e = Pipeline::new(
+        Some("random_shortest_size(480) | hflip"),
+        None,
+        Layout::Nchw,
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("random_shortest_size draws each sample's size"),
+        "{e}"
+    );
+}
+
+#[test]
 fn scale_jitter_arguments_are_checked_with_the_op_and_the_value_named() {
     assert_eq!(
         parse("scale_jitter(1024)").unwrap(),
@@ -98,25 +166,22 @@ fn scale_jitter_arguments_are_checked_with_the_op_and_the_value_named() {
             max_size: Some(1333),
         }]
     );
-    for (spec, want) in [
-        ("scale_jitter", "expected a size"),
-        ("scale_jitter(0)", "`0` is not a size"),
-        (
-            "scale_jitter(64, scale=2:1)",
-            "scale `2:1` needs 0 < a <= b",
-        ),
-        (
-            "scale_jitter(64, max_size=big)",
-            "max_size: `big` is not a size",
-        ),
-        ("scale_jitter(64, ratio=1:2)", "unknown argument `ratio`"),
-    ] {
-        let e = parse(spec).unwrap_err();
-        assert!(
-            e.contains("scale_jitter") && e.contains(want),
-            "{spec}: {e}"
-        );
-    }
+    parse_refuses(
+        "scale_jitter",
+        &[
+            ("scale_jitter", "expected a size"),
+            ("scale_jitter(0)", "`0` is not a size"),
+            (
+                "scale_jitter(64, scale=2:1)",
+                "scale `2:1` needs 0 < a <= b",
+            ),
+            (
+                "scale_jitter(64, max_size=big)",
+                "max_size: `big` is not a size",
+            ),
+            ("scale_jitter(64, ratio=1:2)", "unknown argument `ratio`"),
+        ],
+    );
 }
 
 #[test]
@@ -285,22 +350,19 @@ fn random_zoom_out_arguments_and_placement_are_checked() {
             p: 0.5,
         }]
     );
-    for (spec, want) in [
-        (
-            "random_zoom_out(side_range=0.5:2)",
-            "side_range=0.5:2 must lie within 1:10",
-        ),
-        ("random_zoom_out(side_range=1:11)", "must lie within 1:10"),
-        ("random_zoom_out(p=2)", "p=2 is not a probability"),
-        ("random_zoom_out(fill=inf)", "`inf` is not a finite number"),
-        ("random_zoom_out(2)", "positional"),
-    ] {
-        let e = parse(spec).unwrap_err();
-        assert!(
-            e.contains("random_zoom_out") && e.contains(want),
-            "{spec}: {e}"
-        );
-    }
+    parse_refuses(
+        "random_zoom_out",
+        &[
+            (
+                "random_zoom_out(side_range=0.5:2)",
+                "side_range=0.5:2 must lie within 1:10",
+            ),
+            ("random_zoom_out(side_range=1:11)", "must lie within 1:10"),
+            ("random_zoom_out(p=2)", "p=2 is not a probability"),
+            ("random_zoom_out(fill=inf)", "`inf` is not a finite number"),
+            ("random_zoom_out(2)", "positional"),
+        ],
+    );
     let e = Pipeline::new(
         Some("random_zoom_out(fill=300) | center_crop(8)"),
         None,

@@ -195,6 +195,25 @@ pub fn scale_jitter_size(
     }
 }
 
+/// torchvision's `RandomShortestSize` output size `(width, height)` for a `w`x`h` image: a size
+/// `s` drawn uniformly from `sizes`, `r = s / short`, lowered to `max_size / long` when that is
+/// smaller, each side `int(side * r)` (at least 1), in float64 as torchvision's Python floats.
+pub fn shortest_size(
+    w: usize,
+    h: usize,
+    sizes: &[usize],
+    max_size: Option<usize>,
+    rng: &mut Rng,
+) -> (usize, usize) {
+    let s = sizes[rng.below(sizes.len() as u64) as usize];
+    let mut r = s as f64 / w.min(h) as f64;
+    if let Some(m) = max_size {
+        r = r.min(m as f64 / w.max(h) as f64);
+    }
+    let side = |n: usize| ((n as f64 * r) as usize).max(1);
+    (side(w), side(h))
+}
+
 /// torchvision's `RandomResizedCrop.get_params` for a `width`x`height` image; returns
 /// `(top, left, h, w)`. Ten attempts: `target_area = area * U(scale)`,
 /// `aspect = exp(U(ln ratio.0, ln ratio.1))`, `w = round(sqrt(target_area * aspect))`,
@@ -361,6 +380,17 @@ pub fn plan_with(
                 max_size,
             } => {
                 let (w, h) = scale_jitter_size(v.w, v.h, (height, width), scale, max_size, rng);
+                step(Step::Resize {
+                    from: (v.w, v.h),
+                    to: (w, h),
+                });
+                v.resize(w, h);
+            }
+            Op::RandomShortestSize {
+                ref sizes,
+                max_size,
+            } => {
+                let (w, h) = shortest_size(v.w, v.h, sizes, max_size, rng);
                 step(Step::Resize {
                     from: (v.w, v.h),
                     to: (w, h),

@@ -10,6 +10,7 @@
 //! | `center_crop(S)`, `center_crop(H, W)` | top = `round((h - H) / 2)`, left = `round((w - W) / 2)` (`CenterCrop`) |
 //! | `random_resized_crop(S, scale=a:b, ratio=a:b)` | `RandomResizedCrop`: defaults scale `0.08:1`, ratio `3/4:4/3`; `S` or `H, W` |
 //! | `scale_jitter(S, scale=a:b, max_size=M)`, `scale_jitter(H, W, …)` | `ScaleJitter`: `r = min(H / h, W / w) * U(scale)` (default `0.1:2`), sides `int(side * r)`; `max_size` caps the longer side as `Resize(max_size=)` does. The size varies per sample: a sizing op must follow |
+//! | `random_shortest_size(S1, S2, …, max_size=M)` | `RandomShortestSize`: the shorter side to one of the `S` drawn uniformly, `r = S / short`, lowered to `M / long`, sides `int(side * r)`. The size varies per sample: a sizing op must follow |
 //! | `hflip`, `hflip(p=0.5)` | flip left-right with probability `p` (`RandomHorizontalFlip`) |
 //! | `normalize(mean=a,b,c, std=a,b,c)`, `normalize(imagenet)` | `(x / 255 - mean) / std` per channel |
 //! | `random_crop(S, padding=P, pad_mode=M, fill=V)` | `RandomCrop` (constant, edge, reflect, symmetric) |
@@ -22,7 +23,7 @@
 //! | `rotate(D, fill=V)`, `affine(degrees=, translate=, scale=, shear=, fill=)` | `RandomRotation`, `RandomAffine`, bilinear |
 //! | `rand_augment(num_ops=2, magnitude=9)`, `trivial_augment`, `auto_augment(imagenet)` | `RandAugment`, `TrivialAugmentWide`, `AutoAugment` |
 //! | `random_erasing(p=0.5, scale=a:b, ratio=a:b, value=V\|random)` | `RandomErasing` on the final tensor (value in output units; `random`: normal noise) |
-//! | `fields(image=NAME, mask=NAME, boxes=NAME:FORMAT, labels=NAME, ignore_index=255)` | first in a spec: the fields one draw moves (`tv_tensors.Mask`, `tv_tensors.BoundingBoxes`), see [`dense`] and [`boxes`] |
+//! | `fields(image=NAME, mask=NAME, boxes=NAME:FORMAT, labels=NAME, per_box=NAME,NAME, keypoints=NAME, ignore_index=255, min_size=1, min_area=1)` | first in a spec: the fields one draw moves (`tv_tensors.Mask`, `tv_tensors.BoundingBoxes`), see [`dense`] and [`boxes`] |
 //!
 //! Resizing is antialiased bilinear (Pillow's `BILINEAR`, torchvision's `antialias=True`) through
 //! fast_image_resize. The output type is `uint8`, `float32`, `float16` or `bfloat16` (default
@@ -102,7 +103,7 @@ pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
 pub use keypoints::KeypointPipeline;
 pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch, NO_SIZE};
-pub use roles::{roles, roles_with, BoxFormat, Roles, DEFAULT_IGNORE_INDEX};
+pub use roles::{roles, roles_with, BoxFormat, Roles, Sanitize, DEFAULT_IGNORE_INDEX};
 pub use spec::{parse, EraseValue, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD, MAX_CHANNELS};
 
 #[cfg(test)]

@@ -53,7 +53,12 @@ pub(super) fn size_fixers(op: &str) -> &'static str {
 pub(super) fn fixed_prefix(ops: &[Op]) -> &[Op] {
     let end = ops
         .iter()
-        .position(|op| matches!(op, Op::ScaleJitter { .. } | Op::RandomIouCrop(_)))
+        .position(|op| {
+            matches!(
+                op,
+                Op::ScaleJitter { .. } | Op::RandomShortestSize { .. } | Op::RandomIouCrop(_)
+            )
+        })
         .unwrap_or(ops.len());
     &ops[..end]
 }
@@ -104,6 +109,7 @@ pub(super) fn foldable(op: &Op) -> bool {
             | Op::CenterCrop { .. }
             | Op::RandomResizedCrop { .. }
             | Op::ScaleJitter { .. }
+            | Op::RandomShortestSize { .. }
             | Op::RandomIouCrop(_)
             | Op::HFlip { .. }
             | Op::Normalize { .. }
@@ -117,6 +123,7 @@ pub(super) fn op_name(op: &Op) -> &'static str {
         Op::CenterCrop { .. } => "center_crop",
         Op::RandomResizedCrop { .. } => "random_resized_crop",
         Op::ScaleJitter { .. } => "scale_jitter",
+        Op::RandomShortestSize { .. } => "random_shortest_size",
         Op::RandomIouCrop(_) => "random_iou_crop",
         Op::HFlip { .. } => "hflip",
         Op::Normalize { .. } => "normalize",
@@ -221,6 +228,7 @@ impl Pipeline {
                 | Op::Resize { .. }
                 | Op::RandomResizedCrop { .. }
                 | Op::ScaleJitter { .. }
+                | Op::RandomShortestSize { .. }
                 | Op::RandomIouCrop(_)
                     if i > planned =>
                 {
@@ -236,7 +244,10 @@ impl Pipeline {
                         (h, w)
                     })
                 }
-                Op::ScaleJitter { .. } | Op::RandomZoomOut { .. } | Op::RandomIouCrop(_) => {
+                Op::ScaleJitter { .. }
+                | Op::RandomShortestSize { .. }
+                | Op::RandomZoomOut { .. }
+                | Op::RandomIouCrop(_) => {
                     size = None;
                     varying = Some(name);
                 }

@@ -4,7 +4,8 @@
 use super::args::split_args;
 
 /// The roles of fields that one draw applies to: `fields(image=NAME, mask=NAME, boxes=NAME,
-/// labels=NAME, keypoints=NAME, ignore_index=V)` as the first term of a spec. Every geometric op moves the mask with the
+/// labels=NAME, per_box=NAME,NAME, keypoints=NAME, ignore_index=V, min_size=V, min_area=V)` as
+/// the first term of a spec. Every geometric op moves the mask with the
 /// image; the mask is resampled nearest-neighbour, and what no source pixel covers is
 /// `ignore_index`.
 #[derive(Clone, Debug, PartialEq)]
@@ -17,10 +18,34 @@ pub struct Roles {
     pub boxes: Option<(String, BoxFormat)>,
     /// The boxes' labels (one integer per box), dropped with the boxes a transform drops.
     pub labels: Option<String>,
+    /// Other fields of one row per box (COCO's `iscrowd`, `area`, track ids), kept and dropped
+    /// with their boxes as the labels are.
+    pub per_box: Vec<String>,
+    /// When a moved box is dropped.
+    pub sanitize: Sanitize,
     /// The keypoint field: float32 rows of 2 (`x, y`) or 3 (`x, y, visibility`), one per point.
     pub keypoints: Option<String>,
     /// The label written where a geometric op uncovers the mask (default 255).
     pub ignore_index: i64,
+}
+
+/// When a moved box is dropped, as torchvision's `SanitizeBoundingBoxes(min_size, min_area)`:
+/// a side under `min_size` or an area under `min_area`, in output pixels (defaults 1 and 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sanitize {
+    /// Shortest side a kept box has.
+    pub min_size: f64,
+    /// Least area a kept box has.
+    pub min_area: f64,
+}
+
+impl Default for Sanitize {
+    fn default() -> Sanitize {
+        Sanitize {
+            min_size: 1.0,
+            min_area: 1.0,
+        }
+    }
 }
 
 /// How a box's four numbers are written (torchvision's `BoundingBoxFormat`), in pixels.
@@ -80,8 +105,11 @@ pub fn roles_with(spec: &str, default_format: BoxFormat) -> Result<Option<Roles>
             "mask",
             "boxes",
             "labels",
+            "per_box",
             "keypoints",
             "ignore_index",
+            "min_size",
+            "min_area",
         ],
     )
     .map_err(err)?;
@@ -119,11 +147,39 @@ pub fn roles_with(spec: &str, default_format: BoxFormat) -> Result<Option<Roles>
             Some((field.to_owned(), format))
         }
     };
+    let per_box = match args.named("per_box") {
+        None => Vec::new(),
+        Some(list) => {
+            let names: Vec<String> = list.split(',').map(|n| n.trim().to_owned()).collect();
+            if names.iter().any(String::is_empty) {
+                return Err(err(format!(
+                    "per_box=`{list}` is not a list of field names"
+                )));
+            }
+            names
+        }
+    };
+    let threshold = |key: &str, default: f64| match args.named(key) {
+        None => Ok(default),
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+            _ => Err(err(format!(
+                "{key}=`{v}` is not a number of pixels (0 or more)"
+            ))),
+        },
+    };
+    let defaults = Sanitize::default();
+    let sanitize = Sanitize {
+        min_size: threshold("min_size", defaults.min_size)?,
+        min_area: threshold("min_area", defaults.min_area)?,
+    };
     let roles = Roles {
         image: name("image")?,
         mask: name("mask")?,
         boxes,
         labels: name("labels")?,
+        per_box,
+        sanitize,
         keypoints: name("keypoints")?,
         ignore_index,
     };
@@ -134,10 +190,12 @@ pub fn roles_with(spec: &str, default_format: BoxFormat) -> Result<Option<Roles>
                 .into(),
         ));
     }
-    if roles.labels.is_some() && roles.boxes.is_none() {
-        return Err(err(
-            "labels= names the labels of boxes: give boxes= too".into()
-        ));
+    if roles.boxes.is_none() {
+        for key in ["labels", "per_box", "min_size", "min_area"] {
+            if args.named(key).is_some() {
+                return Err(err(format!("{key}= is about boxes: give boxes= too")));
+            }
+        }
     }
     let named: Vec<&str> = [
         roles.image.as_deref(),
@@ -148,6 +206,7 @@ pub fn roles_with(spec: &str, default_format: BoxFormat) -> Result<Option<Roles>
     ]
     .into_iter()
     .flatten()
+    .chain(roles.per_box.iter().map(String::as_str))
     .collect();
     if (1..named.len()).any(|i| named[..i].contains(&named[i])) {
         return Err(err("each role needs a field of its own".into()));

@@ -52,6 +52,16 @@ pub enum Op {
         /// Longest side after the jitter (`Resize(max_size=)`'s cap), if any.
         max_size: Option<usize>,
     },
+    /// `RandomShortestSize`: the shorter side to one of `sizes` (drawn uniformly), the longer
+    /// scaled alike, both capped so that the longer is at most `max_size`; the output size
+    /// varies per sample (`random_shortest_size(480, 512, 800, max_size=1333)`, DETR's
+    /// multi-scale training).
+    RandomShortestSize {
+        /// The shorter side's candidates.
+        sizes: Vec<usize>,
+        /// Longest side's cap, if any.
+        max_size: Option<usize>,
+    },
     /// `RandomIoUCrop`: SSD's crop, drawn from the sample's boxes; the output size varies per
     /// sample (`random_iou_crop(scale=0.3:1, ratio=0.5:2, options=…, trials=40)`).
     RandomIouCrop(super::iou_crop::IouCrop),
@@ -236,12 +246,15 @@ pub const MAX_CHANNELS: usize = 1024;
 /// spec can make a worker allocate per sample (torchvision's detection recipes use up to 4).
 pub const MAX_ZOOM_OUT: f64 = 10.0;
 
+/// Most sizes `random_shortest_size` draws from (DETR's recipe lists eleven).
+pub const MAX_SHORTEST_SIZES: usize = 64;
+
 /// Number of magnitude bins of RandAugment and TrivialAugmentWide (torchvision's default).
 pub const MAGNITUDE_BINS: usize = 31;
 
 /// Every operation name, for messages.
-const KNOWN: &str = "resize, center_crop, random_resized_crop, scale_jitter, random_crop, \
-                     random_zoom_out, random_iou_crop, hflip, vflip, color_jitter, \
+const KNOWN: &str = "resize, center_crop, random_resized_crop, scale_jitter, \
+                     random_shortest_size, random_crop, random_zoom_out, random_iou_crop, hflip, vflip, color_jitter, \
                      random_photometric_distort, grayscale, gaussian_blur, \
                      rotate, affine, rand_augment, trivial_augment, auto_augment, \
                      random_erasing, normalize, mixup, cutmix";
@@ -370,6 +383,26 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
                 scale,
                 max_size,
             })
+        }
+        "random_shortest_size" => {
+            args.check(MAX_SHORTEST_SIZES, &["max_size"])?;
+            if args.positional.is_empty() {
+                return Err(
+                    "needs the shorter side's sizes, e.g. `random_shortest_size(480, \
+                            512, 544, max_size=1333)`"
+                        .into(),
+                );
+            }
+            let sizes = args
+                .positional
+                .iter()
+                .map(|s| size(s))
+                .collect::<Result<Vec<_>, _>>()?;
+            let max_size = args
+                .named("max_size")
+                .map(|m| size(m).map_err(|e| format!("max_size: {e}")))
+                .transpose()?;
+            Ok(Op::RandomShortestSize { sizes, max_size })
         }
         "random_iou_crop" => super::iou_crop::parse(args).map(Op::RandomIouCrop),
         "hflip" => {

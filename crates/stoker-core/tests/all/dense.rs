@@ -394,6 +394,22 @@ fn roles_are_checked_against_the_source() {
             "random_iou_crop draws its crop from each sample's boxes",
         ),
         ("fields(mask=mask) | rand_augment", "a colour op"),
+        (
+            "fields(image=image, mask=mask, per_box=mask) | hflip",
+            "per_box= is about boxes: give boxes= too",
+        ),
+        (
+            "fields(image=image, mask=mask, min_area=2) | hflip",
+            "min_area= is about boxes",
+        ),
+        (
+            "fields(image=image, boxes=mask, min_size=-1) | hflip",
+            "min_size=`-1` is not a number of pixels",
+        ),
+        (
+            "fields(image=image, boxes=mask, per_box=image) | hflip",
+            "each role needs a field of its own",
+        ),
     ] {
         let e = memory_loader(
             coordinates(),
@@ -852,4 +868,174 @@ fn under_offsets_a_replaced_sample_keeps_the_offsets_consistent() {
         }
     }
     assert!(same + 1 >= N, "{same} of {N} slots the same");
+}
+
+/// Rows of ragged field `name` of each sample of `b`: `row` bytes each, from the padded form
+/// (`<name>_lengths`) or the flat one (`<name>_offsets`).
+fn rows_by_sample(b: &Batch, name: &str, row: usize, flat: bool) -> Vec<Vec<Vec<u8>>> {
+    let field = b.field_by_name(name).unwrap();
+    let data = field.data.unwrap().to_vec();
+    let i64s = |name: &str| -> Vec<i64> {
+        b.field_by_name(name)
+            .unwrap()
+            .data
+            .unwrap()
+            .chunks_exact(8)
+            .map(|x| i64::from_ne_bytes(x.try_into().unwrap()))
+            .collect()
+    };
+    let spans: Vec<(usize, usize)> = if flat {
+        let offsets = i64s(&format!("{name}_offsets"));
+        offsets
+            .windows(2)
+            .map(|w| (w[0] as usize, w[1] as usize))
+            .collect()
+    } else {
+        let rows = field.shape[1];
+        let lens = i64s(&format!("{name}_lengths"));
+        (0..b.len())
+            .map(|s| (s * rows, s * rows + lens[s] as usize))
+            .collect()
+    };
+    spans
+        .into_iter()
+        .map(|(a, z)| {
+            (a..z)
+                .map(|r| data[r * row..(r + 1) * row].to_vec())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn per_box_fields_and_the_drop_thresholds_follow_the_boxes() {
+    // Beside each box its label, a float32 row of 2 (minus the label, minus twice it) and an
+    // int32 `iscrowd` (the label's parity): whatever a draw keeps of one it keeps of all, in
+    // one order, padded or flat.
+    let per_sample = |n: usize, f: &dyn Fn(i64) -> Vec<u8>| -> Vec<u8> {
+        sample_boxes(n).iter().flat_map(|(_, l)| f(*l)).collect()
+    };
+    let boxes = |n: usize| -> Vec<u8> {
+        sample_boxes(n)
+            .iter()
+            .flat_map(|(b, _)| b.iter().flat_map(|v| v.to_ne_bytes()))
+            .collect()
+    };
+    let source = MemorySource::new()
+        .with_tensor("image", DType::F32, &[2, S, S], vec![0; N * 2 * S * S * 4])
+        .and_then(|s| s.with_ragged("boxes", DType::F32, &[4], (0..N).map(boxes).collect()))
+        .and_then(|s| {
+            let labels = (0..N).map(|n| per_sample(n, &|l| l.to_ne_bytes().to_vec()));
+            s.with_ragged("labels", DType::I64, &[], labels.collect())
+        })
+        .and_then(|s| {
+            let extra = |l: i64| {
+                [-l as f32, -2.0 * l as f32]
+                    .iter()
+                    .flat_map(|v| v.to_ne_bytes())
+                    .collect()
+            };
+            s.with_ragged(
+                "extra",
+                DType::F32,
+                &[2],
+                (0..N).map(|n| per_sample(n, &extra)).collect(),
+            )
+        })
+        .and_then(|s| {
+            let crowd = |l: i64| ((l % 2) as i32).to_ne_bytes().to_vec();
+            s.with_ragged(
+                "iscrowd",
+                DType::I32,
+                &[],
+                (0..N).map(|n| per_sample(n, &crowd)).collect(),
+            )
+        })
+        .unwrap();
+    let source = Arc::new(source);
+    let run = |thresholds: &str, ragged: &str| {
+        let spec = format!(
+            "fields(image=image, boxes=boxes, labels=labels, per_box=extra,iscrowd{thresholds}) \
+             | random_resized_crop(32, scale=0.2:1) | hflip"
+        );
+        let mut l = memory_loader(
+            source.clone(),
+            &[
+                ("transform", &spec),
+                ("input_layout", "chw"),
+                ("pad", "-1"),
+                ("ragged", ragged),
+            ],
+        )
+        .unwrap();
+        let flat = ragged == "offsets";
+        let mut kept = Vec::new();
+        while let Some(b) = l.next().unwrap() {
+            let boxes = rows_by_sample(&b, "boxes", 16, flat);
+            let labels = rows_by_sample(&b, "labels", 8, flat);
+            let extra = rows_by_sample(&b, "extra", 8, flat);
+            let crowd = rows_by_sample(&b, "iscrowd", 4, flat);
+            for s in 0..b.len() {
+                assert_eq!(boxes[s].len(), labels[s].len());
+                assert_eq!(
+                    (extra[s].len(), crowd[s].len()),
+                    (labels[s].len(), labels[s].len())
+                );
+                for k in 0..labels[s].len() {
+                    let l = i64::from_ne_bytes(labels[s][k].clone().try_into().unwrap());
+                    let e: Vec<f32> = extra[s][k]
+                        .chunks_exact(4)
+                        .map(|x| f32::from_ne_bytes(x.try_into().unwrap()))
+                        .collect();
+                    assert_eq!(e, [-l as f32, -2.0 * l as f32], "the row of label {l}");
+                    let c = i32::from_ne_bytes(crowd[s][k].clone().try_into().unwrap());
+                    assert_eq!(c, (l % 2) as i32, "the iscrowd of label {l}");
+                    let b: Vec<f32> = boxes[s][k]
+                        .chunks_exact(4)
+                        .map(|x| f32::from_ne_bytes(x.try_into().unwrap()))
+                        .collect();
+                    kept.push((b[2] - b[0], b[3] - b[1]));
+                }
+            }
+        }
+        kept
+    };
+    for ragged in ["pad", "offsets"] {
+        let loose = run("", ragged);
+        let strict = run(", min_size=6, min_area=60", ragged);
+        assert!(
+            loose.iter().all(|&(w, h)| w >= 1.0 && h >= 1.0),
+            "{loose:?}"
+        );
+        assert!(
+            strict
+                .iter()
+                .all(|&(w, h)| w >= 6.0 && h >= 6.0 && w * h >= 60.0),
+            "{strict:?}"
+        );
+        assert!(
+            !strict.is_empty() && strict.len() < loose.len(),
+            "{ragged}: {} kept of {}",
+            strict.len(),
+            loose.len()
+        );
+    }
+    let e = memory_loader(
+        source.clone(),
+        &[
+            (
+                "transform",
+                "fields(image=image, boxes=boxes, per_box=nothing) | hflip",
+            ),
+            ("input_layout", "chw"),
+            ("pad", "-1"),
+        ],
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("fields(per_box=nothing): the source has no field"),
+        "{e}"
+    );
 }

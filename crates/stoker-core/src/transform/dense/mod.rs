@@ -169,8 +169,7 @@ impl DensePipeline {
                 ),
                 Role::Mask { .. } => format!(
                     "a mask is an [H, W] tensor of uint8, uint16, int32 or int64 labels, not {} \
-                     with {} \
-                     channels",
+                     with {} channels",
                     input.dtype, input.channels
                 ),
             });
@@ -262,6 +261,7 @@ impl DensePipeline {
                 | Op::Resize { .. }
                 | Op::RandomResizedCrop { .. }
                 | Op::ScaleJitter { .. }
+                | Op::RandomShortestSize { .. }
                 | Op::RandomIouCrop(_)
                     if i > planned =>
                 {
@@ -277,7 +277,7 @@ impl DensePipeline {
                         (h, w)
                     });
                 }
-                Op::ScaleJitter { .. } | Op::RandomIouCrop(_) => {
+                Op::ScaleJitter { .. } | Op::RandomShortestSize { .. } | Op::RandomIouCrop(_) => {
                     size = None;
                     varying = Some(name);
                 }
