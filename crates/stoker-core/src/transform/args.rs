@@ -1,5 +1,8 @@
 //! The arguments of one term of a spec, `op(a, b, key=1,2,3)`: positional and named, shared by
-//! the operations (`spec`) and the `fields(...)` term (`roles`).
+//! the operations (`spec`) and the `fields(...)` term (`roles`), and the parsers of values that
+//! several operations take.
+
+use crate::dtype::DType;
 
 #[derive(Default, Debug)]
 pub(super) struct Args {
@@ -88,4 +91,43 @@ pub(super) fn probability(args: &Args, default: f64) -> Result<f64, String> {
         return Err(format!("p={p} is not a probability in [0, 1]"));
     }
     Ok(p)
+}
+
+/// `fill=V` or `fill=R,G,B` in the image's stored units, default 0: any number here, which the
+/// pipeline checks its input type holds ([`check_fill`]).
+pub(super) fn fill(args: &Args) -> Result<[f64; 3], String> {
+    let Some(v) = args.named("fill") else {
+        return Ok([0.0; 3]);
+    };
+    triple(v, "fill")
+}
+
+/// Checks that an image of `dtype` holds every value of `fill`: integers in its range for
+/// integer types (torchvision casts a fill to the image's type; a fraction or an overflow there
+/// would be silently another value), anything finite for floats.
+pub(super) fn check_fill(fill: [f64; 3], dtype: DType) -> Result<(), String> {
+    let max = match dtype {
+        DType::U8 => 255.0,
+        DType::U16 => 65535.0,
+        _ => return Ok(()),
+    };
+    match fill
+        .iter()
+        .find(|v| v.fract() != 0.0 || !(0.0..=max).contains(*v))
+    {
+        Some(v) => Err(format!(
+            "fill {v} is not a {dtype} value: a {dtype} image's fill is an integer in 0..={max}"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `V` or `R,G,B`: a value for each of three channels.
+pub(super) fn triple(s: &str, what: &str) -> Result<[f64; 3], String> {
+    let values = s.split(',').map(number).collect::<Result<Vec<_>, _>>()?;
+    match values.as_slice() {
+        [v] => Ok([*v; 3]),
+        [a, b, c] => Ok([*a, *b, *c]),
+        _ => Err(format!("{what} needs 1 or 3 values, got {}", values.len())),
+    }
 }

@@ -10,6 +10,11 @@ fn rng(index: u64) -> Rng {
     Rng::for_key(11, Stream::Augment, 2, index)
 }
 
+/// Why `Pipeline::new` refuses `spec`.
+fn refused(spec: &str) -> String {
+    Pipeline::new(Some(spec), None, Layout::Nchw).unwrap_err()
+}
+
 /// Each spec of `cases` is refused by the parser, naming `op` and saying what the case wants.
 fn parse_refuses(op: &str, cases: &[(&str, &str)]) {
     for (spec, want) in cases {
@@ -134,12 +139,7 @@ fn random_shortest_size_follows_torchvision_and_draws_every_size() {
             ),
         ],
     );
-    let e = Pipeline::new(
-        Some("random_shortest_size(480) | hflip"),
-        None,
-        Layout::Nchw,
-    )
-    .unwrap_err();
+    let e = refused("random_shortest_size(480) | hflip");
     assert!(
         e.contains("random_shortest_size draws each sample's size"),
         "{e}"
@@ -190,7 +190,7 @@ fn a_size_scale_jitter_leaves_varying_is_refused_until_a_later_op_fixes_it() {
         "scale_jitter(224)",
         "resize(256, 256) | scale_jitter(224) | hflip",
     ] {
-        let e = Pipeline::new(Some(spec), None, Layout::Nchw).unwrap_err();
+        let e = refused(spec);
         assert!(
             e.contains("scale_jitter draws each sample's size") && e.contains("after it"),
             "{spec}: {e}"
@@ -198,17 +198,12 @@ fn a_size_scale_jitter_leaves_varying_is_refused_until_a_later_op_fixes_it() {
         let e = Pipeline::for_input(Some(spec), None, Layout::Nchw, 64, 64).unwrap_err();
         assert!(e.contains("scale_jitter draws"), "{spec}: {e}");
     }
-    let e = Pipeline::new(Some("scale_jitter(224) | grayscale"), None, Layout::Nchw).unwrap_err();
+    let e = refused("scale_jitter(224) | grayscale");
     assert!(
         e.contains("grayscale: needs a fixed size") && e.contains("scale_jitter"),
         "{e}"
     );
-    let e = Pipeline::new(
-        Some("random_crop(32) | scale_jitter(224) | center_crop(32)"),
-        None,
-        Layout::Nchw,
-    )
-    .unwrap_err();
+    let e = refused("random_crop(32) | scale_jitter(224) | center_crop(32)");
     assert!(
         e.contains("scale_jitter: must come before random_crop"),
         "{e}"
@@ -363,12 +358,7 @@ fn random_zoom_out_arguments_and_placement_are_checked() {
             ("random_zoom_out(2)", "positional"),
         ],
     );
-    let e = Pipeline::new(
-        Some("random_zoom_out(fill=300) | center_crop(8)"),
-        None,
-        Layout::Nchw,
-    )
-    .unwrap_err();
+    let e = refused("random_zoom_out(fill=300) | center_crop(8)");
     assert!(
         e.contains("random_zoom_out: fill 300 is not a uint8 value"),
         "{e}"
@@ -382,8 +372,7 @@ fn random_zoom_out_arguments_and_placement_are_checked() {
             && !e.contains("resize"),
         "{e}"
     );
-    let e =
-        Pipeline::new(Some("random_zoom_out | resize(64, 64)"), None, Layout::Nchw).unwrap_err();
+    let e = refused("random_zoom_out | resize(64, 64)");
     assert!(
         e.contains("resize: must come before random_zoom_out"),
         "{e}"

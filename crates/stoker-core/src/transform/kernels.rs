@@ -53,6 +53,32 @@ pub(super) fn resample(
         .map_err(|e| err(&e))
 }
 
+/// The planned image, mirrored if the plan flips, into `buf` (`plan.width * plan.height` RGB8
+/// pixels): copied when the plan resamples nothing.
+pub(super) fn materialise(
+    rgb: &[u8],
+    width: usize,
+    height: usize,
+    plan: &Plan,
+    buf: &mut Vec<u8>,
+    resizer: &mut Resizer,
+) -> Result<(), String> {
+    if plan.is_copy() {
+        let (x0, y0) = (plan.rect[0] as usize, plan.rect[1] as usize);
+        buf.clear();
+        for y in y0..y0 + plan.height {
+            let start = (y * width + x0) * 3;
+            buf.extend_from_slice(&rgb[start..start + plan.width * 3]);
+        }
+    } else {
+        resample(rgb, width, height, plan, buf, resizer)?;
+    }
+    if plan.flip {
+        super::warp::hflip(buf, plan.width);
+    }
+    Ok(())
+}
+
 /// The final RGB8 pixels: `width` x `height` starting at `(x0, y0)` of `data` (row stride
 /// `stride` bytes), read mirrored when `flip`.
 pub(super) struct SrcView<'a> {

@@ -4,11 +4,14 @@
 
 use fast_image_resize::Resizer;
 
+use super::args::check_fill;
 use super::augment::{self, Erase, Frame};
 use super::geometry::Plan;
-use super::kernels::{resample, write_erase, write_f32, write_lut, write_u8, Affine, SrcView};
+use super::kernels::{
+    materialise, resample, write_erase, write_f32, write_lut, write_u8, Affine, SrcView,
+};
 use super::mix::BatchMix;
-use super::spec::{check_fill, op_fill, parse, EraseValue, Op};
+use super::spec::{op_fill, parse, EraseValue, Op};
 use crate::decode::{Decoded, Dims, Window};
 use crate::dtype::{DType, Layout};
 use crate::rng::{Rng, Stream};
@@ -737,34 +740,6 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The ops after the plan as they would run without [`apply_stages`](Self::apply_stages)'
-    /// shortcuts: the whole planned image materialised, then every op on it in turn; its
-    /// final RGB8 pixels (tests).
-    #[cfg(test)]
-    pub(super) fn whole_planned_image(
-        &self,
-        rgb: &[u8],
-        (width, height): (usize, usize),
-        rng: &mut Rng,
-    ) -> Vec<u8> {
-        let plan = self.plan(width, height, rng).unwrap();
-        let mut frame = Frame::default();
-        materialise(
-            rgb,
-            width,
-            height,
-            &plan,
-            &mut frame.img,
-            &mut Resizer::new(),
-        )
-        .unwrap();
-        (frame.width, frame.height) = (plan.width, plan.height);
-        for op in &self.ops[self.planned..] {
-            augment::run(op, &mut frame, rng, &mut None).unwrap();
-        }
-        frame.img
-    }
-
     /// Whether float32 output is computed by the affine pass rather than looked up (tests).
     #[cfg(test)]
     pub(super) fn float32_affine(&self) -> bool {
@@ -782,30 +757,4 @@ impl Pipeline {
             write_erase(e, img.width, img.height, 3, self.layout, self.dtype, out);
         }
     }
-}
-
-/// The planned image, mirrored if the plan flips, into `buf` (`plan.width * plan.height` RGB8
-/// pixels): copied when the plan resamples nothing.
-fn materialise(
-    rgb: &[u8],
-    width: usize,
-    height: usize,
-    plan: &Plan,
-    buf: &mut Vec<u8>,
-    resizer: &mut Resizer,
-) -> Result<(), String> {
-    if plan.is_copy() {
-        let (x0, y0) = (plan.rect[0] as usize, plan.rect[1] as usize);
-        buf.clear();
-        for y in y0..y0 + plan.height {
-            let start = (y * width + x0) * 3;
-            buf.extend_from_slice(&rgb[start..start + plan.width * 3]);
-        }
-    } else {
-        resample(rgb, width, height, plan, buf, resizer)?;
-    }
-    if plan.flip {
-        super::warp::hflip(buf, plan.width);
-    }
-    Ok(())
 }

@@ -1,7 +1,7 @@
 //! The spec language: `random_resized_crop(224) | hflip | normalize(imagenet)` parsed into
 //! [`Op`]s, each validated with an error naming the operation and the argument.
 
-use super::args::{number, probability, split_args, Args};
+use super::args::{fill, number, probability, split_args, triple, Args};
 use super::roles::roles;
 
 /// ImageNet's channel means and standard deviations (torchvision's reference scripts).
@@ -319,15 +319,6 @@ fn range(s: &str, what: &str) -> Result<(f64, f64), String> {
         return Err(format!("{what} `{s}` needs 0 < a <= b"));
     }
     Ok((a, b))
-}
-
-fn triple(s: &str, what: &str) -> Result<[f64; 3], String> {
-    let values = s.split(',').map(number).collect::<Result<Vec<_>, _>>()?;
-    match values.as_slice() {
-        [v] => Ok([*v; 3]),
-        [a, b, c] => Ok([*a, *b, *c]),
-        _ => Err(format!("{what} needs 1 or 3 values, got {}", values.len())),
-    }
 }
 
 fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
@@ -783,15 +774,6 @@ fn padding(s: &str) -> Result<[usize; 4], String> {
     }
 }
 
-/// `fill=V` or `fill=R,G,B` in the image's stored units, default 0: any number here, which the
-/// pipeline checks its input type holds ([`check_fill`]).
-fn fill(args: &Args) -> Result<[f64; 3], String> {
-    let Some(v) = args.named("fill") else {
-        return Ok([0.0; 3]);
-    };
-    triple(v, "fill")
-}
-
 /// The fill of `op`, if it has one.
 pub(super) fn op_fill(op: &Op) -> Option<[f64; 3]> {
     match *op {
@@ -800,26 +782,5 @@ pub(super) fn op_fill(op: &Op) -> Option<[f64; 3]> {
         | Op::Rotate { fill, .. }
         | Op::Affine { fill, .. } => Some(fill),
         _ => None,
-    }
-}
-
-/// Checks that an image of `dtype` holds every value of `fill`: integers in its range for
-/// integer types (torchvision casts a fill to the image's type; a fraction or an overflow there
-/// would be silently another value), anything finite for floats.
-pub(super) fn check_fill(fill: [f64; 3], dtype: crate::dtype::DType) -> Result<(), String> {
-    use crate::dtype::DType;
-    let max = match dtype {
-        DType::U8 => 255.0,
-        DType::U16 => 65535.0,
-        _ => return Ok(()),
-    };
-    match fill
-        .iter()
-        .find(|v| v.fract() != 0.0 || !(0.0..=max).contains(*v))
-    {
-        Some(v) => Err(format!(
-            "fill {v} is not a {dtype} value: a {dtype} image's fill is an integer in 0..={max}"
-        )),
-        None => Ok(()),
     }
 }

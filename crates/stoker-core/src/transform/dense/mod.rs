@@ -37,11 +37,12 @@ use fast_image_resize::Resizer;
 pub use planes::DenseScratch;
 use planes::{copy_plane, nearest_plane, warp_bilinear, warp_nearest, Planes, Px};
 
+use super::args::check_fill;
 use super::augment::{self, aug_is_geometric, Drawn, Erase};
 use super::geometry::Plan;
 use super::kernels::write_erase;
 use super::pipeline::{foldable, op_name};
-use super::spec::{check_fill, op_fill, parse, EraseValue, Op, MAX_CHANNELS};
+use super::spec::{op_fill, parse, EraseValue, Op, MAX_CHANNELS};
 use super::warp::{pad_index, paste, round_ties_even};
 use crate::dtype::{DType, Layout};
 use crate::rng::{Rng, Stream};
