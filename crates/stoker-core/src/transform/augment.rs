@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 
 use super::color;
+use super::geometry::Plan;
 use super::photometric::{self, Distort};
 use super::spec::{EraseValue, Op, PadMode};
 use super::warp::{self, inverse_affine, Sampling};
@@ -436,10 +437,8 @@ fn apply(drawn: Drawn, frame: &mut Frame) -> Option<Erase> {
 }
 
 /// Whether `op`, right after the geometry plan, keeps a window of the planned image with a
-/// constant fill around it (`random_crop` with constant or no padding, `random_zoom_out`): it
-/// is then drawn before the planned image is materialised, and only the window is (see
-/// [`Plan::part`](super::geometry::Plan::part)).
-pub(super) fn cuts_planned_image(op: &Op) -> bool {
+/// constant fill around it (`random_crop` with constant or no padding, `random_zoom_out`).
+fn cuts_planned_image(op: &Op) -> bool {
     matches!(
         op,
         Op::RandomCrop {
@@ -450,6 +449,55 @@ pub(super) fn cuts_planned_image(op: &Op) -> bool {
             ..
         } | Op::RandomZoomOut { .. }
     )
+}
+
+/// A constant-fill crop drawn before the planned image is made: its size and fill (in the
+/// image's units), and the part of the planned image it keeps — that part's own plan and its
+/// top-left corner in the crop — or `None` when it keeps nothing.
+pub(super) struct Cut {
+    pub(super) width: usize,
+    pub(super) height: usize,
+    pub(super) fill: [f64; 3],
+    pub(super) part: Option<(Plan, (usize, usize))>,
+}
+
+/// Draws the first of `stages` now when it cuts the planned image (the output of `plan`), so
+/// that only the part it keeps need be resampled (see [`Plan::part`]); the draws stay in op
+/// order. Returns the cut (`None` also for a zoom-out that was not applied) and the stages
+/// left to run.
+pub(super) fn draw_cut<'a>(
+    stages: &'a [Op],
+    plan: &Plan,
+    rng: &mut Rng,
+    trace: &mut Option<&mut Vec<String>>,
+) -> Result<(Option<Cut>, &'a [Op]), String> {
+    let Some(op) = stages.first().filter(|op| cuts_planned_image(op)) else {
+        return Ok((None, stages));
+    };
+    let cut = match draw(op, plan.width, plan.height, rng, trace)? {
+        Drawn::Crop {
+            top,
+            left,
+            width,
+            height,
+            pad,
+            fill,
+            ..
+        } => {
+            let origin = (
+                left as isize - pad.0 as isize,
+                top as isize - pad.1 as isize,
+            );
+            Some(Cut {
+                width,
+                height,
+                fill,
+                part: plan.part(origin, (width, height)),
+            })
+        }
+        _ => None,
+    };
+    Ok((cut, &stages[1..]))
 }
 
 /// Draws one stage op's random parameters for a `w`x`h` image, in torchvision's order,

@@ -659,49 +659,37 @@ impl Pipeline {
         resizer: &mut Resizer,
         frame: &mut Frame,
     ) -> Result<(), String> {
-        let mut stages = &self.ops[self.planned..];
-        let mut cut = augment::Drawn::Nothing;
-        if let Some(op) = stages.first().filter(|op| augment::cuts_planned_image(op)) {
-            cut = augment::draw(op, plan.width, plan.height, rng, &mut trace)?;
-            stages = &stages[1..];
-        }
-        if let augment::Drawn::Crop {
-            top,
-            left,
-            width: cw,
-            height: ch,
-            pad,
-            fill,
-            ..
-        } = cut
-        {
-            let origin = (
-                left as isize - pad.0 as isize,
-                top as isize - pad.1 as isize,
-            );
-            frame.img.clear();
-            frame.img.resize(cw * ch * 3, 0);
-            match plan.part(origin, (cw, ch)) {
-                Some((part, _)) if (part.width, part.height) == (cw, ch) => {
-                    materialise(rgb, width, height, &part, &mut frame.img, resizer)?;
-                }
-                Some((part, at)) => {
-                    materialise(rgb, width, height, &part, &mut frame.spare, resizer)?;
-                    let part_px = frame.spare.as_chunks::<3>().0;
-                    let canvas = frame.img.as_chunks_mut::<3>().0;
-                    let fill = augment::byte_fill(fill);
-                    super::warp::paste(part_px, part.width, canvas, cw, at, fill);
-                }
-                None => frame
-                    .img
-                    .as_chunks_mut::<3>()
-                    .0
-                    .fill(augment::byte_fill(fill)),
+        let (cut, stages) = augment::draw_cut(&self.ops[self.planned..], plan, rng, &mut trace)?;
+        match cut {
+            Some(augment::Cut {
+                width: cw,
+                height: ch,
+                part: Some((ref part, _)),
+                ..
+            }) if (part.width, part.height) == (cw, ch) => {
+                // The kept part is the whole crop: nothing to fill.
+                materialise(rgb, width, height, part, &mut frame.img, resizer)?;
+                (frame.width, frame.height) = (cw, ch);
             }
-            (frame.width, frame.height) = (cw, ch);
-        } else {
-            materialise(rgb, width, height, plan, &mut frame.img, resizer)?;
-            (frame.width, frame.height) = (plan.width, plan.height);
+            Some(cut) => {
+                let fill = augment::byte_fill(cut.fill);
+                frame.img.clear();
+                frame.img.resize(cut.width * cut.height * 3, 0);
+                let canvas = frame.img.as_chunks_mut::<3>().0;
+                match &cut.part {
+                    Some((part, at)) => {
+                        materialise(rgb, width, height, part, &mut frame.spare, resizer)?;
+                        let part_px = frame.spare.as_chunks::<3>().0;
+                        super::warp::paste(part_px, part.width, canvas, cut.width, *at, fill);
+                    }
+                    None => canvas.fill(fill),
+                }
+                (frame.width, frame.height) = (cut.width, cut.height);
+            }
+            None => {
+                materialise(rgb, width, height, plan, &mut frame.img, resizer)?;
+                (frame.width, frame.height) = (plan.width, plan.height);
+            }
         }
         // Only normalize (drawing nothing) may follow a trailing hflip.
         let last = stages

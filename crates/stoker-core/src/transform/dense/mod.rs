@@ -560,30 +560,18 @@ impl DensePipeline {
                 plane
             }
         };
-        // A constant-fill crop right after the plan: drawn first, so that only the window it
+        // A constant-fill crop right after the plan: drawn first, so that only the part it
         // keeps is materialised, as the RGB pipeline does (the same part, so the same pixels).
-        let mut stages = &self.ops[self.planned..];
-        let mut cut = Drawn::Nothing;
-        if let Some(op) = stages.first().filter(|op| augment::cuts_planned_image(op)) {
-            cut = augment::draw(op, pw, ph, rng, &mut None)?;
-            stages = &stages[1..];
-        }
+        let (cut, stages) = augment::draw_cut(&self.ops[self.planned..], &plan, rng, &mut None)?;
         let (mut w, mut h) = match cut {
-            Drawn::Crop {
-                top,
-                left,
+            Some(augment::Cut {
                 width,
                 height,
-                pad,
                 fill,
-                ..
-            } => {
+                part,
+            }) => {
                 let fill = |c: usize| fill_mask.unwrap_or(T::from_f64(fill[c.min(2)]));
-                let origin = (
-                    left as isize - pad.0 as isize,
-                    top as isize - pad.1 as isize,
-                );
-                match plan.part(origin, (width, height)) {
+                match part {
                     Some((part, _)) if (part.width, part.height) == (width, height) => {
                         materialise(stored, (iw, ih), &part, fill_mask, img, resizer)?;
                     }
@@ -602,7 +590,7 @@ impl DensePipeline {
                 }
                 (width, height)
             }
-            _ => {
+            None => {
                 materialise(stored, (iw, ih), &plan, fill_mask, img, resizer)?;
                 (pw, ph)
             }

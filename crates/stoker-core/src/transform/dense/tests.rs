@@ -534,19 +534,27 @@ fn coordinate_mask() -> Vec<u8> {
 }
 
 fn mask_pipeline(spec: &str, dtype: DType, ignore_index: i64) -> DensePipeline {
+    mask_pipeline_as(spec, dtype, ignore_index, None).unwrap()
+}
+
+/// A `[H, W]` mask of `dtype` labels under `spec`, batched as `out` (None: as stored).
+fn mask_pipeline_as(
+    spec: &str,
+    dtype: DType,
+    ignore_index: i64,
+    out: Option<DType>,
+) -> Result<DensePipeline, String> {
     let input = TensorShape {
         channels: 1,
-        dtype,
         ..shape(1, dtype, InputLayout::Hwc)
     };
     DensePipeline::new(
         Some(spec),
         input,
         Role::Mask { ignore_index },
-        None,
+        out,
         Layout::Nchw,
     )
-    .unwrap()
 }
 
 fn i32s(bytes: &[u8]) -> Vec<i32> {
@@ -713,21 +721,8 @@ fn uint8_labels_widened_to_int64_are_the_int64_labels_moved() {
         .collect();
     let spec = "random_resized_crop(24, 28) | random_crop(32, padding=6) | hflip | vflip";
     for ignore_index in [255, -1, 300] {
-        let role = Role::Mask { ignore_index };
-        let input = |dtype| TensorShape {
-            channels: 1,
-            ..shape(1, dtype, InputLayout::Hwc)
-        };
-        let bytes = DensePipeline::new(
-            Some(spec),
-            input(DType::U8),
-            role,
-            Some(DType::I64),
-            Layout::Nchw,
-        )
-        .unwrap();
-        let int64 =
-            DensePipeline::new(Some(spec), input(DType::I64), role, None, Layout::Nchw).unwrap();
+        let bytes = mask_pipeline_as(spec, DType::U8, ignore_index, Some(DType::I64)).unwrap();
+        let int64 = mask_pipeline(spec, DType::I64, ignore_index);
         assert_eq!(bytes.dtype(), DType::I64);
         assert_eq!(bytes.output_bytes(), int64.output_bytes());
         let mut filled = 0;
@@ -772,24 +767,9 @@ fn uint16_labels_move_exactly_and_keep_their_type_or_widen_to_int64() {
         .flat_map(|&v| i64::from(v).to_ne_bytes())
         .collect();
     let spec = "scale_jitter(40, scale=0.5:2) | random_crop(36, padding=12) | hflip | rotate(20)";
-    let role = Role::Mask {
-        ignore_index: 65535,
-    };
-    let input = |dtype| TensorShape {
-        channels: 1,
-        ..shape(1, dtype, InputLayout::Hwc)
-    };
-    let kept = DensePipeline::new(Some(spec), input(DType::U16), role, None, Layout::Nchw).unwrap();
-    let widened = DensePipeline::new(
-        Some(spec),
-        input(DType::U16),
-        role,
-        Some(DType::I64),
-        Layout::Nchw,
-    )
-    .unwrap();
-    let int64 =
-        DensePipeline::new(Some(spec), input(DType::I64), role, None, Layout::Nchw).unwrap();
+    let kept = mask_pipeline(spec, DType::U16, 65535);
+    let widened = mask_pipeline_as(spec, DType::U16, 65535, Some(DType::I64)).unwrap();
+    let int64 = mask_pipeline(spec, DType::I64, 65535);
     assert_eq!((kept.dtype(), widened.dtype()), (DType::U16, DType::I64));
     let mut filled = 0;
     for index in 0..8 {
@@ -804,15 +784,6 @@ fn uint16_labels_move_exactly_and_keep_their_type_or_widen_to_int64() {
         filled += u16s(&out).iter().filter(|&&v| v == 65535).count();
     }
     assert!(filled > 0, "no padding drawn");
-    let e = DensePipeline::new(
-        None,
-        input(DType::U16),
-        Role::Mask {
-            ignore_index: 70000,
-        },
-        None,
-        Layout::Nchw,
-    )
-    .unwrap_err();
+    let e = mask_pipeline_as("hflip", DType::U16, 70000, None).unwrap_err();
     assert!(e.contains("ignore_index=70000 does not fit"), "{e}");
 }
