@@ -13,7 +13,8 @@
 # The virtualenvs live at the repository root (.venv-test, .venv-build); pip's cache
 # (~/.cache/pip) keeps torch's wheels, so a rerun downloads nothing.
 # webdataset writes the tar shards of test_tar.py (its TarWriter is the reference writer), and
-# megatron-core the Megatron datasets of test_tokens.py.
+# megatron-core the Megatron datasets of test_tokens.py, pyarrow and tokenizers the Parquet files
+# and tokenizer of test_parquet.py.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -22,7 +23,8 @@ TORCH_VERSION=2.15.0 # the LibTorch version of bindings/cpp/run_tests.sh
 VENV="$ROOT/.venv-test"
 TORCHVISION_VERSION=0.29.2 # torchvision v2, the reference of the augmentation tests (requires torch >= 2.14)
 MEGATRON_CORE_VERSION=0.16.1 # its IndexedDatasetBuilder writes the Megatron datasets of test_tokens.py (0.17 on needs Python 3.12)
-REQUIREMENTS="numpy pillow pytest mypy webdataset torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION megatron-core==$MEGATRON_CORE_VERSION"
+PARQUET_TEXT="pyarrow==26.0.1 tokenizers==0.23.3"
+REQUIREMENTS="numpy pillow pytest mypy webdataset torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION megatron-core==$MEGATRON_CORE_VERSION $PARQUET_TEXT"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 START=$SECONDS
 checks=0

@@ -114,6 +114,19 @@ def dense_data(tmp_path_factory):
     return root / "seg", shard, annotations
 
 
+@pytest.fixture
+def text_parquet(tmp_path_factory):
+    """Parquet files of text and a tokenizer.json, for `parquet:` examples (test_parquet's)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from test_parquet import TEXTS, write_tokenizer
+
+    root = tmp_path_factory.mktemp("parquet")
+    pq.write_table(pa.table({"text": TEXTS * 100}), root / "train-0.parquet", row_group_size=100)
+    return root / "train-*.parquet", write_tokenizer(root / "tokenizer.json")
+
+
 def test_the_readmes_have_python_examples():
     names = {p.id.split(":")[0] for p in python_blocks()}
     # The quickstart, the package's page and the book's chapters with Python examples.
@@ -121,7 +134,9 @@ def test_the_readmes_have_python_examples():
 
 
 @pytest.mark.parametrize("code", list(python_blocks()))
-def test_readme_python_example_runs(code, image_folder, dense_data, tmp_path, monkeypatch, capsys):
+def test_readme_python_example_runs(
+    code, image_folder, dense_data, text_parquet, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)  # what an example writes lands here
     if "batch.torch()" in code or ".torch()" in code:
         import_torch()
@@ -129,6 +144,9 @@ def test_readme_python_example_runs(code, image_folder, dense_data, tmp_path, mo
     code = re.sub(r'"segmentation_folder:[^"]*"', f'"segmentation_folder:{dense_data[0]}"', code)
     code = re.sub(r'"tar:/data/det-[^"]*"', f'"tar:{dense_data[1]}"', code)
     code = re.sub(r'"coco(_masks)?:[^"]*"', lambda m: f'"coco{m.group(1) or ""}:{dense_data[2]}"', code)
+    code = re.sub(r'"parquet:[^"]*"', f'"parquet:{text_parquet[0]}"', code)
+    code = re.sub(r'tokenizer="[^"]*"', f'tokenizer="{text_parquet[1]}"', code)
+    code = re.sub(r"eos_token=\d+", "eos_token=1", code)
     code = re.sub(r"range\(\d+\)", "range(2)", code)
     rng = np.random.default_rng(0)
     namespace = {

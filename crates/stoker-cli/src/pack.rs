@@ -1,5 +1,6 @@
 //! `stoker pack`: a source into stoker's packed format, with a progress bar (rate and ETA), and
-//! `stoker pack --merge OUT` for slices packed separately.
+//! `stoker pack --merge OUT` for slices packed separately; a token source (`parquet:`,
+//! `tokens:`, `megatron:`) into one flat token file with its sidecar of document lengths.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -13,7 +14,9 @@ use stoker_core::pack::{merge, open_source_with_fields, pack, parse_size, PackOp
 pub(crate) struct PackArgs {
     /// SRC OUT: any source spec (`image_folder:ROOT`, `tar:PATTERN`, `npy:PATH`,
     /// `packed:PATH`) and the output (a file; a directory with --shard-size or --num-shards).
-    /// With --merge, only OUT.
+    /// With --merge, only OUT. A token source (`parquet:PATTERN` with `--set tokenizer=…`,
+    /// `tokens:PATTERN`, `megatron:PREFIX`) is written to OUT.npy and OUT.lengths.npy, read back
+    /// as `tokens:OUT.npy`.
     #[arg(value_name = "SRC OUT", num_args = 1..=2, required = true)]
     pub(crate) paths: Vec<String>,
     /// Write the dataset index of the slices packed into OUT (every slice must be there).
@@ -42,6 +45,10 @@ pub(crate) struct PackArgs {
     /// (`jpg:image,json#boxes:boxes,json#labels:labels`); default: image and label.
     #[arg(long, value_name = "EXT:NAME,...")]
     pub(crate) fields: Option<String>,
+    /// A loader option of a token source as KEY=VALUE (repeat for more): tokenizer,
+    /// text_column, eos_token, token_dtype.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::doctor::key_value)]
+    pub(crate) set: Vec<(String, String)>,
 }
 
 pub(crate) fn run(args: &PackArgs) -> Result<(), String> {
@@ -56,6 +63,15 @@ pub(crate) fn run(args: &PackArgs) -> Result<(), String> {
     let [src, out] = &args.paths[..] else {
         return Err("expected SRC OUT (or --merge OUT)".into());
     };
+    if ["parquet:", "tokens:", "megatron:"]
+        .iter()
+        .any(|p| src.starts_with(p))
+    {
+        return pack_tokens(src, Path::new(out), &args.set);
+    }
+    if let Some((key, _)) = args.set.first() {
+        return Err(format!("--set {key}=…: options are for token sources only"));
+    }
     let options = PackOptions {
         max_side: args.max_side,
         quality: args.quality,
@@ -109,6 +125,50 @@ pub(crate) fn run(args: &PackArgs) -> Result<(), String> {
             }
             None => String::new(),
         }
+    );
+    Ok(())
+}
+
+/// Writes the token source `src` (with the options `set`) to `out` and its sidecar of lengths.
+fn pack_tokens(src: &str, out: &Path, set: &[(String, String)]) -> Result<(), String> {
+    let mut options = stoker_core::LoaderOptions::new();
+    options.set("source", src).map_err(|e| e.to_string())?;
+    for (key, value) in set {
+        options.set(key, value).map_err(|e| e.to_string())?;
+    }
+    let start = Instant::now();
+    let source = options.open_token_source().map_err(|e| e.to_string())?;
+    let opened = start.elapsed().as_secs_f64();
+    let total = source.total_tokens();
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let style = ProgressStyle::with_template(
+            "stoker pack [{bar:30}] {pos}/{len} tokens  {per_sec}  ETA {eta}",
+        )
+        .map(|s| s.progress_chars("#>."))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        ProgressBar::new(total).with_style(style)
+    });
+    let report = source
+        .write_flat(out, &mut |done| {
+            if let Some(bar) = &bar {
+                bar.set_position(done);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "packed {} tokens of {} documents as {} into {} and {} in {secs:.2} s \
+         (opening {opened:.2} s; {:.0} tokens/s); read them as tokens:{}",
+        report.tokens,
+        report.documents,
+        report.dtype,
+        report.path.display(),
+        report.sidecar.display(),
+        report.tokens as f64 / secs.max(1e-9),
+        report.path.display()
     );
     Ok(())
 }

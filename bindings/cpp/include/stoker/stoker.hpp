@@ -358,7 +358,8 @@ class Options {
   Options& shard_prefetch(std::size_t n) { return set("shard_prefetch", std::to_string(n)); }
   Options& cache_dir(std::string_view path) { return set("cache_dir", path); }
   Options& cache_limit(std::string_view bytes) { return set("cache_limit", bytes); }
-  // Token streams (megatron:PREFIX, tokens:PATTERN, or a blend of them); see docs/llm.md.
+  // Token streams (megatron:PREFIX, tokens:PATTERN, parquet:PATTERN, or a blend of them); see
+  // docs/llm.md.
   Options& blend(std::string_view spec) { return set("blend", spec); }
   Options& seq_len(std::size_t n) { return set("seq_len", std::to_string(n)); }
   Options& global_batch_size(std::size_t n) { return set("global_batch_size", std::to_string(n)); }
@@ -370,6 +371,8 @@ class Options {
   Options& token_packing(std::string_view packing) { return set("token_packing", packing); }
   Options& pad_token(uint64_t id) { return set("pad_token", std::to_string(id)); }
   Options& allow_config_change(bool on) { return set("allow_config_change", flag(on)); }
+  Options& tokenizer(std::string_view path) { return set("tokenizer", path); }
+  Options& text_column(std::string_view name) { return set("text_column", name); }
 
   const ffi::OptionsHandle& handle() const noexcept { return *handle_; }
 

@@ -96,6 +96,8 @@ pub(crate) fn run(args: &TokensBenchArgs) -> Result<(), String> {
         raw: None,
         eos: None,
         vocab_size: None,
+        tokenizer: None,
+        text_column: "text".into(),
         packing: Packing::Concat,
         pad_token: 0,
     };

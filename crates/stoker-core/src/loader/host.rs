@@ -307,14 +307,16 @@ impl HostLoader {
                 tokens: tokens.as_ref().map_or(String::new(), |c| {
                     format!(
                         "document_boundaries={:?}, token_output_dtype={}, token_dtype={:?}, \
-                         eos_token={:?}, vocab_size={:?}, token_packing={}, pad_token={}",
+                         eos_token={:?}, vocab_size={:?}, token_packing={}, pad_token={}, \
+                         text_column={}",
                         c.boundaries,
                         c.output,
                         c.raw,
                         c.eos,
                         c.vocab_size,
                         c.packing.name(),
-                        c.pad_token
+                        c.pad_token,
+                        c.text_column
                     )
                 }),
             },

@@ -106,10 +106,10 @@ declare_options! {
 keys {
     source: Option<SourceSpec> = None;
         parse |key, v| parse_source(key, v).map(Some);
-        values "`npy:PATH`, `image_folder:ROOT`, `segmentation_folder:ROOT`, `coco:ANNOTATIONS`, `coco_masks:ANNOTATIONS`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,PREFIX…]`, `tokens:PATTERN`",
+        values "`npy:PATH`, `image_folder:ROOT`, `segmentation_folder:ROOT`, `coco:ANNOTATIONS`, `coco_masks:ANNOTATIONS`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,PREFIX…]`, `tokens:PATTERN`, `parquet:PATTERN`",
         default "required",
         example "npy:/data/x.npy",
-        meaning "an npy array (memory-mapped; uint8, uint16, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or images and their PNG masks in twin trees (`ROOT/images/DIRS/NAME.jpg` with `ROOT/masks/DIRS/NAME.png`, at any depth: fields `image` and `mask`), or a COCO `instances_*.json` with its images (`ROOT/annotations/instances_NAME.json` reads `ROOT/NAME/`: fields `image`, `boxes` (xywh), `labels`, and with `coco_masks:` a semantic `mask`), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists, or a WebDataset `wids` shard index `….json` listing shards with their sample counts; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs), or a token stream for language models (see docs/llm.md): Megatron-LM indexed datasets (`PREFIX.idx` + `PREFIX.bin`, several prefixes or a brace range) or flat token files (raw `.bin` of `token_dtype`, or 1-D `.npy` of uint16, uint32 or int32), memory-mapped and checked at open; custom, callback and iterable sources are set in code";
+        meaning "an npy array (memory-mapped; uint8, uint16, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or images and their PNG masks in twin trees (`ROOT/images/DIRS/NAME.jpg` with `ROOT/masks/DIRS/NAME.png`, at any depth: fields `image` and `mask`), or a COCO `instances_*.json` with its images (`ROOT/annotations/instances_NAME.json` reads `ROOT/NAME/`: fields `image`, `boxes` (xywh), `labels`, and with `coco_masks:` a semantic `mask`), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists, or a WebDataset `wids` shard index `….json` listing shards with their sample counts; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs), or a token stream for language models (see docs/llm.md): Megatron-LM indexed datasets (`PREFIX.idx` + `PREFIX.bin`, several prefixes or a brace range) or flat token files (raw `.bin` of `token_dtype`, or 1-D `.npy` of uint16, uint32 or int32), memory-mapped and checked at open, or Parquet files of text (a row a document, `text_column` tokenized with `tokenizer` in the workers); custom, callback and iterable sources are set in code";
     /// Labels for an npy source.
     labels: Option<PathBuf> = None;
         parse |key, v| parse_labels(key, v).map(Some);
@@ -431,7 +431,7 @@ keys {
         values "integer ≥ 0",
         default "none",
         example "50256",
-        meaning "`tokens:` sources: the end-of-document token (it ends the document it closes); without it a file is one document, unless a sidecar of document lengths `NAME.lengths.npy` lies beside it (not with `eos_token`)";
+        meaning "`tokens:` sources: the end-of-document token (it ends the document it closes); without it a file is one document, unless a sidecar of document lengths `NAME.lengths.npy` lies beside it (not with `eos_token`). `parquet:` sources: appended to every document's tokens (Megatron's `--append-eod`)";
     /// How a token source's documents become samples.
     token_packing: Packing = Packing::Concat;
         parse |key, v| parse_packing(key, v);
@@ -459,7 +459,21 @@ keys {
         values "integer ≥ 1",
         default "none (not checked)",
         example "50304",
-        meaning "token sources: every token id must be in `0..vocab_size`, else opening fails naming the file and the token's place; the check reads every token once (O(tokens)), so it runs only when set";
+        meaning "token sources: every token id must be in `0..vocab_size`, else opening fails naming the file and the token's place; the check reads every token once (O(tokens)), so it runs only when set (for `parquet:`, the tokenizer's vocabulary, added tokens included, must fit)";
+    /// The tokenizer of a `parquet:` source.
+    tokenizer: Option<PathBuf> = None;
+        parse |_, v| Ok(non_empty(v).map(PathBuf::from));
+        values "a `tokenizer.json` path",
+        default "required for `parquet:` sources",
+        example "tokenizer.json",
+        meaning "`parquet:` sources: the Hugging Face tokenizer (`tokenizer.json`, as every Hub model ships it) that turns each row's text into tokens, with its special tokens (`add_special_tokens=True`); the tokenizer's bytes are part of the resume fingerprint";
+    /// The text column of a `parquet:` source.
+    text_column: String = "text".to_owned();
+        parse |key, v| non_empty(v).map(str::to_owned).ok_or_else(|| Error::option(key, "the column name is empty"));
+        values "a column name",
+        default "text",
+        example "content",
+        meaning "`parquet:` sources: the string (or binary UTF-8) column holding each row's document; a null is an empty document";
 }
 in_code {
     /// Overrides the sampler the keys select (see [`LoaderOptions::set_sampler`]).

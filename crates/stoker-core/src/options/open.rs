@@ -188,18 +188,45 @@ impl LoaderOptions {
             (None, Some(SourceSpec::Tokens(spec))) => vec![spec],
             _ => Vec::new(),
         };
-        if !specs.iter().any(|s| matches!(s, TokenSpec::Flat(_))) {
-            for (key, set) in [
-                ("token_dtype", self.token_dtype.is_some()),
-                ("eos_token", self.eos_token.is_some()),
-            ] {
-                if set {
-                    return Err(Error::option(
-                        key,
-                        "applies to tokens:PATTERN only (a Megatron index says the type and the \
-                         documents)",
-                    ));
-                }
+        let flat = specs.iter().any(|s| matches!(s, TokenSpec::Flat(_)));
+        let parquet = specs.iter().any(|s| matches!(s, TokenSpec::Parquet(_)));
+        const MEGATRON: &str = "a Megatron index says the type and the documents";
+        const TEXT: &str = "the other sources hold tokens, not text";
+        for (key, set, applies, to, why) in [
+            (
+                "token_dtype",
+                self.token_dtype.is_some(),
+                flat,
+                "tokens:PATTERN",
+                MEGATRON,
+            ),
+            (
+                "eos_token",
+                self.eos_token.is_some(),
+                flat || parquet,
+                "tokens:PATTERN and parquet:PATTERN",
+                MEGATRON,
+            ),
+            (
+                "tokenizer",
+                self.tokenizer.is_some(),
+                parquet,
+                "parquet:PATTERN",
+                TEXT,
+            ),
+            (
+                "text_column",
+                self.text_column != "text",
+                parquet,
+                "parquet:PATTERN",
+                TEXT,
+            ),
+        ] {
+            if set && !applies {
+                return Err(Error::option(
+                    key,
+                    format!("applies to {to} sources only ({why})"),
+                ));
             }
         }
         if self.pad_token.is_some() && self.token_packing != Packing::Pad {
@@ -220,10 +247,27 @@ impl LoaderOptions {
             raw: self.token_dtype,
             eos: self.eos_token,
             vocab_size: self.vocab_size,
+            tokenizer: self.tokenizer.clone(),
+            text_column: self.text_column.clone(),
             packing: self.token_packing,
             // Bounded by the key's parser to `0..=i64::MAX`.
             pad_token: self.pad_token.map_or(0, |t| t as i64),
         })
+    }
+
+    /// The token source these options name (`source=megatron:…`, `tokens:…` or `parquet:…`;
+    /// not a blend), opened: what `stoker pack` writes as a flat token file. `seq_len` defaults
+    /// to 1 here, since no sample is cut.
+    pub fn open_token_source(&self) -> Result<TokenSource> {
+        let Some(SourceSpec::Tokens(spec)) = &self.source else {
+            return Err(Error::option(
+                "source",
+                "expected one token source: megatron:PREFIX, tokens:PATTERN or parquet:PATTERN",
+            ));
+        };
+        let mut options = self.clone();
+        options.seq_len = options.seq_len.or(Some(1));
+        TokenSource::open_with(spec, &options.token_config()?, &self.tar_config().remote)
     }
 
     /// The token keys name their option when set for a source that is not a token stream.
@@ -239,6 +283,8 @@ impl LoaderOptions {
             ("token_dtype", self.token_dtype.is_some()),
             ("eos_token", self.eos_token.is_some()),
             ("vocab_size", self.vocab_size.is_some()),
+            ("tokenizer", self.tokenizer.is_some()),
+            ("text_column", self.text_column != "text"),
             ("token_packing", self.token_packing != Packing::Concat),
             ("pad_token", self.pad_token.is_some()),
             ("allow_config_change", self.allow_config_change),
@@ -246,7 +292,7 @@ impl LoaderOptions {
             if set {
                 return Err(Error::option(
                     key,
-                    "applies to token sources only (megatron:PREFIX, tokens:PATTERN)",
+                    "applies to token sources only (megatron:PREFIX, tokens:PATTERN, parquet:PATTERN)",
                 ));
             }
         }

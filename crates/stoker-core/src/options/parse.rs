@@ -56,18 +56,23 @@ pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
             return Err(Error::option(key, "the token file pattern is empty"));
         }
         SourceSpec::Tokens(TokenSpec::Flat(p.to_owned()))
+    } else if let Some(p) = v.strip_prefix("parquet:") {
+        if p.is_empty() {
+            return Err(Error::option(key, "the Parquet file pattern is empty"));
+        }
+        SourceSpec::Tokens(TokenSpec::Parquet(p.to_owned()))
     } else {
         return Err(Error::option(
             key,
             format!(
                 "`{v}` is not a source; expected npy:PATH, image_folder:ROOT, \
-                 segmentation_folder:ROOT, coco:ANNOTATIONS, coco_masks:ANNOTATIONS, tar:PATTERN, packed:PATH, megatron:PREFIX or tokens:PATTERN"
+                 segmentation_folder:ROOT, coco:ANNOTATIONS, coco_masks:ANNOTATIONS, tar:PATTERN, packed:PATH, megatron:PREFIX, tokens:PATTERN or parquet:PATTERN"
             ),
         ));
     })
 }
 
-/// `W:SPEC,W:SPEC,…`, each SPEC `megatron:…` or `tokens:…`. A spec may hold commas of its own
+/// `W:SPEC,W:SPEC,…`, each SPEC `megatron:…`, `tokens:…` or `parquet:…`. A spec may hold commas of its own
 /// (`megatron:/a,/b`, `tokens:x-{0,1}.bin`): a comma starts a new entry only where a weight and
 /// a colon follow it.
 pub(super) fn parse_blend(key: &str, v: &str) -> Result<Vec<(f64, TokenSpec)>> {
@@ -104,7 +109,7 @@ pub(super) fn parse_blend(key: &str, v: &str) -> Result<Vec<(f64, TokenSpec)>> {
                 _ => Err(Error::option(
                     key,
                     format!(
-                        "`{spec}` is not a token source; a blend mixes megatron:… and tokens:…"
+                        "`{spec}` is not a token source; a blend mixes megatron:…, tokens:… and parquet:…"
                     ),
                 )),
             }

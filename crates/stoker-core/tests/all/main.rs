@@ -34,5 +34,7 @@ mod tar_source;
 mod tensor_images;
 mod token_index;
 mod token_lengths;
+#[cfg(feature = "parquet")]
+mod token_parquet;
 mod tokens;
 mod trace;

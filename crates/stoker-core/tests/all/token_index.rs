@@ -21,6 +21,8 @@ pub(crate) fn config(packing: Packing) -> TokenConfig {
         raw: None,
         eos: None,
         vocab_size: None,
+        tokenizer: None,
+        text_column: "text".into(),
         packing,
         pad_token: 0,
     }

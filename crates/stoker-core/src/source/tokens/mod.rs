@@ -1,6 +1,7 @@
 //! Token streams for language-model training: `megatron:PREFIX[,PREFIX…]` (Megatron-LM's
 //! indexed datasets, [`megatron`]) and `tokens:PATTERN` (flat token files, `flat`), read in
-//! place from read-only mappings. Remote files (`s3://`, `gs://`, `az://`, `http(s)://`) are
+//! place from read-only mappings, and `parquet:PATTERN` (a text column tokenized in the workers
+//! by a Hugging Face `tokenizer.json`, `parquet`, with the cargo feature `parquet`). Remote files (`s3://`, `gs://`, `az://`, `http(s)://`) are
 //! downloaded whole into the remote shard cache first (`cache_dir`, bounded by `cache_limit`,
 //! [`crate::source::remote`]), then mapped as local files are; a remote flat file's sidecar of
 //! lengths is not looked for.
@@ -49,6 +50,10 @@ mod cache;
 mod flat;
 mod lengths;
 pub mod megatron;
+mod pack;
+#[cfg(feature = "parquet")]
+mod parquet;
+pub use pack::FlatPack;
 mod writer;
 pub use writer::MegatronWriter;
 
@@ -236,8 +241,13 @@ pub struct TokenConfig {
     pub raw: Option<TokenType>,
     /// The token ending a document in flat files.
     pub eos: Option<u64>,
-    /// Every token id must be below it (checked at open, O(tokens)).
+    /// Every token id must be below it (checked at open, O(tokens); for a tokenizer, its
+    /// vocabulary size).
     pub vocab_size: Option<u64>,
+    /// The `tokenizer.json` of a `parquet:` source.
+    pub tokenizer: Option<PathBuf>,
+    /// The text column of a `parquet:` source.
+    pub text_column: String,
     /// Windows of the stream, or one padded document a sample.
     pub packing: Packing,
     /// The token padding a short document under [`Packing::Pad`].
@@ -251,6 +261,8 @@ pub enum TokenSpec {
     Megatron(String),
     /// `tokens:PATTERN`: flat `.bin` or `.npy` files.
     Flat(String),
+    /// `parquet:PATTERN`: Parquet files of text, tokenized with `tokenizer`.
+    Parquet(String),
 }
 
 impl std::fmt::Display for TokenSpec {
@@ -258,6 +270,7 @@ impl std::fmt::Display for TokenSpec {
         match self {
             TokenSpec::Megatron(p) => write!(f, "megatron:{p}"),
             TokenSpec::Flat(p) => write!(f, "tokens:{p}"),
+            TokenSpec::Parquet(p) => write!(f, "parquet:{p}"),
         }
     }
 }
@@ -289,6 +302,20 @@ pub(crate) trait Part: Send + Sync {
     /// Bytes of the per-sequence and per-document tables it keeps (in memory or mapped).
     fn index_bytes(&self) -> usize {
         0
+    }
+    /// Every token id it can hold is below this.
+    fn id_bound(&self) -> u64 {
+        match self.token_type() {
+            TokenType::U8 => 1 << 8,
+            TokenType::I8 => 1 << 7,
+            TokenType::U16 => 1 << 16,
+            TokenType::I16 => 1 << 15,
+            TokenType::I32 | TokenType::U32 | TokenType::I64 => u64::MAX,
+        }
+    }
+    /// `Err` naming the file and the token's place unless every token is in `0..vocab`.
+    fn check_vocab(&self, vocab: u64) -> Result<()> {
+        check_vocab(self, vocab)
     }
 }
 
@@ -422,6 +449,12 @@ impl TokenSource {
                         .collect::<Result<Vec<_>>>()
                 })??
             }
+            TokenSpec::Parquet(pattern) => {
+                let names = expand_shards(pattern)?;
+                let (paths, shown, holder) = resolve_files(names, remote)?;
+                holders.push(holder);
+                open_parquet(&paths, &shown, config)?
+            }
         };
         let mut starts = Vec::with_capacity(parts.len() + 1);
         let mut total = 0u64;
@@ -435,7 +468,7 @@ impl TokenSource {
         if let Some(vocab) = config.vocab_size {
             crate::fork::parallel(|| {
                 use rayon::prelude::*;
-                parts.par_iter().try_for_each(|p| check_vocab(&**p, vocab))
+                parts.par_iter().try_for_each(|p| p.check_vocab(vocab))
             })??;
         }
         let mut doc_starts = Vec::new();
@@ -660,9 +693,53 @@ impl TokenSource {
     }
 }
 
+/// The parts of a `parquet:` source: `paths` (shown as `shown`) tokenized with `tokenizer`.
+#[cfg(feature = "parquet")]
+fn open_parquet(
+    paths: &[PathBuf],
+    shown: &[String],
+    config: &TokenConfig,
+) -> Result<Vec<Box<dyn Part>>> {
+    let tokenizer = config.tokenizer.as_deref().ok_or_else(|| {
+        Error::option(
+            "tokenizer",
+            "required for a parquet: source: the path of a Hugging Face tokenizer.json that \
+             turns its text into tokens",
+        )
+    })?;
+    let tokenizer = std::sync::Arc::new(parquet::TextTokenizer::load(
+        tokenizer,
+        config.eos,
+        config.vocab_size,
+    )?);
+    let places = cache::CachePlaces::default();
+    // One file after the other: the files' row groups are counted in parallel.
+    paths
+        .iter()
+        .zip(shown)
+        .map(|(path, name)| {
+            let shown = Path::new(name.strip_prefix("file://").unwrap_or(name));
+            parquet::ParquetPart::open(path, shown, &config.text_column, &tokenizer, &places)
+                .map(|p| Box::new(p) as Box<dyn Part>)
+        })
+        .collect()
+}
+
+/// Without the cargo feature `parquet`, a `parquet:` source is refused.
+#[cfg(not(feature = "parquet"))]
+fn open_parquet(
+    _paths: &[PathBuf],
+    _shown: &[String],
+    _config: &TokenConfig,
+) -> Result<Vec<Box<dyn Part>>> {
+    Err(Error::Unsupported(
+        "parquet: sources need stoker built with its `parquet` feature (on by default)".into(),
+    ))
+}
+
 /// `Err` naming the file and the token's place unless every token of `part` is in
 /// `0..vocab`.
-fn check_vocab(part: &dyn Part, vocab: u64) -> Result<()> {
+fn check_vocab(part: &(impl Part + ?Sized), vocab: u64) -> Result<()> {
     let ty = part.token_type();
     let mut at = 0u64;
     part.raw(0, part.tokens(), &mut |bytes| {
