@@ -4,6 +4,13 @@
     python bench/compare_tokens.py                 # 200 M uint16 tokens, made once
     python bench/compare_tokens.py --batches 100   # a quick check
 
+Where LitData is installed, its token pipeline joins them (`--litdata`, on by default): the same
+tokens written once by `litdata.optimize` for its `TokensLoader` (int32 chunks, as lit-gpt
+prepares them), read as lit-gpt trains: `StreamingDataset(TokensLoader(block_size=--block + 1),
+shuffle=True)` through `StreamingDataLoader(pin_memory=True)` with the same worker counts, each
+block cut into inputs and labels and widened to int64. Its windows do not share a token (blocks
+of `--block + 1`), so it reads 1/--block more bytes per input token than the others.
+
 Then, where megatron-core is installed and `stoker bench tokens` has written its 2,500 Megatron
 datasets, the time to open them all: stoker's loader beside megatron-core's `IndexedDataset`
 per prefix (what its `GPTDataset` opens before building its own sample index), files evicted
@@ -29,8 +36,9 @@ batch, as torch tensors:
 What differs, honestly: nanoGPT draws offsets anywhere (windows overlap, an epoch means
 nothing); stoker shuffles the non-overlapping windows `i * block` of an epoch. Both copy the same
 number of bytes per token. Measured per row: input tokens/s over `--batches` batches after as
-many to warm up, and tokens per CPU-second of the process (all its threads: time.process_time),
-the cost a trainer's host pays; every row runs `--rounds` times, interleaved, keeping its best.
+many to warm up, and tokens per CPU-second of the process and its live children (all their
+threads, from /proc), the cost a trainer's host pays, worker processes included; every row runs
+`--rounds` times, interleaved, keeping its best.
 """
 
 import argparse
@@ -76,16 +84,83 @@ def stoker_batches(path: Path, block: int, batch: int, workers: int):
             yield t["input_ids"], t["labels"]
 
 
+def litdata_chunks(path: Path, block: int) -> Path | None:
+    """The same tokens as LitData's `optimize` writes them for its `TokensLoader` (int32 chunks,
+    as lit-gpt and TinyLlama prepare theirs), once, beside the file; None without litdata."""
+    try:
+        import litdata
+    except ImportError:
+        print("\nLitData is not installed (pip install litdata): its rows are left out")
+        return None
+    out = path.with_name(path.stem + f"-litdata-{block + 1}")
+    if not (out / "index.json").exists():
+        data = np.memmap(path, dtype=np.uint16, mode="r")
+        pieces = 64
+        step = -(-len(data) // pieces)
+        print(f"writing LitData chunks of {path.name} into {out} ...")
+        litdata.optimize(
+            fn=_litdata_piece,
+            inputs=[(str(path), i * step, min(len(data), (i + 1) * step)) for i in range(pieces)],
+            output_dir=str(out),
+            chunk_size=(block + 1) * 1024,
+            item_loader=litdata.TokensLoader(),
+            num_workers=len(os.sched_getaffinity(0)),
+        )
+    return out
+
+
+def _litdata_piece(piece):
+    """One piece of the file as one LitData item (a module function: optimize pickles it)."""
+    name, start, end = piece
+    data = np.memmap(name, dtype=np.uint16, mode="r")
+    yield torch.from_numpy(data[start:end].astype(np.int32))
+
+
+def litdata_batches(chunks: Path, block: int, batch: int, workers: int):
+    """LitData's token pipeline as lit-gpt trains with it: StreamingDataset of TokensLoader
+    blocks of `block + 1`, shuffled, through StreamingDataLoader with pinned memory; inputs and
+    labels cut from each block and widened to int64 as the others deliver them."""
+    import litdata
+
+    dataset = litdata.StreamingDataset(
+        input_dir=str(chunks),
+        item_loader=litdata.TokensLoader(block_size=block + 1),
+        shuffle=True,
+        drop_last=True,
+    )
+    loader = litdata.StreamingDataLoader(
+        dataset, batch_size=batch, pin_memory=True, num_workers=workers, drop_last=True
+    )
+    while True:
+        for b in loader:
+            yield b[:, :-1].long(), b[:, 1:].long()
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its live descendants (LitData's workers are processes)."""
+    ticks, stack = 0, [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            for task in os.listdir(f"/proc/{pid}/task"):
+                stack += map(int, Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # ended meanwhile
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def measure(batches, n: int) -> tuple[float, float]:
     """Input tokens per second and per CPU-second over `n` batches, after `n` to warm up."""
     for _ in range(n):
         next(batches)
     tokens = 0
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu = time.perf_counter(), cpu_seconds()
     for _ in range(n):
         x, y = next(batches)
         tokens += x.numel()
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
     return tokens / wall, tokens / max(cpu, 1e-9)
 
 
@@ -270,6 +345,12 @@ def main() -> None:
         help="also time megatron-core's GPTDataset over the Megatron datasets (one run)",
     )
     p.add_argument("--gpt-samples", type=int, default=2000, help="random samples read from each")
+    p.add_argument(
+        "--litdata",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also LitData's StreamingDataset/TokensLoader over the same tokens, where installed",
+    )
     args = p.parse_args()
 
     cache = args.data_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stoker"
@@ -291,6 +372,12 @@ def main() -> None:
         rows[f"stoker, num_workers={workers}"] = (
             lambda w=workers: stoker_batches(path, args.block, args.batch, w)
         )
+    chunks = litdata_chunks(path, args.block) if args.litdata else None
+    if chunks is not None:
+        for workers in sorted({1, cores}):
+            rows[f"LitData, num_workers={workers}"] = (
+                lambda w=workers: litdata_batches(chunks, args.block, args.batch, w)
+            )
     best: dict[str, tuple[float, float]] = {}
     for _ in range(args.rounds):
         for name, make in rows.items():

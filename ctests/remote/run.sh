@@ -92,8 +92,8 @@ index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "shard",
 with open(f"{out}/train.json", "w") as f:
     json.dump(index, f, indent=2)
 # Token streams: a Megatron dataset (uint16, one sequence per document, as Megatron-LM's
-# _IndexWriter lays it out) and a flat uint16 file, read remotely against the same files read
-# locally from this directory.
+# _IndexWriter lays it out), a flat uint16 file, and one with its sidecar of document lengths,
+# read remotely against the same files read locally from this directory.
 import struct
 import numpy as np
 rng = np.random.default_rng(7)
@@ -105,6 +105,8 @@ with open(f"{out}/tok-web.idx", "wb") as f:
     f.write(lengths.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1, dtype="<i8").tobytes())
 np.concatenate(docs).astype("<u2").tofile(f"{out}/tok-web.bin")
 np.concatenate(docs[::-1]).astype("<u2").tofile(f"{out}/tok-flat.bin")
+np.concatenate(docs[::2]).astype("<u2").tofile(f"{out}/tok-docs.bin")
+np.save(f"{out}/tok-docs.lengths.npy", lengths[::2].astype("<i8"))
 PY
 ls "$work/www"
 

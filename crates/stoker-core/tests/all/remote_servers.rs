@@ -173,7 +173,9 @@ fn token_rows(source: &str, extra: &[(&str, &str)]) -> Vec<Vec<u8>> {
 }
 
 /// `megatron:` and `tokens:` sources at `base` (a URL ending in `/`) equal the same files read
-/// locally, the second time from the cache (whose files are then the only copies read).
+/// locally, the second time from the cache (whose files are then the only copies read); a flat
+/// file's sidecar of document lengths is found and read as a local one is (its documents are
+/// in `position_ids`), and a flat file without one (a 404) is one document.
 fn read_tokens(base: &str, tag: &str) {
     let www = PathBuf::from(env("STOKER_REMOTE_WWW"));
     let cache: PathBuf =
@@ -190,6 +192,16 @@ fn read_tokens(base: &str, tag: &str) {
             format!("tokens:{base}tok-flat.bin"),
             format!("tokens:{}", www.join("tok-flat.bin").display()),
             vec![("token_dtype", "uint16")],
+        ),
+        (
+            format!("tokens:{base}tok-docs.bin"),
+            format!("tokens:{}", www.join("tok-docs.bin").display()),
+            vec![("token_dtype", "uint16")],
+        ),
+        (
+            format!("tokens:{base}tok-docs.bin"),
+            format!("tokens:{}", www.join("tok-docs.bin").display()),
+            vec![("token_dtype", "uint16"), ("token_packing", "pad")],
         ),
     ] {
         let want = token_rows(&local, &extra);

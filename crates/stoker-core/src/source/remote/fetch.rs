@@ -127,6 +127,20 @@ impl Fetcher {
         })
     }
 
+    /// Whether `url` names an object: a HEAD, retried while the failure is transient; a 404 is
+    /// `false`, any other failure an error naming the URL.
+    pub(crate) fn exists(&self, url: &ShardUrl) -> Result<bool> {
+        let store = self.store(url)?;
+        let path = object_path(url)?;
+        self.with_retries(url, "HEAD", self.policy.attempts, &(), || async {
+            match stall(&self.policy, store.head(&path)).await? {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(Failure::from(e)),
+            }
+        })
+    }
+
     /// Downloads `url` into `dest` (created or truncated; synced before returning), checking
     /// the body's length against the object's size. One GET, no HEAD: the response describes
     /// the object (size, ETag), and a round trip saved per shard is what a far store costs.

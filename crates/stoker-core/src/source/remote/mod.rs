@@ -98,7 +98,7 @@ mod url;
 #[cfg(feature = "remote")]
 pub use feed::ShardFeed;
 #[cfg(feature = "remote")]
-pub use resolve::{open_feed, resolve};
+pub use resolve::{exist, open_feed, resolve};
 
 /// Without the `remote` feature there is no feed (no value of this type exists).
 #[cfg(not(feature = "remote"))]
@@ -145,6 +145,13 @@ pub(crate) fn shown_without_credentials(name: &str) -> String {
         }
     }
     out
+}
+
+/// Without the `remote` feature: whether each local file exists (URLs are refused).
+#[cfg(not(feature = "remote"))]
+pub fn exist(names: &[String], config: &RemoteConfig) -> crate::error::Result<Vec<bool>> {
+    let resolved = resolve(names.to_vec(), config, false)?;
+    Ok(resolved.paths.iter().map(|p| p.exists()).collect())
 }
 
 /// Without the `remote` feature: local paths and `file://` only.
@@ -216,6 +223,46 @@ mod resolve {
         });
         let fetcher = Fetcher::new(policy)?;
         ShardFeed::new(urls, fetcher, cache, config.shard_prefetch).map(Some)
+    }
+
+    /// Whether each of `names` (local paths, `file://` or remote URLs) exists: a file on disk,
+    /// an object a HEAD finds (404: no). Other failures are errors naming the URL. For the
+    /// optional companions of remote files, such as a flat token file's sidecar of lengths.
+    pub fn exist(names: &[String], config: &RemoteConfig) -> Result<Vec<bool>> {
+        let remote = |n: &String| !n.starts_with("file://") && is_url(n);
+        let fetcher = match names.iter().any(remote) {
+            true => Some(Fetcher::new(RetryPolicy::default())?),
+            false => None,
+        };
+        let workers = config.shard_prefetch.clamp(1, MAX_CONCURRENT);
+        let mut found = Vec::with_capacity(names.len());
+        for batch in names.chunks(workers) {
+            let answers: Vec<Result<bool>> = std::thread::scope(|scope| {
+                let asked: Vec<_> = batch
+                    .iter()
+                    .map(|name| {
+                        let fetcher = fetcher.as_ref();
+                        scope.spawn(move || match fetcher.filter(|_| remote(name)) {
+                            Some(fetcher) => fetcher.exists(&ShardUrl::parse(name)?),
+                            None => Ok(PathBuf::from(name.strip_prefix("file://").unwrap_or(name))
+                                .exists()),
+                        })
+                    })
+                    .collect();
+                asked
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::Internal("a HEAD request thread panicked".into()))
+                        })
+                    })
+                    .collect()
+            });
+            for answer in answers {
+                found.push(answer?);
+            }
+        }
+        Ok(found)
     }
 
     /// Turns shard names (local paths, `file://` or remote URLs) into local files, downloading

@@ -20,8 +20,9 @@ pub(super) struct FlatFile<'a> {
     pub path: &'a Path,
     /// What messages name (a remote file's URL).
     pub shown: &'a Path,
-    /// Whether a sidecar of document lengths is looked for beside it (local files only).
-    pub sidecar: bool,
+    /// Its sidecar of document lengths, when it has one: where it is (a remote one's copy in
+    /// the cache) and what messages name.
+    pub sidecar: Option<(&'a Path, &'a Path)>,
 }
 
 /// One flat token file, mapped and checked.
@@ -108,8 +109,7 @@ impl FlatPart {
             }
             (token, 0, (map.len() / token.size()) as u64)
         };
-        let sidecar = lengths::sidecar_of(path);
-        let docs = if source.sidecar && sidecar.exists() {
+        let docs = if let Some((sidecar, shown)) = source.sidecar {
             if let Some(eos) = eos {
                 return Err(Error::option(
                     "eos_token",
@@ -117,12 +117,13 @@ impl FlatPart {
                         "{eos} ends documents, but {} has a sidecar of document lengths, {}: \
                          documents are said one way; unset eos_token or remove the sidecar",
                         path.display(),
-                        sidecar.display()
+                        shown.display()
                     ),
                 ));
             }
             Some(lengths::document_starts(
-                &sidecar,
+                sidecar,
+                shown,
                 path,
                 &meta,
                 &map[..offset],

@@ -33,6 +33,15 @@ pub(super) fn sidecar_of(path: &Path) -> PathBuf {
     path.with_file_name(format!("{stem}{SUFFIX}"))
 }
 
+/// The sidecar's name of the token file named `name` (a path, `file://` or a URL); `None` for a
+/// URL with a query or fragment (a signed URL names one object: its sidecar has another).
+pub(super) fn sidecar_name(name: &str) -> Option<String> {
+    if crate::source::remote::is_url(name) && name.contains(['?', '#']) {
+        return None;
+    }
+    Some(sidecar_of(Path::new(name)).to_string_lossy().into_owned())
+}
+
 /// Whether a file named by a pattern is a sidecar rather than a token file.
 pub(super) fn is_sidecar(name: &str) -> bool {
     name.ends_with(SUFFIX)
@@ -60,10 +69,12 @@ fn reader(descr: &str) -> Option<(usize, Read)> {
 }
 
 /// The document starts of the flat token file `data` (`tokens` tokens; `data_header` its `.npy`
-/// header, empty for a raw file) from its sidecar `sidecar`: `documents + 1` entries from 0 to
-/// `tokens`. Errors name the sidecar and, where the two disagree, both files and both numbers.
+/// header, empty for a raw file) from its sidecar `sidecar` (a remote one's cached copy; errors
+/// name it `shown`): `documents + 1` entries from 0 to `tokens`. Errors name the sidecar and,
+/// where the two disagree, both files and both numbers.
 pub(super) fn document_starts(
     sidecar: &Path,
+    shown: &Path,
     data: &Path,
     data_meta: &Metadata,
     data_header: &[u8],
@@ -72,10 +83,10 @@ pub(super) fn document_starts(
 ) -> Result<Table> {
     let (file, meta) = open_file(sidecar, "a sidecar of document lengths (.lengths.npy)")?;
     let map = Mapping::map(&file, sidecar)?;
-    let header = parse_raw_header(&map).map_err(|r| Error::format(sidecar, r))?;
+    let header = parse_raw_header(&map).map_err(|r| Error::format(shown, r))?;
     let Some((size, get)) = reader(&header.descr) else {
         return Err(Error::format(
-            sidecar,
+            shown,
             format!(
                 "holds '{}'; document lengths are integers (<i2, <u2, <i4, <u4, <i8 or <u8)",
                 header.descr
@@ -84,7 +95,7 @@ pub(super) fn document_starts(
     };
     let [n] = header.shape[..] else {
         return Err(Error::format(
-            sidecar,
+            shown,
             format!(
                 "has shape {:?}; document lengths are a 1-D array",
                 header.shape
@@ -94,7 +105,7 @@ pub(super) fn document_starts(
     let need = n as u128 * size as u128 + header.data_offset as u128;
     if need != map.len() as u128 {
         return Err(Error::format(
-            sidecar,
+            shown,
             format!(
                 "says {n} lengths of {} after a {}-byte header ({need} bytes), but the file has {}",
                 header.descr,
@@ -127,7 +138,7 @@ pub(super) fn document_starts(
         let len = get(b);
         if len < 0 {
             return Err(Error::format(
-                sidecar,
+                shown,
                 format!("document {d} has length {len} < 0"),
             ));
         }
@@ -138,7 +149,7 @@ pub(super) fn document_starts(
     map.check()?;
     if total != u128::from(tokens) {
         return Err(Error::format(
-            sidecar,
+            shown,
             format!(
                 "its {n} document lengths sum to {total} tokens, but {} holds {tokens} tokens",
                 data.display()

@@ -4,7 +4,7 @@
 //! by a Hugging Face `tokenizer.json`, `parquet`, with the cargo feature `parquet`). Remote files (`s3://`, `gs://`, `az://`, `http(s)://`) are
 //! downloaded whole into the remote shard cache first (`cache_dir`, bounded by `cache_limit`,
 //! [`crate::source::remote`]), then mapped as local files are; a remote flat file's sidecar of
-//! lengths is not looked for.
+//! lengths is looked for with a HEAD request (a 404 means none) and fetched with it.
 //!
 //! The files of a source are laid end to end in the order named (a pattern's expansion order)
 //! into one stream of tokens. Sample `i` is the window of `seq_len + 1` tokens starting at token
@@ -57,12 +57,12 @@ pub use pack::FlatPack;
 mod writer;
 pub use writer::MegatronWriter;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::{FieldSpec, Sample, Source};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::source::remote::{is_url, RemoteConfig, ShardHolder};
+use crate::source::remote::{RemoteConfig, ShardHolder};
 use crate::source::shards::expand_shards;
 
 /// The element type of stored tokens.
@@ -419,31 +419,43 @@ impl TokenSource {
                         named.first().map_or("", String::as_str)
                     )));
                 }
-                // A local file's sidecar is looked for beside it; a remote file's is not.
-                let local: Vec<bool> = names
-                    .iter()
-                    .map(|n| n.starts_with("file://") || !is_url(n))
+                // Each file's sidecar of lengths is looked for beside it, a remote one with a
+                // HEAD request (a 404 means none), and fetched with the files when found.
+                let sidecars: Vec<Option<String>> =
+                    names.iter().map(|n| lengths::sidecar_name(n)).collect();
+                let asked: Vec<String> = sidecars.iter().flatten().cloned().collect();
+                let mut found = crate::source::remote::exist(&asked, remote)?.into_iter();
+                let sidecars: Vec<Option<String>> = sidecars
+                    .into_iter()
+                    .map(|s| s.filter(|_| found.next().unwrap_or(false)))
                     .collect();
-                let (paths, shown, holder) = resolve_files(names, remote)?;
+                let count = names.len();
+                let mut all = names;
+                all.extend(sidecars.iter().flatten().cloned());
+                let (paths, shown, holder) = resolve_files(all, remote)?;
                 holders.push(holder);
-                let places = cache::CachePlaces::default();
-                let files: Vec<(&PathBuf, &String, bool)> = paths
+                let shown: Vec<PathBuf> = shown
                     .iter()
-                    .zip(&shown)
-                    .zip(local)
-                    .map(|((p, n), l)| (p, n, l))
+                    .map(|n| PathBuf::from(n.strip_prefix("file://").unwrap_or(n)))
                     .collect();
+                let mut sidecar_at = count;
+                let files: Vec<flat::FlatFile<'_>> = (0..count)
+                    .map(|k| flat::FlatFile {
+                        path: &paths[k],
+                        shown: &shown[k],
+                        sidecar: sidecars[k].as_ref().map(|_| {
+                            sidecar_at += 1;
+                            (&*paths[sidecar_at - 1], &*shown[sidecar_at - 1])
+                        }),
+                    })
+                    .collect();
+                let places = cache::CachePlaces::default();
                 crate::fork::parallel(|| {
                     use rayon::prelude::*;
                     files
                         .par_iter()
-                        .map(|(path, name, local)| {
-                            let source = flat::FlatFile {
-                                path,
-                                shown: Path::new(name.strip_prefix("file://").unwrap_or(name)),
-                                sidecar: *local,
-                            };
-                            flat::FlatPart::open(&source, config.raw, config.eos, &places)
+                        .map(|source| {
+                            flat::FlatPart::open(source, config.raw, config.eos, &places)
                                 .map(|f| Box::new(f) as Box<dyn Part>)
                         })
                         .collect::<Result<Vec<_>>>()
@@ -718,7 +730,7 @@ fn open_parquet(
         .iter()
         .zip(shown)
         .map(|(path, name)| {
-            let shown = Path::new(name.strip_prefix("file://").unwrap_or(name));
+            let shown = std::path::Path::new(name.strip_prefix("file://").unwrap_or(name));
             parquet::ParquetPart::open(path, shown, &config.text_column, &tokenizer, &places)
                 .map(|p| Box::new(p) as Box<dyn Part>)
         })
