@@ -11,6 +11,13 @@ shuffle=True)` through `StreamingDataLoader(pin_memory=True)` with the same work
 block cut into inputs and labels and widened to int64. Its windows do not share a token (blocks
 of `--block + 1`), so it reads 1/--block more bytes per input token than the others.
 
+Where pyarrow and tokenizers are installed, a table of `parquet:` (`--parquet-rows`, 0 leaves it
+out): generated text in Parquet files (snappy, row groups of 1,000 rows) and a byte-level BPE
+trained on it, read by stoker's `parquet:` in order and shuffled, beside the tokenize-and-pack
+stream of Hugging Face recipes (pyarrow row groups, `Tokenizer.encode_batch`, a running buffer
+cut into windows, in a torch DataLoader's worker processes), each with one worker and every
+core.
+
 Then, where megatron-core is installed and `stoker bench tokens` has written its 2,500 Megatron
 datasets, the time to open them all: stoker's loader beside megatron-core's `IndexedDataset`
 per prefix (what its `GPTDataset` opens before building its own sample index), files evicted
@@ -137,8 +144,11 @@ def litdata_batches(chunks: Path, block: int, batch: int, workers: int):
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process and its live descendants (LitData's workers are processes)."""
-    ticks, stack = 0, [os.getpid()]
+    """CPU time of this process (all threads, to the nanosecond) and of its live descendants
+    (LitData's workers are processes; /proc counts them in clock ticks)."""
+    ticks, stack = 0, []
+    for task in os.listdir("/proc/self/task"):
+        stack += map(int, Path(f"/proc/self/task/{task}/children").read_text().split())
     while stack:
         pid = stack.pop()
         try:
@@ -148,7 +158,7 @@ def cpu_seconds() -> float:
                 stack += map(int, Path(f"/proc/{pid}/task/{task}/children").read_text().split())
         except (FileNotFoundError, ProcessLookupError):
             pass  # ended meanwhile
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return time.process_time() + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def measure(batches, n: int) -> tuple[float, float]:
@@ -208,6 +218,108 @@ def startup(directory: Path, rounds: int) -> None:
     print(f"{'':32} {'not cached':>12} {'cached':>10}")
     for name in opens:
         print(f"{name:32} {best[name, 'not cached']:11.2f}s {best[name, 'cached']:9.2f}s")
+
+
+def parquet_text(cache: Path, rows: int) -> tuple[Path, Path] | None:
+    """Parquet files of generated English-like text (pyarrow, snappy, row groups of 1,000 rows)
+    and a byte-level BPE of 8,000 tokens trained on it (tokenizers), made once."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        import tokenizers
+    except ImportError:
+        print("\nparquet: pyarrow and tokenizers are not both installed, left out")
+        return None
+    root = cache / f"bench-parquet-text-{rows}"
+    tokenizer = root / "tokenizer.json"
+    if not tokenizer.exists():
+        print(f"writing {rows} rows of text into {root} ...")
+        root.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(0)
+        letters = np.array(list("etaoinshrdlucmfwypvbgkjqxz"))
+        weights = 1.0 / np.arange(1, 27)
+        words = ["".join(rng.choice(letters, rng.integers(1, 10), p=weights / weights.sum()))
+                 for _ in range(20_000)]
+        zipf = 1.0 / np.arange(1, len(words) + 1)
+        zipf /= zipf.sum()
+        files = 8
+        for f in range(files):
+            texts = []
+            for _ in range(rows // files):
+                picked = rng.choice(len(words), rng.integers(40, 600), p=zipf)
+                texts.append(" ".join(words[i] for i in picked) + ".")
+            pq.write_table(pa.table({"text": texts}), root / f"train-{f}.parquet",
+                           row_group_size=1000, compression="snappy")
+        tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = tokenizers.trainers.BpeTrainer(
+            vocab_size=8000, special_tokens=["<|endoftext|>"],
+            initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(texts, trainer)
+        tok.save(str(tokenizer))
+    return root, tokenizer
+
+
+class _HuggingFaceStyle(torch.utils.data.IterableDataset):
+    """Tokenize-and-pack as Hugging Face streaming recipes (torchtitan's, nanotron's) do it: each
+    DataLoader worker reads its share of the row groups with pyarrow, tokenizes a row group's
+    texts with `Tokenizer.encode_batch`, appends EOS, and cuts the running buffer into windows."""
+
+    def __init__(self, root: Path, tokenizer: Path, block: int, eos: int):
+        self.files = sorted(root.glob("train-*.parquet"))
+        self.tokenizer, self.block, self.eos = str(tokenizer), block, eos
+
+    def __iter__(self):
+        import pyarrow.parquet as pq
+        import tokenizers
+
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        tok = tokenizers.Tokenizer.from_file(self.tokenizer)
+        groups = [(f, g) for f in self.files for g in range(pq.ParquetFile(f).num_row_groups)]
+        buffer: list[int] = []
+        while True:
+            for f, g in groups[worker::workers]:
+                texts = pq.ParquetFile(f).read_row_group(g, columns=["text"]).column(0).to_pylist()
+                for encoding in tok.encode_batch(texts):
+                    buffer.extend(encoding.ids)
+                    buffer.append(self.eos)
+                while len(buffer) >= self.block + 1:
+                    window = torch.tensor(buffer[: self.block + 1])
+                    del buffer[: self.block]
+                    yield window[:-1], window[1:]
+
+
+def parquet_rows(root: Path, tokenizer: Path, block: int, batch: int, cores: int) -> dict:
+    """The rows of the Parquet table: stoker's `parquet:` in order and shuffled, and the Hugging
+    Face-style stream, each with one worker and every core."""
+    eos = 0
+    spec = f"parquet:{root}/train-*.parquet"
+    start = time.perf_counter()
+    stoker.Loader(spec, tokenizer=str(tokenizer), eos_token=eos, seq_len=block).close()
+    print(f"parquet: first open (every row tokenized and counted): {time.perf_counter() - start:.2f} s")
+
+    def stoker_parquet(workers, shuffle):
+        loader = stoker.Loader(spec, tokenizer=str(tokenizer), eos_token=eos, seq_len=block,
+                               batch_size=batch, shuffle=shuffle, pin_memory=True,
+                               num_workers=workers)
+        while True:
+            for b in loader:
+                t = b.torch()
+                yield t["input_ids"], t["labels"]
+
+    def hf_style(workers):
+        loader = torch.utils.data.DataLoader(
+            _HuggingFaceStyle(root, tokenizer, block, eos), batch_size=batch,
+            num_workers=workers, pin_memory=torch.cuda.is_available())
+        yield from loader
+
+    rows = {}
+    for workers in sorted({1, cores}):
+        rows[f"stoker parquet:, in order, {workers}w"] = lambda w=workers: stoker_parquet(w, False)
+        rows[f"stoker parquet:, shuffled, {workers}w"] = lambda w=workers: stoker_parquet(w, True)
+        rows[f"HF-style stream, {workers}w"] = lambda w=workers: hf_style(w)
+    return rows
 
 
 class _BenchTokenizer:
@@ -345,6 +457,9 @@ def main() -> None:
         help="also time megatron-core's GPTDataset over the Megatron datasets (one run)",
     )
     p.add_argument("--gpt-samples", type=int, default=2000, help="random samples read from each")
+    p.add_argument("--parquet-rows", type=int, default=40_000,
+                   help="rows of generated text for the parquet: table (0: leave it out)")
+    p.add_argument("--parquet-batches", type=int, default=100)
     p.add_argument(
         "--litdata",
         action=argparse.BooleanOptionalAction,
@@ -393,6 +508,24 @@ def main() -> None:
     print(f"{'':32} {'tokens/s':>12} {'ratio':>7} {'tokens/CPU-s':>14} {'ratio':>7}")
     for name, (rate, per_cpu) in best.items():
         print(f"{name:32} {rate:12.0f} {rate / base_rate:7.2f} {per_cpu:14.0f} {per_cpu / base_cpu:7.2f}")
+
+    text = parquet_text(cache, args.parquet_rows) if args.parquet_rows else None
+    if text is not None:
+        rows = parquet_rows(*text, args.block, args.batch, cores)
+        best = {}
+        for _ in range(args.rounds):
+            for name, make in rows.items():
+                rate, per_cpu = measure(make(), args.parquet_batches)
+                old = best.get(name, (0.0, 0.0))
+                best[name] = (max(old[0], rate), max(old[1], per_cpu))
+        base_rate, base_cpu = best[f"HF-style stream, {cores}w"]
+        print(
+            f"\nparquet: {args.parquet_rows} rows of text, a BPE of 8,000 tokens, windows of "
+            f"{args.block + 1}, batches of {args.batch}, best of {args.rounds} rounds"
+        )
+        print(f"{'':36} {'tokens/s':>12} {'ratio':>7} {'tokens/CPU-s':>14} {'ratio':>7}")
+        for name, (rate, per_cpu) in best.items():
+            print(f"{name:36} {rate:12.0f} {rate / base_rate:7.2f} {per_cpu:14.0f} {per_cpu / base_cpu:7.2f}")
 
     megatron_dir = args.megatron_dir or cache / "bench-tokens-2500x1000"
     startup(megatron_dir, args.rounds)
