@@ -229,25 +229,28 @@ mod resolve {
     /// an object a HEAD finds (404: no). Other failures are errors naming the URL. For the
     /// optional companions of remote files, such as a flat token file's sidecar of lengths.
     pub fn exist(names: &[String], config: &RemoteConfig) -> Result<Vec<bool>> {
-        let remote = |n: &String| !n.starts_with("file://") && is_url(n);
-        let fetcher = match names.iter().any(remote) {
-            true => Some(Fetcher::new(RetryPolicy::default())?),
-            false => None,
-        };
+        let mut found: Vec<bool> = Vec::with_capacity(names.len());
+        let mut remote = Vec::new();
+        for (k, name) in names.iter().enumerate() {
+            if let Some(local) = name.strip_prefix("file://") {
+                found.push(PathBuf::from(local).exists());
+            } else if is_url(name) {
+                found.push(false);
+                remote.push((k, ShardUrl::parse(name)?));
+            } else {
+                found.push(PathBuf::from(name).exists());
+            }
+        }
+        if remote.is_empty() {
+            return Ok(found);
+        }
+        let fetcher = Fetcher::new(RetryPolicy::default())?;
         let workers = config.shard_prefetch.clamp(1, MAX_CONCURRENT);
-        let mut found = Vec::with_capacity(names.len());
-        for batch in names.chunks(workers) {
+        for batch in remote.chunks(workers) {
             let answers: Vec<Result<bool>> = std::thread::scope(|scope| {
                 let asked: Vec<_> = batch
                     .iter()
-                    .map(|name| {
-                        let fetcher = fetcher.as_ref();
-                        scope.spawn(move || match fetcher.filter(|_| remote(name)) {
-                            Some(fetcher) => fetcher.exists(&ShardUrl::parse(name)?),
-                            None => Ok(PathBuf::from(name.strip_prefix("file://").unwrap_or(name))
-                                .exists()),
-                        })
-                    })
+                    .map(|(_, url)| scope.spawn(|| fetcher.exists(url)))
                     .collect();
                 asked
                     .into_iter()
@@ -258,8 +261,8 @@ mod resolve {
                     })
                     .collect()
             });
-            for answer in answers {
-                found.push(answer?);
+            for ((k, _), answer) in batch.iter().zip(answers) {
+                found[*k] = answer?;
             }
         }
         Ok(found)

@@ -1,8 +1,8 @@
 //! Token streams for language-model training: `megatron:PREFIX[,PREFIX…]` (Megatron-LM's
 //! indexed datasets, [`megatron`]) and `tokens:PATTERN` (flat token files, `flat`), read in
 //! place from read-only mappings, and `parquet:PATTERN` (a text column tokenized in the workers
-//! by a Hugging Face `tokenizer.json`, `parquet`, with the cargo feature `parquet`). Remote files (`s3://`, `gs://`, `az://`, `http(s)://`) are
-//! downloaded whole into the remote shard cache first (`cache_dir`, bounded by `cache_limit`,
+//! by a Hugging Face `tokenizer.json`, `parquet`, with the cargo feature `parquet`). Remote
+//! files (`s3://`, `gs://`, `az://`, `http(s)://`) are downloaded whole into the remote shard cache first (`cache_dir`, bounded by `cache_limit`,
 //! [`crate::source::remote`]), then mapped as local files are; a remote flat file's sidecar of
 //! lengths is looked for with a HEAD request (a 404 means none) and fetched with it.
 //!

@@ -12,16 +12,16 @@
 //! tokenizer's size, mtime and content hash, the column and `eos_token`); later opens map it
 //! (8 bytes a document). Reads check that a document still has the tokens the table counted.
 //!
-//! A row is read from its row group: each thread keeps the text column of the last row group it
-//! decoded (one per file at most, bounded by [`GROUP_LIMIT`]) and the tokens of the last document
-//! it tokenized, so samples read in order (or `quasi_random`'s pages) decode and tokenize each
-//! once. For many epochs of the same text, `stoker pack` writes the tokens once as a `tokens:`
+//! A row is read from its row group: each thread keeps, per file, the text column of the last row
+//! group it decoded (bounded by [`GROUP_LIMIT`]) and the tokens of the last document it
+//! tokenized, so samples read in order decode and tokenize each row once. They are freed with
+//! the source. For many epochs of the same text, `stoker pack` writes the tokens once as a `tokens:`
 //! file with its sidecar of document lengths.
 
-use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 
 use bytes::Bytes;
 use parquet::basic::Type as PhysicalType;
@@ -116,12 +116,8 @@ impl TextTokenizer {
     }
 }
 
-/// Tells one opened part from another in the per-thread caches.
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-
 /// The text column of one row group, decoded.
 struct Group {
-    part: u64,
     group: usize,
     /// Every row's text, one after the other.
     text: Vec<u8>,
@@ -131,19 +127,20 @@ struct Group {
 
 /// One document's tokens.
 struct Tokens {
-    part: u64,
     row: u64,
     ids: Vec<u32>,
 }
 
-thread_local! {
-    /// The last row group this thread decoded and the last document it tokenized.
-    static RECENT: RefCell<(Option<Group>, Option<Tokens>)> = const { RefCell::new((None, None)) };
+/// What one thread read last from a file: the row group it decoded and the document it
+/// tokenized.
+#[derive(Default)]
+struct Recent {
+    group: Option<Group>,
+    tokens: Option<Tokens>,
 }
 
 /// One Parquet file, mapped, with the token count of every row.
 pub(super) struct ParquetPart {
-    id: u64,
     path: PathBuf,
     reader: SerializedFileReader<Bytes>,
     map: Arc<Mapping>,
@@ -153,6 +150,8 @@ pub(super) struct ParquetPart {
     groups: Vec<u64>,
     /// Where each document starts in the part's tokens; one more entry, the tokens.
     starts: Table,
+    /// Each reading thread's last row group and document, taken out while the thread uses it.
+    recent: Mutex<HashMap<ThreadId, Recent>>,
 }
 
 /// Hands a mapping to the Parquet reader as `Bytes` without copying it.
@@ -207,7 +206,7 @@ impl ParquetPart {
                 ),
             ));
         }
-        let mut groups = Vec::with_capacity(metadata.num_row_groups() + 1);
+        let mut groups = Vec::with_capacity(metadata.num_row_groups().min(1 << 16) + 1);
         let mut rows = 0u64;
         groups.push(0);
         for (g, group) in metadata.row_groups().iter().enumerate() {
@@ -225,7 +224,6 @@ impl ParquetPart {
             groups.push(rows);
         }
         let mut part = ParquetPart {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             path: shown.to_owned(),
             reader,
             map,
@@ -233,14 +231,17 @@ impl ParquetPart {
             column: index,
             groups,
             starts: Table::Owned(Vec::new()),
+            recent: Mutex::new(HashMap::new()),
         };
-        part.starts = part.document_starts(&meta, column, places)?;
+        part.starts = part.document_starts(path, &meta, column, places)?;
         Ok(part)
     }
 
-    /// The cached document starts, or every row tokenized and counted (then cached).
+    /// The cached document starts of the file at `path` (a remote file's cached copy), or every
+    /// row tokenized and counted (then cached).
     fn document_starts(
         &self,
+        path: &Path,
         meta: &std::fs::Metadata,
         column: &str,
         places: &CachePlaces,
@@ -253,7 +254,7 @@ impl ParquetPart {
         hash.bytes(&self.tokenizer.eos.map_or(u64::MAX, u64::from).to_le_bytes());
         let key = CacheKey {
             kind: CACHE_KIND,
-            path: cache::absolute(&self.path),
+            path: cache::absolute(path),
             files: [FileStamp::of(meta), self.tokenizer.stamp],
             header: hash.finish(),
         };
@@ -271,7 +272,8 @@ impl ParquetPart {
                 .map(|g| self.count_group(g))
                 .collect::<Result<Vec<_>>>()
         })??;
-        let mut starts = Vec::with_capacity(rows as usize + 1);
+        // Sized by what was counted, not by the footer's claim.
+        let mut starts = Vec::with_capacity(counts.iter().map(Vec::len).sum::<usize>() + 1);
         let mut total = 0u64;
         starts.push(0);
         for n in counts.iter().flatten() {
@@ -351,7 +353,8 @@ impl ParquetPart {
             .max_def_level();
         let (mut values, mut defs) = (Vec::<ByteArray>::new(), Vec::<i16>::new());
         let mut text = Vec::new();
-        let mut ends = Vec::with_capacity(rows + 1);
+        // Grown as rows are read: the footer's row count is not trusted with an allocation.
+        let mut ends = Vec::with_capacity(rows.min(1 << 16) + 1);
         ends.push(0);
         while ends.len() <= rows {
             values.clear();
@@ -392,7 +395,6 @@ impl ParquetPart {
             ));
         }
         Ok(Group {
-            part: self.id,
             group: g,
             text,
             ends,
@@ -402,52 +404,55 @@ impl ParquetPart {
     /// Calls `each` with the tokens of document `row`, tokenized on this thread (or the ones it
     /// tokenized last), after checking them against the count of the table.
     fn with_document<T>(&self, row: u64, each: impl FnOnce(&[u32]) -> Result<T>) -> Result<T> {
-        RECENT.with(|recent| {
-            let mut recent = recent.borrow_mut();
-            let (group, tokens) = &mut *recent;
-            if let Some(t) = tokens
-                .as_ref()
-                .filter(|t| t.part == self.id && t.row == row)
-            {
-                return each(&t.ids);
-            }
-            let g = self.groups.partition_point(|&s| s <= row) - 1;
-            if !group
-                .as_ref()
-                .is_some_and(|c| c.part == self.id && c.group == g)
-            {
-                // Drop the old group before decoding the next: one at a time per thread.
-                *group = None;
-                *group = Some(self.decode_group(g)?);
-            }
-            let Some(decoded) = group.as_ref() else {
-                return Err(Error::Internal("a decoded row group went missing".into()));
-            };
-            let mut ids = tokens.take().map(|t| t.ids).unwrap_or_default();
-            let text = self.text(decoded, (row - self.groups[g]) as usize, row)?;
-            self.tokenizer
-                .encode(text, &mut ids)
-                .map_err(|why| self.row_error(row, why))?;
-            let (start, end) = self.document(row);
-            if ids.len() as u64 != end - start {
-                return Err(self.row_error(
-                    row,
-                    format!(
-                        "tokenizes to {} tokens, but the index counted {} (the file or the \
-                         tokenizer changed while the source was open?)",
-                        ids.len(),
-                        end - start
-                    ),
-                ));
-            }
-            let out = each(&ids);
-            *tokens = Some(Tokens {
-                part: self.id,
+        let me = std::thread::current().id();
+        let taken = self.recent.lock().ok().and_then(|mut r| r.remove(&me));
+        let mut recent = taken.unwrap_or_default();
+        let out = self.read_document(&mut recent, row, each);
+        if let Ok(mut all) = self.recent.lock() {
+            all.insert(me, recent);
+        }
+        out
+    }
+
+    /// [`with_document`](Self::with_document) with this thread's `recent` reads.
+    fn read_document<T>(
+        &self,
+        recent: &mut Recent,
+        row: u64,
+        each: impl FnOnce(&[u32]) -> Result<T>,
+    ) -> Result<T> {
+        if let Some(t) = recent.tokens.as_ref().filter(|t| t.row == row) {
+            return each(&t.ids);
+        }
+        let g = self.groups.partition_point(|&s| s <= row) - 1;
+        if recent.group.as_ref().is_none_or(|c| c.group != g) {
+            // Drop the old group before decoding the next: one at a time per thread.
+            recent.group = None;
+            recent.group = Some(self.decode_group(g)?);
+        }
+        let Some(decoded) = recent.group.as_ref() else {
+            return Err(Error::Internal("a decoded row group went missing".into()));
+        };
+        let mut ids = recent.tokens.take().map(|t| t.ids).unwrap_or_default();
+        let text = self.text(decoded, (row - self.groups[g]) as usize, row)?;
+        self.tokenizer
+            .encode(text, &mut ids)
+            .map_err(|why| self.row_error(row, why))?;
+        let (start, end) = self.document(row);
+        if ids.len() as u64 != end - start {
+            return Err(self.row_error(
                 row,
-                ids,
-            });
-            out
-        })
+                format!(
+                    "tokenizes to {} tokens, but the index counted {} (the file or the \
+                     tokenizer changed while the source was open?)",
+                    ids.len(),
+                    end - start
+                ),
+            ));
+        }
+        let out = each(&ids);
+        recent.tokens = Some(Tokens { row, ids });
+        out
     }
 }
 
