@@ -15,6 +15,7 @@ import pytest
 import tokenizers
 
 import stoker
+from test_tokens import reference
 
 SEQ = 16
 EOS = 1  # "</s>" in the trained vocabulary
@@ -80,17 +81,6 @@ def shards(tmp_path):
     return f"parquet:{tmp_path}/web-*.parquet"
 
 
-def reference(docs, seq=SEQ):
-    tokens = np.concatenate(docs)
-    starts = np.concatenate([[0], np.cumsum([len(d) for d in docs])[:-1]])
-    n = (len(tokens) - 1) // seq
-    first = np.arange(n) * seq
-    window = tokens[first[:, None] + np.arange(seq + 1)]
-    t = first[:, None] + np.arange(seq)
-    doc_start = starts[np.searchsorted(starts, t, side="right") - 1]
-    return window[:, :-1], window[:, 1:], t - np.maximum(doc_start, first[:, None])
-
-
 def every_sample(loader):
     out = {}
     for batch in loader:
@@ -102,7 +92,7 @@ def every_sample(loader):
 
 def test_windows_equal_the_tokenizers_library_laid_end_to_end(shards, tokenizer_path):
     docs = [encode(tokenizer_path, t, EOS) for t in TEXTS]
-    inputs, labels, positions = reference(docs)
+    inputs, labels, positions, _ = reference(docs, SEQ)
     for workers in (0, 3):
         loader = stoker.Loader(
             shards,

@@ -4,8 +4,9 @@
 //! trusted through `SSL_CERT_FILE`), `STOKER_REMOTE_S3` (shard patterns), `STOKER_REMOTE_SAMPLES`,
 //! `STOKER_REMOTE_WWW` (the directory nginx serves, where a packed dataset is written) and the
 //! `AWS_*` variables, and runs these with `--ignored`; plain `cargo test` skips them. The token
-//! files it also serves (`tok-web.idx`/`.bin`, a Megatron dataset, and `tok-flat.bin`) are read
-//! remotely and compared with the same files read from the served directory.
+//! files it also serves (`tok-web.idx`/`.bin`, a Megatron dataset, `tok-flat.bin`, and
+//! `tok-docs.bin` with its sidecar of lengths) are read remotely and compared with the same files
+//! read from the served directory; so is a Parquet file of text the nginx tests write there.
 #![cfg(feature = "remote")]
 
 use std::path::PathBuf;
@@ -232,11 +233,36 @@ fn read_tokens(base: &str, tag: &str) {
     std::fs::remove_dir_all(&cache).unwrap();
 }
 
+/// A `parquet:` file at `base` (a URL ending in `/` of the served directory, where it is
+/// written now) equals the same file read locally; its tokenizer is a local file.
+#[cfg(feature = "parquet")]
+fn read_parquet(base: &str, tag: &str) {
+    use crate::token_parquet::{rows, write_parquet, write_tokenizer};
+    let www = PathBuf::from(env("STOKER_REMOTE_WWW"));
+    let name = format!("text-{tag}.parquet");
+    write_parquet(&www.join(&name), &rows(40, 3), 8);
+    let tokenizer = www.join(format!("tokenizer-{tag}.json"));
+    write_tokenizer(&tokenizer);
+    let extra = [
+        ("tokenizer", tokenizer.to_str().unwrap()),
+        ("eos_token", "1"),
+    ];
+    let want = token_rows(&format!("parquet:{}", www.join(&name).display()), &extra);
+    assert!(!want.is_empty());
+    assert_eq!(
+        token_rows(&format!("parquet:{base}{name}"), &extra),
+        want,
+        "{base}{name}"
+    );
+}
+
 #[test]
 #[ignore = "needs nginx on 127.0.0.1: run by ctests/remote/run.sh"]
 fn nginx_http_token_files() {
     let http = env("STOKER_REMOTE_HTTP");
     read_tokens(&http[..=http.rfind('/').unwrap()], "http");
+    #[cfg(feature = "parquet")]
+    read_parquet(&http[..=http.rfind('/').unwrap()], "http");
 }
 
 #[test]
@@ -244,6 +270,8 @@ fn nginx_http_token_files() {
 fn nginx_https_token_files() {
     let https = env("STOKER_REMOTE_HTTPS");
     read_tokens(&https[..=https.rfind('/').unwrap()], "https");
+    #[cfg(feature = "parquet")]
+    read_parquet(&https[..=https.rfind('/').unwrap()], "https");
 }
 
 #[test]

@@ -25,7 +25,7 @@ const SEQ: usize = 4;
 const EOS: u64 = 1;
 
 /// A tokenizer of the words `w0`…`w49` (ids 2…51), `[UNK]` 0 and `</s>` 1.
-fn write_tokenizer(path: &Path) {
+pub(crate) fn write_tokenizer(path: &Path) {
     let mut vocab: HashMap<String, u32> = (0..50).map(|w| (format!("w{w}"), w + 2)).collect();
     vocab.insert("[UNK]".into(), 0);
     vocab.insert("</s>".into(), 1);
@@ -40,7 +40,7 @@ fn write_tokenizer(path: &Path) {
 }
 
 /// `rows` (a `None` is a null) as a Parquet file of `groups` rows a row group.
-fn write_parquet(path: &Path, rows: &[Option<String>], group: usize) {
+pub(crate) fn write_parquet(path: &Path, rows: &[Option<String>], group: usize) {
     let schema =
         Arc::new(parse_message_type("message doc { optional binary text (UTF8); }").unwrap());
     let props = Arc::new(
@@ -70,7 +70,7 @@ fn write_parquet(path: &Path, rows: &[Option<String>], group: usize) {
 }
 
 /// Rows of 0 to 10 words; every fifth a null.
-fn rows(n: usize, base: usize) -> Vec<Option<String>> {
+pub(crate) fn rows(n: usize, base: usize) -> Vec<Option<String>> {
     (0..n)
         .map(|r| {
             (r % 5 != 3).then(|| {
