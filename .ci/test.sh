@@ -55,6 +55,9 @@ if command -v rustup >/dev/null; then
 fi
 cargo --version
 bash .ci/native-deps.sh
+# libjpeg-turbo built once for every host build that links it, the fuzz targets' included (see
+# the script): 21 CPU-s, against a CMake build of the whole libjpeg-turbo tree in each of them.
+eval "$(bash .ci/libjpeg-turbo.sh)"
 
 # Every step until the sanitizers leaves a core idle at times (a crate that everything after it
 # waits for, a link, pytest's one thread, downloads, waits on servers and launchers). The

@@ -38,6 +38,9 @@ if [ "$(cat "$VENV/.requirements" 2>/dev/null)" != "$REQUIREMENTS" ]; then
   echo "$REQUIREMENTS" >"$VENV/.requirements"
 fi
 PY="$VENV/bin/python"
+# The wheel's libjpeg-turbo is built by turbojpeg-sys for the wheel's own target, not taken from
+# the test command's host build of it (.ci/libjpeg-turbo.sh).
+unset TURBOJPEG_SOURCE TURBOJPEG_LIB_DIR TURBOJPEG_INCLUDE_DIR
 
 rm -rf "$DIST"
 mkdir -p "$DIST/raw"

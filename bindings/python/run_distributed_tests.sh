@@ -5,7 +5,7 @@
 #     whose ranks all_gather the sample ids of every step; exact coverage per epoch, equal step
 #     counts, the same loader state on every rank; killed mid-epoch (SIGKILL) and resumed from
 #     2 ranks to 3 and from 3 to 2, coverage exact across the restart;
-#   - torchrun with 8, then 6, then 8 ranks over a Megatron token stream: every global batch the
+#   - torchrun with 4, then 3, then 4 ranks over a Megatron token stream: every global batch the
 #     same as one process's, across both resumes, other micro-batch sizes and worker counts;
 #   - a C program as a 2-rank Open MPI job (mpirun -np 2) reading the OMPI_* variables.
 # Every launch runs under `timeout`, so a hang fails instead of blocking.
@@ -111,7 +111,7 @@ scenario "nproc=3, 2 epochs" 3 0 0 2
 scenario "nproc=2 killed in epoch 1 (step 18), resumed at nproc=3" 2 18 3 3
 scenario "nproc=3 killed in epoch 0 (step 4), resumed at nproc=2" 3 4 2 2
 
-step "torchrun: a token stream's global batches resumed at world sizes 8, 6 and 8"
+step "torchrun: a token stream's global batches resumed at world sizes 4, 3 and 4"
 # Three Megatron datasets written by the Python tests' writer; 6 global steps of 24 windows cross
 # the epoch's end. Each run has other micro-batch sizes and worker counts; the checker takes the
 # same 6 steps in one process.
@@ -128,17 +128,17 @@ token_job() {
     bindings/python/distributed/token_steps.py --data "$tokens/{web,code,books}" \
     --sample-log "$tokens/steps.jsonl" --state "$tokens/state" "${@:2}" >"$work/torchrun.log" 2>&1
 }
-if token_job 8 --steps 2 --micro 1 --workers 0 &&
-  token_job 6 --steps 3 --micro 2 --workers 4 --resume &&
-  token_job 8 --steps 1 --micro 3 --workers 1 --resume; then
+if token_job 4 --steps 2 --micro 1 --workers 0 &&
+  token_job 3 --steps 3 --micro 2 --workers 4 --resume &&
+  token_job 4 --steps 1 --micro 3 --workers 1 --resume; then
   if "$py" bindings/python/distributed/token_steps.py --check --data "$tokens/{web,code,books}" \
     --sample-log "$tokens/steps.jsonl" --steps 6; then
-    ok "token stream 8 -> 6 -> 8 ranks"
+    ok "token stream 4 -> 3 -> 4 ranks"
   else
-    ko "token stream 8 -> 6 -> 8 ranks: global batches differ"
+    ko "token stream 4 -> 3 -> 4 ranks: global batches differ"
   fi
 else
-  ko "token stream 8 -> 6 -> 8 ranks: torchrun failed or timed out"
+  ko "token stream 4 -> 3 -> 4 ranks: torchrun failed or timed out"
   show_log
 fi
 

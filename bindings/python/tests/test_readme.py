@@ -4,7 +4,8 @@ Each ```python block of README.md, bindings/python/README.md and docs/*.md runs 
 namespace; only what a reader substitutes anyway is replaced: the dataset path by a small folder
 of real JPEG files (a ``segmentation_folder:`` path by a folder of JPEGs and PNG masks, and the
 detection shards ``tar:/data/det-...`` by one shard of JPEGs with their boxes, a ``coco:`` or
-``coco_masks:`` annotation file by their COCO instances), the epoch count by
+``coco_masks:`` annotation file by their COCO instances, ``parquet:/data/hf/...`` by a table of
+those JPEGs and ``parquet:`` text by test_parquet's), the epoch count by
 2, and the variables a fragment takes from the reader's program (``stoker`` itself, ``docs``,
 ``labels``) are provided.
 
@@ -127,6 +128,21 @@ def text_parquet(tmp_path_factory):
     return root / "train-*.parquet", write_tokenizer(root / "tokenizer.json")
 
 
+@pytest.fixture
+def image_parquet(dense_data, tmp_path_factory):
+    """A Hugging Face-style image table (`img` as struct<bytes, path>, an int64 `label`) of the
+    dense data's JPEGs, for `parquet:` table examples."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("hf")
+    files = sorted((dense_data[0] / "images").glob("*.jpg"))
+    images = [{"bytes": f.read_bytes(), "path": f.name} for f in files]
+    pq.write_table(pa.table({"img": images, "label": [k % 10 for k in range(len(files))]}),
+                   root / "train-00000-of-00001.parquet", row_group_size=5)
+    return root / "train-*.parquet"
+
+
 def test_the_readmes_have_python_examples():
     names = {p.id.split(":")[0] for p in python_blocks()}
     # The quickstart, the package's page and the book's chapters with Python examples.
@@ -135,7 +151,7 @@ def test_the_readmes_have_python_examples():
 
 @pytest.mark.parametrize("code", list(python_blocks()))
 def test_readme_python_example_runs(
-    code, image_folder, dense_data, text_parquet, tmp_path, monkeypatch, capsys
+    code, image_folder, dense_data, text_parquet, image_parquet, tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)  # what an example writes lands here
     if "batch.torch()" in code or ".torch()" in code:
@@ -144,7 +160,11 @@ def test_readme_python_example_runs(
     code = re.sub(r'"segmentation_folder:[^"]*"', f'"segmentation_folder:{dense_data[0]}"', code)
     code = re.sub(r'"tar:/data/det-[^"]*"', f'"tar:{dense_data[1]}"', code)
     code = re.sub(r'"coco(_masks)?:[^"]*"', lambda m: f'"coco{m.group(1) or ""}:{dense_data[2]}"', code)
-    code = re.sub(r'"parquet:[^"]*"', f'"parquet:{text_parquet[0]}"', code)
+    code = re.sub(
+        r'"parquet:([^"]*)"',
+        lambda m: f'"parquet:{image_parquet if m.group(1).startswith("/data/hf/") else text_parquet[0]}"',
+        code,
+    )
     code = re.sub(r'tokenizer="[^"]*"', f'tokenizer="{text_parquet[1]}"', code)
     code = re.sub(r"eos_token=\d+", "eos_token=1", code)
     code = re.sub(r"range\(\d+\)", "range(2)", code)

@@ -42,7 +42,9 @@ pub(crate) struct PackArgs {
     #[arg(long, value_name = "N", requires = "shard_index")]
     pub(crate) num_shards: Option<usize>,
     /// A tar source's fields, as the loader's `fields` option
-    /// (`jpg:image,json#boxes:boxes,json#labels:labels`); default: image and label.
+    /// (`jpg:image,json#boxes:boxes,json#labels:labels`; default: image and label), or a parquet:
+    /// table's columns, as the loader's `columns` option (`img:image,label`; default: every image
+    /// and number column).
     #[arg(long, value_name = "EXT:NAME,...")]
     pub(crate) fields: Option<String>,
     /// A loader option of a token source as KEY=VALUE (repeat for more): tokenizer,
@@ -63,10 +65,10 @@ pub(crate) fn run(args: &PackArgs) -> Result<(), String> {
     let [src, out] = &args.paths[..] else {
         return Err("expected SRC OUT (or --merge OUT)".into());
     };
-    if ["parquet:", "tokens:", "megatron:"]
-        .iter()
-        .any(|p| src.starts_with(p))
-    {
+    // A parquet: source is text read as tokens with a tokenizer, else a table of images and
+    // numbers packed as any other source.
+    let text = src.starts_with("parquet:") && args.set.iter().any(|(k, _)| k == "tokenizer");
+    if text || ["tokens:", "megatron:"].iter().any(|p| src.starts_with(p)) {
         return pack_tokens(src, Path::new(out), &args.set);
     }
     if let Some((key, _)) = args.set.first() {

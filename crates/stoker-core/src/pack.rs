@@ -25,7 +25,7 @@ use crate::decode::{
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::options::LoaderOptions;
+use crate::options::{parse_columns, LoaderOptions};
 use crate::source::packed::format::{
     align_up, checksum, encode_schema, Entry, Header, ImageMode, PackedField, PackedKind,
     DEFAULT_PAGE_SIZE, HEADER_BYTES, RECORD_ALIGN, VERSION,
@@ -33,8 +33,9 @@ use crate::source::packed::format::{
 use crate::source::packed::index::{write_index, IndexEntry};
 use crate::source::packed::PackedFile;
 use crate::source::pixels::raw_header;
+use crate::source::remote::RemoteConfig;
 use crate::source::tar::parse_fields;
-use crate::source::{FieldKind, Source, SourceSpec, TarConfig, TarSource};
+use crate::source::{open_parquet_table, FieldKind, Source, SourceSpec, TarConfig, TarSource};
 
 /// Samples read and encoded in parallel before they are appended in order: bounds the memory
 /// of encoded samples waiting to be written.
@@ -737,15 +738,15 @@ pub fn open_source(spec: &str) -> Result<Arc<dyn Source>> {
 }
 
 /// [`open_source`] with a tar source's `fields` (`EXT:NAME,...`, the loader's option): a shard's
-/// other members (`json#boxes`, `seg.png`, say) are packed only when named. `None` is the
-/// default fields; any other source refuses `fields`.
+/// other members (`json#boxes`, `seg.png`, say) are packed only when named; for a `parquet:`
+/// table, its `columns` (`COLUMN[:NAME],...`). `None` is the default fields; any other source
+/// refuses `fields`.
 pub fn open_source_with_fields(spec: &str, fields: Option<&str>) -> Result<Arc<dyn Source>> {
     let Some(fields) = fields else {
         return open_source(spec);
     };
     let mut options = LoaderOptions::new();
     options.set("source", spec)?;
-    options.set("fields", fields)?;
     match options.source() {
         Some(SourceSpec::Tar(pattern)) => Ok(Arc::new(TarSource::open_pattern(
             pattern,
@@ -755,9 +756,17 @@ pub fn open_source_with_fields(spec: &str, fields: Option<&str>) -> Result<Arc<d
                 ..TarConfig::default()
             },
         )?)),
+        Some(SourceSpec::Parquet(pattern)) => open_parquet_table(
+            pattern,
+            Some(&parse_columns(fields)?),
+            &RemoteConfig::default(),
+        ),
         _ => Err(Error::option(
             "fields",
-            format!("chooses the members of tar shards; `{spec}` is not a tar: source"),
+            format!(
+                "chooses the members of tar shards or the columns of a parquet: table \
+                 (COLUMN[:NAME],…); `{spec}` is neither"
+            ),
         )),
     }
 }

@@ -355,6 +355,8 @@ class Options {
   Options& shuffle_buffer(std::size_t n) { return set("shuffle_buffer", std::to_string(n)); }
   Options& order(std::string_view name) { return set("order", name); }
   Options& fields(std::string_view spec) { return set("fields", spec); }
+  // A parquet: table's columns and field names: "img:image,label".
+  Options& columns(std::string_view spec) { return set("columns", spec); }
   Options& shard_prefetch(std::size_t n) { return set("shard_prefetch", std::to_string(n)); }
   Options& cache_dir(std::string_view path) { return set("cache_dir", path); }
   Options& cache_limit(std::string_view bytes) { return set("cache_limit", bytes); }

@@ -17,6 +17,7 @@
 mod assembly;
 mod buffer;
 mod depth;
+mod feed;
 mod host;
 mod stream;
 

@@ -109,7 +109,7 @@ keys {
         values "`npy:PATH`, `image_folder:ROOT`, `segmentation_folder:ROOT`, `coco:ANNOTATIONS`, `coco_masks:ANNOTATIONS`, `tar:PATTERN`, `packed:PATH`, `megatron:PREFIX[,PREFIX…]`, `tokens:PATTERN`, `parquet:PATTERN`",
         default "required",
         example "npy:/data/x.npy",
-        meaning "an npy array (memory-mapped; uint8, uint16, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or images and their PNG masks in twin trees (`ROOT/images/DIRS/NAME.jpg` with `ROOT/masks/DIRS/NAME.png`, at any depth: fields `image` and `mask`), or a COCO `instances_*.json` with its images (`ROOT/annotations/instances_NAME.json` reads `ROOT/NAME/`: fields `image`, `boxes` (xywh), `labels`, and with `coco_masks:` a semantic `mask`), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists, or a WebDataset `wids` shard index `….json` listing shards with their sample counts; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs), or a token stream for language models (see docs/llm.md): Megatron-LM indexed datasets (`PREFIX.idx` + `PREFIX.bin`, several prefixes or a brace range) or flat token files (raw `.bin` of `token_dtype`, or 1-D `.npy` of uint16, uint32 or int32), memory-mapped and checked at open, or Parquet files of text (a row a document, `text_column` tokenized with `tokenizer` in the workers); custom, callback and iterable sources are set in code";
+        meaning "an npy array (memory-mapped; uint8, uint16, int32, int64, float16, float32), one subfolder per class of `.jpg/.jpeg/.png` files (torchvision's ImageFolder rules), or images and their PNG masks in twin trees (`ROOT/images/DIRS/NAME.jpg` with `ROOT/masks/DIRS/NAME.png`, at any depth: fields `image` and `mask`), or a COCO `instances_*.json` with its images (`ROOT/annotations/instances_NAME.json` reads `ROOT/NAME/`: fields `image`, `boxes` (xywh), `labels`, and with `coco_masks:` a semantic `mask`), or WebDataset tar shards (`train-{000..146}.tar`, globs, comma lists, or a WebDataset `wids` shard index `….json` listing shards with their sample counts; `.tar.gz` when streaming), or stoker's packed format (`stoker pack`: a file, a dataset directory or a pattern of shards; remote: a dataset URL ending in `/` or `index.stkidx`, or shard URLs), or a token stream for language models (see docs/llm.md): Megatron-LM indexed datasets (`PREFIX.idx` + `PREFIX.bin`, several prefixes or a brace range) or flat token files (raw `.bin` of `token_dtype`, or 1-D `.npy` of uint16, uint32 or int32), memory-mapped and checked at open, or Parquet files: a table of images and numbers, a row a sample (`columns`; Hugging Face image datasets), or with `tokenizer` text, a row a document (`text_column` tokenized in the workers); custom, callback and iterable sources are set in code";
     /// Labels for an npy source.
     labels: Option<PathBuf> = None;
         parse |key, v| parse_labels(key, v).map(Some);
@@ -363,6 +363,13 @@ keys {
         default "image + label",
         example "jpg;png:image,cls:label",
         meaning "tar: members to deliver and their field names; `jpg`/`jpeg`/`png` are decoded images, `cls`/`label`/`index` int64, `npy` tensors, `json#boxes` and `json#labels` a JSON member's `boxes` (float32 rows of 4) and `labels` (int64), anything else raw bytes (uint8, padded with 0, with `NAME_lengths`)";
+    /// The columns of a `parquet:` table, as parsed by `parse_columns`.
+    columns: Option<Vec<(String, String)>> = None;
+        parse |_, v| parse_columns(v).map(Some);
+        values "`COLUMN[:NAME],...` (`img:image,label`)",
+        default "every image and number column, under its name",
+        example "img:image,label",
+        meaning "`parquet:` tables (without `tokenizer`): the columns to deliver, a row a sample, and their field names; a binary column or a Hugging Face image (`struct<bytes, path>`) is a decoded image (JPEG or PNG, as tar's `jpg`), an integer column int32 or int64 as stored (uint32 as int64), float and double float32, boolean uint8; text and list columns are not delivered";
     /// Remote shards downloaded at once (see [`crate::source::remote`]).
     shard_prefetch: usize = crate::source::remote::RemoteConfig::default().shard_prefetch;
         parse |key, v| parse_int(key, v, 0, 64).map(|n| n as usize);

@@ -15,8 +15,8 @@ use crate::source::tar::{TarConfig, TarSource, TarStream};
 use crate::source::tokens::blend::BlendSource;
 use crate::source::tokens::{Boundaries, Packing};
 use crate::source::{
-    FieldKind, FieldRules, FieldSpec, IterableStream, PackedSource, Source, SourceSpec,
-    TokenConfig, TokenSource, TokenSpec,
+    open_parquet_table, FieldKind, FieldRules, FieldSpec, IterableStream, PackedSource, Source,
+    SourceSpec, TokenConfig, TokenSource, TokenSpec,
 };
 use crate::transform::{roles, roles_with, Pipeline};
 
@@ -95,11 +95,19 @@ impl LoaderOptions {
             Error::option("source", "required, e.g. npy:PATH or image_folder:ROOT")
         })?;
         let is_tar = matches!(spec, SourceSpec::Tar(_));
-        if !self.is_token_stream() {
+        let token_spec = self.token_spec();
+        if token_spec.is_none() {
             self.check_no_token_keys()?;
         }
         if self.fields.is_some() && !is_tar {
             return Err(Error::option("fields", "applies to tar sources only"));
+        }
+        let table = matches!(spec, SourceSpec::Parquet(_)) && token_spec.is_none();
+        if self.columns.is_some() && !table {
+            return Err(Error::option(
+                "columns",
+                "applies to parquet: tables only (a parquet: source without tokenizer)",
+            ));
         }
         let streaming = self.is_streaming();
         if self.shuffle_buffer > 0 && !streaming {
@@ -147,19 +155,25 @@ impl LoaderOptions {
                     damaged: Vec::new(),
                 }
             }
-            SourceSpec::Tokens(tokens) => {
-                if self.labels.is_some() {
-                    return Err(Error::option("labels", "applies to npy sources only"));
-                }
-                Opened {
-                    source: OpenedSource::Indexed(Arc::new(TokenSource::open_with(
-                        tokens,
-                        &self.token_config()?,
-                        &self.tar_config().remote,
-                    )?)),
-                    damaged: Vec::new(),
-                }
+            SourceSpec::Tokens(_) | SourceSpec::Parquet(_) if self.labels.is_some() => {
+                return Err(Error::option("labels", "applies to npy sources only"));
             }
+            SourceSpec::Parquet(pattern) if table => Opened {
+                source: OpenedSource::Indexed(open_parquet_table(
+                    pattern,
+                    self.columns.as_deref(),
+                    &self.tar_config().remote,
+                )?),
+                damaged: Vec::new(),
+            },
+            SourceSpec::Tokens(_) | SourceSpec::Parquet(_) => Opened {
+                source: OpenedSource::Indexed(Arc::new(TokenSource::open_with(
+                    &self.open_token_spec()?,
+                    &self.token_config()?,
+                    &self.tar_config().remote,
+                )?)),
+                damaged: Vec::new(),
+            },
             SourceSpec::Packed(path) if self.labels.is_none() => Opened {
                 source: OpenedSource::Indexed(Arc::new(PackedSource::open_with(
                     path,
@@ -176,16 +190,45 @@ impl LoaderOptions {
         })
     }
 
-    /// Whether the source is a token stream (`megatron:`, `tokens:`, a `blend` of them).
+    /// Whether the source is a token stream (`megatron:`, `tokens:`, `parquet:` text, a
+    /// `blend` of them).
     pub fn is_token_stream(&self) -> bool {
-        self.blend.is_some() || matches!(self.source, Some(SourceSpec::Tokens(_)))
+        self.blend.is_some() || self.token_spec().is_some()
+    }
+
+    /// The token source `source` names: `megatron:` and `tokens:`, and `parquet:` when read as
+    /// text (with `tokenizer`, or with `seq_len`, which only tokens have: then the missing
+    /// tokenizer is the error). Else a `parquet:` source is a table of images and numbers.
+    fn token_spec(&self) -> Option<TokenSpec> {
+        match &self.source {
+            Some(SourceSpec::Tokens(spec)) => Some(spec.clone()),
+            Some(SourceSpec::Parquet(pattern))
+                if self.tokenizer.is_some() || self.seq_len.is_some() =>
+            {
+                Some(TokenSpec::Parquet(pattern.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The one token source `source` names (not a blend); a `parquet:` source as text.
+    fn open_token_spec(&self) -> Result<TokenSpec> {
+        match &self.source {
+            Some(SourceSpec::Tokens(spec)) => Ok(spec.clone()),
+            Some(SourceSpec::Parquet(pattern)) => Ok(TokenSpec::Parquet(pattern.clone())),
+            _ => Err(Error::option(
+                "source",
+                "expected one token source: megatron:PREFIX, tokens:PATTERN or parquet:PATTERN",
+            )),
+        }
     }
 
     /// How a token source cuts and delivers samples; `seq_len` is required.
     pub(crate) fn token_config(&self) -> Result<TokenConfig> {
-        let specs: Vec<&TokenSpec> = match (&self.blend, &self.source) {
+        let named = self.token_spec();
+        let specs: Vec<&TokenSpec> = match (&self.blend, &named) {
             (Some(blend), _) => blend.iter().map(|(_, spec)| spec).collect(),
-            (None, Some(SourceSpec::Tokens(spec))) => vec![spec],
+            (None, Some(spec)) => vec![spec],
             _ => Vec::new(),
         };
         let flat = specs.iter().any(|s| matches!(s, TokenSpec::Flat(_)));
@@ -259,15 +302,10 @@ impl LoaderOptions {
     /// not a blend), opened: what `stoker pack` writes as a flat token file. `seq_len` defaults
     /// to 1 here, since no sample is cut.
     pub fn open_token_source(&self) -> Result<TokenSource> {
-        let Some(SourceSpec::Tokens(spec)) = &self.source else {
-            return Err(Error::option(
-                "source",
-                "expected one token source: megatron:PREFIX, tokens:PATTERN or parquet:PATTERN",
-            ));
-        };
+        let spec = self.open_token_spec()?;
         let mut options = self.clone();
         options.seq_len = options.seq_len.or(Some(1));
-        TokenSource::open_with(spec, &options.token_config()?, &self.tar_config().remote)
+        TokenSource::open_with(&spec, &options.token_config()?, &self.tar_config().remote)
     }
 
     /// The token keys name their option when set for a source that is not a token stream.
@@ -292,7 +330,8 @@ impl LoaderOptions {
             if set {
                 return Err(Error::option(
                     key,
-                    "applies to token sources only (megatron:PREFIX, tokens:PATTERN, parquet:PATTERN)",
+                    "applies to token sources only (megatron:PREFIX, tokens:PATTERN, parquet:PATTERN \
+                     with tokenizer)",
                 ));
             }
         }

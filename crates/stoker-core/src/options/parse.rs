@@ -10,7 +10,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::source::pixels::InputLayout;
 use crate::source::tokens::{Boundaries, Packing, TokenType};
-use crate::source::{SourceSpec, TokenSpec};
+use crate::source::{is_field_name, SourceSpec, TokenSpec, MAX_FIELDS};
 use crate::transform::BoxFormat;
 
 /// `npy:PATH`, `image_folder:ROOT`, `segmentation_folder:ROOT`, `coco:ANNOTATIONS`,
@@ -60,7 +60,7 @@ pub(super) fn parse_source(key: &str, v: &str) -> Result<SourceSpec> {
         if p.is_empty() {
             return Err(Error::option(key, "the Parquet file pattern is empty"));
         }
-        SourceSpec::Tokens(TokenSpec::Parquet(p.to_owned()))
+        SourceSpec::Parquet(p.to_owned())
     } else {
         return Err(Error::option(
             key,
@@ -106,6 +106,8 @@ pub(super) fn parse_blend(key: &str, v: &str) -> Result<Vec<(f64, TokenSpec)>> {
             }
             match parse_source(key, &spec)? {
                 SourceSpec::Tokens(t) => Ok((w, t)),
+                // In a blend, Parquet files are text read as tokens (`tokenizer`).
+                SourceSpec::Parquet(p) => Ok((w, TokenSpec::Parquet(p))),
                 _ => Err(Error::option(
                     key,
                     format!(
@@ -350,4 +352,32 @@ pub(super) fn parse_size(key: &str, v: &str) -> Result<u64> {
         )
     })?;
     Ok(bytes.as_u64())
+}
+
+/// Parses `columns`, `COLUMN[:NAME],…`: the columns to deliver and their field names (the
+/// column's own name when it is one: letters, digits and `_`).
+pub(crate) fn parse_columns(v: &str) -> Result<Vec<(String, String)>> {
+    let bad = |why: String| Error::option("columns", why);
+    let mut out: Vec<(String, String)> = Vec::new();
+    for entry in v.split(',') {
+        let entry = entry.trim();
+        let (column, name) = entry.split_once(':').unwrap_or((entry, entry));
+        let (column, name) = (column.trim(), name.trim());
+        if column.is_empty() {
+            return Err(bad(format!("`{entry}` names no column")));
+        }
+        if !is_field_name(name) {
+            return Err(bad(format!(
+                "`{entry}`: a field name is letters, digits and `_` (write COLUMN:NAME)"
+            )));
+        }
+        if out.iter().any(|(_, n)| n == name) {
+            return Err(bad(format!("field `{name}` is named twice")));
+        }
+        out.push((column.to_owned(), name.to_owned()));
+    }
+    if out.len() > MAX_FIELDS {
+        return Err(bad(format!("more than {MAX_FIELDS} fields")));
+    }
+    Ok(out)
 }

@@ -12,6 +12,8 @@ pub mod mapped;
 mod memory;
 mod npy;
 pub mod packed;
+#[cfg(feature = "parquet")]
+pub mod parquet;
 pub mod pixels;
 pub mod remote;
 mod segmentation_folder;
@@ -31,6 +33,8 @@ pub use iterable::{IterableSource, SampleStream, StreamInfo};
 pub use memory::MemorySource;
 pub use npy::{npy_bytes, npy_descr, npy_header, write_npy, NpyArray, NpySource};
 pub use packed::PackedSource;
+#[cfg(feature = "parquet")]
+pub use parquet::ParquetSource;
 pub use segmentation_folder::SegmentationFolderSource;
 pub use tokens::{TokenConfig, TokenSource, TokenSpec};
 
@@ -104,6 +108,12 @@ impl FieldSpec {
             kind: FieldKind::EncodedImage,
         }
     }
+}
+
+/// Whether `name` can name a field: letters, digits and `_`, at least one (every face's
+/// batches are keyed by it: a Python dict, a C string, a torch keyword).
+pub fn is_field_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// The raw bytes of one sample's fields, in the order of [`Source::fields`]. They borrow from
@@ -242,6 +252,10 @@ pub enum SourceSpec {
     /// `megatron:PREFIX[,PREFIX…]` or `tokens:PATTERN`: a token stream cut into windows of
     /// `seq_len + 1` tokens (see [`tokens`]); opened with the loader's token options.
     Tokens(TokenSpec),
+    /// `parquet:PATTERN`: a table of images and numbers, a row a sample (`ParquetSource`, cargo
+    /// feature `parquet`), or with the option `tokenizer` a token source of its text column
+    /// ([`TokenSpec::Parquet`]).
+    Parquet(String),
 }
 
 impl std::fmt::Debug for SourceSpec {
@@ -262,6 +276,7 @@ impl std::fmt::Debug for SourceSpec {
             SourceSpec::Packed(path) => write!(f, "packed:{path}"),
             SourceSpec::Iterable(_) => f.write_str("iterable source"),
             SourceSpec::Tokens(spec) => write!(f, "{spec}"),
+            SourceSpec::Parquet(pattern) => write!(f, "parquet:{pattern}"),
         }
     }
 }
@@ -307,6 +322,9 @@ impl SourceSpec {
                 },
             )?),
             SourceSpec::Packed(path) => Arc::new(PackedSource::open(path)?),
+            SourceSpec::Parquet(pattern) => {
+                open_parquet_table(pattern, None, &remote::RemoteConfig::default())?
+            }
             SourceSpec::Iterable(_) => {
                 return Err(Error::InvalidArgument(
                     "an iterable source is a stream, not a map-style source".into(),
@@ -320,6 +338,28 @@ impl SourceSpec {
             }
         })
     }
+}
+
+/// `parquet:PATTERN` as a table: `columns` (or every image and number column) a row a sample.
+#[cfg(feature = "parquet")]
+pub(crate) fn open_parquet_table(
+    pattern: &str,
+    columns: Option<&[(String, String)]>,
+    remote: &remote::RemoteConfig,
+) -> Result<Arc<dyn Source>> {
+    Ok(Arc::new(ParquetSource::open(pattern, columns, remote)?))
+}
+
+/// Without the cargo feature `parquet`, a `parquet:` source is refused.
+#[cfg(not(feature = "parquet"))]
+pub(crate) fn open_parquet_table(
+    _pattern: &str,
+    _columns: Option<&[(String, String)]>,
+    _remote: &remote::RemoteConfig,
+) -> Result<Arc<dyn Source>> {
+    Err(Error::Unsupported(
+        "parquet: sources need stoker built with its `parquet` feature (on by default)".into(),
+    ))
 }
 
 /// Opens `path` for reading as `what` ("an .npy file", "a tar shard"), which must be a regular

@@ -82,9 +82,11 @@
 
 mod args;
 mod augment;
+mod auto_augment;
 pub mod boxes;
 mod color;
 pub mod dense;
+mod frame;
 pub mod geometry;
 pub mod iou_crop;
 mod kernels;
@@ -96,7 +98,7 @@ pub mod roles;
 pub mod spec;
 pub mod warp;
 
-pub use augment::AugOp;
+pub use auto_augment::AugOp;
 pub use boxes::BoxPipeline;
 pub use dense::{DensePipeline, DenseScratch, Role, TensorShape};
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};

@@ -5,7 +5,8 @@
 use fast_image_resize::Resizer;
 
 use super::args::check_fill;
-use super::augment::{self, Erase, Frame};
+use super::augment::{self, Erase};
+use super::frame::Frame;
 use super::geometry::Plan;
 use super::kernels::{
     materialise, resample, write_erase, write_f32, write_lut, write_u8, Affine, SrcView,

@@ -827,7 +827,7 @@ fn whole_planned_image(
     rng: &mut Rng,
 ) -> Vec<u8> {
     let plan = p.plan(width, height, rng).unwrap();
-    let mut frame = augment::Frame::default();
+    let mut frame = super::frame::Frame::default();
     let mut resizer = Resizer::new();
     kernels::materialise(rgb, width, height, &plan, &mut frame.img, &mut resizer).unwrap();
     (frame.width, frame.height) = (plan.width, plan.height);

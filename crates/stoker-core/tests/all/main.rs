@@ -24,6 +24,8 @@ mod iterable;
 mod loader;
 mod memory_budget;
 mod packed;
+#[cfg(feature = "parquet")]
+mod parquet_table;
 mod remote_servers;
 mod soak;
 mod split_batches;

@@ -25,7 +25,7 @@ use super::TarConfig;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::source::npy::parse_header;
-use crate::source::{FieldKind, FieldSpec, Sample, IMAGE_EXTENSIONS, MAX_FIELDS};
+use crate::source::{is_field_name, FieldKind, FieldSpec, Sample, IMAGE_EXTENSIONS, MAX_FIELDS};
 
 /// Extensions whose text is an integer label.
 pub const INT_EXTENSIONS: &[&str] = &["cls", "label", "index"];
@@ -104,7 +104,7 @@ pub fn parse_fields(s: &str) -> Result<Vec<(String, String)>> {
         if exts.iter().any(|e| e.is_empty()) {
             return Err(bad(format!("`{entry}` has an empty extension")));
         }
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        if !is_field_name(name) {
             return Err(bad(format!(
                 "`{entry}`: a field name is letters, digits and `_`"
             )));

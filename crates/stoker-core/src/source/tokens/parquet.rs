@@ -36,6 +36,7 @@ use crate::error::{Error, Result};
 use crate::hash::Fnv;
 use crate::source::mapped::Mapping;
 use crate::source::open_file;
+use crate::source::parquet::{footer, open_mapped};
 
 /// Cache kind of a Parquet file's document starts.
 const CACHE_KIND: u32 = 3;
@@ -154,15 +155,6 @@ pub(super) struct ParquetPart {
     recent: Mutex<HashMap<ThreadId, Recent>>,
 }
 
-/// Hands a mapping to the Parquet reader as `Bytes` without copying it.
-struct Mapped(Arc<Mapping>);
-
-impl AsRef<[u8]> for Mapped {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
 impl ParquetPart {
     /// Maps `path` (for a remote file, its cached copy; `shown` is what messages name) and
     /// finds `column`, a text column; counts its documents' tokens (or maps the cached counts).
@@ -173,12 +165,7 @@ impl ParquetPart {
         tokenizer: &Arc<TextTokenizer>,
         places: &CachePlaces,
     ) -> Result<ParquetPart> {
-        let (file, meta) = open_file(path, "a Parquet file")?;
-        let map = Arc::new(Mapping::map(&file, path)?);
-        let bytes = Bytes::from_owner(Mapped(Arc::clone(&map)));
-        let reader = SerializedFileReader::new(bytes)
-            .map_err(|e| Error::format(shown, format!("is not a Parquet file: {e}")))?;
-        map.check()?;
+        let (reader, map, meta) = open_mapped(path, shown, false)?;
         let metadata = reader.metadata();
         let schema = metadata.file_metadata().schema_descr();
         let named: Vec<String> = schema.columns().iter().map(|c| c.path().string()).collect();
@@ -454,16 +441,6 @@ impl ParquetPart {
         recent.tokens = Some(Tokens { row, ids });
         out
     }
-}
-
-/// The footer of a Parquet file: its metadata and the 8 bytes after it (all of the file when it
-/// is too short to have one; the reader refused such a file already).
-fn footer(map: &[u8]) -> &[u8] {
-    let n = map.len();
-    let len = map
-        .get(n.saturating_sub(8)..n.saturating_sub(4))
-        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
-    &map[n.saturating_sub(len.saturating_add(8))..]
 }
 
 impl Part for ParquetPart {

@@ -36,16 +36,8 @@ pub fn photo_shard(dir: &Path, n: usize) -> String {
         "photo_baseline.jpg",
         "photo_progressive.jpg",
     ]
-    .iter()
-    .map(|name| {
-        fs::read(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/data/images")
-                .join(name),
-        )
-        .unwrap()
-    })
-    .collect();
+    .map(test_image)
+    .into();
     let members: Vec<(String, Vec<u8>)> = (0..n)
         .flat_map(|i| {
             [
@@ -57,4 +49,14 @@ pub fn photo_shard(dir: &Path, n: usize) -> String {
     let path = dir.join("photos.tar");
     write_tar(&path, &members);
     format!("tar:{}", path.display())
+}
+
+/// The bytes of `tests/data/images/NAME`, one of the test images.
+pub fn test_image(name: &str) -> Vec<u8> {
+    fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/images")
+            .join(name),
+    )
+    .unwrap()
 }

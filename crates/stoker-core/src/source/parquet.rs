@@ -1,0 +1,675 @@
+//! `parquet:PATTERN` read as a table (cargo feature `parquet`): one sample a row, one field a
+//! column, as the Hugging Face Hub ships image datasets (`cifar10`, `imagenet-1k`, `mnist`:
+//! an `image` column of `struct<bytes, path>` and an integer `label`). A binary column, or the
+//! `bytes` of such an image struct, holds encoded images (JPEG or PNG) and decodes like a tar
+//! shard's `jpg`; integer, floating-point and boolean columns are scalar tensors (int32 or int64
+//! as stored, float32, uint8; float64 is delivered as float32). Text and list columns are not
+//! delivered (text is read by the token source, `tokenizer=`). By default every image and
+//! number column is a field under its column's name; `columns=COLUMN[:NAME],…` picks and names
+//! them. With `tokenizer` set, `parquet:` is a token source instead ([`super::tokens`]).
+//!
+//! Files are mapped and read by the `parquet` crate's column readers. A sample is read from the
+//! data page holding its row: pages before it in its row group are skipped by their headers,
+//! without decompression. Each reading thread keeps a reader per field positioned after the row
+//! it read last (at most one decompressed page each), so rows read in order (`shuffle=false`)
+//! decompress each page once, and shuffled rows about one page each (images are usually a page
+//! or a few to a page). A row group is a page for `order=quasi_random`, which keeps a window of
+//! row groups' bytes hot instead of the whole file's. Readers are kept per part and freed with it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+
+use bytes::Bytes;
+use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
+use parquet::column::reader::ColumnReader;
+use parquet::data_type::ByteArray;
+use parquet::errors::ParquetError;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::serialized_reader::ReadOptionsBuilder;
+use parquet::schema::types::ColumnDescriptor;
+
+use super::mapped::Mapping;
+use super::remote::{RemoteConfig, ShardHolder};
+use super::shards::expand_shards;
+use super::{is_field_name, open_file, FieldSpec, Sample, Source, MAX_FIELDS};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::hash::Fnv;
+
+/// Hands a mapping to the Parquet reader as `Bytes` without copying it.
+struct Mapped(Arc<Mapping>);
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A Parquet file mapped and its footer read: `path` is the local file (a remote file's cached
+/// copy), `shown` what messages name. With `page_index`, the page index is read too when the
+/// file has one (pages are then skipped without reading their headers).
+pub(crate) fn open_mapped(
+    path: &Path,
+    shown: &Path,
+    page_index: bool,
+) -> Result<(SerializedFileReader<Bytes>, Arc<Mapping>, std::fs::Metadata)> {
+    let (file, meta) = open_file(path, "a Parquet file")?;
+    let map = Arc::new(Mapping::map(&file, path)?);
+    let bytes = Bytes::from_owner(Mapped(Arc::clone(&map)));
+    let mut options = ReadOptionsBuilder::new();
+    if page_index {
+        options = options.with_page_index();
+    }
+    let reader = SerializedFileReader::new_with_options(bytes, options.build())
+        .map_err(|e| Error::format(shown, format!("is not a Parquet file: {e}")))?;
+    map.check()?;
+    Ok((reader, map, meta))
+}
+
+/// The footer of a Parquet file: its metadata and the 8 bytes after it (all of the file when it
+/// is too short to have one; the reader refused such a file already).
+pub(crate) fn footer(map: &[u8]) -> &[u8] {
+    let n = map.len();
+    let len = map
+        .get(n.saturating_sub(8)..n.saturating_sub(4))
+        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+    &map[n.saturating_sub(len.saturating_add(8))..]
+}
+
+/// How a column's values become a field's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Encoded image bytes.
+    Image,
+    /// INT32 stored (int8/16/32, uint8/16): int32.
+    Int32,
+    /// INT32 holding uint32: int64.
+    UInt32,
+    /// INT64: int64.
+    Int64,
+    /// INT64 holding uint64: int64, a value over `i64::MAX` an error.
+    UInt64,
+    /// FLOAT: float32.
+    Float,
+    /// DOUBLE: float32.
+    Double,
+    /// BOOLEAN: uint8 0 or 1.
+    Bool,
+}
+
+impl Kind {
+    /// The kind of a leaf column, or why it cannot be a field.
+    fn of(desc: &ColumnDescriptor) -> std::result::Result<Kind, String> {
+        if desc.max_rep_level() > 0 {
+            return Err("lists (a varying number of values a row)".into());
+        }
+        let logical = desc.logical_type_ref();
+        let converted = desc.converted_type();
+        let text = matches!(
+            logical,
+            Some(LogicalType::String | LogicalType::Json | LogicalType::Enum)
+        ) || matches!(
+            converted,
+            ConvertedType::UTF8 | ConvertedType::JSON | ConvertedType::ENUM
+        );
+        let unsigned = |bits: i8| {
+            matches!(logical, Some(LogicalType::Integer { bit_width, is_signed: false }) if *bit_width == bits)
+                || converted
+                    == match bits {
+                        32 => ConvertedType::UINT_32,
+                        _ => ConvertedType::UINT_64,
+                    }
+        };
+        Ok(match desc.physical_type() {
+            PhysicalType::BYTE_ARRAY if text => return Err("text".into()),
+            PhysicalType::BYTE_ARRAY => Kind::Image,
+            PhysicalType::INT32 if unsigned(32) => Kind::UInt32,
+            PhysicalType::INT32 => Kind::Int32,
+            PhysicalType::INT64 if unsigned(64) => Kind::UInt64,
+            PhysicalType::INT64 => Kind::Int64,
+            PhysicalType::FLOAT => Kind::Float,
+            PhysicalType::DOUBLE => Kind::Double,
+            PhysicalType::BOOLEAN => Kind::Bool,
+            other => return Err(format!("{other} values")),
+        })
+    }
+
+    fn field(self, name: &str) -> FieldSpec {
+        match self {
+            Kind::Image => FieldSpec::encoded_image(name),
+            Kind::Int32 => FieldSpec::tensor(name, DType::I32, &[]),
+            Kind::UInt32 | Kind::Int64 | Kind::UInt64 => FieldSpec::tensor(name, DType::I64, &[]),
+            Kind::Float | Kind::Double => FieldSpec::tensor(name, DType::F32, &[]),
+            Kind::Bool => FieldSpec::tensor(name, DType::U8, &[]),
+        }
+    }
+}
+
+/// The leaf column a top-level column's values are read from: the column itself, or the
+/// `bytes` of a Hugging Face image (`struct<bytes: binary, path: string>`).
+fn leaf_of(named: &[String], column: &str) -> Option<usize> {
+    named
+        .iter()
+        .position(|n| n == column)
+        .or_else(|| named.iter().position(|n| *n == format!("{column}.bytes")))
+}
+
+/// One field: its kind and where every file holds it.
+struct Column {
+    /// The top-level column's name.
+    column: String,
+    kind: Kind,
+}
+
+/// One Parquet file of the table.
+struct TableFile {
+    shown: PathBuf,
+    reader: SerializedFileReader<Bytes>,
+    map: Arc<Mapping>,
+    /// The first row of each row group; one more entry, the rows.
+    groups: Vec<u64>,
+    /// Each field's leaf column in this file, and the column's maximum definition level.
+    leaves: Vec<(usize, i16)>,
+}
+
+/// A reader of one field's column, positioned at row `next` of row group `group` of file
+/// `file`.
+struct Cursor {
+    file: usize,
+    group: usize,
+    next: u64,
+    reader: ColumnReader,
+}
+
+/// `parquet:PATTERN` as a map-style table (see the module docs).
+pub struct ParquetSource {
+    files: Vec<TableFile>,
+    /// The first sample of each file; one more entry, the samples.
+    starts: Vec<usize>,
+    fields: Vec<FieldSpec>,
+    columns: Vec<Column>,
+    /// The footers' hash: the data's identity.
+    footers: u64,
+    /// Each reading thread's cursors, one per field, taken out while the thread reads.
+    cursors: Mutex<HashMap<ThreadId, Vec<Option<Cursor>>>>,
+    _holder: ShardHolder,
+}
+
+impl std::fmt::Debug for ParquetSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ParquetSource({} files, {} rows)",
+            self.files.len(),
+            self.len()
+        )
+    }
+}
+
+impl ParquetSource {
+    /// Opens the Parquet files `pattern` names (local or remote; remote files are downloaded
+    /// whole into the cache `remote` says) as one table; `columns` picks the fields and names
+    /// them (`(column, field name)`, the option `columns`), else every image and number column
+    /// is one, under the column's name.
+    pub fn open(
+        pattern: &str,
+        columns: Option<&[(String, String)]>,
+        remote: &RemoteConfig,
+    ) -> Result<ParquetSource> {
+        let names = expand_shards(pattern)?;
+        let resolved = super::remote::resolve(names, remote, false)?;
+        let mut files = Vec::with_capacity(resolved.paths.len());
+        for (path, name) in resolved.paths.iter().zip(&resolved.names) {
+            let shown = PathBuf::from(name.strip_prefix("file://").unwrap_or(name));
+            let (reader, map, _) = open_mapped(path, &shown, true)?;
+            files.push((shown, reader, map));
+        }
+        let Some((first, reader, _)) = files.first() else {
+            return Err(Error::option(
+                "source",
+                format!("parquet:{pattern} names no file"),
+            ));
+        };
+        let chosen = choose_columns(first, reader, columns)?;
+        let mut hash = Fnv::new();
+        let mut table = Vec::with_capacity(files.len());
+        let mut starts = Vec::with_capacity(files.len() + 1);
+        let mut total = 0usize;
+        starts.push(0);
+        for (shown, reader, map) in files {
+            hash.bytes(footer(&map));
+            let file = table_file(shown, reader, map, &chosen)?;
+            total = total
+                .checked_add(usize::try_from(file.rows()).unwrap_or(usize::MAX))
+                .ok_or_else(|| Error::Internal("the row count overflows".into()))?;
+            starts.push(total);
+            table.push(file);
+        }
+        Ok(ParquetSource {
+            files: table,
+            starts,
+            fields: chosen.iter().map(|(c, name)| c.kind.field(name)).collect(),
+            columns: chosen.into_iter().map(|(c, _)| c).collect(),
+            footers: hash.finish(),
+            cursors: Mutex::new(HashMap::new()),
+            _holder: resolved.holder,
+        })
+    }
+
+    /// The file and its row of sample `index` (`< len()`).
+    fn locate(&self, index: usize) -> (usize, u64) {
+        let f = self.starts.partition_point(|&s| s <= index) - 1;
+        (f, (index - self.starts[f]) as u64)
+    }
+
+    /// Reads field `k` of sample `index` (row `row` of file `f`) into `out` (appended) with
+    /// this thread's `cursor` for the field.
+    fn read_field(
+        &self,
+        cursor: &mut Option<Cursor>,
+        k: usize,
+        index: usize,
+        (f, row): (usize, u64),
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let file = &self.files[f];
+        let g = file.groups.partition_point(|&s| s <= row) - 1;
+        let in_group = row - file.groups[g];
+        let (leaf, max_def) = file.leaves[k];
+        // The row's own error: `on_error=skip` replaces the sample.
+        let fail = |why: String| Error::Sample {
+            index: index as u64,
+            what: format!(
+                "{} row {row} (row group {g}), column `{}`",
+                file.shown.display(),
+                self.columns[k].column
+            ),
+            reason: why,
+        };
+        let parquet = |e: ParquetError| fail(e.to_string());
+        let reusable = cursor
+            .as_ref()
+            .is_some_and(|c| c.file == f && c.group == g && c.next <= in_group);
+        if !reusable {
+            *cursor = None;
+            let reader = file
+                .reader
+                .get_row_group(g)
+                .and_then(|group| group.get_column_reader(leaf))
+                .map_err(parquet)?;
+            *cursor = Some(Cursor {
+                file: f,
+                group: g,
+                next: 0,
+                reader,
+            });
+        }
+        let Some(c) = cursor.as_mut() else {
+            return Err(Error::Internal("a column cursor went missing".into()));
+        };
+        // Left unusable until the read succeeds: a failed read leaves the reader's place unknown.
+        let skip = (in_group - c.next) as usize;
+        c.next = u64::MAX;
+        let present = read_one(&mut c.reader, self.columns[k].kind, skip, max_def, out).map_err(
+            |e| match e {
+                Read::Parquet(e) => parquet(e),
+                Read::Short => fail("the row group ends before this row".into()),
+                Read::Range(v) => fail(format!("uint64 {v} does not fit int64")),
+            },
+        )?;
+        c.next = in_group + 1;
+        if !present {
+            return Err(fail(match self.columns[k].kind {
+                Kind::Image => "the value is null (no image bytes)".into(),
+                _ => "the value is null".into(),
+            }));
+        }
+        file.map.check()
+    }
+}
+
+/// The columns to deliver, from the first file: `columns` as named, or every image and number
+/// column.
+fn choose_columns(
+    shown: &Path,
+    reader: &SerializedFileReader<Bytes>,
+    columns: Option<&[(String, String)]>,
+) -> Result<Vec<(Column, String)>> {
+    let schema = reader.metadata().file_metadata().schema_descr();
+    let named: Vec<String> = schema.columns().iter().map(|c| c.path().string()).collect();
+    let top: Vec<&str> = schema
+        .root_schema()
+        .get_fields()
+        .iter()
+        .map(|f| f.name())
+        .collect();
+    let kind_of = |column: &str| -> std::result::Result<Kind, String> {
+        let leaf = leaf_of(&named, column).ok_or_else(|| {
+            format!(
+                "has no column `{column}` (a top-level column, or an image struct with `bytes`)"
+            )
+        })?;
+        Kind::of(&schema.column(leaf))
+    };
+    let chosen: Vec<(Column, String)> = match columns {
+        Some(columns) => columns
+            .iter()
+            .map(|(column, name)| {
+                let kind = kind_of(column).map_err(|why| {
+                    Error::format(
+                        shown,
+                        if why.starts_with("has no") {
+                            format!("{why}; its columns: {}", top.join(", "))
+                        } else {
+                            format!(
+                                "column `{column}` holds {why}: a parquet: table delivers images \
+                                 and numbers (text is read as tokens with tokenizer=)"
+                            )
+                        },
+                    )
+                })?;
+                Ok((
+                    Column {
+                        column: column.clone(),
+                        kind,
+                    },
+                    name.clone(),
+                ))
+            })
+            .collect::<Result<_>>()?,
+        None => top
+            .iter()
+            .filter_map(|&column| {
+                let kind = kind_of(column).ok()?;
+                Some((
+                    Column {
+                        column: column.to_owned(),
+                        kind,
+                    },
+                    column.to_owned(),
+                ))
+            })
+            .collect(),
+    };
+    if chosen.is_empty() {
+        return Err(Error::format(
+            shown,
+            format!(
+                "has no image or number column to deliver (its columns: {}); a text column is \
+                 read as tokens with tokenizer=",
+                top.join(", ")
+            ),
+        ));
+    }
+    if chosen.len() > MAX_FIELDS {
+        return Err(Error::format(
+            shown,
+            format!(
+                "has {} image and number columns, more than the {MAX_FIELDS} fields a sample may \
+                 have: pick some with columns=COLUMN,…",
+                chosen.len()
+            ),
+        ));
+    }
+    for (c, name) in &chosen {
+        if !is_field_name(name) {
+            return Err(Error::option(
+                "columns",
+                format!(
+                    "column `{}` needs a field name: write `{}:NAME`",
+                    c.column, c.column
+                ),
+            ));
+        }
+    }
+    Ok(chosen)
+}
+
+/// One file of the table: its row groups and where it holds each chosen column, which must be
+/// of the first file's kind.
+fn table_file(
+    shown: PathBuf,
+    reader: SerializedFileReader<Bytes>,
+    map: Arc<Mapping>,
+    chosen: &[(Column, String)],
+) -> Result<TableFile> {
+    let metadata = reader.metadata();
+    let schema = metadata.file_metadata().schema_descr();
+    let named: Vec<String> = schema.columns().iter().map(|c| c.path().string()).collect();
+    let mut leaves = Vec::with_capacity(chosen.len());
+    for (c, _) in chosen {
+        let leaf = leaf_of(&named, &c.column).ok_or_else(|| {
+            Error::format(
+                &shown,
+                format!("has no column `{}` (the first file has it)", c.column),
+            )
+        })?;
+        let desc = schema.column(leaf);
+        let kind = Kind::of(&desc)
+            .map_err(|why| Error::format(&shown, format!("column `{}` holds {why}", c.column)))?;
+        if kind != c.kind {
+            return Err(Error::format(
+                &shown,
+                format!(
+                    "column `{}` holds {kind:?} values, the first file's {:?}",
+                    c.column, c.kind
+                ),
+            ));
+        }
+        leaves.push((leaf, desc.max_def_level()));
+    }
+    // Grown as row groups are counted: the footer's group count is not trusted with an
+    // allocation.
+    let mut groups = Vec::with_capacity(metadata.num_row_groups().min(1 << 16) + 1);
+    let mut rows = 0u64;
+    groups.push(0);
+    for group in metadata.row_groups() {
+        rows += u64::try_from(group.num_rows()).unwrap_or(0);
+        groups.push(rows);
+    }
+    Ok(TableFile {
+        shown,
+        reader,
+        map,
+        groups,
+        leaves,
+    })
+}
+
+impl TableFile {
+    fn rows(&self) -> u64 {
+        self.groups[self.groups.len() - 1]
+    }
+}
+
+/// Why one value could not be read.
+enum Read {
+    Parquet(ParquetError),
+    /// The column chunk ended before the row.
+    Short,
+    /// A uint64 over `i64::MAX`.
+    Range(u64),
+}
+
+impl From<ParquetError> for Read {
+    fn from(e: ParquetError) -> Read {
+        Read::Parquet(e)
+    }
+}
+
+/// Skips `skip` rows of `reader`, then appends the next row's value to `out` as its field's
+/// bytes; `false` when it is null.
+fn read_one(
+    reader: &mut ColumnReader,
+    kind: Kind,
+    skip: usize,
+    max_def: i16,
+    out: &mut Vec<u8>,
+) -> std::result::Result<bool, Read> {
+    let mut defs: Vec<i16> = Vec::with_capacity(1);
+    // One typed reader: skip, read one record, hand its value (if any) to `put`.
+    macro_rules! one {
+        ($reader:expr, $value:ty, $put:expr) => {{
+            if $reader.skip_records(skip)? < skip {
+                return Err(Read::Short);
+            }
+            let mut values: Vec<$value> = Vec::with_capacity(1);
+            let (records, _, _) = $reader.read_records(1, Some(&mut defs), None, &mut values)?;
+            if records == 0 {
+                return Err(Read::Short);
+            }
+            let present = max_def == 0 || defs.first() == Some(&max_def);
+            match values.first() {
+                Some(v) if present => {
+                    #[allow(clippy::redundant_closure_call)]
+                    ($put)(v)?;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        }};
+    }
+    match (reader, kind) {
+        (ColumnReader::ByteArrayColumnReader(r), Kind::Image) => {
+            one!(
+                r,
+                ByteArray,
+                |v: &ByteArray| -> std::result::Result<(), Read> {
+                    out.extend_from_slice(v.data());
+                    Ok(())
+                }
+            )
+        }
+        (ColumnReader::Int32ColumnReader(r), Kind::Int32) => {
+            one!(r, i32, |v: &i32| -> std::result::Result<(), Read> {
+                out.extend_from_slice(&v.to_le_bytes());
+                Ok(())
+            })
+        }
+        (ColumnReader::Int32ColumnReader(r), Kind::UInt32) => {
+            one!(r, i32, |v: &i32| -> std::result::Result<(), Read> {
+                // A uint32 is stored as the int32 of the same bits.
+                out.extend_from_slice(&i64::from(*v as u32).to_le_bytes());
+                Ok(())
+            })
+        }
+        (ColumnReader::Int64ColumnReader(r), Kind::Int64) => {
+            one!(r, i64, |v: &i64| -> std::result::Result<(), Read> {
+                out.extend_from_slice(&v.to_le_bytes());
+                Ok(())
+            })
+        }
+        (ColumnReader::Int64ColumnReader(r), Kind::UInt64) => {
+            one!(r, i64, |v: &i64| -> std::result::Result<(), Read> {
+                // A uint64 is stored as the int64 of the same bits: negative when over i64::MAX.
+                if *v < 0 {
+                    return Err(Read::Range(*v as u64));
+                }
+                out.extend_from_slice(&v.to_le_bytes());
+                Ok(())
+            })
+        }
+        (ColumnReader::FloatColumnReader(r), Kind::Float) => {
+            one!(r, f32, |v: &f32| -> std::result::Result<(), Read> {
+                out.extend_from_slice(&v.to_le_bytes());
+                Ok(())
+            })
+        }
+        (ColumnReader::DoubleColumnReader(r), Kind::Double) => {
+            one!(r, f64, |v: &f64| -> std::result::Result<(), Read> {
+                out.extend_from_slice(&(*v as f32).to_le_bytes());
+                Ok(())
+            })
+        }
+        (ColumnReader::BoolColumnReader(r), Kind::Bool) => {
+            one!(r, bool, |v: &bool| -> std::result::Result<(), Read> {
+                out.push(u8::from(*v));
+                Ok(())
+            })
+        }
+        _ => Err(Read::Parquet(ParquetError::General(
+            "the column's reader is not of its type".into(),
+        ))),
+    }
+}
+
+impl Source for ParquetSource {
+    fn len(&self) -> usize {
+        self.starts[self.starts.len() - 1]
+    }
+
+    fn fields(&self) -> &[FieldSpec] {
+        &self.fields
+    }
+
+    fn describe(&self, index: usize) -> String {
+        let (f, row) = self.locate(index);
+        format!("{} row {row}", self.files[f].shown.display())
+    }
+
+    fn identity(&self) -> String {
+        let names: Vec<String> = self
+            .files
+            .iter()
+            .map(|f| {
+                f.shown
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+            })
+            .collect();
+        format!(
+            "parquet table of {} rows in {:?}, footers {:016x}, fields {:?}",
+            self.len(),
+            names,
+            self.footers,
+            self.fields
+        )
+    }
+
+    fn pages(&self) -> Option<Vec<u64>> {
+        // A row group is a page: `order=quasi_random` shuffles row groups and reads a window of
+        // them at a time.
+        let mut pages = Vec::with_capacity(self.len());
+        let mut first = 0u64;
+        for file in &self.files {
+            for g in 0..file.groups.len() - 1 {
+                let rows = file.groups[g + 1] - file.groups[g];
+                pages.extend(std::iter::repeat_n(first + g as u64, rows as usize));
+            }
+            first += (file.groups.len() - 1) as u64;
+        }
+        Some(pages)
+    }
+
+    fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
+        let at = self.locate(index);
+        let me = std::thread::current().id();
+        let taken = self.cursors.lock().ok().and_then(|mut c| c.remove(&me));
+        let mut cursors = taken.unwrap_or_default();
+        cursors.resize_with(self.columns.len(), || None);
+        scratch.clear();
+        let mut ends = [0usize; MAX_FIELDS];
+        let mut result = Ok(());
+        for (k, cursor) in cursors.iter_mut().enumerate() {
+            result = self.read_field(cursor, k, index, at, scratch);
+            if result.is_err() {
+                break;
+            }
+            ends[k] = scratch.len();
+        }
+        if let Ok(mut all) = self.cursors.lock() {
+            all.insert(me, cursors);
+        }
+        result?;
+        let bytes: &'a [u8] = scratch;
+        let mut sample = Sample::default();
+        let mut start = 0;
+        for (k, &end) in ends.iter().take(self.columns.len()).enumerate() {
+            sample.set(k, &bytes[start..end]);
+            start = end;
+        }
+        Ok(sample)
+    }
+}
