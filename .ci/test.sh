@@ -38,13 +38,24 @@ step() {
 
 # done_with PATH...: on CI, remove build outputs once the last step that reads them has run. The
 # whole run needs about 20 GB at its peak otherwise, more than a clean CI machine has free; a
-# developer's machine keeps them for the next run's incremental builds.
+# developer's machine keeps them for the next run's incremental builds. Each path is renamed at
+# once (a later step may make it anew) and deleted in the background: deleting a virtualenv with
+# torch and a cargo target directory waits on the disk for minutes (160 s of the distributed
+# step once) while the next step could use the cores.
 target=${CARGO_TARGET_DIR:-target}
 cache=${STOKER_CACHE:-$HOME/.cache/stoker}
+removals=()
 done_with() {
   [ "${CI:-}" = true ] || return 0
-  echo "CI: removing $*, no later step reads them"
-  rm -rf "$@"
+  echo "CI: removing $*, no later step reads them (in the background)"
+  local p doomed=()
+  for p in "$@"; do
+    [ -e "$p" ] || continue
+    mv "$p" "$p.removing.$$"
+    doomed+=("$p.removing.$$")
+  done
+  rm -rf "${doomed[@]}" &
+  removals+=($!)
 }
 
 step "toolchain"
@@ -172,8 +183,9 @@ fi
 step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 20)"
 background "fuzz targets build" "$fuzz_build" "$background_log/fuzz.log" || true
 bash .ci/fuzz.sh
-done_with crates/stoker-core/fuzz/target
 
 end_step
+# Removals still running (nothing is left to start) end before the run does.
+[ "${#removals[@]}" -eq 0 ] || wait "${removals[@]}" || true
 printf '\n==> every step passed in %d s; wall time, CPU time and cores kept busy per step:\n' "$SECONDS"
 cat "$timings"

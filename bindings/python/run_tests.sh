@@ -60,8 +60,10 @@ test_venv() {
     rm -rf "$VENV"
     python3 -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip
+    # --no-compile: Python compiles the modules a test imports when it first imports them; pip
+    # would compile all of torch's and the others' (24 of the install's 69 CPU-s).
     # shellcheck disable=SC2086
-    "$VENV/bin/python" -m pip install -q $REQUIREMENTS
+    "$VENV/bin/python" -m pip install -q --no-compile $REQUIREMENTS
     "$VENV/bin/python" -m pip freeze >"$VENV/.freeze"
     echo "$REQUIREMENTS" >"$VENV/.requirements"
     echo "created"

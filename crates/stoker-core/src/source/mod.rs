@@ -14,6 +14,8 @@ mod npy;
 pub mod packed;
 #[cfg(feature = "parquet")]
 pub mod parquet;
+#[cfg(feature = "parquet")]
+mod per_thread;
 pub mod pixels;
 pub mod remote;
 mod segmentation_folder;

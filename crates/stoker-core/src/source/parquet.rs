@@ -16,10 +16,8 @@
 //! or a few to a page). A row group is a page for `order=quasi_random`, which keeps a window of
 //! row groups' bytes hot instead of the whole file's. Readers are kept per part and freed with it.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::thread::ThreadId;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
@@ -31,6 +29,7 @@ use parquet::file::serialized_reader::ReadOptionsBuilder;
 use parquet::schema::types::ColumnDescriptor;
 
 use super::mapped::Mapping;
+use super::per_thread::PerThread;
 use super::remote::{RemoteConfig, ShardHolder};
 use super::shards::expand_shards;
 use super::{is_field_name, open_file, FieldSpec, Sample, Source, MAX_FIELDS};
@@ -192,8 +191,8 @@ pub struct ParquetSource {
     columns: Vec<Column>,
     /// The footers' hash: the data's identity.
     footers: u64,
-    /// Each reading thread's cursors, one per field, taken out while the thread reads.
-    cursors: Mutex<HashMap<ThreadId, Vec<Option<Cursor>>>>,
+    /// Each reading thread's cursors, one per field.
+    cursors: PerThread<Vec<Option<Cursor>>>,
     _holder: ShardHolder,
 }
 
@@ -253,7 +252,7 @@ impl ParquetSource {
             fields: chosen.iter().map(|(c, name)| c.kind.field(name)).collect(),
             columns: chosen.into_iter().map(|(c, _)| c).collect(),
             footers: hash.finish(),
-            cursors: Mutex::new(HashMap::new()),
+            cursors: PerThread::new(),
             _holder: resolved.holder,
         })
     }
@@ -645,9 +644,7 @@ impl Source for ParquetSource {
 
     fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {
         let at = self.locate(index);
-        let me = std::thread::current().id();
-        let taken = self.cursors.lock().ok().and_then(|mut c| c.remove(&me));
-        let mut cursors = taken.unwrap_or_default();
+        let mut cursors = self.cursors.take();
         cursors.resize_with(self.columns.len(), || None);
         scratch.clear();
         let mut ends = [0usize; MAX_FIELDS];
@@ -659,9 +656,7 @@ impl Source for ParquetSource {
             }
             ends[k] = scratch.len();
         }
-        if let Ok(mut all) = self.cursors.lock() {
-            all.insert(me, cursors);
-        }
+        self.cursors.put(cursors);
         result?;
         let bytes: &'a [u8] = scratch;
         let mut sample = Sample::default();

@@ -18,10 +18,8 @@
 //! the source. For many epochs of the same text, `stoker pack` writes the tokens once as a `tokens:`
 //! file with its sidecar of document lengths.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::thread::ThreadId;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use parquet::basic::Type as PhysicalType;
@@ -37,6 +35,7 @@ use crate::hash::Fnv;
 use crate::source::mapped::Mapping;
 use crate::source::open_file;
 use crate::source::parquet::{footer, open_mapped};
+use crate::source::per_thread::PerThread;
 
 /// Cache kind of a Parquet file's document starts.
 const CACHE_KIND: u32 = 3;
@@ -151,8 +150,8 @@ pub(super) struct ParquetPart {
     groups: Vec<u64>,
     /// Where each document starts in the part's tokens; one more entry, the tokens.
     starts: Table,
-    /// Each reading thread's last row group and document, taken out while the thread uses it.
-    recent: Mutex<HashMap<ThreadId, Recent>>,
+    /// Each reading thread's last row group and document.
+    recent: PerThread<Recent>,
 }
 
 impl ParquetPart {
@@ -218,7 +217,7 @@ impl ParquetPart {
             column: index,
             groups,
             starts: Table::Owned(Vec::new()),
-            recent: Mutex::new(HashMap::new()),
+            recent: PerThread::new(),
         };
         part.starts = part.document_starts(path, &meta, column, places)?;
         Ok(part)
@@ -391,13 +390,9 @@ impl ParquetPart {
     /// Calls `each` with the tokens of document `row`, tokenized on this thread (or the ones it
     /// tokenized last), after checking them against the count of the table.
     fn with_document<T>(&self, row: u64, each: impl FnOnce(&[u32]) -> Result<T>) -> Result<T> {
-        let me = std::thread::current().id();
-        let taken = self.recent.lock().ok().and_then(|mut r| r.remove(&me));
-        let mut recent = taken.unwrap_or_default();
+        let mut recent = self.recent.take();
         let out = self.read_document(&mut recent, row, each);
-        if let Ok(mut all) = self.recent.lock() {
-            all.insert(me, recent);
-        }
+        self.recent.put(recent);
         out
     }
 
