@@ -22,7 +22,7 @@ for p in json.load(sys.stdin)["packages"]:
 ')
 sources="$(dirname "$manifest")/libjpeg-turbo"
 prefix="$cache/turbojpeg-sys-$version"
-if [ ! -f "$prefix/lib/libturbojpeg.a" ]; then
+if [ ! -f "$prefix/lib/libturbojpeg.a" ] || [ ! -f "$prefix/include/jconfig.h" ]; then
   echo "==> libjpeg-turbo of turbojpeg-sys $version into $prefix (once)" >&2
   build=$(mktemp -d)
   trap 'rm -rf "$build"' EXIT
@@ -33,10 +33,14 @@ if [ ! -f "$prefix/lib/libturbojpeg.a" ]; then
     { cat "$build/configure.log" >&2; exit 1; }
   cmake --build "$build" --target turbojpeg-static -j "$(nproc)" >"$build/build.log" 2>&1 ||
     { tail -n 40 "$build/build.log" >&2; exit 1; }
-  mkdir -p "$prefix/lib.tmp" "$prefix/include"
-  cp "$build/libturbojpeg.a" "$prefix/lib.tmp/"
-  cp "$sources/src/turbojpeg.h" "$prefix/include/" 2>/dev/null || cp "$sources/turbojpeg.h" "$prefix/include/"
-  rm -rf "$prefix/lib"
-  mv "$prefix/lib.tmp" "$prefix/lib"
+  # jconfig.h, CMake's record of the build, says whether it has SIMD (stoker-core's build.rs
+  # reads WITH_SIMD there, as it does in the crate's own install); it is checked here too, so
+  # that a machine without nasm fails loudly instead of testing the zune-jpeg fallback.
+  grep -qx '#define WITH_SIMD 1' "$build/jconfig.h" ||
+    { echo "libjpeg-turbo configured without SIMD: is nasm installed (.ci/native-deps.sh)?" >&2; exit 1; }
+  rm -rf "$prefix"
+  mkdir -p "$prefix/lib" "$prefix/include"
+  cp "$sources/src/turbojpeg.h" "$build/jconfig.h" "$prefix/include/"
+  cp "$build/libturbojpeg.a" "$prefix/lib/"
 fi
 echo "export TURBOJPEG_SOURCE=explicit TURBOJPEG_LIB_DIR='$prefix/lib' TURBOJPEG_INCLUDE_DIR='$prefix/include'"

@@ -109,6 +109,8 @@ pub use roles::{roles, roles_with, BoxFormat, Roles, Sanitize, DEFAULT_IGNORE_IN
 pub use spec::{parse, EraseValue, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD, MAX_CHANNELS};
 
 #[cfg(test)]
+mod augment_tests;
+#[cfg(test)]
 mod detection_tests;
 #[cfg(test)]
 mod tests;
