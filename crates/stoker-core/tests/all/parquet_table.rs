@@ -38,14 +38,14 @@ fn photos() -> Vec<Vec<u8>> {
 
 /// One row: its image (`None`: null bytes) and numbers.
 #[derive(Clone)]
-struct Row {
+pub(crate) struct Row {
     image: Option<Vec<u8>>,
     label: i64,
     score: f64,
     small: u32,
 }
 
-fn rows(n: usize, base: usize) -> Vec<Row> {
+pub(crate) fn rows(n: usize, base: usize) -> Vec<Row> {
     let photos = photos();
     (0..n)
         .map(|i| Row {
@@ -58,7 +58,7 @@ fn rows(n: usize, base: usize) -> Vec<Row> {
 }
 
 /// `rows` as a Parquet file of `group` rows a row group (snappy).
-fn write_table(path: &Path, rows: &[Row], group: usize) {
+pub(crate) fn write_table(path: &Path, rows: &[Row], group: usize) {
     let schema = Arc::new(parse_message_type(SCHEMA).unwrap());
     let props = Arc::new(
         WriterProperties::builder()

@@ -256,13 +256,47 @@ fn read_parquet(base: &str, tag: &str) {
     );
 }
 
+/// A `parquet:` table at `base` (written into the served directory now) reads, row for row,
+/// as the same file read locally.
+#[cfg(feature = "parquet")]
+fn read_parquet_table(base: &str, tag: &str) {
+    use crate::parquet_table::{rows, write_table};
+    let www = PathBuf::from(env("STOKER_REMOTE_WWW"));
+    let name = format!("table-{tag}.parquet");
+    write_table(&www.join(&name), &rows(9, 0), 4);
+    let every_row = |spec: String| {
+        let mut o = LoaderOptions::new();
+        o.set("source", &spec).unwrap();
+        let source = o.source().unwrap().open(None, false).unwrap();
+        let mut scratch = Vec::new();
+        (0..source.len())
+            .map(|i| {
+                let sample = source.read(i, &mut scratch).unwrap();
+                (0..source.fields().len())
+                    .map(|k| sample.get(k).to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+    };
+    let want = every_row(format!("parquet:{}", www.join(&name).display()));
+    assert_eq!(want.len(), 9);
+    assert_eq!(
+        every_row(format!("parquet:{base}{name}")),
+        want,
+        "{base}{name}"
+    );
+}
+
 #[test]
 #[ignore = "needs nginx on 127.0.0.1: run by ctests/remote/run.sh"]
 fn nginx_http_token_files() {
     let http = env("STOKER_REMOTE_HTTP");
     read_tokens(&http[..=http.rfind('/').unwrap()], "http");
     #[cfg(feature = "parquet")]
-    read_parquet(&http[..=http.rfind('/').unwrap()], "http");
+    {
+        read_parquet(&http[..=http.rfind('/').unwrap()], "http");
+        read_parquet_table(&http[..=http.rfind('/').unwrap()], "http");
+    }
 }
 
 #[test]
@@ -271,7 +305,10 @@ fn nginx_https_token_files() {
     let https = env("STOKER_REMOTE_HTTPS");
     read_tokens(&https[..=https.rfind('/').unwrap()], "https");
     #[cfg(feature = "parquet")]
-    read_parquet(&https[..=https.rfind('/').unwrap()], "https");
+    {
+        read_parquet(&https[..=https.rfind('/').unwrap()], "https");
+        read_parquet_table(&https[..=https.rfind('/').unwrap()], "https");
+    }
 }
 
 #[test]
