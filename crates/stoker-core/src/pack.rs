@@ -25,7 +25,7 @@ use crate::decode::{
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::options::{parse_columns, LoaderOptions};
+use crate::options::LoaderOptions;
 use crate::source::packed::format::{
     align_up, checksum, encode_schema, Entry, Header, ImageMode, PackedField, PackedKind,
     DEFAULT_PAGE_SIZE, HEADER_BYTES, RECORD_ALIGN, VERSION,
@@ -747,6 +747,9 @@ pub fn open_source_with_fields(spec: &str, fields: Option<&str>) -> Result<Arc<d
     };
     let mut options = LoaderOptions::new();
     options.set("source", spec)?;
+    if matches!(options.source(), Some(SourceSpec::Parquet(_))) {
+        options.set("columns", fields)?;
+    }
     match options.source() {
         Some(SourceSpec::Tar(pattern)) => Ok(Arc::new(TarSource::open_pattern(
             pattern,
@@ -758,7 +761,7 @@ pub fn open_source_with_fields(spec: &str, fields: Option<&str>) -> Result<Arc<d
         )?)),
         Some(SourceSpec::Parquet(pattern)) => open_parquet_table(
             pattern,
-            Some(&parse_columns(fields)?),
+            options.columns.as_deref(),
             &RemoteConfig::default(),
         ),
         _ => Err(Error::option(

@@ -356,7 +356,7 @@ pub(super) fn parse_size(key: &str, v: &str) -> Result<u64> {
 
 /// Parses `columns`, `COLUMN[:NAME],…`: the columns to deliver and their field names (the
 /// column's own name when it is one: letters, digits and `_`).
-pub(crate) fn parse_columns(v: &str) -> Result<Vec<(String, String)>> {
+pub(super) fn parse_columns(v: &str) -> Result<Vec<(String, String)>> {
     let bad = |why: String| Error::option("columns", why);
     let mut out: Vec<(String, String)> = Vec::new();
     for entry in v.split(',') {

@@ -359,9 +359,15 @@ pub(crate) fn open_parquet_table(
     _columns: Option<&[(String, String)]>,
     _remote: &remote::RemoteConfig,
 ) -> Result<Arc<dyn Source>> {
-    Err(Error::Unsupported(
+    Err(no_parquet())
+}
+
+/// Why a build without the cargo feature `parquet` refuses a `parquet:` source, a table or text.
+#[cfg(not(feature = "parquet"))]
+pub(crate) fn no_parquet() -> Error {
+    Error::Unsupported(
         "parquet: sources need stoker built with its `parquet` feature (on by default)".into(),
-    ))
+    )
 }
 
 /// Opens `path` for reading as `what` ("an .npy file", "a tar shard"), which must be a regular

@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
-use parquet::column::reader::ColumnReader;
-use parquet::data_type::ByteArray;
+use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
+use parquet::data_type::DataType;
 use parquet::errors::ParquetError;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::serialized_reader::ReadOptionsBuilder;
@@ -498,6 +498,25 @@ impl From<ParquetError> for Read {
     }
 }
 
+/// Skips `skip` rows of a typed column reader, then reads the next row's value: `None` when it
+/// is null.
+fn next_value<T: DataType>(
+    reader: &mut ColumnReaderImpl<T>,
+    skip: usize,
+    max_def: i16,
+) -> std::result::Result<Option<T::T>, Read> {
+    if reader.skip_records(skip)? < skip {
+        return Err(Read::Short);
+    }
+    let (mut defs, mut values) = (Vec::with_capacity(1), Vec::with_capacity(1));
+    let (records, _, _) = reader.read_records(1, Some(&mut defs), None, &mut values)?;
+    if records == 0 {
+        return Err(Read::Short);
+    }
+    let present = max_def == 0 || defs.first() == Some(&max_def);
+    Ok(values.pop().filter(|_| present))
+}
+
 /// Skips `skip` rows of `reader`, then appends the next row's value to `out` as its field's
 /// bytes; `false` when it is null.
 fn read_one(
@@ -507,91 +526,42 @@ fn read_one(
     max_def: i16,
     out: &mut Vec<u8>,
 ) -> std::result::Result<bool, Read> {
-    let mut defs: Vec<i16> = Vec::with_capacity(1);
-    // One typed reader: skip, read one record, hand its value (if any) to `put`.
-    macro_rules! one {
-        ($reader:expr, $value:ty, $put:expr) => {{
-            if $reader.skip_records(skip)? < skip {
-                return Err(Read::Short);
-            }
-            let mut values: Vec<$value> = Vec::with_capacity(1);
-            let (records, _, _) = $reader.read_records(1, Some(&mut defs), None, &mut values)?;
-            if records == 0 {
-                return Err(Read::Short);
-            }
-            let present = max_def == 0 || defs.first() == Some(&max_def);
-            match values.first() {
-                Some(v) if present => {
-                    #[allow(clippy::redundant_closure_call)]
-                    ($put)(v)?;
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        }};
-    }
-    match (reader, kind) {
+    let put = |bytes: &[u8], out: &mut Vec<u8>| out.extend_from_slice(bytes);
+    let value = match (reader, kind) {
         (ColumnReader::ByteArrayColumnReader(r), Kind::Image) => {
-            one!(
-                r,
-                ByteArray,
-                |v: &ByteArray| -> std::result::Result<(), Read> {
-                    out.extend_from_slice(v.data());
-                    Ok(())
-                }
-            )
+            next_value(r, skip, max_def)?.map(|v| put(v.data(), out))
         }
         (ColumnReader::Int32ColumnReader(r), Kind::Int32) => {
-            one!(r, i32, |v: &i32| -> std::result::Result<(), Read> {
-                out.extend_from_slice(&v.to_le_bytes());
-                Ok(())
-            })
+            next_value(r, skip, max_def)?.map(|v| put(&v.to_le_bytes(), out))
         }
+        // A uint32 is stored as the int32 of the same bits.
         (ColumnReader::Int32ColumnReader(r), Kind::UInt32) => {
-            one!(r, i32, |v: &i32| -> std::result::Result<(), Read> {
-                // A uint32 is stored as the int32 of the same bits.
-                out.extend_from_slice(&i64::from(*v as u32).to_le_bytes());
-                Ok(())
-            })
+            next_value(r, skip, max_def)?.map(|v| put(&i64::from(v as u32).to_le_bytes(), out))
         }
         (ColumnReader::Int64ColumnReader(r), Kind::Int64) => {
-            one!(r, i64, |v: &i64| -> std::result::Result<(), Read> {
-                out.extend_from_slice(&v.to_le_bytes());
-                Ok(())
-            })
+            next_value(r, skip, max_def)?.map(|v| put(&v.to_le_bytes(), out))
         }
-        (ColumnReader::Int64ColumnReader(r), Kind::UInt64) => {
-            one!(r, i64, |v: &i64| -> std::result::Result<(), Read> {
-                // A uint64 is stored as the int64 of the same bits: negative when over i64::MAX.
-                if *v < 0 {
-                    return Err(Read::Range(*v as u64));
-                }
-                out.extend_from_slice(&v.to_le_bytes());
-                Ok(())
-            })
-        }
+        // A uint64 is stored as the int64 of the same bits: negative when over i64::MAX.
+        (ColumnReader::Int64ColumnReader(r), Kind::UInt64) => match next_value(r, skip, max_def)? {
+            Some(v) if v < 0 => return Err(Read::Range(v as u64)),
+            v => v.map(|v| put(&v.to_le_bytes(), out)),
+        },
         (ColumnReader::FloatColumnReader(r), Kind::Float) => {
-            one!(r, f32, |v: &f32| -> std::result::Result<(), Read> {
-                out.extend_from_slice(&v.to_le_bytes());
-                Ok(())
-            })
+            next_value(r, skip, max_def)?.map(|v| put(&v.to_le_bytes(), out))
         }
         (ColumnReader::DoubleColumnReader(r), Kind::Double) => {
-            one!(r, f64, |v: &f64| -> std::result::Result<(), Read> {
-                out.extend_from_slice(&(*v as f32).to_le_bytes());
-                Ok(())
-            })
+            next_value(r, skip, max_def)?.map(|v| put(&(v as f32).to_le_bytes(), out))
         }
         (ColumnReader::BoolColumnReader(r), Kind::Bool) => {
-            one!(r, bool, |v: &bool| -> std::result::Result<(), Read> {
-                out.push(u8::from(*v));
-                Ok(())
-            })
+            next_value(r, skip, max_def)?.map(|v| put(&[u8::from(v)], out))
         }
-        _ => Err(Read::Parquet(ParquetError::General(
-            "the column's reader is not of its type".into(),
-        ))),
-    }
+        _ => {
+            return Err(Read::Parquet(ParquetError::General(
+                "the column's reader is not of its type".into(),
+            )))
+        }
+    };
+    Ok(value.is_some())
 }
 
 impl Source for ParquetSource {

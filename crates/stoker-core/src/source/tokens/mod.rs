@@ -615,9 +615,7 @@ fn open_parquet(
     _shown: &[String],
     _config: &TokenConfig,
 ) -> Result<Vec<Box<dyn Part>>> {
-    Err(Error::Unsupported(
-        "parquet: sources need stoker built with its `parquet` feature (on by default)".into(),
-    ))
+    Err(crate::source::no_parquet())
 }
 
 /// `Err` naming the file and the token's place unless every token of `part` is in
