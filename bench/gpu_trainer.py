@@ -11,7 +11,9 @@ channels_last, batch 256, 224 px) it runs, one after the other in one process:
   ceiling            the same steps on one synthetic batch already on the GPU: the model's own
                      speed, which no loader can beat
   stoker cuda        stoker.torch.DataLoader(..., device="cuda"): batches copied by stoker's
-                     prefetcher on its own stream, normalised as the CPU path does
+                     prefetcher on its own stream as uint8, normalised into float32 there by
+                     the cast kernel (gpu_normalize, the default)
+  stoker cuda f32    the same with gpu_normalize=False: float32 made on the CPU and copied
   stoker cpu+pinned  device="cpu", pin_memory=True, then `.cuda(non_blocking=True)` in the
                      step: the porting path of torch code
   torch DataLoader   torchvision ImageFolder + PIL + RandomResizedCrop/RandomHorizontalFlip/
@@ -183,7 +185,8 @@ def pipelines(root: Path, batch: int, workers: int, device, smoke: bool):
 
     yield "ceiling (synthetic batch)", synthetic
     if not smoke:
-        yield "stoker cuda", stoker_loader(device="cuda")
+        yield "stoker cuda (uint8 across, gpu_normalize)", stoker_loader(device="cuda")
+        yield "stoker cuda (float32 across)", stoker_loader(device="cuda", gpu_normalize=False)
     yield "stoker cpu+pinned, .cuda(non_blocking)", stoker_loader(pin_memory=not smoke)
     yield f"torch DataLoader + PIL ({workers} workers)", torch_loader
 

@@ -440,6 +440,15 @@ typedef struct stoker_stats {
    * pre-faulting its slabs; a reused slab takes none).
    */
   uint64_t page_faults;
+  /**
+   * Bytes copied host to device (device=cuda), summed over batches; with gpu_normalize image
+   * fields cross as uint8.
+   */
+  uint64_t h2d_bytes;
+  /**
+   * Device memory the loader holds now (device=cuda): the prefetch ring, in bytes.
+   */
+  uint64_t device_memory_bytes;
 } stoker_stats;
 
 /**
@@ -586,6 +595,7 @@ struct stoker_options *stoker_options_new(void);
  * | `pin_memory` | bool | true with cuda | `true` | page-locked batch memory: registered with the CUDA driver where one is present (what torch calls pinned: `is_pinned()`, asynchronous `.cuda(non_blocking=True)`), else `mlock`; on cuda, registered with the loader's device |
  * | `device` | `cpu`, `cuda`, `cuda:N` | cpu | `cuda:1` | where batches are delivered (CUDA prefetch); `cuda` is `cuda:LOCAL_RANK` (the rank on this node) |
  * | `cuda_stream` | a CUstream, decimal or `0x` hex | the loader's own | `0x7f00aa` | device=cuda: copy on the caller's stream (borrowed, never destroyed) |
+ * | `gpu_normalize` | bool | true with cuda where the transform allows | `false` | device=cuda: RGB image fields cross to the device as uint8 and a kernel on the copy stream makes them the float output (`dtype`, `layout`, `normalize`), bit-identical to the CPU path (the same per-channel table), 1/4 of float32's bytes over PCIe; not with `random_erasing`, `mixup`/`cutmix` or images of other channel counts, which convert on the CPU (`true` insists: an error names the field that cannot); no effect on uint8 output; `true` with device=cpu is refused |
  * | `on_error` | `raise`, `skip` | raise | `skip` | bad sample: an error naming it, or a deterministic replacement counted in stats |
  * | `timeout_ms` | integer ≥ 0 | 0 (none) | `1500` | longest wait for one batch |
  * | `resume_state` | a string from `save_state` | none | `stoker-state-v1;seed=3;epoch=1;position=2;ahead=4;batches=6` | continue exactly where a saved job stopped, at any world size (a streaming loader's state: at the same world size only, by replay); an error names what differs if the source, sampler, batch_size, drop_last or transform changed |

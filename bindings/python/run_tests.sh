@@ -138,6 +138,10 @@ step "pytest on the installed package (python -X dev -X faulthandler)"
   env -u STOKER_LIBRARY "$VENV/bin/python" -X dev -X faulthandler -m pytest -p no:cacheprovider \
   -q -rs "$ROOT/bindings/python/tests")
 
+step "the cast kernels: cast.cu run on the CPU, cast.ptx assembled for sm_75 to sm_90 (nvJitLink of torch's CUDA wheels)"
+"$VENV/bin/python" crates/stoker-core/kernels/check_kernels.py || die "the cast kernels failed their check"
+ok "cast kernels"
+
 step "type annotations: mypy --strict on the package, and on user code against the installed wheel"
 (cd bindings/python && "$VENV/bin/python" -m mypy --no-incremental src/stoker)
 # From outside the tree, mypy can only see the installed package: it needs the wheel's py.typed.
@@ -153,6 +157,7 @@ if [ -n "$sdist" ]; then
   listing="$(tar -tzf "$sdist" | sed 's|^[^/]*/||')"
   for f in setup.py pyproject.toml src/stoker/__init__.py src/stoker/py.typed rust/Cargo.toml \
     rust/Cargo.lock rust/include/stoker.h rust/crates/stoker-core/src/lib.rs \
+    rust/crates/stoker-core/kernels/cast.ptx \
     rust/crates/stoker-capi/src/lib.rs rust/crates/stoker-cli/src/main.rs; do
     grep -qx "$f" <<<"$listing" || die "the sdist has no $f"
   done

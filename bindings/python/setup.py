@@ -156,8 +156,11 @@ class sdist_with_workspace(sdist):
             for f in ("Cargo.toml", "build.rs"):
                 if (crate_src / f).is_file():
                     shutil.copy2(crate_src / f, crate_dest / f)
-            # Sources only: tests, examples and fixtures stay in the repository.
+            # Sources only: tests, examples and fixtures stay in the repository. `kernels` holds
+            # the PTX the library embeds (stoker-core's `gpu_normalize`).
             shutil.copytree(crate_src / "src", crate_dest / "src")
+            if (crate_src / "kernels").is_dir():
+                shutil.copytree(crate_src / "kernels", crate_dest / "kernels")
         # Dropping a member leaves its packages in Cargo.lock; `cargo metadata` prunes them
         # without changing any other version.
         cargo = os.environ.get("CARGO", "cargo")

@@ -101,6 +101,10 @@ mod ffi {
         batch_memory_peak_bytes: u64,
         /// Minor page faults taken by batch memory since the loader was created.
         page_faults: u64,
+        /// Bytes copied host to device (device=cuda), summed over batches.
+        h2d_bytes: u64,
+        /// Device memory the loader holds now (device=cuda), in bytes.
+        device_memory_bytes: u64,
         /// Busy time of each worker, by worker number.
         worker_busy_ns: Vec<u64>,
     }
@@ -596,6 +600,8 @@ impl StatsReader {
             batch_memory_bytes: s.batch_memory_bytes,
             batch_memory_peak_bytes: s.batch_memory_peak_bytes,
             page_faults: s.page_faults,
+            h2d_bytes: s.h2d_bytes,
+            device_memory_bytes: s.device_memory_bytes,
             worker_busy_ns: s.worker_busy_ns,
         })
     }

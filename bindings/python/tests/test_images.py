@@ -268,3 +268,25 @@ def test_bad_files_affect_only_their_own_samples(dirty_folder, decoder):
             for message, name in zip(failed, bad):
                 assert name in message
             assert loader.next_batch() is None
+
+
+@pytest.mark.parametrize("dtype,layout", [("float32", "nchw"), ("bfloat16", "nhwc")])
+def test_gpu_normalize_device_batches_equal_the_cpu_batches_bit_for_bit(png_folder, dtype, layout):
+    """device="cuda": images cross as uint8 and the cast kernel makes the float output on the
+    device with the CPU path's table, so the tensors torch sees are the CPU's, bit for bit."""
+    torch = import_torch()
+    if not torch.cuda.is_available():
+        pytest.skip("SKIPPED, needs a GPU: no CUDA device here to run the gpu_normalize kernel")
+    root, _ = png_folder
+    spec = "random_resized_crop(24) | hflip | normalize(imagenet)"
+    options = dict(batch_size=6, transform=spec, dtype=dtype, layout=layout, seed=9)
+    with stoker.Loader(f"image_folder:{root}", **options) as cpu, \
+            stoker.Loader(f"image_folder:{root}", device="cuda", **options) as gpu:
+        for host, device in zip(cpu, gpu):
+            on_gpu = device.torch()["image"]
+            assert on_gpu.is_cuda and on_gpu.dtype == host.torch()["image"].dtype
+            torch.cuda.synchronize()
+            same = on_gpu.cpu().view(torch.int16 if dtype == "bfloat16" else torch.int32)
+            want = host.torch()["image"].view(same.dtype)
+            assert torch.equal(same, want)
+        assert gpu.stats().device_memory_bytes > 0

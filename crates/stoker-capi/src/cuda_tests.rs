@@ -419,3 +419,49 @@ fn cuda_functions_reject_null_arguments() {
     stoker_batch_release(b);
     stoker_loader_free(l);
 }
+
+#[test]
+fn gpu_normalize_delivers_float_fields_through_the_c_abi_with_uint8_across() {
+    use stoker_core::{DType, MemorySource};
+    // Eight RGB uint8 images of 4x3, normalized to float32 NCHW.
+    let (n, h, w) = (8usize, 4usize, 3usize);
+    let pixels: Vec<u8> = (0..n * h * w * 3).map(|i| (i * 29 % 256) as u8).collect();
+    let source = MemorySource::new()
+        .with_tensor("image", DType::U8, &[h, w, 3], pixels)
+        .unwrap();
+    let mut o = LoaderOptions::new().with_source(SourceSpec::Custom(Arc::new(source)));
+    for (k, v) in [("batch_size", "4"), ("transform", "normalize(imagenet)")] {
+        o.set(k, v).unwrap();
+    }
+    let mut cpu = Loader::new(&o).unwrap();
+    let fake = fake(0);
+    let l = device_loader(&fake, &o);
+    for _ in 0..2 {
+        let b = next(l);
+        assert_eq!(stoker_batch_synchronize(b), STOKER_OK);
+        let t = field(b, 0);
+        assert_eq!(t.device_type, 2);
+        assert_eq!(t.dtype, stoker_dtype::STOKER_DTYPE_F32);
+        assert_eq!(&t.shape[..4], &[4, 3, h as i64, w as i64]);
+        let host = cpu.next().unwrap().unwrap();
+        let want = host.field(0).unwrap().data.unwrap().to_vec();
+        assert_eq!(fake.read(t.data as u64, want.len()).unwrap(), want);
+        stoker_batch_release(b);
+    }
+    let mut stats = stoker_stats {
+        size: std::mem::size_of::<stoker_stats>() as u64,
+        ..Default::default()
+    };
+    assert_eq!(stoker_loader_stats(l, &mut stats), STOKER_OK);
+    assert!(stats.device_memory_bytes > 0);
+    stoker_loader_free(l);
+    // Every batch copied (the two delivered, and any the prefetch thread ran ahead with) crossed
+    // as its uint8 image and its table, never as float32.
+    let c = fake.counters();
+    assert!(c.casts_done >= 2);
+    assert_eq!(
+        c.bytes_copied,
+        c.casts_done * (4 * h * w * 3 + 3 * 256 * 4) as u64
+    );
+    assert_eq!(c.live_bytes, 0);
+}

@@ -201,6 +201,8 @@ pub extern "C" fn stoker_loader_stats(
             batch_memory_bytes: s.batch_memory_bytes,
             batch_memory_peak_bytes: s.batch_memory_peak_bytes,
             page_faults: s.page_faults,
+            h2d_bytes: s.h2d_bytes,
+            device_memory_bytes: s.device_memory_bytes,
         };
         // Every field is 8 bytes, so the fields that fit end at `size` rounded down to 8.
         let fit = (size.min(std::mem::size_of::<stoker_stats>() as u64) as usize) & !7;

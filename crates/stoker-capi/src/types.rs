@@ -252,6 +252,11 @@ pub struct stoker_stats {
     /// Minor page faults taken by batch memory since the loader was created (mapping and
     /// pre-faulting its slabs; a reused slab takes none).
     pub page_faults: u64,
+    /// Bytes copied host to device (device=cuda), summed over batches; with gpu_normalize image
+    /// fields cross as uint8.
+    pub h2d_bytes: u64,
+    /// Device memory the loader holds now (device=cuda): the prefetch ring, in bytes.
+    pub device_memory_bytes: u64,
 }
 
 /// This process's place in a distributed job, as `stoker_options_launch` resolves it.

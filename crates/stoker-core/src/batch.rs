@@ -6,10 +6,17 @@
 //! batch returns its memory (the slab to the arena, the buffer to the ring); batches may outlive
 //! the loader that made them.
 
+use std::sync::Arc;
+
 use crate::arena::SlabLease;
-use crate::cuda::device::{DevicePtr, Event, Stream};
+use crate::cuda::device::{CastJob, DevicePtr, Event, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::transform::DeviceCast;
+
+/// Alignment of every field inside a batch's memory, host or device (DLPack recommends 256
+/// bytes for device copies).
+pub const FIELD_ALIGN: usize = 256;
 
 /// Where one field lives inside the batch's memory. Fields are C-contiguous.
 #[derive(Clone, Debug, PartialEq)]
@@ -112,6 +119,9 @@ pub struct Batch {
     samples: usize,
     skipped: usize,
     memory: Memory,
+    /// For a host batch bound for a device under `gpu_normalize`: how each field is cast there
+    /// (by field index; `None` for a field copied as is).
+    casts: Option<Arc<[Option<DeviceCast>]>>,
 }
 
 impl Batch {
@@ -131,18 +141,32 @@ impl Batch {
             samples,
             skipped,
             memory: Memory::Host(memory),
+            casts: None,
         }
     }
 
-    /// A device batch with this batch's header, in `memory`.
-    pub(crate) fn on_device(&self, memory: Box<dyn DeviceMemory>) -> Batch {
+    /// This host batch, with the casts that make its uint8 image fields floats on the device
+    /// (`gpu_normalize`, see [`DeviceCast`]).
+    pub(crate) fn with_casts(mut self, casts: Option<Arc<[Option<DeviceCast>]>>) -> Batch {
+        self.casts = casts;
+        self
+    }
+
+    /// How each field is cast on the device, when any is.
+    pub(crate) fn casts(&self) -> Option<&[Option<DeviceCast>]> {
+        self.casts.as_deref()
+    }
+
+    /// A device batch with this batch's header and `fields` (the device layout), in `memory`.
+    pub(crate) fn on_device(&self, fields: Vec<FieldMeta>, memory: Box<dyn DeviceMemory>) -> Batch {
         Batch {
-            fields: self.fields.clone(),
+            fields,
             epoch: self.epoch,
             position: self.position,
             samples: self.samples,
             skipped: self.skipped,
             memory: Memory::Device(memory),
+            casts: None,
         }
     }
 
@@ -333,6 +357,102 @@ impl Batch {
     }
 }
 
+/// What the prefetcher queues for one field of a host batch bound for a device.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Step {
+    /// Copied as is, to `offset` of the device buffer.
+    Copy { field: usize, offset: usize },
+    /// Copied to the cast's input, its table beside it, and cast into the field
+    /// (`gpu_normalize`): `job`'s addresses are offsets in the device buffer.
+    Cast { field: usize, job: CastJob },
+}
+
+/// Where a host batch's fields lie in its device buffer, and the steps that put them there.
+pub(crate) struct DeviceLayout {
+    /// The device batch's fields: a cast field has the cast's type, and offsets follow from the
+    /// device sizes.
+    pub fields: Vec<FieldMeta>,
+    pub steps: Vec<Step>,
+    /// Bytes of device memory the batch needs, the uint8 inputs and tables of casts included.
+    pub bytes: usize,
+}
+
+impl DeviceLayout {
+    /// The device layout of a host batch with `fields`, `casts[i]` saying how field `i` is
+    /// cast (none: every field copied as is, where the host has it). The cast fields come first
+    /// at their device sizes, each on a [`FIELD_ALIGN`] boundary, then the uint8 inputs and the
+    /// tables the casts read.
+    pub(crate) fn new(
+        fields: &[FieldMeta],
+        casts: Option<&[Option<DeviceCast>]>,
+    ) -> Result<DeviceLayout> {
+        let Some(casts) = casts else {
+            let steps = fields
+                .iter()
+                .enumerate()
+                .map(|(field, meta)| Step::Copy {
+                    field,
+                    offset: meta.offset,
+                })
+                .collect();
+            let bytes = fields
+                .iter()
+                .map(|f| f.offset + f.num_bytes())
+                .max()
+                .unwrap_or(0);
+            return Ok(DeviceLayout {
+                fields: fields.to_vec(),
+                steps,
+                bytes,
+            });
+        };
+        let cast_of = |i: usize| casts.get(i).and_then(Option::as_ref);
+        let mut end = 0usize;
+        let mut device = Vec::with_capacity(fields.len());
+        for (i, meta) in fields.iter().enumerate() {
+            let mut meta = meta.clone();
+            if let Some(cast) = cast_of(i) {
+                meta.dtype = cast.dtype();
+            }
+            meta.offset = end.next_multiple_of(FIELD_ALIGN);
+            end = meta.offset + meta.num_bytes();
+            device.push(meta);
+        }
+        let mut steps = Vec::with_capacity(fields.len());
+        for (field, (host, on_device)) in fields.iter().zip(&device).enumerate() {
+            let Some(cast) = cast_of(field) else {
+                steps.push(Step::Copy {
+                    field,
+                    offset: on_device.offset,
+                });
+                continue;
+            };
+            let g = cast.geometry(&host.shape)?;
+            let staging = end.next_multiple_of(FIELD_ALIGN);
+            let table = (staging + host.num_bytes()).next_multiple_of(FIELD_ALIGN);
+            end = table + cast.table().len();
+            steps.push(Step::Cast {
+                field,
+                job: CastJob {
+                    src: staging as DevicePtr,
+                    dst: on_device.offset as DevicePtr,
+                    table: table as DevicePtr,
+                    elem_bytes: cast.dtype().size(),
+                    rows: g.rows,
+                    plane: g.plane,
+                    channels: cast.channels() as u32,
+                    channel_by_column: g.channel_by_column,
+                },
+            });
+        }
+        Ok(DeviceLayout {
+            fields: device,
+            steps,
+            bytes: end,
+        })
+    }
+}
+
 impl std::fmt::Debug for Batch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batch")
@@ -359,5 +479,60 @@ mod tests {
             "a zero dimension steps by one"
         );
         assert!(contiguous_strides(&[]).is_empty());
+    }
+
+    fn meta(name: &str, dtype: DType, shape: &[usize], offset: usize) -> FieldMeta {
+        FieldMeta {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+            offset,
+        }
+    }
+
+    fn float32_cast() -> DeviceCast {
+        let table = (0..3 * 256)
+            .flat_map(|v| (v as f32).to_ne_bytes())
+            .collect();
+        DeviceCast::new(DType::F32, crate::dtype::Layout::Nchw, 3, table)
+    }
+
+    #[test]
+    fn a_device_layout_widens_cast_fields_and_puts_inputs_and_tables_after_the_fields() {
+        let fields = [
+            meta("image", DType::U8, &[2, 3, 4, 4], 0),
+            meta("label", DType::I64, &[2], 256),
+        ];
+        let casts = [Some(float32_cast()), None];
+        let layout = DeviceLayout::new(&fields, Some(&casts)).unwrap();
+        assert_eq!(layout.fields[0].dtype, DType::F32);
+        assert_eq!(layout.fields[0].offset, 0);
+        // 96 float32s take 384 bytes: the label moves to the next 256-byte boundary.
+        assert_eq!(layout.fields[1].offset, 512);
+        let Step::Cast { job, .. } = layout.steps[0] else {
+            panic!("the image is cast: {:?}", layout.steps[0]);
+        };
+        // The uint8 input after the fields, its table after it.
+        assert_eq!((job.src, job.dst, job.table), (768, 0, 1024));
+        assert_eq!(layout.bytes, 1024 + 3 * 256 * 4);
+        assert_eq!((job.rows, job.plane, job.elements()), (6, 16, 96));
+        assert!(matches!(
+            layout.steps[1],
+            Step::Copy {
+                field: 1,
+                offset: 512
+            }
+        ));
+    }
+
+    #[test]
+    fn without_casts_the_device_layout_is_the_host_layout() {
+        let fields = [
+            meta("x", DType::F32, &[4, 10], 0),
+            meta("y", DType::I64, &[4], 256),
+        ];
+        let layout = DeviceLayout::new(&fields, None).unwrap();
+        assert_eq!(layout.fields, fields);
+        assert_eq!(layout.bytes, 256 + 32);
     }
 }

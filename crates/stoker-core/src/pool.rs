@@ -127,6 +127,9 @@ pub(crate) struct Builder {
     /// feeder is what its tokens hold back (it records its own waits); its workers wait for the
     /// feeder, which a deeper prefetch would not shorten.
     pub workers_held_back: bool,
+    /// Bytes of the device buffer a batch of the largest size needs (its fields at their device
+    /// types, with the uint8 staging of `gpu_normalize`); 0 for a host loader.
+    pub device_batch_bytes: usize,
 }
 
 /// What one thread that builds batches keeps: its scratch memory and its counters.

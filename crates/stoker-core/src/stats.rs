@@ -145,6 +145,12 @@ pub struct Stats {
     pub decoded_turbo_region: u64,
     /// Of those regions, the ones shrunk in the DCT domain (1/2, 1/4, 1/8).
     pub decoded_turbo_scaled: u64,
+    /// Bytes copied from host to device (`device=cuda`), summed over batches: with
+    /// `gpu_normalize` an image field crosses as uint8, a quarter of its float32 bytes.
+    pub h2d_bytes: u64,
+    /// Device memory the loader holds now (`device=cuda`): the prefetch ring's buffers, in
+    /// bytes, the uint8 staging of `gpu_normalize` included; counted in `memory_budget`.
+    pub device_memory_bytes: u64,
 }
 
 impl Stats {
@@ -394,6 +400,8 @@ pub(crate) struct StatsRecorder {
     /// scheduler's in-flight depth did not yet allow, summed: what the depth weighs against the
     /// consumer's waits.
     held_back_ns: AtomicU64,
+    /// Device memory the prefetch ring holds, in bytes (its buffers keep a handle to it).
+    pub(crate) device_memory: Arc<AtomicU64>,
     trace: Option<Trace>,
     /// The process the loader was made in: the locks above may be held forever in a child
     /// forked after that (a worker thread held one at the moment of the fork).
@@ -408,6 +416,7 @@ struct Recorded {
     wait_total: u64,
     h2d: Histogram,
     h2d_total: u64,
+    h2d_bytes: u64,
 }
 
 impl StatsRecorder {
@@ -422,6 +431,7 @@ impl StatsRecorder {
                 wait_total: 0,
                 h2d: Histogram::new(),
                 h2d_total: 0,
+                h2d_bytes: 0,
             }),
             workers: Mutex::new(Vec::new()),
             current_workers: AtomicU64::new(0),
@@ -433,6 +443,7 @@ impl StatsRecorder {
             prefetch_factor: AtomicU64::new(0),
             autotune_decisions: AtomicU64::new(0),
             held_back_ns: AtomicU64::new(0),
+            device_memory: Arc::default(),
             trace,
             origin: Origin::here(),
         }
@@ -553,11 +564,21 @@ impl StatsRecorder {
     }
 
     /// One batch copied to the device: queued at `start`, complete at `end`.
-    pub(crate) fn copied(&self, epoch: u64, position: usize, start: Instant, end: Instant) {
+    /// One batch's copies to the device, queued at `start` and complete at `end`, moving
+    /// `bytes`.
+    pub(crate) fn copied(
+        &self,
+        epoch: u64,
+        position: usize,
+        start: Instant,
+        end: Instant,
+        bytes: usize,
+    ) {
         let ns = end.saturating_duration_since(start).as_nanos() as u64;
         {
             let mut r = self.lock();
             r.h2d_total += ns;
+            r.h2d_bytes += bytes as u64;
             r.h2d.add(ns);
         }
         if let Some(trace) = &self.trace {
@@ -658,6 +679,8 @@ impl StatsRecorder {
             autotune_decisions: self.autotune_decisions.load(Ordering::Relaxed),
             decoded_zune: decoded[decode_path_index(DecodePath::Zune)],
             decoded_turbo: decoded[decode_path_index(DecodePath::Turbo)],
+            h2d_bytes: r.h2d_bytes,
+            device_memory_bytes: self.device_memory.load(Ordering::Relaxed),
             decoded_turbo_region: decoded[decode_path_index(DecodePath::TurboRegion)]
                 + decoded[decode_path_index(DecodePath::TurboScaled)],
             decoded_turbo_scaled: decoded[decode_path_index(DecodePath::TurboScaled)],

@@ -338,6 +338,9 @@ class Options {
   Options& cuda_stream(void* stream) {
     return set("cuda_stream", std::to_string(reinterpret_cast<std::uintptr_t>(stream)));
   }
+  // With a CUDA device, image fields cross as uint8 and are cast to the float output there (on by
+  // default where the transform allows; true insists, false converts on the CPU).
+  Options& gpu_normalize(bool on) { return set("gpu_normalize", flag(on)); }
   Options& on_error(std::string_view policy) { return set("on_error", policy); }
   Options& timeout_ms(uint64_t ms) { return set("timeout_ms", std::to_string(ms)); }
   // A string from `Loader::save_state()`.

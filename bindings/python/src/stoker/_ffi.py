@@ -123,6 +123,8 @@ class Stats(ctypes.Structure):
         ("batch_memory_bytes", ctypes.c_uint64),
         ("batch_memory_peak_bytes", ctypes.c_uint64),
         ("page_faults", ctypes.c_uint64),
+        ("h2d_bytes", ctypes.c_uint64),
+        ("device_memory_bytes", ctypes.c_uint64),
     ]
 
 

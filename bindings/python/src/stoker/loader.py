@@ -99,6 +99,11 @@ class Stats:
     #: Minor page faults taken by batch memory since the loader was created (mapping and
     #: pre-faulting its slabs; a reused slab takes none).
     page_faults: int
+    #: Bytes copied host to device (``device="cuda"``), summed over batches; under
+    #: ``gpu_normalize`` image fields cross as uint8.
+    h2d_bytes: int
+    #: Device memory the loader holds now (``device="cuda"``): the prefetch ring, in bytes.
+    device_memory_bytes: int
     #: Time each worker spent building batches, by worker number (in start order).
     worker_busy_ns: tuple[int, ...] = ()
 

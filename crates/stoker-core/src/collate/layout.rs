@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::batch::FieldMeta;
+use crate::batch::{FieldMeta, FIELD_ALIGN};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::source::pixels::{tensor_image_dims, InputLayout};
@@ -27,9 +27,6 @@ use crate::transform::{
 
 use super::image::{dense_pipeline, tensor_pipeline, ImageStages};
 use super::Collator;
-
-/// Alignment of every field inside a slab (DLPack recommends 256 bytes for device copies).
-const FIELD_ALIGN: usize = 256;
 
 /// How ragged fields are batched (the option `ragged`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

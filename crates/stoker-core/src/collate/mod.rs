@@ -46,13 +46,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::arena::{Arena, SlabLease};
-use crate::batch::{Batch, FieldMeta};
+use crate::batch::{Batch, DeviceLayout, FieldMeta};
 use crate::error::{Error, Result};
 use crate::sampler::Draws;
 use crate::source::streaming::OwnedSample;
 use crate::source::{FieldSpec, Source};
 use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
+use crate::transform::DeviceCast;
 
 pub use image::ImageStages;
 pub use layout::{Ragged, RaggedLayout};
@@ -104,6 +105,9 @@ pub struct Collator {
     /// The keypoints that move with the image's draw, if `fields(keypoints=)`.
     keypoints: Option<layout::KeypointRole>,
     skip_bad: bool,
+    /// Under `gpu_normalize`: how each field is cast on the device (see
+    /// [`Collator::cast_on_device`]); `None` when no field is.
+    casts: Option<Arc<[Option<DeviceCast>]>>,
 }
 
 impl Collator {
@@ -168,7 +172,76 @@ impl Collator {
             boxes: moving.boxes,
             keypoints: moving.keypoints,
             skip_bad,
+            casts: None,
         })
+    }
+
+    /// Makes image fields cross to the device as uint8, to be cast there (`gpu_normalize`, see
+    /// [`DeviceCast`]): every RGB image field whose pipeline's output is a table lookup
+    /// of uint8 pixels is written as uint8 and its batches carry the table. Other fields stay
+    /// as they are, unless `required` (an explicit `gpu_normalize=true`): then a field that
+    /// cannot be cast, or a source without image fields, is an error saying why.
+    pub(crate) fn cast_on_device(&mut self, required: bool) -> Result<()> {
+        let refused = |name: &str, why: &str| {
+            Error::option(
+                "gpu_normalize",
+                format!(
+                    "image field `{name}` cannot be cast on the device: {why}; leave \
+                     gpu_normalize unset to convert it on the CPU"
+                ),
+            )
+        };
+        let mut casts = Vec::with_capacity(self.outputs.len());
+        for (output, name) in self.outputs.iter_mut().zip(&self.names) {
+            let pipeline = match output {
+                Output::Image { pipeline, .. } | Output::TensorImage { pipeline, .. } => pipeline,
+                Output::Dense { pipeline } if pipeline.is_image() && required => {
+                    return Err(refused(
+                        name,
+                        "it is not RGB uint8, so it is transformed plane by plane on the CPU",
+                    ));
+                }
+                _ => {
+                    casts.push(None);
+                    continue;
+                }
+            };
+            match pipeline.split_for_device() {
+                Ok((twin, cast)) => {
+                    *pipeline = Arc::new(twin);
+                    casts.push(Some(cast));
+                }
+                Err(why) if required => return Err(refused(name, &why)),
+                Err(_) => casts.push(None),
+            }
+        }
+        if casts.iter().all(Option::is_none) {
+            if required {
+                return Err(Error::option(
+                    "gpu_normalize",
+                    "this source has no image field to cast on the device",
+                ));
+            }
+            return Ok(());
+        }
+        self.casts = Some(casts.into());
+        Ok(())
+    }
+
+    /// Whether image fields cross to the device as uint8 (`gpu_normalize`).
+    pub fn casts_on_device(&self) -> bool {
+        self.casts.is_some()
+    }
+
+    /// Bytes of the device buffer a batch of `n` samples needs: its fields at their device
+    /// types, and under `gpu_normalize` the uint8 inputs and tables the casts read (ragged
+    /// fields counted empty, as [`Collator::batch_bytes`] counts them).
+    pub fn device_batch_bytes(&self, n: usize) -> Result<usize> {
+        let (metas, bytes) = self.layout(n, &vec![0; self.outputs.len()]);
+        if self.casts.is_none() {
+            return Ok(bytes);
+        }
+        DeviceLayout::new(&metas, self.casts.as_deref()).map(|l| l.bytes)
     }
 
     /// The map-style source (`None` for a collator of streamed samples).
@@ -276,14 +349,10 @@ impl Collator {
         // the file's: the batch fails instead of carrying them.
         pick.verify()?;
         self.mix_batch(key, n, &metas, lease.as_mut_slice());
-        Ok(Batch::host(
-            metas,
-            lease,
-            key.epoch,
-            key.position,
-            n,
-            skipped,
-        ))
+        Ok(
+            Batch::host(metas, lease, key.epoch, key.position, n, skipped)
+                .with_casts(self.casts.clone()),
+        )
     }
 }
 

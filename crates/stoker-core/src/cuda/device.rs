@@ -28,6 +28,36 @@ impl Stream {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Event(pub usize);
 
+/// One launch of the cast kernel of `gpu_normalize` (see [`super::cast`]): `rows × plane` uint8
+/// elements at `src` become elements of `elem_bytes` at `dst`, `table[channel * 256 + value]`
+/// each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CastJob {
+    /// The uint8 input.
+    pub src: DevicePtr,
+    /// The output, `elements()` elements of `elem_bytes`.
+    pub dst: DevicePtr,
+    /// `channels × 256` elements of `elem_bytes`.
+    pub table: DevicePtr,
+    /// 4 (float32) or 2 (float16, bfloat16).
+    pub elem_bytes: usize,
+    /// Rows of the field (NCHW: samples × channels; NHWC: samples).
+    pub rows: u32,
+    /// Elements per row.
+    pub plane: u32,
+    /// Channels of the image, and tables.
+    pub channels: u32,
+    /// NHWC: an element's channel is its column modulo `channels`; NCHW: its row's.
+    pub channel_by_column: bool,
+}
+
+impl CastJob {
+    /// Elements of the field (bytes of the uint8 input).
+    pub fn elements(&self) -> usize {
+        self.rows as usize * self.plane as usize
+    }
+}
+
 /// What the prefetcher asks of a device. Host registration comes from the [`SlabRegistrar`]
 /// supertrait, so the same object can be handed to the arena.
 ///
@@ -72,6 +102,19 @@ pub trait DeviceBackend: SlabRegistrar {
         bytes: usize,
         stream: Stream,
     ) -> Result<()>;
+
+    /// Loads the cast kernels now (they load on first use otherwise), so that a driver that
+    /// cannot load them fails when the loader is made rather than at its first batch.
+    fn load_kernels(&self) -> Result<()>;
+
+    /// Queues the cast kernel on `stream` (see [`super::cast`]): `job.src`'s uint8 elements
+    /// become `job.dst`'s, looked up in `job.table`.
+    ///
+    /// # Safety
+    /// The three ranges `job` names lie in allocated device memory that stays allocated, and
+    /// `dst`'s does not overlap the others, until an event recorded on `stream` after this call
+    /// has completed.
+    unsafe fn cast_async(&self, job: &CastJob, stream: Stream) -> Result<()>;
 
     /// Copies device memory back to the host, blocking until done (tests and diagnostics; the
     /// loader never copies back).

@@ -8,14 +8,18 @@
 //! Arena slabs are page-locked with `cuMemHostRegister` (not `cuMemAllocHost`/`alloc_pinned`,
 //! whose write-combined memory is slow for the CPU to read back), which is why `CudaDevice` is a
 //! [`SlabRegistrar`].
+//!
+//! The cast kernels of `gpu_normalize` are PTX embedded in the library ([`super::cast`]),
+//! loaded into the context the first time they are asked for.
 
-use std::ffi::{c_void, CStr};
+use std::ffi::{c_void, CStr, CString};
 use std::mem::MaybeUninit;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys;
 
-use super::device::{DeviceBackend, DevicePtr, Event, Stream};
+use super::cast::{grid, CAST_B16, CAST_B32, CAST_BLOCK, CAST_PTX};
+use super::device::{CastJob, DeviceBackend, DevicePtr, Event, Stream};
 use crate::arena::SlabRegistrar;
 use crate::error::{Error, Result};
 
@@ -44,6 +48,10 @@ const SYMBOLS: &[&str] = &[
     "cuEventDestroy_v2",
     "cuMemHostRegister_v2",
     "cuMemHostUnregister",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
 ];
 
 /// Why no CUDA device can be used here, or `Ok` with the device count. Never panics and never
@@ -134,6 +142,15 @@ pub struct CudaDevice {
     ordinal: u32,
     device: sys::CUdevice,
     ctx: sys::CUcontext,
+    /// The cast kernels, loaded on first use; the error says why they could not be.
+    kernels: OnceLock<std::result::Result<Kernels, String>>,
+}
+
+/// The module of the cast kernels, and its entry points.
+struct Kernels {
+    module: sys::CUmodule,
+    b32: sys::CUfunction,
+    b16: sys::CUfunction,
 }
 
 // SAFETY: a CUcontext handle may be used from any thread (each thread makes it current before
@@ -174,7 +191,51 @@ impl CudaDevice {
             ordinal,
             device,
             ctx,
+            kernels: OnceLock::new(),
         }))
+    }
+
+    /// The cast kernels, loaded into this device's context the first time.
+    fn kernels(&self) -> Result<&Kernels> {
+        self.kernels
+            .get_or_init(|| self.load_kernels().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| {
+                Error::Cuda(format!(
+                    "loading stoker's cast kernels (PTX ISA 8.0, which needs a CUDA 12.0 driver \
+                     or newer) on cuda:{}: {e}; set gpu_normalize=false to convert on the CPU",
+                    self.ordinal
+                ))
+            })
+    }
+
+    fn load_kernels(&self) -> Result<Kernels> {
+        let mut module = MaybeUninit::uninit();
+        // SAFETY: CAST_PTX is NUL-terminated PTX text; `module` is a valid out-pointer.
+        self.call("cuModuleLoadData", || unsafe {
+            sys::cuModuleLoadData(module.as_mut_ptr(), CAST_PTX.as_ptr().cast())
+        })?;
+        // SAFETY: written by the successful call above.
+        let module = unsafe { module.assume_init() };
+        let function = |name: &str| -> Result<sys::CUfunction> {
+            let name = CString::new(name).map_err(|e| Error::Internal(e.to_string()))?;
+            let mut f = MaybeUninit::uninit();
+            // SAFETY: `module` is loaded; `name` is NUL-terminated; `f` is a valid out-pointer.
+            check(
+                unsafe { sys::cuModuleGetFunction(f.as_mut_ptr(), module, name.as_ptr()) },
+                "cuModuleGetFunction",
+            )?;
+            // SAFETY: written by the successful call above.
+            Ok(unsafe { f.assume_init() })
+        };
+        match (function(CAST_B32), function(CAST_B16)) {
+            (Ok(b32), Ok(b16)) => Ok(Kernels { module, b32, b16 }),
+            (Err(e), _) | (_, Err(e)) => {
+                // SAFETY: loaded above and used by nothing.
+                unsafe { sys::cuModuleUnload(module) };
+                Err(e)
+            }
+        }
     }
 
     /// Makes this device's context current on the calling thread. Cheap (a thread-local store),
@@ -196,6 +257,13 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        if let Some(Ok(kernels)) = self.kernels.get() {
+            // SAFETY: nothing launches them any more (every user holds an Arc to this device);
+            // a failure leaves the module to the context's release.
+            let _ = self.call("unloading the cast kernels", || unsafe {
+                sys::cuModuleUnload(kernels.module)
+            });
+        }
         // SAFETY: balances the retain in `open`; nothing of this device is used afterwards (every
         // buffer, stream and event holds an Arc to it).
         unsafe {
@@ -300,6 +368,54 @@ impl DeviceBackend for CudaDevice {
         // SAFETY: the caller keeps both ranges valid until the copy completes.
         self.call("copying to the device", || unsafe {
             sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream.0 as sys::CUstream)
+        })
+    }
+
+    fn load_kernels(&self) -> Result<()> {
+        self.kernels().map(|_| ())
+    }
+
+    unsafe fn cast_async(&self, job: &CastJob, stream: Stream) -> Result<()> {
+        let kernels = self.kernels()?;
+        let function = match job.elem_bytes {
+            4 => kernels.b32,
+            2 => kernels.b16,
+            n => {
+                return Err(Error::Internal(format!(
+                    "a cast to {n}-byte elements: no such kernel"
+                )))
+            }
+        };
+        let (grid_x, grid_y) = grid(job);
+        // The kernel's parameters, in cast.cu's order, each passed by address.
+        let (mut src, mut dst, mut table) = (job.src, job.dst, job.table);
+        let (mut rows, mut plane, mut channels) = (job.rows, job.plane, job.channels);
+        let mut by_column = u32::from(job.channel_by_column);
+        let mut params: [*mut c_void; 7] = [
+            (&raw mut src).cast(),
+            (&raw mut dst).cast(),
+            (&raw mut table).cast(),
+            (&raw mut rows).cast(),
+            (&raw mut plane).cast(),
+            (&raw mut channels).cast(),
+            (&raw mut by_column).cast(),
+        ];
+        // SAFETY: `function` takes exactly these seven parameters (u64 x3, u32 x4, cast.cu);
+        // the driver copies them before returning; the caller keeps the memory alive.
+        self.call("launching the cast kernel", || unsafe {
+            sys::cuLaunchKernel(
+                function,
+                grid_x,
+                grid_y,
+                1,
+                CAST_BLOCK,
+                1,
+                1,
+                0,
+                stream.0 as sys::CUstream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
         })
     }
 

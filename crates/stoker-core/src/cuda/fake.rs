@@ -6,6 +6,7 @@
 //! "invalid device pointer" error instead of passing by luck. It counts live buffers (leaks,
 //! ring bound), can fail a chosen copy when it is queued or when it runs (an asynchronous error,
 //! reported by the next event recorded on that stream), and checks every pointer it is given.
+//! Cast kernels run the kernel's host reference ([`super::cast::run_on_host`]) in queue order.
 //!
 //! All streams share one FIFO queue processed in order: a legal schedule of stream semantics
 //! (work on one stream runs in order; an event wait is satisfied because the recorded work was
@@ -16,7 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::device::{DeviceBackend, DevicePtr, Event, Stream};
+use super::device::{CastJob, DeviceBackend, DevicePtr, Event, Stream};
 use crate::arena::SlabRegistrar;
 use crate::error::{Error, Result};
 
@@ -34,6 +35,8 @@ pub enum FailAt {
 pub struct FakeCounters {
     /// Device buffers alive now.
     pub live_buffers: usize,
+    /// Bytes of the device buffers alive now.
+    pub live_bytes: u64,
     /// Most device buffers alive at once.
     pub max_live_buffers: usize,
     /// Device buffers allocated so far.
@@ -49,6 +52,10 @@ pub struct FakeCounters {
     /// The most copies queued and not yet run at once: above one batch's fields, copies of
     /// consecutive batches overlapped.
     pub max_copies_pending: u64,
+    /// Bytes copied from the host so far.
+    pub bytes_copied: u64,
+    /// Cast kernels run so far.
+    pub casts_done: u64,
 }
 
 enum Op {
@@ -61,6 +68,10 @@ enum Op {
     },
     Record {
         event: Event,
+        stream: Stream,
+    },
+    Cast {
+        job: CastJob,
         stream: Stream,
     },
 }
@@ -88,11 +99,49 @@ struct State {
     copies_queued: u64,
     copies_done: u64,
     max_copies_pending: u64,
+    bytes_copied: u64,
+    casts_done: u64,
     fail: Option<(u64, FailAt)>,
     delay: Duration,
     /// Misuse seen (double free, free with a copy queued): tests assert there is none.
     violations: Vec<String>,
     shutdown: bool,
+}
+
+impl State {
+    /// `ptr..ptr+len` within one live buffer.
+    fn bytes(&self, ptr: DevicePtr, len: usize) -> Option<&[u8]> {
+        let (base, buf) = self.buffers.range(..=ptr).next_back()?;
+        let start = usize::try_from(ptr - base).ok()?;
+        buf.get(start..start.checked_add(len)?)
+    }
+
+    fn bytes_mut(&mut self, ptr: DevicePtr, len: usize) -> Option<&mut [u8]> {
+        let (base, buf) = self.buffers.range_mut(..=ptr).next_back()?;
+        let start = usize::try_from(ptr - base).ok()?;
+        buf.get_mut(start..start.checked_add(len)?)
+    }
+
+    /// Runs a cast kernel: the reference on copies of its inputs (which may share a buffer
+    /// with the output).
+    fn cast(&mut self, job: &CastJob) -> std::result::Result<(), String> {
+        let n = job.elements();
+        let table_bytes = job.channels as usize * 256 * job.elem_bytes;
+        let src = self.bytes(job.src, n).map(<[u8]>::to_vec);
+        let table = self.bytes(job.table, table_bytes).map(<[u8]>::to_vec);
+        let (Some(src), Some(table)) = (src, table) else {
+            return Err(format!(
+                "cast kernel reads freed or out-of-range device memory ({:#x} or {:#x})",
+                job.src, job.table
+            ));
+        };
+        let dst = self
+            .bytes_mut(job.dst, n * job.elem_bytes)
+            .ok_or_else(|| format!("cast kernel writes out of range at {:#x}", job.dst))?;
+        super::cast::run_on_host(job, &src, &table, dst);
+        self.casts_done += 1;
+        Ok(())
+    }
 }
 
 struct Shared {
@@ -154,6 +203,7 @@ impl FakeDevice {
         let s = self.shared.lock();
         FakeCounters {
             live_buffers: s.buffers.len(),
+            live_bytes: s.buffers.values().map(|b| b.len() as u64).sum(),
             max_live_buffers: s.max_live,
             allocations: s.allocations,
             live_streams: s.streams.len(),
@@ -161,6 +211,8 @@ impl FakeDevice {
             live_registrations: s.registered.len(),
             copies_done: s.copies_done,
             max_copies_pending: s.max_copies_pending,
+            bytes_copied: s.bytes_copied,
+            casts_done: s.casts_done,
         }
     }
 
@@ -172,10 +224,7 @@ impl FakeDevice {
     /// The bytes at `ptr..ptr+len`, if they lie within one live buffer. Call after the copy's
     /// event completed.
     pub fn read(&self, ptr: DevicePtr, len: usize) -> Option<Vec<u8>> {
-        let s = self.shared.lock();
-        let (base, buf) = s.buffers.range(..=ptr).next_back()?;
-        let start = (ptr - base) as usize;
-        buf.get(start..start.checked_add(len)?).map(<[u8]>::to_vec)
+        self.shared.lock().bytes(ptr, len).map(<[u8]>::to_vec)
     }
 
     fn handle(s: &mut State) -> usize {
@@ -213,19 +262,12 @@ fn run(shared: &Shared) {
                 fail,
             } => {
                 s.copies_done += 1;
+                s.bytes_copied += bytes as u64;
                 if fail {
                     s.stream_errors
                         .insert(stream, "injected asynchronous copy failure".into());
                 } else {
-                    let target = s
-                        .buffers
-                        .range_mut(..=dst)
-                        .next_back()
-                        .and_then(|(base, buf)| {
-                            let start = (dst - base) as usize;
-                            buf.get_mut(start..start.checked_add(bytes)?)
-                        });
-                    match target {
+                    match s.bytes_mut(dst, bytes) {
                         // SAFETY: the contract of `copy_to_device_async` keeps the host range
                         // valid and unmodified until an event recorded after the copy completes,
                         // which cannot happen before this copy is done.
@@ -239,6 +281,11 @@ fn run(shared: &Shared) {
                             );
                         }
                     }
+                }
+            }
+            Op::Cast { job, stream } => {
+                if let Err(e) = s.cast(&job) {
+                    s.stream_errors.insert(stream, e);
                 }
             }
             Op::Record { event, stream } => {
@@ -305,10 +352,13 @@ impl DeviceBackend for FakeDevice {
         };
         let end = ptr + buf.len() as u64;
         // Freeing memory that queued work still writes is a bug this fake exists to catch.
-        let busy = s
-            .queue
-            .iter()
-            .any(|op| matches!(op, Op::Copy { dst, .. } if (ptr..end).contains(dst)));
+        let busy = s.queue.iter().any(|op| match op {
+            Op::Copy { dst, .. } => (ptr..end).contains(dst),
+            Op::Cast { job, .. } => [job.src, job.dst, job.table]
+                .iter()
+                .any(|p| (ptr..end).contains(p)),
+            Op::Record { .. } => false,
+        });
         if busy {
             s.violations
                 .push(format!("freed {ptr:#x} while a copy to it is queued"));
@@ -365,6 +415,27 @@ impl DeviceBackend for FakeDevice {
             fail,
         });
         s.max_copies_pending = s.max_copies_pending.max(s.copies_queued - s.copies_done);
+        drop(s);
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    fn load_kernels(&self) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn cast_async(&self, job: &CastJob, stream: Stream) -> Result<()> {
+        let mut s = self.shared.lock();
+        if stream != Stream::DEFAULT && !s.streams.contains(&stream) {
+            return Err(Error::Cuda(format!("cast on unknown stream {stream:?}")));
+        }
+        if !matches!(job.elem_bytes, 2 | 4) {
+            return Err(Error::Cuda(format!(
+                "cast to {}-byte elements: no such kernel",
+                job.elem_bytes
+            )));
+        }
+        s.queue.push_back(Op::Cast { job: *job, stream });
         drop(s);
         self.shared.changed.notify_all();
         Ok(())

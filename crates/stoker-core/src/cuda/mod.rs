@@ -6,10 +6,13 @@
 //! - `fake` (tests, and feature `testing`): `FakeDevice`, host memory posing as a device, for
 //!   tests on machines without a GPU. It is a test double and is not part of a normal build.
 //! - [`prefetch`]: the prefetch thread and the ring of device buffers behind device batches.
+//! - [`cast`]: `gpu_normalize`'s kernel (embedded PTX), its launch geometry and its host
+//!   reference.
 //!
 //! Everything but `driver` builds without the `cuda` feature, so the prefetcher's logic is tested
 //! in every configuration.
 
+pub mod cast;
 pub mod device;
 #[cfg(feature = "cuda")]
 pub mod driver;
@@ -17,7 +20,7 @@ pub mod driver;
 pub mod fake;
 pub mod prefetch;
 
-pub use device::{DeviceBackend, DevicePtr, Event, Stream};
+pub use device::{CastJob, DeviceBackend, DevicePtr, Event, Stream};
 #[cfg(feature = "cuda")]
 pub use driver::{probe, CudaDevice};
 #[cfg(any(test, feature = "testing"))]

@@ -18,18 +18,23 @@
 //! as long as [`PrefetchConfig::max_slots`] allows (what `memory_budget` holds), and shrinks back
 //! to `slots` once the consumer holds fewer again. Dropping the prefetcher joins the thread; every buffer is freed by
 //! whoever drops it last (the ring, the thread, or a batch the user still holds).
+//!
+//! A host batch whose image fields are cast on the device (`gpu_normalize`, see [`super::cast`])
+//! is laid out anew in its buffer (`batch::DeviceLayout`): its fields at their device sizes,
+//! then the uint8 inputs and their tables, which the cast kernel reads on the copy stream before
+//! the batch's event.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
-use super::device::{DeviceBackend, DevicePtr, Event, Stream};
-use crate::batch::{Batch, DeviceMemory};
+use super::device::{CastJob, DeviceBackend, DevicePtr, Event, Stream};
+use crate::batch::{Batch, DeviceLayout, DeviceMemory, FieldMeta, Step};
 use crate::close::{Closer, Wait};
 use crate::error::{Error, Result};
 use crate::fork::Origin;
@@ -107,6 +112,8 @@ impl Drop for CopyStream {
 struct Slot {
     backend: Arc<dyn DeviceBackend>,
     buffer: Option<(DevicePtr, usize)>,
+    /// Device memory the prefetcher holds, in bytes (stats `device_memory_bytes`).
+    held_bytes: Arc<AtomicU64>,
     /// Recorded after this buffer's copies.
     copied: Event,
     /// Events recorded at release on the consumer's streams, not yet waited for by the ring.
@@ -116,10 +123,11 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(backend: &Arc<dyn DeviceBackend>) -> Result<Slot> {
+    fn new(backend: &Arc<dyn DeviceBackend>, held_bytes: &Arc<AtomicU64>) -> Result<Slot> {
         Ok(Slot {
             backend: Arc::clone(backend),
             buffer: None,
+            held_bytes: Arc::clone(held_bytes),
             copied: backend.create_event()?,
             released: Vec::new(),
             spare: Vec::new(),
@@ -148,14 +156,16 @@ impl Slot {
                 Ok(ptr)
             }
             old => {
-                if let Some((ptr, _)) = old {
+                if let Some((ptr, cap)) = old {
                     self.quiesce();
                     self.buffer = None;
                     // SAFETY: allocated by this slot; `quiesce` waited for every use.
                     unsafe { self.backend.free(ptr) };
+                    self.held_bytes.fetch_sub(cap as u64, Ordering::Relaxed);
                 }
                 let cap = bytes.max(1).div_ceil(ALLOC_GRANULE) * ALLOC_GRANULE;
                 let ptr = self.backend.alloc(cap)?;
+                self.held_bytes.fetch_add(cap as u64, Ordering::Relaxed);
                 self.buffer = Some((ptr, cap));
                 Ok(ptr)
             }
@@ -166,9 +176,10 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.quiesce();
-        if let Some((ptr, _)) = self.buffer.take() {
+        if let Some((ptr, cap)) = self.buffer.take() {
             // SAFETY: allocated by this slot; `quiesce` waited for the copy and the consumer.
             unsafe { self.backend.free(ptr) };
+            self.held_bytes.fetch_sub(cap as u64, Ordering::Relaxed);
         }
         // SAFETY: every event below was created by this slot and is destroyed once, here.
         unsafe {
@@ -337,11 +348,16 @@ impl<M: Send + 'static> Prefetcher<M> {
     ) -> Result<Prefetcher<M>> {
         let slots = config.slots.max(1);
         let max_slots = config.max_slots.max(slots);
+        let held_bytes = config
+            .stats
+            .as_ref()
+            .map(|s| Arc::clone(&s.recorder.device_memory))
+            .unwrap_or_default();
         // Unbounded: the ring holds at most `max_slots`, which the thread's count enforces.
         let (ring_tx, ring_rx) = crossbeam_channel::unbounded::<Slot>();
         for _ in 0..slots {
             // Cannot fail: the receiver is alive.
-            let _ = ring_tx.send(Slot::new(&backend)?);
+            let _ = ring_tx.send(Slot::new(&backend, &held_bytes)?);
         }
         let total = Arc::new(AtomicUsize::new(slots));
         let stream = Arc::new(match config.stream {
@@ -375,6 +391,7 @@ impl<M: Send + 'static> Prefetcher<M> {
             held: Arc::clone(&held),
             starved: Arc::clone(&starved),
             backend,
+            held_bytes,
             stream,
             ring_tx,
             ring_rx,
@@ -489,6 +506,8 @@ struct Worker<M> {
     /// Device buffers in the ring now, idle or held.
     total: Arc<AtomicUsize>,
     backend: Arc<dyn DeviceBackend>,
+    /// Device memory the ring holds (see [`Slot::held_bytes`]).
+    held_bytes: Arc<AtomicU64>,
     stream: Arc<CopyStream>,
     ring_tx: Sender<Slot>,
     ring_rx: Receiver<Slot>,
@@ -514,14 +533,15 @@ impl<M> Drop for Worker<M> {
 struct Copying<'a> {
     backend: &'a Arc<dyn DeviceBackend>,
     stats: Option<&'a StatsHandle>,
-    copies: VecDeque<(Batch, Event, Instant)>,
+    /// Each copy's host batch, its event, when it was queued and the bytes it moves.
+    copies: VecDeque<(Batch, Event, Instant, usize)>,
 }
 
 impl Copying<'_> {
     /// Waits for the oldest copy, records its time, and drops its host batch (its slab goes
     /// back to the arena).
     fn finish_oldest(&mut self) {
-        let Some((host, copied, queued)) = self.copies.pop_front() else {
+        let Some((host, copied, queued, bytes)) = self.copies.pop_front() else {
             return;
         };
         // An error is the batch's, reported through its own event; the host memory is free
@@ -531,7 +551,7 @@ impl Copying<'_> {
             let done = Instant::now();
             stats
                 .recorder
-                .copied(host.epoch(), host.position(), queued, done);
+                .copied(host.epoch(), host.position(), queued, done, bytes);
         }
         drop(host);
     }
@@ -656,8 +676,8 @@ impl<M: Send + 'static> Worker<M> {
             // `COPIES_IN_FLIGHT`, the oldest completes before the next is pulled. A failure is
             // reported to the consumer by the batch's own event (`wait`, `synchronize`,
             // `is_ready`).
-            if let Some((host, copied)) = host {
-                copying.copies.push_back((host, copied, queued));
+            if let Some((host, copied, bytes)) = host {
+                copying.copies.push_back((host, copied, queued, bytes));
             }
             while copying.copies.len() >= COPIES_IN_FLIGHT {
                 copying.finish_oldest();
@@ -680,7 +700,7 @@ impl<M: Send + 'static> Worker<M> {
         let slot = loop {
             if self.may_grow() {
                 self.total.fetch_add(1, Ordering::AcqRel);
-                let slot = Slot::new(&self.backend);
+                let slot = Slot::new(&self.backend, &self.held_bytes);
                 if slot.is_err() {
                     self.total.fetch_sub(1, Ordering::AcqRel);
                 }
@@ -720,53 +740,96 @@ impl<M: Send + 'static> Worker<M> {
         }
     }
 
-    /// Queues the copies of `host` into `slot` and records the slot's event. Returns the item to
-    /// deliver, and the host batch with the event to wait for before dropping it.
+    /// Queues the copies of `host` into `slot` (and the casts of `gpu_normalize`) and records
+    /// the slot's event. Returns the item to deliver, and the host batch with the event to wait
+    /// for before dropping it and the bytes copied.
     #[allow(clippy::type_complexity)]
-    fn copy(&self, host: Batch, mut slot: Slot) -> (Result<Option<Batch>>, Option<(Batch, Event)>) {
+    fn copy(
+        &self,
+        host: Batch,
+        mut slot: Slot,
+    ) -> (Result<Option<Batch>>, Option<(Batch, Event, usize)>) {
         let (epoch, position) = (host.epoch(), host.position());
         let stream = self.stream.stream;
-        let queued = (|| -> Result<DevicePtr> {
+        let queued = (|| -> Result<(DevicePtr, Vec<FieldMeta>, usize)> {
+            let at = |e, field: Option<&str>| in_batch(e, epoch, position, field);
+            let layout =
+                DeviceLayout::new(host.field_metas(), host.casts()).map_err(|e| at(e, None))?;
             let dst = slot
-                .prepare(host.byte_len(), stream)
-                .map_err(|e| in_batch(e, epoch, position, None))?;
-            for i in 0..host.num_fields() {
-                let (Some(meta), Some(src)) = (host.field_meta(i), host.host_ptr(i)) else {
+                .prepare(layout.bytes, stream)
+                .map_err(|e| at(e, None))?;
+            let mut copied = 0;
+            for step in &layout.steps {
+                let (Step::Copy { field, .. } | Step::Cast { field, .. }) = *step;
+                let (Some(meta), Some(src)) = (host.field_meta(field), host.host_ptr(field)) else {
                     continue;
                 };
+                // A cast field's uint8 bytes go to its staging area, the kernel's input.
+                let to = match *step {
+                    Step::Copy { offset, .. } => offset as u64,
+                    Step::Cast { job, .. } => job.src,
+                };
                 // SAFETY: `src` is valid for `num_bytes` while `host` lives, and `host` is dropped
-                // only after an event recorded below has completed; `dst + offset` lies within the
-                // buffer `prepare` sized to the whole host layout.
+                // only after an event recorded below has completed; `dst + to` lies within the
+                // buffer `prepare` sized to the whole device layout.
+                unsafe {
+                    self.backend
+                        .copy_to_device_async(dst + to, src, meta.num_bytes(), stream)
+                }
+                .map_err(|e| at(e, Some(&meta.name)))?;
+                copied += meta.num_bytes();
+                let Step::Cast { job, .. } = *step else {
+                    continue;
+                };
+                let table = host
+                    .casts()
+                    .and_then(|c| c.get(field)?.as_ref())
+                    .ok_or_else(|| Error::Internal("a cast step without its cast".into()))?
+                    .table();
+                let job = CastJob {
+                    src: dst + job.src,
+                    dst: dst + job.dst,
+                    table: dst + job.table,
+                    ..job
+                };
+                // SAFETY: the table is owned by `host` (kept alive as the field's bytes are);
+                // the three ranges lie within the buffer, apart (the layout put them there), and
+                // the buffer is freed only after the slot's event, recorded below, completes.
                 unsafe {
                     self.backend.copy_to_device_async(
-                        dst + meta.offset as u64,
-                        src,
-                        meta.num_bytes(),
+                        job.table,
+                        table.as_ptr(),
+                        table.len(),
                         stream,
-                    )
+                    )?;
+                    self.backend.cast_async(&job, stream)
                 }
-                .map_err(|e| in_batch(e, epoch, position, Some(&meta.name)))?;
+                .map_err(|e| at(e, Some(&meta.name)))?;
+                copied += table.len();
             }
             self.backend
                 .record_event(slot.copied, stream)
-                .map_err(|e| in_batch(e, epoch, position, None))?;
-            Ok(dst)
+                .map_err(|e| at(e, None))?;
+            Ok((dst, layout.fields, copied))
         })();
         match queued {
-            Ok(ptr) => {
+            Ok((ptr, fields, copied)) => {
                 let event = slot.copied;
                 self.held.fetch_add(1, Ordering::AcqRel);
-                let batch = host.on_device(Box::new(RingBuffer {
-                    ptr,
-                    device_id: self.backend.ordinal(),
-                    stream: Arc::clone(&self.stream),
-                    slot: Some(slot),
-                    waited: Mutex::new(Vec::new()),
-                    ring: self.ring_tx.clone(),
-                    held: Arc::clone(&self.held),
-                    origin: self.origin,
-                }));
-                (Ok(Some(batch)), Some((host, event)))
+                let batch = host.on_device(
+                    fields,
+                    Box::new(RingBuffer {
+                        ptr,
+                        device_id: self.backend.ordinal(),
+                        stream: Arc::clone(&self.stream),
+                        slot: Some(slot),
+                        waited: Mutex::new(Vec::new()),
+                        ring: self.ring_tx.clone(),
+                        held: Arc::clone(&self.held),
+                        origin: self.origin,
+                    }),
+                );
+                (Ok(Some(batch)), Some((host, event, copied)))
             }
             Err(e) => {
                 // Some fields may have been queued before the failure: wait for them before the

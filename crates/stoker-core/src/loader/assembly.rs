@@ -6,8 +6,10 @@
 //!
 //! - [`Resolved::new`], before the source is opened: the launch (rank, world size), the worker
 //!   count (`num_workers=auto` is this rank's share of the cores; under autotune it starts at
-//!   one), where batch memory is pinned or registered, the consumer's timeout, and the options
-//!   refused together (`autotune` or `timeout_ms` with `num_workers=0`);
+//!   one), where batch memory is pinned or registered, whether image fields are cast on the
+//!   device (`gpu_normalize`: on with a device unless false; `true` without one is refused),
+//!   the consumer's timeout, and the options refused together (`autotune` or `timeout_ms` with
+//!   `num_workers=0`);
 //! - [`Resolved::assemble`], once the fields are known: the image stages and the [`Collator`],
 //!   the [`Arena`], the [`StatsRecorder`] and its trace, the `memory_budget` plan that lowers
 //!   the in-flight cap (or refuses a batch that cannot fit), the autotune [`Controller`], and
@@ -58,6 +60,9 @@ pub(super) struct Resolved {
     pub(super) feed: bool,
     pin: bool,
     registrar: Option<Arc<dyn SlabRegistrar>>,
+    /// Whether image fields are cast on the device (`gpu_normalize`), and whether that was
+    /// insisted on (`Some(true)`: a field that cannot be is an error).
+    cast_on_device: Option<bool>,
     /// The consumer's wait for a batch, when this side of the prefetch thread applies it.
     pub(super) timeout: Option<Duration>,
 }
@@ -123,6 +128,17 @@ impl Resolved {
             }
             Mode::Feed { registrar } => (false, registrar),
         };
+        let cast_on_device = match (feed, options.gpu_normalize) {
+            (_, Some(false)) => None,
+            (true, insisted) => Some(insisted.is_some()),
+            (false, None) => None,
+            (false, Some(true)) => {
+                return Err(Error::option(
+                    "gpu_normalize",
+                    "true needs device=cuda: host batches are converted on the CPU",
+                ))
+            }
+        };
         Ok(Resolved {
             launch,
             workers,
@@ -130,6 +146,7 @@ impl Resolved {
             feed,
             pin,
             registrar,
+            cast_on_device,
             // Fed to a prefetch thread, the consumer's timeout applies on the consumer's side.
             timeout: (options.timeout_ms > 0 && !feed)
                 .then(|| Duration::from_millis(options.timeout_ms)),
@@ -149,7 +166,7 @@ impl Resolved {
         workers_held_back: bool,
     ) -> Result<Assembly> {
         let skip_bad = options.on_error == OnError::Skip;
-        let collator = match samples {
+        let mut collator = match samples {
             Samples::Indexed(source) => {
                 let image = options.image_stages(source.fields())?.map(Arc::new);
                 Collator::new(Arc::clone(source), options.ragged_fields(), image, skip_bad)?
@@ -159,6 +176,9 @@ impl Resolved {
                 Collator::for_fields(fields, options.ragged_fields(), image, skip_bad)?
             }
         };
+        if let Some(required) = self.cast_on_device {
+            collator.cast_on_device(required)?;
+        }
         let prefetch = options.prefetch_factor;
         // The memory budget bounds the in-flight cap; the prefetch thread holds up to
         // `COPIES_IN_FLIGHT` more slabs while their copies run.
@@ -167,6 +187,11 @@ impl Resolved {
             .min(per_rank.unwrap_or(options.batch_size).max(1));
         let page = crate::arena::page_size();
         let batch_bytes = collator.batch_bytes(largest).div_ceil(page) * page;
+        let device_batch_bytes = if self.feed {
+            collator.device_batch_bytes(largest)?.div_ceil(page) * page
+        } else {
+            0
+        };
         let reserved = if self.feed {
             crate::cuda::COPIES_IN_FLIGHT
         } else {
@@ -203,6 +228,7 @@ impl Resolved {
             stop: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             workers_held_back,
+            device_batch_bytes,
         });
         let depth = Depth::new(self.workers);
         let (pool, local) = if self.workers > 0 {

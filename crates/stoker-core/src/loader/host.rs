@@ -701,6 +701,8 @@ impl Scheduler for HostLoader {
             stats: super::assembly::stats_handle(&self.builder, self.schedule.launch),
             streaming: false,
             closer: self.closer.clone(),
+            device_batch_bytes: self.builder.device_batch_bytes,
+            casts_on_device: self.builder.collator.casts_on_device(),
         }
     }
 }

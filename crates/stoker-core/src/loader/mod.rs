@@ -80,6 +80,10 @@ struct Facts {
     stats: StatsHandle,
     streaming: bool,
     closer: Closer,
+    /// Bytes of one device buffer of the ring (see `Builder::device_batch_bytes`).
+    device_batch_bytes: usize,
+    /// Whether image fields are cast on the device (`gpu_normalize`).
+    casts_on_device: bool,
 }
 
 /// The public loader: `next()` gives host batches with `device=cpu` and device batches with
@@ -150,14 +154,12 @@ impl Drop for Loader {
 }
 
 /// The most device buffers a ring of `slots` may grow to: what `memory_budget` holds beyond the
-/// host batches (the in-flight cap, plus those the prefetch thread copies from), at one
-/// batch each; never fewer than `slots`, which the budget does not count.
-fn growth_limit(stats: &crate::stats::Stats, slots: usize) -> usize {
-    let fit = stats.memory_budget / stats.batch_bytes.max(1);
-    let host = stats.in_flight_cap + crate::cuda::COPIES_IN_FLIGHT as u64;
-    usize::try_from(fit.saturating_sub(host))
-        .unwrap_or(usize::MAX)
-        .max(slots)
+/// host batches (the in-flight cap, plus those the prefetch thread copies from), at
+/// `device_bytes` each; never fewer than `slots`, which the budget does not count.
+fn growth_limit(stats: &crate::stats::Stats, device_bytes: usize, slots: usize) -> usize {
+    let host = (stats.in_flight_cap + crate::cuda::COPIES_IN_FLIGHT as u64) * stats.batch_bytes;
+    let fit = stats.memory_budget.saturating_sub(host) / (device_bytes as u64).max(1);
+    usize::try_from(fit).unwrap_or(usize::MAX).max(slots)
 }
 
 impl Loader {
@@ -210,11 +212,15 @@ impl Loader {
             None
         };
         let host = schedule(options, launch, Mode::Feed { registrar })?;
-        let stats = host.facts().stats;
+        let facts = host.facts();
+        if facts.casts_on_device {
+            backend.load_kernels()?;
+        }
+        let stats = facts.stats;
         let slots = options.prefetch_factor + 1;
         let config = PrefetchConfig {
             slots,
-            max_slots: growth_limit(&stats.snapshot(), slots),
+            max_slots: growth_limit(&stats.snapshot(), facts.device_batch_bytes, slots),
             stream: options.cuda_stream.map(Stream),
             stats: Some(stats),
         };

@@ -478,6 +478,8 @@ impl Scheduler for StreamLoader {
             stats: super::assembly::stats_handle(&self.builder, self.launch),
             streaming: true,
             closer: self.closer.clone(),
+            device_batch_bytes: self.builder.device_batch_bytes,
+            casts_on_device: self.builder.collator.casts_on_device(),
         }
     }
 

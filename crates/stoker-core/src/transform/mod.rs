@@ -84,6 +84,7 @@ mod args;
 mod augment;
 mod auto_augment;
 pub mod boxes;
+pub mod cast;
 mod color;
 pub mod dense;
 mod frame;
@@ -100,6 +101,7 @@ pub mod warp;
 
 pub use auto_augment::AugOp;
 pub use boxes::BoxPipeline;
+pub use cast::{CastGeometry, DeviceCast};
 pub use dense::{DensePipeline, DenseScratch, Role, TensorShape};
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
 pub use keypoints::KeypointPipeline;

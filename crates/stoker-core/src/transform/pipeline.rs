@@ -6,6 +6,7 @@ use fast_image_resize::Resizer;
 
 use super::args::check_fill;
 use super::augment::{self, Erase};
+use super::cast::DeviceCast;
 use super::frame::Frame;
 use super::geometry::Plan;
 use super::kernels::{
@@ -400,6 +401,40 @@ impl Pipeline {
             layout,
             lut,
         })
+    }
+
+    /// This pipeline's uint8 twin and the cast that turns the twin's output into this
+    /// pipeline's on a device (`gpu_normalize`): the twin draws the same parameters and writes
+    /// the bytes this pipeline's table would be applied to, and the cast applies that table, so
+    /// the device output is this pipeline's, bit for bit. `Err` says why the output is not a
+    /// table lookup of uint8 pixels.
+    pub fn split_for_device(&self) -> Result<(Pipeline, DeviceCast), String> {
+        let table: Vec<u8> = match &self.lut {
+            Lut::U8 => return Err("the output is uint8 already".into()),
+            Lut::F32(t, _) => t.iter().flatten().flat_map(|v| v.to_ne_bytes()).collect(),
+            Lut::Half(t) => t.iter().flatten().flat_map(|v| v.to_ne_bytes()).collect(),
+        };
+        if self.mix.is_some() {
+            return Err("mixup and cutmix blend the float output of the whole batch".into());
+        }
+        if self
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::RandomErasing { .. }))
+        {
+            return Err("random_erasing writes its value in output units".into());
+        }
+        let twin = Pipeline {
+            ops: self.ops.clone(),
+            planned: self.planned,
+            mix: None,
+            height: self.height,
+            width: self.width,
+            dtype: DType::U8,
+            layout: self.layout,
+            lut: Lut::U8,
+        };
+        Ok((twin, DeviceCast::new(self.dtype, self.layout, 3, table)))
     }
 
     /// The batch-level mixing, if the spec has `mixup` or `cutmix`.

@@ -129,3 +129,72 @@ fn real_device_dropping_mid_epoch_with_held_batches() {
     held.synchronize().unwrap();
     drop(held);
 }
+
+/// `gpu_normalize` on the real device: the cast kernel (PTX loaded by the driver) writes the
+/// CPU path's bytes for every float type and layout, including grids the kernel must stride
+/// over: 66,000 rows (past the grid's 65,535) and rows of 17 million elements (past 65,535
+/// blocks of 256).
+#[cfg(feature = "cuda")]
+#[test]
+fn real_device_casts_image_fields_bit_identically_to_the_cpu_path() {
+    use stoker_core::cuda::{CudaDevice, DeviceBackend};
+
+    if let Some(why) = unavailable() {
+        eprintln!("SKIPPED: no CUDA driver/device ({why})");
+        return;
+    }
+    let reader = CudaDevice::open(0).unwrap();
+    // (samples, height, width, batch size): small images, one row per channel past the grid's
+    // y limit, and one huge image.
+    let shapes = [(10, 7, 5, 4), (22_000, 1, 1, 22_000), (1, 2_400, 2_400, 1)];
+    for (n, h, w, batch) in shapes {
+        let pixels: Vec<u8> = (0..n * h * w * 3).map(|i| (i * 37 % 251) as u8).collect();
+        let source: Arc<dyn Source> = Arc::new(
+            MemorySource::new()
+                .with_tensor("image", DType::U8, &[h, w, 3], pixels)
+                .unwrap(),
+        );
+        for (dtype, layout) in [
+            ("float32", "nchw"),
+            ("float32", "nhwc"),
+            ("bfloat16", "nchw"),
+            ("float16", "nhwc"),
+        ] {
+            let mut o = LoaderOptions::new().with_source(SourceSpec::Custom(source.clone()));
+            for (k, v) in [
+                ("batch_size", batch.to_string().as_str()),
+                ("transform", "hflip | normalize(imagenet)"),
+                ("dtype", dtype),
+                ("layout", layout),
+                ("seed", "3"),
+            ] {
+                o.set(k, v).unwrap();
+            }
+            let mut cpu = Loader::new(&o).unwrap();
+            o.set("device", "cuda:0").unwrap();
+            let mut dev = Loader::new(&o).unwrap();
+            while let Some(d) = dev.next().unwrap() {
+                let hb = cpu.next().unwrap().unwrap();
+                d.synchronize().unwrap();
+                let expected = hb.field_by_name("image").unwrap().data.unwrap();
+                let mut back = vec![0u8; expected.len()];
+                let address = d.field_by_name("image").unwrap().address;
+                // SAFETY: the field's device range holds `back.len()` bytes; the batch is ready.
+                unsafe { reader.copy_to_host(&mut back, address) }.unwrap();
+                assert!(
+                    back == expected,
+                    "{n}x{h}x{w} {dtype} {layout}: batch {} differs from the CPU path",
+                    d.position()
+                );
+            }
+            let stats = dev.stats();
+            assert!(
+                stats.h2d_bytes < (n * h * w * 3 * 2) as u64 + 65_536,
+                "{dtype}: {} bytes crossed for {} uint8 pixels",
+                stats.h2d_bytes,
+                n * h * w * 3
+            );
+        }
+    }
+    eprintln!("real CUDA path: gpu_normalize casts verified on cuda:0");
+}

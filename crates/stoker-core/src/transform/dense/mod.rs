@@ -422,6 +422,11 @@ impl DensePipeline {
         })
     }
 
+    /// Whether this pipeline moves an image (not a mask).
+    pub fn is_image(&self) -> bool {
+        matches!(self.role, Role::Image)
+    }
+
     /// Element type of the output.
     pub fn dtype(&self) -> DType {
         self.dtype
