@@ -5,10 +5,12 @@
 # transform), npy_header (the npy source's open), options (LoaderOptions::set), transform_spec
 # (the pipeline spec parser), resume_state (ResumeState::parse), tar_members (the WebDataset
 # shard scan of the indexed tar source), packed_reader (the packed format's open and per-field
-# checks), wids_index (WebDataset's JSON shard index). Each runs FUZZ_SECONDS
-# (default 20), FUZZ_JOBS at a time (default: 2, or 1 on a single core), from a corpus seeded
-# with the committed parser seeds and the test images; any crash, panic, leak, timeout or
-# allocation over the limit fails the script and leaves the input under fuzz/artifacts/TARGET/.
+# checks), wids_index (WebDataset's JSON shard index), megatron_index (Megatron-LM's `.idx`
+# parse and checks). Each runs FUZZ_SECONDS (default 12: within the test command's time it
+# replays the seeds and mutates for a while; longer runs find more), FUZZ_JOBS at a time
+# (default: 2, or 1 on a single core), from a corpus seeded with the committed parser seeds and
+# the test images; any crash, panic, leak, timeout or allocation over the limit fails the script
+# and leaves the input under fuzz/artifacts/TARGET/.
 #
 #   FUZZ_SECONDS=600 FUZZ_KEEP_CORPUS=1 FUZZ_TARGETS="npy_header options" .ci/fuzz.sh
 #
@@ -20,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CARGO_FUZZ_VERSION=0.13.2
-FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+FUZZ_SECONDS=${FUZZ_SECONDS:-12}
 ALL_TARGETS="image_pipeline npy_header options transform_spec resume_state tar_members packed_reader wids_index megatron_index"
 read -r -a targets <<<"${FUZZ_TARGETS:-$ALL_TARGETS}"
 cores=$(nproc 2>/dev/null || echo 1)

@@ -180,7 +180,7 @@ else
   bash .ci/sanitizers.sh
 fi
 
-step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 20)"
+step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 12)"
 background "fuzz targets build" "$fuzz_build" "$background_log/fuzz.log" || true
 bash .ci/fuzz.sh
 
