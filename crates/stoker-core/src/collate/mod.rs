@@ -177,10 +177,11 @@ impl Collator {
     }
 
     /// Makes image fields cross to the device as uint8, to be cast there (`gpu_normalize`, see
-    /// [`DeviceCast`]): every RGB image field whose pipeline's output is a table lookup
-    /// of uint8 pixels is written as uint8 and its batches carry the table. Other fields stay
-    /// as they are, unless `required` (an explicit `gpu_normalize=true`): then a field that
-    /// cannot be cast, or a source without image fields, is an error saying why.
+    /// [`DeviceCast`]): every image field whose pipeline's output is a table lookup of uint8
+    /// pixels (RGB, or uint8 of any channel count) is written as uint8 and its batches carry the
+    /// table. Other fields stay as they are, unless `required` (an explicit
+    /// `gpu_normalize=true`): then a field that cannot be cast, or a source without image
+    /// fields, is an error saying why.
     pub(crate) fn cast_on_device(&mut self, required: bool) -> Result<()> {
         let refused = |name: &str, why: &str| {
             Error::option(
@@ -193,24 +194,27 @@ impl Collator {
         };
         let mut casts = Vec::with_capacity(self.outputs.len());
         for (output, name) in self.outputs.iter_mut().zip(&self.names) {
-            let pipeline = match output {
-                Output::Image { pipeline, .. } | Output::TensorImage { pipeline, .. } => pipeline,
-                Output::Dense { pipeline } if pipeline.is_image() && required => {
-                    return Err(refused(
-                        name,
-                        "it is not RGB uint8, so it is transformed plane by plane on the CPU",
-                    ));
+            // Each kind of image pipeline swaps in its uint8 twin.
+            let split = match output {
+                Output::Image { pipeline, .. } | Output::TensorImage { pipeline, .. } => {
+                    pipeline.split_for_device().map(|(twin, cast)| {
+                        *pipeline = Arc::new(twin);
+                        cast
+                    })
+                }
+                Output::Dense { pipeline } if pipeline.is_image() => {
+                    pipeline.split_for_device().map(|(twin, cast)| {
+                        *pipeline = Arc::new(twin);
+                        cast
+                    })
                 }
                 _ => {
                     casts.push(None);
                     continue;
                 }
             };
-            match pipeline.split_for_device() {
-                Ok((twin, cast)) => {
-                    *pipeline = Arc::new(twin);
-                    casts.push(Some(cast));
-                }
+            match split {
+                Ok(cast) => casts.push(Some(cast)),
                 Err(why) if required => return Err(refused(name, &why)),
                 Err(_) => casts.push(None),
             }

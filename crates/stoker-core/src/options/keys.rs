@@ -272,7 +272,7 @@ keys {
         values "bool",
         default "true with cuda where the transform allows",
         example "false",
-        meaning "device=cuda: RGB image fields cross to the device as uint8 and a kernel on the copy stream makes them the float output (`dtype`, `layout`, `normalize`), bit-identical to the CPU path (the same per-channel table), 1/4 of float32's bytes over PCIe; not with `random_erasing`, `mixup`/`cutmix` or images of other channel counts, which convert on the CPU (`true` insists: an error names the field that cannot); no effect on uint8 output; `true` with device=cpu is refused";
+        meaning "device=cuda: uint8 image fields (RGB, or any channel count) cross to the device as uint8 and a kernel on the copy stream makes them the float output (`dtype`, `layout`, `normalize`), bit-identical to the CPU path (the same per-channel table), 1/4 of float32's bytes over PCIe; not with `random_erasing`, `mixup`/`cutmix` or images stored as uint16 or floats, which convert on the CPU (`true` insists: an error names the field that cannot); no effect on uint8 output; `true` with device=cpu is refused";
     on_error: OnError = OnError::Raise;
         parse |key, v| parse_on_error(key, v);
         values "`raise`, `skip`",

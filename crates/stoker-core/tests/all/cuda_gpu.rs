@@ -131,9 +131,9 @@ fn real_device_dropping_mid_epoch_with_held_batches() {
 }
 
 /// `gpu_normalize` on the real device: the cast kernel (PTX loaded by the driver) writes the
-/// CPU path's bytes for every float type and layout, including grids the kernel must stride
-/// over: 66,000 rows (past the grid's 65,535) and rows of 17 million elements (past 65,535
-/// blocks of 256).
+/// CPU path's bytes for every float type and layout, RGB and a 5-band stack, including grids
+/// the kernel must stride over: 66,000 rows (past the grid's 65,535) and rows of 17 million
+/// elements (past 65,535 blocks of 256).
 #[cfg(feature = "cuda")]
 #[test]
 fn real_device_casts_image_fields_bit_identically_to_the_cpu_path() {
@@ -144,14 +144,19 @@ fn real_device_casts_image_fields_bit_identically_to_the_cpu_path() {
         return;
     }
     let reader = CudaDevice::open(0).unwrap();
-    // (samples, height, width, batch size): small images, one row per channel past the grid's
-    // y limit, and one huge image.
-    let shapes = [(10, 7, 5, 4), (22_000, 1, 1, 22_000), (1, 2_400, 2_400, 1)];
-    for (n, h, w, batch) in shapes {
-        let pixels: Vec<u8> = (0..n * h * w * 3).map(|i| (i * 37 % 251) as u8).collect();
+    // (samples, height, width, channels, batch size): small images, a 5-band stack, one row
+    // per channel past the grid's y limit, and one huge image.
+    let shapes = [
+        (12, 7, 5, 3, 4),
+        (12, 7, 5, 5, 4),
+        (22_000, 1, 1, 3, 22_000),
+        (1, 2_400, 2_400, 3, 1),
+    ];
+    for (n, h, w, c, batch) in shapes {
+        let pixels: Vec<u8> = (0..n * h * w * c).map(|i| (i * 37 % 251) as u8).collect();
         let source: Arc<dyn Source> = Arc::new(
             MemorySource::new()
-                .with_tensor("image", DType::U8, &[h, w, 3], pixels)
+                .with_tensor("image", DType::U8, &[h, w, c], pixels)
                 .unwrap(),
         );
         for (dtype, layout) in [
@@ -163,7 +168,8 @@ fn real_device_casts_image_fields_bit_identically_to_the_cpu_path() {
             let mut o = LoaderOptions::new().with_source(SourceSpec::Custom(source.clone()));
             for (k, v) in [
                 ("batch_size", batch.to_string().as_str()),
-                ("transform", "hflip | normalize(imagenet)"),
+                ("transform", "hflip | normalize(mean=0.45, std=0.226)"),
+                ("input_layout", "hwc"),
                 ("dtype", dtype),
                 ("layout", layout),
                 ("seed", "3"),
@@ -173,6 +179,7 @@ fn real_device_casts_image_fields_bit_identically_to_the_cpu_path() {
             let mut cpu = Loader::new(&o).unwrap();
             o.set("device", "cuda:0").unwrap();
             let mut dev = Loader::new(&o).unwrap();
+            let stats = dev.stats_handle();
             while let Some(d) = dev.next().unwrap() {
                 let hb = cpu.next().unwrap().unwrap();
                 d.synchronize().unwrap();
@@ -183,16 +190,19 @@ fn real_device_casts_image_fields_bit_identically_to_the_cpu_path() {
                 unsafe { reader.copy_to_host(&mut back, address) }.unwrap();
                 assert!(
                     back == expected,
-                    "{n}x{h}x{w} {dtype} {layout}: batch {} differs from the CPU path",
+                    "{n}x{h}x{w}x{c} {dtype} {layout}: batch {} differs from the CPU path",
                     d.position()
                 );
             }
-            let stats = dev.stats();
+            // Every batch copied (the prefetch thread runs ahead) crossed as its uint8 pixels
+            // and its table: all batches are full here, so the total is a whole number of them.
+            drop(dev);
+            let crossed = stats.snapshot().h2d_bytes;
+            let element = if dtype == "float32" { 4 } else { 2 };
+            let per_batch = (batch * h * w * c + c * 256 * element) as u64;
             assert!(
-                stats.h2d_bytes < (n * h * w * 3 * 2) as u64 + 65_536,
-                "{dtype}: {} bytes crossed for {} uint8 pixels",
-                stats.h2d_bytes,
-                n * h * w * 3
+                crossed > 0 && crossed.is_multiple_of(per_batch),
+                "{dtype}: {crossed} bytes crossed, not a whole number of {per_batch}-byte batches"
             );
         }
     }

@@ -254,22 +254,135 @@ fn device_memory_bytes_is_the_ring_with_its_staging_and_returns_to_zero() {
     let fake = FakeDevice::new(0).unwrap();
     let o = options(&shard, &[("device", "cuda"), ("transform", AUGMENT)]);
     let mut loader = Loader::with_device_backend(&o, fake.clone()).unwrap();
+    let stats = loader.stats_handle();
     let mut held = Vec::new();
     while let Some(b) = loader.next().unwrap() {
         held.push(b);
     }
-    let stats = loader.stats();
-    assert!(stats.device_memory_bytes > 0);
+    assert!(stats.snapshot().device_memory_bytes > 0);
+    // The prefetch thread runs ahead, so the two counts are compared once it has stopped: what
+    // is left is the buffers of the batches still held.
+    drop(loader);
+    let left = stats.snapshot().device_memory_bytes;
     assert_eq!(
-        stats.device_memory_bytes,
+        left,
         fake.counters().live_bytes,
         "the ring's buffers are all the device memory the loader holds"
     );
     // Each buffer holds a float32 batch, its uint8 input and its table.
     let per_batch = (4 * 3 * 24 * 24 * (4 + 1) + 3 * 256 * 4) as u64;
-    assert!(stats.device_memory_bytes >= held.len() as u64 * per_batch);
+    assert!(left >= held.len() as u64 * per_batch);
     drop(held);
-    drop(loader);
     assert_eq!(fake.counters().live_bytes, 0);
+    assert_eq!(stats.snapshot().device_memory_bytes, 0);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An in-memory source of `n` samples: `image`, `stored` shape of uint8 or uint16, and an
+/// int64 `label`; pixel values follow a fixed pattern.
+fn tensor_source(n: usize, stored: &[usize], dtype: DType, kv: &[(&str, &str)]) -> LoaderOptions {
+    let elements = n * stored.iter().product::<usize>();
+    let pixels: Vec<u8> = match dtype {
+        DType::U16 => (0..elements)
+            .flat_map(|i| ((i * 977 % 65_521) as u16).to_ne_bytes())
+            .collect(),
+        _ => (0..elements).map(|i| (i * 37 % 251) as u8).collect(),
+    };
+    let labels = (0..n as i64).flat_map(i64::to_ne_bytes).collect();
+    let source = MemorySource::new()
+        .with_tensor("image", dtype, stored, pixels)
+        .unwrap()
+        .with_tensor("label", DType::I64, &[], labels)
+        .unwrap();
+    let mut o = LoaderOptions::new().with_source(SourceSpec::Custom(Arc::new(source)));
+    for (k, v) in [("batch_size", "4"), ("shuffle", "true"), ("device", "cuda")]
+        .iter()
+        .chain(kv)
+    {
+        o.set(k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+    }
+    o
+}
+
+#[test]
+fn uint8_images_of_any_channel_count_are_cast_with_a_table_per_channel() {
+    // Five bands, as a multispectral stack: the plane-by-plane pipeline's uint8 twin and a
+    // table of 5 x 256 entries.
+    let spec = "random_resized_crop(6) | hflip | normalize(mean=0.1,0.2,0.3,0.4,0.5, std=0.2)";
+    for (dtype, layout) in [("float32", "nchw"), ("bfloat16", "nhwc")] {
+        let o = tensor_source(
+            8,
+            &[9, 7, 5],
+            DType::U8,
+            &[
+                ("transform", spec),
+                ("dtype", dtype),
+                ("layout", layout),
+                ("input_layout", "hwc"),
+            ],
+        );
+        let fake = FakeDevice::new(0).unwrap();
+        let run = same_as_cpu(&fake, &o, 2);
+        let element = if dtype == "float32" { 4 } else { 2 };
+        assert_eq!(run.bytes("image"), (4 * 5 * 6 * 6 * element) as u64);
+        let c = fake.counters();
+        assert!(
+            c.casts_done >= 4,
+            "{dtype} {layout}: {} casts",
+            c.casts_done
+        );
+        let per_batch = 4 * 5 * 6 * 6 + 5 * 256 * element + 4 * 8;
+        assert_eq!(
+            c.bytes_copied,
+            c.casts_done * per_batch as u64,
+            "{dtype} {layout}"
+        );
+    }
+}
+
+#[test]
+fn a_dense_task_casts_its_image_and_moves_its_mask_as_it_is() {
+    // RGB uint8 with a mask under one draw: the image is cast, the int64 mask copied.
+    let (n, s) = (8, 12);
+    let pixels: Vec<u8> = (0..n * s * s * 3).map(|i| (i * 31 % 256) as u8).collect();
+    let mask: Vec<u8> = (0..n * s * s).map(|i| (i % 5) as u8).collect();
+    let source = MemorySource::new()
+        .with_tensor("image", DType::U8, &[s, s, 3], pixels)
+        .unwrap()
+        .with_tensor("mask", DType::U8, &[s, s], mask)
+        .unwrap();
+    let mut o = LoaderOptions::new().with_source(SourceSpec::Custom(Arc::new(source)));
+    let spec =
+        "fields(image=image, mask=mask) | random_resized_crop(8) | hflip | normalize(imagenet)";
+    for (k, v) in [("batch_size", "4"), ("device", "cuda"), ("transform", spec)] {
+        o.set(k, v).unwrap();
+    }
+    let fake = FakeDevice::new(0).unwrap();
+    let run = same_as_cpu(&fake, &o, 2);
+    assert_eq!(run.bytes("mask"), 4 * 8 * 8, "uint8 labels, as stored");
+    let c = fake.counters();
+    assert!(c.casts_done >= 4);
+    let per_batch = run.batch_bytes() - run.bytes("image") + run.bytes("image") / 4 + 3 * 256 * 4;
+    assert_eq!(c.bytes_copied, c.casts_done * per_batch);
+}
+
+#[test]
+fn a_uint16_image_is_no_table_of_bytes_and_converts_on_the_cpu() {
+    let spec = "random_resized_crop(6) | normalize(mean=1000, std=500)";
+    let o = tensor_source(
+        8,
+        &[9, 7, 2],
+        DType::U16,
+        &[("transform", spec), ("input_layout", "hwc")],
+    );
+    let fake = FakeDevice::new(0).unwrap();
+    same_as_cpu(&fake, &o, 1);
+    assert_eq!(fake.counters().casts_done, 0);
+    let mut insisted = o.clone();
+    insisted.set("gpu_normalize", "true").unwrap();
+    let e = Loader::with_device_backend(&insisted, fake.clone())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("uint16") && e.contains("`image`"), "{e}");
 }

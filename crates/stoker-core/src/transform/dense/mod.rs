@@ -39,6 +39,7 @@ use planes::{copy_plane, nearest_plane, warp_bilinear, warp_nearest, Planes, Px}
 
 use super::args::check_fill;
 use super::augment::{self, aug_is_geometric, Drawn, Erase};
+use super::cast::DeviceCast;
 use super::geometry::Plan;
 use super::kernels::write_erase;
 use super::pipeline::{foldable, op_name};
@@ -427,6 +428,68 @@ impl DensePipeline {
         matches!(self.role, Role::Image)
     }
 
+    /// This pipeline's uint8 twin and the cast that turns the twin's output into this
+    /// pipeline's on a device (`gpu_normalize`), as
+    /// [`Pipeline::split_for_device`](super::Pipeline::split_for_device) does for RGB: a uint8
+    /// image is resampled and moved as uint8 planes and only the output pass makes floats, each
+    /// a function of its channel and byte, so a table of `channels × 256` entries computed by
+    /// the same formula and rounding gives the very bits. `Err` says why not.
+    pub fn split_for_device(&self) -> Result<(DensePipeline, DeviceCast), String> {
+        if self.role != Role::Image {
+            return Err("a mask keeps its labels".into());
+        }
+        if self.input.dtype != DType::U8 {
+            return Err(format!(
+                "a {} image is resampled in float32, so its output is no table of bytes",
+                self.input.dtype.name()
+            ));
+        }
+        if !matches!(self.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(format!("the output is {} already", self.dtype.name()));
+        }
+        if self
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::RandomErasing { .. }))
+        {
+            return Err("random_erasing writes its value in output units".into());
+        }
+        if self
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::Mixup { .. } | Op::Cutmix { .. }))
+        {
+            return Err("mixup and cutmix blend the float output of the whole batch".into());
+        }
+        let n = self.dtype.size();
+        let mut table = vec![0u8; self.input.channels * 256 * n];
+        for (c, row) in table.chunks_exact_mut(256 * n).enumerate() {
+            for (v, out) in row.chunks_exact_mut(n).enumerate() {
+                write_float(self.float_value(c, v as f64), self.dtype, out);
+            }
+        }
+        let cast = DeviceCast::new(self.dtype, self.layout, self.input.channels, table);
+        let twin = DensePipeline {
+            ops: self.ops.clone(),
+            planned: self.planned,
+            input: self.input,
+            role: self.role,
+            height: self.height,
+            width: self.width,
+            dtype: DType::U8,
+            layout: self.layout,
+            norm: vec![(0.0, 1.0); self.input.channels],
+            unit: 1.0,
+        };
+        Ok((twin, cast))
+    }
+
+    /// The float output of stored value `v` in channel `c`: the RGB table's formula, in f64.
+    fn float_value(&self, c: usize, v: f64) -> f64 {
+        let (mean, std) = self.norm[c];
+        (v / self.unit - mean) / std
+    }
+
     /// Element type of the output.
     pub fn dtype(&self) -> DType {
         self.dtype
@@ -684,7 +747,6 @@ impl DensePipeline {
         let n = self.dtype.size();
         let plane = w * h;
         for (c, src) in planes.chunks_exact(plane).enumerate() {
-            let (mean, std) = self.norm[c];
             let at = |i: usize| match self.layout {
                 Layout::Nchw => (c * plane + i) * n,
                 Layout::Nhwc => (i * channels + c) * n,
@@ -723,17 +785,9 @@ impl DensePipeline {
                     }
                 }
                 dtype => {
-                    // The RGB table's formula, in f64, rounded once to the output type.
                     for (i, v) in src.iter().enumerate() {
-                        let x = (v.to_f64() / self.unit - mean) / std;
-                        let o = &mut out[at(i)..at(i) + n];
-                        match dtype {
-                            DType::F16 => o.copy_from_slice(&half::f16::from_f64(x).to_ne_bytes()),
-                            DType::BF16 => {
-                                o.copy_from_slice(&half::bf16::from_f64(x).to_ne_bytes())
-                            }
-                            _ => o.copy_from_slice(&(x as f32).to_ne_bytes()),
-                        }
+                        let x = self.float_value(c, v.to_f64());
+                        write_float(x, dtype, &mut out[at(i)..at(i) + n]);
                     }
                 }
             }
@@ -774,4 +828,14 @@ fn materialise<T: Px>(
         }
     }
     Ok(())
+}
+
+/// Writes `x` as one element of float `dtype` (float16, bfloat16, else float32), rounded once:
+/// the RGB table's rounding, shared by the output pass and the device cast's table.
+fn write_float(x: f64, dtype: DType, out: &mut [u8]) {
+    match dtype {
+        DType::F16 => out.copy_from_slice(&half::f16::from_f64(x).to_ne_bytes()),
+        DType::BF16 => out.copy_from_slice(&half::bf16::from_f64(x).to_ne_bytes()),
+        _ => out.copy_from_slice(&(x as f32).to_ne_bytes()),
+    }
 }
