@@ -379,34 +379,14 @@ pub(crate) struct DeviceLayout {
 
 impl DeviceLayout {
     /// The device layout of a host batch with `fields`, `casts[i]` saying how field `i` is
-    /// cast (none: every field copied as is, where the host has it). The cast fields come first
-    /// at their device sizes, each on a [`FIELD_ALIGN`] boundary, then the uint8 inputs and the
-    /// tables the casts read.
+    /// cast (none: every field copied as is). The fields come first at their device sizes, each
+    /// on a [`FIELD_ALIGN`] boundary as collate lays them out on the host, then the uint8 inputs
+    /// and the tables the casts read.
     pub(crate) fn new(
         fields: &[FieldMeta],
         casts: Option<&[Option<DeviceCast>]>,
     ) -> Result<DeviceLayout> {
-        let Some(casts) = casts else {
-            let steps = fields
-                .iter()
-                .enumerate()
-                .map(|(field, meta)| Step::Copy {
-                    field,
-                    offset: meta.offset,
-                })
-                .collect();
-            let bytes = fields
-                .iter()
-                .map(|f| f.offset + f.num_bytes())
-                .max()
-                .unwrap_or(0);
-            return Ok(DeviceLayout {
-                fields: fields.to_vec(),
-                steps,
-                bytes,
-            });
-        };
-        let cast_of = |i: usize| casts.get(i).and_then(Option::as_ref);
+        let cast_of = |i: usize| casts.and_then(|c| c.get(i)?.as_ref());
         let mut end = 0usize;
         let mut device = Vec::with_capacity(fields.len());
         for (i, meta) in fields.iter().enumerate() {

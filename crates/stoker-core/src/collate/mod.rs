@@ -53,7 +53,7 @@ use crate::source::streaming::OwnedSample;
 use crate::source::{FieldSpec, Source};
 use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
-use crate::transform::DeviceCast;
+use crate::transform::{DensePipeline, DeviceCast, Pipeline};
 
 pub use image::ImageStages;
 pub use layout::{Ragged, RaggedLayout};
@@ -194,19 +194,12 @@ impl Collator {
         };
         let mut casts = Vec::with_capacity(self.outputs.len());
         for (output, name) in self.outputs.iter_mut().zip(&self.names) {
-            // Each kind of image pipeline swaps in its uint8 twin.
             let split = match output {
                 Output::Image { pipeline, .. } | Output::TensorImage { pipeline, .. } => {
-                    pipeline.split_for_device().map(|(twin, cast)| {
-                        *pipeline = Arc::new(twin);
-                        cast
-                    })
+                    into_twin(pipeline, Pipeline::split_for_device)
                 }
                 Output::Dense { pipeline } if pipeline.is_image() => {
-                    pipeline.split_for_device().map(|(twin, cast)| {
-                        *pipeline = Arc::new(twin);
-                        cast
-                    })
+                    into_twin(pipeline, DensePipeline::split_for_device)
                 }
                 _ => {
                     casts.push(None);
@@ -241,10 +234,7 @@ impl Collator {
     /// types, and under `gpu_normalize` the uint8 inputs and tables the casts read (ragged
     /// fields counted empty, as [`Collator::batch_bytes`] counts them).
     pub fn device_batch_bytes(&self, n: usize) -> Result<usize> {
-        let (metas, bytes) = self.layout(n, &vec![0; self.outputs.len()]);
-        if self.casts.is_none() {
-            return Ok(bytes);
-        }
+        let (metas, _) = self.layout(n, &vec![0; self.outputs.len()]);
         DeviceLayout::new(&metas, self.casts.as_deref()).map(|l| l.bytes)
     }
 
@@ -358,6 +348,17 @@ impl Collator {
                 .with_casts(self.casts.clone()),
         )
     }
+}
+
+/// Swaps `pipeline` for its uint8 twin and returns the cast that makes the twin's output the
+/// original's on a device; leaves it as it is when `split` refuses, saying why.
+fn into_twin<P>(
+    pipeline: &mut Arc<P>,
+    split: fn(&P) -> std::result::Result<(P, DeviceCast), String>,
+) -> std::result::Result<DeviceCast, String> {
+    let (twin, cast) = split(pipeline)?;
+    *pipeline = Arc::new(twin);
+    Ok(cast)
 }
 
 #[cfg(test)]

@@ -35,15 +35,6 @@ pub const CAST_BLOCK: u32 = 256;
 /// The largest grid dimension a launch uses (y's limit; the kernel strides over the rest).
 pub const MAX_GRID: u32 = 65_535;
 
-/// The kernel's entry point for `job`'s element size.
-pub fn entry_point(job: &CastJob) -> &'static str {
-    if job.elem_bytes == 4 {
-        CAST_B32
-    } else {
-        CAST_B16
-    }
-}
-
 /// `job`'s grid (x: blocks along a row, y: rows), at most [`MAX_GRID`] each; the kernel strides
 /// over whatever exceeds it.
 pub fn grid(job: &CastJob) -> (u32, u32) {
@@ -117,12 +108,6 @@ mod tests {
         assert_eq!(grid(&job(768, 224 * 224, false)), (196, 768));
         assert_eq!(grid(&job(1, 1, true)), (1, 1));
         assert_eq!(grid(&job(u32::MAX, u32::MAX, true)), (MAX_GRID, MAX_GRID));
-        let half = CastJob {
-            elem_bytes: 2,
-            ..job(4, 0, true)
-        };
-        assert_eq!(entry_point(&half), CAST_B16);
-        assert_eq!(entry_point(&job(4, 0, true)), CAST_B32);
     }
 
     #[test]

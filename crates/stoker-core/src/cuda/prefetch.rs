@@ -760,14 +760,13 @@ impl<M: Send + 'static> Worker<M> {
                 .map_err(|e| at(e, None))?;
             let mut copied = 0;
             for step in &layout.steps {
-                let (Step::Copy { field, .. } | Step::Cast { field, .. }) = *step;
+                // A cast field's uint8 bytes go to its staging area, the kernel's input.
+                let (field, to, cast) = match *step {
+                    Step::Copy { field, offset } => (field, offset as u64, None),
+                    Step::Cast { field, job } => (field, job.src, Some(job)),
+                };
                 let (Some(meta), Some(src)) = (host.field_meta(field), host.host_ptr(field)) else {
                     continue;
-                };
-                // A cast field's uint8 bytes go to its staging area, the kernel's input.
-                let to = match *step {
-                    Step::Copy { offset, .. } => offset as u64,
-                    Step::Cast { job, .. } => job.src,
                 };
                 // SAFETY: `src` is valid for `num_bytes` while `host` lives, and `host` is dropped
                 // only after an event recorded below has completed; `dst + to` lies within the
@@ -778,7 +777,7 @@ impl<M: Send + 'static> Worker<M> {
                 }
                 .map_err(|e| at(e, Some(&meta.name)))?;
                 copied += meta.num_bytes();
-                let Step::Cast { job, .. } = *step else {
+                let Some(job) = cast else {
                     continue;
                 };
                 let table = host
