@@ -14,6 +14,13 @@ channels_last, batch 256, 224 px) it runs, one after the other in one process:
                      prefetcher on its own stream as uint8, normalised into float32 there by
                      the cast kernel (gpu_normalize, the default)
   stoker cuda f32    the same with gpu_normalize=False: float32 made on the CPU and copied
+  stoker gpu decode  jpeg_decoder="gpu": the prefetch thread decodes the JPEGs with nvJPEG and
+                     crops/resizes/flips them on the device (the workers only read and plan)
+  stoker auto        jpeg_decoder="auto" with autotune: the share decoded on the device moves
+                     with the cores' load (stats gpu_decode_share, printed after the row)
+  torchvision nvJPEG the DALI-like peer in the torch wheel: files read by a thread pool,
+                     torchvision.io.decode_jpeg(list, device="cuda") batched, then v2
+                     RandomResizedCrop/RandomHorizontalFlip/Normalize per image on the GPU
   stoker cpu+pinned  device="cpu", pin_memory=True, then `.cuda(non_blocking=True)` in the
                      step: the porting path of torch code
   torch DataLoader   torchvision ImageFolder + PIL + RandomResizedCrop/RandomHorizontalFlip/
@@ -146,6 +153,16 @@ def pipelines(root: Path, batch: int, workers: int, device, smoke: bool):
         while True:
             yield images, labels
 
+    made = {}
+
+    def decode_stats():
+        """How the last stoker loader decoded: the share on the device and images decoded there."""
+        loader = made.get("stoker")
+        if loader is None:
+            return None
+        s = loader.stats()
+        return f"gpu_decode_share {s.gpu_decode_share:.1f}, {s.decoded_device:,} images decoded on the GPU"
+
     def stoker_loader(**options):
         def make():
             loader = stoker_torch.DataLoader(
@@ -157,6 +174,7 @@ def pipelines(root: Path, batch: int, workers: int, device, smoke: bool):
                 transform=SPEC,
                 **options,
             )
+            made["stoker"] = loader
             return forever(lambda: iter(loader))
 
         return make
@@ -183,10 +201,45 @@ def pipelines(root: Path, batch: int, workers: int, device, smoke: bool):
         )
         return forever(lambda: iter(loader))
 
+    def torchvision_nvjpeg():
+        from concurrent.futures import ThreadPoolExecutor
+
+        from torchvision.io import decode_jpeg
+        from torchvision.transforms import v2
+
+        dataset = torchvision.datasets.ImageFolder(str(root))
+        tf = v2.Compose(
+            [
+                v2.RandomResizedCrop(224, antialias=True),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(MEAN, STD),
+            ]
+        )
+        pool = ThreadPoolExecutor(workers)
+
+        def read(path):
+            return torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8)
+
+        def epoch():
+            order = torch.randperm(len(dataset.samples)).tolist()
+            for start in range(0, len(order) - batch + 1, batch):
+                picked = [dataset.samples[i] for i in order[start : start + batch]]
+                data = list(pool.map(read, [p for p, _ in picked]))
+                images = decode_jpeg(data, device=device)
+                images = torch.stack([tf(image) for image in images])
+                labels = torch.tensor([label for _, label in picked])
+                yield images, labels
+
+        return forever(epoch)
+
     yield "ceiling (synthetic batch)", synthetic
     if not smoke:
         yield "stoker cuda (uint8 across, gpu_normalize)", stoker_loader(device="cuda")
         yield "stoker cuda (float32 across)", stoker_loader(device="cuda", gpu_normalize=False)
+        yield "stoker cuda, jpeg_decoder=gpu (nvJPEG)", stoker_loader(device="cuda", jpeg_decoder="gpu"), decode_stats
+        yield "stoker cuda, jpeg_decoder=auto + autotune", stoker_loader(device="cuda", autotune=True), decode_stats
+        yield "torchvision decode_jpeg(cuda) + v2 on GPU", torchvision_nvjpeg
     yield "stoker cpu+pinned, .cuda(non_blocking)", stoker_loader(pin_memory=not smoke)
     yield f"torch DataLoader + PIL ({workers} workers)", torch_loader
 
@@ -224,13 +277,16 @@ def main() -> int:
         print(f"\n{name} (bf16 autocast, channels_last)")
         print(f"{'pipeline':<44} {'img/s':>8} {'waiting':>8} {'GPU busy':>9} {'of ceiling':>11}")
         ceiling = None
-        for label, batches in pipelines(args.root, args.batch, args.workers, device, smoke):
+        for label, batches, *after in pipelines(args.root, args.batch, args.workers, device, smoke):
             rate, waiting, busy = run_pipeline(
                 step, batches(), device, args.steps, args.warmup, None if smoke else 0
             )
             ceiling = ceiling or rate
             busy_text = f"{busy:.0%}" if busy is not None else "n/a"
             print(f"{label:<44} {rate:8,.0f} {waiting:8.0%} {busy_text:>9} {rate / ceiling:11.2f}")
+            note = after[0]() if after else None
+            if note:
+                print(f"{'':<44} ({note})")
     return 0
 
 

@@ -27,7 +27,6 @@ int main(void) {
   CHECK(STOKER_DTYPE_F16 == 3 && STOKER_DTYPE_BF16 == 4 && STOKER_DTYPE_F32 == 5);
   CHECK(STOKER_DTYPE_U16 == 6); /* an addition: the codes before it keep their values */
   /* Layout of the public structs (fields are only ever appended). */
-  CHECK(sizeof(stoker_stats) == 51 * 8);
   CHECK(offsetof(stoker_stats, pin_failures) == 12 * 8);
   CHECK(offsetof(stoker_stats, rank) == 13 * 8 && offsetof(stoker_stats, launcher) == 17 * 8);
   CHECK(offsetof(stoker_stats, read_ns) == 18 * 8);
@@ -39,6 +38,8 @@ int main(void) {
   CHECK(offsetof(stoker_stats, batch_memory_peak_bytes) == 47 * 8);
   CHECK(offsetof(stoker_stats, page_faults) == 48 * 8);
   CHECK(offsetof(stoker_stats, device_memory_bytes) == 50 * 8);
+  CHECK(offsetof(stoker_stats, gpu_decode_share) == 52 * 8);
+  CHECK(sizeof(stoker_stats) == 53 * 8);
   CHECK(sizeof(stoker_launch) == 5 * 8);
   CHECK(STOKER_LAUNCHER_NONE == 0 && STOKER_LAUNCHER_EXPLICIT == 1 && STOKER_LAUNCHER_TORCHRUN == 2);
   CHECK(STOKER_LAUNCHER_SLURM == 3 && STOKER_LAUNCHER_OPENMPI == 4 && STOKER_LAUNCHER_PMI == 5);

@@ -446,9 +446,19 @@ typedef struct stoker_stats {
    */
   uint64_t h2d_bytes;
   /**
-   * Device memory the loader holds now (device=cuda): the prefetch ring, in bytes.
+   * Device memory the loader holds now (device=cuda): the prefetch ring and GPU decoding's
+   * scratch, in bytes.
    */
   uint64_t device_memory_bytes;
+  /**
+   * Images the workers left to the device's JPEG decoder (jpeg_decoder=gpu/auto).
+   */
+  uint64_t decoded_device;
+  /**
+   * The share of samples (by a hash of the index) the device decodes now
+   * (gpu_decode_share), 0 when none.
+   */
+  double gpu_decode_share;
 } stoker_stats;
 
 /**
@@ -603,7 +613,8 @@ struct stoker_options *stoker_options_new(void);
  * | `ragged` | `pad`, `offsets` | pad | `offsets` | ragged per-sample fields (boxes, tar raw members, `cu_seqlens`, varying callback tensors): `pad` pads them to the batch's longest, `[batch, longest, …]`, with an int64 `<name>_lengths` of `batch` (needs `pad` unless raw bytes); `offsets` lays the samples' rows end to end, `[total, …]`, with an int64 `<name>_offsets` of `batch + 1` (sample `i` is rows `offsets[i]..offsets[i+1]`: `torch.nested.nested_tensor_from_jagged(values, offsets)`) |
  * | `box_format` | `xyxy`, `xywh`, `cxcywh` | xyxy | `cxcywh` | how the boxes a `fields(boxes=NAME)` transform role names are stored and delivered (pixels: left, top, right, bottom; left, top, width, height; centre x, centre y, width, height); a `boxes=NAME:FORMAT` suffix in the spec wins over it |
  * | `max_image_pixels` | integer ≥ 1 | 89478485 | `1000000` | larger images are bad samples (decompression bombs), refused before allocating |
- * | `jpeg_decoder` | `auto`, `zune`, `turbo` | `auto` (or `STOKER_JPEG_DECODER`) | `zune` | `turbo`: libjpeg-turbo decodes only the rows and columns a crop reads, shrinking in the DCT domain when the crop is at least twice the output; `zune`: zune-jpeg (pure Rust) decodes whole images; `auto`: `turbo` when it was built with SIMD, else `zune`. CMYK/YCCK JPEGs always go to zune-jpeg; stats count each path (`decoded_*`) |
+ * | `jpeg_decoder` | `auto`, `zune`, `turbo`, `gpu` | `auto` (or `STOKER_JPEG_DECODER`) | `zune` | `turbo`: libjpeg-turbo decodes only the rows and columns a crop reads, shrinking in the DCT domain when the crop is at least twice the output; `zune`: zune-jpeg (pure Rust) decodes whole images; `auto`: `turbo` when it was built with SIMD, else `zune`; `gpu` (device=cuda): the device decodes the JPEGs with nvJPEG, loaded at run time (`gpu_decode_share` of them, all by default), the rest as `auto`. CMYK/YCCK JPEGs always go to zune-jpeg; stats count each path (`decoded_*`) |
+ * | `gpu_decode_share` | `0`..`1`, `auto` | `auto`: all with `jpeg_decoder=gpu`, none yet with `jpeg_decoder=auto` | `0.25` | device=cuda: the share of samples, chosen by a hash of the index (a run is the same for a given share), whose JPEGs the prefetch thread decodes on the device (nvJPEG) and crops, resizes and flips there with the draws the CPU path would use, into the same slots; needs a transform of crops, resizes and flips only (then `normalize`/`dtype` under `gpu_normalize`); progressive, CMYK and other files the device cannot take are decoded by the workers; stats `gpu_decode_share`, `decoded_device` |
  * | `memory_budget` | bytes (`8GiB`, `500MB`) or `N%` of physical memory | 50% of physical memory (or the cgroup limit) ÷ `LOCAL_WORLD_SIZE` | `8GiB` | bound on the batch memory the loader keeps (in flight and idle): a batch that cannot fit is an error when the loader is made; the in-flight cap is lowered to fit (stats `in_flight_cap`); with `device=cuda` it also holds the device buffers the ring grows by while the trainer holds every one |
  * | `autotune` | bool | false | `true` | live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace |
  * | `trace` | a file path | none | `trace.json` | write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) of every worker's stages, the device copies and the consumer's waits; keeps the last 1024 batches of each thread; written when the loader is dropped |

@@ -138,9 +138,9 @@ step "pytest on the installed package (python -X dev -X faulthandler)"
   env -u STOKER_LIBRARY "$VENV/bin/python" -X dev -X faulthandler -m pytest -p no:cacheprovider \
   -q -rs "$ROOT/bindings/python/tests")
 
-step "the cast kernels: cast.cu run on the CPU, cast.ptx assembled for sm_75 to sm_90 (nvJitLink of torch's CUDA wheels)"
-"$VENV/bin/python" crates/stoker-core/kernels/check_kernels.py || die "the cast kernels failed their check"
-ok "cast kernels"
+step "the cast and resize kernels: cast.cu and resize.cu run on the CPU, cast.ptx and resize.ptx assembled for sm_75 to sm_90 (nvJitLink of torch's CUDA wheels)"
+"$VENV/bin/python" crates/stoker-core/kernels/check_kernels.py || die "the cast and resize kernels failed their check"
+ok "cast and resize kernels"
 
 step "type annotations: mypy --strict on the package, and on user code against the installed wheel"
 (cd bindings/python && "$VENV/bin/python" -m mypy --no-incremental src/stoker)

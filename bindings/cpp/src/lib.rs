@@ -105,6 +105,10 @@ mod ffi {
         h2d_bytes: u64,
         /// Device memory the loader holds now (device=cuda), in bytes.
         device_memory_bytes: u64,
+        /// Images the workers left to the device's JPEG decoder (jpeg_decoder=gpu/auto).
+        decoded_device: u64,
+        /// The share of samples the device decodes now (gpu_decode_share).
+        gpu_decode_share: f64,
         /// Busy time of each worker, by worker number.
         worker_busy_ns: Vec<u64>,
     }
@@ -602,6 +606,8 @@ impl StatsReader {
             page_faults: s.page_faults,
             h2d_bytes: s.h2d_bytes,
             device_memory_bytes: s.device_memory_bytes,
+            decoded_device: s.decoded_device,
+            gpu_decode_share: s.gpu_decode_share,
             worker_busy_ns: s.worker_busy_ns,
         })
     }

@@ -290,3 +290,29 @@ def test_gpu_normalize_device_batches_equal_the_cpu_batches_bit_for_bit(png_fold
             want = host.torch()["image"].view(same.dtype)
             assert torch.equal(same, want)
         assert gpu.stats().device_memory_bytes > 0
+
+
+def test_gpu_decode_batches_agree_with_the_cpu_within_a_few_levels(tmp_path):
+    """jpeg_decoder="gpu": the prefetch thread decodes the JPEGs with nvJPEG and crops, resizes
+    and flips them on the device with the draws the CPU path uses; what differs is the decoder's
+    IDCT and the resampler's rounding, a few levels. Progressive files are decoded by the
+    workers."""
+    torch = import_torch()
+    if not torch.cuda.is_available():
+        pytest.skip("SKIPPED, needs a GPU: no CUDA device here to decode JPEGs with nvJPEG")
+    root = tmp_path / "jpg"
+    make_folder(root, "jpg", quality=95)
+    for path in list((root / "dog").iterdir())[:1]:
+        Image.open(path).save(path, quality=95, progressive=True)
+    spec = "random_resized_crop(32) | hflip"
+    options = dict(batch_size=6, transform=spec, dtype="uint8", seed=4)
+    with stoker.Loader(f"image_folder:{root}", **options) as cpu, \
+            stoker.Loader(f"image_folder:{root}", device="cuda", jpeg_decoder="gpu", **options) as gpu:
+        for host, device in zip(cpu, gpu):
+            on_gpu = device.torch()["image"]
+            assert on_gpu.is_cuda
+            torch.cuda.synchronize()
+            diff = (on_gpu.cpu().int() - host.torch()["image"].int()).abs()
+            assert diff.max() <= 64 and diff.float().mean() <= 2.0, (diff.max(), diff.float().mean())
+        stats = gpu.stats()
+        assert stats.decoded_device >= 5 and stats.gpu_decode_share == 1.0

@@ -465,3 +465,74 @@ fn gpu_normalize_delivers_float_fields_through_the_c_abi_with_uint8_across() {
     );
     assert_eq!(c.live_bytes, 0);
 }
+
+#[test]
+fn gpu_decode_delivers_device_decoded_images_through_the_c_abi() {
+    // An image folder of two classes of a baseline JPEG the device takes.
+    let root = std::env::temp_dir().join(format!("stoker-capi-gpu-decode-{}", std::process::id()));
+    let photo = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../stoker-core/tests/data/images/photo_baseline.jpg"),
+    )
+    .unwrap();
+    for class in ["a", "b"] {
+        std::fs::create_dir_all(root.join(class)).unwrap();
+        for i in 0..4 {
+            std::fs::write(root.join(class).join(format!("{i}.jpg")), &photo).unwrap();
+        }
+    }
+    let mut o = LoaderOptions::new();
+    for (k, v) in [
+        (
+            "source",
+            format!("image_folder:{}", root.display()).as_str(),
+        ),
+        ("batch_size", "4"),
+        (
+            "transform",
+            "random_resized_crop(16) | hflip | normalize(imagenet)",
+        ),
+        ("dtype", "float32"),
+    ] {
+        o.set(k, v).unwrap();
+    }
+    let mut cpu = Loader::new(&o).unwrap();
+    o.set("jpeg_decoder", "gpu").unwrap();
+    let fake = fake(0);
+    let l = device_loader(&fake, &o);
+    for _ in 0..2 {
+        let b = next(l);
+        assert_eq!(stoker_batch_synchronize(b), STOKER_OK);
+        let t = field(b, 0);
+        assert_eq!(t.device_type, 2);
+        assert_eq!(t.dtype, stoker_dtype::STOKER_DTYPE_F32);
+        let host = cpu.next().unwrap().unwrap();
+        let want = host.field(0).unwrap().data.unwrap().to_vec();
+        let got = fake.read(t.data as u64, want.len()).unwrap();
+        // Within a few levels of the CPU path (the fake decodes with the CPU's decoder): 11 at
+        // most here, where the CPU shrinks a 16-pixel crop in the DCT domain.
+        let floats = |b: &[u8]| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|w| f32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+                .collect()
+        };
+        let worst = floats(&got)
+            .iter()
+            .zip(floats(&want))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 16.0 / 255.0 / 0.229, "{worst}");
+        stoker_batch_release(b);
+    }
+    let mut stats = stoker_stats {
+        size: std::mem::size_of::<stoker_stats>() as u64,
+        ..Default::default()
+    };
+    assert_eq!(stoker_loader_stats(l, &mut stats), STOKER_OK);
+    assert!(stats.decoded_device >= 8, "{}", stats.decoded_device);
+    assert_eq!(stats.gpu_decode_share, 1.0);
+    stoker_loader_free(l);
+    assert!(fake.counters().jpegs_decoded >= 8);
+    assert_eq!(fake.counters().live_bytes, 0);
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -203,6 +203,8 @@ pub extern "C" fn stoker_loader_stats(
             page_faults: s.page_faults,
             h2d_bytes: s.h2d_bytes,
             device_memory_bytes: s.device_memory_bytes,
+            decoded_device: s.decoded_device,
+            gpu_decode_share: s.gpu_decode_share,
         };
         // Every field is 8 bytes, so the fields that fit end at `size` rounded down to 8.
         let fit = (size.min(std::mem::size_of::<stoker_stats>() as u64) as usize) & !7;

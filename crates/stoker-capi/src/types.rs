@@ -255,8 +255,14 @@ pub struct stoker_stats {
     /// Bytes copied host to device (device=cuda), summed over batches; with gpu_normalize image
     /// fields cross as uint8.
     pub h2d_bytes: u64,
-    /// Device memory the loader holds now (device=cuda): the prefetch ring, in bytes.
+    /// Device memory the loader holds now (device=cuda): the prefetch ring and GPU decoding's
+    /// scratch, in bytes.
     pub device_memory_bytes: u64,
+    /// Images the workers left to the device's JPEG decoder (jpeg_decoder=gpu/auto).
+    pub decoded_device: u64,
+    /// The share of samples (by a hash of the index) the device decodes now
+    /// (gpu_decode_share), 0 when none.
+    pub gpu_decode_share: f64,
 }
 
 /// This process's place in a distributed job, as `stoker_options_launch` resolves it.

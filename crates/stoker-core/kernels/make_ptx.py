@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Compiles cast.cu to cast.ptx, the PTX embedded in libstoker (see cast.cu).
+"""Compiles each kernel source beside it to the PTX embedded in libstoker: cast.cu to cast.ptx
+(`gpu_normalize`, see cast.cu) and resize.cu to resize.ptx (GPU decoding's resize).
 
 The PTX must load on every driver stoker supports, CUDA 12.0 and later: a driver compiles PTX
 only of an ISA version it knows, and NVRTC writes its own release's (12.0 writes ISA 8.0, 12.8
@@ -9,9 +10,10 @@ writes 8.7, 13.x 9.x). So this script takes NVRTC 12.0, from the `nvidia-cuda-nv
     /tmp/nvrtc/bin/python crates/stoker-core/kernels/make_ptx.py
 
 and targets `compute_52` (Maxwell), the oldest architecture NVRTC 12.0 accepts, so the driver
-can compile the PTX for every GPU that CUDA 12 runs on. The first line of the PTX records the
-CRC-32 of the source it was made from, which a unit test of stoker-core compares with cast.cu.
-`check_kernels.py` runs the source on the CPU and assembles the result for today's architectures.
+can compile the PTX for every GPU that CUDA 12 runs on. The first line of each PTX records the
+CRC-32 of the source it was made from, which a unit test of stoker-core compares with the source
+(in `cast.rs` and `resize.rs`). `check_kernels.py` runs the sources on the CPU and assembles the
+PTX for today's architectures.
 """
 
 import ctypes
@@ -22,6 +24,7 @@ import zlib
 HERE = pathlib.Path(__file__).resolve().parent
 NVRTC_VERSION = (12, 0)
 ARCH = "compute_52"
+KERNELS = ["cast", "resize"]  # <name>.cu becomes <name>.ptx
 
 
 def nvrtc_library() -> ctypes.CDLL:
@@ -43,26 +46,35 @@ def main() -> None:
     if (major.value, minor.value) != NVRTC_VERSION:
         sys.exit(f"make_ptx.py: NVRTC {major.value}.{minor.value}, but the PTX must come from "
                  f"NVRTC {NVRTC_VERSION[0]}.{NVRTC_VERSION[1]} (see the docstring)")
-    source = (HERE / "cast.cu").read_bytes()
+    for name in KERNELS:
+        compile_kernel(nvrtc, name, f"{major.value}.{minor.value}")
+
+
+def compile_kernel(nvrtc: ctypes.CDLL, name: str, version: str) -> None:
+    """Compiles `<name>.cu` to `<name>.ptx`, whose first line is the source's CRC-32."""
+    source = (HERE / f"{name}.cu").read_bytes()
     program = ctypes.c_void_p()
-    check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(program), source, b"cast.cu", 0, None, None))
-    options = [f"--gpu-architecture={ARCH}".encode(), b"--std=c++14"]
-    argv = (ctypes.c_char_p * len(options))(*options)
-    status = nvrtc.nvrtcCompileProgram(program, len(options), argv)
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetProgramLog(program, log)
-    if status != 0:
-        sys.exit(f"make_ptx.py: cast.cu does not compile:\n{log.value.decode()}")
-    check(nvrtc, nvrtc.nvrtcGetPTXSize(program, ctypes.byref(size)))
-    ptx = ctypes.create_string_buffer(size.value)
-    check(nvrtc, nvrtc.nvrtcGetPTX(program, ptx))
-    header = (f"// cast.cu crc32 {zlib.crc32(source):08x}\n"
-              f"// Made by make_ptx.py with NVRTC {major.value}.{minor.value} for {ARCH}; "
-              "do not edit.\n")
-    (HERE / "cast.ptx").write_text(header + ptx.value.decode())
-    print(f"wrote {HERE / 'cast.ptx'} ({len(ptx.value)} bytes of PTX)")
+    check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(program), source, f"{name}.cu".encode(),
+                                          0, None, None))
+    try:
+        options = [f"--gpu-architecture={ARCH}".encode(), b"--std=c++14"]
+        argv = (ctypes.c_char_p * len(options))(*options)
+        status = nvrtc.nvrtcCompileProgram(program, len(options), argv)
+        size = ctypes.c_size_t()
+        nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetProgramLog(program, log)
+        if status != 0:
+            sys.exit(f"make_ptx.py: {name}.cu does not compile:\n{log.value.decode()}")
+        check(nvrtc, nvrtc.nvrtcGetPTXSize(program, ctypes.byref(size)))
+        ptx = ctypes.create_string_buffer(size.value)
+        check(nvrtc, nvrtc.nvrtcGetPTX(program, ptx))
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+    header = (f"// {name}.cu crc32 {zlib.crc32(source):08x}\n"
+              f"// Made by make_ptx.py with NVRTC {version} for {ARCH}; do not edit.\n")
+    (HERE / f"{name}.ptx").write_text(header + ptx.value.decode())
+    print(f"wrote {HERE / f'{name}.ptx'} ({len(ptx.value)} bytes of PTX)")
 
 
 def check(nvrtc: ctypes.CDLL, status: int) -> None:

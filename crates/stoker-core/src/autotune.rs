@@ -16,6 +16,11 @@
 //!   a trial: if the next window's readiness is not at least [`HELPED`] higher, the depth goes
 //!   back and is not tried again (a consumer that waits because the cores are the limit, not
 //!   the bursts, would otherwise get ever deeper prefetch and more memory for nothing);
+//! - readiness below target, workers busy and no core left for another (or the memory budget
+//!   full), with GPU decoding possible (`jpeg_decoder=auto`, `device=cuda`) → a larger
+//!   `gpu_decode_share` by [`SHARE_STEP`]: the device decodes what the cores cannot;
+//! - readiness at target, a GPU decode share in use and the workers with slack → a smaller
+//!   share by [`SHARE_STEP`] (the trainer gets that GPU time back) before any worker goes;
 //! - readiness at target and one worker fewer would still keep up → one worker fewer: the
 //!   consumer is the bottleneck and the cores are better left to it.
 //!
@@ -42,6 +47,8 @@ const IDLE_CORES: f64 = 0.5;
 const SHED_BELOW: f64 = 0.7;
 /// How much a deeper prefetch must raise readiness to be kept.
 pub const HELPED: f64 = 0.02;
+/// How far one decision moves the GPU decode share.
+pub const SHARE_STEP: f64 = 0.1;
 
 /// What the loader measured so far (cumulative counters).
 #[derive(Clone, Copy, Debug)]
@@ -65,6 +72,8 @@ pub struct Decision {
     pub workers: usize,
     /// Batches in flight per worker from now on (`prefetch_factor`).
     pub prefetch: usize,
+    /// The share of samples the device decodes from now on (`None`: no GPU decoding).
+    pub gpu_decode_share: Option<f64>,
     /// The window's readiness that prompted it.
     pub readiness: f64,
     /// Why, in words, as the trace shows it.
@@ -106,13 +115,13 @@ impl Controller {
             .is_none_or(|b| now.saturating_duration_since(b.at) >= MIN_WINDOW)
     }
 
-    /// Takes `obs` into account with `workers` and `prefetch` as they are now; returns the new
-    /// settings when they should change.
+    /// Takes `obs` into account with `workers`, `prefetch` and the GPU decode `share` (`None`:
+    /// no GPU decoding) as they are now; returns the new settings when they should change.
     pub fn observe(
         &mut self,
         obs: Observation,
-        workers: usize,
-        prefetch: usize,
+        (workers, prefetch): (usize, usize),
+        share: Option<f64>,
     ) -> Option<Decision> {
         let Some(base) = self.base else {
             self.base = Some(obs);
@@ -142,8 +151,13 @@ impl Controller {
         let decision = |workers, prefetch, reason| Decision {
             workers,
             prefetch,
+            gpu_decode_share: share,
             readiness,
             reason,
+        };
+        let shared = |share: f64, reason| Decision {
+            gpu_decode_share: Some((share * 10.0).round() / 10.0),
+            ..decision(workers, prefetch, reason)
         };
         let chosen = if let Some((before, readiness_before)) = self.trial.take() {
             (readiness < readiness_before + HELPED && prefetch > before).then(|| {
@@ -152,15 +166,20 @@ impl Controller {
             })
         } else if readiness < TARGET {
             if busy >= SATURATED {
-                (workers < self.max_workers && idle >= IDLE_CORES && workers < self.fit).then(
-                    || {
-                        decision(
-                            workers + 1,
-                            prefetch.min(self.fit / (workers + 1)).max(1),
-                            "starved: workers busy, cores idle",
+                if workers < self.max_workers && idle >= IDLE_CORES && workers < self.fit {
+                    Some(decision(
+                        workers + 1,
+                        prefetch.min(self.fit / (workers + 1)).max(1),
+                        "starved: workers busy, cores idle",
+                    ))
+                } else {
+                    share.filter(|s| *s < 1.0).map(|s| {
+                        shared(
+                            (s + SHARE_STEP).min(1.0),
+                            "starved: cores busy, more JPEGs to the GPU",
                         )
-                    },
-                )
+                    })
+                }
             } else {
                 (prefetch < self.ceiling && workers * (prefetch + 1) <= self.fit).then(|| {
                     self.trial = Some((prefetch, readiness));
@@ -171,6 +190,11 @@ impl Controller {
                     )
                 })
             }
+        } else if let Some(s) = share.filter(|s| *s > 0.0 && busy <= SHED_BELOW) {
+            Some(shared(
+                (s - SHARE_STEP).max(0.0),
+                "consumer-bound: the CPU takes JPEGs back from the GPU",
+            ))
         } else {
             (workers > 1 && busy * workers as f64 / (workers - 1) as f64 <= SHED_BELOW).then(|| {
                 decision(
@@ -245,27 +269,29 @@ mod tests {
         let mut c = Controller::new(3, 100);
         let mut sim = Sim::new();
         assert_eq!(
-            c.observe(sim.window(1, 0.0, 0.0, 0.0), 1, 2),
+            c.observe(sim.window(1, 0.0, 0.0, 0.0), (1, 2), None),
             None,
             "first: a baseline"
         );
-        let d = c.observe(sim.window(1, 0.5, 1.0, 0.1), 1, 2).unwrap();
+        let d = c
+            .observe(sim.window(1, 0.5, 1.0, 0.1), (1, 2), None)
+            .unwrap();
         assert_eq!((d.workers, d.prefetch), (2, 2));
         assert!((d.readiness - 0.5).abs() < 1e-9);
         assert_eq!(
-            c.observe(sim.window(2, 0.5, 1.0, 0.1), 2, 2),
+            c.observe(sim.window(2, 0.5, 1.0, 0.1), (2, 2), None),
             None,
             "settling"
         );
         assert_eq!(
-            c.observe(sim.window(2, 0.5, 1.0, 0.1), 2, 2)
+            c.observe(sim.window(2, 0.5, 1.0, 0.1), (2, 2), None)
                 .unwrap()
                 .workers,
             3
         );
-        c.observe(sim.window(3, 0.5, 1.0, 0.1), 3, 2);
+        c.observe(sim.window(3, 0.5, 1.0, 0.1), (3, 2), None);
         assert_eq!(
-            c.observe(sim.window(3, 0.5, 1.0, 0.1), 3, 2),
+            c.observe(sim.window(3, 0.5, 1.0, 0.1), (3, 2), None),
             None,
             "at the cores"
         );
@@ -275,26 +301,64 @@ mod tests {
     fn busy_cores_or_the_memory_budget_stop_growth() {
         let mut c = Controller::new(8, 100);
         let mut sim = Sim::new();
-        c.observe(sim.window(2, 0.0, 0.0, 0.0), 2, 2);
+        c.observe(sim.window(2, 0.0, 0.0, 0.0), (2, 2), None);
         // Every core is used: another worker would only take time from the others.
-        assert_eq!(c.observe(sim.window(2, 0.5, 1.0, 7.8), 2, 2), None);
+        assert_eq!(c.observe(sim.window(2, 0.5, 1.0, 7.8), (2, 2), None), None);
         // The budget holds two batches: two workers with one batch each at most.
         let mut c = Controller::new(8, 2);
-        c.observe(sim.window(2, 0.0, 0.0, 0.0), 2, 1);
-        assert_eq!(c.observe(sim.window(2, 0.5, 1.0, 0.1), 2, 1), None);
+        c.observe(sim.window(2, 0.0, 0.0, 0.0), (2, 1), None);
+        assert_eq!(c.observe(sim.window(2, 0.5, 1.0, 0.1), (2, 1), None), None);
+    }
+
+    #[test]
+    fn with_the_cores_busy_the_gpu_takes_a_larger_share_and_gives_it_back_when_not_needed() {
+        let mut c = Controller::new(3, 100);
+        let mut sim = Sim::new();
+        c.observe(sim.window(3, 0.0, 0.0, 0.0), (3, 2), Some(0.0));
+        // Starved, every worker busy, no core left: the device decodes a tenth more.
+        let d = c
+            .observe(sim.window(3, 0.5, 1.0, 3.0), (3, 2), Some(0.0))
+            .unwrap();
+        assert_eq!(
+            (d.workers, d.prefetch, d.gpu_decode_share),
+            (3, 2, Some(0.1))
+        );
+        assert!(d.reason.contains("GPU"), "{}", d.reason);
+        c.observe(sim.window(3, 0.5, 1.0, 3.0), (3, 2), Some(0.1)); // settling
+        let d = c
+            .observe(sim.window(3, 0.5, 1.0, 3.0), (3, 2), Some(0.9))
+            .unwrap();
+        assert_eq!(d.gpu_decode_share, Some(1.0));
+        c.observe(sim.window(3, 0.5, 1.0, 3.0), (3, 2), Some(1.0));
+        assert_eq!(
+            c.observe(sim.window(3, 0.5, 1.0, 3.0), (3, 2), Some(1.0)),
+            None,
+            "all on the GPU already"
+        );
+        // The consumer keeps up and the workers have slack: the share goes down first.
+        let d = c
+            .observe(sim.window(3, 0.0, 0.3, 1.0), (3, 2), Some(0.3))
+            .unwrap();
+        assert_eq!((d.workers, d.gpu_decode_share), (3, Some(0.2)));
+        // Without GPU decoding, busy cores stop growth as before.
+        let mut c = Controller::new(3, 100);
+        c.observe(sim.window(3, 0.0, 0.0, 0.0), (3, 2), None);
+        assert_eq!(c.observe(sim.window(3, 0.5, 1.0, 3.0), (3, 2), None), None);
     }
 
     #[test]
     fn starved_with_idle_workers_deepens_prefetch_within_bounds() {
         let mut c = Controller::new(8, 100);
         let mut sim = Sim::new();
-        c.observe(sim.window(2, 0.0, 0.0, 0.0), 2, 2);
-        let d = c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 2).unwrap();
+        c.observe(sim.window(2, 0.0, 0.0, 0.0), (2, 2), None);
+        let d = c
+            .observe(sim.window(2, 0.3, 0.5, 1.0), (2, 2), None)
+            .unwrap();
         assert_eq!((d.workers, d.prefetch), (2, 3));
         let mut c = Controller::new(8, 100);
-        c.observe(sim.window(2, 0.0, 0.0, 0.0), 2, MAX_PREFETCH);
+        c.observe(sim.window(2, 0.0, 0.0, 0.0), (2, MAX_PREFETCH), None);
         assert_eq!(
-            c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, MAX_PREFETCH),
+            c.observe(sim.window(2, 0.3, 0.5, 1.0), (2, MAX_PREFETCH), None),
             None
         );
     }
@@ -303,20 +367,24 @@ mod tests {
     fn a_deeper_prefetch_that_does_not_raise_readiness_goes_back_and_is_not_tried_again() {
         let mut c = Controller::new(8, 100);
         let mut sim = Sim::new();
-        c.observe(sim.window(2, 0.0, 0.0, 0.0), 2, 2);
-        let d = c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 2).unwrap();
+        c.observe(sim.window(2, 0.0, 0.0, 0.0), (2, 2), None);
+        let d = c
+            .observe(sim.window(2, 0.3, 0.5, 1.0), (2, 2), None)
+            .unwrap();
         assert_eq!(d.prefetch, 3);
         assert_eq!(
-            c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 3),
+            c.observe(sim.window(2, 0.3, 0.5, 1.0), (2, 3), None),
             None,
             "settling"
         );
-        let d = c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 3).unwrap();
+        let d = c
+            .observe(sim.window(2, 0.3, 0.5, 1.0), (2, 3), None)
+            .unwrap();
         assert_eq!((d.workers, d.prefetch), (2, 2), "{}", d.reason);
         assert!(d.reason.contains("did not help"));
-        c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 2);
+        c.observe(sim.window(2, 0.3, 0.5, 1.0), (2, 2), None);
         for _ in 0..4 {
-            assert_eq!(c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 2), None);
+            assert_eq!(c.observe(sim.window(2, 0.3, 0.5, 1.0), (2, 2), None), None);
         }
     }
 
@@ -324,17 +392,21 @@ mod tests {
     fn a_deeper_prefetch_that_helps_is_kept_and_the_next_one_tried() {
         let mut c = Controller::new(8, 100);
         let mut sim = Sim::new();
-        c.observe(sim.window(2, 0.0, 0.0, 0.0), 2, 2);
+        c.observe(sim.window(2, 0.0, 0.0, 0.0), (2, 2), None);
         assert_eq!(
-            c.observe(sim.window(2, 0.3, 0.5, 1.0), 2, 2)
+            c.observe(sim.window(2, 0.3, 0.5, 1.0), (2, 2), None)
                 .unwrap()
                 .prefetch,
             3
         );
-        c.observe(sim.window(2, 0.2, 0.5, 1.0), 2, 3);
-        assert_eq!(c.observe(sim.window(2, 0.2, 0.5, 1.0), 2, 3), None, "kept");
+        c.observe(sim.window(2, 0.2, 0.5, 1.0), (2, 3), None);
         assert_eq!(
-            c.observe(sim.window(2, 0.2, 0.5, 1.0), 2, 3)
+            c.observe(sim.window(2, 0.2, 0.5, 1.0), (2, 3), None),
+            None,
+            "kept"
+        );
+        assert_eq!(
+            c.observe(sim.window(2, 0.2, 0.5, 1.0), (2, 3), None)
                 .unwrap()
                 .prefetch,
             4
@@ -345,14 +417,16 @@ mod tests {
     fn sheds_a_worker_when_the_consumer_is_the_bottleneck() {
         let mut c = Controller::new(8, 100);
         let mut sim = Sim::new();
-        c.observe(sim.window(4, 0.0, 0.0, 0.0), 4, 2);
-        let d = c.observe(sim.window(4, 0.0, 0.3, 1.2), 4, 2).unwrap();
+        c.observe(sim.window(4, 0.0, 0.0, 0.0), (4, 2), None);
+        let d = c
+            .observe(sim.window(4, 0.0, 0.3, 1.2), (4, 2), None)
+            .unwrap();
         assert_eq!(d.workers, 3);
         assert!(d.reason.contains("consumer"));
         // Busy workers are kept even when the consumer keeps up.
         let mut c = Controller::new(8, 100);
-        c.observe(sim.window(2, 0.0, 0.0, 0.0), 2, 2);
-        assert_eq!(c.observe(sim.window(2, 0.0, 0.8, 1.6), 2, 2), None);
+        c.observe(sim.window(2, 0.0, 0.0, 0.0), (2, 2), None);
+        assert_eq!(c.observe(sim.window(2, 0.0, 0.8, 1.6), (2, 2), None), None);
     }
 
     #[test]
@@ -366,12 +440,16 @@ mod tests {
             busy_ns: ms * 1_000_000,
             cpu_ns: 0,
         };
-        c.observe(obs(0, 0), 1, 2);
+        c.observe(obs(0, 0), (1, 2), None);
         assert!(!c.due(t0 + Duration::from_millis(50)));
-        assert_eq!(c.observe(obs(100, 10), 1, 2), None, "too short");
-        assert_eq!(c.observe(obs(300, 2), 1, 2), None, "too few batches");
+        assert_eq!(c.observe(obs(100, 10), (1, 2), None), None, "too short");
+        assert_eq!(
+            c.observe(obs(300, 2), (1, 2), None),
+            None,
+            "too few batches"
+        );
         assert!(
-            c.observe(obs(2500, 3), 1, 2).is_some(),
+            c.observe(obs(2500, 3), (1, 2), None).is_some(),
             "long enough with one batch"
         );
     }

@@ -14,6 +14,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::transform::DeviceCast;
 
+mod decodes;
+pub(crate) use decodes::{DeviceDecodes, RoutedImage};
+
 /// Alignment of every field inside a batch's memory, host or device (DLPack recommends 256
 /// bytes for device copies).
 pub const FIELD_ALIGN: usize = 256;
@@ -122,6 +125,8 @@ pub struct Batch {
     /// For a host batch bound for a device under `gpu_normalize`: how each field is cast there
     /// (by field index; `None` for a field copied as is).
     casts: Option<Arc<[Option<DeviceCast>]>>,
+    /// For a host batch bound for a device: the images left for it to decode.
+    decodes: Option<Box<DeviceDecodes>>,
 }
 
 impl Batch {
@@ -142,6 +147,7 @@ impl Batch {
             skipped,
             memory: Memory::Host(memory),
             casts: None,
+            decodes: None,
         }
     }
 
@@ -150,6 +156,17 @@ impl Batch {
     pub(crate) fn with_casts(mut self, casts: Option<Arc<[Option<DeviceCast>]>>) -> Batch {
         self.casts = casts;
         self
+    }
+
+    /// This host batch, with the images it leaves for the device to decode.
+    pub(crate) fn with_decodes(mut self, decodes: DeviceDecodes) -> Batch {
+        self.decodes = (!decodes.is_empty()).then(|| Box::new(decodes));
+        self
+    }
+
+    /// The images left for the device to decode, when any are.
+    pub(crate) fn decodes_mut(&mut self) -> Option<&mut DeviceDecodes> {
+        self.decodes.as_deref_mut()
     }
 
     /// How each field is cast on the device, when any is.
@@ -167,6 +184,7 @@ impl Batch {
             skipped: self.skipped,
             memory: Memory::Device(memory),
             casts: None,
+            decodes: None,
         }
     }
 
@@ -373,7 +391,10 @@ pub(crate) struct DeviceLayout {
     /// device sizes.
     pub fields: Vec<FieldMeta>,
     pub steps: Vec<Step>,
-    /// Bytes of device memory the batch needs, the uint8 inputs and tables of casts included.
+    /// Where the resize taps of the images left for the device to decode go.
+    pub taps: usize,
+    /// Bytes of device memory the batch needs, the uint8 inputs and tables of casts and the
+    /// taps included.
     pub bytes: usize,
 }
 
@@ -381,10 +402,11 @@ impl DeviceLayout {
     /// The device layout of a host batch with `fields`, `casts[i]` saying how field `i` is
     /// cast (none: every field copied as is). The fields come first at their device sizes, each
     /// on a [`FIELD_ALIGN`] boundary as collate lays them out on the host, then the uint8 inputs
-    /// and the tables the casts read.
+    /// and the tables the casts read, then `taps` bytes of resize taps.
     pub(crate) fn new(
         fields: &[FieldMeta],
         casts: Option<&[Option<DeviceCast>]>,
+        taps: usize,
     ) -> Result<DeviceLayout> {
         let cast_of = |i: usize| casts.and_then(|c| c.get(i)?.as_ref());
         let mut end = 0usize;
@@ -425,10 +447,12 @@ impl DeviceLayout {
                 },
             });
         }
+        let taps_at = end.next_multiple_of(FIELD_ALIGN);
         Ok(DeviceLayout {
             fields: device,
             steps,
-            bytes: end,
+            taps: taps_at,
+            bytes: if taps > 0 { taps_at + taps } else { end },
         })
     }
 }
@@ -484,7 +508,7 @@ mod tests {
             meta("label", DType::I64, &[2], 256),
         ];
         let casts = [Some(float32_cast()), None];
-        let layout = DeviceLayout::new(&fields, Some(&casts)).unwrap();
+        let layout = DeviceLayout::new(&fields, Some(&casts), 0).unwrap();
         assert_eq!(layout.fields[0].dtype, DType::F32);
         assert_eq!(layout.fields[0].offset, 0);
         // 96 float32s take 384 bytes: the label moves to the next 256-byte boundary.
@@ -511,7 +535,7 @@ mod tests {
             meta("x", DType::F32, &[4, 10], 0),
             meta("y", DType::I64, &[4], 256),
         ];
-        let layout = DeviceLayout::new(&fields, None).unwrap();
+        let layout = DeviceLayout::new(&fields, None, 0).unwrap();
         assert_eq!(layout.fields, fields);
         assert_eq!(layout.bytes, 256 + 32);
     }

@@ -44,6 +44,7 @@ pub mod transform;
 pub use arena::{Arena, SlabRegistrar};
 pub use batch::{Batch, DeviceType, FieldMeta, FieldRef};
 pub use close::Closer;
+pub use collate::DEVICE_DECODE_SCRATCH;
 pub use cuda::{DeviceBackend, Event, Stream};
 pub use dtype::{DType, Layout};
 pub use error::{catch_panic, panic_message, Error, ErrorKind, Result};

@@ -149,8 +149,14 @@ pub struct Stats {
     /// `gpu_normalize` an image field crosses as uint8, a quarter of its float32 bytes.
     pub h2d_bytes: u64,
     /// Device memory the loader holds now (`device=cuda`): the prefetch ring's buffers, in
-    /// bytes, the uint8 staging of `gpu_normalize` included; counted in `memory_budget`.
+    /// bytes, the uint8 staging of `gpu_normalize` and the decoder's scratch included; counted
+    /// in `memory_budget`.
     pub device_memory_bytes: u64,
+    /// Images the workers left to the device's JPEG decoder (`jpeg_decoder=gpu`/`auto`).
+    pub decoded_device: u64,
+    /// The share of samples (by a hash of the index) that go to the device's decoder now
+    /// (option `gpu_decode_share`), 0 when none do.
+    pub gpu_decode_share: f64,
 }
 
 impl Stats {
@@ -253,7 +259,7 @@ impl Histogram {
 }
 
 /// Decode paths counted per worker.
-const DECODE_PATHS: usize = 4;
+const DECODE_PATHS: usize = 5;
 
 fn decode_path_index(path: DecodePath) -> usize {
     match path {
@@ -261,6 +267,7 @@ fn decode_path_index(path: DecodePath) -> usize {
         DecodePath::Turbo => 1,
         DecodePath::TurboRegion => 2,
         DecodePath::TurboScaled => 3,
+        DecodePath::Device => 4,
     }
 }
 
@@ -402,6 +409,8 @@ pub(crate) struct StatsRecorder {
     held_back_ns: AtomicU64,
     /// Device memory the prefetch ring holds, in bytes (its buffers keep a handle to it).
     pub(crate) device_memory: Arc<AtomicU64>,
+    /// The GPU decode share in use, as `f64` bits.
+    gpu_decode_share: AtomicU64,
     trace: Option<Trace>,
     /// The process the loader was made in: the locks above may be held forever in a child
     /// forked after that (a worker thread held one at the moment of the fork).
@@ -444,6 +453,7 @@ impl StatsRecorder {
             autotune_decisions: AtomicU64::new(0),
             held_back_ns: AtomicU64::new(0),
             device_memory: Arc::default(),
+            gpu_decode_share: AtomicU64::new(0),
             trace,
             origin: Origin::here(),
         }
@@ -494,6 +504,12 @@ impl StatsRecorder {
         self.in_flight_depth.store(depth as u64, Ordering::Relaxed);
     }
 
+    /// Records the GPU decode share in use (`gpu_decode_share`).
+    pub(crate) fn set_gpu_decode_share(&self, share: f64) {
+        self.gpu_decode_share
+            .store(share.to_bits(), Ordering::Relaxed);
+    }
+
     pub(crate) fn set_prefetch(&self, prefetch: usize) {
         self.prefetch_factor
             .store(prefetch as u64, Ordering::Relaxed);
@@ -503,12 +519,16 @@ impl StatsRecorder {
     pub(crate) fn decided(&self, at: Instant, d: &crate::autotune::Decision) {
         self.autotune_decisions.fetch_add(1, Ordering::Relaxed);
         self.set_prefetch(d.prefetch);
+        if let Some(share) = d.gpu_decode_share {
+            self.set_gpu_decode_share(share);
+        }
         if let Some(trace) = &self.trace {
             trace.decision(
                 at,
                 crate::trace::Args::Decision {
                     workers: d.workers as u64,
                     prefetch_factor: d.prefetch as u64,
+                    gpu_decode_share: d.gpu_decode_share,
                     readiness: d.readiness,
                     reason: d.reason,
                 },
@@ -684,6 +704,8 @@ impl StatsRecorder {
             decoded_turbo_region: decoded[decode_path_index(DecodePath::TurboRegion)]
                 + decoded[decode_path_index(DecodePath::TurboScaled)],
             decoded_turbo_scaled: decoded[decode_path_index(DecodePath::TurboScaled)],
+            decoded_device: decoded[decode_path_index(DecodePath::Device)],
+            gpu_decode_share: f64::from_bits(self.gpu_decode_share.load(Ordering::Relaxed)),
             // Filled by `StatsHandle::snapshot`.
             ..Stats::default()
         }

@@ -85,6 +85,8 @@ pub(crate) enum Args {
     Decision {
         workers: u64,
         prefetch_factor: u64,
+        /// The GPU decode share, when GPU decoding is on.
+        gpu_decode_share: Option<f64>,
         readiness: f64,
         reason: &'static str,
     },
@@ -370,16 +372,21 @@ impl Trace {
                     Args::Decision {
                         workers,
                         prefetch_factor,
+                        gpu_decode_share,
                         readiness,
                         reason,
                     } => {
+                        // The share, when GPU decoding is on, as one more argument and counter.
+                        let share = gpu_decode_share
+                            .map(|s| format!(",\"gpu_decode_share\":{s:.2}"))
+                            .unwrap_or_default();
                         write!(
                             out,
-                            ",\"args\":{{\"num_workers\":{workers},\"prefetch_factor\":{prefetch_factor},\"readiness\":{readiness:.4},\"reason\":\"{reason}\"}}}}"
+                            ",\"args\":{{\"num_workers\":{workers},\"prefetch_factor\":{prefetch_factor}{share},\"readiness\":{readiness:.4},\"reason\":\"{reason}\"}}}}"
                         )?;
                         write!(
                             out,
-                            ",\n{{\"ph\":\"C\",\"name\":\"autotune\",\"pid\":{pid},\"tid\":{tid},\"ts\":{ts},\"args\":{{\"num_workers\":{workers},\"prefetch_factor\":{prefetch_factor}}}}}"
+                            ",\n{{\"ph\":\"C\",\"name\":\"autotune\",\"pid\":{pid},\"tid\":{tid},\"ts\":{ts},\"args\":{{\"num_workers\":{workers},\"prefetch_factor\":{prefetch_factor}{share}}}}}"
                         )?;
                     }
                 }

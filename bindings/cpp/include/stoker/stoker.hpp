@@ -341,6 +341,9 @@ class Options {
   // With a CUDA device, image fields cross as uint8 and are cast to the float output there (on by
   // default where the transform allows; true insists, false converts on the CPU).
   Options& gpu_normalize(bool on) { return set("gpu_normalize", flag(on)); }
+  // With a CUDA device, the share (0 to 1, by a hash of the index) of samples whose JPEGs the
+  // device decodes (nvJPEG); jpeg_decoder("gpu") decodes all it can.
+  Options& gpu_decode_share(double share) { return set("gpu_decode_share", number(share)); }
   Options& on_error(std::string_view policy) { return set("on_error", policy); }
   Options& timeout_ms(uint64_t ms) { return set("timeout_ms", std::to_string(ms)); }
   // A string from `Loader::save_state()`.

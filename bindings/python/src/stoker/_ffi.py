@@ -125,6 +125,8 @@ class Stats(ctypes.Structure):
         ("page_faults", ctypes.c_uint64),
         ("h2d_bytes", ctypes.c_uint64),
         ("device_memory_bytes", ctypes.c_uint64),
+        ("decoded_device", ctypes.c_uint64),
+        ("gpu_decode_share", ctypes.c_double),
     ]
 
 

@@ -104,6 +104,10 @@ class Stats:
     h2d_bytes: int
     #: Device memory the loader holds now (``device="cuda"``): the prefetch ring, in bytes.
     device_memory_bytes: int
+    #: Images the workers left to the device's JPEG decoder (``jpeg_decoder="gpu"``).
+    decoded_device: int
+    #: The share of samples (by a hash of the index) the device decodes now.
+    gpu_decode_share: float
     #: Time each worker spent building batches, by worker number (in start order).
     worker_busy_ns: tuple[int, ...] = ()
 

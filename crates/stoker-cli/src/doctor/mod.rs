@@ -36,6 +36,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use stoker_core::transform::Pipeline;
 use stoker_core::LoaderOptions;
 
 use measure::{float_images, image_probe, packed_costs, pipeline_run, stage_run, with, Config};
@@ -203,6 +204,7 @@ pub(crate) fn diagnose(
             uint8_transform_us: uint8,
             packed,
             remote: config.remote || sets.iter().any(|(k, v)| k == "source" && v.contains("://")),
+            gpu_decode: images.is_some() && gpu_decodes(&sets),
             remote_cache: sets.iter().any(|(k, v)| k == "cache_dir" && !v.is_empty()),
             shard_prefetch: sets
                 .iter()
@@ -211,6 +213,32 @@ pub(crate) fn diagnose(
                 .and_then(|(_, v)| v.parse().ok()),
         },
     ))
+}
+
+/// Whether this machine has a CUDA device and the transform `sets` ask for could run on it with
+/// the JPEG decoded there (GPU decoding: crops, resizes and flips, then `normalize` by
+/// `gpu_normalize`).
+fn gpu_decodes(sets: &[(String, String)]) -> bool {
+    if stoker_core::cuda::devices() == 0 {
+        return false;
+    }
+    let last = |key: &str| {
+        sets.iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
+    let dtype = last("dtype").and_then(|v| v.parse().ok());
+    let layout = last("layout")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_default();
+    let Ok(pipeline) = Pipeline::new(last("transform"), dtype, layout) else {
+        return false;
+    };
+    match pipeline.split_for_device() {
+        Ok((twin, _)) => twin.device_resize_refusal().is_none(),
+        Err(_) => pipeline.device_resize_refusal().is_none(),
+    }
 }
 
 /// The share of a sample's CPU time in collate above which memory bandwidth is measured.

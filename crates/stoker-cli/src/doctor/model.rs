@@ -127,6 +127,9 @@ pub(crate) struct Alternatives {
     /// The stages' costs on a sample packed at [`PACK_SIDE`].
     pub(crate) packed: Option<PackedCosts>,
     pub(crate) remote: bool,
+    /// Whether a CUDA device is present and could decode the JPEGs with this transform (GPU
+    /// decoding: crops, resizes and flips only).
+    pub(crate) gpu_decode: bool,
     /// Remote shards: whether `cache_dir` is set, and `shard_prefetch` as set.
     pub(crate) remote_cache: bool,
     pub(crate) shard_prefetch: Option<usize>,
@@ -363,6 +366,32 @@ pub(super) fn analyse(
             }
         }
     }
+    // Decoding binds and a GPU could take some of it: the share that brings the cores' rate to
+    // the consumer's (all it can take without a step to aim for).
+    if alt.gpu_decode
+        && (bottleneck == "decode" || (bottleneck == "workers" && heaviest == "decode"))
+    {
+        let cores_now = Limits::of(&after, workers, machine, pipeline.h2d_us, consumer);
+        let needed_cpu_us = if consumer.is_finite() {
+            after.cpu_us() * cores_now.workers.min(cores_now.cores) / consumer
+        } else {
+            0.0
+        };
+        let share = ((after.cpu_us() - needed_cpu_us) / after.decode_us.max(1e-9)).clamp(0.1, 1.0);
+        let share = (share * 10.0).ceil() / 10.0;
+        if needed_cpu_us < after.cpu_us() {
+            advice.push(Advice {
+                set: format!("gpu_decode_share={share}"),
+                why: format!(
+                    "decode is {:.0}% of a sample's CPU time and a GPU is present: with device=cuda the GPU's JPEG decoder (nvJPEG) decodes, crops and resizes {:.0}% of the samples, chosen by index, and the cores the rest (its own rate is not measured here: see `stoker bench` on the GPU machine)",
+                    after.decode_us / after.cpu_us().max(1e-9) * 100.0,
+                    share * 100.0
+                ),
+                change: Change::Set("gpu_decode_share", share.to_string()),
+            });
+            after.decode_us *= 1.0 - share;
+        }
+    }
     if let Some(uint8_us) = alt.uint8_transform_us {
         let share = costs.transform_us / costs.wall_us().max(1e-9);
         if bottleneck != "consumer"
@@ -479,6 +508,68 @@ mod tests {
         kv.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// A decode-bound pipeline on 16 cores, every one with a worker: 800 us of 1000 us decoding.
+    fn decode_bound(gpu_decode: bool, step: Duration) -> Report {
+        let costs = Costs {
+            read_us: 50.0,
+            io_wait_us: 0.0,
+            decode_us: 800.0,
+            transform_us: 120.0,
+            collate_us: 30.0,
+            samples: 1000,
+            bytes_per_sample: 150_528.0,
+        };
+        let pipeline = Pipeline {
+            samples_per_s: 16_000.0,
+            readiness: 0.5,
+            workers: 16,
+            worker_busy: 1.0,
+            h2d_us: None,
+            batch_size: 256,
+            cpu_cores: 16.0,
+        };
+        let machine = Machine {
+            cores: 16,
+            load: super::super::machine::Load::IDLE,
+            copy_parallelism: f64::INFINITY,
+        };
+        let alt = Alternatives {
+            mean_size: Some((200.0, 200.0)),
+            uint8_transform_us: None,
+            packed: None,
+            remote: false,
+            gpu_decode,
+            remote_cache: false,
+            shard_prefetch: None,
+        };
+        analyse(costs, pipeline, machine, step, &alt)
+    }
+
+    #[test]
+    fn decode_bound_with_a_gpu_advises_the_share_that_meets_the_step() {
+        // A step of 256 samples every 10 ms is 25,600 samples/s; the cores give 16,000.
+        let report = decode_bound(true, Duration::from_millis(10));
+        assert_eq!(report.bottleneck, "decode");
+        let gpu = report
+            .advice
+            .iter()
+            .find(|a| a.set.starts_with("gpu_decode_share="))
+            .expect("GPU decoding is advised");
+        // 1000 us a sample must become 625: 375 us of the 800 of decoding, a share of 0.47,
+        // rounded up to a tenth.
+        assert_eq!(gpu.set, "gpu_decode_share=0.5");
+        assert!(gpu.why.contains("nvJPEG"), "{}", gpu.why);
+        assert!(report.predicted_samples_per_s > 16_000.0 * 1.5);
+        // Without a step to aim for the device takes all it can; without a GPU nothing.
+        let all = decode_bound(true, Duration::ZERO);
+        assert!(all.advice.iter().any(|a| a.set == "gpu_decode_share=1"));
+        let none = decode_bound(false, Duration::from_millis(10));
+        assert!(!none
+            .advice
+            .iter()
+            .any(|a| a.set.starts_with("gpu_decode_share")));
     }
 
     #[test]

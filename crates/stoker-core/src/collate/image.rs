@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::batch::DeviceDecodes;
 use crate::decode::mask::{decode_mask, MaskBuffers};
 use crate::decode::{
     decode as decode_part, raw_pixels, read_header, stored_header, DecodeBuffers, Dims, JpegDecoder,
@@ -114,6 +115,8 @@ pub(super) struct Pixels {
     mask: MaskBuffers,
     /// The last encoded mask's pipeline, keyed by its stages (their address) and its size.
     mask_pipeline: Option<((usize, usize, usize, DType), DensePipeline)>,
+    /// The images of the slots being written that were left to the device's decoder.
+    pub(super) routed: DeviceDecodes,
 }
 
 /// Transforms one stored dense tensor (an image of any channel count, or a mask) into `out`.

@@ -34,6 +34,7 @@
 //!
 //! This file is the facade: [`Collator`] and what a whole build does.
 
+mod gpu_decode;
 mod image;
 mod layout;
 mod mix;
@@ -46,7 +47,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::arena::{Arena, SlabLease};
-use crate::batch::{Batch, DeviceLayout, FieldMeta};
+use crate::batch::{Batch, DeviceDecodes, DeviceLayout, FieldMeta};
 use crate::error::{Error, Result};
 use crate::sampler::Draws;
 use crate::source::streaming::OwnedSample;
@@ -55,6 +56,7 @@ use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
 use crate::transform::{DensePipeline, DeviceCast, Pipeline};
 
+pub use gpu_decode::{DecodeShare, DEVICE_DECODE_SCRATCH};
 pub use image::ImageStages;
 pub use layout::{Ragged, RaggedLayout};
 pub(crate) use parted::{PartedBatch, MAX_PARTS};
@@ -108,6 +110,9 @@ pub struct Collator {
     /// Under `gpu_normalize`: how each field is cast on the device (see
     /// [`Collator::cast_on_device`]); `None` when no field is.
     casts: Option<Arc<[Option<DeviceCast>]>>,
+    /// Under GPU decoding: which samples' images the device decodes (see
+    /// [`Collator::decode_on_device`]).
+    gpu: Option<gpu_decode::GpuRoute>,
 }
 
 impl Collator {
@@ -173,6 +178,7 @@ impl Collator {
             keypoints: moving.keypoints,
             skip_bad,
             casts: None,
+            gpu: None,
         })
     }
 
@@ -225,6 +231,69 @@ impl Collator {
         Ok(())
     }
 
+    /// Leaves the JPEGs of a `share` of samples (by a hash of the index) to the device's
+    /// decoder (`jpeg_decoder=gpu`/`auto`), in every encoded image field whose pipeline the
+    /// device can run whole: ops that fold into one crop plan (crops, resizes, flips) and a
+    /// uint8 output (under `gpu_normalize`, the twin's). Other fields, and images the device
+    /// cannot take (see [`gpu_decode::route`]), are decoded by the workers. When `required`
+    /// (`jpeg_decoder=gpu`), a source with no such field is an error saying why.
+    pub(crate) fn decode_on_device(
+        &mut self,
+        share: Arc<DecodeShare>,
+        required: bool,
+        max_pixels: u64,
+    ) -> Result<()> {
+        let mut why = Vec::new();
+        let moving = self.boxes.is_some() || self.keypoints.is_some();
+        let fields: Vec<bool> = self
+            .outputs
+            .iter()
+            .zip(&self.names)
+            .map(|(output, name)| {
+                let Output::Image { pipeline, .. } = output else {
+                    return false;
+                };
+                let refusal = if moving {
+                    Some("boxes or keypoints move with its draw on the CPU".to_owned())
+                } else {
+                    pipeline.device_resize_refusal()
+                };
+                match refusal {
+                    Some(reason) => {
+                        why.push(format!("image field `{name}`: {reason}"));
+                        false
+                    }
+                    None => true,
+                }
+            })
+            .collect();
+        if !fields.contains(&true) {
+            if required {
+                let why = if why.is_empty() {
+                    "this source has no encoded image field".to_owned()
+                } else {
+                    why.join("; ")
+                };
+                return Err(Error::option(
+                    "jpeg_decoder",
+                    format!("gpu: no image field can be decoded on the device: {why}"),
+                ));
+            }
+            return Ok(());
+        }
+        self.gpu = Some(gpu_decode::GpuRoute {
+            share,
+            fields,
+            max_pixels,
+        });
+        Ok(())
+    }
+
+    /// Whether some image fields may be decoded on the device.
+    pub fn decodes_on_device(&self) -> bool {
+        self.gpu.is_some()
+    }
+
     /// Whether image fields cross to the device as uint8 (`gpu_normalize`).
     pub fn casts_on_device(&self) -> bool {
         self.casts.is_some()
@@ -235,7 +304,35 @@ impl Collator {
     /// fields counted empty, as [`Collator::batch_bytes`] counts them).
     pub fn device_batch_bytes(&self, n: usize) -> Result<usize> {
         let (metas, _) = self.layout(n, &vec![0; self.outputs.len()]);
-        DeviceLayout::new(&metas, self.casts.as_deref()).map(|l| l.bytes)
+        DeviceLayout::new(&metas, self.casts.as_deref(), self.taps_bound(n)).map(|l| l.bytes)
+    }
+
+    /// The most bytes of resize taps a batch of `n` samples carries under GPU decoding: every
+    /// routable image with the most taps each way.
+    fn taps_bound(&self, n: usize) -> usize {
+        let Some(gpu) = &self.gpu else {
+            return 0;
+        };
+        let per_sample: usize = self
+            .outputs
+            .iter()
+            .zip(&gpu.fields)
+            .filter_map(|(output, routed)| match output {
+                Output::Image { pipeline, .. } if *routed => Some(pipeline.output_size()),
+                _ => None,
+            })
+            .map(|(w, h)| (w + h) * (8 + 4 * crate::transform::MAX_TAPS) + 4)
+            .sum();
+        n * per_sample
+    }
+
+    /// Device memory a loader holds beside its ring: GPU decoding's scratch.
+    pub fn device_scratch_bytes(&self) -> usize {
+        if self.gpu.is_some() {
+            DEVICE_DECODE_SCRATCH
+        } else {
+            0
+        }
     }
 
     /// The map-style source (`None` for a collator of streamed samples).
@@ -325,7 +422,8 @@ impl Collator {
             key, pick, indices, draws, &samples, &extents, &mut slots, spare, pixels, spans,
         )?;
         self.cut_flat(&mut metas, lease.as_mut_slice())?;
-        self.finish(key, pick, n, metas, lease, skipped)
+        let routed = std::mem::take(&mut pixels.routed);
+        self.finish(key, pick, n, (metas, lease), skipped, routed)
     }
 
     /// After every slot is written: checks what was read, mixes the batch (mixup/cutmix) and
@@ -335,9 +433,9 @@ impl Collator {
         key: BatchKey,
         pick: &dyn Pick,
         n: usize,
-        metas: Vec<FieldMeta>,
-        mut lease: SlabLease,
+        (metas, mut lease): (Vec<FieldMeta>, SlabLease),
         skipped: usize,
+        routed: DeviceDecodes,
     ) -> Result<Batch> {
         // Bytes copied from a file mapped while another process truncated it are zeros, not
         // the file's: the batch fails instead of carrying them.
@@ -345,7 +443,8 @@ impl Collator {
         self.mix_batch(key, n, &metas, lease.as_mut_slice());
         Ok(
             Batch::host(metas, lease, key.epoch, key.position, n, skipped)
-                .with_casts(self.casts.clone()),
+                .with_casts(self.casts.clone())
+                .with_decodes(routed),
         )
     }
 }

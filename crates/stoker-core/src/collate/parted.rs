@@ -8,7 +8,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use crate::arena::{Arena, SlabLease};
-use crate::batch::{Batch, FieldMeta};
+use crate::batch::{Batch, DeviceDecodes, FieldMeta};
 use crate::error::{Error, Result};
 use crate::sampler::Draws;
 use crate::span::{SpanKind, Stage};
@@ -53,6 +53,8 @@ enum PartOutcome {
     /// Its slots are written; `skipped` samples were replaced (on_error=skip).
     Written {
         skipped: usize,
+        /// The images of its slots left to the device's decoder.
+        routed: DeviceDecodes,
     },
     Failed(Failure, Error),
 }
@@ -232,7 +234,12 @@ impl Collator {
         let lease = match batch.slab(arena, spans) {
             Ok(Some(lease)) => lease,
             // Another part failed to take the slab and reports why.
-            Ok(None) => return PartOutcome::Written { skipped: 0 },
+            Ok(None) => {
+                return PartOutcome::Written {
+                    skipped: 0,
+                    routed: DeviceDecodes::default(),
+                }
+            }
             Err(e) => return PartOutcome::Failed(Failure::Slab, e),
         };
         let Some(mut slots) = batch.part_slots(part, lease) else {
@@ -260,6 +267,7 @@ impl Collator {
         ) {
             Ok(skipped) => PartOutcome::Written {
                 skipped: read_skipped + skipped,
+                routed: std::mem::take(&mut pixels.routed),
             },
             Err(e) => PartOutcome::Failed(Failure::Write, e),
         }
@@ -278,14 +286,19 @@ impl Collator {
             ..
         } = batch;
         let mut skipped = 0;
+        let mut routed = DeviceDecodes::default();
         let mut first: Option<(Failure, Error)> = None;
         let outcomes = outcomes
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner);
         for (part, outcome) in outcomes.into_iter().enumerate() {
             let (failure, error) = match outcome {
-                Some(PartOutcome::Written { skipped: s }) => {
+                Some(PartOutcome::Written {
+                    skipped: s,
+                    routed: part_routed,
+                }) => {
                     skipped += s;
+                    routed.append(part_routed);
                     continue;
                 }
                 Some(PartOutcome::Failed(failure, error)) => (failure, error),
@@ -314,7 +327,7 @@ impl Collator {
         let source = self.source.as_deref().ok_or_else(|| {
             Error::Internal("a collator of streamed samples finished a split batch".into())
         })?;
-        self.finish(key, &FromSource(source), n, metas, lease, skipped)
+        self.finish(key, &FromSource(source), n, (metas, lease), skipped, routed)
     }
 }
 

@@ -16,7 +16,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use crate::batch::FieldMeta;
-use crate::decode::dimensions;
+use crate::decode::{dimensions, DecodePath};
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
 use crate::sampler::Draws;
@@ -24,6 +24,7 @@ use crate::source::Sample;
 use crate::span::{SpanKind, Stage};
 use crate::stats::Spans;
 
+use super::gpu_decode;
 use super::image::{write_dense, write_image, write_mask, write_tensor_image, Pixels, SampleBoxes};
 use super::layout::{BoxRole, KeypointRole, Output};
 use super::mix::write_soft_label;
@@ -108,6 +109,7 @@ impl Collator {
         spans: &mut Spans,
     ) -> Result<usize> {
         let mut skipped = 0;
+        pixels.routed = Default::default();
         // Per ragged field, the rows a slot may write: a padded field's padded length; for a
         // flat one the rows read for the slots so far (`read`) less those written before it.
         let mut room = extents.to_vec();
@@ -142,6 +144,9 @@ impl Collator {
             if let Err(err) = self.write(
                 key, pick, slot, *index, draw, sample, &room, slots, pixels, spans,
             ) {
+                // An image of the sample may have been left to the device before another field
+                // failed.
+                pixels.routed.unroute(slot);
                 if !(self.skip_bad && err.is_sample_error()) {
                     return Err(err);
                 }
@@ -204,8 +209,56 @@ impl Collator {
             {
                 return Ok(candidate);
             }
+            pixels.routed.unroute(slot);
         }
         Err(gave_up(err))
+    }
+
+    /// Leaves encoded image field `field` of the sample at `(slot, index)` (draw `draw`) to
+    /// the device's decoder, when GPU decoding is on, the share takes the sample and the device
+    /// can write it (see [`gpu_decode::route`]); records the planning as its decode.
+    #[allow(clippy::too_many_arguments)]
+    fn route_to_device(
+        &self,
+        field: usize,
+        (slot, index, draw): (usize, usize, u64),
+        (key, pick): (BatchKey, &dyn Pick),
+        encoded: &[u8],
+        pixels: &mut Pixels,
+        spans: &mut Spans,
+    ) -> bool {
+        let Some(gpu) = &self.gpu else {
+            return false;
+        };
+        let (Some(true), Output::Image { pipeline, .. }) =
+            (gpu.fields.get(field).copied(), &self.outputs[field])
+        else {
+            return false;
+        };
+        let sample_index = pick.index(index);
+        if !gpu.share.routes(sample_index) {
+            return false;
+        }
+        let start = Instant::now();
+        let sample = gpu_decode::Sample {
+            field,
+            slot,
+            index: sample_index,
+            encoded,
+            key: (key.seed, key.epoch, draw),
+        };
+        let what = || pick.describe(index);
+        if !gpu_decode::route(pipeline, sample, what, gpu.max_pixels, &mut pixels.routed) {
+            return false;
+        }
+        spans.count_decode(DecodePath::Device);
+        spans.push(
+            SpanKind::Stage(Stage::Decode),
+            slot,
+            sample_index as usize,
+            start,
+        );
+        true
     }
 
     /// The `(width, height)` of encoded image field `image` of `sample`: as the source stored
@@ -437,6 +490,10 @@ impl Collator {
                     continue;
                 }
                 Output::Image { stages, pipeline } => {
+                    if self.route_to_device(f, (slot, index, draw), (key, pick), src, pixels, spans)
+                    {
+                        continue; // the prefetcher decodes it on the device
+                    }
                     let mut rng = Rng::for_key(key.seed, Stream::Augment, key.epoch, draw);
                     let at = (slot, pick.index(index) as usize);
                     let image = (src, sample.image_size(f), boxes);

@@ -58,6 +58,56 @@ impl CastJob {
     }
 }
 
+/// One launch of the resize kernel of GPU decoding (see [`super::resize`]): a decoded RGB8
+/// image at `src` (interleaved, `src_width * 3` bytes a row) resampled into the `width` x
+/// `height` uint8 sample at `dst`, every output column's source columns and weights in the `x`
+/// tables and every output row's in the `y` tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResizeJob {
+    /// The decoded image, `src_width` x `src_height` pixels.
+    pub src: DevicePtr,
+    /// Pixels per row of the decoded image.
+    pub src_width: u32,
+    /// Rows of the decoded image.
+    pub src_height: u32,
+    /// The output sample: `height * width * 3` bytes.
+    pub dst: DevicePtr,
+    /// Pixels per row of the output.
+    pub width: u32,
+    /// Rows of the output.
+    pub height: u32,
+    /// Channel planes (NCHW) rather than interleaved pixels (NHWC).
+    pub planar: bool,
+    /// Mirror the output left to right.
+    pub flip: bool,
+    /// Per output column: `[first source column, taps used]`, two `u32`.
+    pub x_spans: DevicePtr,
+    /// Per output column: `x_taps` `f32` weights (zero past the taps used).
+    pub x_weights: DevicePtr,
+    /// Weights per output column.
+    pub x_taps: u32,
+    /// Per output row: `[first source row, taps used]`, two `u32`.
+    pub y_spans: DevicePtr,
+    /// Per output row: `y_taps` `f32` weights (zero past the taps used).
+    pub y_weights: DevicePtr,
+    /// Weights per output row.
+    pub y_taps: u32,
+}
+
+/// One JPEG for the device to decode: its bytes (host memory), its size from its header, and
+/// where its interleaved RGB8 pixels go (`width * 3` bytes a row).
+#[derive(Clone, Copy, Debug)]
+pub struct JpegJob<'a> {
+    /// The JPEG file's bytes.
+    pub data: &'a [u8],
+    /// Pixels per row, from the header.
+    pub width: u32,
+    /// Rows, from the header.
+    pub height: u32,
+    /// Where the pixels go (device memory).
+    pub dst: DevicePtr,
+}
+
 /// What the prefetcher asks of a device. Host registration comes from the [`SlabRegistrar`]
 /// supertrait, so the same object can be handed to the arena.
 ///
@@ -103,7 +153,7 @@ pub trait DeviceBackend: SlabRegistrar {
         stream: Stream,
     ) -> Result<()>;
 
-    /// Loads the cast kernels now (they load on first use otherwise), so that a driver that
+    /// Loads stoker's kernels (the cast and the resize) now (they load on first use otherwise), so that a driver that
     /// cannot load them fails when the loader is made rather than at its first batch.
     fn load_kernels(&self) -> Result<()>;
 
@@ -115,6 +165,37 @@ pub trait DeviceBackend: SlabRegistrar {
     /// `dst`'s does not overlap the others, until an event recorded on `stream` after this call
     /// has completed.
     unsafe fn cast_async(&self, job: &CastJob, stream: Stream) -> Result<()>;
+
+    /// Loads the JPEG decoder (nvJPEG) now, or says why it cannot be used (a loader with
+    /// `jpeg_decoder=gpu` fails when made; with `auto` it decodes on the CPU).
+    fn load_jpeg_decoder(&self) -> Result<()>;
+
+    /// Queues the decode of `jobs` on `stream`, each into its `dst`. Pushes onto `failed` the
+    /// index of every job the device cannot decode (a file its decoder refuses), whose `dst`
+    /// is then left as it was; the caller decodes those on the CPU. An `Err` is the device's
+    /// failure, not an image's.
+    ///
+    /// # Safety
+    /// Every job's bytes stay valid and unmodified, and its `width * height * 3` bytes at
+    /// `dst` stay allocated, until an event recorded on `stream` after this call has completed.
+    unsafe fn decode_jpegs_async(
+        &self,
+        jobs: &[JpegJob<'_>],
+        stream: Stream,
+        failed: &mut Vec<usize>,
+    ) -> Result<()>;
+
+    /// Device memory the JPEG decoder holds for its own work now, in bytes (0 before it decoded
+    /// anything).
+    fn jpeg_decoder_bytes(&self) -> u64;
+
+    /// Queues the resize kernel on `stream` (see [`super::resize`]).
+    ///
+    /// # Safety
+    /// The ranges `job` names lie in allocated device memory that stays allocated, and `dst`'s
+    /// does not overlap the others, until an event recorded on `stream` after this call has
+    /// completed.
+    unsafe fn resize_async(&self, job: &ResizeJob, stream: Stream) -> Result<()>;
 
     /// Copies device memory back to the host, blocking until done (tests and diagnostics; the
     /// loader never copies back).

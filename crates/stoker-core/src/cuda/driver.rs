@@ -9,8 +9,9 @@
 //! whose write-combined memory is slow for the CPU to read back), which is why `CudaDevice` is a
 //! [`SlabRegistrar`].
 //!
-//! The cast kernels of `gpu_normalize` are PTX embedded in the library ([`super::cast`]),
-//! loaded into the context the first time they are asked for.
+//! stoker's kernels, the cast kernels of `gpu_normalize` ([`super::cast`]) and the resize of GPU
+//! decoding ([`super::resize`]), are PTX embedded in the library, loaded into the context the
+//! first time they are asked for.
 
 use std::ffi::{c_void, CStr, CString};
 use std::mem::MaybeUninit;
@@ -18,8 +19,10 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys;
 
-use super::cast::{grid, CAST_B16, CAST_B32, CAST_BLOCK, CAST_PTX};
-use super::device::{CastJob, DeviceBackend, DevicePtr, Event, Stream};
+use super::cast::{self, CAST_B16, CAST_B32, CAST_BLOCK, CAST_PTX};
+use super::device::{CastJob, DeviceBackend, DevicePtr, Event, JpegJob, ResizeJob, Stream};
+use super::nvjpeg::NvJpeg;
+use super::resize::{self, RESIZE_BLOCK, RESIZE_PTX, RESIZE_U8};
 use crate::arena::SlabRegistrar;
 use crate::error::{Error, Result};
 
@@ -36,6 +39,9 @@ const SYMBOLS: &[&str] = &[
     "cuCtxSetCurrent",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
+    // nvJPEG's pinned buffers, through its counting allocators (`super::nvjpeg`).
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoH_v2",
     "cuStreamCreate",
@@ -142,15 +148,20 @@ pub struct CudaDevice {
     ordinal: u32,
     device: sys::CUdevice,
     ctx: sys::CUcontext,
-    /// The cast kernels, loaded on first use; the error says why they could not be.
+    /// nvJPEG, loaded on first use (GPU decoding); the error says why it could not be.
+    jpeg: OnceLock<std::result::Result<NvJpeg, String>>,
+    /// The kernels, loaded on first use; the error says why they could not be.
     kernels: OnceLock<std::result::Result<Kernels, String>>,
 }
 
-/// The module of the cast kernels, and its entry points.
+/// The kernels: the module of the cast kernels and the module of the resize kernel, and their
+/// entry points.
 struct Kernels {
-    module: sys::CUmodule,
+    cast_module: sys::CUmodule,
     b32: sys::CUfunction,
     b16: sys::CUfunction,
+    resize_module: sys::CUmodule,
+    resize_u8: sys::CUfunction,
 }
 
 // SAFETY: a CUcontext handle may be used from any thread (each thread makes it current before
@@ -191,51 +202,89 @@ impl CudaDevice {
             ordinal,
             device,
             ctx,
+            jpeg: OnceLock::new(),
             kernels: OnceLock::new(),
         }))
     }
 
-    /// The cast kernels, loaded into this device's context the first time.
+    /// The kernels, loaded into this device's context the first time.
+    /// nvJPEG, loaded into this device's context the first time.
+    fn jpeg(&self) -> Result<&NvJpeg> {
+        self.jpeg
+            .get_or_init(|| {
+                self.bind().map_err(|e| e.to_string())?;
+                // SAFETY: this device exists, so `probe` found the driver with every symbol in
+                // `SYMBOLS`, the allocators' among them; its context is current (above).
+                unsafe { NvJpeg::load() }
+            })
+            .as_ref()
+            .map_err(|e| {
+                Error::Unsupported(format!(
+                    "cuda:{}: no JPEG decoder for the device: {e}",
+                    self.ordinal
+                ))
+            })
+    }
+
     fn kernels(&self) -> Result<&Kernels> {
         self.kernels
             .get_or_init(|| self.load_kernels().map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| {
                 Error::Cuda(format!(
-                    "loading stoker's cast kernels (PTX ISA 8.0, which needs a CUDA 12.0 driver \
-                     or newer) on cuda:{}: {e}; set gpu_normalize=false to convert on the CPU",
+                    "loading stoker's kernels (PTX ISA 8.0, which needs a CUDA 12.0 driver or \
+                     newer) on cuda:{}: {e}; set gpu_normalize=false (and jpeg_decoder other than gpu) \
+                     to convert and decode on the CPU",
                     self.ordinal
                 ))
             })
     }
 
     fn load_kernels(&self) -> Result<Kernels> {
-        let mut module = MaybeUninit::uninit();
-        // SAFETY: CAST_PTX is NUL-terminated PTX text; `module` is a valid out-pointer.
-        self.call("cuModuleLoadData", || unsafe {
-            sys::cuModuleLoadData(module.as_mut_ptr(), CAST_PTX.as_ptr().cast())
-        })?;
-        // SAFETY: written by the successful call above.
-        let module = unsafe { module.assume_init() };
-        let function = |name: &str| -> Result<sys::CUfunction> {
-            let name = CString::new(name).map_err(|e| Error::Internal(e.to_string()))?;
-            let mut f = MaybeUninit::uninit();
-            // SAFETY: `module` is loaded; `name` is NUL-terminated; `f` is a valid out-pointer.
-            check(
-                unsafe { sys::cuModuleGetFunction(f.as_mut_ptr(), module, name.as_ptr()) },
-                "cuModuleGetFunction",
-            )?;
-            // SAFETY: written by the successful call above.
-            Ok(unsafe { f.assume_init() })
-        };
-        match (function(CAST_B32), function(CAST_B16)) {
-            (Ok(b32), Ok(b16)) => Ok(Kernels { module, b32, b16 }),
-            (Err(e), _) | (_, Err(e)) => {
+        let cast_module = self.load_module(CAST_PTX)?;
+        let resize_module = match self.load_module(RESIZE_PTX) {
+            Ok(module) => module,
+            Err(e) => {
                 // SAFETY: loaded above and used by nothing.
-                unsafe { sys::cuModuleUnload(module) };
+                unsafe { sys::cuModuleUnload(cast_module) };
+                return Err(e);
+            }
+        };
+        let functions = (
+            function(cast_module, CAST_B32),
+            function(cast_module, CAST_B16),
+            function(resize_module, RESIZE_U8),
+        );
+        match functions {
+            (Ok(b32), Ok(b16), Ok(resize_u8)) => Ok(Kernels {
+                cast_module,
+                b32,
+                b16,
+                resize_module,
+                resize_u8,
+            }),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                // SAFETY: loaded above and used by nothing.
+                unsafe {
+                    sys::cuModuleUnload(cast_module);
+                    sys::cuModuleUnload(resize_module);
+                }
                 Err(e)
             }
         }
+    }
+
+    /// Loads a module of embedded PTX (NUL-terminated) into this device's context.
+    fn load_module(&self, ptx: &'static str) -> Result<sys::CUmodule> {
+        debug_assert!(ptx.ends_with('\0'));
+        let mut module = MaybeUninit::uninit();
+        // SAFETY: `ptx` is NUL-terminated PTX text (CAST_PTX, RESIZE_PTX); `module` is a valid
+        // out-pointer.
+        self.call("cuModuleLoadData", || unsafe {
+            sys::cuModuleLoadData(module.as_mut_ptr(), ptx.as_ptr().cast())
+        })?;
+        // SAFETY: written by the successful call above.
+        Ok(unsafe { module.assume_init() })
     }
 
     /// Makes this device's context current on the calling thread. Cheap (a thread-local store),
@@ -255,14 +304,34 @@ impl CudaDevice {
     }
 }
 
+/// The entry point `name` of a loaded module.
+fn function(module: sys::CUmodule, name: &str) -> Result<sys::CUfunction> {
+    let name = CString::new(name).map_err(|e| Error::Internal(e.to_string()))?;
+    let mut f = MaybeUninit::uninit();
+    // SAFETY: `module` is loaded; `name` is NUL-terminated; `f` is a valid out-pointer.
+    check(
+        unsafe { sys::cuModuleGetFunction(f.as_mut_ptr(), module, name.as_ptr()) },
+        "cuModuleGetFunction",
+    )?;
+    // SAFETY: written by the successful call above.
+    Ok(unsafe { f.assume_init() })
+}
+
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        // nvJPEG frees its buffers in the context it was loaded in; its work has completed
+        // (every stream that used it was synchronized before the last Arc to this device went).
+        if self.bind().is_ok() {
+            drop(self.jpeg.take());
+        }
         if let Some(Ok(kernels)) = self.kernels.get() {
-            // SAFETY: nothing launches them any more (every user holds an Arc to this device);
-            // a failure leaves the module to the context's release.
-            let _ = self.call("unloading the cast kernels", || unsafe {
-                sys::cuModuleUnload(kernels.module)
-            });
+            for module in [kernels.cast_module, kernels.resize_module] {
+                // SAFETY: nothing launches them any more (every user holds an Arc to this
+                // device); a failure leaves the module to the context's release.
+                let _ = self.call("unloading stoker's kernels", || unsafe {
+                    sys::cuModuleUnload(module)
+                });
+            }
         }
         // SAFETY: balances the retain in `open`; nothing of this device is used afterwards (every
         // buffer, stream and event holds an Arc to it).
@@ -386,7 +455,7 @@ impl DeviceBackend for CudaDevice {
                 )))
             }
         };
-        let (grid_x, grid_y) = grid(job);
+        let (grid_x, grid_y) = cast::grid(job);
         // The kernel's parameters, in cast.cu's order, each passed by address.
         let (mut src, mut dst, mut table) = (job.src, job.dst, job.table);
         let (mut rows, mut plane, mut channels) = (job.rows, job.plane, job.channels);
@@ -410,6 +479,77 @@ impl DeviceBackend for CudaDevice {
                 1,
                 CAST_BLOCK,
                 1,
+                1,
+                0,
+                stream.0 as sys::CUstream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+
+    fn load_jpeg_decoder(&self) -> Result<()> {
+        self.jpeg().map(|_| ())
+    }
+
+    fn jpeg_decoder_bytes(&self) -> u64 {
+        match self.jpeg.get() {
+            Some(Ok(decoder)) => decoder.device_bytes(),
+            _ => 0,
+        }
+    }
+
+    unsafe fn decode_jpegs_async(
+        &self,
+        jobs: &[JpegJob<'_>],
+        stream: Stream,
+        failed: &mut Vec<usize>,
+    ) -> Result<()> {
+        let decoder = self.jpeg()?;
+        self.bind()?;
+        // SAFETY: the context the decoder was loaded in is current (above); the caller keeps the
+        // bytes and destinations alive until the stream's work completes, and every call uses
+        // the loader's one copy stream, so each call's work is ordered after the last's.
+        unsafe { decoder.decode(jobs, stream.0, failed) }
+            .map_err(|e| Error::Cuda(format!("decoding JPEGs on cuda:{}: {e}", self.ordinal)))
+    }
+
+    unsafe fn resize_async(&self, job: &ResizeJob, stream: Stream) -> Result<()> {
+        let function = self.kernels()?.resize_u8;
+        let (grid_x, grid_y) = resize::grid(job);
+        // The kernel's parameters, in resize.cu's order, each passed by address.
+        let (mut src, mut src_width, mut src_height) = (job.src, job.src_width, job.src_height);
+        let (mut dst, mut width, mut height) = (job.dst, job.width, job.height);
+        let (mut planar, mut flip) = (u32::from(job.planar), u32::from(job.flip));
+        let (mut x_spans, mut x_weights, mut x_taps) = (job.x_spans, job.x_weights, job.x_taps);
+        let (mut y_spans, mut y_weights, mut y_taps) = (job.y_spans, job.y_weights, job.y_taps);
+        let mut params: [*mut c_void; 14] = [
+            (&raw mut src).cast(),
+            (&raw mut src_width).cast(),
+            (&raw mut src_height).cast(),
+            (&raw mut dst).cast(),
+            (&raw mut width).cast(),
+            (&raw mut height).cast(),
+            (&raw mut planar).cast(),
+            (&raw mut flip).cast(),
+            (&raw mut x_spans).cast(),
+            (&raw mut x_weights).cast(),
+            (&raw mut x_taps).cast(),
+            (&raw mut y_spans).cast(),
+            (&raw mut y_weights).cast(),
+            (&raw mut y_taps).cast(),
+        ];
+        // SAFETY: `function` takes exactly these fourteen parameters (u64 src, u32 x2, u64 dst,
+        // u32 x4, u64 x2, u32, u64 x2, u32: resize.cu); the driver copies them before returning;
+        // the caller keeps the memory alive and `dst` apart from the rest.
+        self.call("launching the resize kernel", || unsafe {
+            sys::cuLaunchKernel(
+                function,
+                grid_x,
+                grid_y,
+                1,
+                RESIZE_BLOCK.0,
+                RESIZE_BLOCK.1,
                 1,
                 0,
                 stream.0 as sys::CUstream,

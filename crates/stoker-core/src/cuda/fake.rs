@@ -17,9 +17,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::device::{CastJob, DeviceBackend, DevicePtr, Event, Stream};
+use super::device::{CastJob, DeviceBackend, DevicePtr, Event, JpegJob, ResizeJob, Stream};
 use crate::arena::SlabRegistrar;
 use crate::error::{Error, Result};
+use crate::transform::Taps;
+
+/// The device memory the fake's JPEG decoder reports holding once it decoded something.
+pub const FAKE_DECODER_BYTES: u64 = 3 << 20;
 
 /// When an injected copy failure shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +60,12 @@ pub struct FakeCounters {
     pub bytes_copied: u64,
     /// Cast kernels run so far.
     pub casts_done: u64,
+    /// JPEGs decoded so far.
+    pub jpegs_decoded: u64,
+    /// JPEGs refused so far (see [`FakeDevice::refuse_jpegs`]).
+    pub jpegs_refused: u64,
+    /// Resize kernels run so far.
+    pub resizes_done: u64,
 }
 
 enum Op {
@@ -72,6 +82,19 @@ enum Op {
     },
     Cast {
         job: CastJob,
+        stream: Stream,
+    },
+    /// A JPEG decode: host bytes at `src` (kept valid by the caller until the stream's next
+    /// event), decoded into `dst`.
+    Decode {
+        src: usize,
+        len: usize,
+        dims: (u32, u32),
+        dst: DevicePtr,
+        stream: Stream,
+    },
+    Resize {
+        job: ResizeJob,
         stream: Stream,
     },
 }
@@ -101,6 +124,15 @@ struct State {
     max_copies_pending: u64,
     bytes_copied: u64,
     casts_done: u64,
+    jpegs_decoded: u64,
+    jpegs_refused: u64,
+    /// Decodes asked for so far, refused or not.
+    jpegs_asked: u64,
+    resizes_done: u64,
+    /// Refuse every n-th JPEG (0: none).
+    refuse_every: u64,
+    /// `load_jpeg_decoder` fails, as without nvJPEG.
+    no_jpeg_decoder: bool,
     fail: Option<(u64, FailAt)>,
     delay: Duration,
     /// Misuse seen (double free, free with a copy queued): tests assert there is none.
@@ -140,6 +172,84 @@ impl State {
             .ok_or_else(|| format!("cast kernel writes out of range at {:#x}", job.dst))?;
         super::cast::run_on_host(job, &src, &table, dst);
         self.casts_done += 1;
+        Ok(())
+    }
+}
+
+impl State {
+    /// Runs a decode: the CPU's decoder stands in for the device's.
+    fn decode(
+        &mut self,
+        (src, len): (usize, usize),
+        (width, height): (u32, u32),
+        dst: DevicePtr,
+    ) -> std::result::Result<(), String> {
+        // SAFETY: the contract of `decode_jpegs_async` keeps the bytes valid and unmodified
+        // until an event recorded after the decode completes, which cannot happen before this.
+        let jpeg = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
+        let mut bufs = crate::decode::DecodeBuffers::default();
+        let dims = crate::decode::decode_rgb(jpeg, u64::MAX, &mut bufs)?;
+        if (dims.width, dims.height) != (width as usize, height as usize) {
+            return Err(format!(
+                "decoded {}x{}, the job said {width}x{height}",
+                dims.width, dims.height
+            ));
+        }
+        let out = self
+            .bytes_mut(dst, bufs.rgb.len())
+            .ok_or_else(|| format!("decode writes out of range at {dst:#x}"))?;
+        out.copy_from_slice(&bufs.rgb);
+        self.jpegs_decoded += 1;
+        Ok(())
+    }
+
+    /// Runs a resize kernel: the reference, on copies of its inputs.
+    fn resize(&mut self, job: &ResizeJob) -> std::result::Result<(), String> {
+        let read = |s: &State, ptr: DevicePtr, len: usize| {
+            s.bytes(ptr, len)
+                .map(<[u8]>::to_vec)
+                .ok_or_else(|| format!("resize kernel reads out of range at {ptr:#x}"))
+        };
+        let taps = |s: &State, spans: DevicePtr, weights: DevicePtr, n: u32, taps: u32| {
+            let (n, taps) = (n as usize, taps as usize);
+            let spans = read(s, spans, n * 8)?;
+            let weights = read(s, weights, n * taps * 4)?;
+            let word = |b: &[u8]| [b[0], b[1], b[2], b[3]];
+            Ok::<_, String>(Taps {
+                spans: spans
+                    .chunks_exact(8)
+                    .map(|b| {
+                        [
+                            u32::from_ne_bytes(word(b)),
+                            u32::from_ne_bytes(word(&b[4..])),
+                        ]
+                    })
+                    .collect(),
+                weights: weights
+                    .chunks_exact(4)
+                    .map(|b| f32::from_ne_bytes(word(b)))
+                    .collect(),
+                taps,
+            })
+        };
+        let x = taps(self, job.x_spans, job.x_weights, job.width, job.x_taps)?;
+        let y = taps(self, job.y_spans, job.y_weights, job.height, job.y_taps)?;
+        // Every tap must read inside the image.
+        let inside = |t: &Taps, size: u32| t.spans.iter().all(|[f, n]| *n >= 1 && f + n <= size);
+        if !inside(&x, job.src_width) || !inside(&y, job.src_height) {
+            return Err("resize taps read outside the decoded image".into());
+        }
+        let src = read(
+            self,
+            job.src,
+            job.src_width as usize * job.src_height as usize * 3,
+        )?;
+        let n = job.width as usize * job.height as usize * 3;
+        let dst = self
+            .bytes_mut(job.dst, n)
+            .ok_or_else(|| format!("resize kernel writes out of range at {:#x}", job.dst))?;
+        super::resize::run_on_host(job, &src, (&x, &y), dst);
+        self.resizes_done += 1;
         Ok(())
     }
 }
@@ -198,6 +308,17 @@ impl FakeDevice {
         self.shared.lock().fail = Some((copy, at));
     }
 
+    /// Refuses every `every`-th JPEG asked to decode from now (0: none), as nvJPEG refuses a
+    /// file it cannot decode: the caller must decode those on the CPU.
+    pub fn refuse_jpegs(&self, every: u64) {
+        self.shared.lock().refuse_every = every;
+    }
+
+    /// Makes `load_jpeg_decoder` fail, as on a machine without nvJPEG.
+    pub fn remove_jpeg_decoder(&self) {
+        self.shared.lock().no_jpeg_decoder = true;
+    }
+
     /// A snapshot of the counters.
     pub fn counters(&self) -> FakeCounters {
         let s = self.shared.lock();
@@ -213,6 +334,9 @@ impl FakeDevice {
             max_copies_pending: s.max_copies_pending,
             bytes_copied: s.bytes_copied,
             casts_done: s.casts_done,
+            jpegs_decoded: s.jpegs_decoded,
+            jpegs_refused: s.jpegs_refused,
+            resizes_done: s.resizes_done,
         }
     }
 
@@ -288,6 +412,22 @@ fn run(shared: &Shared) {
                     s.stream_errors.insert(stream, e);
                 }
             }
+            Op::Decode {
+                src,
+                len,
+                dims,
+                dst,
+                stream,
+            } => {
+                if let Err(e) = s.decode((src, len), dims, dst) {
+                    s.stream_errors.insert(stream, e);
+                }
+            }
+            Op::Resize { job, stream } => {
+                if let Err(e) = s.resize(&job) {
+                    s.stream_errors.insert(stream, e);
+                }
+            }
             Op::Record { event, stream } => {
                 let error = s.stream_errors.remove(&stream);
                 if let Some(e) = s.events.get_mut(&event) {
@@ -355,6 +495,10 @@ impl DeviceBackend for FakeDevice {
         let busy = s.queue.iter().any(|op| match op {
             Op::Copy { dst, .. } => (ptr..end).contains(dst),
             Op::Cast { job, .. } => [job.src, job.dst, job.table]
+                .iter()
+                .any(|p| (ptr..end).contains(p)),
+            Op::Decode { dst, .. } => (ptr..end).contains(dst),
+            Op::Resize { job, .. } => [job.src, job.dst, job.x_spans, job.y_weights]
                 .iter()
                 .any(|p| (ptr..end).contains(p)),
             Op::Record { .. } => false,
@@ -436,6 +580,72 @@ impl DeviceBackend for FakeDevice {
             )));
         }
         s.queue.push_back(Op::Cast { job: *job, stream });
+        drop(s);
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    fn load_jpeg_decoder(&self) -> Result<()> {
+        if self.shared.lock().no_jpeg_decoder {
+            return Err(Error::Unsupported(
+                "the fake device has no JPEG decoder (set so by the test)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    unsafe fn decode_jpegs_async(
+        &self,
+        jobs: &[JpegJob<'_>],
+        stream: Stream,
+        failed: &mut Vec<usize>,
+    ) -> Result<()> {
+        self.load_jpeg_decoder()?;
+        let mut s = self.shared.lock();
+        if stream != Stream::DEFAULT && !s.streams.contains(&stream) {
+            return Err(Error::Cuda(format!("decode on unknown stream {stream:?}")));
+        }
+        for (i, job) in jobs.iter().enumerate() {
+            s.jpegs_asked += 1;
+            // As nvJPEG parses the header on the host when it is called: a file it refuses is
+            // known now.
+            let header = crate::decode::device_jpeg(job.data);
+            let refused = s.refuse_every > 0 && s.jpegs_asked.is_multiple_of(s.refuse_every);
+            let fits = header
+                .is_some_and(|d| (d.width, d.height) == (job.width as usize, job.height as usize));
+            if refused || !fits {
+                s.jpegs_refused += 1;
+                failed.push(i);
+                continue;
+            }
+            s.queue.push_back(Op::Decode {
+                src: job.data.as_ptr() as usize,
+                len: job.data.len(),
+                dims: (job.width, job.height),
+                dst: job.dst,
+                stream,
+            });
+        }
+        drop(s);
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    fn jpeg_decoder_bytes(&self) -> u64 {
+        // As nvJPEG's own buffers: kept once something was decoded.
+        if self.shared.lock().jpegs_asked > 0 {
+            FAKE_DECODER_BYTES
+        } else {
+            0
+        }
+    }
+
+    unsafe fn resize_async(&self, job: &ResizeJob, stream: Stream) -> Result<()> {
+        let mut s = self.shared.lock();
+        if stream != Stream::DEFAULT && !s.streams.contains(&stream) {
+            return Err(Error::Cuda(format!("resize on unknown stream {stream:?}")));
+        }
+        s.queue.push_back(Op::Resize { job: *job, stream });
         drop(s);
         self.shared.changed.notify_all();
         Ok(())

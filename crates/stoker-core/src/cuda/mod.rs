@@ -8,6 +8,8 @@
 //! - [`prefetch`]: the prefetch thread and the ring of device buffers behind device batches.
 //! - [`cast`]: `gpu_normalize`'s kernel (embedded PTX), its launch geometry and its host
 //!   reference.
+//! - [`resize`]: GPU decoding's resize kernel (embedded PTX), the taps the workers compute for
+//!   it, and its host reference.
 //!
 //! Everything but `driver` builds without the `cuda` feature, so the prefetcher's logic is tested
 //! in every configuration.
@@ -18,13 +20,16 @@ pub mod device;
 pub mod driver;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+#[cfg(feature = "cuda")]
+pub mod nvjpeg;
 pub mod prefetch;
+pub mod resize;
 
-pub use device::{CastJob, DeviceBackend, DevicePtr, Event, Stream};
+pub use device::{CastJob, DeviceBackend, DevicePtr, Event, JpegJob, ResizeJob, Stream};
 #[cfg(feature = "cuda")]
 pub use driver::{probe, CudaDevice};
 #[cfg(any(test, feature = "testing"))]
-pub use fake::{FailAt, FakeCounters, FakeDevice};
+pub use fake::{FailAt, FakeCounters, FakeDevice, FAKE_DECODER_BYTES};
 pub use prefetch::{HostBatches, PrefetchConfig, Prefetcher, Pulled, COPIES_IN_FLIGHT};
 
 /// What registers host batch memory for `pin_memory=true` on a host loader (`device=cpu`): the
@@ -42,6 +47,16 @@ pub fn host_registrar() -> Option<std::sync::Arc<dyn crate::arena::SlabRegistrar
     }
     #[cfg(not(feature = "cuda"))]
     None
+}
+
+/// CUDA devices this machine has, 0 without a driver (or without the `cuda` feature).
+pub fn devices() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        probe().unwrap_or(0)
+    }
+    #[cfg(not(feature = "cuda"))]
+    0
 }
 
 /// Opens `cuda:ordinal` with the real driver, or says why it cannot be used.

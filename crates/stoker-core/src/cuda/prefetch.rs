@@ -39,6 +39,7 @@ use crate::close::{Closer, Wait};
 use crate::error::{Error, Result};
 use crate::fork::Origin;
 use crate::stats::StatsHandle;
+use decode::{DecodeScratch, Uint8Field};
 
 /// How long the thread waits for a host batch before checking for shutdown. The host loader's
 /// wait cannot be interrupted otherwise; 20 ms bounds how long dropping a loader takes.
@@ -398,6 +399,7 @@ impl<M: Send + 'static> Prefetcher<M> {
             out: out_tx,
             stop: stop_rx,
             origin: Origin::here(),
+            decode_scratch: std::cell::OnceCell::new(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("stoker-prefetch-cuda{device_id}"))
@@ -517,6 +519,8 @@ struct Worker<M> {
     starved: Arc<AtomicBool>,
     stats: Option<StatsHandle>,
     origin: Origin,
+    /// GPU decoding's scratch, allocated at the first image a batch leaves to the device.
+    decode_scratch: std::cell::OnceCell<DecodeScratch>,
 }
 
 impl<M> Drop for Worker<M> {
@@ -740,25 +744,39 @@ impl<M: Send + 'static> Worker<M> {
         }
     }
 
-    /// Queues the copies of `host` into `slot` (and the casts of `gpu_normalize`) and records
-    /// the slot's event. Returns the item to deliver, and the host batch with the event to wait
-    /// for before dropping it and the bytes copied.
+    /// GPU decoding's scratch, allocated the first time.
+    fn decode_scratch(&self) -> Result<&DecodeScratch> {
+        if let Some(scratch) = self.decode_scratch.get() {
+            return Ok(scratch);
+        }
+        let scratch = DecodeScratch::new(&self.backend, &self.stream, &self.held_bytes)?;
+        Ok(self.decode_scratch.get_or_init(|| scratch))
+    }
+
+    /// Queues the copies of `host` into `slot` (then the device decodes of the images it left
+    /// to the device, then the casts of `gpu_normalize`) and records the slot's event. Returns
+    /// the item to deliver, and the host batch with the event to wait for before dropping it and
+    /// the bytes sent.
     #[allow(clippy::type_complexity)]
     fn copy(
         &self,
-        host: Batch,
+        mut host: Batch,
         mut slot: Slot,
     ) -> (Result<Option<Batch>>, Option<(Batch, Event, usize)>) {
         let (epoch, position) = (host.epoch(), host.position());
         let stream = self.stream.stream;
         let queued = (|| -> Result<(DevicePtr, Vec<FieldMeta>, usize)> {
             let at = |e, field: Option<&str>| in_batch(e, epoch, position, field);
-            let layout =
-                DeviceLayout::new(host.field_metas(), host.casts()).map_err(|e| at(e, None))?;
+            let taps = host.decodes_mut().map_or(0, |d| d.taps.len());
+            let layout = DeviceLayout::new(host.field_metas(), host.casts(), taps)
+                .map_err(|e| at(e, None))?;
             let dst = slot
                 .prepare(layout.bytes, stream)
                 .map_err(|e| at(e, None))?;
             let mut copied = 0;
+            let mut casts = Vec::new();
+            // Where each field's uint8 samples lie, for the images decoded on the device.
+            let mut uint8 = vec![None; host.num_fields()];
             for step in &layout.steps {
                 // A cast field's uint8 bytes go to its staging area, the kernel's input.
                 let (field, to, cast) = match *step {
@@ -777,6 +795,11 @@ impl<M: Send + 'static> Worker<M> {
                 }
                 .map_err(|e| at(e, Some(&meta.name)))?;
                 copied += meta.num_bytes();
+                uint8[field] = (meta.dtype == crate::dtype::DType::U8).then(|| Uint8Field {
+                    at: dst + to,
+                    sample_bytes: meta.num_bytes()
+                        / meta.shape.first().copied().unwrap_or(1).max(1),
+                });
                 let Some(job) = cast else {
                     continue;
                 };
@@ -791,20 +814,44 @@ impl<M: Send + 'static> Worker<M> {
                     table: dst + job.table,
                     ..job
                 };
-                // SAFETY: the table is owned by `host` (kept alive as the field's bytes are);
-                // the three ranges lie within the buffer, apart (the layout put them there), and
-                // the buffer is freed only after the slot's event, recorded below, completes.
+                // SAFETY: the table is owned by `host` (kept alive as the field's bytes are)
+                // and lies within the buffer (the layout put it there).
                 unsafe {
                     self.backend.copy_to_device_async(
                         job.table,
                         table.as_ptr(),
                         table.len(),
                         stream,
-                    )?;
-                    self.backend.cast_async(&job, stream)
+                    )
                 }
                 .map_err(|e| at(e, Some(&meta.name)))?;
                 copied += table.len();
+                casts.push((field, job));
+            }
+            if let Some(decodes) = host.decodes_mut() {
+                let taps = dst + layout.taps as DevicePtr;
+                // SAFETY: the taps are the host batch's, kept as its fields are; they fit the
+                // room the layout left for them.
+                unsafe {
+                    self.backend.copy_to_device_async(
+                        taps,
+                        decodes.taps.as_ptr(),
+                        decodes.taps.len(),
+                        stream,
+                    )
+                }
+                .map_err(|e| at(e, None))?;
+                copied += decodes.taps.len();
+                let scratch = self.decode_scratch().map_err(|e| at(e, None))?;
+                copied += decode::queue(&*self.backend, scratch, decodes, &uint8, taps, stream)
+                    .map_err(|e| at(e, None))?;
+            }
+            for (field, job) in casts {
+                // SAFETY: the three ranges lie within the buffer, apart (the layout put them
+                // there), their inputs were queued above on this stream, and the buffer is freed
+                // only after the slot's event, recorded below, completes.
+                unsafe { self.backend.cast_async(&job, stream) }
+                    .map_err(|e| at(e, host.field_meta(field).map(|m| m.name.as_str())))?;
             }
             self.backend
                 .record_event(slot.copied, stream)
@@ -844,5 +891,6 @@ impl<M: Send + 'static> Worker<M> {
     }
 }
 
+mod decode;
 #[cfg(test)]
 mod tests;

@@ -120,14 +120,18 @@ pub enum JpegDecoder {
     Zune,
     /// libjpeg-turbo with region decoding, even when built without SIMD.
     Turbo,
+    /// The device's decoder (nvJPEG, `device=cuda`) for the samples the prefetcher takes;
+    /// the workers decode the rest as [`JpegDecoder::Auto`] does.
+    Gpu,
 }
 
 impl JpegDecoder {
-    /// The option's words: `auto`, `zune`, `turbo`.
+    /// The option's words: `auto`, `zune`, `turbo`, `gpu`.
     pub fn parse(text: &str) -> Result<JpegDecoder, String> {
         match text {
             "auto" => Ok(JpegDecoder::Auto),
             "zune" => Ok(JpegDecoder::Zune),
+            "gpu" => Ok(JpegDecoder::Gpu),
             "turbo" if cfg!(feature = "turbojpeg") => Ok(JpegDecoder::Turbo),
             "turbo" => Err(
                 "jpeg_decoder=turbo: this build has no libjpeg-turbo (cargo \
@@ -135,7 +139,7 @@ impl JpegDecoder {
                     .into(),
             ),
             other => Err(format!(
-                "jpeg_decoder={other}: expected auto, zune or turbo"
+                "jpeg_decoder={other}: expected auto, zune, turbo or gpu"
             )),
         }
     }
@@ -144,7 +148,9 @@ impl JpegDecoder {
     #[cfg_attr(not(feature = "turbojpeg"), allow(dead_code))]
     fn turbo(self) -> bool {
         match self {
-            JpegDecoder::Auto => cfg!(all(feature = "turbojpeg", turbojpeg_simd)),
+            JpegDecoder::Auto | JpegDecoder::Gpu => {
+                cfg!(all(feature = "turbojpeg", turbojpeg_simd))
+            }
             JpegDecoder::Zune => false,
             JpegDecoder::Turbo => cfg!(feature = "turbojpeg"),
         }
@@ -180,6 +186,8 @@ pub enum DecodePath {
     TurboRegion,
     /// The crop's region shrunk in the DCT domain, by libjpeg-turbo.
     TurboScaled,
+    /// Left to the device's decoder (`jpeg_decoder=gpu`/`auto`), by the prefetch thread.
+    Device,
 }
 
 /// What of an image the transform will read.
@@ -461,7 +469,7 @@ pub fn dimensions(encoded: &[u8]) -> Result<Dims, String> {
     })
 }
 
-pub(super) fn check_size(width: usize, height: usize, max_pixels: u64) -> Result<usize, String> {
+pub(crate) fn check_size(width: usize, height: usize, max_pixels: u64) -> Result<usize, String> {
     if width == 0 || height == 0 {
         return Err(format!("image has zero size ({width}x{height})"));
     }
@@ -508,10 +516,36 @@ pub(crate) fn walk_jpeg_header(data: &[u8], mut f: impl FnMut(u8, usize)) -> Opt
     }
 }
 
+/// The size of a JPEG that a device's decoder (nvJPEG) takes as the CPU decoders do: baseline
+/// or extended Huffman (SOF0/SOF1), 8-bit, 1 or 3 components, no Adobe colour-transform marker
+/// (CMYK, YCCK and RGB-coded files, which decoders tell apart differently), and complete (its
+/// EOI after the scan). `None` for anything else (progressive, arithmetic, lossless, 12-bit,
+/// truncated), which the CPU decodes.
+pub(crate) fn device_jpeg(data: &[u8]) -> Option<Dims> {
+    if Format::sniff(data) != Some(Format::Jpeg) {
+        return None;
+    }
+    let mut frame = None;
+    let mut plain = true;
+    walk_jpeg_header(data, |marker, at| match marker {
+        0xC0 | 0xC1 => frame = data.get(at + 4..at + 10).map(<[u8]>::to_vec),
+        // Any other start of frame: progressive, lossless, arithmetic, hierarchical.
+        0xC2 | 0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF => plain = false,
+        0xEE if data.get(at + 4..at + 9) == Some(b"Adobe") => plain = false,
+        _ => {}
+    })?;
+    let frame = frame.filter(|_| plain)?;
+    let (precision, components) = (frame[0], frame[5]);
+    let height = u16::from_be_bytes([frame[1], frame[2]]) as usize;
+    let width = u16::from_be_bytes([frame[3], frame[4]]) as usize;
+    (precision == 8 && matches!(components, 1 | 3) && width > 0 && height > 0 && jpeg_has_eoi(data))
+        .then_some(Dims { width, height })
+}
+
 /// Whether an EOI marker (`FF D9`) follows the first scan. Entropy-coded data cannot contain it
 /// (a data 0xFF is stuffed as `FF 00`), and an embedded EXIF thumbnail's EOI sits in an APP
 /// segment before the first scan, which the header walk skips.
-pub(super) fn jpeg_has_eoi(data: &[u8]) -> bool {
+pub(crate) fn jpeg_has_eoi(data: &[u8]) -> bool {
     walk_jpeg_header(data, |_, _| {})
         // Searched from the end: the EOI is normally the last two bytes.
         .is_some_and(|scan| data[scan..].windows(2).rev().any(|w| w == [0xFF, 0xD9]))

@@ -345,3 +345,27 @@ fn format_is_sniffed_not_named() {
     );
     assert_eq!(Format::sniff(b"GIF89a"), None);
 }
+
+#[test]
+fn the_device_takes_complete_baseline_jpegs_of_one_or_three_components_only() {
+    for (name, takes) in [
+        ("photo_baseline.jpg", true),
+        ("photo_444.jpg", true),
+        ("photo_gray.jpg", true),
+        ("photo_progressive.jpg", false),
+        ("photo_cmyk.jpg", false),
+        ("photo_png.png", false),
+    ] {
+        let bytes = fixture(name);
+        let dims = device_jpeg(&bytes);
+        assert_eq!(dims.is_some(), takes, "{name}");
+        if let Some(dims) = dims {
+            assert_eq!(dims, dimensions(&bytes).unwrap(), "{name}");
+        }
+    }
+    // Truncated: no EOI after the scan.
+    let whole = fixture("photo_baseline.jpg");
+    assert!(device_jpeg(&whole[..whole.len() / 2]).is_none());
+    assert!(device_jpeg(&whole[..100]).is_none());
+    assert!(device_jpeg(b"").is_none());
+}

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use crate::arena::{Arena, SlabRegistrar};
 use crate::autotune::{Controller, Observation};
-use crate::collate::Collator;
+use crate::collate::{Collator, DecodeShare};
+use crate::decode::JpegDecoder;
 use crate::error::{Error, Result};
 use crate::launch::Launch;
 use crate::memory::BudgetPlan;
@@ -45,6 +46,8 @@ pub(super) enum Mode {
     /// Batches go to the prefetch thread; slabs are registered with the device (`pin_memory`).
     Feed {
         registrar: Option<Arc<dyn SlabRegistrar>>,
+        /// Whether the device can decode JPEGs (its decoder loaded), or why not.
+        jpeg: std::result::Result<(), String>,
     },
 }
 
@@ -63,8 +66,55 @@ pub(super) struct Resolved {
     /// Whether image fields are cast on the device (`gpu_normalize`), and whether that was
     /// insisted on (`Some(true)`: a field that cannot be is an error).
     cast_on_device: Option<bool>,
+    /// GPU decoding: the share the device decodes, and whether `jpeg_decoder=gpu` insists.
+    gpu_decode: Option<(f64, bool)>,
     /// The consumer's wait for a batch, when this side of the prefetch thread applies it.
     pub(super) timeout: Option<Duration>,
+}
+
+/// GPU decoding as the options ask for it: the share the device decodes and whether that is
+/// insisted on (`jpeg_decoder=gpu`, or a share given); `None` when the workers decode every
+/// image. A share asked of a loader without a device, or of a device that cannot decode, is an
+/// error saying why; `auto` quietly leaves it to the workers.
+fn gpu_decode(options: &LoaderOptions, mode: &Mode) -> Result<Option<(f64, bool)>> {
+    let share = options.gpu_decode_share;
+    let (share, required) = match (options.jpeg_decoder, share) {
+        (Some(JpegDecoder::Gpu), share) => (share.unwrap_or(1.0), true),
+        (None | Some(JpegDecoder::Auto), Some(share)) => (share, share > 0.0),
+        // `auto` starts at none, for autotune to move; without it nothing would.
+        (None | Some(JpegDecoder::Auto), None) if options.autotune => (0.0, false),
+        (None | Some(JpegDecoder::Auto), None) => return Ok(None),
+        (Some(_), Some(share)) if share > 0.0 => {
+            return Err(Error::option(
+                "gpu_decode_share",
+                "the device decodes JPEGs only with jpeg_decoder=gpu or auto",
+            ))
+        }
+        (Some(_), _) => return Ok(None),
+    };
+    let jpeg = match mode {
+        Mode::Feed { jpeg, .. } => jpeg,
+        Mode::Host if required => {
+            let key = if options.jpeg_decoder == Some(JpegDecoder::Gpu) {
+                "jpeg_decoder"
+            } else {
+                "gpu_decode_share"
+            };
+            return Err(Error::option(
+                key,
+                "decoding on the device needs device=cuda",
+            ));
+        }
+        Mode::Host => return Ok(None),
+    };
+    match jpeg {
+        Ok(()) => Ok(Some((share, required))),
+        Err(why) if required => Err(Error::option(
+            "jpeg_decoder",
+            format!("the device cannot decode JPEGs: {why}"),
+        )),
+        Err(_) => Ok(None),
+    }
 }
 
 /// What the collator is made for.
@@ -96,6 +146,7 @@ impl Resolved {
     /// `launch` is resolved once per loader, by its caller.
     pub(super) fn new(options: &LoaderOptions, launch: Launch, mode: Mode) -> Result<Resolved> {
         let feed = matches!(mode, Mode::Feed { .. });
+        let gpu_decode = gpu_decode(options, &mode)?;
         if !feed && options.num_workers == Some(0) && options.timeout_ms > 0 {
             // Refused rather than ignored: the caller asked for a bound that cannot hold.
             return Err(Error::option(
@@ -126,7 +177,7 @@ impl Resolved {
                 let pin = options.pin_memory.unwrap_or(false);
                 (pin, pin.then(crate::cuda::host_registrar).flatten())
             }
-            Mode::Feed { registrar } => (false, registrar),
+            Mode::Feed { registrar, .. } => (false, registrar),
         };
         let cast_on_device = match (feed, options.gpu_normalize) {
             (_, Some(false)) => None,
@@ -147,6 +198,7 @@ impl Resolved {
             pin,
             registrar,
             cast_on_device,
+            gpu_decode,
             // Fed to a prefetch thread, the consumer's timeout applies on the consumer's side.
             timeout: (options.timeout_ms > 0 && !feed)
                 .then(|| Duration::from_millis(options.timeout_ms)),
@@ -179,6 +231,18 @@ impl Resolved {
         if let Some(required) = self.cast_on_device {
             collator.cast_on_device(required)?;
         }
+        let share = match self.gpu_decode {
+            Some((share, required)) => {
+                let share = Arc::new(DecodeShare::new(share));
+                collator.decode_on_device(
+                    Arc::clone(&share),
+                    required,
+                    options.max_image_pixels,
+                )?;
+                collator.decodes_on_device().then_some(share)
+            }
+            None => None,
+        };
         let prefetch = options.prefetch_factor;
         // The memory budget bounds the in-flight cap; the prefetch thread holds up to
         // `COPIES_IN_FLIGHT` more slabs while their copies run.
@@ -217,6 +281,9 @@ impl Resolved {
         let stats = Arc::new(StatsRecorder::new(trace));
         stats.set_budget(&budget);
         stats.set_prefetch(prefetch);
+        if let Some(share) = &share {
+            stats.set_gpu_decode_share(share.get());
+        }
         if let Some(trace) = stats.trace().filter(|_| options.autotune) {
             trace.name_track(Track::Control, "autotune".into());
         }
@@ -250,6 +317,11 @@ impl Resolved {
                 prefetch,
                 fit,
                 autotune: options.autotune.then(|| Controller::new(self.cores, fit)),
+                // An explicit share stays as set; `auto` is autotune's to move.
+                gpu_share: share.filter(|_| {
+                    options.jpeg_decoder != Some(JpegDecoder::Gpu)
+                        && options.gpu_decode_share.is_none()
+                }),
             },
             capacity,
             depth,
@@ -276,6 +348,9 @@ pub(super) struct Cap {
     fit: usize,
     /// The controller of `autotune=true`.
     autotune: Option<Controller>,
+    /// The share of samples the device decodes, when GPU decoding is on (autotune moves it
+    /// under `jpeg_decoder=auto`).
+    gpu_share: Option<Arc<DecodeShare>>,
 }
 
 impl Cap {
@@ -303,9 +378,14 @@ impl Cap {
             busy_ns,
             cpu_ns: crate::autotune::process_cpu_ns(),
         };
-        let Some(d) = ctl.observe(observation, pool.workers(), self.prefetch) else {
+        let share = self.gpu_share.as_ref().map(|s| s.get());
+        let Some(d) = ctl.observe(observation, (pool.workers(), self.prefetch), share) else {
             return Ok(false);
         };
+        if let (Some(gpu), Some(share)) = (&self.gpu_share, d.gpu_decode_share) {
+            gpu.set(share);
+            stats.set_gpu_decode_share(share);
+        }
         pool.resize(d.workers)?;
         depth.set_workers(d.workers);
         self.prefetch = d.prefetch;

@@ -82,8 +82,12 @@ struct Facts {
     closer: Closer,
     /// Bytes of one device buffer of the ring (see `Builder::device_batch_bytes`).
     device_batch_bytes: usize,
+    /// Device memory held beside the ring (GPU decoding's scratch).
+    device_scratch_bytes: usize,
     /// Whether image fields are cast on the device (`gpu_normalize`).
     casts_on_device: bool,
+    /// Whether images may be decoded on the device (`jpeg_decoder=gpu`, `gpu_decode_share`).
+    decodes_on_device: bool,
 }
 
 /// The public loader: `next()` gives host batches with `device=cpu` and device batches with
@@ -154,10 +158,16 @@ impl Drop for Loader {
 }
 
 /// The most device buffers a ring of `slots` may grow to: what `memory_budget` holds beyond the
-/// host batches (the in-flight cap, plus those the prefetch thread copies from), at
-/// `device_bytes` each; never fewer than `slots`, which the budget does not count.
-fn growth_limit(stats: &crate::stats::Stats, device_bytes: usize, slots: usize) -> usize {
-    let host = (stats.in_flight_cap + crate::cuda::COPIES_IN_FLIGHT as u64) * stats.batch_bytes;
+/// host batches (the in-flight cap, plus those the prefetch thread copies from) and the device
+/// `scratch` of GPU decoding, at `device_bytes` each; never fewer than `slots`, which the budget
+/// does not count.
+fn growth_limit(
+    stats: &crate::stats::Stats,
+    (device_bytes, scratch): (usize, usize),
+    slots: usize,
+) -> usize {
+    let host = (stats.in_flight_cap + crate::cuda::COPIES_IN_FLIGHT as u64) * stats.batch_bytes
+        + scratch as u64;
     let fit = stats.memory_budget.saturating_sub(host) / (device_bytes as u64).max(1);
     usize::try_from(fit).unwrap_or(usize::MAX).max(slots)
 }
@@ -211,16 +221,33 @@ impl Loader {
         } else {
             None
         };
-        let host = schedule(options, launch, Mode::Feed { registrar })?;
+        // The JPEG decoder is loaded only when asked for (a library to find and initialize).
+        let auto = matches!(
+            options.jpeg_decoder,
+            None | Some(crate::decode::JpegDecoder::Auto)
+        );
+        let asked = options.jpeg_decoder == Some(crate::decode::JpegDecoder::Gpu)
+            || options.gpu_decode_share.is_some_and(|share| share > 0.0)
+            || (auto && options.autotune && options.gpu_decode_share.is_none());
+        let jpeg = if asked {
+            backend.load_jpeg_decoder().map_err(|e| e.to_string())
+        } else {
+            Err("not asked for".into())
+        };
+        let host = schedule(options, launch, Mode::Feed { registrar, jpeg })?;
         let facts = host.facts();
-        if facts.casts_on_device {
+        if facts.casts_on_device || facts.decodes_on_device {
             backend.load_kernels()?;
         }
         let stats = facts.stats;
         let slots = options.prefetch_factor + 1;
         let config = PrefetchConfig {
             slots,
-            max_slots: growth_limit(&stats.snapshot(), facts.device_batch_bytes, slots),
+            max_slots: growth_limit(
+                &stats.snapshot(),
+                (facts.device_batch_bytes, facts.device_scratch_bytes),
+                slots,
+            ),
             stream: options.cuda_stream.map(Stream),
             stats: Some(stats),
         };

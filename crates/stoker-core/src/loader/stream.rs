@@ -479,7 +479,9 @@ impl Scheduler for StreamLoader {
             streaming: true,
             closer: self.closer.clone(),
             device_batch_bytes: self.builder.device_batch_bytes,
+            device_scratch_bytes: self.builder.collator.device_scratch_bytes(),
             casts_on_device: self.builder.collator.casts_on_device(),
+            decodes_on_device: self.builder.collator.decodes_on_device(),
         }
     }
 

@@ -324,10 +324,17 @@ keys {
     /// Which decoder decodes JPEGs; `None`: `STOKER_JPEG_DECODER`, else auto.
     jpeg_decoder: Option<JpegDecoder> = None;
         parse |key, v| JpegDecoder::parse(v).map(Some).map_err(|reason| Error::option(key, reason));
-        values "`auto`, `zune`, `turbo`",
+        values "`auto`, `zune`, `turbo`, `gpu`",
         default "`auto` (or `STOKER_JPEG_DECODER`)",
         example "zune",
-        meaning "`turbo`: libjpeg-turbo decodes only the rows and columns a crop reads, shrinking in the DCT domain when the crop is at least twice the output; `zune`: zune-jpeg (pure Rust) decodes whole images; `auto`: `turbo` when it was built with SIMD, else `zune`. CMYK/YCCK JPEGs always go to zune-jpeg; stats count each path (`decoded_*`)";
+        meaning "`turbo`: libjpeg-turbo decodes only the rows and columns a crop reads, shrinking in the DCT domain when the crop is at least twice the output; `zune`: zune-jpeg (pure Rust) decodes whole images; `auto`: `turbo` when it was built with SIMD, else `zune`; `gpu` (device=cuda): the device decodes the JPEGs with nvJPEG, loaded at run time (`gpu_decode_share` of them, all by default), the rest as `auto`. CMYK/YCCK JPEGs always go to zune-jpeg; stats count each path (`decoded_*`)";
+    /// The share of samples whose JPEGs the device decodes; `None`: `auto`.
+    gpu_decode_share: Option<f64> = None;
+        parse |key, v| parse_share(key, v);
+        values "`0`..`1`, `auto`",
+        default "`auto`: all with `jpeg_decoder=gpu`, none yet with `jpeg_decoder=auto`",
+        example "0.25",
+        meaning "device=cuda: the share of samples, chosen by a hash of the index (a run is the same for a given share), whose JPEGs the prefetch thread decodes on the device (nvJPEG) and crops, resizes and flips there with the draws the CPU path would use, into the same slots; needs a transform of crops, resizes and flips only (then `normalize`/`dtype` under `gpu_normalize`); progressive, CMYK and other files the device cannot take are decoded by the workers; stats `gpu_decode_share`, `decoded_device`";
     /// Bound on the batch memory the loader keeps; `None` is the default (see [`crate::memory`]).
     memory_budget: Option<MemoryBudget> = None;
         parse |key, v| MemoryBudget::parse(key, v).map(Some);

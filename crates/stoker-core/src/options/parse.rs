@@ -205,6 +205,20 @@ pub(super) fn non_empty(v: &str) -> Option<&str> {
     (!v.is_empty()).then_some(v)
 }
 
+/// A share from 0 to 1, or `auto` (`None`).
+pub(super) fn parse_share(key: &str, v: &str) -> Result<Option<f64>> {
+    if v == "auto" {
+        return Ok(None);
+    }
+    match v.parse::<f64>() {
+        Ok(share) if (0.0..=1.0).contains(&share) => Ok(Some(share)),
+        _ => Err(Error::option(
+            key,
+            format!("{v}: expected a number from 0 to 1, or auto"),
+        )),
+    }
+}
+
 pub(super) fn parse_bool(key: &str, v: &str) -> Result<bool> {
     match v {
         "true" | "1" | "yes" | "on" => Ok(true),

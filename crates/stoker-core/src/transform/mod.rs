@@ -97,6 +97,7 @@ mod photometric;
 pub mod pipeline;
 pub mod roles;
 pub mod spec;
+pub mod taps;
 pub mod warp;
 
 pub use auto_augment::AugOp;
@@ -109,6 +110,7 @@ pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch, NO_SIZE};
 pub use roles::{roles, roles_with, BoxFormat, Roles, Sanitize, DEFAULT_IGNORE_INDEX};
 pub use spec::{parse, EraseValue, Op, PadMode, IMAGENET_MEAN, IMAGENET_STD, MAX_CHANNELS};
+pub use taps::{plan_taps, Taps, MAX_TAPS};
 
 #[cfg(test)]
 mod augment_tests;

@@ -437,6 +437,29 @@ impl Pipeline {
         Ok((twin, DeviceCast::new(self.dtype, self.layout, 3, table)))
     }
 
+    /// Why the device cannot write this pipeline's output from a whole decoded image (GPU
+    /// decoding), or `None` when it can: its ops fold into the one plan (crops, resizes,
+    /// flips), and its output is uint8 (under `gpu_normalize` the twin's, which the cast then
+    /// makes floats).
+    pub fn device_resize_refusal(&self) -> Option<String> {
+        if let Some(op) = self.ops.get(self.planned) {
+            return Some(format!(
+                "`{}` runs on the CPU after the crop (only crops, resizes and flips run on the \
+                 device)",
+                op_name(op)
+            ));
+        }
+        if !matches!(self.lut, Lut::U8) {
+            return Some(
+                "the output is converted to floats on the CPU (gpu_normalize is off)".into(),
+            );
+        }
+        if self.mix.is_some() {
+            return Some("mixup and cutmix blend the batch's images on the CPU".into());
+        }
+        None
+    }
+
     /// The batch-level mixing, if the spec has `mixup` or `cutmix`.
     pub fn batch_mix(&self) -> Option<&BatchMix> {
         self.mix.as_ref()

@@ -208,3 +208,273 @@ fn real_device_casts_image_fields_bit_identically_to_the_cpu_path() {
     }
     eprintln!("real CUDA path: gpu_normalize casts verified on cuda:0");
 }
+
+/// Device memory holding `bytes`, copied there (and synchronized).
+#[cfg(feature = "cuda")]
+fn upload(device: &stoker_core::cuda::CudaDevice, bytes: &[u8]) -> stoker_core::cuda::DevicePtr {
+    use stoker_core::cuda::DeviceBackend;
+    let ptr = device.alloc(bytes.len().max(1)).unwrap();
+    let stream = stoker_core::Stream::DEFAULT;
+    // SAFETY: `ptr` holds `bytes.len()` bytes; the event below waits for the copy while
+    // `bytes` lives.
+    unsafe { device.copy_to_device_async(ptr, bytes.as_ptr(), bytes.len(), stream) }.unwrap();
+    let done = device.create_event().unwrap();
+    device.record_event(done, stream).unwrap();
+    device.synchronize_event(done).unwrap();
+    // SAFETY: created above, destroyed once.
+    unsafe { device.destroy_event(done) };
+    ptr
+}
+
+#[test]
+fn real_device_resize_kernel_is_its_host_reference_bit_for_bit() {
+    #[cfg(feature = "cuda")]
+    {
+        use stoker_core::cuda::resize::run_on_host;
+        use stoker_core::cuda::{CudaDevice, DeviceBackend, ResizeJob};
+        use stoker_core::transform::Taps;
+
+        if let Some(why) = unavailable() {
+            eprintln!("SKIPPED: no CUDA driver/device ({why})");
+            return;
+        }
+        let device = CudaDevice::open(0).unwrap();
+        device.load_kernels().unwrap();
+        // (source w, h, crop [left, top, w, h], output w, h): shrink, enlarge, a copy, a
+        // clip at the edge, a 30x shrink, and an output past the grid's x limit of one block.
+        let cases = [
+            (640, 480, [10.5, 20.25, 400.0, 300.0], 224, 224),
+            (50, 40, [0.0, 0.0, 50.0, 40.0], 224, 160),
+            (64, 64, [8.0, 8.0, 32.0, 32.0], 32, 32),
+            (300, 200, [250.0, 150.0, 50.0, 50.0], 17, 13),
+            (3000, 2000, [0.0, 0.0, 3000.0, 2000.0], 100, 67),
+            (1200, 8, [0.0, 0.0, 1200.0, 8.0], 2100, 3),
+        ];
+        for (sw, sh, [left, top, cw, ch], w, h) in cases {
+            let src: Vec<u8> = (0..sw * sh * 3).map(|i| (i * 31 % 253) as u8).collect();
+            let x = Taps::for_axis(left, cw, w, (0, sw)).unwrap();
+            let y = Taps::for_axis(top, ch, h, (0, sh)).unwrap();
+            let mut taps = Vec::new();
+            x.write_to(&mut taps);
+            y.write_to(&mut taps);
+            let src_ptr = upload(&device, &src);
+            let taps_ptr = upload(&device, &taps);
+            let out = w * h * 3;
+            let dst = device.alloc(out).unwrap();
+            let x_weights = taps_ptr + (w * 8) as u64;
+            let y_spans = x_weights + (w * x.taps * 4) as u64;
+            for (planar, flip) in [(false, false), (true, true), (false, true)] {
+                let job = ResizeJob {
+                    src: src_ptr,
+                    src_width: sw as u32,
+                    src_height: sh as u32,
+                    dst,
+                    width: w as u32,
+                    height: h as u32,
+                    planar,
+                    flip,
+                    x_spans: taps_ptr,
+                    x_weights,
+                    x_taps: x.taps as u32,
+                    y_spans,
+                    y_weights: y_spans + (h * 8) as u64,
+                    y_taps: y.taps as u32,
+                };
+                let stream = stoker_core::Stream::DEFAULT;
+                // SAFETY: every range the job names was allocated above and stays so.
+                unsafe { device.resize_async(&job, stream) }.unwrap();
+                let done = device.create_event().unwrap();
+                device.record_event(done, stream).unwrap();
+                device.synchronize_event(done).unwrap();
+                // SAFETY: created above, destroyed once.
+                unsafe { device.destroy_event(done) };
+                let mut got = vec![0u8; out];
+                // SAFETY: `dst` holds `out` bytes, written by the completed kernel.
+                unsafe { device.copy_to_host(&mut got, dst) }.unwrap();
+                let mut want = vec![0u8; out];
+                run_on_host(&job, &src, (&x, &y), &mut want);
+                assert!(
+                    got == want,
+                    "{sw}x{sh} -> {w}x{h} planar={planar} flip={flip}: the kernel differs from its reference"
+                );
+            }
+            // SAFETY: nothing queued uses them any more.
+            unsafe {
+                device.free(src_ptr);
+                device.free(taps_ptr);
+                device.free(dst);
+            }
+        }
+        eprintln!("real CUDA path: the resize kernel matches its host reference on cuda:0");
+    }
+}
+
+#[test]
+fn real_device_decodes_jpegs_within_a_few_levels_of_the_cpu() {
+    #[cfg(feature = "cuda")]
+    {
+        use stoker_core::cuda::{CudaDevice, DeviceBackend, JpegJob};
+        use stoker_core::decode::{decode_rgb, DecodeBuffers};
+
+        if let Some(why) = unavailable() {
+            eprintln!("SKIPPED: no CUDA driver/device ({why})");
+            return;
+        }
+        let device = CudaDevice::open(0).unwrap();
+        if let Err(e) = device.load_jpeg_decoder() {
+            panic!("a CUDA device without nvJPEG: {e} (set STOKER_NVJPEG_LIBRARY)");
+        }
+        let files = ["photo_baseline.jpg", "photo_444.jpg", "photo_gray.jpg"];
+        let jpegs: Vec<Vec<u8>> = files
+            .iter()
+            .map(|f| crate::support::files::test_image(f))
+            .collect();
+        let mut wants = Vec::new();
+        let mut jobs = Vec::new();
+        for jpeg in &jpegs {
+            let mut bufs = DecodeBuffers::default();
+            let dims = decode_rgb(jpeg, u64::MAX, &mut bufs).unwrap();
+            let dst = device.alloc(bufs.rgb.len()).unwrap();
+            jobs.push(JpegJob {
+                data: jpeg,
+                width: dims.width as u32,
+                height: dims.height as u32,
+                dst,
+            });
+            wants.push(bufs.rgb);
+        }
+        // A progressive file: the device decoder may take it or refuse it, never fail.
+        let stream = device.create_stream().unwrap();
+        let mut failed = Vec::new();
+        // SAFETY: the JPEGs and destinations live until the event below completes.
+        unsafe { device.decode_jpegs_async(&jobs, stream, &mut failed) }.unwrap();
+        let done = device.create_event().unwrap();
+        device.record_event(done, stream).unwrap();
+        device.synchronize_event(done).unwrap();
+        assert!(failed.is_empty(), "refused {failed:?}");
+        for ((job, want), file) in jobs.iter().zip(&wants).zip(files) {
+            let mut got = vec![0u8; want.len()];
+            // SAFETY: `job.dst` holds the decoded image; the decode completed.
+            unsafe { device.copy_to_host(&mut got, job.dst) }.unwrap();
+            let max = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| a.abs_diff(*b))
+                .max()
+                .unwrap();
+            let sum: u64 = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| u64::from(a.abs_diff(*b)))
+                .sum();
+            let mean = sum as f64 / want.len() as f64;
+            eprintln!("nvJPEG against the CPU's decoder, {file}: {max} levels at most, {mean:.3} on average");
+            assert!(
+                mean <= 2.0 && max <= 64,
+                "{file}: {max} levels at most, {mean:.3} on average"
+            );
+            // SAFETY: nothing queued uses it any more.
+            unsafe { device.free(job.dst) };
+        }
+        // SAFETY: created above, destroyed once.
+        unsafe {
+            device.destroy_event(done);
+            device.destroy_stream(stream);
+        }
+    }
+}
+
+#[test]
+fn real_device_loader_decodes_on_the_gpu_and_leaves_odd_files_to_the_cpu() {
+    #[cfg(feature = "cuda")]
+    {
+        use stoker_core::cuda::{CudaDevice, DeviceBackend};
+
+        if let Some(why) = unavailable() {
+            eprintln!("SKIPPED: no CUDA driver/device ({why})");
+            return;
+        }
+        let reader = CudaDevice::open(0).unwrap();
+        let field = |b: &stoker_core::Batch, name: &str| -> Vec<u8> {
+            let f = b.field_by_name(name).unwrap();
+            let mut back = vec![0u8; f.shape.iter().product::<usize>() * f.dtype.size()];
+            // SAFETY: the field's device range holds `back.len()` bytes; the batch is ready.
+            unsafe { reader.copy_to_host(&mut back, f.address) }.unwrap();
+            back
+        };
+        let dir = crate::support::files::tmp("cuda-gpu-decode");
+        let kinds = [
+            "photo_baseline.jpg",
+            "photo_444.jpg",
+            "photo_gray.jpg",
+            "photo_progressive.jpg",
+            "photo_cmyk.jpg",
+        ];
+        let members: Vec<(String, Vec<u8>)> = (0..40)
+            .flat_map(|i| {
+                [
+                    (
+                        format!("{i:04}.jpg"),
+                        crate::support::files::test_image(kinds[i % kinds.len()]),
+                    ),
+                    (format!("{i:04}.cls"), (i % 3).to_string().into_bytes()),
+                ]
+            })
+            .collect();
+        let path = dir.join("kinds.tar");
+        crate::support::files::write_tar(&path, &members);
+        let mut o = LoaderOptions::new();
+        for (k, v) in [
+            ("source", format!("tar:{}", path.display()).as_str()),
+            ("batch_size", "8"),
+            ("seed", "9"),
+            (
+                "transform",
+                "random_resized_crop(64) | hflip | normalize(imagenet)",
+            ),
+            ("dtype", "float32"),
+        ] {
+            o.set(k, v).unwrap();
+        }
+        let mut cpu = Loader::new(&o).unwrap();
+        o.set("device", "cuda:0").unwrap();
+        o.set("jpeg_decoder", "gpu").unwrap();
+        let mut dev = Loader::new(&o).unwrap();
+        let stats = dev.stats_handle();
+        let (mut worst, mut total, mut n) = (0f32, 0f64, 0usize);
+        while let Some(d) = dev.next().unwrap() {
+            let h = cpu.next().unwrap().unwrap();
+            d.synchronize().unwrap();
+            let want = h.field_by_name("jpg").unwrap().data.unwrap();
+            let got = field(&d, "jpg");
+            let floats = |b: &[u8]| -> Vec<f32> {
+                b.chunks_exact(4)
+                    .map(|w| f32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+                    .collect()
+            };
+            for (a, b) in floats(&got).iter().zip(floats(want)) {
+                // In levels of the uint8 image: the largest std of imagenet's normalize is 0.229.
+                let levels = (a - b).abs() * 255.0 * 0.229;
+                worst = worst.max(levels);
+                total += f64::from(levels);
+                n += 1;
+            }
+            assert_eq!(
+                field(&d, "cls"),
+                h.field_by_name("cls").unwrap().data.unwrap()
+            );
+        }
+        drop(dev);
+        let s = stats.snapshot();
+        let mean = total / n.max(1) as f64;
+        eprintln!(
+        "real CUDA path: {} images decoded on cuda:0; {worst:.1} levels at most, {mean:.3} on average from the CPU path",
+        s.decoded_device
+    );
+        assert!(s.decoded_device >= 24, "{}", s.decoded_device);
+        assert!(
+            mean <= 2.0 && worst <= 64.0,
+            "{worst} levels at most, {mean} on average"
+        );
+    }
+}

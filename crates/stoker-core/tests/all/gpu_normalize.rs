@@ -8,6 +8,7 @@ use std::sync::Arc;
 use stoker_core::testing::FakeDevice;
 use stoker_core::{Batch, DType, ErrorKind, Loader, LoaderOptions, MemorySource, SourceSpec};
 
+use crate::support::device_bytes;
 use crate::support::files::{photo_shard, tmp};
 
 const AUGMENT: &str = "random_resized_crop(24) | hflip | color_jitter(brightness=0.4, contrast=0.4, saturation=0.4) | \
@@ -23,17 +24,6 @@ fn options(source: &str, kv: &[(&str, &str)]) -> LoaderOptions {
         o.set(k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
     }
     o
-}
-
-/// Every field of a device batch as bytes, read back from the fake once its work completed.
-fn device_bytes(fake: &FakeDevice, b: &Batch) -> Vec<Vec<u8>> {
-    b.synchronize().unwrap();
-    b.fields()
-        .map(|f| {
-            let len = f.shape.iter().product::<usize>() * f.dtype.size();
-            fake.read(f.address, len).unwrap()
-        })
-        .collect()
 }
 
 fn host_bytes(b: &Batch) -> Vec<Vec<u8>> {

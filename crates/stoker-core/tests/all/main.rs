@@ -19,6 +19,7 @@ mod distributed;
 mod faults;
 mod fork;
 mod fuzz_regressions;
+mod gpu_decode;
 mod gpu_normalize;
 mod image_loader;
 mod iterable;

@@ -4,7 +4,8 @@ pub mod files;
 
 use std::sync::Arc;
 
-use stoker_core::{LoaderOptions, Source, SourceSpec};
+use stoker_core::testing::FakeDevice;
+use stoker_core::{Batch, LoaderOptions, Source, SourceSpec};
 
 pub use stoker_core::testing::counting_source;
 
@@ -15,4 +16,15 @@ pub fn options(source: Arc<dyn Source>, kv: &[(&str, &str)]) -> LoaderOptions {
         o.set(k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
     }
     o
+}
+
+/// Every field of a device batch on the fake device as bytes, read back once its work completed.
+pub fn device_bytes(fake: &FakeDevice, b: &Batch) -> Vec<Vec<u8>> {
+    b.synchronize().unwrap();
+    b.fields()
+        .map(|f| {
+            let len = f.shape.iter().product::<usize>() * f.dtype.size();
+            fake.read(f.address, len).unwrap()
+        })
+        .collect()
 }
