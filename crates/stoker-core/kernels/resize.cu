@@ -1,6 +1,6 @@
 // The resize of GPU decoding (`jpeg_decoder=gpu`/`auto`): a JPEG decoded on the device, an RGB8
 // image of interleaved pixels, becomes its sample's uint8 slot there, resampled, clipped and
-// flipped as the CPU path's plan says. The host computes the resampling taps (`resize.rs`,
+// flipped as the CPU path's plan says. The host computes the resampling taps (`transform/taps.rs`,
 // `Taps::for_axis`: each output column's and row's first source pixel, how many it reads, and
 // their weights) and sends them with the batch, so the kernel only multiplies and adds, in an
 // order fixed by the contract: its output is the host reference's (`resize::run_on_host`) bit

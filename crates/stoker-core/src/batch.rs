@@ -165,6 +165,12 @@ impl Batch {
     }
 
     /// The images left for the device to decode, when any are.
+    pub(crate) fn decodes(&self) -> Option<&DeviceDecodes> {
+        self.decodes.as_deref()
+    }
+
+    /// [`decodes`](Self::decodes), to fill in the CPU's decodes of the images the device
+    /// refused.
     pub(crate) fn decodes_mut(&mut self) -> Option<&mut DeviceDecodes> {
         self.decodes.as_deref_mut()
     }
@@ -527,6 +533,17 @@ mod tests {
                 offset: 512
             }
         ));
+    }
+
+    #[test]
+    fn the_taps_of_images_decoded_on_the_device_go_last_on_a_field_boundary() {
+        let fields = [meta("image", DType::U8, &[2, 3, 4, 4], 0)];
+        let casts = [Some(float32_cast())];
+        let without = DeviceLayout::new(&fields, Some(&casts), 0).unwrap();
+        let with = DeviceLayout::new(&fields, Some(&casts), 100).unwrap();
+        assert_eq!(with.taps, without.bytes.next_multiple_of(FIELD_ALIGN));
+        assert_eq!(with.bytes, with.taps + 100);
+        assert_eq!(with.fields, without.fields);
     }
 
     #[test]

@@ -508,6 +508,9 @@ impl StatsRecorder {
     pub(crate) fn set_gpu_decode_share(&self, share: f64) {
         self.gpu_decode_share
             .store(share.to_bits(), Ordering::Relaxed);
+        if let Some(trace) = &self.trace {
+            trace.share(Instant::now(), share);
+        }
     }
 
     pub(crate) fn set_prefetch(&self, prefetch: usize) {

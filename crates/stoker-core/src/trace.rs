@@ -90,6 +90,10 @@ pub(crate) enum Args {
         readiness: f64,
         reason: &'static str,
     },
+    /// The GPU decode share from now on (at the start, and at each autotune move).
+    Share {
+        share: f64,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -219,6 +223,19 @@ impl Trace {
         self.push(
             Track::Control,
             vec![TraceEvent::instant("autotune", at, args)],
+        );
+    }
+
+    /// The GPU decode share from `at` on, on the prefetch thread's track: an instant and a
+    /// counter.
+    pub(crate) fn share(&self, at: Instant, share: f64) {
+        self.push(
+            Track::Prefetch,
+            vec![TraceEvent::instant(
+                "gpu_decode_share",
+                at,
+                Args::Share { share },
+            )],
         );
     }
 
@@ -376,7 +393,8 @@ impl Trace {
                         readiness,
                         reason,
                     } => {
-                        // The share, when GPU decoding is on, as one more argument and counter.
+                        // The share, when GPU decoding is on, as one more argument (its counter is
+                        // the `Share` event beside it).
                         let share = gpu_decode_share
                             .map(|s| format!(",\"gpu_decode_share\":{s:.2}"))
                             .unwrap_or_default();
@@ -386,7 +404,14 @@ impl Trace {
                         )?;
                         write!(
                             out,
-                            ",\n{{\"ph\":\"C\",\"name\":\"autotune\",\"pid\":{pid},\"tid\":{tid},\"ts\":{ts},\"args\":{{\"num_workers\":{workers},\"prefetch_factor\":{prefetch_factor}{share}}}}}"
+                            ",\n{{\"ph\":\"C\",\"name\":\"autotune\",\"pid\":{pid},\"tid\":{tid},\"ts\":{ts},\"args\":{{\"num_workers\":{workers},\"prefetch_factor\":{prefetch_factor}}}}}"
+                        )?;
+                    }
+                    Args::Share { share } => {
+                        write!(out, ",\"args\":{{\"gpu_decode_share\":{share:.2}}}}}")?;
+                        write!(
+                            out,
+                            ",\n{{\"ph\":\"C\",\"name\":\"gpu_decode_share\",\"pid\":{pid},\"tid\":{tid},\"ts\":{ts},\"args\":{{\"share\":{share:.2}}}}}"
                         )?;
                     }
                 }

@@ -22,7 +22,8 @@
 //! A host batch whose image fields are cast on the device (`gpu_normalize`, see [`super::cast`])
 //! is laid out anew in its buffer (`batch::DeviceLayout`): its fields at their device sizes,
 //! then the uint8 inputs and their tables, which the cast kernel reads on the copy stream before
-//! the batch's event.
+//! the batch's event. The images a host batch left to the device's JPEG decoder (GPU decoding)
+//! are decoded and resized into their slots after the copies and before the casts (`decode`).
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -767,7 +768,7 @@ impl<M: Send + 'static> Worker<M> {
         let stream = self.stream.stream;
         let queued = (|| -> Result<(DevicePtr, Vec<FieldMeta>, usize)> {
             let at = |e, field: Option<&str>| in_batch(e, epoch, position, field);
-            let taps = host.decodes_mut().map_or(0, |d| d.taps.len());
+            let taps = host.decodes().map_or(0, |d| d.taps.len());
             let layout = DeviceLayout::new(host.field_metas(), host.casts(), taps)
                 .map_err(|e| at(e, None))?;
             let dst = slot

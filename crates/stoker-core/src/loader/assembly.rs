@@ -72,25 +72,31 @@ pub(super) struct Resolved {
     pub(super) timeout: Option<Duration>,
 }
 
-/// GPU decoding as the options ask for it: the share the device decodes and whether that is
-/// insisted on (`jpeg_decoder=gpu`, or a share given); `None` when the workers decode every
-/// image. A share asked of a loader without a device, or of a device that cannot decode, is an
-/// error saying why; `auto` quietly leaves it to the workers.
-fn gpu_decode(options: &LoaderOptions, mode: &Mode) -> Result<Option<(f64, bool)>> {
-    let share = options.gpu_decode_share;
-    let (share, required) = match (options.jpeg_decoder, share) {
-        (Some(JpegDecoder::Gpu), share) => (share.unwrap_or(1.0), true),
-        (None | Some(JpegDecoder::Auto), Some(share)) => (share, share > 0.0),
+/// GPU decoding as the options ask for it, whatever the device: the share the device decodes
+/// and whether that is insisted on (`jpeg_decoder=gpu`, or a share given); `None` when the
+/// workers decode every image. A share with a CPU decoder named is an error.
+pub(super) fn gpu_decode_asked(options: &LoaderOptions) -> Result<Option<(f64, bool)>> {
+    Ok(match (options.jpeg_decoder, options.gpu_decode_share) {
+        (Some(JpegDecoder::Gpu), share) => Some((share.unwrap_or(1.0), true)),
+        (None | Some(JpegDecoder::Auto), Some(share)) => Some((share, share > 0.0)),
         // `auto` starts at none, for autotune to move; without it nothing would.
-        (None | Some(JpegDecoder::Auto), None) if options.autotune => (0.0, false),
-        (None | Some(JpegDecoder::Auto), None) => return Ok(None),
+        (None | Some(JpegDecoder::Auto), None) => options.autotune.then_some((0.0, false)),
         (Some(_), Some(share)) if share > 0.0 => {
             return Err(Error::option(
                 "gpu_decode_share",
                 "the device decodes JPEGs only with jpeg_decoder=gpu or auto",
             ))
         }
-        (Some(_), _) => return Ok(None),
+        (Some(_), _) => None,
+    })
+}
+
+/// GPU decoding as the options ask for it and the loader allows: [`gpu_decode_asked`], when the
+/// loader has a device that can decode. Insisted on without a device, or with a device that
+/// cannot decode, it is an error saying why; `auto` quietly leaves it to the workers.
+fn gpu_decode(options: &LoaderOptions, mode: &Mode) -> Result<Option<(f64, bool)>> {
+    let Some((share, required)) = gpu_decode_asked(options)? else {
+        return Ok(None);
     };
     let jpeg = match mode {
         Mode::Feed { jpeg, .. } => jpeg,

@@ -222,14 +222,7 @@ impl Loader {
             None
         };
         // The JPEG decoder is loaded only when asked for (a library to find and initialize).
-        let auto = matches!(
-            options.jpeg_decoder,
-            None | Some(crate::decode::JpegDecoder::Auto)
-        );
-        let asked = options.jpeg_decoder == Some(crate::decode::JpegDecoder::Gpu)
-            || options.gpu_decode_share.is_some_and(|share| share > 0.0)
-            || (auto && options.autotune && options.gpu_decode_share.is_none());
-        let jpeg = if asked {
+        let jpeg = if assembly::gpu_decode_asked(options)?.is_some() {
             backend.load_jpeg_decoder().map_err(|e| e.to_string())
         } else {
             Err("not asked for".into())

@@ -233,6 +233,24 @@ fn the_share_picks_samples_by_index_so_a_run_is_the_same_for_any_worker_count() 
             run(&fake, &o)
         })
         .collect();
+    // The share in use is in the trace too, as a counter on the prefetch thread's track.
+    let trace = tmp("gpu-decode-share-trace").join("trace.json");
+    let traced = options(
+        &source,
+        &[
+            ("gpu_decode_share", "0.5"),
+            ("trace", trace.to_str().unwrap()),
+        ],
+    );
+    let mut loader = Loader::with_device_backend(&traced, fake.clone()).unwrap();
+    while loader.next().unwrap().is_some() {}
+    drop(loader);
+    let written = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        written.contains(r#""name":"gpu_decode_share","pid""#)
+            && written.contains(r#""args":{"share":0.50}"#),
+        "{written}"
+    );
     assert!(
         runs[0].device() == runs[1].device(),
         "1 and 3 workers differ"
