@@ -332,9 +332,9 @@ keys {
     gpu_decode_share: Option<f64> = None;
         parse |key, v| parse_share(key, v);
         values "`0`..`1`, `auto`",
-        default "`auto`: all with `jpeg_decoder=gpu`, none yet with `jpeg_decoder=auto`",
+        default "`auto`: all with `jpeg_decoder=gpu`; with `jpeg_decoder=auto`, none unless `autotune` moves it",
         example "0.25",
-        meaning "device=cuda: the share of samples, chosen by a hash of the index (a run is the same for a given share), whose JPEGs the prefetch thread decodes on the device (nvJPEG) and crops, resizes and flips there with the draws the CPU path would use, into the same slots; needs a transform of crops, resizes and flips only (then `normalize`/`dtype` under `gpu_normalize`); progressive, CMYK and other files the device cannot take are decoded by the workers; stats `gpu_decode_share`, `decoded_device`";
+        meaning "device=cuda: the share of samples, chosen by a hash of the index (a run is the same for a given share), whose JPEGs the prefetch thread decodes on the device (nvJPEG) and crops, resizes and flips there with the draws the CPU path would use, into the same slots; needs a transform of `resize`, `center_crop`, `random_resized_crop` and `hflip` only (then `normalize`/`dtype` under `gpu_normalize`); progressive, CMYK and other files the device cannot take are decoded by the workers; stats `gpu_decode_share`, `decoded_device`";
     /// Bound on the batch memory the loader keeps; `None` is the default (see [`crate::memory`]).
     memory_budget: Option<MemoryBudget> = None;
         parse |key, v| MemoryBudget::parse(key, v).map(Some);
@@ -348,7 +348,7 @@ keys {
         values "bool",
         default "false",
         example "true",
-        meaning "live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget; every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`) and the trace";
+        meaning "live control of the worker count (from 1 with `num_workers=auto`, never beyond the usable cores) and the prefetch depth (up to 8), within the memory budget, and with device=cuda and `jpeg_decoder=auto` of `gpu_decode_share` (up a tenth while every core is busy and the consumer starves, down once it keeps up); every decision is in stats (`autotune_decisions`, `num_workers`, `prefetch_factor`, `gpu_decode_share`) and the trace";
     /// Where to write the Chrome trace-event timeline (see [`crate::trace`]).
     trace: Option<PathBuf> = None;
         parse |_, v| Ok(non_empty(v).map(PathBuf::from));
