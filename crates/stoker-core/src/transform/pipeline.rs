@@ -449,13 +449,13 @@ impl Pipeline {
                 op_name(op)
             ));
         }
+        if self.mix.is_some() {
+            return Some("mixup and cutmix blend the batch's images on the CPU".into());
+        }
         if !matches!(self.lut, Lut::U8) {
             return Some(
                 "the output is converted to floats on the CPU (gpu_normalize is off)".into(),
             );
-        }
-        if self.mix.is_some() {
-            return Some("mixup and cutmix blend the batch's images on the CPU".into());
         }
         None
     }

@@ -312,6 +312,18 @@ fn options_that_cannot_decode_on_the_device_say_why() {
     );
     assert!(e.contains("gpu_normalize"), "{e}");
     let e = refused(
+        &[
+            ("jpeg_decoder", "gpu"),
+            ("dtype", "float32"),
+            (
+                "transform",
+                "random_resized_crop(32) | normalize(imagenet) | mixup(alpha=0.2, num_classes=3)",
+            ),
+        ],
+        &fake,
+    );
+    assert!(e.contains("mixup"), "{e}");
+    let e = refused(
         &[("jpeg_decoder", "zune"), ("gpu_decode_share", "0.3")],
         &fake,
     );
