@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::transform::DeviceCast;
 
 mod decodes;
-pub(crate) use decodes::{DeviceDecodes, RoutedImage};
+pub(crate) use decodes::{DeviceDecodes, OneSample, OwnedSamples, ReplaceRouted, RoutedImage};
 
 /// Alignment of every field inside a batch's memory, host or device (DLPack recommends 256
 /// bytes for device copies).
@@ -180,14 +180,15 @@ impl Batch {
         self.casts.as_deref()
     }
 
-    /// A device batch with this batch's header and `fields` (the device layout), in `memory`.
+    /// A device batch with this batch's header and `fields` (the device layout), in `memory`;
+    /// the samples the prefetcher replaced count as skipped.
     pub(crate) fn on_device(&self, fields: Vec<FieldMeta>, memory: Box<dyn DeviceMemory>) -> Batch {
         Batch {
             fields,
             epoch: self.epoch,
             position: self.position,
             samples: self.samples,
-            skipped: self.skipped,
+            skipped: self.skipped + self.decodes().map_or(0, |d| d.replaced),
             memory: Memory::Device(memory),
             casts: None,
             decodes: None,

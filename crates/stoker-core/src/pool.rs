@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use crate::arena::Arena;
-use crate::batch::Batch;
+use crate::batch::{Batch, OneSample, OwnedSamples, ReplaceRouted, RoutedImage};
 use crate::close::{Closer, Wait};
 use crate::collate::{BatchKey, Collator, PartedBatch, Scratch, MAX_PARTS};
 use crate::error::{panic_message, Error, Result};
@@ -98,18 +98,34 @@ pub(crate) struct Built {
 
 impl Built {
     /// The outcome of `task`, whose samples (a stream's) are freed here, before the batch waits
-    /// in the done queue.
-    fn of(task: Task, outcome: Result<Batch>) -> Built {
-        let state = match task.work {
-            Work::Planned(_) => None,
-            Work::Owned { state, .. } => state,
-        };
+    /// in the done queue, or kept with the batch (see [`Task::settle`]).
+    fn of(task: Task, mut outcome: Result<Batch>, builder: &Builder) -> Built {
+        let (key, generation) = (task.key, task.generation);
+        let state = task.settle(&mut outcome, builder);
         Built {
-            key: task.key,
-            generation: task.generation,
+            key,
+            generation,
             outcome,
             state,
         }
+    }
+}
+
+impl Task {
+    /// Once `outcome` is built: frees a stream's samples, or hands them to the batch when it
+    /// left images to the device and a bad one is to be replaced (`on_error=skip`: the
+    /// candidates are the batch's own samples, see [`DeviceDecodes::owned`]). Returns the
+    /// stream's state after the task.
+    pub(crate) fn settle(self, outcome: &mut Result<Batch>, builder: &Builder) -> Option<String> {
+        let Work::Owned { samples, state } = self.work else {
+            return None;
+        };
+        if builder.collator.replaces_routed() {
+            if let Some(decodes) = outcome.as_mut().ok().and_then(Batch::decodes_mut) {
+                decodes.owned = Some(OwnedSamples::new(samples));
+            }
+        }
+        state
     }
 }
 
@@ -130,6 +146,26 @@ pub(crate) struct Builder {
     /// Bytes of the device buffer a batch of the largest size needs (its fields at their device
     /// types, with the uint8 staging of `gpu_normalize`); 0 for a host loader.
     pub device_batch_bytes: usize,
+}
+
+impl Builder {
+    /// What replaces, on the prefetch thread, an image neither the device nor the CPU could
+    /// decode: `builder`, when one is to be replaced (`on_error=skip`).
+    pub fn replacer(builder: &Arc<Builder>) -> Option<Arc<dyn ReplaceRouted>> {
+        let replacer: Arc<dyn ReplaceRouted> = builder.clone();
+        builder.collator.replaces_routed().then_some(replacer)
+    }
+}
+
+impl ReplaceRouted for Builder {
+    fn replace(
+        &self,
+        image: &RoutedImage,
+        owned: Option<&OwnedSamples>,
+        err: Error,
+    ) -> Result<OneSample> {
+        self.collator.replace_routed(image, owned, err)
+    }
 }
 
 /// What one thread that builds batches keeps: its scratch memory and its counters.
@@ -493,7 +529,7 @@ fn worker_loop(
         let finished = match job {
             Job::Batch(task) => {
                 let outcome = builder.build(&task, &mut ctx);
-                Some(Done::Built(Built::of(task, outcome)))
+                Some(Done::Built(Built::of(task, outcome, builder)))
             }
             // Only the part that ends the batch hands it on.
             Job::Part { split, part } => builder.build_part(split, part, &mut ctx),

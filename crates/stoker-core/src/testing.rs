@@ -222,3 +222,20 @@ pub fn damaged_pngs(png: &[u8]) -> Vec<Damaged> {
         },
     ]
 }
+
+/// The largest and the mean difference between two images of the same size, in levels.
+pub fn levels(a: &[u8], b: &[u8]) -> (u8, f64) {
+    assert_eq!(a.len(), b.len(), "images of different sizes");
+    let max = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| x.abs_diff(*y))
+        .max()
+        .unwrap_or(0);
+    let sum: u64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| u64::from(x.abs_diff(*y)))
+        .sum();
+    (max, sum as f64 / a.len().max(1) as f64)
+}

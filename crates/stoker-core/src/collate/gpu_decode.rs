@@ -118,6 +118,7 @@ pub(super) fn route(
         slot: sample.slot,
         what: what(),
         index: sample.index,
+        draw_key: sample.key,
         jpeg,
         width: dims.width as u32,
         height: dims.height as u32,

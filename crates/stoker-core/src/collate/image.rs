@@ -117,6 +117,9 @@ pub(super) struct Pixels {
     mask_pipeline: Option<((usize, usize, usize, DType), DensePipeline)>,
     /// The images of the slots being written that were left to the device's decoder.
     pub(super) routed: DeviceDecodes,
+    /// Whether every image is decoded here, whatever GPU decoding's share (the replacement of
+    /// an image the device could not decode).
+    pub(super) on_cpu: bool,
 }
 
 /// Transforms one stored dense tensor (an image of any channel count, or a mask) into `out`.

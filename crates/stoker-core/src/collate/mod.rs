@@ -294,6 +294,12 @@ impl Collator {
         self.gpu.is_some()
     }
 
+    /// Whether an image the device and the CPU both fail to decode is to be replaced, as a
+    /// sample the workers fail on is (`on_error=skip`; see [`Self::replace_routed`]).
+    pub(crate) fn replaces_routed(&self) -> bool {
+        self.gpu.is_some() && self.skip_bad
+    }
+
     /// Whether image fields cross to the device as uint8 (`gpu_normalize`).
     pub fn casts_on_device(&self) -> bool {
         self.casts.is_some()

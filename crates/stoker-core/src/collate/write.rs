@@ -15,7 +15,7 @@
 use std::ops::Range;
 use std::time::Instant;
 
-use crate::batch::FieldMeta;
+use crate::batch::{FieldMeta, OneSample, OwnedSamples, RoutedImage};
 use crate::decode::{dimensions, DecodePath};
 use crate::error::{Error, Result};
 use crate::rng::{Rng, Stream};
@@ -28,7 +28,7 @@ use super::gpu_decode;
 use super::image::{write_dense, write_image, write_mask, write_tensor_image, Pixels, SampleBoxes};
 use super::layout::{BoxRole, KeypointRole, Output};
 use super::mix::write_soft_label;
-use super::pick::{gave_up, replacements, sample_error, Pick};
+use super::pick::{gave_up, replacements, sample_error, FromOwned, FromSource, Pick};
 use super::{BatchKey, Collator};
 
 /// Where a replacement is written: the rows each ragged field has room for in its slot (it
@@ -214,6 +214,84 @@ impl Collator {
         Err(gave_up(err))
     }
 
+    /// The sample that replaces routed image `image` when neither the device nor the CPU could
+    /// decode it (`err` says why), under `on_error=skip`: the first of the candidates a worker
+    /// would have tried ([`replacements`]: from the source, or from a stream batch's `owned`
+    /// samples) that reads and writes, written on the CPU with the replaced sample's draw as a
+    /// batch of one. A batch with ragged fields has a layout its own samples fixed: it keeps
+    /// `err`, saying why it was not replaced.
+    pub(crate) fn replace_routed(
+        &self,
+        image: &RoutedImage,
+        owned: Option<&OwnedSamples>,
+        err: Error,
+    ) -> Result<OneSample> {
+        if !self.skip_bad {
+            return Err(err);
+        }
+        if let Some(f) =
+            (0..self.outputs.len()).find(|&f| matches!(self.outputs[f], Output::Ragged { .. }))
+        {
+            let why = format!(
+                "field `{}` is ragged, so the batch's layout may not fit another sample",
+                self.names[f]
+            );
+            return Err(not_replaced(err, &why));
+        }
+        let (from_source, owned_samples, from_owned);
+        // The bad sample as its pick knows it: a source's index, or a stream batch's slot.
+        let (pick, index): (&dyn Pick, usize) = match (self.source.as_deref(), owned) {
+            (Some(source), _) => {
+                from_source = FromSource(source);
+                (&from_source, image.index as usize)
+            }
+            (None, Some(owned)) => {
+                owned_samples = owned.lock();
+                from_owned = FromOwned(&owned_samples);
+                (&from_owned, image.slot)
+            }
+            (None, None) => {
+                return Err(Error::Internal(
+                    "a stream's batch was built without its samples for replacements".into(),
+                ))
+            }
+        };
+        let (seed, epoch, draw) = image.draw_key;
+        // A sample's replacements and augmentation depend on neither the batch's position nor
+        // the rank (only mixup/cutmix do, which GPU decoding refuses).
+        let key = BatchKey {
+            seed,
+            epoch,
+            position: 0,
+            rank: 0,
+        };
+        let none = vec![0; self.outputs.len()];
+        let (metas, total) = self.layout(1, &none);
+        let mut bytes = vec![0; total];
+        let mut slots = Slots::whole(&metas, &mut bytes);
+        let target = Target {
+            room: &none,
+            slots: &mut slots,
+        };
+        let mut pixels = Pixels::default();
+        pixels.on_cpu = true;
+        let (mut spare, mut spans) = (Vec::new(), Spans::default());
+        self.write_replacement(
+            key,
+            pick,
+            0,
+            index,
+            draw,
+            target,
+            &mut spare,
+            &mut pixels,
+            &mut spans,
+            err,
+        )?;
+        pick.verify()?;
+        Ok(OneSample { metas, bytes })
+    }
+
     /// Leaves encoded image field `field` of the sample at `(slot, index)` (draw `draw`) to
     /// the device's decoder, when GPU decoding is on, the share takes the sample and the device
     /// can write it (see [`gpu_decode::route`]); records the planning as its decode.
@@ -227,7 +305,7 @@ impl Collator {
         pixels: &mut Pixels,
         spans: &mut Spans,
     ) -> bool {
-        let Some(gpu) = &self.gpu else {
+        let Some(gpu) = self.gpu.as_ref().filter(|_| !pixels.on_cpu) else {
             return false;
         };
         let (Some(true), Output::Image { pipeline, .. }) =
@@ -645,6 +723,22 @@ impl Collator {
             metas[f].shape[0] = last;
         }
         Ok(())
+    }
+}
+
+/// `err` (a sample's), saying why `on_error=skip` did not replace the sample.
+fn not_replaced(err: Error, why: &str) -> Error {
+    match err {
+        Error::Sample {
+            index,
+            what,
+            reason,
+        } => Error::Sample {
+            index,
+            what,
+            reason: format!("{reason}; on_error=skip cannot replace it: {why}"),
+        },
+        other => other,
     }
 }
 

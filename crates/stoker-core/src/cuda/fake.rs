@@ -601,6 +601,15 @@ impl DeviceBackend for FakeDevice {
         failed: &mut Vec<usize>,
     ) -> Result<()> {
         self.load_jpeg_decoder()?;
+        // As nvJPEG decodes the Huffman data on the host when it is called (the default
+        // backend; a batch the hardware fails is decoded again so): a corrupt scan is known now.
+        let corrupt: Vec<bool> = jobs
+            .iter()
+            .map(|job| {
+                let mut bufs = crate::decode::DecodeBuffers::default();
+                crate::decode::decode_rgb(job.data, u64::MAX, &mut bufs).is_err()
+            })
+            .collect();
         let mut s = self.shared.lock();
         if stream != Stream::DEFAULT && !s.streams.contains(&stream) {
             return Err(Error::Cuda(format!("decode on unknown stream {stream:?}")));
@@ -613,7 +622,7 @@ impl DeviceBackend for FakeDevice {
             let refused = s.refuse_every > 0 && s.jpegs_asked.is_multiple_of(s.refuse_every);
             let fits = header
                 .is_some_and(|d| (d.width, d.height) == (job.width as usize, job.height as usize));
-            if refused || !fits {
+            if refused || !fits || corrupt[i] {
                 s.jpegs_refused += 1;
                 failed.push(i);
                 continue;

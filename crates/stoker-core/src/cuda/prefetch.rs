@@ -15,9 +15,11 @@
 //! reads. When every buffer is taken by batches waiting for the consumer the thread blocks
 //! (backpressure), and the host pool behind it stays within its own bound. When instead the
 //! consumer holds every buffer (a trainer keeping a few batches), the ring grows by one buffer
-//! as long as [`PrefetchConfig::max_slots`] allows (what `memory_budget` holds), and shrinks back
-//! to `slots` once the consumer holds fewer again. Dropping the prefetcher joins the thread; every buffer is freed by
-//! whoever drops it last (the ring, the thread, or a batch the user still holds).
+//! as long as [`PrefetchConfig::max_slots`] allows (what `memory_budget` holds), less the
+//! buffers the JPEG decoder's own device memory takes under GPU decoding, and shrinks back to
+//! `slots` once the consumer holds fewer again. Dropping the prefetcher joins the thread; every
+//! buffer is freed by whoever drops it last (the ring, the thread, or a batch the user still
+//! holds).
 //!
 //! A host batch whose image fields are cast on the device (`gpu_normalize`, see [`super::cast`])
 //! is laid out anew in its buffer (`batch::DeviceLayout`): its fields at their device sizes,
@@ -35,12 +37,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use super::device::{CastJob, DeviceBackend, DevicePtr, Event, Stream};
-use crate::batch::{Batch, DeviceLayout, DeviceMemory, FieldMeta, Step};
+use crate::batch::{Batch, DeviceLayout, DeviceMemory, FieldMeta, ReplaceRouted, Step};
 use crate::close::{Closer, Wait};
 use crate::error::{Error, Result};
 use crate::fork::Origin;
 use crate::stats::StatsHandle;
-use decode::{DecodeScratch, Uint8Field};
+use decode::{DecodeScratch, DeviceField};
 
 /// How long the thread waits for a host batch before checking for shutdown. The host loader's
 /// wait cannot be interrupted otherwise; 20 ms bounds how long dropping a loader takes.
@@ -324,7 +326,8 @@ pub struct Prefetcher<M: Send + 'static> {
     total: Arc<AtomicUsize>,
     /// True while the thread waits for a free buffer.
     starved: Arc<AtomicBool>,
-    max_slots: usize,
+    /// The most buffers the ring may grow to now (see [`Worker::limit`]).
+    limit: Arc<AtomicUsize>,
     device_id: u32,
 }
 
@@ -347,6 +350,19 @@ impl<M: Send + 'static> Prefetcher<M> {
         backend: Arc<dyn DeviceBackend>,
         config: PrefetchConfig,
         give_back: Option<Sender<F>>,
+    ) -> Result<Prefetcher<M>> {
+        Prefetcher::start_replacing(feed, backend, config, give_back, None)
+    }
+
+    /// [`start_returning`](Self::start_returning), with what replaces an image neither the
+    /// device nor the CPU can decode (the loader's collator under `on_error=skip`); without
+    /// it, such an image fails its batch.
+    pub(crate) fn start_replacing<F: HostBatches<Mark = M>>(
+        feed: F,
+        backend: Arc<dyn DeviceBackend>,
+        config: PrefetchConfig,
+        give_back: Option<Sender<F>>,
+        replace: Option<Arc<dyn ReplaceRouted>>,
     ) -> Result<Prefetcher<M>> {
         let slots = config.slots.max(1);
         let max_slots = config.max_slots.max(slots);
@@ -378,6 +394,7 @@ impl<M: Send + 'static> Prefetcher<M> {
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
         let held = Arc::new(AtomicUsize::new(0));
         let starved = Arc::new(AtomicBool::new(false));
+        let limit = Arc::new(AtomicUsize::new(max_slots));
         let device_id = backend.ordinal();
         if let Some(trace) = config.stats.as_ref().and_then(|s| s.recorder.trace()) {
             trace.name_track(
@@ -401,6 +418,9 @@ impl<M: Send + 'static> Prefetcher<M> {
             stop: stop_rx,
             origin: Origin::here(),
             decode_scratch: std::cell::OnceCell::new(),
+            replace,
+            limit: Arc::clone(&limit),
+            largest: std::cell::Cell::new(0),
         };
         let thread = std::thread::Builder::new()
             .name(format!("stoker-prefetch-cuda{device_id}"))
@@ -413,7 +433,7 @@ impl<M: Send + 'static> Prefetcher<M> {
             held,
             total,
             starved,
-            max_slots,
+            limit,
             device_id,
         })
     }
@@ -432,7 +452,8 @@ impl<M: Send + 'static> Prefetcher<M> {
         let delivery = loop {
             // While the caller holds the whole ring, wake up now and then to see whether the
             // thread got stuck waiting for a buffer; otherwise just wait.
-            let ring_held = self.held.load(Ordering::Acquire) >= self.max_slots;
+            let limit = self.limit.load(Ordering::Acquire);
+            let ring_held = self.held.load(Ordering::Acquire) >= limit;
             let wait = match (deadline, ring_held) {
                 (None, false) => None,
                 (None, true) => Some(Duration::from_millis(5)),
@@ -452,7 +473,7 @@ impl<M: Send + 'static> Prefetcher<M> {
                     let total = self.total.load(Ordering::Acquire);
                     if self.starved.load(Ordering::Acquire)
                         && self.out.is_empty()
-                        && total >= self.max_slots
+                        && total >= self.limit.load(Ordering::Acquire)
                         && self.held.load(Ordering::Acquire) >= total
                     {
                         return Err(Error::InvalidArgument(format!(
@@ -522,6 +543,14 @@ struct Worker<M> {
     origin: Origin,
     /// GPU decoding's scratch, allocated at the first image a batch leaves to the device.
     decode_scratch: std::cell::OnceCell<DecodeScratch>,
+    /// What replaces an image neither the device nor the CPU can decode, if anything.
+    replace: Option<Arc<dyn ReplaceRouted>>,
+    /// The most buffers the ring may grow to now: `max_slots`, less those the JPEG decoder's
+    /// own device memory takes (the budget counts it, as it counts the scratch), never below
+    /// `slots`. The consumer reads it to tell a full ring from a slow one.
+    limit: Arc<AtomicUsize>,
+    /// The largest device buffer a batch has needed: what one more buffer of the ring costs.
+    largest: std::cell::Cell<usize>,
 }
 
 impl<M> Drop for Worker<M> {
@@ -725,7 +754,9 @@ impl<M: Send + 'static> Worker<M> {
     /// waits in the delivery queue, which is backpressure) and the budget allows one more.
     fn may_grow(&self) -> bool {
         let total = self.total.load(Ordering::Acquire);
-        total < self.max_slots && self.out.is_empty() && self.held.load(Ordering::Acquire) >= total
+        total < self.limit.load(Ordering::Acquire)
+            && self.out.is_empty()
+            && self.held.load(Ordering::Acquire) >= total
     }
 
     /// Frees idle buffers the ring grew by once the consumer holds fewer batches again: the
@@ -743,6 +774,20 @@ impl<M: Send + 'static> Worker<M> {
             self.total.fetch_sub(1, Ordering::AcqRel);
             drop(slot);
         }
+    }
+
+    /// Lowers the ring's growth [`limit`](Self::limit) by the buffers of `largest` bytes that the
+    /// JPEG decoder's device memory takes now.
+    fn count_decoder_in_limit(&self) {
+        let decoder = self
+            .decode_scratch
+            .get()
+            .map_or(0, DecodeScratch::decoder_bytes);
+        let taken = usize::try_from(decoder)
+            .unwrap_or(usize::MAX)
+            .div_ceil(self.largest.get().max(1));
+        let limit = self.max_slots.saturating_sub(taken).max(self.slots);
+        self.limit.store(limit, Ordering::Release);
     }
 
     /// GPU decoding's scratch, allocated the first time.
@@ -774,10 +819,11 @@ impl<M: Send + 'static> Worker<M> {
             let dst = slot
                 .prepare(layout.bytes, stream)
                 .map_err(|e| at(e, None))?;
+            self.largest.set(self.largest.get().max(layout.bytes));
             let mut copied = 0;
             let mut casts = Vec::new();
-            // Where each field's uint8 samples lie, for the images decoded on the device.
-            let mut uint8 = vec![None; host.num_fields()];
+            // Where each field's samples lie, for the images decoded on the device.
+            let mut placed = vec![None; host.num_fields()];
             for step in &layout.steps {
                 // A cast field's uint8 bytes go to its staging area, the kernel's input.
                 let (field, to, cast) = match *step {
@@ -796,10 +842,11 @@ impl<M: Send + 'static> Worker<M> {
                 }
                 .map_err(|e| at(e, Some(&meta.name)))?;
                 copied += meta.num_bytes();
-                uint8[field] = (meta.dtype == crate::dtype::DType::U8).then(|| Uint8Field {
+                placed[field] = Some(DeviceField {
                     at: dst + to,
                     sample_bytes: meta.num_bytes()
                         / meta.shape.first().copied().unwrap_or(1).max(1),
+                    uint8: meta.dtype == crate::dtype::DType::U8,
                 });
                 let Some(job) = cast else {
                     continue;
@@ -844,8 +891,18 @@ impl<M: Send + 'static> Worker<M> {
                 .map_err(|e| at(e, None))?;
                 copied += decodes.taps.len();
                 let scratch = self.decode_scratch().map_err(|e| at(e, None))?;
-                copied += decode::queue(&*self.backend, scratch, decodes, &uint8, taps, stream)
-                    .map_err(|e| at(e, None))?;
+                let replace = self.replace.as_deref();
+                copied += decode::queue(
+                    &*self.backend,
+                    scratch,
+                    decodes,
+                    &placed,
+                    taps,
+                    stream,
+                    replace,
+                )
+                .map_err(|e| at(e, None))?;
+                self.count_decoder_in_limit();
             }
             for (field, job) in casts {
                 // SAFETY: the three ranges lie within the buffer, apart (the layout put them

@@ -705,6 +705,7 @@ impl Scheduler for HostLoader {
             device_scratch_bytes: self.builder.collator.device_scratch_bytes(),
             casts_on_device: self.builder.collator.casts_on_device(),
             decodes_on_device: self.builder.collator.decodes_on_device(),
+            replace: Builder::replacer(&self.builder),
         }
     }
 }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 
 use crate::arena::{Arena, SlabRegistrar};
-use crate::batch::Batch;
+use crate::batch::{Batch, ReplaceRouted};
 use crate::close::Closer;
 use crate::cuda::HostBatches;
 use crate::cuda::{DeviceBackend, PrefetchConfig, Prefetcher, Stream};
@@ -88,6 +88,8 @@ struct Facts {
     casts_on_device: bool,
     /// Whether images may be decoded on the device (`jpeg_decoder=gpu`, `gpu_decode_share`).
     decodes_on_device: bool,
+    /// What replaces an image neither the device nor the CPU could decode (`on_error=skip`).
+    replace: Option<Arc<dyn ReplaceRouted>>,
 }
 
 /// The public loader: `next()` gives host batches with `device=cpu` and device batches with
@@ -127,6 +129,7 @@ enum Engine {
         returned: Receiver<Box<dyn Scheduler>>,
         backend: Arc<dyn DeviceBackend>,
         config: PrefetchConfig,
+        replace: Option<Arc<dyn ReplaceRouted>>,
         /// Nothing delivered to the consumer yet (see [`Loader::set_epoch`]).
         fresh: bool,
     },
@@ -233,6 +236,7 @@ impl Loader {
             backend.load_kernels()?;
         }
         let stats = facts.stats;
+        let replace = facts.replace;
         let slots = options.prefetch_factor + 1;
         let config = PrefetchConfig {
             slots,
@@ -248,11 +252,12 @@ impl Loader {
             let device = Device::Cuda(backend.ordinal());
             let delivered = host.cursor();
             let (give_back, returned) = crossbeam_channel::bounded(1);
-            let prefetcher = Prefetcher::start_returning(
+            let prefetcher = Prefetcher::start_replacing(
                 host,
                 Arc::clone(&backend),
                 config.clone(),
                 Some(give_back),
+                replace.clone(),
             )?;
             Ok((
                 device,
@@ -262,6 +267,7 @@ impl Loader {
                     returned,
                     backend,
                     config,
+                    replace,
                     fresh: true,
                 },
             ))
@@ -504,6 +510,7 @@ impl Loader {
                 returned,
                 backend,
                 config,
+                replace,
                 fresh,
             } => {
                 if self.streaming {
@@ -529,11 +536,12 @@ impl Loader {
                 *delivered = host.cursor();
                 let (give_back, back) = crossbeam_channel::bounded(1);
                 *returned = back;
-                *prefetcher = Some(Prefetcher::start_returning(
+                *prefetcher = Some(Prefetcher::start_replacing(
                     host,
                     Arc::clone(backend),
                     config.clone(),
                     Some(give_back),
+                    replace.clone(),
                 )?);
                 Ok(())
             }

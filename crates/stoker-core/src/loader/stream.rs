@@ -327,9 +327,10 @@ impl StreamLoader {
                             },
                             generation: 0,
                         };
-                        let outcome = self.builder.build(&task, ctx);
-                        // The samples' memory goes before the batch waits to be delivered.
-                        drop(task);
+                        let mut outcome = self.builder.build(&task, ctx);
+                        // The samples' memory goes before the batch waits to be delivered,
+                        // unless the batch keeps them (see `Task::settle`).
+                        task.settle(&mut outcome, &self.builder);
                         self.ready
                             .insert((key.epoch, key.position), Ready { outcome, state });
                     }
@@ -482,6 +483,7 @@ impl Scheduler for StreamLoader {
             device_scratch_bytes: self.builder.collator.device_scratch_bytes(),
             casts_on_device: self.builder.collator.casts_on_device(),
             decodes_on_device: self.builder.collator.decodes_on_device(),
+            replace: Builder::replacer(&self.builder),
         }
     }
 

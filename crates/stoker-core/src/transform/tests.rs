@@ -49,18 +49,7 @@ pub(super) fn pipeline(spec: &str, dtype: Option<DType>, layout: Layout) -> Pipe
     Pipeline::new(Some(spec), dtype, layout).unwrap_or_else(|e| panic!("{spec}: {e}"))
 }
 
-/// (max abs diff, mean abs diff) between two byte images.
-pub(super) fn diff(a: &[u8], b: &[u8]) -> (u8, f64) {
-    assert_eq!(a.len(), b.len());
-    let max = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| x.abs_diff(*y))
-        .max()
-        .unwrap_or(0);
-    let sum: u64 = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y) as u64).sum();
-    (max, sum as f64 / a.len() as f64)
-}
+pub(super) use crate::testing::levels as diff;
 
 #[test]
 fn every_op_of_the_spec_language_parses() {

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use stoker_core::testing::FakeDevice;
+use stoker_core::testing::{damaged_jpegs, levels, FakeDevice};
 use stoker_core::{ErrorKind, Loader, LoaderOptions};
 
 use crate::support::device_bytes;
@@ -37,13 +37,29 @@ const KINDS: [(&str, bool); 6] = [
 
 /// A shard of `n` samples of [`KINDS`] in turn, each with a label.
 fn shard(name: &str, n: usize) -> String {
+    shard_with_damage(name, n, &[])
+}
+
+/// [`shard`], with the samples `damaged` a baseline JPEG whose header reads and whose Huffman
+/// table does not: the device takes it, and no decoder can decode it.
+fn shard_with_damage(name: &str, n: usize, damaged: &[usize]) -> String {
     let dir = tmp(name);
+    let bad = damaged_jpegs(&test_image("photo_baseline.jpg"))
+        .into_iter()
+        .find(|d| d.name == "bad Huffman table")
+        .expect("a damaged table")
+        .bytes;
     let members: Vec<(String, Vec<u8>)> = (0..n)
         .flat_map(|i| {
             let (file, _) = KINDS[i % KINDS.len()];
             let ext = if file.ends_with(".png") { "png" } else { "jpg" };
+            let image = if damaged.contains(&i) {
+                bad.clone()
+            } else {
+                test_image(file)
+            };
             [
-                (format!("{i:04}.{ext}"), test_image(file)),
+                (format!("{i:04}.{ext}"), image),
                 (format!("{i:04}.cls"), (i % 3).to_string().into_bytes()),
             ]
         })
@@ -111,23 +127,6 @@ fn run(fake: &Arc<FakeDevice>, o: &LoaderOptions) -> Run {
         batches,
         stats: stats.snapshot(),
     }
-}
-
-/// The largest and mean difference between two images, in levels.
-fn levels(a: &[u8], b: &[u8]) -> (u8, f64) {
-    assert_eq!(a.len(), b.len());
-    let max = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| x.abs_diff(*y))
-        .max()
-        .unwrap_or(0);
-    let sum: u64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| u64::from(x.abs_diff(*y)))
-        .sum();
-    (max, sum as f64 / a.len().max(1) as f64)
 }
 
 /// Asserts every batch's image agrees with the CPU's within the stated tolerance, the labels
@@ -278,6 +277,96 @@ fn a_jpeg_the_device_refuses_is_decoded_by_the_prefetch_thread_with_the_workers_
 }
 
 #[test]
+fn a_jpeg_no_decoder_can_read_is_replaced_under_skip_as_the_workers_replace_it() {
+    // Samples 6 and 19: JPEGs the device takes by their headers, whose data neither it nor the
+    // CPU can decode. Found by the prefetch thread, after their batches were built.
+    let damaged = [6, 19];
+    let source = shard_with_damage("gpu-decode-corrupt", 24, &damaged);
+    let fake = FakeDevice::new(0).unwrap();
+    // Indexed, and streamed (in the shard's order: one shard, a buffer of one), where the
+    // candidates are the batch's own samples.
+    for buffer in ["0", "1"] {
+        let o = options(
+            &source,
+            &[
+                ("jpeg_decoder", "gpu"),
+                ("on_error", "skip"),
+                ("shuffle_buffer", buffer),
+            ],
+        );
+        let Run { batches, stats } = run(&fake, &o);
+        assert_eq!(batches.len(), 4);
+        assert_eq!(stats.samples_skipped, 2, "shuffle_buffer={buffer}");
+        // The replacement is the sample the workers chose (the labels agree), written with the
+        // replaced sample's draw on the CPU: bit for bit the CPU path's.
+        assert_agree(&batches, false);
+        for &i in &damaged {
+            let (dev, cpu) = &batches[i / 6];
+            let bytes = cpu[0].len() / 6;
+            let slot = (i % 6) * bytes..(i % 6 + 1) * bytes;
+            assert_eq!(
+                dev[0][slot.clone()],
+                cpu[0][slot],
+                "sample {i}, shuffle_buffer={buffer}"
+            );
+        }
+    }
+
+    // A batch with a ragged field has a layout its own samples fixed: it fails, saying why.
+    let bad = damaged_jpegs(&test_image("photo_baseline.jpg"))
+        .into_iter()
+        .find(|d| d.name == "bad Huffman table")
+        .expect("a damaged table")
+        .bytes;
+    let captioned = tmp("gpu-decode-corrupt-ragged").join("captioned.tar");
+    let members: Vec<(String, Vec<u8>)> = (0..6)
+        .flat_map(|i| {
+            let image = if i == 2 {
+                bad.clone()
+            } else {
+                test_image("photo_baseline.jpg")
+            };
+            [
+                (format!("{i:04}.jpg"), image),
+                (format!("{i:04}.cls"), b"1".to_vec()),
+                (
+                    format!("{i:04}.txt"),
+                    "a caption".repeat(i + 1).into_bytes(),
+                ),
+            ]
+        })
+        .collect();
+    write_tar(&captioned, &members);
+    let o = options(
+        &format!("tar:{}", captioned.display()),
+        &[
+            ("jpeg_decoder", "gpu"),
+            ("on_error", "skip"),
+            ("fields", "jpg:image,cls:label,txt:caption"),
+        ],
+    );
+    let mut dev = Loader::with_device_backend(&o, fake.clone()).unwrap();
+    let e = dev.next().expect_err("not replaced").to_string();
+    assert!(
+        e.contains("sample 0002") && e.contains("field `caption` is ragged"),
+        "{e}"
+    );
+
+    // Without on_error=skip the batch fails, naming the sample and both decoders.
+    let o = options(&source, &[("jpeg_decoder", "gpu")]);
+    let mut dev = Loader::with_device_backend(&o, fake.clone()).unwrap();
+    assert!(dev.next().unwrap().is_some());
+    let e = dev
+        .next()
+        .expect_err("sample 6 fails its batch")
+        .to_string();
+    assert!(
+        e.contains("sample 0006") && e.contains("the CPU could not decode it either"),
+        "{e}"
+    );
+}
+
+#[test]
 fn options_that_cannot_decode_on_the_device_say_why() {
     let source = shard("gpu-decode-options", 6);
     let fake = FakeDevice::new(0).unwrap();
@@ -378,4 +467,46 @@ fn the_decode_scratch_and_the_decoders_buffers_are_device_memory_the_loader_coun
     assert!(left > 0 && left < scratch, "{left}");
     drop(batch);
     assert_eq!(fake.counters().live_bytes, 0);
+}
+
+#[test]
+fn the_decoders_device_memory_counts_against_what_the_budget_lets_the_ring_grow_by() {
+    // Device batches of about 6 MiB (with room for the taps), more than the fake decoder's
+    // 3 MiB of buffers: once the decoder holds them, the ring may grow by one buffer fewer. The
+    // budget holds the host batches in flight, the 256 MiB scratch and a few device buffers.
+    let source = shard("gpu-decode-budget", 60);
+    let budget = ((256 + 16 + 5 * 6) << 20).to_string();
+    let held_at_most = |share: &str| -> usize {
+        let fake = FakeDevice::new(0).unwrap();
+        let o = options(
+            &source,
+            &[
+                ("gpu_decode_share", share),
+                ("transform", "random_resized_crop(512) | hflip"),
+                ("num_workers", "1"),
+                ("prefetch_factor", "1"),
+                ("memory_budget", &budget),
+            ],
+        );
+        let mut loader = Loader::with_device_backend(&o, fake.clone()).unwrap();
+        let mut held = Vec::new();
+        loop {
+            match loader.next() {
+                Ok(Some(batch)) => held.push(batch),
+                Ok(None) => panic!("the budget let the ring grow past the epoch"),
+                Err(e) => {
+                    assert!(e.to_string().contains("memory_budget"), "{e}");
+                    assert_eq!(fake.counters().jpegs_decoded > 0, share != "0");
+                    return held.len();
+                }
+            }
+        }
+    };
+    let (cpu, device) = (held_at_most("0"), held_at_most("1"));
+    assert!(cpu >= 4, "{cpu} device batches held with the CPU decoding");
+    assert_eq!(
+        device,
+        cpu - 1,
+        "the decoder's buffers take one device buffer"
+    );
 }

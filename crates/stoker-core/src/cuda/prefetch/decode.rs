@@ -7,14 +7,15 @@
 //! image and reused: a batch's images are decoded in groups that fit it, and work on one stream
 //! runs in order, so a group never overwrites pixels a queued resize still reads. An image the
 //! device refuses is decoded here on the CPU with the plan the worker drew, and copied into its
-//! slot.
+//! slot; one the CPU cannot decode either (its header reads, its data does not) is replaced under
+//! `on_error=skip` by the sample a worker would have put in its place ([`ReplaceRouted`]).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::CopyStream;
-use crate::batch::{DeviceDecodes, RoutedImage, FIELD_ALIGN};
+use crate::batch::{DeviceDecodes, ReplaceRouted, RoutedImage, FIELD_ALIGN};
 use crate::collate::DEVICE_DECODE_SCRATCH;
 use crate::cuda::device::{DeviceBackend, DevicePtr, JpegJob, ResizeJob};
 use crate::decode::{decode, read_header, DecodeBuffers, JpegDecoder};
@@ -48,6 +49,11 @@ impl DecodeScratch {
             held_bytes: Arc::clone(held_bytes),
             decoder_bytes: Cell::new(0),
         })
+    }
+
+    /// The decoder's own device memory, as last counted.
+    pub(super) fn decoder_bytes(&self) -> u64 {
+        self.decoder_bytes.get()
     }
 
     /// Counts the decoder's own device memory (nvJPEG's buffers, grown to the largest images
@@ -90,25 +96,36 @@ impl Drop for DecodeScratch {
     }
 }
 
-/// Where a field's uint8 samples lie on the device (an address in the batch's buffer): the
-/// field itself, or under `gpu_normalize` the cast's input; and the bytes of one sample.
+/// Where a field's samples lie on the device (an address in the batch's buffer): the field
+/// itself, or under `gpu_normalize` the cast's uint8 input; the bytes of one sample; and whether
+/// they are uint8 (the only fields an image decoded on the device is resized into).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Uint8Field {
+pub(super) struct DeviceField {
     pub at: DevicePtr,
     pub sample_bytes: usize,
+    pub uint8: bool,
+}
+
+impl DeviceField {
+    /// Where slot `slot`'s sample lies.
+    fn slot(&self, slot: usize) -> DevicePtr {
+        self.at + (slot * self.sample_bytes) as DevicePtr
+    }
 }
 
 /// Queues the decode and resize of every image of `decodes` into `fields` (by field index),
-/// reading the taps copied to `taps`; images the device refuses are decoded
-/// on the CPU into `decodes.fallback` and copied. Returns the bytes sent to the device (the
-/// JPEGs, the fallbacks' pixels).
+/// reading the taps copied to `taps`; images the device refuses are decoded on the CPU into
+/// `decodes.fallback` and copied, and those the CPU cannot decode either are replaced through
+/// `replace` (counted in `decodes.replaced`), or fail the batch without it. Returns the bytes
+/// sent to the device (the JPEGs, the fallbacks' pixels, the replacements' fields).
 pub(super) fn queue(
     backend: &dyn DeviceBackend,
     scratch: &DecodeScratch,
     decodes: &mut DeviceDecodes,
-    fields: &[Option<Uint8Field>],
+    fields: &[Option<DeviceField>],
     taps: DevicePtr,
     stream: crate::cuda::Stream,
+    replace: Option<&dyn ReplaceRouted>,
 ) -> Result<usize> {
     let mut sent = 0;
     let mut refused = Vec::new();
@@ -154,7 +171,7 @@ pub(super) fn queue(
         first += jobs.len();
     }
     if !refused.is_empty() {
-        sent += decode_on_cpu(backend, decodes, &refused, fields, stream)?;
+        sent += decode_on_cpu(backend, decodes, &refused, fields, stream, replace)?;
     }
     Ok(sent)
 }
@@ -163,10 +180,16 @@ pub(super) fn queue(
 fn resize_job(
     image: &RoutedImage,
     src: DevicePtr,
-    fields: &[Option<Uint8Field>],
+    fields: &[Option<DeviceField>],
     taps: DevicePtr,
 ) -> Result<ResizeJob> {
-    let field = uint8_field(fields, image)?;
+    let field = device_field(fields, image.field)?;
+    if !field.uint8 {
+        return Err(Error::Internal(format!(
+            "field {} has an image for the device but is not uint8 there",
+            image.field
+        )));
+    }
     let at = taps + image.taps.start as DevicePtr;
     let [x_spans, x_weights, y_spans, y_weights] =
         image.tap_offsets().map(|offset| at + offset as DevicePtr);
@@ -175,7 +198,7 @@ fn resize_job(
         src,
         src_width: image.width,
         src_height: image.height,
-        dst: field.at + (image.slot * field.sample_bytes) as DevicePtr,
+        dst: field.slot(image.slot),
         width: plan.width as u32,
         height: plan.height as u32,
         planar: image.planar,
@@ -189,95 +212,136 @@ fn resize_job(
     })
 }
 
-/// Where `image`'s field lies on the device.
-fn uint8_field(fields: &[Option<Uint8Field>], image: &RoutedImage) -> Result<Uint8Field> {
-    fields.get(image.field).copied().flatten().ok_or_else(|| {
+/// Where field `field` lies on the device.
+fn device_field(fields: &[Option<DeviceField>], field: usize) -> Result<DeviceField> {
+    fields.get(field).copied().flatten().ok_or_else(|| {
         Error::Internal(format!(
-            "field {} has an image for the device but is not uint8 there",
-            image.field
+            "field {field} is written on the device but was not copied there"
         ))
     })
 }
 
+/// Bytes of `decodes.fallback` to copy into one slot of one field.
+struct Placement {
+    field: usize,
+    slot: usize,
+    start: usize,
+    len: usize,
+}
+
 /// Decodes the images `refused` (indices into `decodes.images`) on the CPU with the plans their
-/// workers drew, into `decodes.fallback`, and queues their copies into their slots. Returns
-/// the bytes copied. An image the CPU cannot decode either fails the batch, naming it.
+/// workers drew, into `decodes.fallback`, and queues their copies into their slots. A slot
+/// whose image the CPU cannot decode either gets its replacement from `replace`, every field of
+/// it, copied after the images (so that it overwrites what other images of the sample left);
+/// without `replace` the batch fails, naming the sample. Returns the bytes copied.
 fn decode_on_cpu(
     backend: &dyn DeviceBackend,
     decodes: &mut DeviceDecodes,
     refused: &[usize],
-    fields: &[Option<Uint8Field>],
+    fields: &[Option<DeviceField>],
     stream: crate::cuda::Stream,
+    replace: Option<&dyn ReplaceRouted>,
 ) -> Result<usize> {
     let mut buffers = DecodeBuffers::default();
     let mut scratch = Scratch::default();
     let mut fallback = std::mem::take(&mut decodes.fallback);
     fallback.clear();
-    let mut placed = Vec::with_capacity(refused.len());
+    let mut images = Vec::with_capacity(refused.len());
+    let mut replacements = Vec::new();
+    let mut replaced_slots = Vec::new();
     for &i in refused {
         let image = &decodes.images[i];
+        if replaced_slots.contains(&image.slot) {
+            continue;
+        }
         let pipeline = decodes
             .pipelines
             .get(image.field)
             .and_then(Option::as_ref)
             .ok_or_else(|| Error::Internal(format!("no pipeline for field {}", image.field)))?;
         let jpeg = &decodes.jpegs[image.jpeg.clone()];
-        let failed = |reason: String| Error::Sample {
+        let start = fallback.len();
+        fallback.resize(start + pipeline.output_bytes(), 0);
+        // The worker checked the size against `max_image_pixels`. The plan holds every draw: a
+        // pipeline the device runs has no op after it.
+        let mut unused = Rng::for_key(0, RngStream::Augment, 0, 0);
+        let decoded = read_header(jpeg, u64::MAX, JpegDecoder::Auto, &mut buffers)
+            .and_then(|header| decode(jpeg, &header, None, &mut buffers))
+            .and_then(|decoded| {
+                pipeline.apply_decoded(
+                    &buffers.rgb,
+                    &decoded,
+                    image.plan,
+                    &mut unused,
+                    &mut fallback[start..],
+                    &mut scratch,
+                )
+            });
+        let reason = match decoded {
+            Ok(()) => {
+                images.push(Placement {
+                    field: image.field,
+                    slot: image.slot,
+                    start,
+                    len: fallback.len() - start,
+                });
+                continue;
+            }
+            Err(reason) => reason,
+        };
+        fallback.truncate(start);
+        let err = Error::Sample {
             index: image.index,
             what: image.what.clone(),
             reason: format!(
                 "the device's JPEG decoder refused it, and the CPU could not decode it either: \
-                 {reason} (it was routed to the device after its batch was built, so \
-                 on_error=skip cannot replace it; gpu_decode_share=0 decodes every image in \
-                 the workers)"
+                 {reason}"
             ),
         };
-        // The worker checked the size against `max_image_pixels`.
-        let decoded = read_header(jpeg, u64::MAX, JpegDecoder::Auto, &mut buffers)
-            .and_then(|header| decode(jpeg, &header, None, &mut buffers))
-            .map_err(failed)?;
-        let start = fallback.len();
-        fallback.resize(start + pipeline.output_bytes(), 0);
-        // The plan holds every draw: a pipeline the device runs has no op after it.
-        let mut unused = Rng::for_key(0, RngStream::Augment, 0, 0);
-        pipeline
-            .apply_decoded(
-                &buffers.rgb,
-                &decoded,
-                image.plan,
-                &mut unused,
-                &mut fallback[start..],
-                &mut scratch,
-            )
-            .map_err(failed)?;
-        placed.push((i, start));
+        let Some(replace) = replace else {
+            return Err(err);
+        };
+        let one = replace.replace(image, decodes.owned.as_ref(), err)?;
+        for (field, meta) in one.metas.iter().enumerate() {
+            let start = fallback.len();
+            let bytes = one
+                .bytes
+                .get(meta.offset..meta.offset + meta.num_bytes())
+                .ok_or_else(|| Error::Internal(format!("field {field} lies past its sample")))?;
+            fallback.extend_from_slice(bytes);
+            replacements.push(Placement {
+                field,
+                slot: image.slot,
+                start,
+                len: bytes.len(),
+            });
+        }
+        replaced_slots.push(image.slot);
     }
     let mut sent = 0;
-    for (i, start) in placed {
-        let image = &decodes.images[i];
-        let field = uint8_field(fields, image)?;
-        let bytes = field.sample_bytes;
-        let src = fallback
-            .get(start..start + bytes)
-            .ok_or_else(|| {
-                Error::Internal(format!(
-                    "field {}: a sample of {bytes} bytes, its pipeline writes fewer",
-                    image.field
-                ))
-            })?
-            .as_ptr();
-        // SAFETY: `fallback` moves into the host batch below and is not touched again until
-        // the batch is dropped, after the slot's event; the destination is the image's slot.
+    for Placement {
+        field,
+        slot,
+        start,
+        len,
+    } in images.into_iter().chain(replacements)
+    {
+        let place = device_field(fields, field)?;
+        if len != place.sample_bytes {
+            return Err(Error::Internal(format!(
+                "field {field}: a sample of {} bytes on the device, {len} written",
+                place.sample_bytes
+            )));
+        }
+        // SAFETY: `fallback` is not resized again: it moves into the host batch below and is
+        // not touched until the batch is dropped, after the slot's event; the destination is
+        // the slot's bytes in the buffer.
         unsafe {
-            backend.copy_to_device_async(
-                field.at + (image.slot * bytes) as DevicePtr,
-                src,
-                bytes,
-                stream,
-            )
+            backend.copy_to_device_async(place.slot(slot), fallback[start..].as_ptr(), len, stream)
         }?;
-        sent += bytes;
+        sent += len;
     }
     decodes.fallback = fallback;
+    decodes.replaced = replaced_slots.len();
     Ok(sent)
 }
