@@ -98,7 +98,20 @@ pub(super) fn replacements(
 
 /// The error a slot fails with when every replacement failed too: the first error, saying so.
 pub(super) fn gave_up(first: Error) -> Error {
-    match first {
+    with_more_reason(
+        first,
+        &format!("and {MAX_REPLACEMENTS} replacement samples also failed"),
+    )
+}
+
+/// `err` (a sample's), saying why `on_error=skip` did not replace the sample.
+pub(super) fn not_replaced(err: Error, why: &str) -> Error {
+    with_more_reason(err, &format!("on_error=skip cannot replace it: {why}"))
+}
+
+/// A sample's error with `more` after its reason; any other error as it is.
+fn with_more_reason(err: Error, more: &str) -> Error {
+    match err {
         Error::Sample {
             index,
             what,
@@ -106,7 +119,7 @@ pub(super) fn gave_up(first: Error) -> Error {
         } => Error::Sample {
             index,
             what,
-            reason: format!("{reason}; and {MAX_REPLACEMENTS} replacement samples also failed"),
+            reason: format!("{reason}; {more}"),
         },
         other => other,
     }

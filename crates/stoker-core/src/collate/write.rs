@@ -28,7 +28,7 @@ use super::gpu_decode;
 use super::image::{write_dense, write_image, write_mask, write_tensor_image, Pixels, SampleBoxes};
 use super::layout::{BoxRole, KeypointRole, Output};
 use super::mix::write_soft_label;
-use super::pick::{gave_up, replacements, sample_error, FromOwned, FromSource, Pick};
+use super::pick::{gave_up, not_replaced, replacements, sample_error, FromOwned, FromSource, Pick};
 use super::{BatchKey, Collator};
 
 /// Where a replacement is written: the rows each ragged field has room for in its slot (it
@@ -723,22 +723,6 @@ impl Collator {
             metas[f].shape[0] = last;
         }
         Ok(())
-    }
-}
-
-/// `err` (a sample's), saying why `on_error=skip` did not replace the sample.
-fn not_replaced(err: Error, why: &str) -> Error {
-    match err {
-        Error::Sample {
-            index,
-            what,
-            reason,
-        } => Error::Sample {
-            index,
-            what,
-            reason: format!("{reason}; on_error=skip cannot replace it: {why}"),
-        },
-        other => other,
     }
 }
 

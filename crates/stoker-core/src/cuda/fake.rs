@@ -87,9 +87,8 @@ enum Op {
     /// A JPEG decode: host bytes at `src` (kept valid by the caller until the stream's next
     /// event), decoded into `dst`.
     Decode {
-        src: usize,
-        len: usize,
-        dims: (u32, u32),
+        /// The image, decoded when the decode was asked for (interleaved RGB8).
+        pixels: Vec<u8>,
         dst: DevicePtr,
         stream: Stream,
     },
@@ -177,28 +176,13 @@ impl State {
 }
 
 impl State {
-    /// Runs a decode: the CPU's decoder stands in for the device's.
-    fn decode(
-        &mut self,
-        (src, len): (usize, usize),
-        (width, height): (u32, u32),
-        dst: DevicePtr,
-    ) -> std::result::Result<(), String> {
-        // SAFETY: the contract of `decode_jpegs_async` keeps the bytes valid and unmodified
-        // until an event recorded after the decode completes, which cannot happen before this.
-        let jpeg = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
-        let mut bufs = crate::decode::DecodeBuffers::default();
-        let dims = crate::decode::decode_rgb(jpeg, u64::MAX, &mut bufs)?;
-        if (dims.width, dims.height) != (width as usize, height as usize) {
-            return Err(format!(
-                "decoded {}x{}, the job said {width}x{height}",
-                dims.width, dims.height
-            ));
-        }
+    /// Runs a decode: writes the pixels the CPU's decoder, standing in for the device's, made
+    /// when it was asked for.
+    fn decode(&mut self, pixels: &[u8], dst: DevicePtr) -> std::result::Result<(), String> {
         let out = self
-            .bytes_mut(dst, bufs.rgb.len())
+            .bytes_mut(dst, pixels.len())
             .ok_or_else(|| format!("decode writes out of range at {dst:#x}"))?;
-        out.copy_from_slice(&bufs.rgb);
+        out.copy_from_slice(pixels);
         self.jpegs_decoded += 1;
         Ok(())
     }
@@ -413,13 +397,11 @@ fn run(shared: &Shared) {
                 }
             }
             Op::Decode {
-                src,
-                len,
-                dims,
+                pixels,
                 dst,
                 stream,
             } => {
-                if let Err(e) = s.decode((src, len), dims, dst) {
+                if let Err(e) = s.decode(&pixels, dst) {
                     s.stream_errors.insert(stream, e);
                 }
             }
@@ -601,36 +583,34 @@ impl DeviceBackend for FakeDevice {
         failed: &mut Vec<usize>,
     ) -> Result<()> {
         self.load_jpeg_decoder()?;
-        // As nvJPEG decodes the Huffman data on the host when it is called (the default
-        // backend; a batch the hardware fails is decoded again so): a corrupt scan is known now.
-        let corrupt: Vec<bool> = jobs
+        // Decoded now, as nvJPEG parses the header and decodes the Huffman data on the host
+        // when it is called (the default backend; a batch the hardware fails is decoded again
+        // so): a file it refuses, or whose scan is corrupt, is known now. `None`: not decoded,
+        // or not of the size the job says.
+        let decoded: Vec<Option<Vec<u8>>> = jobs
             .iter()
             .map(|job| {
                 let mut bufs = crate::decode::DecodeBuffers::default();
-                crate::decode::decode_rgb(job.data, u64::MAX, &mut bufs).is_err()
+                let dims = crate::decode::decode_rgb(job.data, u64::MAX, &mut bufs).ok()?;
+                let fits = (dims.width, dims.height) == (job.width as usize, job.height as usize);
+                fits.then_some(bufs.rgb)
             })
             .collect();
         let mut s = self.shared.lock();
         if stream != Stream::DEFAULT && !s.streams.contains(&stream) {
             return Err(Error::Cuda(format!("decode on unknown stream {stream:?}")));
         }
-        for (i, job) in jobs.iter().enumerate() {
+        for (i, (job, pixels)) in jobs.iter().zip(decoded).enumerate() {
             s.jpegs_asked += 1;
-            // As nvJPEG parses the header on the host when it is called: a file it refuses is
-            // known now.
-            let header = crate::decode::device_jpeg(job.data);
             let refused = s.refuse_every > 0 && s.jpegs_asked.is_multiple_of(s.refuse_every);
-            let fits = header
-                .is_some_and(|d| (d.width, d.height) == (job.width as usize, job.height as usize));
-            if refused || !fits || corrupt[i] {
+            let taken = crate::decode::device_jpeg(job.data).is_some();
+            let (Some(pixels), true, false) = (pixels, taken, refused) else {
                 s.jpegs_refused += 1;
                 failed.push(i);
                 continue;
-            }
+            };
             s.queue.push_back(Op::Decode {
-                src: job.data.as_ptr() as usize,
-                len: job.data.len(),
-                dims: (job.width, job.height),
+                pixels,
                 dst: job.dst,
                 stream,
             });

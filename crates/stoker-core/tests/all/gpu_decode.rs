@@ -40,15 +40,20 @@ fn shard(name: &str, n: usize) -> String {
     shard_with_damage(name, n, &[])
 }
 
-/// [`shard`], with the samples `damaged` a baseline JPEG whose header reads and whose Huffman
-/// table does not: the device takes it, and no decoder can decode it.
-fn shard_with_damage(name: &str, n: usize, damaged: &[usize]) -> String {
-    let dir = tmp(name);
-    let bad = damaged_jpegs(&test_image("photo_baseline.jpg"))
+/// A baseline JPEG whose header reads and whose Huffman table does not: the device takes it,
+/// and no decoder can decode it.
+fn undecodable_jpeg() -> Vec<u8> {
+    damaged_jpegs(&test_image("photo_baseline.jpg"))
         .into_iter()
         .find(|d| d.name == "bad Huffman table")
         .expect("a damaged table")
-        .bytes;
+        .bytes
+}
+
+/// [`shard`], with the samples `damaged` an [`undecodable_jpeg`].
+fn shard_with_damage(name: &str, n: usize, damaged: &[usize]) -> String {
+    let dir = tmp(name);
+    let bad = undecodable_jpeg();
     let members: Vec<(String, Vec<u8>)> = (0..n)
         .flat_map(|i| {
             let (file, _) = KINDS[i % KINDS.len()];
@@ -313,11 +318,7 @@ fn a_jpeg_no_decoder_can_read_is_replaced_under_skip_as_the_workers_replace_it()
     }
 
     // A batch with a ragged field has a layout its own samples fixed: it fails, saying why.
-    let bad = damaged_jpegs(&test_image("photo_baseline.jpg"))
-        .into_iter()
-        .find(|d| d.name == "bad Huffman table")
-        .expect("a damaged table")
-        .bytes;
+    let bad = undecodable_jpeg();
     let captioned = tmp("gpu-decode-corrupt-ragged").join("captioned.tar");
     let members: Vec<(String, Vec<u8>)> = (0..6)
         .flat_map(|i| {
