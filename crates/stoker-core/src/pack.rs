@@ -16,8 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use fast_image_resize::images::{Image, ImageRef};
-use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use fast_image_resize::{FilterType, Resizer};
 use rayon::prelude::*;
 
 use crate::decode::{
@@ -36,6 +35,7 @@ use crate::source::pixels::raw_header;
 use crate::source::remote::RemoteConfig;
 use crate::source::tar::parse_fields;
 use crate::source::{open_parquet_table, FieldKind, Source, SourceSpec, TarConfig, TarSource};
+use crate::transform::{resample, Plan, Sampled};
 
 /// Samples read and encoded in parallel before they are appended in order: bounds the memory
 /// of encoded samples waiting to be written.
@@ -582,18 +582,24 @@ fn resize(
     to: Dims,
     resizer: &mut Resizer,
 ) -> std::result::Result<Vec<u8>, String> {
-    let err = |e: &dyn std::fmt::Display| format!("resize failed: {e}");
-    let src = ImageRef::new(
-        from.width as u32,
-        from.height as u32,
+    let whole = Plan {
+        clip: [0, 0, from.width, from.height],
+        rect: [0.0, 0.0, from.width as f64, from.height as f64],
+        width: to.width,
+        height: to.height,
+        flip: false,
+    };
+    let mut out = vec![0; to.width * to.height * 3];
+    resample(
         pixels,
-        PixelType::U8x3,
-    )
-    .map_err(|e| err(&e))?;
-    let mut dst = Image::new(to.width as u32, to.height as u32, PixelType::U8x3);
-    let opts = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::CatmullRom));
-    resizer.resize(&src, &mut dst, &opts).map_err(|e| err(&e))?;
-    Ok(dst.into_vec())
+        (from.width, from.height),
+        Sampled::Rgb8,
+        &whole,
+        FilterType::CatmullRom,
+        &mut out,
+        resizer,
+    )?;
+    Ok(out)
 }
 
 /// One shard file being written: to a temporary name beside it, renamed when finished.

@@ -1,30 +1,62 @@
 //! The pixel loops: the antialiased resample (fast_image_resize) and the one output pass that
 //! flips, normalizes, converts and lays out straight into the batch slot.
 
-use fast_image_resize::images::{CroppedImage, Image, ImageRef};
-use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use fast_image_resize::images::{TypedCroppedImage, TypedImage, TypedImageRef};
+use fast_image_resize::pixels::{U8x3, F32, U8};
+use fast_image_resize::{FilterType, PixelTrait, ResizeAlg, ResizeOptions, Resizer};
 
 use super::augment::{Erase, EraseFill};
 use super::geometry::Plan;
 use crate::dtype::{DType, Layout};
 use crate::rng::splitmix64;
 
-/// Resamples `plan.rect` of the clip region of `rgb` into `resized` (`plan.width` x
-/// `plan.height` RGB8) with antialiased bilinear filtering (Pillow's algorithm: the filter
-/// support widens by the downscale factor; taps are clamped at the clip borders).
-pub(super) fn resample(
-    rgb: &[u8],
-    width: usize,
-    height: usize,
+/// The pixels stoker resamples: RGB8 images, and a dense task's 8-bit and float planes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sampled {
+    Rgb8,
+    Gray8,
+    F32,
+}
+
+/// Resamples `plan.rect` of the clip region of `src` (`width` x `height` pixels of `kind`,
+/// rows packed) into `dst` (`plan.width` x `plan.height` of the same kind) with `filter`,
+/// antialiased (Pillow's algorithm: the filter support widens by the downscale factor; taps are
+/// clamped at the clip borders). The plan's flip is not applied here.
+///
+/// Every resample of the crate goes through here, typed, with the same image views: generic
+/// code is compiled in the crate that instantiates it, and fast_image_resize's
+/// `Resizer::resize` dispatches to all 13 of its pixel types, each with every SIMD variant,
+/// again for each pair of image types it is called with. Two such call sites made 30% of
+/// stoker-core's LLVM IR; typed calls to the three kinds used leave one copy of each.
+pub(crate) fn resample(
+    src: &[u8],
+    (width, height): (usize, usize),
+    kind: Sampled,
     plan: &Plan,
-    resized: &mut Vec<u8>,
+    filter: FilterType,
+    dst: &mut [u8],
+    resizer: &mut Resizer,
+) -> Result<(), String> {
+    let dims = (width as u32, height as u32);
+    match kind {
+        Sampled::Rgb8 => resample_typed::<U8x3>(src, dims, plan, filter, dst, resizer),
+        Sampled::Gray8 => resample_typed::<U8>(src, dims, plan, filter, dst, resizer),
+        Sampled::F32 => resample_typed::<F32>(src, dims, plan, filter, dst, resizer),
+    }
+}
+
+fn resample_typed<P: PixelTrait>(
+    src: &[u8],
+    (width, height): (u32, u32),
+    plan: &Plan,
+    filter: FilterType,
+    dst: &mut [u8],
     resizer: &mut Resizer,
 ) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Debug| format!("resize failed: {e:?}");
-    let src =
-        ImageRef::new(width as u32, height as u32, rgb, PixelType::U8x3).map_err(|e| err(&e))?;
+    let src = TypedImageRef::<P>::from_buffer(width, height, src).map_err(|e| err(&e))?;
     let [cx0, cy0, cx1, cy1] = plan.clip;
-    let clip = CroppedImage::new(
+    let clip = TypedCroppedImage::from_ref(
         &src,
         cx0 as u32,
         cy0 as u32,
@@ -37,20 +69,36 @@ pub(super) fn resample(
     let top = (top - cy0 as f64).max(0.0);
     let rw = rw.min((cx1 - cx0) as f64 - left);
     let rh = rh.min((cy1 - cy0) as f64 - top);
-    resized.resize(plan.width * plan.height * 3, 0);
-    let mut dst = Image::from_slice_u8(
-        plan.width as u32,
-        plan.height as u32,
-        resized.as_mut_slice(),
-        PixelType::U8x3,
-    )
-    .map_err(|e| err(&e))?;
+    let mut dst = TypedImage::<P>::from_buffer(plan.width as u32, plan.height as u32, dst)
+        .map_err(|e| err(&e))?;
     let options = ResizeOptions::new()
-        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+        .resize_alg(ResizeAlg::Convolution(filter))
         .crop(left, top, rw, rh);
     resizer
-        .resize(&clip, &mut dst, &options)
+        .resize_typed(&clip, &mut dst, &options)
         .map_err(|e| err(&e))
+}
+
+/// Resamples `plan.rect` of the clip region of `rgb` into `resized` (`plan.width` x
+/// `plan.height` RGB8) with antialiased bilinear filtering.
+pub(super) fn resample_rgb(
+    rgb: &[u8],
+    width: usize,
+    height: usize,
+    plan: &Plan,
+    resized: &mut Vec<u8>,
+    resizer: &mut Resizer,
+) -> Result<(), String> {
+    resized.resize(plan.width * plan.height * 3, 0);
+    resample(
+        rgb,
+        (width, height),
+        Sampled::Rgb8,
+        plan,
+        FilterType::Bilinear,
+        resized,
+        resizer,
+    )
 }
 
 /// The planned image, mirrored if the plan flips, into `buf` (`plan.width * plan.height` RGB8
@@ -71,7 +119,7 @@ pub(super) fn materialise(
             buf.extend_from_slice(&rgb[start..start + plan.width * 3]);
         }
     } else {
-        resample(rgb, width, height, plan, buf, resizer)?;
+        resample_rgb(rgb, width, height, plan, buf, resizer)?;
     }
     if plan.flip {
         super::warp::hflip(buf, plan.width);

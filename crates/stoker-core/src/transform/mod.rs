@@ -105,6 +105,7 @@ pub use boxes::BoxPipeline;
 pub use cast::{CastGeometry, DeviceCast};
 pub use dense::{DensePipeline, DenseScratch, Role, TensorShape};
 pub use geometry::{random_resized_crop_params, resize_shorter, Plan};
+pub(crate) use kernels::{resample, Sampled};
 pub use keypoints::KeypointPipeline;
 pub use mix::{BatchMix, MixDraw};
 pub use pipeline::{Pipeline, Scratch, NO_SIZE};

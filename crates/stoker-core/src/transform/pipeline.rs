@@ -10,7 +10,7 @@ use super::cast::DeviceCast;
 use super::frame::Frame;
 use super::geometry::Plan;
 use super::kernels::{
-    materialise, resample, write_erase, write_f32, write_lut, write_u8, Affine, SrcView,
+    materialise, resample_rgb, write_erase, write_f32, write_lut, write_u8, Affine, SrcView,
 };
 use super::mix::BatchMix;
 use super::spec::{op_fill, parse, EraseValue, Op};
@@ -681,7 +681,7 @@ impl Pipeline {
         let (src, stride, x0, y0) = if plan.is_copy() {
             (rgb, width * 3, plan.rect[0] as usize, plan.rect[1] as usize)
         } else {
-            resample(rgb, width, height, &plan, resized, resizer)?;
+            resample_rgb(rgb, width, height, &plan, resized, resizer)?;
             (resized.as_slice(), plan.width * 3, 0, 0)
         };
         let img = SrcView {

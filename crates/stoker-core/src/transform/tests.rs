@@ -3,7 +3,7 @@
 
 use fast_image_resize::Resizer;
 
-use super::kernels::resample;
+use super::kernels::resample_rgb;
 use super::*;
 use crate::decode::tests::fixture;
 use crate::decode::{decode_rgb, DecodeBuffers};
@@ -291,7 +291,7 @@ fn crop_then_resize_matches_pillow() {
         flip: false,
     };
     let mut out = Vec::new();
-    resample(&rgb, w, h, &plan, &mut out, &mut Resizer::new()).unwrap();
+    resample_rgb(&rgb, w, h, &plan, &mut out, &mut Resizer::new()).unwrap();
     let (max, mean) = diff(&out, &fixture("resize_crop_box.rgb"));
     assert!(max <= 1 && mean < 0.15, "max {max}, mean {mean}");
 }

@@ -2,13 +2,13 @@
 //! per element type, the element types' conversions, and the per-plane kernels (resample,
 //! nearest, warps).
 
-use fast_image_resize::images::{CroppedImage, Image, ImageRef};
-use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use fast_image_resize::{FilterType, Resizer};
 
 use crate::dtype::DType;
 use crate::source::pixels::InputLayout;
 use crate::transform::geometry::Plan;
 use crate::transform::warp::{inverse_warp_point, round_ties_even};
+use crate::transform::{resample, Sampled};
 
 /// A worker's reusable buffers for [`DensePipeline::apply`](super::DensePipeline::apply), one set per element type.
 #[derive(Default)]
@@ -133,7 +133,15 @@ impl Px for u8 {
         out: &mut [u8],
         resizer: &mut Resizer,
     ) -> Result<(), String> {
-        resample_bytes(plane, width, height, plan, out, resizer, PixelType::U8)
+        resample(
+            plane,
+            (width, height),
+            Sampled::Gray8,
+            plan,
+            FilterType::Bilinear,
+            out,
+            resizer,
+        )
     }
 }
 
@@ -166,17 +174,17 @@ impl Px for f32 {
         // SAFETY: every bit pattern is a valid u8, and u8's alignment (1) divides f32's, so
         // viewing the initialised f32 slice as bytes is sound and leaves no head or tail.
         let (_, bytes, _) = unsafe { plane.align_to::<u8>() };
-        // SAFETY: as above; fast_image_resize writes f32 values (PixelType::F32) through the
+        // SAFETY: as above; fast_image_resize writes f32 values (`Sampled::F32`) through the
         // bytes, and every bit pattern is a valid f32.
         let (_, out_bytes, _) = unsafe { out.align_to_mut::<u8>() };
-        resample_bytes(
+        resample(
             bytes,
-            width,
-            height,
+            (width, height),
+            Sampled::F32,
             plan,
+            FilterType::Bilinear,
             out_bytes,
             resizer,
-            PixelType::F32,
         )
     }
 }
@@ -227,42 +235,6 @@ impl Px for i64 {
     fn to_f64(self) -> f64 {
         self as f64
     }
-}
-
-/// [`super::kernels::resample`] for one plane of `pixel` elements (`U8` or `F32`).
-fn resample_bytes(
-    plane: &[u8],
-    width: usize,
-    height: usize,
-    plan: &Plan,
-    out: &mut [u8],
-    resizer: &mut Resizer,
-    pixel: PixelType,
-) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Debug| format!("resize failed: {e:?}");
-    let src = ImageRef::new(width as u32, height as u32, plane, pixel).map_err(|e| err(&e))?;
-    let [cx0, cy0, cx1, cy1] = plan.clip;
-    let clip = CroppedImage::new(
-        &src,
-        cx0 as u32,
-        cy0 as u32,
-        (cx1 - cx0) as u32,
-        (cy1 - cy0) as u32,
-    )
-    .map_err(|e| err(&e))?;
-    let [left, top, rw, rh] = plan.rect;
-    let left = (left - cx0 as f64).max(0.0);
-    let top = (top - cy0 as f64).max(0.0);
-    let rw = rw.min((cx1 - cx0) as f64 - left);
-    let rh = rh.min((cy1 - cy0) as f64 - top);
-    let mut dst = Image::from_slice_u8(plan.width as u32, plan.height as u32, out, pixel)
-        .map_err(|e| err(&e))?;
-    let options = ResizeOptions::new()
-        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
-        .crop(left, top, rw, rh);
-    resizer
-        .resize(&clip, &mut dst, &options)
-        .map_err(|e| err(&e))
 }
 
 /// The plan's source rectangle copied as it is (the plan is a whole-pixel crop).
