@@ -26,8 +26,9 @@ pub(crate) enum Sampled {
 /// Every resample of the crate goes through here, typed, with the same image views: generic
 /// code is compiled in the crate that instantiates it, and fast_image_resize's
 /// `Resizer::resize` dispatches to all 13 of its pixel types, each with every SIMD variant,
-/// again for each pair of image types it is called with. Two such call sites made 30% of
-/// stoker-core's LLVM IR; typed calls to the three kinds used leave one copy of each.
+/// again for each pair of image types it is called with. Typed calls for the three kinds used
+/// cut stoker-core's LLVM IR from 3.1 to 1.9 million lines (`cargo llvm-lines --release`) and
+/// its release build from 349 to 201 CPU-seconds.
 pub(crate) fn resample(
     src: &[u8],
     (width, height): (usize, usize),
