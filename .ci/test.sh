@@ -86,27 +86,40 @@ background_log=$(mktemp -d)
 # Miri interprets its tests on one thread for a minute or two: run in the background too, after
 # its build, it fills idle time instead of ending the run with one core busy.
 lowest='echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"'
-setsid bash -c "$lowest" _ bash -c \
-  'SANITIZERS_BUILD_ONLY=1 bash .ci/sanitizers.sh && SANITIZERS=miri exec bash .ci/sanitizers.sh' \
-  >"$background_log/sanitizers.log" 2>&1 &
-sanitizer_build=$!
-setsid bash -c "$lowest" _ bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
-  FUZZ_BUILD_ONLY=1 exec bash .ci/fuzz.sh' _ "$sanitizer_build" >"$background_log/fuzz.log" 2>&1 &
-fuzz_build=$!
+# start_job NAME SCRIPT [ARG...]: runs the bash SCRIPT as above and sets job_id to its session's
+# id. The job is not this shell's child (the subshell that starts it exits at once): bash reaps a
+# child the moment it ends and adds its CPU time to whichever step is running then, which once
+# tabled a step at 6 cores of 2. So the job reports its own: when SCRIPT ends, `times` of the
+# job's shell into NAME.times and SCRIPT's exit status into NAME.rc, beside its log NAME.log.
+start_job() {
+  local name=$1 script=$2
+  shift 2
+  job_id=$(
+    setsid bash -c "$lowest" _ bash -c "$script"'
+      rc=$?; times >"$0.times"; echo "$rc" >"$0.rc"' "$background_log/$name" "$@" \
+      >"$background_log/$name.log" 2>&1 </dev/null &
+    echo $!
+  )
+}
+start_job sanitizers \
+  'SANITIZERS_BUILD_ONLY=1 bash .ci/sanitizers.sh && SANITIZERS=miri bash .ci/sanitizers.sh'
+sanitizer_build=$job_id
+start_job fuzz 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
+  FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh' "$sanitizer_build"
+fuzz_build=$job_id
 trap 'kill -- -"$sanitizer_build" -"$fuzz_build" 2>/dev/null || true' EXIT
 background_began=$SECONDS
-# background NAME PID LOG: waits for a background job and prints its last lines; fails if the job
-# failed. Its CPU time gets a row of its own in the table, apart from the step that waited for it.
+# background DESCRIPTION NAME: waits for job NAME to end and prints its last lines; fails if it
+# failed (or vanished without a status). Its CPU time gets a row of its own in the table.
 background() {
-  local before rc=0
-  count_cpu
-  before=$cpu_now
-  wait "$2" || rc=$?
+  local rc cpu job=$background_log/$2
+  while [ ! -f "$job.rc" ] && kill -0 "${3:?}" 2>/dev/null; do sleep 2; done
+  rc=$(cat "$job.rc" 2>/dev/null || echo 1)
   if [ "$rc" -eq 0 ]; then echo "$1 (in the background): ok"; else echo "$1 (in the background): failed; again in the foreground"; fi
-  tail -n 6 "$3"
-  count_cpu
-  table_row "-" $((cpu_now - before)) "$1, in the background since ${background_began}s"
-  step_cpu=$((step_cpu + cpu_now - before))
+  tail -n 6 "$job.log"
+  cpu=$(awk 'function s(x) { split(x, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
+             NR == 2 { printf "%d", s($1) + s($2) }' "$job.times" 2>/dev/null || echo 0)
+  table_row "-" "${cpu:-0}" "$1, in the background since ${background_began}s"
   return "$rc"
 }
 
@@ -174,14 +187,14 @@ STOKER_WHEEL=$(ls bindings/python/dist/stoker-*manylinux*.whl) bash bindings/pyt
 done_with .venv-test .venv-build "$target/zig"
 
 step "sanitizers: the concurrency core under AddressSanitizer, ThreadSanitizer and Miri"
-if background "sanitizer builds, then Miri's run" "$sanitizer_build" "$background_log/sanitizers.log"; then
+if background "sanitizer builds, then Miri's run" sanitizers "$sanitizer_build"; then
   SANITIZERS="asan tsan" bash .ci/sanitizers.sh
 else
   bash .ci/sanitizers.sh
 fi
 
 step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 12)"
-background "fuzz targets build" "$fuzz_build" "$background_log/fuzz.log" || true
+background "fuzz targets build" fuzz "$fuzz_build" || true
 bash .ci/fuzz.sh
 
 end_step
