@@ -109,8 +109,8 @@ start_job fuzz 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
 fuzz_build=$job_id
 trap 'kill -- -"$sanitizer_build" -"$fuzz_build" 2>/dev/null || true' EXIT
 background_began=$SECONDS
-# background DESCRIPTION NAME: waits for job NAME to end and prints its last lines; fails if it
-# failed (or vanished without a status). Its CPU time gets a row of its own in the table.
+# background DESCRIPTION NAME ID: waits for job NAME (session ID) to end and prints its last
+# lines; fails if it failed or vanished without a status. Its CPU time gets a row of its own.
 background() {
   local rc cpu job=$background_log/$2
   while [ ! -f "$job.rc" ] && kill -0 "${3:?}" 2>/dev/null; do sleep 2; done

@@ -87,21 +87,15 @@ scenario() {
   local log="$work/$name.jsonl" ckpt="$work/$name.ckpt"
   rm -f "$log" "$ckpt"
   step "torchrun: $name"
-  if [ "$kill" = 0 ]; then
-    if ! torchrun_job "$w1" --sample-log "$log" --ckpt "$ckpt" --epochs "$epochs"; then
-      ko "$name: torchrun failed or timed out"; show_log; return
-    fi
-  else
-    # The ranks SIGKILL themselves after step $kill: torchrun must report the failure.
-    if torchrun_job "$w1" --sample-log "$log" --ckpt "$ckpt" --epochs "$epochs" --kill-at "$kill"; then
-      ko "$name: the killed run exited 0"; return
-    fi
-    if [ "$(grep -c '"ids"' "$log")" != "$kill" ]; then
-      ko "$name: the killed run did not reach step $kill"; show_log; return
-    fi
-    if ! torchrun_job "$w2" --sample-log "$log" --ckpt "$ckpt" --epochs "$epochs" --resume; then
-      ko "$name: the resumed run failed or timed out"; show_log; return
-    fi
+  # The ranks SIGKILL themselves after step $kill: torchrun must report the failure.
+  if torchrun_job "$w1" --sample-log "$log" --ckpt "$ckpt" --epochs "$epochs" --kill-at "$kill"; then
+    ko "$name: the killed run exited 0"; return
+  fi
+  if [ "$(grep -c '"ids"' "$log")" != "$kill" ]; then
+    ko "$name: the killed run did not reach step $kill"; show_log; return
+  fi
+  if ! torchrun_job "$w2" --sample-log "$log" --ckpt "$ckpt" --epochs "$epochs" --resume; then
+    ko "$name: the resumed run failed or timed out"; show_log; return
   fi
   if "$py" "$check" "$log" 101 4 "$epochs"; then ok "$name"; else ko "$name: coverage"; fi
 }
