@@ -15,9 +15,13 @@ count_cpu() {
   local t
   t=$(mktemp)
   times >"$t"
-  cpu_now=$(awk 'function s(x) { split(x, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
-                 NR == 2 { printf "%d", s($1) + s($2) }' "$t")
+  cpu_now=$(children_cpu "$t")
   rm -f "$t"
+}
+# children_cpu FILE: the user + system seconds of the children in FILE, the output of `times`.
+children_cpu() {
+  awk 'function s(x) { split(x, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
+       NR == 2 { printf "%d", s($1) + s($2) }' "$1"
 }
 # table_row WALL CPU NAME
 table_row() {
@@ -117,8 +121,7 @@ background() {
   rc=$(cat "$job.rc" 2>/dev/null || echo 1)
   if [ "$rc" -eq 0 ]; then echo "$1 (in the background): ok"; else echo "$1 (in the background): failed; again in the foreground"; fi
   tail -n 6 "$job.log"
-  cpu=$(awk 'function s(x) { split(x, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
-             NR == 2 { printf "%d", s($1) + s($2) }' "$job.times" 2>/dev/null || echo 0)
+  cpu=$(children_cpu "$job.times" 2>/dev/null || echo 0)
   table_row "-" "${cpu:-0}" "$1, in the background since ${background_began}s"
   return "$rc"
 }
