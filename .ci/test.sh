@@ -169,7 +169,7 @@ echo "cargo test (no default features, jpeg_decoder=zune): ${passed} passed, 0 f
 # checks is the wheel's, which the Python and distributed steps test.
 export STOKER_CARGO_PROFILE=dev
 
-step "C ABI: header freshness, CTest, find_package consumer, ASan/UBSan, valgrind"
+step "C ABI: the header as C11 and C++17, CTest, find_package consumer, ASan/UBSan, valgrind"
 bash ctests/run.sh
 
 step "C++ API: GoogleTest suite, LibTorch adapter, install consumer, example trainer"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The C suite, end to end: header freshness, CMake build + install, CTest against the build tree,
+# The C suite, end to end: the header as C11 and C++17, CMake build + install, CTest against the build tree,
 # a find_package consumer (shared and static) and pkg-config against the install, then the tests
 # again against the install under AddressSanitizer + UBSan and under valgrind.
 #
@@ -17,7 +17,6 @@ jobs="${STOKER_JOBS:-2}"
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-$jobs}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 export PATH="$HOME/.cargo/bin:$PATH"
-CBINDGEN_VERSION=0.29.4
 start=$SECONDS
 
 step() { printf '\n==> %s (%ds)\n' "$*" $((SECONDS - start)); }
@@ -35,10 +34,6 @@ if ((${#need_apt[@]})); then
   [[ $(id -u) -eq 0 ]] || sudo="sudo"
   $sudo apt-get install -y "${need_apt[@]}" || { $sudo apt-get update && $sudo apt-get install -y "${need_apt[@]}"; }
 fi
-if [[ "$(cbindgen --version 2>/dev/null || true)" != "cbindgen $CBINDGEN_VERSION" ]]; then
-  step "installing cbindgen $CBINDGEN_VERSION"
-  cargo install cbindgen --version "$CBINDGEN_VERSION" --locked
-fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/stoker-ctests.XXXXXX")"
 if [[ "${STOKER_KEEP:-0}" == 1 ]]; then
@@ -49,23 +44,14 @@ fi
 prefix="$work/prefix"
 
 # --- header -------------------------------------------------------------------------------
-# cbindgen --verify rewrites the file it checks when it differs, so it checks a copy: the working
-# tree is never modified.
-step "include/stoker.h is fresh (cbindgen $CBINDGEN_VERSION --verify)"
-cp include/stoker.h "$work/stoker.h"
-if ! cbindgen --config crates/stoker-capi/cbindgen.toml --crate stoker-capi \
-    --output "$work/stoker.h" --verify 2>"$work/cbindgen.log"; then
-  diff -u include/stoker.h "$work/stoker.h" || true
-  grep -v '^WARN' "$work/cbindgen.log" || true
-  die "include/stoker.h is stale (diff above): regenerate it with
-  cbindgen --config crates/stoker-capi/cbindgen.toml --crate stoker-capi --output include/stoker.h
-and commit it."
-fi
+# That include/stoker.h is what cbindgen generates from crates/stoker-capi is a Rust test
+# (`cargo test -p stoker-capi generated_`); here, that C and C++ compilers take it as it is.
+step "include/stoker.h compiles alone as C11 and C++17"
 cc -std=c11 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c include/stoker.h
 if command -v c++ >/dev/null; then
   c++ -std=c++17 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c++ include/stoker.h
 fi
-echo "header: fresh, C11 (and C++17) clean"
+echo "header: C11 (and C++17) clean"
 
 passed=0
 failed=0

@@ -205,18 +205,22 @@ fn batches_dlpack_exports_and_stats() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// The option tables of the header (through the doc comment of `stoker_options_set`) and of the
-/// options chapter (`docs/options.md`) are the core's key table, rendered. `STOKER_BLESS=1` rewrites both from it; then
-/// regenerate the header with cbindgen.
+/// The generated text that is checked in is what its generators make now, in the order they feed
+/// each other: the option tables of `docs/options.md` and of `stoker_options_set`'s doc comment
+/// are the core's key table, rendered; `include/stoker.h` is what cbindgen generates from this
+/// crate (`cbindgen.toml`), that doc comment included. `STOKER_BLESS=1` rewrites all three.
 #[test]
-fn option_tables_match_the_key_table() {
+fn generated_option_tables_and_header_are_fresh() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let bless = std::env::var_os("STOKER_BLESS").is_some();
+    let regenerate =
+        "run STOKER_BLESS=1 cargo test -p stoker-capi generated_ and commit the result";
+
     let table = stoker_core::options::options_markdown();
     // The table lands inside the header's C comment: a `*/` (a glob's `**/`) would end it there.
     if let Some(line) = table.lines().find(|l| l.contains("*/")) {
         panic!("an option's text holds `*/`, which ends the header's C comment: {line}");
     }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let bless = std::env::var_os("STOKER_BLESS").is_some();
     let doc: String = table.lines().map(|l| format!("/// {l}\n")).collect();
     for (file, body) in [
         ("docs/options.md", table.clone()),
@@ -241,16 +245,47 @@ fn option_tables_match_the_key_table() {
             assert_eq!(
                 text[a..b],
                 body,
-                "{file}: the option table differs from stoker_core::options::OPTIONS; run \
-                 STOKER_BLESS=1 cargo test -p stoker-capi option_tables"
+                "{file}: the option table differs from stoker_core::options::OPTIONS; {regenerate}"
             );
         }
     }
-    let header = std::fs::read_to_string(root.join("include/stoker.h")).unwrap();
-    for line in table.lines() {
-        assert!(
-            header.contains(&format!(" * {line}\n")),
-            "include/stoker.h lacks `{line}`: regenerate it with cbindgen"
+
+    // After the tables: the header carries options.rs's doc comment as it is now.
+    let crate_dir = env!("CARGO_MANIFEST_DIR");
+    let config = cbindgen::Config::from_file(format!("{crate_dir}/cbindgen.toml")).unwrap();
+    let mut generated = Vec::new();
+    cbindgen::Builder::new()
+        .with_crate(crate_dir)
+        .with_config(config)
+        .generate()
+        .unwrap_or_else(|e| panic!("cbindgen could not generate the header: {e}"))
+        .write(&mut generated);
+    let generated = String::from_utf8(generated).unwrap();
+    let header_path = root.join("include/stoker.h");
+    if bless {
+        std::fs::write(&header_path, &generated).unwrap();
+        return;
+    }
+    let header = std::fs::read_to_string(&header_path).unwrap();
+    if header != generated {
+        let line = header
+            .lines()
+            .zip(generated.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(header.lines().count().min(generated.lines().count()));
+        let near = |text: &str| {
+            text.lines()
+                .skip(line.saturating_sub(2))
+                .take(5)
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        panic!(
+            "include/stoker.h is not what cbindgen generates from crates/stoker-capi (first \
+             difference at line {}); {regenerate}.\nchecked in:\n{}\ngenerated:\n{}",
+            line + 1,
+            near(&header),
+            near(&generated)
         );
     }
 }
