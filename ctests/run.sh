@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The C suite, end to end: the header as C11 and C++17, CMake build + install, CTest against the build tree,
-# a find_package consumer (shared and static) and pkg-config against the install, then the tests
-# again against the install under AddressSanitizer + UBSan and under valgrind.
+# The C suite, end to end: the header as C11 and C++17, CMake build + install, CTest against the
+# build tree, a find_package consumer (shared and static) and pkg-config against the install, then
+# the tests again against the install under AddressSanitizer + UBSan and under valgrind.
 #
 #   bash ctests/run.sh            (from anywhere; idempotent: every run works in a fresh temp dir)
 #
