@@ -64,14 +64,20 @@ pub(crate) fn folder(
         per_class
     );
     let _ = std::fs::remove_dir_all(&root);
-    // Two threads: the classes are independent.
-    let (first, second) = photos.split_at(photos.len() / 2);
+    // A thread per core: the classes are independent, and each is the same whichever thread
+    // makes it (its crops are drawn from its own name).
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let per_thread = photos.len().div_ceil(threads);
     std::thread::scope(|s| {
-        let a = s.spawn(|| build_classes(first, &root, per_class, size));
-        let b = build_classes(second, &root, per_class, size);
-        a.join()
-            .map_err(|_| "a worker thread panicked".to_string())??;
-        b
+        let built: Vec<_> = photos
+            .chunks(per_thread)
+            .map(|chunk| s.spawn(|| build_classes(chunk, &root, per_class, size)))
+            .collect();
+        built.into_iter().try_for_each(|thread| {
+            thread
+                .join()
+                .map_err(|_| "a worker thread panicked".to_string())?
+        })
     })?;
     std::fs::write(&done, b"").map_err(|e| format!("{}: {e}", done.display()))?;
     Ok(root)

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use stoker_core::{DType, ErrorKind, Loader, LoaderOptions, MemorySource, Source, SourceSpec};
+use stoker_core::{
+    DType, DeviceBackend, ErrorKind, Loader, LoaderOptions, MemorySource, Source, SourceSpec,
+};
 
 /// `n` samples: field `x` = 48 float32 values derived from i, field `y` = i as uint8.
 fn source(n: usize) -> Arc<dyn Source> {
@@ -382,6 +384,122 @@ fn real_device_decodes_jpegs_within_a_few_levels_of_the_cpu() {
             device.destroy_stream(stream);
         }
     }
+}
+
+/// The damage real crawls contain (`testing::damaged_jpegs`), each between two good photos in
+/// one call, twice: every good photo decodes as it does on its own, so a damaged file changes
+/// nothing for the next one, and every complete file (ending in EOI, as the loader requires of
+/// what it sends to the device) that no decoder can read is refused, so that the loader decodes
+/// it on the CPU, which reports it for that sample alone. Incomplete files never reach the device
+/// from the loader, and files that only some decoders read may go either way: what the device did
+/// with each is printed. On an A100 or H100 the hardware backend takes the baseline files in one
+/// batch, so this shows whether it reports a damaged scan or decodes it silently.
+fn damaged_jpegs_among_good_ones(device: &dyn DeviceBackend) {
+    use stoker_core::cuda::JpegJob;
+    use stoker_core::decode::{decode_rgb, DecodeBuffers};
+    use stoker_core::testing::damaged_jpegs;
+
+    if let Err(e) = device.load_jpeg_decoder() {
+        panic!("a CUDA device without nvJPEG: {e} (set STOKER_NVJPEG_LIBRARY)");
+    }
+    let good = crate::support::files::test_image("photo_baseline.jpg");
+    let mut bufs = DecodeBuffers::default();
+    let dims = decode_rgb(&good, u64::MAX, &mut bufs).unwrap();
+    let want = bufs.rgb.clone();
+    let (width, height) = (dims.width as u32, dims.height as u32);
+    let damaged = damaged_jpegs(&good);
+    // good, damaged, good, damaged, …, good.
+    let mut files: Vec<(&str, &[u8])> = vec![("good", &good)];
+    for d in &damaged {
+        files.push((d.name, &d.bytes));
+        files.push(("good", &good));
+    }
+    let dsts: Vec<u64> = files
+        .iter()
+        .map(|_| device.alloc(want.len()).unwrap())
+        .collect();
+    let jobs: Vec<JpegJob<'_>> = files
+        .iter()
+        .zip(&dsts)
+        .map(|(&(_, data), &dst)| JpegJob {
+            data,
+            width,
+            height,
+            dst,
+        })
+        .collect();
+    let stream = device.create_stream().unwrap();
+    let done = device.create_event().unwrap();
+    for round in 0..2 {
+        let mut failed = Vec::new();
+        // SAFETY: the files and destinations live until the event below completes.
+        unsafe { device.decode_jpegs_async(&jobs, stream, &mut failed) }.unwrap();
+        device.record_event(done, stream).unwrap();
+        device.synchronize_event(done).unwrap();
+        for (i, d) in damaged.iter().enumerate() {
+            let refused = failed.contains(&(2 * i + 1));
+            let verdict = if refused { "refused" } else { "decoded" };
+            eprintln!("round {round}: {}: {verdict}", d.name);
+            let complete = d.bytes.ends_with(&[0xFF, 0xD9]);
+            assert!(
+                refused || !d.always_fails || !complete,
+                "{}: decoded on the device, although no decoder can read it",
+                d.name
+            );
+        }
+        for (i, job) in jobs.iter().enumerate().step_by(2) {
+            assert!(!failed.contains(&i), "good photo {i} refused: {failed:?}");
+            let mut got = vec![0u8; want.len()];
+            // SAFETY: `job.dst` holds the decoded image; the decode completed.
+            unsafe { device.copy_to_host(&mut got, job.dst) }.unwrap();
+            let max = got.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).max();
+            let sum: u64 = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| u64::from(a.abs_diff(*b)))
+                .sum();
+            let mean = sum as f64 / want.len() as f64;
+            assert!(
+                mean <= 2.0 && max <= Some(64),
+                "good photo {i} after {:?}: {max:?} levels at most, {mean:.3} on average",
+                files[i.saturating_sub(1)].0
+            );
+        }
+    }
+    eprintln!(
+        "{} damaged files among good ones, twice; every good one decoded",
+        damaged.len()
+    );
+    // SAFETY: every queued use completed (the event above); each is freed once.
+    unsafe {
+        for dst in dsts {
+            device.free(dst);
+        }
+        device.destroy_event(done);
+        device.destroy_stream(stream);
+    }
+}
+
+#[test]
+fn real_device_refuses_damaged_jpegs_and_decodes_the_good_ones_beside_them() {
+    #[cfg(feature = "cuda")]
+    {
+        if let Some(why) = unavailable() {
+            eprintln!("SKIPPED: no CUDA driver/device ({why})");
+            return;
+        }
+        let device = stoker_core::cuda::CudaDevice::open(0).unwrap();
+        damaged_jpegs_among_good_ones(&*device);
+    }
+}
+
+/// The check above where no GPU is, against the fake device (which decodes on the CPU and takes
+/// what the loader would send to a device): so that a mistake in the check itself shows here, not
+/// first on a GPU machine.
+#[test]
+fn the_damaged_jpeg_check_passes_on_the_fake_device() {
+    let fake = stoker_core::testing::FakeDevice::new(0).unwrap();
+    damaged_jpegs_among_good_ones(&*fake);
 }
 
 #[test]

@@ -52,11 +52,15 @@ pub fn photo_shard(dir: &Path, n: usize) -> String {
 }
 
 /// The bytes of `tests/data/images/NAME`, one of the test images.
+///
+/// The crate's directory is taken from `CARGO_MANIFEST_DIR` at run time when it is set (cargo
+/// sets it for the tests it runs; `.ci/gpu.sh` sets it for a test binary built on another
+/// machine, whose build-time path does not exist where it runs), else from the build.
 pub fn test_image(name: &str) -> Vec<u8> {
-    fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/data/images")
-            .join(name),
-    )
-    .unwrap()
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf(),
+        Into::into,
+    );
+    let path = crate_dir.join("tests/data/images").join(name);
+    fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
