@@ -69,15 +69,8 @@ for line in sys.stdin:
   [ -x "$work/tests/core-lib" ] && [ -x "$work/tests/core-test" ] ||
     { echo "cargo built no stoker-core test binaries" >&2; return 1; }
 
-  echo "==> the photographs of Debian's mate-backgrounds (as bench/run.sh fetches them)" >&2
-  local photos=/usr/share/backgrounds/mate/nature
-  if [ ! -d "$photos" ]; then
-    (cd "$work" && { apt-get download mate-backgrounds 2>/dev/null ||
-      { apt-get update -qq && apt-get download mate-backgrounds; }; } && dpkg -x mate-backgrounds_*.deb deb)
-    photos=$work/deb$photos
-  fi
-  cp "$photos"/*.jpg "$work/photos/"
-  rm -rf "$work/deb" "$work"/mate-backgrounds_*.deb
+  echo "==> the photographs of Debian's mate-backgrounds (bench/photos.sh)" >&2
+  cp "$(bash bench/photos.sh)"/*.jpg "$work/photos/"
 
   git describe --always --dirty >"$work/COMMIT"
   mkdir -p "$(dirname "$kit")"

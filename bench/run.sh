@@ -38,16 +38,8 @@ fi
 images=bench/.data/imagenet_like
 if [ ! -e "$images/.complete" ]; then
   # Real camera photos: Debian's mate-backgrounds package.
-  photos=bench/.data/photos
-  mkdir -p "$photos"
-  if [ ! -d "$photos/usr" ]; then
-    (
-      cd "$photos"
-      apt-get download mate-backgrounds 2>/dev/null || { apt-get update -qq && apt-get download mate-backgrounds; }
-      dpkg -x mate-backgrounds_*.deb .
-    )
-  fi
-  "$venv/bin/python" bench/make_imagenet_like.py "$images" "$photos"/usr/share/backgrounds/mate/nature/*.jpg
+  photos=$(bash bench/photos.sh)
+  "$venv/bin/python" bench/make_imagenet_like.py "$images" "$photos"/*.jpg
 fi
 
 "$venv/bin/python" bench/compare.py "$@"

@@ -66,8 +66,7 @@ pub(crate) fn folder(
     let _ = std::fs::remove_dir_all(&root);
     // A thread per core: the classes are independent, and each is the same whichever thread
     // makes it (its crops are drawn from its own name).
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let per_thread = photos.len().div_ceil(threads);
+    let per_thread = photos.len().div_ceil(stoker_core::launch::usable_cores());
     std::thread::scope(|s| {
         let built: Vec<_> = photos
             .chunks(per_thread)
