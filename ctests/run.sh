@@ -198,8 +198,12 @@ ctest_run "$work/asan" asan ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 step "valgrind memcheck (tests against the install)"
+# --read-inline-info=no: valgrind reads the library's debug info as each of the 23 tests starts.
+# test_version, which does next to nothing, took 2.2 s, and 1.4 s without the records of inlined
+# calls. A report still names the function and line; only calls inlined into it are not listed
+# as frames of their own, and the dev profile inlines little of stoker's own code.
 vg="valgrind;--error-exitcode=1;--leak-check=full;--errors-for-leak-kinds=definite,possible"
-vg+=";--track-fds=no;--quiet;--suppressions=$root/ctests/valgrind.supp"
+vg+=";--track-fds=no;--quiet;--read-inline-info=no;--suppressions=$root/ctests/valgrind.supp"
 cmake -S ctests -B "$work/valgrind" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Debug \
   "-DSTOKER_TEST_WRAPPER=$vg" >/dev/null
 cmake --build "$work/valgrind" -j "$jobs" >/dev/null
