@@ -70,13 +70,7 @@ else
   # split debug info by it. A target dir of its own: cargo-zigbuild links the host's build
   # scripts and proc-macros with zig too (same triple), which would otherwise invalidate the
   # native builds sharing $CARGO_TARGET_DIR, and the other way round.
-  # -fno-sanitize=undefined: zig compiles C without an -O flag in its Debug mode, which links
-  # UBSan's runtime; the only such compiles here are CMake's probes of the compiler (for
-  # libjpeg-turbo), and building that runtime into zig's cache took 22 of the 115 CPU-s that
-  # turbojpeg-sys's build took on a fresh machine. The library's own C is built with -O3, where
-  # zig adds no sanitizer, so the wheel's code is the same either way.
-  CFLAGS="${CFLAGS:+$CFLAGS }-fno-sanitize=undefined" \
-    CARGO_TARGET_DIR="$CARGO_TARGET_DIR/zig" PATH="$zig_dir:$VENV/bin:$PATH" CARGO=cargo-zigbuild \
+  CARGO_TARGET_DIR="$CARGO_TARGET_DIR/zig" PATH="$zig_dir:$VENV/bin:$PATH" CARGO=cargo-zigbuild \
     CARGO_BUILD_TARGET="x86_64-unknown-linux-gnu.$GLIBC" \
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C link-arg=-Wl,--build-id=sha1" \
     "$PY" -m pip wheel --no-deps -w "$DIST/raw" "$src" >&2
