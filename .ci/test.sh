@@ -87,9 +87,8 @@ background_log=$(mktemp -d)
 # steps they were to fill in for. The sanitizer builds first, then Miri's run and the fuzz
 # targets' build side by side: Miri interprets its tests on one thread for two to four minutes,
 # and the fuzz build compiles stoker-core as one unit, so each fills the core the other leaves.
-# Miri's verdict is taken last, so that the ASan, TSan and fuzzing steps run beside it. On 2
-# cores the CPU is busy 94-98% of a run: its length follows the CPU time of all its work more
-# than the order.
+# On 2 cores the CPU is busy 94-98% of a run: its length follows the CPU time of all its work
+# more than the order.
 lowest='echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"'
 # start_job NAME SCRIPT [ARG...]: runs the bash SCRIPT as above and sets job_id to its session's
 # id. The job is not this shell's child (the subshell that starts it exits at once): bash reaps a
