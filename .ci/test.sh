@@ -84,11 +84,12 @@ background_log=$(mktemp -d)
 # leaving early stops it and its cargo, at the lowest CPU priority. Linux schedules each session
 # as one group (autogroup) and a nice value ranks a process only within its group, so the new
 # session's group is lowered too: without that the background builds took half the CPU from the
-# steps they were to fill in for. The sanitizer builds first, then Miri's run and the fuzz
-# targets' build side by side: Miri interprets its tests on one thread for two to four minutes,
-# and the fuzz build compiles stoker-core as one unit, so each fills the core the other leaves.
-# On 2 cores the CPU is busy 94-98% of a run: its length follows the CPU time of all its work
-# more than the order.
+# steps they were to fill in for. The fuzz targets' build goes first: it compiles stoker-core
+# as one unit, minutes on one core, which the foreground steps leave idle at times anyway; run
+# last, beside Miri, it ended the run with a core idle for three to four minutes. The sanitizer
+# builds, which use both cores, follow it, and Miri's run (one thread, two to four minutes) comes
+# last, beside the ASan/TSan and fuzzing steps. On 2 cores the CPU is busy 94-98% of a run: its
+# length follows the CPU time of all its work more than the order.
 lowest='echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"'
 # start_job NAME SCRIPT [ARG...]: runs the bash SCRIPT as above and sets job_id to its session's
 # id. The job is not this shell's child (the subshell that starts it exits at once): bash reaps a
@@ -105,15 +106,15 @@ start_job() {
     echo $!
   )
 }
-start_job sanitizers 'SANITIZERS_BUILD_ONLY=1 bash .ci/sanitizers.sh'
+start_job fuzz 'FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh'
+fuzz_build=$job_id
+start_job sanitizers 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
+  SANITIZERS_BUILD_ONLY=1 bash .ci/sanitizers.sh' "$fuzz_build"
 sanitizer_build=$job_id
 start_job miri 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
   SANITIZERS=miri bash .ci/sanitizers.sh' "$sanitizer_build"
 miri_run=$job_id
-start_job fuzz 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
-  FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh' "$sanitizer_build"
-fuzz_build=$job_id
-trap 'kill -- -"$sanitizer_build" -"$miri_run" -"$fuzz_build" 2>/dev/null || true' EXIT
+trap 'kill -- -"$fuzz_build" -"$sanitizer_build" -"$miri_run" 2>/dev/null || true' EXIT
 background_began=$SECONDS
 # background DESCRIPTION NAME ID: waits for job NAME (session ID) to end and prints its last
 # lines; fails if it failed or vanished without a status. Its CPU time gets a row of its own.
