@@ -43,8 +43,8 @@ echo "==> building fuzz targets (cargo +nightly fuzz build, AddressSanitizer)"
 # One codegen unit per crate (cargo-fuzz's default): on 2 cores the build took 293 CPU-s against
 # 347 with 16 units, and image_pipeline ran 1,783 inputs in 12 s against 1,101. 16 units end a
 # build run alone sooner (179 s against 222 s), but the test command builds these targets in the
-# background, where the CPU time is what it takes from the other steps. (When the build is still
-# running as the test command's last steps begin, that one unit leaves a core idle meanwhile.)
+# background, where the CPU time is what it takes from the other steps; it builds them first, so
+# that one unit's minutes on one core fall where the foreground steps leave a core idle.
 (cd "$fuzz_dir" && CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2} cargo +nightly fuzz build --target "$triple")
 built=$(date +%s)
 echo "fuzz: targets built in $((built - start)) s"
