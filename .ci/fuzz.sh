@@ -6,10 +6,11 @@
 # (the pipeline spec parser), resume_state (ResumeState::parse), tar_members (the WebDataset
 # shard scan of the indexed tar source), packed_reader (the packed format's open and per-field
 # checks), wids_index (WebDataset's JSON shard index), megatron_index (Megatron-LM's `.idx`
-# parse and checks). Each runs FUZZ_SECONDS (default 12: within the test command's time it
-# replays the seeds and mutates for a while; longer runs find more), FUZZ_JOBS at a time
-# (default: 2, or 1 on a single core), from a corpus seeded with the committed parser seeds and
-# the test images; any crash, panic, leak, timeout or allocation over the limit fails the script
+# parse and checks), parquet_table (a `parquet:` table's open and every row's read). Each runs
+# FUZZ_SECONDS (default 12: within the test command's time it replays the seeds and mutates for
+# a while; longer runs find more), FUZZ_JOBS at a time (default: 2, or 1 on a single core), from
+# a corpus seeded with the committed parser seeds and the test images, tars and Parquet files;
+# any crash, panic, leak, timeout or allocation over the limit fails the script
 # and leaves the input under fuzz/artifacts/TARGET/.
 #
 #   FUZZ_SECONDS=600 FUZZ_KEEP_CORPUS=1 FUZZ_TARGETS="npy_header options" .ci/fuzz.sh
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 
 CARGO_FUZZ_VERSION=0.13.2
 FUZZ_SECONDS=${FUZZ_SECONDS:-12}
-ALL_TARGETS="image_pipeline npy_header options transform_spec resume_state tar_members packed_reader wids_index megatron_index"
+ALL_TARGETS="image_pipeline npy_header options transform_spec resume_state tar_members packed_reader wids_index megatron_index parquet_table"
 read -r -a targets <<<"${FUZZ_TARGETS:-$ALL_TARGETS}"
 cores=$(nproc 2>/dev/null || echo 1)
 FUZZ_JOBS=${FUZZ_JOBS:-$((cores >= 2 ? 2 : 1))}
@@ -64,6 +65,9 @@ for f in crates/stoker-core/tests/data/images/*.{jpg,png,JPEG}; do
 done
 for f in crates/stoker-core/tests/data/tar/*.tar; do
   [ -f "$f" ] && [ -d "$fuzz_dir/corpus/tar_members" ] && seed "$f" "$fuzz_dir/corpus/tar_members"
+done
+for f in crates/stoker-core/tests/data/parquet/*.parquet; do
+  [ -f "$f" ] && [ -d "$fuzz_dir/corpus/parquet_table" ] && seed "$f" "$fuzz_dir/corpus/parquet_table"
 done
 
 logs=$(mktemp -d)

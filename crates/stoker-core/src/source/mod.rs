@@ -362,9 +362,9 @@ pub(crate) fn open_parquet_table(
     Err(no_parquet())
 }
 
-/// Why a build without the cargo feature `parquet` refuses a `parquet:` source, a table or text.
+/// Why a build without the cargo feature `parquet` refuses a `parquet:` table.
 #[cfg(not(feature = "parquet"))]
-pub(crate) fn no_parquet() -> Error {
+fn no_parquet() -> Error {
     Error::Unsupported(
         "parquet: sources need stoker built with its `parquet` feature (on by default)".into(),
     )

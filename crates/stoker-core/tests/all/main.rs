@@ -38,7 +38,7 @@ mod tar_source;
 mod tensor_images;
 mod token_index;
 mod token_lengths;
-#[cfg(feature = "parquet")]
+#[cfg(feature = "tokenizers")]
 mod token_parquet;
 mod tokens;
 mod trace;

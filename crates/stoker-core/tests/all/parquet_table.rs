@@ -435,3 +435,84 @@ fn a_null_or_corrupt_image_fails_its_sample_only() {
     );
     fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A committed Parquet file of `tests/data/parquet`.
+fn data_file(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/parquet")
+        .join(name)
+}
+
+#[test]
+fn damaged_footers_are_errors_naming_the_file() {
+    // Found by the parquet_table fuzz target: a compact-Thrift bool field written with another
+    // type, on which the parquet crate's footer reader once panicked.
+    let bad = data_file("thrift-bool-of-another-type.parquet");
+    let e = open_error(&bad.display().to_string(), &[]);
+    assert!(
+        e.contains("thrift-bool-of-another-type.parquet") && e.contains("is not a Parquet file"),
+        "{e}"
+    );
+    assert!(!e.contains("a bug in stoker"), "{e}");
+
+    // A row group that says more rows than its columns hold (its footer rewritten): refused at
+    // open, not discovered as short reads at every row past the real ones.
+    let dir = tmp("pq-rows");
+    let good = dir.join("good.parquet");
+    write_table(&good, &rows(5, 0), 5);
+    let bytes = fs::read(&good).unwrap();
+    let reader =
+        parquet::file::reader::SerializedFileReader::new(bytes::Bytes::from(bytes.clone()))
+            .unwrap();
+    let metadata = parquet::file::reader::FileReader::metadata(&reader).clone();
+    let group = metadata.row_group(0).clone().into_builder().set_num_rows(7);
+    let metadata = metadata
+        .into_builder()
+        .set_row_groups(vec![group.build().unwrap()])
+        .build();
+    let footer_len =
+        u32::from_le_bytes(bytes[bytes.len() - 8..bytes.len() - 4].try_into().unwrap());
+    let mut damaged = bytes[..bytes.len() - 8 - footer_len as usize].to_vec();
+    parquet::file::metadata::ParquetMetaDataWriter::new(&mut damaged, &metadata)
+        .finish()
+        .unwrap();
+    fs::write(dir.join("bad.parquet"), &damaged).unwrap();
+    let e = open_error(&format!("{}/bad.parquet", dir.display()), &[]);
+    assert!(
+        e.contains("bad.parquet") && e.contains("row group 0 says 7 rows") && e.contains("holds 5"),
+        "{e}"
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_panic_in_the_parquet_reader_fails_its_row_only() {
+    // Found by the parquet_table fuzz target: an offset index whose first page lies before its
+    // column chunk, on which parquet 60.1.0 subtracts with overflow (a panic where overflow is
+    // checked, as in this test build) when a row's column reader is made.
+    let file = data_file("page-before-its-column-chunk.parquet");
+    let source = stoker_core::source::ParquetSource::open(
+        &file.display().to_string(),
+        None,
+        &Default::default(),
+    )
+    .unwrap();
+    let mut scratch = Vec::new();
+    let errors: Vec<String> = (0..source.len())
+        .filter_map(|i| source.read(i, &mut scratch).err())
+        .map(|e| e.to_string())
+        .collect();
+    assert!(!errors.is_empty(), "{} rows read", source.len());
+    for e in &errors {
+        assert!(
+            e.contains("page-before-its-column-chunk.parquet row") && e.contains("column `"),
+            "{e}"
+        );
+    }
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("the Parquet reader failed")),
+        "{errors:?}"
+    );
+}

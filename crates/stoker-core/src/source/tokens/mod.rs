@@ -51,7 +51,7 @@ mod flat;
 mod lengths;
 pub mod megatron;
 mod pack;
-#[cfg(feature = "parquet")]
+#[cfg(feature = "tokenizers")]
 mod parquet;
 mod token_type;
 pub use pack::FlatPack;
@@ -577,7 +577,7 @@ impl TokenSource {
 }
 
 /// The parts of a `parquet:` source: `paths` (shown as `shown`) tokenized with `tokenizer`.
-#[cfg(feature = "parquet")]
+#[cfg(feature = "tokenizers")]
 fn open_parquet(
     paths: &[PathBuf],
     shown: &[String],
@@ -608,14 +608,17 @@ fn open_parquet(
         .collect()
 }
 
-/// Without the cargo feature `parquet`, a `parquet:` source is refused.
-#[cfg(not(feature = "parquet"))]
+/// Without the cargo feature `tokenizers`, a `parquet:` token source is refused.
+#[cfg(not(feature = "tokenizers"))]
 fn open_parquet(
     _paths: &[PathBuf],
     _shown: &[String],
     _config: &TokenConfig,
 ) -> Result<Vec<Box<dyn Part>>> {
-    Err(crate::source::no_parquet())
+    Err(Error::Unsupported(
+        "parquet: token sources need stoker built with its `tokenizers` feature (on by default)"
+            .into(),
+    ))
 }
 
 /// `Err` naming the file and the token's place unless every token of `part` is in

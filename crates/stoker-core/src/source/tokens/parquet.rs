@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::hash::Fnv;
 use crate::source::mapped::Mapping;
 use crate::source::open_file;
-use crate::source::parquet::{footer, open_mapped};
+use crate::source::parquet::{footer, guarded, open_mapped};
 use crate::source::per_thread::PerThread;
 
 /// Cache kind of a Parquet file's document starts.
@@ -206,7 +206,15 @@ impl ParquetPart {
                     ),
                 ));
             }
-            rows += u64::try_from(group.num_rows()).unwrap_or(0);
+            rows = u64::try_from(group.num_rows())
+                .ok()
+                .and_then(|n| rows.checked_add(n))
+                .ok_or_else(|| {
+                    Error::format(
+                        shown,
+                        format!("row group {g} says {} rows", group.num_rows()),
+                    )
+                })?;
             groups.push(rows);
         }
         let mut part = ParquetPart {
@@ -322,10 +330,12 @@ impl ParquetPart {
             )
         };
         let rows = (self.groups[g + 1] - self.groups[g]) as usize;
-        let group = self.reader.get_row_group(g).map_err(fail)?;
-        let ColumnReader::ByteArrayColumnReader(mut column) =
-            group.get_column_reader(self.column).map_err(fail)?
-        else {
+        let reader = guarded(|| {
+            self.reader
+                .get_row_group(g)
+                .and_then(|group| group.get_column_reader(self.column))
+        });
+        let ColumnReader::ByteArrayColumnReader(mut column) = reader.map_err(fail)? else {
             return Err(Error::Internal(
                 "a byte-array column has another reader".into(),
             ));
@@ -345,14 +355,10 @@ impl ParquetPart {
         while ends.len() <= rows {
             values.clear();
             defs.clear();
-            let (records, _, _) = column
-                .read_records(
-                    4096.min(rows + 1 - ends.len()),
-                    Some(&mut defs),
-                    None,
-                    &mut values,
-                )
-                .map_err(fail)?;
+            let want = 4096.min(rows + 1 - ends.len());
+            let (records, _, _) =
+                guarded(|| column.read_records(want, Some(&mut defs), None, &mut values))
+                    .map_err(fail)?;
             if records == 0 {
                 break;
             }
