@@ -14,28 +14,29 @@ fuzz_target!(
     // the default one here: a panic that escapes the source still aborts, at the target's end.
     init: drop(std::panic::take_hook()),
     |data: &[u8]| {
-    // The source maps a file: one per fuzzing process, written again for each input.
-    let path = std::env::temp_dir().join(format!("stoker-fuzz-{}.parquet", std::process::id()));
-    std::fs::write(&path, data).expect("the fuzzer's scratch file must be writable");
-    let Some(pattern) = path.to_str() else {
-        return;
-    };
-    let Ok(source) = ParquetSource::open(pattern, None, &RemoteConfig::default()) else {
-        return;
-    };
-    let rows = source.len().min(4096);
-    let mut scratch = Vec::new();
-    for index in (0..rows).chain((0..rows).rev()) {
-        let Ok(sample) = source.read(index, &mut scratch) else {
-            continue;
+        // The source maps a file: one per fuzzing process, written again for each input.
+        let name = format!("stoker-fuzz-{}.parquet", std::process::id());
+        let path = std::env::temp_dir().join(name);
+        std::fs::write(&path, data).expect("the fuzzer's scratch file must be writable");
+        let Some(pattern) = path.to_str() else {
+            return;
         };
-        for (k, field) in source.fields().iter().enumerate() {
-            if let FieldKind::Tensor { dtype, .. } = field.kind {
-                assert_eq!(sample.get(k).len(), dtype.size(), "row {index}, {field:?}");
+        let Ok(source) = ParquetSource::open(pattern, None, &RemoteConfig::default()) else {
+            return;
+        };
+        let rows = source.len().min(4096);
+        let mut scratch = Vec::new();
+        for index in (0..rows).chain((0..rows).rev()) {
+            let Ok(sample) = source.read(index, &mut scratch) else {
+                continue;
+            };
+            for (k, field) in source.fields().iter().enumerate() {
+                if let FieldKind::Tensor { dtype, .. } = field.kind {
+                    assert_eq!(sample.get(k).len(), dtype.size(), "row {index}, {field:?}");
+                }
             }
         }
-    }
-    let _ = source.pages();
-    let _ = source.identity();
+        let _ = source.pages();
+        let _ = source.identity();
     }
 );
