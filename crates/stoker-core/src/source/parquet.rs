@@ -25,6 +25,7 @@ use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
 use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
 use parquet::data_type::DataType;
 use parquet::errors::ParquetError;
+use parquet::file::metadata::RowGroupMetaData;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::serialized_reader::ReadOptionsBuilder;
 use parquet::schema::types::ColumnDescriptor;
@@ -82,6 +83,20 @@ pub(crate) fn open_mapped(
         .map_err(|e| Error::format(shown, format!("is not a Parquet file: {e}")))?;
     map.check()?;
     Ok((reader, map, meta))
+}
+
+/// `rows` plus the row count of row group `g` of the file `shown`, or why the footer's count
+/// cannot be right (negative, or the sum overflows).
+pub(crate) fn add_rows(rows: u64, g: usize, group: &RowGroupMetaData, shown: &Path) -> Result<u64> {
+    u64::try_from(group.num_rows())
+        .map_err(|_| {
+            Error::format(
+                shown,
+                format!("row group {g} says {} rows", group.num_rows()),
+            )
+        })?
+        .checked_add(rows)
+        .ok_or_else(|| Error::format(shown, "its row groups' row counts overflow".to_owned()))
 }
 
 /// The footer of a Parquet file: its metadata and the 8 bytes after it (all of the file when it
@@ -483,17 +498,11 @@ fn table_file(
     let mut rows = 0u64;
     groups.push(0);
     for (g, group) in metadata.row_groups().iter().enumerate() {
-        let count = u64::try_from(group.num_rows()).map_err(|_| {
-            Error::format(
-                &shown,
-                format!("row group {g} says {} rows", group.num_rows()),
-            )
-        })?;
         // Every chosen column is flat (one value or null a row), so its chunk holds as many
         // values as the group has rows: a footer that disagrees is damaged.
         for ((leaf, _), (c, _)) in leaves.iter().zip(chosen) {
             let values = group.column(*leaf).num_values();
-            if u64::try_from(values).ok() != Some(count) {
+            if values != group.num_rows() {
                 return Err(Error::format(
                     &shown,
                     format!(
@@ -504,9 +513,7 @@ fn table_file(
                 ));
             }
         }
-        rows = rows.checked_add(count).ok_or_else(|| {
-            Error::format(&shown, "its row groups' row counts overflow".to_owned())
-        })?;
+        rows = add_rows(rows, g, group, &shown)?;
         groups.push(rows);
     }
     Ok(TableFile {

@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::hash::Fnv;
 use crate::source::mapped::Mapping;
 use crate::source::open_file;
-use crate::source::parquet::{footer, guarded, open_mapped};
+use crate::source::parquet::{add_rows, footer, guarded, open_mapped};
 use crate::source::per_thread::PerThread;
 
 /// Cache kind of a Parquet file's document starts.
@@ -206,15 +206,7 @@ impl ParquetPart {
                     ),
                 ));
             }
-            rows = u64::try_from(group.num_rows())
-                .ok()
-                .and_then(|n| rows.checked_add(n))
-                .ok_or_else(|| {
-                    Error::format(
-                        shown,
-                        format!("row group {g} says {} rows", group.num_rows()),
-                    )
-                })?;
+            rows = add_rows(rows, g, group, shown)?;
             groups.push(rows);
         }
         let mut part = ParquetPart {
