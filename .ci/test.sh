@@ -88,8 +88,9 @@ background_log=$(mktemp -d)
 # as one unit, minutes on one core, which the foreground steps leave idle at times anyway; run
 # last, beside Miri, it ended the run with a core idle for three to four minutes. The sanitizer
 # builds, which use both cores, follow it, and Miri's run (one thread, two to four minutes) comes
-# last, beside the ASan/TSan and fuzzing steps (on 2 cores its last minute or so ran alone). The
-# CPU is busy 94-98% of a run: its length follows the CPU time of all its work more than the order.
+# last, beside the ASan/TSan and fuzzing steps (on 2 cores its last one to two minutes ran
+# alone). The CPU is busy 94-98% of a run: its length follows the CPU time of all its work more
+# than the order.
 lowest='echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"'
 # start_job NAME SCRIPT [ARG...]: runs the bash SCRIPT as above and sets job_id to its session's
 # id. The job is not this shell's child (the subshell that starts it exits at once): bash reaps a
