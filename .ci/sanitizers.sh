@@ -20,8 +20,9 @@
 #
 # Each prints "sanitizer NAME: ok, N tests" or the report, and any finding fails the script.
 # SANITIZERS="asan tsan" runs a subset. Build directories: target/sanitizers/NAME.
-# SANITIZERS_BUILD_ONLY=1 builds the ASan and TSan tests and Miri's sysroot, runs nothing (the
-# test command does this in the background while earlier steps leave a core idle).
+# SANITIZERS_BUILD_ONLY=1 builds the chosen sanitizers' tests (Miri's sysroot and test build too),
+# runs nothing: the test command builds ASan's and TSan's in the background while earlier steps
+# leave a core idle, and runs Miri whole beside them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -67,6 +67,13 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 if command -v rustup >/dev/null; then
   rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+  # Nightly and the components of the background jobs below, before they start: the fuzz job and
+  # Miri's start together, and two rustup installs at once into one toolchain can collide.
+  rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
+  for c in rust-src miri; do
+    rustup component list --toolchain nightly --installed 2>/dev/null | grep -q "^$c" ||
+      rustup component add "$c" --toolchain nightly
+  done
 fi
 cargo --version
 bash .ci/native-deps.sh
@@ -76,20 +83,20 @@ eval "$(bash .ci/libjpeg-turbo.sh)"
 
 # Every step until the sanitizers leaves a core idle at times (a crate that everything after it
 # waits for, a link, pytest's one thread, downloads, waits on servers and launchers). The
-# sanitizers' test builds and the fuzz targets use it from the start, at the lowest CPU priority,
-# so those two steps mostly run rather than build. Each of them waits for its build and builds
+# sanitizers' test builds, the fuzz targets and Miri use it from the start, at the lowest CPU
+# priority, so those steps mostly run rather than build. Each of them waits for its job and runs
 # again itself if the background one failed, so a failure shows there with its output.
 background_log=$(mktemp -d)
 # Each in a session of its own (setsid, run directly so that $! is the session's id), so that
 # leaving early stops it and its cargo, at the lowest CPU priority. Linux schedules each session
 # as one group (autogroup) and a nice value ranks a process only within its group, so the new
 # session's group is lowered too: without that the background builds took half the CPU from the
-# steps they were to fill in for. The fuzz targets' build goes first: it compiles stoker-core
-# as one unit, minutes on one core, which the foreground steps leave idle at times anyway; run
-# last, beside Miri, it ended the run with a core idle for three to four minutes. The sanitizer
-# builds, which use both cores, follow it, and Miri's run (one thread, two to four minutes) comes
-# last, beside the ASan/TSan and fuzzing steps (on 2 cores its last one to two minutes ran
-# alone). The CPU is busy 94-98% of a run: its length follows the CPU time of all its work more
+# steps they were to fill in for. Two jobs run side by side. One is the fuzz targets' build,
+# then the sanitizer builds: the fuzz build compiles stoker-core as one unit, minutes on one
+# core, which the foreground steps leave idle at times anyway (run last, it ended the run with a
+# core idle for three to four minutes). The other is Miri's build and run, one thread for two to
+# four minutes: run after the sanitizer builds, it ended the run alone on one core for a minute
+# or two. The CPU is busy 94-98% of a run: its length follows the CPU time of all its work more
 # than the order.
 lowest='echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"'
 # start_job NAME SCRIPT [ARG...]: runs the bash SCRIPT as above and sets job_id to its session's
@@ -110,10 +117,9 @@ start_job() {
 start_job fuzz 'FUZZ_BUILD_ONLY=1 bash .ci/fuzz.sh'
 fuzz_build=$job_id
 start_job sanitizers 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
-  SANITIZERS_BUILD_ONLY=1 bash .ci/sanitizers.sh' "$fuzz_build"
+  SANITIZERS="asan tsan" SANITIZERS_BUILD_ONLY=1 bash .ci/sanitizers.sh' "$fuzz_build"
 sanitizer_build=$job_id
-start_job miri 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
-  SANITIZERS=miri bash .ci/sanitizers.sh' "$sanitizer_build"
+start_job miri 'SANITIZERS=miri bash .ci/sanitizers.sh'
 miri_run=$job_id
 trap 'kill -- -"$fuzz_build" -"$sanitizer_build" -"$miri_run" 2>/dev/null || true' EXIT
 background_began=$SECONDS
@@ -189,8 +195,10 @@ step "python: sdist, the manylinux wheel built from it, installed into a clean v
 bash bindings/python/run_tests.sh
 
 step "distributed: torchrun (gloo) 2 and 3 ranks with elastic resume, mpirun -np 2"
-# The wheel the Python step just built and tested, from this tree.
-STOKER_WHEEL=$(ls bindings/python/dist/stoker-*manylinux*.whl) bash bindings/python/run_distributed_tests.sh
+# The wheel the Python step just built and tested, from this tree; its pytest run took in the
+# torch adapter's and the distributed Python tests, which the script would run again.
+STOKER_WHEEL=$(ls bindings/python/dist/stoker-*manylinux*.whl) STOKER_SKIP_PYTEST=1 \
+  bash bindings/python/run_distributed_tests.sh
 done_with .venv-test .venv-build "$target/zig"
 
 step "sanitizers: the concurrency core under AddressSanitizer and ThreadSanitizer"
@@ -201,7 +209,8 @@ step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default
 background "fuzz targets build" fuzz "$fuzz_build" || true
 bash .ci/fuzz.sh
 
-# Last: Miri interprets on one thread while the two steps above run, instead of holding them up.
+# Miri's job has run beside the others since the start; its verdict is read last, when it has
+# most likely ended.
 step "Miri: the unsafe code of the arena, collate and the prefetch ring"
 background "Miri's run" miri "$miri_run" || SANITIZERS=miri bash .ci/sanitizers.sh
 
