@@ -6,7 +6,8 @@
 # (the pipeline spec parser), resume_state (ResumeState::parse), tar_members (the WebDataset
 # shard scan of the indexed tar source), packed_reader (the packed format's open and per-field
 # checks), wids_index (WebDataset's JSON shard index), megatron_index (Megatron-LM's `.idx`
-# parse and checks), parquet_table (a `parquet:` table's open and every row's read). Each runs
+# parse and checks), parquet_table (a `parquet:` table's open and every row's read),
+# coco_raster (COCO's RLE strings and runs expanded and polygons filled into masks). Each runs
 # FUZZ_SECONDS (default 12: within the test command's time it replays the seeds and mutates for
 # a while; longer runs find more), FUZZ_JOBS at a time (default: 2, or 1 on a single core), from
 # a corpus seeded with the committed parser seeds and the test images, tars and Parquet files;
@@ -24,7 +25,7 @@ cd "$(dirname "$0")/.."
 
 CARGO_FUZZ_VERSION=0.13.2
 FUZZ_SECONDS=${FUZZ_SECONDS:-12}
-ALL_TARGETS="image_pipeline npy_header options transform_spec resume_state tar_members packed_reader wids_index megatron_index parquet_table"
+ALL_TARGETS="image_pipeline npy_header options transform_spec resume_state tar_members packed_reader wids_index megatron_index parquet_table coco_raster"
 read -r -a targets <<<"${FUZZ_TARGETS:-$ALL_TARGETS}"
 cores=$(nproc 2>/dev/null || echo 1)
 FUZZ_JOBS=${FUZZ_JOBS:-$((cores >= 2 ? 2 : 1))}

@@ -65,7 +65,7 @@ pub fn fill_polygon(
 }
 
 /// COCO's compressed RLE string (pycocotools' `rleToString`: each count in 5-bit groups as
-/// characters from 48, the sign in the last group, counts after the second as differences
+/// characters from 48, the sign in the last group, counts from the fourth on as differences
 /// from the one two before) to counts. At most `max_counts` counts.
 pub fn rle_counts(s: &str, max_counts: usize) -> Result<Vec<u64>, String> {
     let bytes = s.as_bytes();
@@ -96,7 +96,10 @@ pub fn rle_counts(s: &str, max_counts: usize) -> Result<Vec<u64>, String> {
             }
         }
         if counts.len() > 2 {
-            x += counts[counts.len() - 2] as i64;
+            // Each count came from an i64, so it fits one; a sum of differences can overflow.
+            x = x
+                .checked_add(counts[counts.len() - 2] as i64)
+                .ok_or_else(|| format!("the RLE string has a run over {} pixels", i64::MAX))?;
         }
         let count =
             u64::try_from(x).map_err(|_| format!("the RLE string has a negative run ({x})"))?;
@@ -171,5 +174,16 @@ mod tests {
         assert!(rle_counts("5", 100).is_ok());
         assert!(rle_counts("\u{7f}", 100).is_err());
         assert!(fill_rle(&[5, 2], 3, 4, &mut out).is_err());
+    }
+
+    #[test]
+    fn an_rle_whose_differences_add_up_past_64_bits_is_an_error() {
+        // "ooooooooooo?" is 2^59 - 1, the largest difference one count can carry: counts 0, 2,
+        // 4, ... grow by it, and the seventeenth of them is past i64::MAX.
+        let s = "ooooooooooo?".repeat(40);
+        let e = rle_counts(&s, 100).unwrap_err();
+        assert!(e.contains("a run over"), "{e}");
+        // Sixteen of them still fit.
+        assert!(rle_counts(&"ooooooooooo?".repeat(32), 100).is_ok());
     }
 }
