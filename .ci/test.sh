@@ -67,8 +67,8 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 if command -v rustup >/dev/null; then
   rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
-  # Nightly and the components of the background jobs below, before they start: the fuzz job and
-  # Miri's start together, and two rustup installs at once into one toolchain can collide.
+  # Nightly and the components of the background jobs below, before they start: Miri's and the
+  # sanitizers' start together, and two rustup installs at once into one toolchain can collide.
   rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
   for c in rust-src miri; do
     rustup component list --toolchain nightly --installed 2>/dev/null | grep -q "^$c" ||
@@ -91,13 +91,13 @@ background_log=$(mktemp -d)
 # leaving early stops it and its cargo, at the lowest CPU priority. Linux schedules each session
 # as one group (autogroup) and a nice value ranks a process only within its group, so the new
 # session's group is lowered too: without that the background builds took half the CPU from the
-# steps they were to fill in for. Two jobs run side by side. One is the fuzz targets' build,
-# then the sanitizer builds: the fuzz build compiles stoker-core as one unit, minutes on one
-# core, which the foreground steps leave idle at times anyway (run last, it ended the run with a
-# core idle for three to four minutes). The other is Miri's build and run, one thread for two to
-# four minutes: run after the sanitizer builds, it ended the run alone on one core for a minute
-# or two. The CPU is busy 94-98% of a run: its length follows the CPU time of all its work more
-# than the order.
+# steps they were to fill in for. The fuzz targets' build goes first: it compiles stoker-core as
+# one unit, minutes on one core, which the foreground steps leave idle at times anyway (built
+# last, it ended the run with a core idle for three to four minutes; built beside Miri, it was
+# slowed into the last steps). Then two jobs side by side: the sanitizer builds, and Miri's build
+# and run, mostly one thread for two to four minutes (after the sanitizer builds, it ended the run
+# alone on one core for a minute or two). The CPU is busy 94-98% of a run: its length follows the
+# CPU time of all its work more than the order.
 lowest='echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"'
 # start_job NAME SCRIPT [ARG...]: runs the bash SCRIPT as above and sets job_id to its session's
 # id. The job is not this shell's child (the subshell that starts it exits at once): bash reaps a
@@ -119,7 +119,8 @@ fuzz_build=$job_id
 start_job sanitizers 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
   SANITIZERS="asan tsan" SANITIZERS_BUILD_ONLY=1 bash .ci/sanitizers.sh' "$fuzz_build"
 sanitizer_build=$job_id
-start_job miri 'SANITIZERS=miri bash .ci/sanitizers.sh'
+start_job miri 'while kill -0 "$1" 2>/dev/null; do sleep 5; done
+  SANITIZERS=miri bash .ci/sanitizers.sh' "$fuzz_build"
 miri_run=$job_id
 trap 'kill -- -"$fuzz_build" -"$sanitizer_build" -"$miri_run" 2>/dev/null || true' EXIT
 background_began=$SECONDS
@@ -209,8 +210,8 @@ step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default
 background "fuzz targets build" fuzz "$fuzz_build" || true
 bash .ci/fuzz.sh
 
-# Miri's job has run beside the others since the start; its verdict is read last, when it has
-# most likely ended.
+# Miri's job has run beside the sanitizer builds; its verdict is read last, when it has most
+# likely ended.
 step "Miri: the unsafe code of the arena, collate and the prefetch ring"
 background "Miri's run" miri "$miri_run" || SANITIZERS=miri bash .ci/sanitizers.sh
 
