@@ -83,8 +83,8 @@ eval "$(bash .ci/libjpeg-turbo.sh)"
 
 # Every step until the sanitizers leaves a core idle at times (a crate that everything after it
 # waits for, a link, pytest's one thread, downloads, waits on servers and launchers). The
-# sanitizers' test builds, the fuzz targets and Miri use it from the start, at the lowest CPU
-# priority, so those steps mostly run rather than build. Each of them waits for its job and runs
+# fuzz targets' build, then the sanitizers' test builds and Miri, use it from the start, at the
+# lowest CPU priority, so those steps mostly run rather than build. Each of them waits for its job and runs
 # again itself if the background one failed, so a failure shows there with its output.
 background_log=$(mktemp -d)
 # Each in a session of its own (setsid, run directly so that $! is the session's id), so that
