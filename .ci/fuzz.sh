@@ -26,11 +26,7 @@ cd "$(dirname "$0")/.."
 CARGO_FUZZ_VERSION=0.13.2
 FUZZ_SECONDS=${FUZZ_SECONDS:-12}
 ALL_TARGETS="image_pipeline npy_header options transform_spec resume_state tar_members packed_reader wids_index megatron_index parquet_table coco_raster"
-# parquet_table is left out unless named: the parquet crate (60.1.0) takes 23 s in this build to
-# refuse fuzz/slow/parquet_table-thrift-skip.parquet (6 KB; its footer's Thrift skip loops over a
-# huge list), over the 10 s a run allows, and mutation finds such files within seconds.
-DEFAULT_TARGETS="${ALL_TARGETS/ parquet_table/}"
-read -r -a targets <<<"${FUZZ_TARGETS:-$DEFAULT_TARGETS}"
+read -r -a targets <<<"${FUZZ_TARGETS:-$ALL_TARGETS}"
 cores=$(nproc 2>/dev/null || echo 1)
 FUZZ_JOBS=${FUZZ_JOBS:-$((cores >= 2 ? 2 : 1))}
 fuzz_dir=crates/stoker-core/fuzz

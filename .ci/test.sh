@@ -206,7 +206,7 @@ step "sanitizers: the concurrency core under AddressSanitizer and ThreadSanitize
 background "sanitizer builds" sanitizers "$sanitizer_build" || true
 SANITIZERS="asan tsan" bash .ci/sanitizers.sh
 
-step "fuzzing: the cargo-fuzz targets (parquet_table only when named) for a bounded time (FUZZ_SECONDS, default 12)"
+step "fuzzing: the cargo-fuzz targets for a bounded time (FUZZ_SECONDS, default 12)"
 background "fuzz targets build" fuzz "$fuzz_build" || true
 bash .ci/fuzz.sh
 

@@ -455,6 +455,16 @@ fn damaged_footers_are_errors_naming_the_file() {
     );
     assert!(!e.contains("a bug in stoker"), "{e}");
 
+    // Found by the parquet_table fuzz target: an unknown footer field of a list declaring more
+    // booleans than there are bytes, which the parquet crate's skip counted through (23 s in the
+    // fuzz build); now refused by the walk before its parse (see the test below).
+    let bad = data_file("thrift-skip-of-booleans.parquet");
+    let e = open_error(&bad.display().to_string(), &[]);
+    assert!(
+        e.contains("thrift-skip-of-booleans.parquet: is not a Parquet file: its footer is damaged"),
+        "{e}"
+    );
+
     // A row group that says more rows than its columns hold (its footer rewritten): refused at
     // open, not discovered as short reads at every row past the real ones.
     let dir = tmp("pq-rows");
@@ -515,4 +525,103 @@ fn a_panic_in_the_parquet_reader_fails_its_row_only() {
             .any(|e| e.contains("the Parquet reader failed")),
         "{errors:?}"
     );
+}
+
+/// A compact-Thrift field no reader knows (id 100, its id written out): a list that declares
+/// 2^31 - 1 booleans and holds none. The parquet crate's own skip of an unknown field takes a
+/// list's booleans as holding no bytes and counts through the declared number: seconds to hours
+/// for a few bytes.
+pub(crate) const UNKNOWN_BOOLEANS: [u8; 9] = [0x09, 0xc8, 0x01, 0xf1, 0xff, 0xff, 0xff, 0xff, 0x07];
+
+/// `bytes` with `UNKNOWN_BOOLEANS` written over the start of column `column`'s chunk in row
+/// group `g` (its first page header), or of that chunk's column index.
+pub(crate) fn damage_chunk(bytes: &[u8], g: usize, column: &str, index: bool) -> Vec<u8> {
+    let reader =
+        parquet::file::reader::SerializedFileReader::new(bytes::Bytes::from(bytes.to_vec()))
+            .unwrap();
+    let metadata = parquet::file::reader::FileReader::metadata(&reader);
+    let chunk = metadata
+        .row_group(g)
+        .columns()
+        .iter()
+        .find(|c| c.column_path().string() == column)
+        .unwrap();
+    let at = if index {
+        chunk
+            .column_index_offset()
+            .expect("the writer wrote a column index")
+    } else {
+        chunk
+            .dictionary_page_offset()
+            .unwrap_or(chunk.data_page_offset())
+    } as usize;
+    let mut damaged = bytes.to_vec();
+    damaged[at..at + UNKNOWN_BOOLEANS.len()].copy_from_slice(&UNKNOWN_BOOLEANS);
+    damaged
+}
+
+#[test]
+fn a_footer_page_index_or_page_header_declaring_more_than_it_holds_is_refused_at_once() {
+    let dir = tmp("pq-thrift");
+    let good = dir.join("good.parquet");
+    write_table(&good, &rows(8, 0), 4);
+    let bytes = fs::read(&good).unwrap();
+    let n = bytes.len();
+
+    // The field added to the footer, before its closing stop byte.
+    let footer_len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
+    let mut damaged = bytes[..n - 9].to_vec();
+    damaged.extend(UNKNOWN_BOOLEANS);
+    damaged.push(0);
+    damaged.extend(((footer_len + UNKNOWN_BOOLEANS.len()) as u32).to_le_bytes());
+    damaged.extend(b"PAR1");
+    fs::write(dir.join("footer.parquet"), &damaged).unwrap();
+    let e = open_error(&format!("{}/footer.parquet", dir.display()), &[]);
+    assert!(
+        e.contains(
+            "footer.parquet: is not a Parquet file: its footer is damaged: the list at byte"
+        ) && e.contains("declares 2147483647 elements where 1 bytes are left"),
+        "{e}"
+    );
+
+    // Over a column index: the table reads the page index at open.
+    fs::write(
+        dir.join("index.parquet"),
+        damage_chunk(&bytes, 1, "label", true),
+    )
+    .unwrap();
+    let e = open_error(&format!("{}/index.parquet", dir.display()), &[]);
+    assert!(
+        e.contains("index.parquet: is not a Parquet file: row group 1: the column index of column `label` is damaged")
+            && e.contains("declares 2147483647 elements"),
+        "{e}"
+    );
+
+    // Over a page header: the rows of that row group fail, as rows, and every other row reads.
+    let file = dir.join("page.parquet");
+    fs::write(&file, damage_chunk(&bytes, 1, "label", false)).unwrap();
+    let source = stoker_core::source::ParquetSource::open(
+        &file.display().to_string(),
+        None,
+        &Default::default(),
+    )
+    .unwrap();
+    let mut scratch = Vec::new();
+    for i in 0..source.len() {
+        match (i, source.read(i, &mut scratch)) {
+            (0..4, Ok(_)) => {}
+            (4.., Err(e)) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains(&format!(
+                        "page.parquet row {i} (row group 1), column `label`"
+                    )) && e.contains("a page header is damaged: the list at byte")
+                        && e.contains("declares 2147483647 elements"),
+                    "{e}"
+                );
+            }
+            (i, r) => panic!("row {i}: {:?}", r.err()),
+        }
+    }
+    fs::remove_dir_all(&dir).unwrap();
 }

@@ -19,6 +19,7 @@ use tokenizers::models::wordlevel::WordLevel;
 use tokenizers::pre_tokenizers::whitespace::Whitespace;
 use tokenizers::Tokenizer;
 
+use crate::parquet_table::damage_chunk;
 use crate::support::files::tmp;
 
 const SEQ: usize = 4;
@@ -263,6 +264,19 @@ fn bad_files_and_options_are_named_at_open() {
     );
     assert!(
         e.contains("truncated.parquet") && e.contains("not a Parquet file"),
+        "{e}"
+    );
+    // A page header declaring 2^31 - 1 booleans it does not hold (see `damage_chunk`): refused
+    // as the first open counts row group 2's tokens, at once.
+    let damaged = data.dir.join("damaged.parquet");
+    std::fs::write(&damaged, damage_chunk(&bytes, 2, "text", false)).unwrap();
+    let e = open(
+        TokenSpec::Parquet(damaged.display().to_string()),
+        config(&tokenizer, Packing::Concat),
+    );
+    assert!(
+        e.contains("damaged.parquet: row group 2, column 0: a page header is damaged")
+            && e.contains("declares 2147483647 elements"),
         "{e}"
     );
 }

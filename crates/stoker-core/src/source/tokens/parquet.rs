@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::hash::Fnv;
 use crate::source::mapped::Mapping;
 use crate::source::open_file;
-use crate::source::parquet::{add_rows, footer, guarded, open_mapped};
+use crate::source::parquet::{add_rows, check_pages, footer, guarded, open_mapped};
 use crate::source::per_thread::PerThread;
 
 /// Cache kind of a Parquet file's document starts.
@@ -322,6 +322,18 @@ impl ParquetPart {
             )
         };
         let rows = (self.groups[g + 1] - self.groups[g]) as usize;
+        // Walked on every decode: against decoding the whole group, a pass over its page headers
+        // costs nothing worth remembering.
+        check_pages(
+            &self.map,
+            self.reader.metadata().row_group(g).column(self.column),
+        )
+        .map_err(|e| {
+            Error::format(
+                &self.path,
+                format!("row group {g}, column {}: {e}", self.column),
+            )
+        })?;
         let reader = guarded(|| {
             self.reader
                 .get_row_group(g)

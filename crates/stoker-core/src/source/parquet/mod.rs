@@ -18,14 +18,15 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
 use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
 use parquet::data_type::DataType;
 use parquet::errors::ParquetError;
-use parquet::file::metadata::RowGroupMetaData;
+use parquet::file::metadata::{ColumnChunkMetaData, RowGroupMetaData};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::serialized_reader::ReadOptionsBuilder;
 use parquet::schema::types::ColumnDescriptor;
@@ -38,6 +39,8 @@ use super::{is_field_name, open_file, FieldSpec, Sample, Source, MAX_FIELDS};
 use crate::dtype::DType;
 use crate::error::{panic_message, Error, Result};
 use crate::hash::Fnv;
+
+mod thrift;
 
 /// Hands a mapping to the Parquet reader as `Bytes` without copying it.
 struct Mapped(Arc<Mapping>);
@@ -66,7 +69,8 @@ pub(crate) fn guarded<T, E: From<ParquetError>>(
 
 /// A Parquet file mapped and its footer read: `path` is the local file (a remote file's cached
 /// copy), `shown` what messages name. With `page_index`, the page index is read too when the
-/// file has one (pages are then skipped without reading their headers).
+/// file has one (pages are then skipped without reading their headers). The footer and the page
+/// index are walked first ([`thrift`]): the reader's own parse of some damaged ones takes hours.
 pub(crate) fn open_mapped(
     path: &Path,
     shown: &Path,
@@ -74,15 +78,120 @@ pub(crate) fn open_mapped(
 ) -> Result<(SerializedFileReader<Bytes>, Arc<Mapping>, std::fs::Metadata)> {
     let (file, meta) = open_file(path, "a Parquet file")?;
     let map = Arc::new(Mapping::map(&file, path)?);
+    let not_parquet =
+        |e: &dyn std::fmt::Display| Error::format(shown, format!("is not a Parquet file: {e}"));
+    check_footer(&map).map_err(|e| not_parquet(&e))?;
+    map.check()?;
     let bytes = Bytes::from_owner(Mapped(Arc::clone(&map)));
     let mut options = ReadOptionsBuilder::new();
+    // The reader hands each row group's metadata to a predicate before it reads the page index:
+    // a damaged index leaves its row group out, unread, and fails the open below.
+    let damaged_index = Arc::new(OnceLock::<String>::new());
     if page_index {
-        options = options.with_page_index();
+        let (map, damaged) = (Arc::clone(&map), Arc::clone(&damaged_index));
+        options = options
+            .with_predicate(Box::new(move |group, g| {
+                match check_page_index(&map, group) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        // The first damaged row group is the one named.
+                        let _ = damaged.set(format!("row group {g}: {e}"));
+                        false
+                    }
+                }
+            }))
+            .with_page_index();
     }
     let reader = guarded(|| SerializedFileReader::new_with_options(bytes, options.build()))
-        .map_err(|e| Error::format(shown, format!("is not a Parquet file: {e}")))?;
+        .map_err(|e| not_parquet(&e))?;
     map.check()?;
+    if let Some(e) = damaged_index.get() {
+        return Err(not_parquet(e));
+    }
     Ok((reader, map, meta))
+}
+
+/// The footer of the file `map` walked, or what is wrong with it. A file without Parquet's
+/// trailer, or too short for the footer length it states, is the reader's to refuse.
+fn check_footer(map: &[u8]) -> std::result::Result<(), String> {
+    let n = map.len();
+    let Some(len) = n
+        .checked_sub(8)
+        .and_then(|at| map.get(at..n - 4))
+        .filter(|_| map.ends_with(b"PAR1"))
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    else {
+        return Ok(());
+    };
+    let Some(start) = n.checked_sub(len.saturating_add(8)) else {
+        return Ok(());
+    };
+    thrift::check_struct(&map[start..n - 8], start as u64)
+        .map(drop)
+        .map_err(|e| format!("its footer is damaged: {e}"))
+}
+
+/// The column and offset indexes of `group`'s column chunks walked, or what is wrong with one.
+/// An index outside the file is the reader's to refuse.
+fn check_page_index(map: &[u8], group: &RowGroupMetaData) -> std::result::Result<(), String> {
+    for column in group.columns() {
+        let indexes = [
+            (
+                "column index",
+                column.column_index_offset(),
+                column.column_index_length(),
+            ),
+            (
+                "offset index",
+                column.offset_index_offset(),
+                column.offset_index_length(),
+            ),
+        ];
+        for (what, offset, length) in indexes {
+            let Some((at, bytes)) = offset.zip(length).and_then(|(offset, length)| {
+                let at = usize::try_from(offset).ok()?;
+                let end = at.checked_add(usize::try_from(length).ok()?)?;
+                Some((at, map.get(at..end)?))
+            }) else {
+                continue;
+            };
+            thrift::check_struct(bytes, at as u64).map_err(|e| {
+                format!(
+                    "the {what} of column `{}` is damaged: {e}",
+                    column.column_path().string()
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The page headers of `column`'s chunk in the file `map` walked, or what is wrong with one:
+/// before a column reader reads them, since its parse of some damaged headers takes hours. A
+/// chunk outside the file, or a page without a size, is the reader's to refuse.
+pub(crate) fn check_pages(
+    map: &[u8],
+    column: &ColumnChunkMetaData,
+) -> std::result::Result<(), String> {
+    let start = column
+        .dictionary_page_offset()
+        .unwrap_or_else(|| column.data_page_offset());
+    let Some((start, chunk)) = usize::try_from(start).ok().and_then(|start| {
+        let end = start.checked_add(usize::try_from(column.compressed_size()).ok()?)?;
+        Some((start, map.get(start..end)?))
+    }) else {
+        return Ok(());
+    };
+    let mut pos = 0;
+    while pos < chunk.len() {
+        let (header, size) = thrift::check_page_header(&chunk[pos..], (start + pos) as u64)
+            .map_err(|e| format!("a page header is damaged: {e}"))?;
+        let Some(size) = size.and_then(|s| usize::try_from(s).ok()) else {
+            return Ok(());
+        };
+        pos = pos.saturating_add(header).saturating_add(size);
+    }
+    Ok(())
 }
 
 /// `rows` plus the row count of row group `g` of the file `shown`, or why the footer's count
@@ -203,6 +312,9 @@ struct TableFile {
     groups: Vec<u64>,
     /// Each field's leaf column in this file, and the column's maximum definition level.
     leaves: Vec<(usize, i16)>,
+    /// Whether the page headers of field `k`'s chunk in row group `g` were walked
+    /// ([`check_pages`]), at `g * leaves.len() + k`: once, not on every reader made.
+    pages_checked: Vec<AtomicBool>,
 }
 
 /// A reader of one field's column, positioned at row `next` of row group `group` of file
@@ -325,6 +437,12 @@ impl ParquetSource {
             .is_some_and(|c| c.file == f && c.group == g && c.next <= in_group);
         if !reusable {
             *cursor = None;
+            let checked = &file.pages_checked[g * file.leaves.len() + k];
+            if !checked.load(Ordering::Relaxed) {
+                let column = file.reader.metadata().row_group(g).column(leaf);
+                check_pages(&file.map, column).map_err(&fail)?;
+                checked.store(true, Ordering::Relaxed);
+            }
             let reader = guarded(|| {
                 file.reader
                     .get_row_group(g)
@@ -516,10 +634,12 @@ fn table_file(
         rows = add_rows(rows, g, group, &shown)?;
         groups.push(rows);
     }
+    let chunks = (groups.len() - 1).saturating_mul(leaves.len());
     Ok(TableFile {
         shown,
         reader,
         map,
+        pages_checked: (0..chunks).map(|_| AtomicBool::new(false)).collect(),
         groups,
         leaves,
     })
