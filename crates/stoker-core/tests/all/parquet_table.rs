@@ -443,6 +443,12 @@ fn data_file(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
+/// The table source of one local file, opened.
+fn source_of(file: &Path) -> stoker_core::source::ParquetSource {
+    stoker_core::source::ParquetSource::open(&file.display().to_string(), None, &Default::default())
+        .unwrap()
+}
+
 #[test]
 fn damaged_footers_are_errors_naming_the_file() {
     // Found by the parquet_table fuzz target: a compact-Thrift bool field written with another
@@ -500,13 +506,7 @@ fn a_panic_in_the_parquet_reader_fails_its_row_only() {
     // Found by the parquet_table fuzz target: an offset index whose first page lies before its
     // column chunk, on which parquet 60.1.0 subtracts with overflow (a panic where overflow is
     // checked, as in this test build) when a row's column reader is made.
-    let file = data_file("page-before-its-column-chunk.parquet");
-    let source = stoker_core::source::ParquetSource::open(
-        &file.display().to_string(),
-        None,
-        &Default::default(),
-    )
-    .unwrap();
+    let source = source_of(&data_file("page-before-its-column-chunk.parquet"));
     let mut scratch = Vec::new();
     let errors: Vec<String> = (0..source.len())
         .filter_map(|i| source.read(i, &mut scratch).err())
@@ -600,12 +600,7 @@ fn a_footer_page_index_or_page_header_declaring_more_than_it_holds_is_refused_at
     // Over a page header: the rows of that row group fail, as rows, and every other row reads.
     let file = dir.join("page.parquet");
     fs::write(&file, damage_chunk(&bytes, 1, "label", false)).unwrap();
-    let source = stoker_core::source::ParquetSource::open(
-        &file.display().to_string(),
-        None,
-        &Default::default(),
-    )
-    .unwrap();
+    let source = source_of(&file);
     let mut scratch = Vec::new();
     for i in 0..source.len() {
         match (i, source.read(i, &mut scratch)) {
