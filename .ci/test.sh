@@ -84,8 +84,9 @@ eval "$(bash .ci/libjpeg-turbo.sh)"
 # Every step until the sanitizers leaves a core idle at times (a crate that everything after it
 # waits for, a link, pytest's one thread, downloads, waits on servers and launchers). The
 # fuzz targets' build, then the sanitizers' test builds and Miri, use it from the start, at the
-# lowest CPU priority, so those steps mostly run rather than build. Each of them waits for its job and runs
-# again itself if the background one failed, so a failure shows there with its output.
+# lowest CPU priority, so those steps mostly run rather than build. Each of them waits for its
+# job and runs again itself if the background one failed, so a failure shows there with its
+# output.
 background_log=$(mktemp -d)
 # Each in a session of its own (setsid, run directly so that $! is the session's id), so that
 # leaving early stops it and its cargo, at the lowest CPU priority. Linux schedules each session
@@ -206,7 +207,7 @@ step "sanitizers: the concurrency core under AddressSanitizer and ThreadSanitize
 background "sanitizer builds" sanitizers "$sanitizer_build" || true
 SANITIZERS="asan tsan" bash .ci/sanitizers.sh
 
-step "fuzzing: the cargo-fuzz targets for a bounded time (FUZZ_SECONDS, default 12)"
+step "fuzzing: every cargo-fuzz target for a bounded time (FUZZ_SECONDS, default 12)"
 background "fuzz targets build" fuzz "$fuzz_build" || true
 bash .ci/fuzz.sh
 

@@ -114,19 +114,10 @@ pub(crate) fn open_mapped(
 /// The footer of the file `map` walked, or what is wrong with it. A file without Parquet's
 /// trailer, or too short for the footer length it states, is the reader's to refuse.
 fn check_footer(map: &[u8]) -> std::result::Result<(), String> {
-    let n = map.len();
-    let Some(len) = n
-        .checked_sub(8)
-        .and_then(|at| map.get(at..n - 4))
-        .filter(|_| map.ends_with(b"PAR1"))
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-    else {
+    let Some(start) = metadata_start(map).filter(|_| map.ends_with(b"PAR1")) else {
         return Ok(());
     };
-    let Some(start) = n.checked_sub(len.saturating_add(8)) else {
-        return Ok(());
-    };
-    thrift::check_struct(&map[start..n - 8], start as u64)
+    thrift::check_struct(&map[start..map.len() - 8], start as u64)
         .map(drop)
         .map_err(|e| format!("its footer is damaged: {e}"))
 }
@@ -211,11 +202,16 @@ pub(crate) fn add_rows(rows: u64, g: usize, group: &RowGroupMetaData, shown: &Pa
 /// The footer of a Parquet file: its metadata and the 8 bytes after it (all of the file when it
 /// is too short to have one; the reader refused such a file already).
 pub(crate) fn footer(map: &[u8]) -> &[u8] {
+    &map[metadata_start(map).unwrap_or(0)..]
+}
+
+/// Where a Parquet file's metadata starts: it ends at the file's last 8 bytes, whose first 4 give
+/// its length; `None` when the file is too short for the length they give.
+fn metadata_start(map: &[u8]) -> Option<usize> {
     let n = map.len();
-    let len = map
-        .get(n.saturating_sub(8)..n.saturating_sub(4))
-        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
-    &map[n.saturating_sub(len.saturating_add(8))..]
+    let len = map.get(n.checked_sub(8)?..n - 4)?;
+    let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    n.checked_sub(len.checked_add(8)?)
 }
 
 /// How a column's values become a field's bytes.
