@@ -10,6 +10,15 @@ Workloads
           (shuffle_buffer=1000) against stoker indexed, stoker image_folder on the folder, and
           webdataset + torch DataLoader (shard shuffle, shuffle(1000), PIL + torchvision
           transforms, 2 workers)
+  parquet (not in the default set: --workloads parquet) the same photos as a Hugging Face image
+          dataset's Parquet files (bench/.data/parquet, written by pyarrow as earlier releases of
+          `datasets` wrote them: an `image` struct<bytes, path>, an int64 `label`, row groups of
+          100, pyarrow's defaults otherwise, so one snappy page per row group), same transform
+          and batches: stoker `parquet:` (shuffled: order=random, the default 1 GiB
+          parquet_cache), the same with parquet_cache=0 and with order=quasi_random, stoker
+          image_folder on the folder, and Hugging Face `datasets` (load_dataset("parquet"),
+          with_transform: its Image feature's PIL decode and the torchvision transforms) in torch
+          DataLoader, 2 workers
 
 Each workload has a second stoker row, "stoker, Python dataset": the same loader fed by a
 map-style Python object instead of a built-in source (images: __getitem__ opens and reads the
@@ -111,11 +120,19 @@ RUNS = [
     ("tar", "stoker, tar indexed"),
     ("tar", "stoker, image_folder"),
     ("tar", "webdataset + torch DataLoader"),
+    ("parquet", "stoker"),
+    ("parquet", "stoker, parquet_cache=0"),
+    ("parquet", "stoker, order=quasi_random"),
+    ("parquet", "stoker, image_folder"),
+    ("parquet", "HF datasets + torch DataLoader"),
 ]
 SHARDS = DATA / "shards"
 NUM_SHARDS = 8
 TAR_PATTERN = f"{SHARDS}/train-{{000000..{NUM_SHARDS - 1:06d}}}.tar"
 TAR_SHUFFLE_BUFFER = 1000
+PARQUET = DATA / "parquet"
+PARQUET_FILES = 2
+PARQUET_PATTERN = f"{PARQUET}/train-{{00000..{PARQUET_FILES - 1:05d}}}-of-{PARQUET_FILES:05d}.parquet"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,23 +260,33 @@ def stoker_py_images():
     return stoker_images(JpegFiles)
 
 
-def torch_pil_images():
-    import torch
+def torch_transform():
+    """SPEC as torchvision transforms on a PIL image."""
     import torchvision.transforms as T
+
+    return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def torch_image_loader(dataset):
+    """torch DataLoader as the image rows run it: shuffled batches, persistent worker processes,
+    as many batches in flight as stoker."""
+    import torch
+
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=IMAGE_BATCH,
+        shuffle=True,
+        num_workers=WORKERS,
+        persistent_workers=True,
+        prefetch_factor=IMAGE_PREFETCH,
+    )
+
+
+def torch_pil_images():
     from torchvision.datasets import ImageFolder
 
     def make():
-        transform = T.Compose(
-            [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
-        )
-        loader = torch.utils.data.DataLoader(
-            ImageFolder(str(IMAGES), transform=transform),
-            batch_size=IMAGE_BATCH,
-            shuffle=True,
-            num_workers=WORKERS,
-            persistent_workers=True,
-            prefetch_factor=IMAGE_PREFETCH,
-        )
+        loader = torch_image_loader(ImageFolder(str(IMAGES), transform=torch_transform()))
         return lambda: iter(loader)
 
     return measure(make, lambda b: b[0].shape[0], IMAGE_EPOCHS)
@@ -290,7 +317,6 @@ class PlainDataset:
 
 
 def porting_stoker(kind: str):
-    import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
 
     import stoker.torch
@@ -302,10 +328,7 @@ def porting_stoker(kind: str):
         elif kind == "callback":
             dataset = PlainDataset(ImageFolder(str(IMAGES)))
         else:
-            transform = T.Compose(
-                [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
-            )
-            dataset, options = ImageFolder(str(IMAGES), transform=transform), {}
+            dataset, options = ImageFolder(str(IMAGES), transform=torch_transform()), {}
         loader = stoker.torch.DataLoader(
             dataset,
             batch_size=IMAGE_BATCH,
@@ -454,13 +477,10 @@ def webdataset_torch():
     """WebDataset's documented recipe: shards shuffled, a shuffle buffer, PIL decode and the
     torchvision transforms in each of 2 worker processes, batched in the workers."""
     import torch
-    import torchvision.transforms as T
     import webdataset as wds
 
     def make():
-        transform = T.Compose(
-            [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
-        )
+        transform = torch_transform()
         dataset = (
             wds.WebDataset(TAR_PATTERN, shardshuffle=NUM_SHARDS, empty_check=False)
             .shuffle(TAR_SHUFFLE_BUFFER)
@@ -481,6 +501,33 @@ def webdataset_torch():
     return measure(make, lambda b: b[0].shape[0], IMAGE_EPOCHS)
 
 
+def stoker_parquet(**options):
+    return stoker_images(lambda: f"parquet:{PARQUET_PATTERN}", **options)
+
+
+def hf_datasets_torch():
+    """The Hugging Face image-classification recipe: load_dataset("parquet") (converted once to
+    its Arrow cache, memory-mapped), with_transform decoding the Image feature with PIL and
+    applying the torchvision transforms, in torch DataLoader with 2 worker processes."""
+    import datasets
+
+    def make():
+        transform = torch_transform()
+
+        def batch_transform(rows):
+            rows["image"] = [transform(image.convert("RGB")) for image in rows["image"]]
+            return rows
+
+        files = sorted(str(f) for f in PARQUET.glob("train-*.parquet"))
+        dataset = datasets.load_dataset(
+            "parquet", data_files=files, split="train", cache_dir=str(DATA / "hf-cache")
+        ).with_transform(batch_transform)
+        loader = torch_image_loader(dataset)
+        return lambda: iter(loader)
+
+    return measure(make, lambda b: b["image"].shape[0], IMAGE_EPOCHS)
+
+
 CHILDREN = {
     ("images", "stoker"): stoker_images,
     ("images", PY_DATASET): stoker_py_images,
@@ -494,6 +541,11 @@ CHILDREN = {
     ("tar", "stoker, tar indexed"): stoker_tar_indexed,
     ("tar", "stoker, image_folder"): stoker_images,
     ("tar", "webdataset + torch DataLoader"): webdataset_torch,
+    ("parquet", "stoker"): stoker_parquet,
+    ("parquet", "stoker, parquet_cache=0"): lambda: stoker_parquet(parquet_cache="0"),
+    ("parquet", "stoker, order=quasi_random"): lambda: stoker_parquet(order="quasi_random"),
+    ("parquet", "stoker, image_folder"): stoker_images,
+    ("parquet", "HF datasets + torch DataLoader"): hf_datasets_torch,
     ("porting", PORTING_TORCH): torch_pil_images,
     ("porting", PORTING_RUNS[1]): lambda: porting_stoker("native"),
     ("porting", PORTING_RUNS[2]): lambda: porting_stoker("callback"),
@@ -537,6 +589,40 @@ def make_shards() -> None:
             for i, (f, label) in enumerate(files[s * per_shard : (s + 1) * per_shard]):
                 sink.write({"__key__": f"{s:06d}_{i:06d}", "jpg": f.read_bytes(), "cls": label})
     (SHARDS / ".complete").touch()
+
+
+def make_parquet() -> None:
+    """The photos as a Hugging Face image dataset's Parquet files, as earlier releases of
+    `datasets` wrote them (pyarrow, row groups of 100 for images, its Image feature in the
+    schema's metadata), in a fixed shuffled order; kept across runs."""
+    if (PARQUET / ".complete").exists():
+        return
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    classes = sorted(d.name for d in IMAGES.iterdir() if d.is_dir())
+    files = [(f, label) for label, c in enumerate(classes) for f in sorted((IMAGES / c).glob("*.JPEG"))]
+    random.Random(0).shuffle(files)
+    features = {"image": {"_type": "Image"}, "label": {"dtype": "int64", "_type": "Value"}}
+    schema = pa.schema(
+        [("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])), ("label", pa.int64())],
+        metadata={"huggingface": json.dumps({"info": {"features": features}})},
+    )
+    PARQUET.mkdir(parents=True, exist_ok=True)
+    per_file = -(-len(files) // PARQUET_FILES)
+    for k in range(PARQUET_FILES):
+        part = files[k * per_file : (k + 1) * per_file]
+        table = pa.table(
+            {
+                "image": [{"bytes": f.read_bytes(), "path": f.name} for f, _ in part],
+                "label": [label for _, label in part],
+            },
+            schema=schema,
+        )
+        pq.write_table(table, PARQUET / f"train-{k:05d}-of-{PARQUET_FILES:05d}.parquet", row_group_size=100)
+    (PARQUET / ".complete").touch()
 
 
 def make_npy() -> None:
@@ -702,7 +788,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "LOADER"), help=argparse.SUPPRESS)
     parser.add_argument(
-        "--workloads", default="images,npy,tar", help="comma-separated subset of images, npy, tar"
+        "--workloads",
+        default="images,npy,tar",
+        help="comma-separated subset of images, npy, tar, parquet (needs pyarrow and datasets)",
     )
     parser.add_argument("--augment", action="store_true", help="only the augmentation recipe")
     parser.add_argument(
@@ -733,6 +821,8 @@ def main() -> None:
     make_npy()
     if "tar" in workloads:
         make_shards()
+    if "parquet" in workloads:
+        make_parquet()
     print(f"{os.cpu_count()} cores; images: {sum(1 for _ in IMAGES.rglob('*.JPEG'))} JPEGs in {IMAGES}; "
           f"npy: {NPY_SHAPE} uint8", flush=True)
     results = {}
@@ -745,7 +835,7 @@ def main() -> None:
             results[(workload, name)] = best(results.get((workload, name)), run_child(workload, name))
         memcpy = max(memcpy, memcpy_samples_per_s())
         decode_only = max(decode_only, decode_only_images_per_s())
-        if "images" in workloads or "tar" in workloads:
+        if {"images", "tar", "parquet"} & set(workloads):
             fastest = max(fastest, fastest_decoder_images_per_s(), key=lambda f: f[1])
     decode_limits = [("decode only, Pillow, 2 procs", decode_only)]
     if fastest[1]:
@@ -756,6 +846,7 @@ def main() -> None:
         "npy": [("memcpy, 1 thread", memcpy)],
         "images": decode_limits,
         "tar": decode_limits,
+        "parquet": decode_limits,
     }
     print()
     print(table(results, limits, baseline))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The side-by-side benchmark in one command: stoker vs torch DataLoader, torchvision
 # decode_jpeg + transforms.v2, NVIDIA DALI (CPU) and webdataset, on the same data in one run.
-# `bash bench/run.sh --workloads tar` runs a subset (images, npy, tar); `bash bench/run.sh
+# `bash bench/run.sh --workloads tar` runs a subset (images, npy, tar; `parquet`, Hugging Face
+# image Parquet files against `datasets`, runs only when named); `bash bench/run.sh
 # --packed` installs FFCV 1.0.2 and compares stoker's packed format with it instead
 # (bench/compare_packed.py).
 # Idempotent: the venv (bench/.venv, several GB: torch, DALI), the photos and the data under
@@ -13,7 +14,8 @@ bash .ci/native-deps.sh  # CMake and nasm, for the vendored libjpeg-turbo
 venv=bench/.venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q torch torchvision nvidia-dali-cuda130 pillow numpy psutil webdataset
+"$venv/bin/python" -m pip install -q torch torchvision nvidia-dali-cuda130 pillow numpy psutil webdataset \
+  pyarrow datasets
 # Builds libstoker with cargo (or bundles $STOKER_LIBRARY) into the package.
 "$venv/bin/python" -m pip install -q --force-reinstall --no-deps ./bindings/python
 # The CLI, for the decode-only limit (`stoker bench decoders`) and `stoker pack`.

@@ -151,6 +151,7 @@ TEST(Options, EveryTypedSetterTakesAValueOfItsKey) {
                       .shard_prefetch(4)
                       .cache_dir("cache")
                       .cache_limit("500GB")
+                      .parquet_cache("4GiB")
                       .blend("0.7:megatron:/data/web,0.3:tokens:/data/code-*.bin")
                       .seq_len(2048)
                       .global_batch_size(512)

@@ -768,6 +768,7 @@ pub fn open_source_with_fields(spec: &str, fields: Option<&str>) -> Result<Arc<d
         Some(SourceSpec::Parquet(pattern)) => open_parquet_table(
             pattern,
             options.columns.as_deref(),
+            options.parquet_cache,
             &RemoteConfig::default(),
         ),
         _ => Err(Error::option(

@@ -363,6 +363,8 @@ class Options {
   Options& fields(std::string_view spec) { return set("fields", spec); }
   // A parquet: table's columns and field names: "img:image,label".
   Options& columns(std::string_view spec) { return set("columns", spec); }
+  // Its decompressed pages kept for the reading threads: "4GiB", "0" for none.
+  Options& parquet_cache(std::string_view bytes) { return set("parquet_cache", bytes); }
   Options& shard_prefetch(std::size_t n) { return set("shard_prefetch", std::to_string(n)); }
   Options& cache_dir(std::string_view path) { return set("cache_dir", path); }
   Options& cache_limit(std::string_view bytes) { return set("cache_limit", bytes); }

@@ -384,6 +384,13 @@ keys {
         default "every image and number column, under its name",
         example "img:image,label",
         meaning "`parquet:` tables (without `tokenizer`): the columns to deliver, a row a sample, and their field names; a binary column or a Hugging Face image (`struct<bytes, path>`) is a decoded image (JPEG or PNG, as tar's `jpg`), an integer column int32 or int64 as stored (uint32 as int64), float and double float32, boolean uint8; text and list columns are not delivered";
+    /// The decompressed pages a `parquet:` table keeps (see [`crate::source::parquet`]).
+    parquet_cache: u64 = crate::source::PARQUET_CACHE_BYTES;
+        parse |key, v| parse_size(key, v);
+        values "bytes (`1GiB`, `0`)",
+        default "1GiB",
+        example "4GiB",
+        meaning "`parquet:` tables: decompressed data pages kept for the reading threads to share, least recently used dropped first (`0`: none). A shuffled row is read from its page, and a page may hold a whole row group (row groups of 100 images written by pyarrow, as earlier releases of Hugging Face `datasets` wrote image datasets, are a page each); a page is kept on its second decompression within the last `parquet_cache` bytes of them, then read from memory. Holds a window of row groups under `order=quasi_random`, or a whole table that fits";
     /// Remote shards downloaded at once (see [`crate::source::remote`]).
     shard_prefetch: usize = crate::source::remote::RemoteConfig::default().shard_prefetch;
         parse |key, v| parse_int(key, v, 0, 64).map(|n| n as usize);

@@ -162,6 +162,7 @@ impl LoaderOptions {
                 source: OpenedSource::Indexed(open_parquet_table(
                     pattern,
                     self.columns.as_deref(),
+                    self.parquet_cache,
                     &self.tar_config().remote,
                 )?),
                 damaged: Vec::new(),

@@ -255,21 +255,34 @@ fn rows_read_in_any_order_equal_rows_read_in_order() {
         .chain((0..rows.len()).rev())
         .chain([3, 3, 16, 0, 12, 7, 8, 4, 11, 2])
         .collect();
-    for i in order {
+    for i in order.iter().copied() {
         let sample = source.read(i, &mut scratch).unwrap();
         let got: Vec<Vec<u8>> = (0..5).map(|k| sample.get(k).to_vec()).collect();
         assert_eq!(got, expect(i), "row {i}");
+    }
+    // The same without the cache of decompressed pages, and with one that holds a single row
+    // group's image dictionary (136 KB: the three photos), so it drops pages as it goes.
+    for cache in [0, 200 << 10] {
+        let source = stoker_core::source::ParquetSource::open(&pattern, None, &Default::default())
+            .unwrap()
+            .with_cache(cache);
+        for i in order.iter().copied() {
+            let sample = source.read(i, &mut scratch).unwrap();
+            let got: Vec<Vec<u8>> = (0..5).map(|k| sample.get(k).to_vec()).collect();
+            assert_eq!(got, expect(i), "row {i}, parquet_cache={cache}");
+        }
     }
     assert!(source.describe(12).ends_with("t-1.parquet row 1"));
     // A row group is a page: quasi_random reads whole row groups in shuffled order.
     let pages = source.pages().unwrap();
     assert_eq!(&pages[..12], &[0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 3]);
     assert_eq!(pages[16], 4);
-    for (order, shuffle) in [("quasi_random", "true"), ("random", "false")] {
+    for (order, shuffle, cache) in [("quasi_random", "true", "200KiB"), ("random", "false", "0")] {
         let mut l = open(
             &pattern,
             &[
                 ("batch_size", "4"),
+                ("parquet_cache", cache),
                 ("order", order),
                 (
                     "shuffle",

@@ -11,10 +11,12 @@
 //! Files are mapped and read by the `parquet` crate's column readers. A sample is read from the
 //! data page holding its row: pages before it in its row group are skipped by their headers,
 //! without decompression. Each reading thread keeps a reader per field positioned after the row
-//! it read last (at most one decompressed page each), so rows read in order (`shuffle=false`)
-//! decompress each page once, and shuffled rows about one page each (images are usually a page
-//! or a few to a page). A row group is a page for `order=quasi_random`, which keeps a window of
-//! row groups' bytes hot instead of the whole file's. Readers are kept per part and freed with it.
+//! it read last, so rows read in order (`shuffle=false`) decompress each page once. Shuffled rows
+//! take their pages from a cache of decompressed pages the threads share ([`pages`], up to
+//! `parquet_cache` bytes), so a page is decompressed once or twice while its rows are read, not
+//! once a row. A row group is a page for `order=quasi_random`, which reads a window of row groups
+//! at a time: their pages stay in the cache, and their bytes in the page cache instead of the
+//! whole file's. Readers are kept per part and freed with it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -22,8 +24,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
-use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
+use parquet::basic::{Compression, ConvertedType, LogicalType, Type as PhysicalType};
+use parquet::column::reader::{get_column_reader, ColumnReader, ColumnReaderImpl};
 use parquet::data_type::DataType;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{ColumnChunkMetaData, RowGroupMetaData};
@@ -35,12 +37,15 @@ use super::mapped::Mapping;
 use super::per_thread::PerThread;
 use super::remote::{RemoteConfig, ShardHolder};
 use super::shards::expand_shards;
-use super::{is_field_name, open_file, FieldSpec, Sample, Source, MAX_FIELDS};
+use super::{is_field_name, open_file, FieldSpec, Sample, Source, MAX_FIELDS, PARQUET_CACHE_BYTES};
 use crate::dtype::DType;
 use crate::error::{panic_message, Error, Result};
 use crate::hash::Fnv;
 
+mod pages;
 mod thrift;
+
+use pages::{PageCache, PageKey};
 
 /// Hands a mapping to the Parquet reader as `Bytes` without copying it.
 struct Mapped(Arc<Mapping>);
@@ -333,6 +338,8 @@ pub struct ParquetSource {
     footers: u64,
     /// Each reading thread's cursors, one per field.
     cursors: PerThread<Vec<Option<Cursor>>>,
+    /// Decompressed pages the threads share.
+    pages: Arc<PageCache>,
     _holder: ShardHolder,
 }
 
@@ -393,8 +400,16 @@ impl ParquetSource {
             columns: chosen.into_iter().map(|(c, _)| c).collect(),
             footers: hash.finish(),
             cursors: PerThread::new(),
+            pages: Arc::new(PageCache::new(PARQUET_CACHE_BYTES)),
             _holder: resolved.holder,
         })
+    }
+
+    /// The source keeping `bytes` of decompressed pages for its reading threads (the option
+    /// `parquet_cache`; [`PARQUET_CACHE_BYTES`] when opened), none with 0.
+    pub fn with_cache(mut self, bytes: u64) -> ParquetSource {
+        self.pages = Arc::new(PageCache::new(bytes));
+        self
     }
 
     /// The file and its row of sample `index` (`< len()`).
@@ -440,9 +455,19 @@ impl ParquetSource {
                 checked.store(true, Ordering::Relaxed);
             }
             let reader = guarded(|| {
-                file.reader
-                    .get_row_group(g)
-                    .and_then(|group| group.get_column_reader(leaf))
+                let group = file.reader.get_row_group(g)?;
+                let mut pages = group.get_column_page_reader(leaf)?;
+                if group.metadata().column(leaf).compression() != Compression::UNCOMPRESSED {
+                    let first = PageKey {
+                        file: f,
+                        group: g,
+                        leaf,
+                        page: 0,
+                    };
+                    pages = self.pages.reader(pages, first);
+                }
+                let schema = file.reader.metadata().file_metadata().schema_descr();
+                Ok(get_column_reader(schema.column(leaf), pages))
             })
             .map_err(parquet)?;
             *cursor = Some(Cursor {

@@ -1,0 +1,72 @@
+//! What reading a `parquet:` table's rows costs on one thread, without decoding: every row read
+//! shuffled, twice, then in row order, twice, with `parquet_cache` set to each size given.
+//!
+//! `cargo run --release -p stoker-core --example parquet_reads -- FILE.parquet [BYTES ...]`
+//!
+//! BYTES default to `0 1073741824 50000000` (none, the default, and a cache smaller than the
+//! table); each size runs in a fresh source, in that order. A Hugging Face-style file of 2,000
+//! rows of 100 KB (random bytes stand in for JPEGs, which snappy cannot shrink either), written
+//! with pyarrow's defaults and the Hub's 100-row groups, so a page per row group:
+//!
+//! ```python
+//! import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+//! rng = np.random.default_rng(0)
+//! images = [{"bytes": rng.bytes(100_000), "path": f"{i}.jpg"} for i in range(2000)]
+//! labels = pa.array(np.arange(2000) % 1000, pa.int64())
+//! pq.write_table(pa.table({"image": images, "label": labels}), "hf.parquet", row_group_size=100)
+//! ```
+
+use std::time::Instant;
+
+use stoker_core::source::{ParquetSource, Source};
+
+fn main() -> Result<(), String> {
+    let mut args = std::env::args().skip(1);
+    let path = args
+        .next()
+        .ok_or("usage: parquet_reads FILE.parquet [BYTES ...]")?;
+    let mut sizes: Vec<u64> = args
+        .map(|a| a.parse().map_err(|_| format!("{a}: not a byte count")))
+        .collect::<Result<_, _>>()?;
+    if sizes.is_empty() {
+        sizes = vec![0, 1 << 30, 50_000_000];
+    }
+    for cache in sizes {
+        let source = ParquetSource::open(&path, None, &Default::default())
+            .map_err(|e| e.to_string())?
+            .with_cache(cache);
+        let n = source.len();
+        let in_order: Vec<usize> = (0..n).collect();
+        // A fixed xorshift shuffle: the same order for every size.
+        let mut shuffled = in_order.clone();
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for i in (1..n).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            shuffled.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        let mut scratch = Vec::new();
+        for (name, order) in [("shuffled", &shuffled), ("in order", &in_order)] {
+            for pass in 1..=2 {
+                let start = Instant::now();
+                let mut bytes = 0;
+                for &i in order {
+                    bytes += source
+                        .read(i, &mut scratch)
+                        .map_err(|e| e.to_string())?
+                        .get(0)
+                        .len();
+                }
+                let s = start.elapsed().as_secs_f64();
+                println!(
+                    "parquet_cache={cache}: {name}, pass {pass}: {n} rows ({} MB) in {s:.3} s, \
+                     {:.1} us a row",
+                    bytes >> 20,
+                    s * 1e6 / n as f64
+                );
+            }
+        }
+    }
+    Ok(())
+}
