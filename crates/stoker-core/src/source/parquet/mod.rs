@@ -12,7 +12,7 @@
 //! data page holding its row: pages before it in its row group are skipped by their headers,
 //! without decompression. Each reading thread keeps a reader per field positioned after the row
 //! it read last, so rows read in order (`shuffle=false`) decompress each page once. Shuffled rows
-//! take their pages from a cache of decompressed pages the threads share ([`pages`], up to
+//! take their pages from a cache of decompressed pages the threads share (`pages`, up to
 //! `parquet_cache` bytes), so a page is decompressed once or twice while its rows are read, not
 //! once a row. A row group is a page for `order=quasi_random`, which reads a window of row groups
 //! at a time: their pages stay in the cache, and their bytes in the page cache instead of the

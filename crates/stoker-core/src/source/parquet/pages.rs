@@ -3,12 +3,12 @@
 //! Shuffled rows are read a page each, and a page may hold a whole row group: pyarrow checks the
 //! page size only every 1,024 values, so row groups of 100 images, as earlier releases of Hugging
 //! Face `datasets` wrote image datasets, are one page each (`datasets` 5.2.0 writes
-//! content-defined pages of 256 KiB to 1 MiB instead). Without this cache every shuffled row decompressed its group again:
-//! 690-760 µs a row for 100 KB images against 10-14 µs in row order, on one thread
-//! (`examples/parquet_reads.rs`). With it each page is decompressed once or twice while its rows
-//! are read, least recently used dropped first, up to a byte budget. Only pages of compressed
-//! chunks are kept: an uncompressed page is a slice of the mapped file and costs nothing to read
-//! again.
+//! content-defined pages of 256 KiB to 1 MiB instead). Without this cache every shuffled row
+//! decompressed its group again: 690-760 µs a row for 100 KB images against 10-14 µs in row
+//! order, on one thread (`examples/parquet_reads.rs`). With it each page is decompressed once or
+//! twice while its rows are read, least recently used dropped first, up to a byte budget. Only
+//! pages of compressed chunks are kept: an uncompressed page is a slice of the mapped file and
+//! costs nothing to read again.
 //!
 //! A page is kept on its second decompression within the last budget's worth of them, not its
 //! first. When the rows read are spread over more pages than the budget holds (`order=random`
@@ -33,7 +33,8 @@ pub(super) struct PageKey {
     pub(super) page: usize,
 }
 
-/// Pages decompressed and not kept, remembered for their second decompression: at most this many.
+/// Pages decompressed and not kept, remembered for their second decompression: at most this
+/// many.
 const MISSES_REMEMBERED: usize = 1 << 16;
 
 /// The pages kept, within `budget` bytes of decompressed data.
@@ -164,7 +165,7 @@ impl PageCache {
 }
 
 /// A column chunk's page reader that takes each page from the cache when it is there, stepping
-/// its own reader past it by the header alone, and leaves each page it decompresses there.
+/// its own reader past it by the header alone, and offers the cache each page it decompresses.
 struct CachedPages {
     pages: Box<dyn PageReader>,
     cache: Arc<PageCache>,
