@@ -16,10 +16,20 @@
 //! pq.write_table(pa.table({"image": images, "label": labels}), "hf.parquet", row_group_size=100)
 //! ```
 
+#[cfg(feature = "parquet")]
 use std::time::Instant;
 
+#[cfg(feature = "parquet")]
 use stoker_core::source::{ParquetSource, Source};
 
+/// Without the `parquet` feature there is no table to read. (Not `required-features`: the sdist
+/// leaves the examples out, and Cargo refuses a manifest naming a missing example.)
+#[cfg(not(feature = "parquet"))]
+fn main() {
+    eprintln!("parquet_reads needs stoker-core's `parquet` feature (on by default)");
+}
+
+#[cfg(feature = "parquet")]
 fn main() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     let path = args
