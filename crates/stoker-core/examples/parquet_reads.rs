@@ -6,7 +6,8 @@
 //! BYTES default to `0 1073741824 50000000` (none, the default, and a cache smaller than the
 //! table); each size runs in a fresh source, in that order. A Hugging Face-style file of 2,000
 //! rows of 100 KB (random bytes stand in for JPEGs, which snappy cannot shrink either), written
-//! with pyarrow's defaults and the Hub's 100-row groups, so a page per row group:
+//! with pyarrow's defaults in row groups of 100, as earlier releases of `datasets` wrote image
+//! datasets, so a page per row group:
 //!
 //! ```python
 //! import numpy as np, pyarrow as pa, pyarrow.parquet as pq
