@@ -60,9 +60,8 @@ struct State {
 }
 
 impl State {
-    /// Marks `key` (held, last used at `used`) used now.
-    fn touch(&mut self, key: PageKey, used: u64) -> u64 {
-        self.by_use.remove(&used);
+    /// The next use tick, with `key` filed under it.
+    fn stamp(&mut self, key: PageKey) -> u64 {
         self.tick += 1;
         self.by_use.insert(self.tick, key);
         self.tick
@@ -92,7 +91,8 @@ impl PageCache {
     fn get(&self, key: &PageKey) -> Option<Page> {
         let mut state = self.lock();
         let used = state.pages.get(key)?.1;
-        let now = state.touch(*key, used);
+        state.by_use.remove(&used);
+        let now = state.stamp(*key);
         let (page, used) = state.pages.get_mut(key)?;
         *used = now;
         Some(page.clone())
@@ -139,9 +139,7 @@ impl PageCache {
                 state.bytes -= dropped.buffer().len();
             }
         }
-        state.tick += 1;
-        let now = state.tick;
-        state.by_use.insert(now, key);
+        let now = state.stamp(key);
         state.pages.insert(key, (page.clone(), now));
         state.bytes += size;
     }
