@@ -1,13 +1,14 @@
 //! Running the loader and measuring it: each stage alone on this thread (`stage_run`), the
-//! whole pipeline (`pipeline_run`), the stored images' size (`image_probe`) and the stages on a
-//! packed sample (`packed_costs`), giving what the model reasons from (`Costs`, `Pipeline`,
-//! `PackedCosts`).
+//! whole pipeline (`pipeline_run`), the stored images' size (`image_probe`), the stages on a
+//! packed sample (`packed_costs`) and in `order=quasi_random` (`quasi_random_costs`), giving
+//! what the model reasons from (`Costs`, `Pipeline`, `PackedCosts`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use stoker_core::autotune::process_cpu_ns;
-use stoker_core::{FieldKind, Loader, LoaderOptions, Stats};
+use stoker_core::source::PageCacheFit;
+use stoker_core::{FieldKind, Loader, LoaderOptions, Order, Stats};
 
 use super::machine::{thread_times, Load, Usage};
 use super::pack_probe::{Probe, PROBE_SAMPLES};
@@ -254,6 +255,28 @@ pub(super) fn float_images(options: &LoaderOptions, sets: &[(String, String)]) -
         .iter()
         .any(|(k, v)| k == "transform" && v.contains("normalize"));
     has_images && (dtype.is_some_and(|d| d != "uint8") || (dtype.is_none() && normalizes))
+}
+
+/// A source shuffled over more decompressed pages than it keeps (a `parquet:` table larger than
+/// `parquet_cache`, read in `order=random`): how far it overflows, and each stage's cost read in
+/// `order=quasi_random` instead, whose window of pages stays in the cache. `None` when the pages
+/// fit, the order is not `random`, or the options do not shuffle without replacement (which
+/// `quasi_random` needs, and its loader refuses).
+pub(super) fn quasi_random_costs(
+    options: &LoaderOptions,
+    config: &Config,
+) -> Option<(PageCacheFit, Costs)> {
+    if options.order() != Order::Random {
+        return None;
+    }
+    let mut o = options.clone();
+    o.set("num_workers", "0").ok()?;
+    let fit = Loader::new(&o).ok()?.source()?.page_cache()?;
+    if fit.pages <= fit.kept {
+        return None;
+    }
+    o.set("order", "quasi_random").ok()?;
+    Some((fit, stage_run(&o, config).ok()?.0))
 }
 
 /// One core's cost of each stage on a sample of the source packed at `side` pixels, and of the

@@ -9,7 +9,8 @@
 //!    (`--step-ms`), measuring samples/s, readiness and, with a device, the copy time;
 //! 3. what the advice would change: for an image source, the stored image size (headers only);
 //!    when decoding large images dominates, each stage again on a sample of them packed at 256
-//!    px (`pack_probe`); with float output the transform's cost in uint8;
+//!    px (`pack_probe`); with float output the transform's cost in uint8; for a shuffled
+//!    `parquet:` table larger than `parquet_cache`, each stage in `order=quasi_random`;
 //! 4. the machine (`machine`): the share of a core one thread gets and the CPU the whole
 //!    process gets beside other work, and, when collating copies at memory speed, how far the
 //!    memory's bandwidth scales with more threads copying.
@@ -39,7 +40,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stoker_core::transform::Pipeline;
 use stoker_core::LoaderOptions;
 
-use measure::{float_images, image_probe, packed_costs, pipeline_run, stage_run, with, Config};
+use measure::{
+    float_images, image_probe, packed_costs, pipeline_run, quasi_random_costs, stage_run, with,
+    Config,
+};
 use model::Report;
 use model::{analyse, packing_helps, uint8_sets, Alternatives, Machine, PACK_SIDE};
 
@@ -158,6 +162,8 @@ pub(crate) fn diagnose(
     } else {
         None
     };
+    // A shuffled table larger than its page cache: the stages again in quasi_random's order.
+    let quasi_random = quasi_random_costs(&options, config);
     // Packing shrunk: the stages measured on a packed sample of the data, when decoding large
     // images is what the advice would be about.
     let packed = if packing_helps(&costs, images) {
@@ -211,6 +217,7 @@ pub(crate) fn diagnose(
                 .rev()
                 .find(|(k, _)| k == "shard_prefetch")
                 .and_then(|(_, v)| v.parse().ok()),
+            quasi_random,
         },
     ))
 }
@@ -527,6 +534,76 @@ mod tests {
         assert!(!advised(&report)
             .iter()
             .any(|s| s.starts_with("shard_prefetch=") || s.starts_with("cache_dir=")),);
+    }
+
+    /// A `parquet:` table of 160 small JPEGs in 40 row groups of 4 (a snappy page each, no
+    /// dictionary); returns a JPEG's size.
+    fn small_table(path: &std::path::Path) -> usize {
+        use parquet::basic::Compression;
+        use parquet::data_type::{ByteArray, ByteArrayType};
+        use parquet::file::properties::WriterProperties;
+        use parquet::file::writer::SerializedFileWriter;
+
+        let mut jpeg = Vec::new();
+        jpeg_encoder::Encoder::new(&mut jpeg, 90)
+            .encode(&[128; 8 * 8 * 3], 8, 8, jpeg_encoder::ColorType::Rgb)
+            .unwrap();
+        let schema =
+            parquet::schema::parser::parse_message_type("message row { required binary image; }")
+                .unwrap();
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .set_dictionary_enabled(false)
+            .build();
+        let file = std::fs::File::create(path).unwrap();
+        let mut writer =
+            SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props)).unwrap();
+        for _ in 0..40 {
+            let mut group = writer.next_row_group().unwrap();
+            let mut column = group.next_column().unwrap().unwrap();
+            let images = vec![ByteArray::from(jpeg.clone()); 4];
+            column
+                .typed::<ByteArrayType>()
+                .write_batch(&images, None, None)
+                .unwrap();
+            column.close().unwrap();
+            group.close().unwrap();
+        }
+        writer.close().unwrap();
+        jpeg.len()
+    }
+
+    #[test]
+    fn quasi_random_is_measured_for_a_shuffled_table_larger_than_its_page_cache() {
+        let path =
+            std::env::temp_dir().join(format!("stoker-doctor-{}.parquet", std::process::id()));
+        let jpeg = small_table(&path);
+        let mut base = LoaderOptions::new();
+        base.set("source", &format!("parquet:{}", path.display()))
+            .unwrap();
+        let measured = |kv: &[(&str, &str)]| {
+            let mut all = vec![("batch_size", "4"), ("transform", "center_crop(8)")];
+            all.extend_from_slice(kv);
+            quasi_random_costs(&with(&base, &sets(&all)).unwrap(), &config())
+        };
+        // A cache of 1 KiB keeps a page or two of the table.
+        let (fit, costs) = measured(&[("shuffle", "true"), ("parquet_cache", "1KiB")])
+            .expect("measured in quasi_random's order");
+        assert_eq!(fit.kept, 1024);
+        // Each value plain-encoded with its 4-byte length, and the pages' headers.
+        assert!(fit.pages > 160 * (4 + jpeg as u64), "{fit:?}");
+        assert!(costs.samples >= 64 && costs.read_us > 0.0, "{costs:?}");
+        // Not when the table fits the cache (1 GiB by default), nor when the epoch is not
+        // shuffled or already in quasi_random's order.
+        assert!(measured(&[("shuffle", "true")]).is_none());
+        assert!(measured(&[("parquet_cache", "1KiB")]).is_none());
+        assert!(measured(&[
+            ("shuffle", "true"),
+            ("parquet_cache", "1KiB"),
+            ("order", "quasi_random")
+        ])
+        .is_none());
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

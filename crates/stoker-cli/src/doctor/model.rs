@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use stoker_core::memory::human;
+use stoker_core::source::PageCacheFit;
+
 use super::machine::Load;
 use super::measure::{Costs, PackedCosts, Pipeline};
 
@@ -133,7 +136,17 @@ pub(crate) struct Alternatives {
     /// Remote shards: whether `cache_dir` is set, and `shard_prefetch` as set.
     pub(crate) remote_cache: bool,
     pub(crate) shard_prefetch: Option<usize>,
+    /// A shuffled source over more decompressed pages than it keeps: how far over, and the
+    /// stages' costs in `order=quasi_random`.
+    pub(crate) quasi_random: Option<(PageCacheFit, Costs)>,
 }
+
+/// Reading in `order=quasi_random` is advised when it cuts the read stage's cost to less than
+/// this share of the cost in `order=random`...
+const QUASI_RANDOM_READS_AT_MOST: f64 = 0.7;
+/// ...by at least this share of a sample's whole time: the shuffle's reach is narrowed to a
+/// window of pages only where that pays.
+const QUASI_RANDOM_SAVES_AT_LEAST: f64 = 0.1;
 
 /// Remote shard downloads in flight that hid 50 ms per request behind decoding in the
 /// benchmark (`bench/remote_shards.sh --shards 64`: a cold epoch 1 at 0.51x of local tar with
@@ -289,8 +302,9 @@ pub(super) fn analyse(
                 workers = enough;
             }
         }
-        "io" => {
-            // Threads waiting on I/O use no core: more of them overlap more waits.
+        // Reading binds by waiting (not by its CPU work, which more workers cannot add cores
+        // to): threads waiting on I/O use no core, so more of them overlap more waits.
+        "io" if io_share > 0.5 => {
             let target = limits.cores.min(limits.transfer).min(consumer);
             let more = wanted(&costs, target).clamp(w + 1, (4 * cores).max(w + 1));
             advice.push(Advice {
@@ -390,6 +404,30 @@ pub(super) fn analyse(
                 change: Change::Set("gpu_decode_share", share.to_string()),
             });
             after.decode_us *= 1.0 - share;
+        }
+    }
+    // Shuffled over more decompressed pages than it keeps, a row mostly decompresses its page
+    // again; in quasi_random's order a window of pages stays in the cache. (Packing replaces the
+    // source, and with it this cost.)
+    if let (Some((fit, q)), None, false) = (&alt.quasi_random, packed, bottleneck == "consumer") {
+        let saved = costs.read_us - q.read_us;
+        if q.read_us < QUASI_RANDOM_READS_AT_MOST * costs.read_us
+            && saved >= QUASI_RANDOM_SAVES_AT_LEAST * costs.wall_us()
+        {
+            after.read_us = (after.read_us - saved).max(after.io_wait_us);
+            advice.push(Advice {
+                set: "order=quasi_random".into(),
+                why: format!(
+                    "the table's pages are {} decompressed and the loader keeps {} of them (`parquet_cache`): shuffled, most rows decompress their page again, and reading costs {:.0} us a sample; `order=quasi_random` shuffles within windows of 32 pages, which the cache holds: {:.0} us a sample, measured on the first {} samples of an epoch in that order (or `parquet_cache` above {}, memory permitting)",
+                    human(fit.pages),
+                    human(fit.kept),
+                    costs.read_us,
+                    q.read_us,
+                    q.samples,
+                    human(fit.pages)
+                ),
+                change: Change::Set("order", "quasi_random".into()),
+            });
         }
     }
     if let Some(uint8_us) = alt.uint8_transform_us {
@@ -510,20 +548,13 @@ mod tests {
             .collect()
     }
 
-    /// A decode-bound pipeline on 16 cores, every one with a worker: 800 us of 1000 us decoding.
-    fn decode_bound(gpu_decode: bool, step: Duration) -> Report {
-        let costs = Costs {
-            read_us: 50.0,
-            io_wait_us: 0.0,
-            decode_us: 800.0,
-            transform_us: 120.0,
-            collate_us: 30.0,
-            samples: 1000,
-            bytes_per_sample: 150_528.0,
-        };
+    /// `costs` analysed on 16 idle cores with a worker on each, every worker busy, delivering
+    /// 16,000 samples/s in batches of 256, the consumer finding one ready `readiness` of the
+    /// time and taking one every `step`; `alt` the alternatives measured.
+    fn on_16_cores(costs: Costs, readiness: f64, step: Duration, alt: &Alternatives) -> Report {
         let pipeline = Pipeline {
             samples_per_s: 16_000.0,
-            readiness: 0.5,
+            readiness,
             workers: 16,
             worker_busy: 1.0,
             h2d_us: None,
@@ -535,16 +566,39 @@ mod tests {
             load: super::super::machine::Load::IDLE,
             copy_parallelism: f64::INFINITY,
         };
-        let alt = Alternatives {
+        analyse(costs, pipeline, machine, step, alt)
+    }
+
+    /// Images of 200x200 pixels, and nothing else measured.
+    fn small_images() -> Alternatives {
+        Alternatives {
             mean_size: Some((200.0, 200.0)),
             uint8_transform_us: None,
             packed: None,
             remote: false,
-            gpu_decode,
+            gpu_decode: false,
             remote_cache: false,
             shard_prefetch: None,
+            quasi_random: None,
+        }
+    }
+
+    /// A decode-bound pipeline on 16 cores, every one with a worker: 800 us of 1000 us decoding.
+    fn decode_bound(gpu_decode: bool, step: Duration) -> Report {
+        let costs = Costs {
+            read_us: 50.0,
+            io_wait_us: 0.0,
+            decode_us: 800.0,
+            transform_us: 120.0,
+            collate_us: 30.0,
+            samples: 1000,
+            bytes_per_sample: 150_528.0,
         };
-        analyse(costs, pipeline, machine, step, &alt)
+        let alt = Alternatives {
+            gpu_decode,
+            ..small_images()
+        };
+        on_16_cores(costs, 0.5, step, &alt)
     }
 
     #[test]
@@ -570,6 +624,56 @@ mod tests {
             .advice
             .iter()
             .any(|a| a.set.starts_with("gpu_decode_share")));
+    }
+
+    /// A shuffled table larger than its page cache on 16 cores: reading (decompressing the
+    /// row's page) is 700 of a sample's 1,000 us, and `quasi` us in quasi_random's order; the
+    /// consumer takes a batch every `step` and finds one ready `readiness` of the time.
+    fn table_larger_than_its_cache(quasi: Option<f64>, step: Duration, readiness: f64) -> Report {
+        let costs = Costs {
+            read_us: 700.0,
+            io_wait_us: 0.0,
+            decode_us: 250.0,
+            transform_us: 40.0,
+            collate_us: 10.0,
+            samples: 512,
+            bytes_per_sample: 150_528.0,
+        };
+        let fit = PageCacheFit {
+            pages: 150 << 30,
+            kept: 1 << 30,
+        };
+        let alt = Alternatives {
+            quasi_random: quasi.map(|read_us| (fit, Costs { read_us, ..costs })),
+            ..small_images()
+        };
+        on_16_cores(costs, readiness, step, &alt)
+    }
+
+    #[test]
+    fn a_shuffled_table_larger_than_its_cache_is_advised_quasi_random_where_it_pays() {
+        let report = table_larger_than_its_cache(Some(80.0), Duration::ZERO, 0.5);
+        assert_eq!(report.bottleneck, "io");
+        let q = report
+            .advice
+            .iter()
+            .find(|a| a.set == "order=quasi_random")
+            .expect("quasi_random advised");
+        for words in ["150.0 GiB", "1.0 GiB", "700 us", "80 us", "parquet_cache"] {
+            assert!(q.why.contains(words), "{words}: {}", q.why);
+        }
+        // 1,000 us a sample becomes 380: the cores' rate rises by as much.
+        let gain = report.advised_model_samples_per_s / report.model_samples_per_s;
+        assert!((gain - 1000.0 / 380.0).abs() < 0.01, "{gain}");
+        // Not when quasi_random saves little, nor when it was not measured, nor when the
+        // loader keeps up with the step.
+        for report in [
+            table_larger_than_its_cache(Some(600.0), Duration::ZERO, 0.5),
+            table_larger_than_its_cache(None, Duration::ZERO, 0.5),
+            table_larger_than_its_cache(Some(80.0), Duration::from_secs(1), 1.0),
+        ] {
+            assert!(!report.advice.iter().any(|a| a.set.starts_with("order=")));
+        }
     }
 
     #[test]

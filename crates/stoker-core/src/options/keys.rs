@@ -369,7 +369,7 @@ keys {
         values "`random`, `quasi_random`",
         default "`random`",
         example "quasi_random",
-        meaning "with `shuffle=true`: `quasi_random` is a page-aware shuffle for packed data larger than RAM: pages shuffled, then samples shuffled within windows of 32 pages (64 MiB at the default page size); deterministic and resumable like `random`. The packed files are advised (`madvise`) for the order: sequential, random or read-ahead per page";
+        meaning "with `shuffle=true`: `quasi_random` is a page-aware shuffle for data larger than RAM or than `parquet_cache`: pages shuffled, then samples shuffled within windows of 32 pages (64 MiB at the packed format's default page size); deterministic and resumable like `random`. Packed files: the files are advised (`madvise`) for the order, sequential, random or read-ahead per page. `parquet:` tables: a page is a row group, or a run of data pages of at least 2 MiB where the file's page index says where they begin";
     /// Tar members to deliver, as parsed by `parse_fields`.
     fields: Option<Vec<(String, String)>> = None;
         parse |_, v| crate::source::tar::parse_fields(v).map(Some);
@@ -390,7 +390,7 @@ keys {
         values "bytes (`1GiB`, `0`)",
         default "1GiB",
         example "4GiB",
-        meaning "`parquet:` tables: decompressed data pages kept for the reading threads to share, least recently used dropped first (`0`: none). A shuffled row is read from its page, and a page may hold a whole row group (row groups of 100 images written by pyarrow, as earlier releases of Hugging Face `datasets` wrote image datasets, are a page each); a page is kept on its second decompression within the last `parquet_cache` bytes of them, then read from memory. Holds a window of row groups under `order=quasi_random`, or a whole table that fits";
+        meaning "`parquet:` tables: decompressed data pages kept for the reading threads to share, least recently used dropped first (`0`: none). A shuffled row is read from its page, and a page may hold a whole row group (row groups of 100 images written by pyarrow, as earlier releases of Hugging Face `datasets` wrote image datasets, are a page each); a page is kept on its second decompression within the last `parquet_cache` bytes of them, then read from memory. Holds `order=quasi_random`'s window of pages, or a whole table that fits";
     /// Remote shards downloaded at once (see [`crate::source::remote`]).
     shard_prefetch: usize = crate::source::remote::RemoteConfig::default().shard_prefetch;
         parse |key, v| parse_int(key, v, 0, 64).map(|n| n as usize);

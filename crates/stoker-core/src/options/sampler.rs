@@ -50,7 +50,7 @@ impl LoaderOptions {
                     pages: source.pages().ok_or_else(|| {
                         Error::option(
                             "order",
-                            "quasi_random applies to page-organised sources (packed:PATH)",
+                            "quasi_random applies to page-organised sources (packed:PATH, parquet:PATTERN)",
                         )
                     })?,
                     window: QUASI_RANDOM_WINDOW_PAGES,

@@ -199,6 +199,14 @@ pub trait Source: Send + Sync {
         None
     }
 
+    /// For a source that decompresses pages and keeps some of them for its readers
+    /// (`parquet:`'s `parquet_cache`): the decompressed bytes of the pages an epoch reads, and
+    /// the bytes of them it keeps. Shuffled over more than it keeps, most rows decompress their
+    /// page again (`stoker doctor` then measures `order=quasi_random`). `None` for the others.
+    fn page_cache(&self) -> Option<PageCacheFit> {
+        None
+    }
+
     /// How the loader will read the source (a hint a memory-mapped source passes to the
     /// kernel); the default ignores it.
     fn advise(&self, _access: Access) {}
@@ -213,6 +221,15 @@ pub trait Source: Send + Sync {
     fn verify(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// A source's decompressed pages against the bytes of them it keeps ([`Source::page_cache`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageCacheFit {
+    /// The decompressed bytes of the compressed pages the source's fields are read from.
+    pub pages: u64,
+    /// The bytes of decompressed pages the source keeps.
+    pub kept: u64,
 }
 
 /// Where samples come from.

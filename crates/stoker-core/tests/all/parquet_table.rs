@@ -273,7 +273,9 @@ fn rows_read_in_any_order_equal_rows_read_in_order() {
         }
     }
     assert!(source.describe(12).ends_with("t-1.parquet row 1"));
-    // A row group is a page: quasi_random reads whole row groups in shuffled order.
+    // Row groups of 4 rows hold less than 2 MiB: a row group is a page, and quasi_random reads
+    // whole row groups in shuffled order (runs of data pages:
+    // `quasi_random_pages_are_runs_of_2_mib_where_the_page_index_says`).
     let pages = source.pages().unwrap();
     assert_eq!(&pages[..12], &[0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 3]);
     assert_eq!(pages[16], 4);
@@ -284,14 +286,7 @@ fn rows_read_in_any_order_equal_rows_read_in_order() {
                 ("batch_size", "4"),
                 ("parquet_cache", cache),
                 ("order", order),
-                (
-                    "shuffle",
-                    if order == "sequential" {
-                        "false"
-                    } else {
-                        "true"
-                    },
-                ),
+                ("shuffle", shuffle),
                 ("num_workers", "2"),
                 ("columns", "score"),
             ],
@@ -309,6 +304,110 @@ fn rows_read_in_any_order_equal_rows_read_in_order() {
             "every row once: order={order}, shuffle={shuffle}"
         );
     }
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `order=quasi_random` on a table written with small data pages and a page index, as
+/// Hugging Face `datasets` 5 writes 100 MB row groups: a page is a run of the largest column's
+/// data pages of at least 2 MiB (the packed format's page) within a row group, so that a window
+/// holds about as many bytes as on packed data and not a whole 100 MB row group per page.
+#[test]
+fn quasi_random_pages_are_runs_of_2_mib_where_the_page_index_says() {
+    let dir = tmp("pq-pages");
+    let schema =
+        parse_message_type("message row { required binary image; required int64 label; }").unwrap();
+    let write = |name: &str, offset_index: bool| {
+        // A data page a row: 100 KB of random bytes (snappy cannot shrink them), not in a
+        // dictionary. The offset index is the page index's half that says where pages begin; it
+        // is written unless disabled, which statistics per page would override.
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .set_dictionary_enabled(false)
+            .set_data_page_row_count_limit(1)
+            .set_write_batch_size(1)
+            .set_statistics_enabled(parquet::file::properties::EnabledStatistics::Chunk)
+            .set_offset_index_disabled(!offset_index)
+            .build();
+        let path = dir.join(name);
+        let mut writer = SerializedFileWriter::new(
+            fs::File::create(&path).unwrap(),
+            Arc::new(schema.clone()),
+            Arc::new(props),
+        )
+        .unwrap();
+        let mut x = 1u64;
+        let mut row = 0i64;
+        for rows in [50, 30] {
+            let mut g = writer.next_row_group().unwrap();
+            let images: Vec<ByteArray> = (0..rows)
+                .map(|_| {
+                    let bytes: Vec<u8> = (0..100_000)
+                        .map(|_| {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            x as u8
+                        })
+                        .collect();
+                    ByteArray::from(bytes)
+                })
+                .collect();
+            let mut c = g.next_column().unwrap().unwrap();
+            c.typed::<ByteArrayType>()
+                .write_batch(&images, None, None)
+                .unwrap();
+            c.close().unwrap();
+            let labels: Vec<i64> = (row..row + rows as i64).collect();
+            row += rows as i64;
+            let mut c = g.next_column().unwrap().unwrap();
+            c.typed::<Int64Type>()
+                .write_batch(&labels, None, None)
+                .unwrap();
+            c.close().unwrap();
+            g.close().unwrap();
+        }
+        writer.close().unwrap();
+        path
+    };
+    let pages_of = |path: &Path| {
+        stoker_core::source::ParquetSource::open(path.to_str().unwrap(), None, &Default::default())
+            .unwrap()
+            .pages()
+            .unwrap()
+    };
+    let runs = |runs: &[(u64, usize)]| -> Vec<u64> {
+        runs.iter()
+            .flat_map(|&(page, rows)| std::iter::repeat_n(page, rows))
+            .collect()
+    };
+    // 21 pages of 100 KB are the first run of at least 2 MiB; a row group's last run is shorter.
+    // The labels' pages are not the largest column's and play no part.
+    let indexed = write("indexed.parquet", true);
+    assert_eq!(
+        pages_of(&indexed),
+        runs(&[(0, 21), (1, 21), (2, 8), (3, 21), (4, 9)])
+    );
+    // Without the page index, where pages begin is not known without reading every header: a
+    // row group is a page.
+    let plain = write("plain.parquet", false);
+    assert_eq!(pages_of(&plain), runs(&[(0, 50), (1, 30)]));
+    // Every row once, in windows of those pages.
+    let mut l = open(
+        indexed.to_str().unwrap(),
+        &[
+            ("batch_size", "16"),
+            ("shuffle", "true"),
+            ("order", "quasi_random"),
+            ("columns", "label"),
+        ],
+    )
+    .unwrap();
+    let mut labels: Vec<i64> = Vec::new();
+    while let Some(b) = l.next().unwrap() {
+        labels.extend(values(&b, "label", i64::from_le_bytes));
+    }
+    labels.sort_unstable();
+    assert_eq!(labels, (0..80).collect::<Vec<i64>>());
     fs::remove_dir_all(&dir).unwrap();
 }
 

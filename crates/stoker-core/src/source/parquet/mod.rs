@@ -14,9 +14,10 @@
 //! it read last, so rows read in order (`shuffle=false`) decompress each page once. Shuffled rows
 //! take their pages from a cache of decompressed pages the threads share (`pages`, up to
 //! `parquet_cache` bytes), so a page is decompressed once or twice while its rows are read, not
-//! once a row. A row group is a page for `order=quasi_random`, which reads a window of row groups
-//! at a time: their pages stay in the cache, and their bytes in the page cache instead of the
-//! whole file's. Readers are kept per part and freed with it.
+//! once a row. `order=quasi_random` reads a window of row groups at a time, or of runs of data
+//! pages of 2 MiB where the page index says where they begin: their pages stay in the cache, and
+//! their bytes in the page cache instead of the whole file's. Readers are kept per part and freed
+//! with it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -34,10 +35,14 @@ use parquet::file::serialized_reader::ReadOptionsBuilder;
 use parquet::schema::types::ColumnDescriptor;
 
 use super::mapped::Mapping;
+use super::packed::format::DEFAULT_PAGE_SIZE;
 use super::per_thread::PerThread;
 use super::remote::{RemoteConfig, ShardHolder};
 use super::shards::expand_shards;
-use super::{is_field_name, open_file, FieldSpec, Sample, Source, MAX_FIELDS, PARQUET_CACHE_BYTES};
+use super::{
+    is_field_name, open_file, FieldSpec, PageCacheFit, Sample, Source, MAX_FIELDS,
+    PARQUET_CACHE_BYTES,
+};
 use crate::dtype::DType;
 use crate::error::{panic_message, Error, Result};
 use crate::hash::Fnv;
@@ -670,6 +675,45 @@ impl TableFile {
     fn rows(&self) -> u64 {
         self.groups[self.groups.len() - 1]
     }
+
+    /// The first row of each page `order=quasi_random` reads as one, ascending from 0: a row
+    /// group, or, where the page index says where the data pages of the group's largest chosen
+    /// column begin, runs of them of at least [`DEFAULT_PAGE_SIZE`] bytes. So a window of
+    /// pages is about as many bytes as on packed data when `datasets` writes 100 MB row groups
+    /// of small pages, and a row group that is one page (100 images, pyarrow's defaults) stays
+    /// a page.
+    fn quasi_random_pages(&self) -> Vec<u64> {
+        let metadata = self.reader.metadata();
+        let mut starts = Vec::with_capacity(self.groups.len());
+        for (g, group) in metadata.row_groups().iter().enumerate() {
+            let (first, end) = (self.groups[g], self.groups[g + 1]);
+            starts.push(first);
+            let largest = self
+                .leaves
+                .iter()
+                .map(|&(leaf, _)| leaf)
+                .max_by_key(|&leaf| group.column(leaf).uncompressed_size());
+            let index = metadata.page_index_for_row_group(g);
+            let Some(index) = largest.and_then(|leaf| index.offset_index(leaf)) else {
+                continue;
+            };
+            let mut bytes = 0u64;
+            for page in index.page_locations() {
+                // A damaged index only makes the order less local: rows out of the group's
+                // range or out of order are not page starts.
+                let start = u64::try_from(page.first_row_index).map_or(end, |r| first + r);
+                if bytes >= u64::from(DEFAULT_PAGE_SIZE)
+                    && start < end
+                    && starts.last().is_some_and(|&last| last < start)
+                {
+                    starts.push(start);
+                    bytes = 0;
+                }
+                bytes += u64::try_from(page.compressed_page_size).unwrap_or(0);
+            }
+        }
+        starts
+    }
 }
 
 /// Why one value could not be read.
@@ -787,18 +831,37 @@ impl Source for ParquetSource {
     }
 
     fn pages(&self) -> Option<Vec<u64>> {
-        // A row group is a page: `order=quasi_random` shuffles row groups and reads a window of
-        // them at a time.
         let mut pages = Vec::with_capacity(self.len());
-        let mut first = 0u64;
+        let mut page = 0u64;
         for file in &self.files {
-            for g in 0..file.groups.len() - 1 {
-                let rows = file.groups[g + 1] - file.groups[g];
-                pages.extend(std::iter::repeat_n(first + g as u64, rows as usize));
+            let starts = file.quasi_random_pages();
+            for (p, &start) in starts.iter().enumerate() {
+                let end = starts.get(p + 1).copied().unwrap_or(file.rows());
+                pages.extend(std::iter::repeat_n(page, (end - start) as usize));
+                page += 1;
             }
-            first += (file.groups.len() - 1) as u64;
         }
         Some(pages)
+    }
+
+    fn page_cache(&self) -> Option<PageCacheFit> {
+        // Only compressed chunks are decompressed and cached (see `read_field`).
+        let mut pages = 0u64;
+        for file in &self.files {
+            for group in file.reader.metadata().row_groups() {
+                for &(leaf, _) in &file.leaves {
+                    let chunk = group.column(leaf);
+                    if chunk.compression() != Compression::UNCOMPRESSED {
+                        let size = u64::try_from(chunk.uncompressed_size()).unwrap_or(0);
+                        pages = pages.saturating_add(size);
+                    }
+                }
+            }
+        }
+        Some(PageCacheFit {
+            pages,
+            kept: self.pages.budget(),
+        })
     }
 
     fn read<'a>(&'a self, index: usize, scratch: &'a mut Vec<u8>) -> Result<Sample<'a>> {

@@ -77,6 +77,11 @@ impl PageCache {
         }
     }
 
+    /// The bytes of decompressed pages kept at most.
+    pub(super) fn budget(&self) -> u64 {
+        self.budget as u64
+    }
+
     /// Bytes of decompressed pages held now.
     #[cfg(test)]
     fn bytes(&self) -> usize {
