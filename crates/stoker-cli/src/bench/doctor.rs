@@ -1,5 +1,6 @@
 //! `stoker bench doctor`: does `stoker doctor`'s prediction hold? For each data shape — small
-//! JPEGs (160×120), large JPEGs (1600×1200) and an npy file of uint8 `[N,3,224,224]` — the doctor
+//! JPEGs (160×120), large JPEGs (1600×1200), an npy file of uint8 `[N,3,224,224]` and, when
+//! asked for, a Hugging Face-style Parquet table larger than its page cache — the doctor
 //! diagnoses the given settings and predicts the samples/s of the settings it advises (of the
 //! given ones when it advises nothing); then a loader runs with exactly those settings (the
 //! source packed first when the advice is to pack) and is measured the way the doctor measures
@@ -14,10 +15,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use stoker_core::options::QUASI_RANDOM_WINDOW_PAGES;
 use stoker_core::pack::{open_source, pack, PackOptions};
 use stoker_core::LoaderOptions;
 
-use super::BenchData;
+use super::{parquet_table, BenchData};
 use crate::doctor::machine::Usage;
 use crate::doctor::measure::{self, Config};
 use crate::doctor::model::Report;
@@ -40,7 +42,7 @@ struct Shape {
     /// The folder or file the source reads, and its spec.
     path: PathBuf,
     source: String,
-    /// Whether `stoker pack` can shrink it (a folder of images).
+    /// Whether `stoker pack` can shrink it (it holds images).
     images: bool,
     sets: Vec<(String, String)>,
     batch_size: usize,
@@ -86,9 +88,11 @@ pub(crate) struct DoctorBenchArgs {
     // a link to an item.
     #[allow(rustdoc::broken_intra_doc_links)]
     /// The data shapes to check, comma-separated: small (160x120 JPEGs), large (1600x1200
-    /// JPEGs), npy (uint8 [N,3,224,224]).
+    /// JPEGs), npy (uint8 [N,3,224,224]), parquet (500x375 JPEGs as a Hugging Face Parquet
+    /// table in row groups of 100, read shuffled with a parquet_cache between quasi_random's
+    /// window and the table).
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "small,large,npy",
-          value_parser = ["small", "large", "npy"])]
+          value_parser = ["small", "large", "npy", "parquet"])]
     pub(crate) shapes: Vec<String>,
     /// Rounds over the shapes (each: the doctor, then the check); the round with the fastest
     /// check is shown [default: 2, --quick 1].
@@ -100,6 +104,10 @@ pub(crate) struct DoctorBenchArgs {
     /// Samples in the npy file [default: 2048, --quick 1024].
     #[arg(long, value_name = "N")]
     pub(crate) npy_samples: Option<usize>,
+    /// Rows of the Parquet table, the folder's images in turn; more than 32 row groups of 100
+    /// [default: 32000, --quick 9600].
+    #[arg(long, value_name = "N")]
+    pub(crate) table_rows: Option<usize>,
     /// Seconds each measurement runs — each of the doctor's, and the check after filling the
     /// pipeline (at least 8 batches) [default: 2, --quick 1].
     #[arg(long, value_name = "S")]
@@ -210,15 +218,11 @@ fn make_shape(
             args.data.synthetic,
         )
     };
-    let shape = |key, name: String, note, path: PathBuf, images, sets, batch| Shape {
+    let shape = |key, name: String, note, path: PathBuf, source, images, sets, batch| Shape {
         key,
         name,
         note,
-        source: if images {
-            format!("image_folder:{}", path.display())
-        } else {
-            format!("npy:{}", path.display())
-        },
+        source,
         path,
         images,
         sets,
@@ -231,11 +235,13 @@ fn make_shape(
             let n = args.images.unwrap_or(if quick { 480 } else { 1200 });
             // Thumbnails cut from large areas of the photographs: detailed, like web images.
             let (root, note) = folder(n, 160, 120, (0.15, 0.6))?;
+            let source = format!("image_folder:{}", root.display());
             shape(
                 "small",
                 "JPEGs 160x120".into(),
                 note,
                 root,
+                source,
                 true,
                 image_sets(batch_size),
                 batch_size,
@@ -245,13 +251,42 @@ fn make_shape(
             let n = args.images.unwrap_or(if quick { 96 } else { 240 });
             // Most of a photograph each: camera-sized images, barely resampled.
             let (root, note) = folder(n, 1600, 1200, (0.5, 1.0))?;
+            let source = format!("image_folder:{}", root.display());
             shape(
                 "large",
                 "JPEGs 1600x1200".into(),
                 note,
                 root,
+                source,
                 true,
                 image_sets(batch_size),
+                batch_size,
+            )
+        }
+        "parquet" => {
+            let n = args.images.unwrap_or(if quick { 480 } else { 1280 });
+            let rows = args
+                .table_rows
+                .unwrap_or(if quick { 9_600 } else { 32_000 });
+            // The small shape's thumbnails, written as earlier releases of `datasets` wrote
+            // them: images too small for packing to shrink, so that the read is what advice
+            // can change.
+            let (root, note) = folder(n, 160, 120, (0.15, 0.6))?;
+            let table = parquet_table::table_in(&dir.join("parquet"), &root, rows)?;
+            let source = format!("parquet:{}", table.display());
+            let mut sets = image_sets(batch_size);
+            sets.push((
+                "parquet_cache".into(),
+                cache_short_of(&source, rows)?.to_string(),
+            ));
+            shape(
+                "parquet",
+                "Parquet 160x120 (HF)".into(),
+                note,
+                table,
+                source,
+                true,
+                sets,
                 batch_size,
             )
         }
@@ -267,17 +302,41 @@ fn make_shape(
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))
             .collect();
+            let source = format!("npy:{}", path.display());
             shape(
                 "npy",
                 "npy uint8 [N,3,224,224]".into(),
                 None,
                 path,
+                source,
                 false,
                 sets,
                 batch,
             )
         }
     })
+}
+
+/// A `parquet_cache` for the table `source` of `rows` rows in row groups of 100: one and a half
+/// `order=quasi_random`'s window of 32 row groups (decompressed), at most halfway from there to
+/// the whole table, so that a window fits and a shuffle overflows it. A shuffle hits a cache
+/// holding a share of the table about that share of the time once it is warm, which the doctor's
+/// first samples do not see: the smaller the share, the closer to a table many times the cache.
+fn cache_short_of(source: &str, rows: usize) -> Result<u64, String> {
+    let groups = rows.div_ceil(parquet_table::ROWS_PER_GROUP);
+    if groups <= QUASI_RANDOM_WINDOW_PAGES {
+        return Err(format!(
+            "--table-rows {rows}: the table needs more than {QUASI_RANDOM_WINDOW_PAGES} row groups of {} rows, quasi_random's window",
+            parquet_table::ROWS_PER_GROUP
+        ));
+    }
+    let table = open_source(source)
+        .map_err(|e| e.to_string())?
+        .page_cache()
+        .ok_or("a Parquet table reports its pages")?
+        .pages;
+    let window = table / groups as u64 * QUASI_RANDOM_WINDOW_PAGES as u64;
+    Ok((window + window / 2).min(window + (table - window) / 2))
 }
 
 /// The doctor on `shape`'s settings, then a loader with the settings it predicts for; every
@@ -637,5 +696,28 @@ mod tests {
         assert_eq!(verdict(sum.error_pct()), "pass");
         assert_eq!(verdict(-15.1), "FAIL");
         assert!(summary(&shape(Vec::new())).is_none());
+    }
+
+    #[test]
+    fn the_parquet_cache_holds_a_window_and_not_the_table() {
+        let dir = std::env::temp_dir().join(format!("stoker-doctor-cache-{}", std::process::id()));
+        let root = crate::photos::synthetic(&dir, "drawn", 2, 16, 12).unwrap();
+        let rows = 3_400;
+        let table = parquet_table::table_in(&dir, &root, rows).unwrap();
+        let source = format!("parquet:{}", table.display());
+        let cache = cache_short_of(&source, rows).unwrap();
+        let pages = open_source(&source).unwrap().page_cache().unwrap().pages;
+        // 34 row groups: a window of 32 is 32/34 of the table; the cache is halfway from there
+        // to the table (one and a half windows would be more than the table).
+        let window = pages / 34 * 32;
+        assert_eq!(cache, window + (pages - window) / 2);
+        assert!(window < cache && cache < pages, "{window} {cache} {pages}");
+        // A table of 32 row groups or fewer is a single window.
+        let e = cache_short_of(&source, 3_200).unwrap_err();
+        assert!(
+            e.contains("--table-rows 3200") && e.contains("32 row groups"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

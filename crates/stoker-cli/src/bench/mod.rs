@@ -7,6 +7,7 @@ mod doctor;
 mod images;
 mod npy;
 mod packed;
+mod parquet_table;
 mod scaling;
 mod tokens;
 
@@ -37,9 +38,10 @@ pub(crate) enum BenchCommand {
     /// zune-jpeg and libjpeg-turbo whole, libjpeg-turbo on a crop's region (with and without
     /// DCT scaling), and Pillow.
     Decoders(DecodersBenchArgs),
-    /// Checks `stoker doctor`'s prediction: on small JPEGs, large JPEGs and an npy file, the
-    /// samples/s the doctor predicts for the settings it advises (or those given, without
-    /// advice) beside a loader run with exactly those settings; target: within 15%.
+    /// Checks `stoker doctor`'s prediction: on small JPEGs, large JPEGs and an npy file (and a
+    /// Parquet table when asked for), the samples/s the doctor predicts for the settings it
+    /// advises (or those given, without advice) beside a loader run with exactly those settings;
+    /// target: within 15%.
     Doctor(DoctorBenchArgs),
     /// autotune=true, starting from one worker, beside every fixed setting (num_workers 1 to
     /// the usable cores, each --prefetch): when it reaches 90% of the best fixed setting, its
