@@ -88,9 +88,9 @@ pub(crate) struct DoctorBenchArgs {
     // a link to an item.
     #[allow(rustdoc::broken_intra_doc_links)]
     /// The data shapes to check, comma-separated: small (160x120 JPEGs), large (1600x1200
-    /// JPEGs), npy (uint8 [N,3,224,224]), parquet (500x375 JPEGs as a Hugging Face Parquet
-    /// table in row groups of 100, read shuffled with a parquet_cache between quasi_random's
-    /// window and the table).
+    /// JPEGs), npy (uint8 [N,3,224,224]), parquet (160x120 JPEGs as a Hugging Face Parquet
+    /// table in row groups of 100, read shuffled with a parquet_cache of one and a half
+    /// quasi_random windows).
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "small,large,npy",
           value_parser = ["small", "large", "npy", "parquet"])]
     pub(crate) shapes: Vec<String>,
@@ -98,7 +98,8 @@ pub(crate) struct DoctorBenchArgs {
     /// check is shown [default: 2, --quick 1].
     #[arg(long, value_name = "N")]
     pub(crate) rounds: Option<usize>,
-    /// Images in each JPEG folder [default: 1200 small, 240 large; --quick 480, 96].
+    /// Images in each JPEG folder [default: 1200 small, 240 large, 1280 parquet; --quick 480,
+    /// 96, 480].
     #[arg(long, value_name = "N")]
     pub(crate) images: Option<usize>,
     /// Samples in the npy file [default: 2048, --quick 1024].
@@ -319,9 +320,10 @@ fn make_shape(
 
 /// A `parquet_cache` for the table `source` of `rows` rows in row groups of 100: one and a half
 /// `order=quasi_random`'s window of 32 row groups (decompressed), at most halfway from there to
-/// the whole table, so that a window fits and a shuffle overflows it. A shuffle hits a cache
-/// holding a share of the table about that share of the time once it is warm, which the doctor's
-/// first samples do not see: the smaller the share, the closer to a table many times the cache.
+/// the whole table, so that a window fits and a shuffle overflows it. Once warm, a shuffle hits a
+/// cache holding a share of the table about that share of the time, which the doctor's first
+/// samples do not see; the smaller the share, the more the table reads as one many times the
+/// cache, as a real dataset is.
 fn cache_short_of(source: &str, rows: usize) -> Result<u64, String> {
     let groups = rows.div_ceil(parquet_table::ROWS_PER_GROUP);
     if groups <= QUASI_RANDOM_WINDOW_PAGES {
