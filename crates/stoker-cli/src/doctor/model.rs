@@ -409,9 +409,11 @@ pub(super) fn analyse(
     // Shuffled over more decompressed pages than it keeps, a row mostly decompresses its page
     // again; in quasi_random's order a window of pages stays in the cache. (Packing replaces the
     // source, and with it this cost.)
-    if let (Some((fit, q)), None, false) = (&alt.quasi_random, packed, bottleneck == "consumer") {
+    if let Some((fit, q)) = &alt.quasi_random {
         let saved = costs.read_us - q.read_us;
-        if q.read_us < QUASI_RANDOM_READS_AT_MOST * costs.read_us
+        if packed.is_none()
+            && bottleneck != "consumer"
+            && q.read_us < QUASI_RANDOM_READS_AT_MOST * costs.read_us
             && saved >= QUASI_RANDOM_SAVES_AT_LEAST * costs.wall_us()
         {
             after.read_us = (after.read_us - saved).max(after.io_wait_us);
