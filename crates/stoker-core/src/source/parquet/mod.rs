@@ -462,7 +462,7 @@ impl ParquetSource {
             let reader = guarded(|| {
                 let group = file.reader.get_row_group(g)?;
                 let mut pages = group.get_column_page_reader(leaf)?;
-                if group.metadata().column(leaf).compression() != Compression::UNCOMPRESSED {
+                if is_cached(group.metadata().column(leaf)) {
                     let first = PageKey {
                         file: f,
                         group: g,
@@ -716,6 +716,12 @@ impl TableFile {
     }
 }
 
+/// Whether a column chunk's pages go through the page cache: those that are compressed. An
+/// uncompressed page is a slice of the mapping, with nothing to keep.
+fn is_cached(chunk: &ColumnChunkMetaData) -> bool {
+    chunk.compression() != Compression::UNCOMPRESSED
+}
+
 /// Why one value could not be read.
 enum Read {
     Parquet(ParquetError),
@@ -845,13 +851,12 @@ impl Source for ParquetSource {
     }
 
     fn page_cache(&self) -> Option<PageCacheFit> {
-        // Only compressed chunks are decompressed and cached (see `read_field`).
         let mut pages = 0u64;
         for file in &self.files {
             for group in file.reader.metadata().row_groups() {
                 for &(leaf, _) in &file.leaves {
                     let chunk = group.column(leaf);
-                    if chunk.compression() != Compression::UNCOMPRESSED {
+                    if is_cached(chunk) {
                         let size = u64::try_from(chunk.uncompressed_size()).unwrap_or(0);
                         pages = pages.saturating_add(size);
                     }
