@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use stoker_core::pack::{merge, open_source_with_fields, pack, parse_size, PackOptions};
+use stoker_core::source::TokenSource;
 
 /// `stoker pack`'s arguments.
 #[derive(Debug, clap::Args)]
@@ -131,15 +132,20 @@ pub(crate) fn run(args: &PackArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Writes the token source `src` (with the options `set`) to `out` and its sidecar of lengths.
-fn pack_tokens(src: &str, out: &Path, set: &[(String, String)]) -> Result<(), String> {
+/// The token source `src` with the options `set`, opened to be written out.
+pub(crate) fn open_tokens(src: &str, set: &[(String, String)]) -> Result<TokenSource, String> {
     let mut options = stoker_core::LoaderOptions::new();
     options.set("source", src).map_err(|e| e.to_string())?;
     for (key, value) in set {
         options.set(key, value).map_err(|e| e.to_string())?;
     }
+    options.open_token_source().map_err(|e| e.to_string())
+}
+
+/// Writes the token source `src` (with the options `set`) to `out` and its sidecar of lengths.
+fn pack_tokens(src: &str, out: &Path, set: &[(String, String)]) -> Result<(), String> {
     let start = Instant::now();
-    let source = options.open_token_source().map_err(|e| e.to_string())?;
+    let source = open_tokens(src, set)?;
     let opened = start.elapsed().as_secs_f64();
     let total = source.total_tokens();
     let bar = std::io::stderr().is_terminal().then(|| {

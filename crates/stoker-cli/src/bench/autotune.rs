@@ -247,6 +247,7 @@ pub(crate) fn run(args: &AutotuneBenchArgs) -> Result<(), String> {
                 timeline: None,
                 progress: false,
                 phase_limit: Duration::from_secs(30),
+                min_phase: Duration::ZERO,
                 remote: false,
             };
             for f in &mut w.fixed {

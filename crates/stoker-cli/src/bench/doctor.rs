@@ -19,12 +19,13 @@ use stoker_core::options::QUASI_RANDOM_WINDOW_PAGES;
 use stoker_core::pack::{open_source, pack, PackOptions};
 use stoker_core::LoaderOptions;
 
-use super::{parquet_table, BenchData};
+use super::{parquet_table, parquet_text, BenchData};
 use crate::doctor::machine::Usage;
-use crate::doctor::measure::{self, Config};
-use crate::doctor::model::Report;
+use crate::doctor::measure::{self, Config, TEXT_OPTIONS};
+use crate::doctor::model::{Pack, Report};
 use crate::doctor::report::fmt_rate;
 use crate::doctor::{self, model};
+use crate::pack::open_tokens;
 use crate::photos::{photos_or_drawn, Size};
 use crate::workers::workers;
 
@@ -32,6 +33,9 @@ use crate::workers::workers;
 const TARGET_PCT: f64 = 15.0;
 /// npy batches hold this many times the JPEG batch size (its samples cost far less).
 const NPY_BATCH_FACTOR: usize = 4;
+/// The text shape's windows and batches: nanoGPT's `block_size` and `batch_size`.
+const TEXT_SEQ_LEN: usize = 1024;
+const TEXT_BATCH: usize = 12;
 
 /// One data shape and the settings the doctor is given for it.
 struct Shape {
@@ -90,9 +94,10 @@ pub(crate) struct DoctorBenchArgs {
     /// The data shapes to check, comma-separated: small (160x120 JPEGs), large (1600x1200
     /// JPEGs), npy (uint8 [N,3,224,224]), parquet (160x120 JPEGs as a Hugging Face Parquet
     /// table in row groups of 100, read shuffled with a parquet_cache of one and a half
-    /// quasi_random windows).
+    /// quasi_random windows), text (Parquet text tokenized by a byte-level BPE as it is read,
+    /// shuffled windows of 1,024 tokens in batches of 12).
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "small,large,npy",
-          value_parser = ["small", "large", "npy", "parquet"])]
+          value_parser = ["small", "large", "npy", "parquet", "text"])]
     pub(crate) shapes: Vec<String>,
     /// Rounds over the shapes (each: the doctor, then the check); the round with the fastest
     /// check is shown [default: 2, --quick 1].
@@ -109,6 +114,9 @@ pub(crate) struct DoctorBenchArgs {
     /// [default: 32000, --quick 9600].
     #[arg(long, value_name = "N")]
     pub(crate) table_rows: Option<usize>,
+    /// Documents of the text, 40 to 600 words each [default: 8000, --quick 2000].
+    #[arg(long, value_name = "N")]
+    pub(crate) text_rows: Option<usize>,
     /// Seconds each measurement runs — each of the doctor's, and the check after filling the
     /// pipeline (at least 8 batches) [default: 2, --quick 1].
     #[arg(long, value_name = "S")]
@@ -291,6 +299,31 @@ fn make_shape(
                 batch_size,
             )
         }
+        "text" => {
+            let rows = args.text_rows.unwrap_or(if quick { 2000 } else { 8000 });
+            let (source, root, tokenizer) = parquet_text::text_in(&dir.join("text"), rows)?;
+            let sets = [
+                ("tokenizer", tokenizer.display().to_string()),
+                ("eos_token", parquet_text::EOS_TOKEN.to_string()),
+                ("seq_len", TEXT_SEQ_LEN.to_string()),
+                ("shuffle", "true".into()),
+                ("batch_size", TEXT_BATCH.to_string()),
+                ("num_workers", workers),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+            shape(
+                "text",
+                "Parquet text, BPE".into(),
+                None,
+                root,
+                source,
+                false,
+                sets,
+                TEXT_BATCH,
+            )
+        }
         _ => {
             let n = args.npy_samples.unwrap_or(if quick { 1024 } else { 2048 });
             let path = super::npy::generated_npy_in(&dir.join("npy"), n)?;
@@ -355,19 +388,26 @@ fn check(shape: &mut Shape, dir: &Path, step: Duration, phase: Duration) -> Resu
         timeline: None,
         progress: false,
         phase_limit: phase,
+        min_phase: Duration::ZERO,
         remote: false,
     };
     let report: Report = doctor::diagnose(&base, &shape.sets, &config)?;
     let (sets, pack_as) = model::advised(&shape.sets, &report.advice);
     let mut checked: Vec<String> = report.advice.iter().map(|a| a.set.clone()).collect();
     if let Some(p) = pack_as {
-        let packed = packed_copy(shape, dir, p.max_side)?;
+        let (packed, said) = match p {
+            Pack::Samples { max_side } => (
+                packed_copy(shape, dir, max_side)?,
+                match max_side {
+                    Some(side) => format!("source=packed (--max-side {side})"),
+                    None => "source=packed".into(),
+                },
+            ),
+            Pack::Tokens => (tokens_copy(shape, dir)?, "source=tokens (packed)".into()),
+        };
         base.set("source", &packed).map_err(|e| e.to_string())?;
         if let Some(set) = checked.iter_mut().find(|s| s.starts_with("source=")) {
-            *set = match p.max_side {
-                Some(side) => format!("source=packed (--max-side {side})"),
-                None => "source=packed".into(),
-            };
+            *set = said;
         }
     }
     let options = measure::with(&base, &sets)?;
@@ -428,6 +468,39 @@ fn packed_copy(shape: &mut Shape, dir: &Path, max_side: Option<u32>) -> Result<S
     let spec = format!("packed:{}", out.display());
     shape.packed.push((max_side, spec.clone()));
     Ok(spec)
+}
+
+/// `shape`'s text tokenized once as the advice says (`stoker pack SOURCE OUT.npy` with its
+/// text's options), made once; its `tokens:` spec.
+fn tokens_copy(shape: &Shape, dir: &Path) -> Result<String, String> {
+    let text_sets: Vec<(String, String)> = shape
+        .sets
+        .iter()
+        .filter(|(k, _)| TEXT_OPTIONS.contains(&k.as_str()))
+        .cloned()
+        .collect();
+    if text_sets.is_empty() {
+        return Err(format!(
+            "the doctor advised tokenizing {} once, which is not text",
+            shape.name
+        ));
+    }
+    let out = dir.join("packed").join(format!("{}-tokens.npy", shape.key));
+    // `write_flat` writes under temporary names and renames: a file there is whole (and its
+    // sidecar, renamed first, too).
+    if !out.exists() {
+        std::fs::create_dir_all(dir.join("packed"))
+            .map_err(|e| format!("{}: {e}", dir.join("packed").display()))?;
+        eprintln!(
+            "bench doctor: tokenizing {} once as advised into {}",
+            shape.name,
+            out.display()
+        );
+        open_tokens(&shape.source, &text_sets)?
+            .write_flat(&out, &mut |_| {})
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(format!("tokens:{}", out.display()))
 }
 
 /// A shape's result over the rounds.

@@ -8,6 +8,7 @@ mod images;
 mod npy;
 mod packed;
 mod parquet_table;
+pub(crate) mod parquet_text;
 mod scaling;
 mod tokens;
 

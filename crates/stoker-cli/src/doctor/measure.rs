@@ -1,17 +1,18 @@
 //! Running the loader and measuring it: each stage alone on this thread (`stage_run`), the
 //! whole pipeline (`pipeline_run`), the stored images' size (`image_probe`), the stages on a
-//! packed sample (`packed_costs`) and in `order=quasi_random` (`quasi_random_costs`), giving
-//! what the model reasons from (`Costs`, `Pipeline`, `PackedCosts`).
+//! packed sample (`packed_costs`), in `order=quasi_random` (`quasi_random_costs`) and on text
+//! tokenized once (`tokenized_once`), giving what the model reasons from (`Costs`,
+//! `Pipeline`, `PackedCosts`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use stoker_core::autotune::process_cpu_ns;
 use stoker_core::source::PageCacheFit;
-use stoker_core::{FieldKind, Loader, LoaderOptions, Order, Stats};
+use stoker_core::{FieldKind, Loader, LoaderOptions, Order, SourceSpec, Stats};
 
 use super::machine::{thread_times, Load, Usage};
-use super::pack_probe::{Probe, PROBE_SAMPLES};
+use super::pack_probe::{Probe, TokenProbe, PROBE_SAMPLES};
 
 /// How to measure.
 pub(crate) struct Config {
@@ -21,6 +22,9 @@ pub(crate) struct Config {
     pub(crate) progress: bool,
     /// Longest a measurement runs, whatever `samples` says.
     pub(crate) phase_limit: Duration,
+    /// Shortest a measurement runs, whatever `samples` says: 512 samples of tokens take a few
+    /// milliseconds, which one hiccup of the scheduler can double.
+    pub(crate) min_phase: Duration,
     /// The data comes over the network (a URL): caching it helps.
     pub(crate) remote: bool,
 }
@@ -77,18 +81,20 @@ pub(crate) fn with(
     Ok(o)
 }
 
-/// Asks for batches until `samples` more were delivered (or `limit` passed), calling `hold`
-/// with each; ends of epochs are passed over.
+/// Asks for batches until `samples` more were delivered and `at_least` passed (or `limit`
+/// passed), calling `hold` with each; ends of epochs are passed over.
 fn consume(
     loader: &mut Loader,
     samples: usize,
     min_batches: usize,
-    limit: Duration,
+    (at_least, limit): (Duration, Duration),
     mut hold: impl FnMut(),
 ) -> Result<(), String> {
     let start = Instant::now();
     let (mut got, mut batches, mut empty_epochs) = (0, 0, 0);
-    while (got < samples || batches < min_batches) && start.elapsed() < limit {
+    while (got < samples || batches < min_batches || start.elapsed() < at_least)
+        && start.elapsed() < limit
+    {
         match loader.next().map_err(|e| e.to_string())? {
             Some(b) => {
                 got += b.len();
@@ -116,10 +122,17 @@ pub(super) fn stage_run(options: &LoaderOptions, config: &Config) -> Result<(Cos
     }
     let mut loader = Loader::new(&o).map_err(|e| e.to_string())?;
     // One batch first: the first touches of memory and files are not the steady state.
-    consume(&mut loader, 1, 1, config.phase_limit, || {})?;
+    consume(
+        &mut loader,
+        1,
+        1,
+        (Duration::ZERO, config.phase_limit),
+        || {},
+    )?;
     let (s0, (cpu0, queued0)) = (loader.stats(), thread_times());
     let usage = Usage::start();
-    consume(&mut loader, config.samples, 1, config.phase_limit, || {})?;
+    let phase = (config.min_phase, config.phase_limit);
+    consume(&mut loader, config.samples, 1, phase, || {})?;
     let (s1, (cpu1, queued1)) = (loader.stats(), thread_times());
     // What the cores did besides this process: other work's CPU time.
     let others_cores = usage.others_cores();
@@ -175,10 +188,17 @@ pub(crate) fn pipeline_run(
     let mut loader = Loader::new(&o).map_err(|e| e.to_string())?;
     let warm = loader.stats().in_flight_cap as usize;
     // Fill the pipeline first: its start is not its steady state.
-    consume(&mut loader, 1, warm.max(1), config.phase_limit, || {})?;
+    consume(
+        &mut loader,
+        1,
+        warm.max(1),
+        (Duration::ZERO, config.phase_limit),
+        || {},
+    )?;
     let (s0, t0, cpu0) = (loader.stats(), Instant::now(), process_cpu_ns());
     let step = config.step;
-    consume(&mut loader, config.samples, 8, config.phase_limit, || {
+    let phase = (config.min_phase, config.phase_limit);
+    consume(&mut loader, config.samples, 8, phase, || {
         std::thread::sleep(step)
     })?;
     let (s1, elapsed, cpu1) = (loader.stats(), t0.elapsed(), process_cpu_ns());
@@ -208,7 +228,7 @@ fn pipeline_from(s0: &Stats, s1: &Stats, elapsed: Duration, batch_size: usize) -
 
 /// Mean width and height of the stored images (headers only), for an image source.
 pub(super) fn image_probe(options: &LoaderOptions) -> Result<Option<(f64, f64)>, String> {
-    let Some(spec) = options.source() else {
+    let Some(spec) = options.source().filter(|_| !options.is_token_stream()) else {
         return Ok(None);
     };
     let source = spec.open(None, true).map_err(|e| e.to_string())?;
@@ -242,10 +262,11 @@ pub(super) fn image_probe(options: &LoaderOptions) -> Result<Option<(f64, f64)>,
 
 /// Whether the images come out as floats (normalize, or a float dtype).
 pub(super) fn float_images(options: &LoaderOptions, sets: &[(String, String)]) -> bool {
-    let has_images = options.source().is_some_and(|spec| {
-        spec.open(None, true)
-            .is_ok_and(|s| s.fields().iter().any(|f| f.kind == FieldKind::EncodedImage))
-    });
+    let has_images = !options.is_token_stream()
+        && options.source().is_some_and(|spec| {
+            spec.open(None, true)
+                .is_ok_and(|s| s.fields().iter().any(|f| f.kind == FieldKind::EncodedImage))
+        });
     let dtype = sets
         .iter()
         .rev()
@@ -277,6 +298,58 @@ pub(super) fn quasi_random_costs(
     }
     o.set("order", "quasi_random").ok()?;
     Some((fit, stage_run(&o, config).ok()?.0))
+}
+
+/// The options that only a `parquet:` text source takes: what it is tokenized with.
+pub(crate) const TEXT_OPTIONS: [&str; 3] = ["tokenizer", "eos_token", "text_column"];
+
+/// Tokens a token probe holds at most: tokenizing them takes seconds (a few hundred thousand to
+/// a million tokens a core-second); a stage run longer than the probe reads it again.
+const MAX_PROBE_TOKENS: u64 = 1 << 22;
+
+/// A `parquet:` text source's first documents tokenized once, as `stoker pack SOURCE OUT.npy`
+/// writes them, and each stage's cost reading them as `tokens:OUT.npy` with the same settings
+/// less [`TEXT_OPTIONS`] (the token file holds the end-of-document tokens, and its sidecar the
+/// documents). `None` for any other source.
+pub(super) fn tokenized_once(
+    options: &LoaderOptions,
+    sets: &[(String, String)],
+    config: &Config,
+) -> Option<(TokenProbe, Costs)> {
+    if !is_text(options, sets) {
+        return None;
+    }
+    // Enough windows for the stage run (a batch first, then `samples`); under
+    // `token_packing=pad` a sample is a document, and a probe of fewer is read again.
+    let windows = (config.samples + 2 * options.batch_size()) as u64;
+    let tokens = (windows * (options.seq_len()? as u64 + 1)).min(MAX_PROBE_TOKENS);
+    let probe = TokenProbe::write(&options.open_token_source().ok()?, tokens).ok()?;
+    let costs = stage_run(&on_token_probe(&probe, sets).ok()?, config)
+        .ok()?
+        .0;
+    Some((probe, costs))
+}
+
+/// Whether the options read one `parquet:` source as text (not a blend of sources).
+pub(super) fn is_text(options: &LoaderOptions, sets: &[(String, String)]) -> bool {
+    options.is_token_stream()
+        && matches!(options.source(), Some(SourceSpec::Parquet(_)))
+        && !sets.iter().any(|(k, _)| k == "blend")
+}
+
+/// The options `sets` of a text source, reading `probe` (its tokens) instead.
+pub(super) fn on_token_probe(
+    probe: &TokenProbe,
+    sets: &[(String, String)],
+) -> Result<LoaderOptions, String> {
+    let mut o = LoaderOptions::new();
+    o.set("source", probe.spec()).map_err(|e| e.to_string())?;
+    let kept: Vec<(String, String)> = sets
+        .iter()
+        .filter(|(k, _)| k != "source" && !TEXT_OPTIONS.contains(&k.as_str()))
+        .cloned()
+        .collect();
+    with(&o, &kept)
 }
 
 /// One core's cost of each stage on a sample of the source packed at `side` pixels, and of the

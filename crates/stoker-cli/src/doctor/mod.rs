@@ -10,7 +10,9 @@
 //! 3. what the advice would change: for an image source, the stored image size (headers only);
 //!    when decoding large images dominates, each stage again on a sample of them packed at 256
 //!    px (`pack_probe`); with float output the transform's cost in uint8; for a shuffled
-//!    `parquet:` table larger than `parquet_cache`, each stage in `order=quasi_random`;
+//!    `parquet:` table larger than `parquet_cache`, each stage in `order=quasi_random`; for
+//!    `parquet:` text, each stage on its first documents tokenized once (`stoker pack`) and
+//!    read as a `tokens:` file;
 //! 4. the machine (`machine`): the share of a core one thread gets and the CPU the whole
 //!    process gets beside other work, and, when collating copies at memory speed, how far the
 //!    memory's bandwidth scales with more threads copying.
@@ -41,11 +43,13 @@ use stoker_core::transform::Pipeline;
 use stoker_core::LoaderOptions;
 
 use measure::{
-    float_images, image_probe, packed_costs, pipeline_run, quasi_random_costs, stage_run, with,
-    Config,
+    float_images, image_probe, is_text, on_token_probe, packed_costs, pipeline_run,
+    quasi_random_costs, stage_run, tokenized_once, with, Config, TEXT_OPTIONS,
 };
-use model::Report;
-use model::{analyse, packing_helps, uint8_sets, Alternatives, Machine, PACK_SIDE};
+use model::{
+    advised, analyse, packing_helps, uint8_sets, Alternatives, Change, Machine, Pack, Report,
+    TokenizedOnce, PACK_SIDE,
+};
 
 /// `stoker doctor`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -86,6 +90,9 @@ pub(crate) fn key_value(s: &str) -> Result<(String, String), String> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
+/// Shortest each of `stoker doctor`'s measurements runs.
+const MIN_PHASE: Duration = Duration::from_millis(500);
+
 /// Runs `stoker doctor` and prints its report.
 pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
     let mut base = LoaderOptions::new();
@@ -103,6 +110,7 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
         timeline: args.timeline.clone(),
         progress: !args.json && std::io::stderr().is_terminal(),
         phase_limit: Duration::from_secs(20),
+        min_phase: MIN_PHASE,
         remote: args.source.contains("://"),
     };
     let report = diagnose(&base, &args.set, &config)?;
@@ -164,6 +172,11 @@ pub(crate) fn diagnose(
     };
     // A shuffled table larger than its page cache: the stages again in quasi_random's order.
     let quasi_random = quasi_random_costs(&options, config);
+    // Text: the stages again on its first documents tokenized once.
+    if is_text(&options, &sets) {
+        progress.say("measuring the text tokenized once");
+    }
+    let token_probe = tokenized_once(&options, &sets, config);
     // Packing shrunk: the stages measured on a packed sample of the data, when decoding large
     // images is what the advice would be about.
     let packed = if packing_helps(&costs, images) {
@@ -194,9 +207,8 @@ pub(crate) fn diagnose(
     } else {
         f64::INFINITY
     };
-    progress.done();
 
-    Ok(analyse(
+    let mut report = analyse(
         costs,
         pipeline,
         Machine {
@@ -218,8 +230,38 @@ pub(crate) fn diagnose(
                 .find(|(k, _)| k == "shard_prefetch")
                 .and_then(|(_, v)| v.parse().ok()),
             quasi_random,
+            tokenized_once: token_probe.as_ref().map(|(probe, costs)| TokenizedOnce {
+                costs: *costs,
+                documents: probe.documents,
+                text_sets: sets
+                    .iter()
+                    .filter(|(k, _)| TEXT_OPTIONS.contains(&k.as_str()))
+                    .cloned()
+                    .collect(),
+            }),
         },
-    ))
+    );
+    // Text tokenized once is read as another source, whose pipeline (a sample costs a few
+    // microseconds: batch hand-offs weigh) the model of this one does not predict: it is
+    // measured on the probe, with the advised settings.
+    if let Some((probe, _)) = &token_probe {
+        if report
+            .advice
+            .iter()
+            .any(|a| a.change == Change::Pack(Pack::Tokens))
+        {
+            progress.say("measuring the advised pipeline on the text tokenized once");
+            let (after, _) = advised(&sets, &report.advice);
+            let measured = pipeline_run(&on_token_probe(probe, &after)?, config, None)?;
+            report.predicted_samples_per_s = measured.samples_per_s;
+            report.prediction_measured_on = Some(format!(
+                "its first {} documents tokenized once",
+                probe.documents
+            ));
+        }
+    }
+    progress.done();
+    Ok(report)
 }
 
 /// Whether this machine has a CUDA device and the transform `sets` ask for could run on it with
@@ -287,6 +329,7 @@ mod tests {
     use std::sync::Arc;
 
     use serde_json::Value;
+    use stoker_core::source::tokens::{MegatronWriter, TokenType};
     use stoker_core::testing::SlowRead;
     use stoker_core::{DType, MemorySource, Source, SourceSpec};
 
@@ -299,6 +342,7 @@ mod tests {
             timeline: None,
             progress: false,
             phase_limit: Duration::from_secs(20),
+            min_phase: Duration::ZERO,
             remote: false,
         }
     }
@@ -447,6 +491,10 @@ mod tests {
         );
         assert!(v["pipeline_samples_per_s"].as_f64().unwrap() > 0.0);
         assert!(v["predicted_samples_per_s"].as_f64().unwrap() > 0.0);
+        assert!(
+            v["prediction_measured_on"].is_null(),
+            "predicted by the model"
+        );
         for a in v["advice"].as_array().unwrap() {
             assert!(a["set"].as_str().unwrap().contains('='), "{a}");
             assert!(!a["why"].as_str().unwrap().is_empty());
@@ -604,6 +652,86 @@ mod tests {
         ])
         .is_none());
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn token_sources_are_diagnosed() {
+        let dir =
+            std::env::temp_dir().join(format!("stoker-doctor-megatron-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let prefix = dir.join("web");
+        let mut writer = MegatronWriter::create(&prefix, TokenType::U16).unwrap();
+        for d in 0..64i64 {
+            let tokens: Vec<i64> = (0..20 + d % 30).map(|t| (d * 31 + t) % 1000).collect();
+            writer.add_document(&tokens).unwrap();
+        }
+        writer.finish().unwrap();
+        let mut base = LoaderOptions::new();
+        base.set("source", &format!("megatron:{}", prefix.display()))
+            .unwrap();
+        let report = diagnose(
+            &base,
+            &sets(&[("seq_len", "16"), ("batch_size", "4"), ("shuffle", "true")]),
+            &config(),
+        )
+        .unwrap();
+        assert!(report.costs.read_us > 0.0, "{:?}", report.costs);
+        assert_eq!(report.costs.decode_us + report.costs.transform_us, 0.0);
+        assert!(report.pipeline.samples_per_s > 0.0);
+        // Tokens already: nothing to tokenize once.
+        assert!(report.prediction_measured_on.is_none());
+        assert!(!report
+            .advice
+            .iter()
+            .any(|a| a.change == Change::Pack(Pack::Tokens)));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn text_tokenized_as_it_is_read_is_advised_tokenized_once() {
+        let dir = std::env::temp_dir().join(format!("stoker-doctor-text-{}", std::process::id()));
+        let (source, _, tokenizer) = crate::bench::parquet_text::text_in(&dir, 16).unwrap();
+        let mut base = LoaderOptions::new();
+        base.set("source", &source).unwrap();
+        let given = sets(&[
+            ("tokenizer", &tokenizer.display().to_string()),
+            ("eos_token", "0"),
+            ("seq_len", "64"),
+            ("shuffle", "true"),
+            ("batch_size", "4"),
+            ("num_workers", "1"),
+        ]);
+        let report = diagnose(&base, &given, &config()).unwrap();
+        let table = report.table("text");
+        let advice = report
+            .advice
+            .iter()
+            .find(|a| a.change == Change::Pack(Pack::Tokens))
+            .unwrap_or_else(|| panic!("no advice to tokenize once: {table}"));
+        assert_eq!(advice.set, "source=tokens:OUT.npy");
+        assert!(
+            advice.why.contains(&format!(
+                "`stoker pack SOURCE OUT.npy --set tokenizer={} --set eos_token=0`",
+                tokenizer.display()
+            )),
+            "{}",
+            advice.why
+        );
+        // Measured, not modelled: the advised pipeline on the probe, many times faster.
+        let on = report.prediction_measured_on.as_deref().unwrap_or_default();
+        assert!(on.contains("documents tokenized once"), "{table}");
+        assert!(
+            report.predicted_samples_per_s > 5.0 * report.pipeline.samples_per_s,
+            "{table}"
+        );
+        // Applied: the tokens file is read without the text's options.
+        let (after, pack) = advised(&given, &report.advice);
+        assert_eq!(pack, Some(Pack::Tokens));
+        assert!(after
+            .iter()
+            .all(|(k, _)| !TEXT_OPTIONS.contains(&k.as_str())));
+        assert!(after.iter().any(|(k, v)| k == "seq_len" && v == "64"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -8,7 +8,7 @@ use stoker_core::memory::human;
 use stoker_core::source::PageCacheFit;
 
 use super::machine::Load;
-use super::measure::{Costs, PackedCosts, Pipeline};
+use super::measure::{Costs, PackedCosts, Pipeline, TEXT_OPTIONS};
 
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Advice {
@@ -25,15 +25,19 @@ pub(crate) enum Change {
     Set(&'static str, String),
     /// uint8 output: `dtype=uint8`, and normalize dropped from the transform (done on the GPU).
     Uint8,
-    /// The source packed once (`stoker pack SOURCE OUT`) and read as `packed:OUT`.
+    /// The source packed once with `stoker pack` and read from what it wrote.
     Pack(Pack),
 }
 
 /// How to pack the source.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Pack {
-    /// `--max-side`: images shrunk to at most this many pixels on a side.
-    pub(crate) max_side: Option<u32>,
+pub(crate) enum Pack {
+    /// `stoker pack SOURCE OUT [--max-side N]`, read as `packed:OUT`; `max_side`: images shrunk
+    /// to at most this many pixels on a side.
+    Samples { max_side: Option<u32> },
+    /// A text source tokenized once, `stoker pack SOURCE OUT.npy` with its [`TEXT_OPTIONS`],
+    /// read as `tokens:OUT.npy` without them.
+    Tokens,
 }
 
 /// A stage's cost on one core.
@@ -61,6 +65,10 @@ pub(crate) struct Report {
     /// The model's own throughput with the advice applied, from the stage costs on the cores
     /// this process gets.
     pub(crate) advised_model_samples_per_s: f64,
+    /// Where the advice reads another source the model does not predict (text tokenized
+    /// once): what `predicted_samples_per_s` was measured on instead, a pipeline with the
+    /// advised settings.
+    pub(crate) prediction_measured_on: Option<String>,
     pub(crate) advice: Vec<Advice>,
     pub(crate) step: Duration,
 }
@@ -80,7 +88,12 @@ pub(crate) fn advised(
                 out.push(((*key).to_owned(), value.clone()));
             }
             Change::Uint8 => out = uint8_sets(&out),
-            Change::Pack(p) => pack = Some(*p),
+            Change::Pack(p) => {
+                if *p == Pack::Tokens {
+                    out.retain(|(k, _)| !TEXT_OPTIONS.contains(&k.as_str()));
+                }
+                pack = Some(*p);
+            }
         }
     }
     (out, pack)
@@ -139,14 +152,35 @@ pub(crate) struct Alternatives {
     /// A shuffled source over more decompressed pages than it keeps: how far over, and the
     /// stages' costs in `order=quasi_random`.
     pub(crate) quasi_random: Option<(PageCacheFit, Costs)>,
+    /// A text source: reading it tokenized once, as measured.
+    pub(crate) tokenized_once: Option<TokenizedOnce>,
 }
 
-/// Reading in `order=quasi_random` is advised when it cuts the read stage's cost to less than
-/// this share of the cost in `order=random`...
-const QUASI_RANDOM_READS_AT_MOST: f64 = 0.7;
-/// ...by at least this share of a sample's whole time: the shuffle's reach is narrowed to a
-/// window of pages only where that pays.
-const QUASI_RANDOM_SAVES_AT_LEAST: f64 = 0.1;
+/// A text source's first documents tokenized once (`stoker pack SOURCE OUT.npy`) and read as a
+/// `tokens:` file.
+#[derive(Clone, Debug)]
+pub(crate) struct TokenizedOnce {
+    /// The stages' costs reading them.
+    pub(crate) costs: Costs,
+    /// How many documents were written.
+    pub(crate) documents: u64,
+    /// The options the text was tokenized with ([`TEXT_OPTIONS`] as set), which `stoker pack`
+    /// takes and the `tokens:` source does not.
+    pub(crate) text_sets: Vec<(String, String)>,
+}
+
+/// Reading another way (`order=quasi_random`, text tokenized once) is advised when it cuts the
+/// read stage's cost to less than this share of its cost now...
+const READS_AT_MOST: f64 = 0.7;
+/// ...by at least this share of a sample's whole time: the shuffle's reach is narrowed, or a
+/// file written, only where that pays.
+const SAVES_AT_LEAST: f64 = 0.1;
+
+/// Whether reading at `read_us` instead of as measured in `costs` is worth advising.
+fn reading_pays(costs: &Costs, read_us: f64) -> bool {
+    read_us < READS_AT_MOST * costs.read_us
+        && costs.read_us - read_us >= SAVES_AT_LEAST * costs.wall_us()
+}
 
 /// Remote shard downloads in flight that hid 50 ms per request behind decoding in the
 /// benchmark (`bench/remote_shards.sh --shards 64`: a cold epoch 1 at 0.51x of local tar with
@@ -322,7 +356,7 @@ pub(super) fn analyse(
                 advice.push(Advice {
                     set: "source=packed:OUT".into(),
                     why: "pack the data once (`stoker pack SOURCE OUT`): large sequential shards read with fewer, longer I/Os than one file per sample".into(),
-                    change: Change::Pack(Pack { max_side: None }),
+                    change: Change::Pack(Pack::Samples { max_side: None }),
                 });
             }
         }
@@ -373,7 +407,7 @@ pub(super) fn analyse(
                         costs.decode_us / costs.wall_us().max(1e-9) * 100.0,
                         1.0 / factor
                     ),
-                    change: Change::Pack(Pack {
+                    change: Change::Pack(Pack::Samples {
                         max_side: Some(PACK_SIDE as u32),
                     }),
                 });
@@ -411,11 +445,7 @@ pub(super) fn analyse(
     // source, and with it this cost.)
     if let Some((fit, q)) = &alt.quasi_random {
         let saved = costs.read_us - q.read_us;
-        if packed.is_none()
-            && bottleneck != "consumer"
-            && q.read_us < QUASI_RANDOM_READS_AT_MOST * costs.read_us
-            && saved >= QUASI_RANDOM_SAVES_AT_LEAST * costs.wall_us()
-        {
+        if packed.is_none() && bottleneck != "consumer" && reading_pays(&costs, q.read_us) {
             after.read_us = (after.read_us - saved).max(after.io_wait_us);
             advice.push(Advice {
                 set: "order=quasi_random".into(),
@@ -429,6 +459,34 @@ pub(super) fn analyse(
                     human(fit.pages)
                 ),
                 change: Change::Set("order", "quasi_random".into()),
+            });
+        }
+    }
+    // Text tokenized in the workers, every epoch: `stoker pack` tokenizes it once.
+    if let Some(t) = &alt.tokenized_once {
+        if bottleneck != "consumer" && reading_pays(&costs, t.costs.read_us) {
+            after.read_us = t.costs.read_us;
+            after.io_wait_us = t.costs.io_wait_us;
+            let text_sets: String = t
+                .text_sets
+                .iter()
+                .map(|(k, v)| format!(" --set {k}={v}"))
+                .collect();
+            let keys: Vec<&str> = t.text_sets.iter().map(|(k, _)| k.as_str()).collect();
+            let keys = match keys.split_last() {
+                Some((last, [])) => (*last).to_owned(),
+                Some((last, others)) => format!("{} and {last}", others.join(", ")),
+                None => String::new(),
+            };
+            advice.push(Advice {
+                set: "source=tokens:OUT.npy".into(),
+                why: format!(
+                    "the text is tokenized as it is read, every epoch: {:.0} us a sample; `stoker pack SOURCE OUT.npy{text_sets}` tokenizes it once, on every core, into a token file and its documents, and `source=tokens:OUT.npy` (without {keys}) reads the same samples: {:.0} us a sample, measured on the first {} documents so written",
+                    costs.read_us,
+                    t.costs.read_us,
+                    t.documents
+                ),
+                change: Change::Pack(Pack::Tokens),
             });
         }
     }
@@ -535,6 +593,7 @@ pub(super) fn analyse(
         model_samples_per_s: model,
         predicted_samples_per_s: predicted,
         advised_model_samples_per_s: loader_after.min(consumer),
+        prediction_measured_on: None,
         advice,
         step,
     }
@@ -582,6 +641,7 @@ mod tests {
             remote_cache: false,
             shard_prefetch: None,
             quasi_random: None,
+            tokenized_once: None,
         }
     }
 
@@ -675,6 +735,55 @@ mod tests {
             table_larger_than_its_cache(Some(80.0), Duration::from_secs(1), 1.0),
         ] {
             assert!(!report.advice.iter().any(|a| a.set.starts_with("order=")));
+        }
+    }
+
+    /// Text on 16 cores, tokenized as it is read: 2,000 us a sample; `once` us read from the
+    /// tokens file.
+    fn text(once: Option<f64>, step: Duration, readiness: f64) -> Report {
+        let costs = Costs {
+            read_us: 2000.0,
+            collate_us: 2.0,
+            samples: 512,
+            bytes_per_sample: 16_384.0,
+            ..Costs::default()
+        };
+        let alt = Alternatives {
+            tokenized_once: once.map(|read_us| TokenizedOnce {
+                costs: Costs { read_us, ..costs },
+                documents: 100,
+                text_sets: sets(&[("tokenizer", "/m/tokenizer.json"), ("eos_token", "2")]),
+            }),
+            ..Alternatives::default()
+        };
+        on_16_cores(costs, readiness, step, &alt)
+    }
+
+    #[test]
+    fn text_tokenized_as_it_is_read_is_advised_tokenized_once_where_it_pays() {
+        let report = text(Some(8.0), Duration::ZERO, 0.0);
+        let a = report
+            .advice
+            .iter()
+            .find(|a| a.change == Change::Pack(Pack::Tokens))
+            .expect("tokenizing once advised");
+        for words in [
+            "2000 us",
+            "8 us",
+            "first 100 documents",
+            "`stoker pack SOURCE OUT.npy --set tokenizer=/m/tokenizer.json --set eos_token=2`",
+            "`source=tokens:OUT.npy` (without tokenizer and eos_token) reads",
+        ] {
+            assert!(a.why.contains(words), "{words}: {}", a.why);
+        }
+        // Not when tokenizing once saves little, nor when it was not measured (not text), nor
+        // when the loader keeps up with the step.
+        for report in [
+            text(Some(1900.0), Duration::ZERO, 0.0),
+            text(None, Duration::ZERO, 0.0),
+            text(Some(8.0), Duration::from_secs(1), 1.0),
+        ] {
+            assert!(!report.advice.iter().any(|a| a.set.starts_with("source=")));
         }
     }
 

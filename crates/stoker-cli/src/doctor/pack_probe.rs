@@ -2,12 +2,15 @@
 //! the advice says (`stoker pack --max-side N`) into a temporary file, for the doctor to measure
 //! each stage on. Shrinking the images cuts more than decoding: the transform resamples a
 //! smaller crop, and reading takes a small record out of one mapped file instead of opening a
-//! large one.
+//! large one. Likewise the first documents of a text source tokenized once (`stoker pack SOURCE
+//! OUT.npy`), read back as `tokens:`.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use stoker_core::pack::{pack, PackOptions};
+use stoker_core::source::TokenSource;
 use stoker_core::{FieldSpec, Sample, Source};
 
 /// Samples packed for the probe (or the whole source when smaller, or a batch when larger).
@@ -95,10 +98,61 @@ impl Drop for Probe {
     }
 }
 
+/// The first documents of a token source written as a token file and its sidecar of lengths
+/// (`stoker pack SOURCE OUT.npy`), in a temporary directory removed when dropped.
+pub(crate) struct TokenProbe {
+    dir: PathBuf,
+    spec: String,
+    /// Documents written.
+    pub(crate) documents: u64,
+}
+
+impl TokenProbe {
+    /// Writes as many whole documents of `source` as hold `tokens` tokens.
+    pub(crate) fn write(source: &TokenSource, tokens: u64) -> Result<TokenProbe, String> {
+        // A folder of its own each time: doctors may run side by side in one process (tests).
+        static MADE: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "stoker-doctor-tokens-{}-{}",
+            std::process::id(),
+            MADE.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut probe = TokenProbe {
+            dir,
+            spec: String::new(),
+            documents: 0,
+        };
+        let written = source
+            .write_flat_first(&probe.dir.join("tokens.npy"), tokens, &mut |_| {})
+            .map_err(|e| e.to_string())?;
+        probe.spec = format!("tokens:{}", written.path.display());
+        probe.documents = written.documents;
+        Ok(probe)
+    }
+
+    /// The `source` option that reads it.
+    pub(crate) fn spec(&self) -> &str {
+        &self.spec
+    }
+
+    #[cfg(test)]
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+}
+
+impl Drop for TokenProbe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use stoker_core::decode::dimensions;
     use stoker_core::pack::open_source;
+    use stoker_core::source::tokens::{MegatronWriter, TokenType};
     use stoker_core::MemorySource;
 
     use super::*;
@@ -110,6 +164,40 @@ mod tests {
             .encode(&pixels, w, h, jpeg_encoder::ColorType::Rgb)
             .unwrap();
         out
+    }
+
+    #[test]
+    fn the_token_probe_writes_whole_first_documents_and_removes_its_folder() {
+        let dir =
+            std::env::temp_dir().join(format!("stoker-token-probe-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let prefix = dir.join("docs");
+        let mut writer = MegatronWriter::create(&prefix, TokenType::U16).unwrap();
+        for d in 0..10 {
+            writer.add_document(&[d; 7]).unwrap();
+        }
+        writer.finish().unwrap();
+        let mut options = stoker_core::LoaderOptions::new();
+        options
+            .set("source", &format!("megatron:{}", prefix.display()))
+            .unwrap();
+        // 15 tokens: the third document is written whole.
+        let probe = TokenProbe::write(&options.open_token_source().unwrap(), 15).unwrap();
+        assert_eq!(probe.documents, 3);
+        options.set("source", probe.spec()).unwrap();
+        options.set("seq_len", "6").unwrap();
+        options.set("batch_size", "1").unwrap();
+        let mut loader = stoker_core::Loader::new(&options).unwrap();
+        let mut windows = 0;
+        while loader.next().unwrap().is_some() {
+            windows += 1;
+        }
+        assert_eq!(windows, 3, "21 tokens: 3 windows of 6 + 1");
+        let folder = probe.dir().to_owned();
+        drop(loader);
+        drop(probe);
+        assert!(!folder.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -41,6 +41,7 @@ impl Report {
             "pipeline_samples_per_s": num(self.pipeline.samples_per_s),
             "model_samples_per_s": num(self.model_samples_per_s),
             "predicted_samples_per_s": num(self.predicted_samples_per_s),
+            "prediction_measured_on": self.prediction_measured_on,
             "readiness": num(self.pipeline.readiness),
             "cpu_cores_used": num(self.pipeline.cpu_cores),
             "cores_available": num(self.load.cores_for(self.cores as f64, self.cores)),
@@ -142,8 +143,12 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "  predicted  {} samples/s with the advice",
-            fmt_rate(self.predicted_samples_per_s)
+            "  predicted  {} samples/s with the advice{}",
+            fmt_rate(self.predicted_samples_per_s),
+            match &self.prediction_measured_on {
+                Some(on) => format!(" (measured: the advised pipeline on {on})"),
+                None => String::new(),
+            }
         );
         out
     }

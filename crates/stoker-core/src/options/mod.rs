@@ -144,6 +144,11 @@ impl LoaderOptions {
         self.batch_size
     }
 
+    /// Tokens per sample of a token source (option `seq_len`), if set.
+    pub fn seq_len(&self) -> Option<usize> {
+        self.seq_len
+    }
+
     /// The seed all order and augmentation randomness derives from (option `seed`).
     pub fn seed(&self) -> u64 {
         self.seed

@@ -1,7 +1,8 @@
 //! `parquet:` token sources: Parquet files the `parquet` crate's own writer writes (row groups,
 //! nulls, snappy), a word-level `tokenizer.json` the `tokenizers` crate saves; windows, the
-//! cached counts, `write_flat`'s file read back as `tokens:`, and the errors at open. The
-//! Python suite checks the same against pyarrow and the `tokenizers` Python library.
+//! cached counts, `write_flat`'s file (and `write_flat_first`'s) read back as `tokens:`, and the
+//! errors at open. The Python suite checks the same against pyarrow and the `tokenizers` Python
+//! library.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -218,6 +219,35 @@ fn the_counts_are_cached_and_write_flat_reads_back_as_a_tokens_file() {
             assert_eq!(a.get(f), b.get(f), "sample {i} field {f}");
         }
     }
+}
+
+#[test]
+fn write_flat_first_writes_the_whole_documents_that_hold_the_tokens_asked_for() {
+    let data = Data::new();
+    let full = data.open(Packing::Pad).unwrap();
+    let lengths: Vec<u64> = data.rows.iter().map(|r| ids(r).len() as u64).collect();
+    // One token into the third document: it is written whole.
+    let asked = lengths[0] + lengths[1] + 1;
+    let out = data.dir.join("first.npy");
+    let report = full.write_flat_first(&out, asked, &mut |_| {}).unwrap();
+    assert_eq!(report.documents, 3);
+    assert_eq!(report.tokens, lengths[..3].iter().sum::<u64>());
+    let first = TokenSource::open(
+        &TokenSpec::Flat(out.display().to_string()),
+        &TokenConfig {
+            eos: None,
+            tokenizer: None,
+            ..config(Path::new(""), Packing::Pad)
+        },
+    )
+    .unwrap();
+    assert_eq!(first.len(), 3, "a sample a document under pad");
+    assert_eq!(input_ids(&first)[..], input_ids(&full)[..3]);
+    // More tokens than the source holds: all of it.
+    let all = full
+        .write_flat_first(&data.dir.join("all.npy"), u64::MAX - 1, &mut |_| {})
+        .unwrap();
+    assert_eq!(all.documents, data.rows.len() as u64);
 }
 
 #[test]

@@ -38,6 +38,18 @@ impl TokenSource {
     /// to the sidecar beside it; `progress` is told the tokens written so far. Both files are
     /// written under temporary names and renamed when whole.
     pub fn write_flat(&self, out: &Path, progress: &mut dyn FnMut(u64)) -> Result<FlatPack> {
+        self.write_flat_first(out, u64::MAX, progress)
+    }
+
+    /// [`TokenSource::write_flat`] of the source's first documents only: as many whole
+    /// documents as it takes to hold `tokens` tokens (the last may go past it). `stoker doctor`
+    /// measures reading a text source tokenized once on such a file.
+    pub fn write_flat_first(
+        &self,
+        out: &Path,
+        tokens: u64,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<FlatPack> {
         if out.extension().is_none_or(|e| e != "npy") {
             return Err(Error::InvalidArgument(format!(
                 "{}: a token file is written as .npy (its header says the type)",
@@ -56,6 +68,13 @@ impl TokenSource {
                 Error::InvalidArgument(format!("{}: {why}", part.path().display()))
             })?;
             documents.extend((0..n).map(|d| (p, part.document(d))));
+        }
+        let mut held = 0u64;
+        if let Some(enough) = documents.iter().position(|(_, (a, b))| {
+            held += b - a;
+            held >= tokens
+        }) {
+            documents.truncate(enough + 1);
         }
         let lengths: Vec<u8> = documents
             .iter()
