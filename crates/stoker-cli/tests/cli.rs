@@ -523,3 +523,38 @@ fn tokens_order_writes_the_global_order_the_loaders_deal() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn doctor_diagnoses_a_blend_given_in_place_of_the_source() {
+    let dir = std::env::temp_dir().join(format!("stoker-cli-doctor-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens: Vec<u8> = (0..4003u16).flat_map(u16::to_le_bytes).collect();
+    std::fs::write(dir.join("t.bin"), tokens).unwrap();
+    let file = dir.join("t.bin").display().to_string();
+    let blend = format!("blend=0.7:tokens:{file},0.3:tokens:{file}");
+    let run = stoker(&[
+        "doctor",
+        "--set",
+        &blend,
+        "--set",
+        "seq_len=4",
+        "--set",
+        "token_dtype=uint16",
+        "--samples",
+        "64",
+        "--json",
+    ]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let report = json_of(&run);
+    assert!(positive(&report, "pipeline_samples_per_s") > 0.0);
+    assert!(report["stages"]["io"]["us_per_sample"].as_f64().unwrap() > 0.0);
+    // Neither a source nor a blend: the loader's own message.
+    let none = stoker(&["doctor", "--set", "seq_len=4"]);
+    assert_eq!(none.status.code(), Some(1));
+    assert!(
+        text(&none.stderr).contains("option `source`: required"),
+        "{}",
+        text(&none.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -54,9 +54,10 @@ use model::{
 /// `stoker doctor`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct DoctorArgs {
-    /// The data, as the `source` option spells it: npy:PATH, image_folder:ROOT, tar:PATTERN, ...
+    /// The data, as the `source` option spells it: npy:PATH, image_folder:ROOT, tar:PATTERN, ...;
+    /// leave it out with --set blend=…
     #[arg(value_name = "SOURCE")]
-    pub(crate) source: String,
+    pub(crate) source: Option<String>,
     /// A loader option as KEY=VALUE (repeat for more), e.g.
     /// --set "transform=random_resized_crop(224) | hflip | normalize(imagenet)". batch_size is
     /// 64 unless set.
@@ -96,8 +97,9 @@ const MIN_PHASE: Duration = Duration::from_millis(500);
 /// Runs `stoker doctor` and prints its report.
 pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
     let mut base = LoaderOptions::new();
-    base.set("source", &args.source)
-        .map_err(|e| e.to_string())?;
+    if let Some(source) = &args.source {
+        base.set("source", source).map_err(|e| e.to_string())?;
+    }
     if !args.step_ms.is_finite() || args.step_ms < 0.0 {
         return Err(format!(
             "--step-ms: {} is not a duration in milliseconds",
@@ -111,7 +113,7 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
         progress: !args.json && std::io::stderr().is_terminal(),
         phase_limit: Duration::from_secs(20),
         min_phase: MIN_PHASE,
-        remote: args.source.contains("://"),
+        remote: args.source.as_deref().is_some_and(|s| s.contains("://")),
     };
     let report = diagnose(&base, &args.set, &config)?;
     if args.json {
@@ -120,7 +122,12 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
             serde_json::to_string_pretty(&report.json()).map_err(|e| e.to_string())?
         );
     } else {
-        print!("{}", report.table(&args.source));
+        // What the data is: the source, or the blend set in its place.
+        let data = args.source.clone().or_else(|| {
+            let blend = args.set.iter().rev().find(|(k, _)| k == "blend");
+            blend.map(|(_, v)| format!("blend={v}"))
+        });
+        print!("{}", report.table(data.as_deref().unwrap_or("no source")));
     }
     if let Some(path) = &args.timeline {
         if !args.json {
@@ -221,7 +228,10 @@ pub(crate) fn diagnose(
             mean_size: images,
             uint8_transform_us: uint8,
             packed,
-            remote: config.remote || sets.iter().any(|(k, v)| k == "source" && v.contains("://")),
+            remote: config.remote
+                || sets
+                    .iter()
+                    .any(|(k, v)| (k == "source" || k == "blend") && v.contains("://")),
             gpu_decode: images.is_some() && gpu_decodes(&sets),
             remote_cache: sets.iter().any(|(k, v)| k == "cache_dir" && !v.is_empty()),
             shard_prefetch: sets
