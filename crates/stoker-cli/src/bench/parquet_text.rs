@@ -1,8 +1,7 @@
 //! A language model's raw corpus as `parquet:` with `tokenizer=` sees it: generated English-like
-//! text, a document a row, in Parquet files of a `text` column (snappy, row groups of 1,000 rows,
-//! as Hugging Face's text datasets are written), and a byte-level BPE of 8,000 tokens trained on
-//! it (GPT-2's kind of tokenizer, made by the `tokenizers` crate). `bench/compare_tokens.py`
-//! makes the same kind of data in Python.
+//! text, a document a row, in Parquet files of a `text` column (snappy, row groups of 1,000 rows),
+//! and a byte-level BPE of 8,000 tokens trained on it (GPT-2's kind of tokenizer, made by the
+//! `tokenizers` crate). `bench/compare_tokens.py` makes the same kind of data in Python.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -55,9 +54,9 @@ pub(crate) fn text_in(dir: &Path, rows: usize) -> Result<(String, PathBuf, PathB
         root.display()
     );
     let documents = generate(rows);
-    for (f, rows) in documents.chunks(rows.div_ceil(FILES)).enumerate() {
+    for (f, part) in documents.chunks(rows.div_ceil(FILES)).enumerate() {
         let path = partial.join(format!("train-{f}.parquet"));
-        write(&path, rows).map_err(|e| format!("{}: {e}", path.display()))?;
+        write(&path, part).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     let path = partial.join("tokenizer.json");
     train(&documents, &path).map_err(|e| format!("{}: {e}", path.display()))?;
