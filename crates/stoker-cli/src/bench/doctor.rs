@@ -21,7 +21,7 @@ use stoker_core::LoaderOptions;
 
 use super::{parquet_table, parquet_text, BenchData};
 use crate::doctor::machine::Usage;
-use crate::doctor::measure::{self, Config, TEXT_OPTIONS};
+use crate::doctor::measure::{self, text_sets, Config};
 use crate::doctor::model::{Pack, Report};
 use crate::doctor::report::fmt_rate;
 use crate::doctor::{self, model};
@@ -473,12 +473,7 @@ fn packed_copy(shape: &mut Shape, dir: &Path, max_side: Option<u32>) -> Result<S
 /// `shape`'s text tokenized once as the advice says (`stoker pack SOURCE OUT.npy` with its
 /// text's options), made once; its `tokens:` spec.
 fn tokens_copy(shape: &Shape, dir: &Path) -> Result<String, String> {
-    let text_sets: Vec<(String, String)> = shape
-        .sets
-        .iter()
-        .filter(|(k, _)| TEXT_OPTIONS.contains(&k.as_str()))
-        .cloned()
-        .collect();
+    let text_sets = text_sets(&shape.sets);
     if text_sets.is_empty() {
         return Err(format!(
             "the doctor advised tokenizing {} once, which is not text",

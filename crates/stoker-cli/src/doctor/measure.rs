@@ -303,6 +303,27 @@ pub(super) fn quasi_random_costs(
 /// The options that only a `parquet:` text source takes: what it is tokenized with.
 pub(crate) const TEXT_OPTIONS: [&str; 3] = ["tokenizer", "eos_token", "text_column"];
 
+/// Of the options `sets`, those the text is tokenized with ([`TEXT_OPTIONS`]): `stoker pack`
+/// takes them, and the `tokens:` file it writes does not.
+pub(crate) fn text_sets(sets: &[(String, String)]) -> Vec<(String, String)> {
+    sets.iter()
+        .filter(|(k, _)| is_text_option(k))
+        .cloned()
+        .collect()
+}
+
+/// The options `sets` less [`TEXT_OPTIONS`]: what reads the text tokenized once.
+pub(crate) fn without_text_sets(sets: &[(String, String)]) -> Vec<(String, String)> {
+    sets.iter()
+        .filter(|(k, _)| !is_text_option(k))
+        .cloned()
+        .collect()
+}
+
+fn is_text_option(key: &str) -> bool {
+    TEXT_OPTIONS.contains(&key)
+}
+
 /// Tokens a token probe holds at most: tokenizing them takes seconds (a few hundred thousand to
 /// a million tokens a core-second); a stage run longer than the probe reads it again.
 const MAX_PROBE_TOKENS: u64 = 1 << 22;
@@ -344,11 +365,8 @@ pub(super) fn on_token_probe(
 ) -> Result<LoaderOptions, String> {
     let mut o = LoaderOptions::new();
     o.set("source", probe.spec()).map_err(|e| e.to_string())?;
-    let kept: Vec<(String, String)> = sets
-        .iter()
-        .filter(|(k, _)| k != "source" && !TEXT_OPTIONS.contains(&k.as_str()))
-        .cloned()
-        .collect();
+    let mut kept = without_text_sets(sets);
+    kept.retain(|(k, _)| k != "source");
     with(&o, &kept)
 }
 

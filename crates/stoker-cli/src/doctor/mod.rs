@@ -44,7 +44,7 @@ use stoker_core::LoaderOptions;
 
 use measure::{
     float_images, image_probe, is_text, on_token_probe, packed_costs, pipeline_run,
-    quasi_random_costs, stage_run, tokenized_once, with, Config, TEXT_OPTIONS,
+    quasi_random_costs, stage_run, text_sets, tokenized_once, with, Config,
 };
 use model::{
     advised, analyse, packing_helps, uint8_sets, Alternatives, Change, Machine, Pack, Report,
@@ -243,11 +243,7 @@ pub(crate) fn diagnose(
             tokenized_once: token_probe.as_ref().map(|(probe, costs)| TokenizedOnce {
                 costs: *costs,
                 documents: probe.documents,
-                text_sets: sets
-                    .iter()
-                    .filter(|(k, _)| TEXT_OPTIONS.contains(&k.as_str()))
-                    .cloned()
-                    .collect(),
+                text_sets: text_sets(&sets),
             }),
         },
     );
@@ -340,6 +336,8 @@ mod tests {
 
     use serde_json::Value;
     use stoker_core::source::tokens::{MegatronWriter, TokenType};
+
+    use super::measure::TEXT_OPTIONS;
     use stoker_core::testing::SlowRead;
     use stoker_core::{DType, MemorySource, Source, SourceSpec};
 

@@ -8,7 +8,7 @@ use stoker_core::memory::human;
 use stoker_core::source::PageCacheFit;
 
 use super::machine::Load;
-use super::measure::{Costs, PackedCosts, Pipeline, TEXT_OPTIONS};
+use super::measure::{without_text_sets, Costs, PackedCosts, Pipeline};
 
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Advice {
@@ -35,8 +35,8 @@ pub(crate) enum Pack {
     /// `stoker pack SOURCE OUT [--max-side N]`, read as `packed:OUT`; `max_side`: images shrunk
     /// to at most this many pixels on a side.
     Samples { max_side: Option<u32> },
-    /// A text source tokenized once, `stoker pack SOURCE OUT.npy` with its [`TEXT_OPTIONS`],
-    /// read as `tokens:OUT.npy` without them.
+    /// A text source tokenized once, `stoker pack SOURCE OUT.npy` with its
+    /// [`TEXT_OPTIONS`](super::measure::TEXT_OPTIONS), read as `tokens:OUT.npy` without them.
     Tokens,
 }
 
@@ -90,7 +90,7 @@ pub(crate) fn advised(
             Change::Uint8 => out = uint8_sets(&out),
             Change::Pack(p) => {
                 if *p == Pack::Tokens {
-                    out.retain(|(k, _)| !TEXT_OPTIONS.contains(&k.as_str()));
+                    out = without_text_sets(&out);
                 }
                 pack = Some(*p);
             }
@@ -164,8 +164,8 @@ pub(crate) struct TokenizedOnce {
     pub(crate) costs: Costs,
     /// How many documents were written.
     pub(crate) documents: u64,
-    /// The options the text was tokenized with ([`TEXT_OPTIONS`] as set), which `stoker pack`
-    /// takes and the `tokens:` source does not.
+    /// The options the text was tokenized with ([`TEXT_OPTIONS`](super::measure::TEXT_OPTIONS)
+    /// as set), which `stoker pack` takes and the `tokens:` source does not.
     pub(crate) text_sets: Vec<(String, String)>,
 }
 
