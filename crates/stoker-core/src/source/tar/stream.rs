@@ -90,6 +90,13 @@ pub struct ReadOptions {
 }
 
 impl ReadOptions {
+    /// Whether members with extension `ext` are kept.
+    fn wants(&self, ext: &str) -> bool {
+        self.wanted
+            .as_ref()
+            .is_none_or(|w| w.iter().any(|x| x == ext))
+    }
+
     /// The bound from `config`, and the extensions `fields` reads (every member if `None`).
     pub fn new(config: &TarConfig, fields: Option<&super::TarFields>) -> ReadOptions {
         ReadOptions {
@@ -186,6 +193,11 @@ impl<R: Read> Read for Metered<R> {
 ///
 /// `base` is the byte offset in the shard where `stream` starts (a reader that seeked to a
 /// sample's first header); every offset reported counts from the start of the shard.
+///
+/// On damage, the sample being gathered is emitted before the error unless the damage is in one
+/// of its own members: a sample is otherwise emitted only when the next one starts, and the
+/// last whole sample before the damage would be lost with it. The damage may have taken members
+/// of that sample that came after it; a wanted one missing is then that sample's own error.
 fn parse(
     shard: &Arc<str>,
     stream: impl Read,
@@ -193,7 +205,63 @@ fn parse(
     options: &ReadOptions,
     emit: &mut dyn FnMut(StreamSample) -> bool,
 ) -> Result<bool> {
+    let mut grouper = Grouper::new();
+    let mut damaged = None;
+    let outcome = parse_members(
+        shard,
+        stream,
+        base,
+        options,
+        &mut grouper,
+        &mut damaged,
+        emit,
+    );
+    if outcome.is_err() {
+        if let Some(group) = grouper.finish() {
+            if damaged.as_deref() != Some(group.key.as_str()) {
+                emit(sample(shard, group, options));
+            }
+        }
+    }
+    outcome
+}
+
+/// A gathered group as a sample: its wanted members.
+///
+/// Unwanted members take part in grouping (as empty placeholders), so that samples are cut
+/// exactly as in the indexed scan; they are dropped here. A sample left with no member is still
+/// emitted: it lacks its fields, a per-sample error, as in indexed mode.
+fn sample(shard: &Arc<str>, group: Group<StreamMember>, options: &ReadOptions) -> StreamSample {
+    StreamSample {
+        shard: Arc::clone(shard),
+        key: group.key,
+        offset: group.offset,
+        members: group
+            .members
+            .into_iter()
+            .filter(|(ext, _)| options.wants(ext))
+            .map(|(_, m)| m)
+            .collect(),
+    }
+}
+
+/// [`parse`]'s reading. On error, `grouper` holds the sample being gathered and `damaged` the key
+/// of the member the damage is in (`None` where that is not known: a header).
+fn parse_members(
+    shard: &Arc<str>,
+    stream: impl Read,
+    base: u64,
+    options: &ReadOptions,
+    grouper: &mut Grouper<StreamMember>,
+    damaged: &mut Option<String>,
+    emit: &mut dyn FnMut(StreamSample) -> bool,
+) -> Result<bool> {
     let fail = |reason: String| Error::format(&**shard, reason);
+    let key_of = |name: &Option<String>| {
+        name.as_deref()
+            .and_then(split_key)
+            .map(|(key, _)| key.to_owned())
+    };
     let meter = Rc::new(Meter {
         pos: Cell::new(base),
         limit: Cell::new(base.saturating_add(MAX_EXTENSION_BYTES + BLOCK)),
@@ -208,37 +276,18 @@ fn parse(
     let entries = archive
         .entries()
         .map_err(|e| fail(format!("cannot read as tar: {e}")))?;
-    let wanted = |ext: &str| {
-        options
-            .wanted
-            .as_ref()
-            .is_none_or(|w| w.iter().any(|x| x == ext))
-    };
     // Where the next header starts, where the last member's data started and ended, the last
     // member seen.
     let mut end = base;
     let mut data_at = base;
     let mut data_end = base;
     let mut prev: Option<String> = None;
-    let mut grouper: Grouper<StreamMember> = Grouper::new();
-    // Unwanted members take part in grouping (as empty placeholders), so that samples are cut
-    // exactly as in the indexed scan; they are dropped here. A sample left with no member is
-    // still emitted: it lacks its fields, a per-sample error, as in indexed mode.
-    let make = |g: Group<StreamMember>| StreamSample {
-        shard: Arc::clone(shard),
-        key: g.key,
-        offset: g.offset,
-        members: g
-            .members
-            .into_iter()
-            .filter(|(ext, _)| wanted(ext))
-            .map(|(_, m)| m)
-            .collect(),
-    };
     for entry in entries {
         let mut entry = entry.map_err(|e| {
             let pos = meter.pos.get();
-            fail(if meter.eof.get() && pos < data_end {
+            let cut = meter.eof.get() && pos < data_end;
+            *damaged = if cut { key_of(&prev) } else { None };
+            fail(if cut {
                 cut_short(prev.as_deref().unwrap_or("?"), data_at, data_end, pos)
             } else if meter.eof.get() {
                 format!(
@@ -257,6 +306,7 @@ fn parse(
         data_at = base + entry.raw_file_position();
         let size = entry.size();
         let name_bytes = entry.path_bytes();
+        *damaged = None;
         let name = std::str::from_utf8(&name_bytes)
             .map_err(|_| {
                 fail(format!(
@@ -265,6 +315,8 @@ fn parse(
                 ))
             })?
             .to_owned();
+        prev = Some(name.clone());
+        *damaged = key_of(&prev);
         data_end = data_at
             .checked_add(size)
             .ok_or_else(|| fail(format!("member `{name}`: size overflow")))?;
@@ -282,7 +334,6 @@ fn parse(
             )));
         }
         let regular = kind.is_file() || kind.is_contiguous();
-        prev = Some(name.clone());
         if !regular || is_meta(&name) {
             continue;
         }
@@ -290,7 +341,7 @@ fn parse(
             continue;
         };
         let ext = ext.to_lowercase();
-        let data = if wanted(&ext) {
+        let data = if options.wants(&ext) {
             if size > options.max_member_bytes {
                 return Err(fail(format!(
                     "member `{name}` at byte offset {data_at} has {size} bytes, more than max_member_bytes={}",
@@ -327,7 +378,7 @@ fn parse(
                 ))
             })?;
         if let Some(group) = done {
-            if !emit(make(group)) {
+            if !emit(sample(shard, group, options)) {
                 return Ok(false);
             }
         }
@@ -335,6 +386,7 @@ fn parse(
     // The crate stops at EOF or at a zero block; only the zero block is a complete shard.
     let pos = meter.pos.get();
     if pos < data_end {
+        *damaged = key_of(&prev);
         return Err(fail(cut_short(
             prev.as_deref().unwrap_or("?"),
             data_at,
@@ -343,13 +395,14 @@ fn parse(
         )));
     }
     if pos < end.saturating_add(BLOCK) {
+        *damaged = None;
         return Err(fail(format!(
             "truncated: no end-of-archive block at byte offset {end} {} (the stream has {pos} bytes)",
             after(&prev)
         )));
     }
     match grouper.finish() {
-        Some(group) => Ok(emit(make(group))),
+        Some(group) => Ok(emit(sample(shard, group, options))),
         None => Ok(true),
     }
 }
@@ -519,8 +572,7 @@ fn pump(shard: Arc<str>, reader: impl Read, base: u64, options: ReadOptions, tx:
 /// The samples of a damaged shard up to the damage, as the scan would list them, and the error
 /// that stopped the read (`None` if the shard reads to its end). Every member is read (copied)
 /// to learn its size: this is for the rare damaged shard under `on_error=skip`, not for every
-/// shard. A sample is listed only once the next one starts, so the last complete sample before
-/// the damage may be lost with it.
+/// shard. The sample the damage is in is not listed.
 pub(super) fn readable_prefix(
     shard: &str,
     reader: impl Read,
@@ -630,6 +682,29 @@ mod tests {
             e.contains("mem.tar") && e.contains("extension headers") && e.contains("byte offset 0"),
             "{e}"
         );
+    }
+
+    /// A shard cut inside a member keeps every whole sample before the damage, the last one
+    /// included (it used to be emitted only when a next sample started), and drops the sample
+    /// the damage is in.
+    #[test]
+    fn a_damaged_shard_keeps_every_whole_sample_before_the_damage() {
+        let valid = shard(4);
+        let whole = readable_prefix("mem.tar", &valid[..], 1 << 20);
+        assert!(whole.1.is_none() && whole.0.len() == 4, "{whole:?}");
+        let keys = |n: usize| whole.0[..n].iter().map(|s| s.key.clone()).collect::<Vec<_>>();
+        for (sample, ext, kept) in [(2, "jpg", 2), (2, "cls", 2), (3, "jpg", 3)] {
+            let member = whole.0[sample].members.iter().find(|m| m.ext == ext).unwrap();
+            // Cut where the member's data starts: its header is whole, its data missing.
+            let cut = &valid[..member.offset as usize];
+            let (samples, error) = readable_prefix("mem.tar", cut, 1 << 20);
+            let error = error.expect("a cut shard is damaged").to_string();
+            assert!(error.contains("cut short"), "{error}");
+            let got: Vec<_> = samples.iter().map(|s| s.key.clone()).collect();
+            // Sample 2's jpg cut: samples 0 and 1 are whole. Its cls cut: sample 2 is the
+            // damaged one, its jpg kept nowhere. Sample 3's jpg cut: 0 to 2 are whole.
+            assert_eq!(got, keys(kept), "cut in sample {sample}'s {ext}");
+        }
     }
 
     /// Streaming and the indexed scan agree on every input: both fail, or both give the same
