@@ -56,7 +56,8 @@ fn coco_annotations_give_boxes_labels_and_a_drawn_mask() {
     let root = tmp("coco");
     // Image 1: a rectangle of category 5 and a crowd RLE of category 7 covering column 0, rows
     // 0..2 (column-major runs: 0 zeros, 2 ones, the rest zeros). Image 3: two overlapping
-    // rectangles of categories 1 and 2 (the overlap is 255).
+    // rectangles of categories 1 and 2, and a third of category 1 overlapping the first: both
+    // overlaps are 255, as in torchvision's reference, the categories the same or not.
     let rle = format!(r#"{{"counts": [0, 2, {}], "size": [{H}, {W}]}}"#, W * H - 2);
     let annotations = format!(
         r#"[
@@ -67,7 +68,9 @@ fn coco_annotations_give_boxes_labels_and_a_drawn_mask() {
         {{"id": 12, "image_id": 3, "category_id": 1, "bbox": [10, 10, 10, 10], "iscrowd": 0,
           "area": 100, "segmentation": [[10, 10, 20, 10, 20, 20, 10, 20]]}},
         {{"id": 13, "image_id": 3, "category_id": 2, "bbox": [15, 15, 10, 10], "iscrowd": 0,
-          "area": 100, "segmentation": [[15, 15, 25, 15, 25, 25, 15, 25]]}}
+          "area": 100, "segmentation": [[15, 15, 25, 15, 25, 25, 15, 25]]}},
+        {{"id": 14, "image_id": 3, "category_id": 1, "bbox": [5, 5, 7, 7], "iscrowd": 0,
+          "area": 49, "segmentation": [[5, 5, 12, 5, 12, 12, 5, 12]]}}
     ]"#
     );
     let ann = coco(&root, &annotations);
@@ -79,15 +82,18 @@ fn coco_annotations_give_boxes_labels_and_a_drawn_mask() {
     assert_eq!([px[2 * plane], px[5 * plane], px[8 * plane]], [10, 20, 30]);
     assert_eq!(
         f32s(b.field_by_name("boxes").unwrap().data.unwrap()),
-        [2.0, 1.0, 4.0, 3.0, 0.0, 0.0, 1.0, 2.0, 10.0, 10.0, 10.0, 10.0, 15.0, 15.0, 10.0, 10.0]
+        [
+            2.0, 1.0, 4.0, 3.0, 0.0, 0.0, 1.0, 2.0, 10.0, 10.0, 10.0, 10.0, 15.0, 15.0, 10.0, 10.0,
+            5.0, 5.0, 7.0, 7.0
+        ]
     );
     assert_eq!(
         i64s(b.field_by_name("labels").unwrap().data.unwrap()),
-        [5, 7, 1, 2]
+        [5, 7, 1, 2, 1]
     );
     assert_eq!(
         i64s(b.field_by_name("boxes_offsets").unwrap().data.unwrap()),
-        [0, 2, 2, 4]
+        [0, 2, 2, 5]
     );
     let masks = i64s(b.field_by_name("mask").unwrap().data.unwrap());
     let want = |id: usize, x: usize, y: usize| -> i64 {
@@ -95,7 +101,8 @@ fn coco_annotations_give_boxes_labels_and_a_drawn_mask() {
         match id {
             1 if r(2, 1, 6, 4) => 5,
             1 if x == 0 && y < 2 => 7,
-            3 if r(15, 15, 20, 20) => 255,
+            3 if r(15, 15, 20, 20) || r(10, 10, 12, 12) => 255,
+            3 if r(5, 5, 12, 12) => 1,
             3 if r(10, 10, 20, 20) => 1,
             3 if r(15, 15, 25, 25) => 2,
             _ => 0,

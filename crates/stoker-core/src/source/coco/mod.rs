@@ -9,8 +9,8 @@
 //! `image`, `boxes` (float32 `[n, 4]`, COCO's `[x, y, width, height]`: name them
 //! `fields(boxes=boxes:xywh)`), `labels` (int64 `category_id`, one per box), and under
 //! `coco_masks:` also `mask`: a semantic mask of the image's size, each pixel the category of
-//! the instance covering it, 0 where none does and 255 where instances of different categories
-//! overlap (torchvision's segmentation reference, `ConvertCocoPolysToMask`), drawn from the
+//! the instance covering it, 0 where none does and 255 where two instances overlap, of the same
+//! category or not (torchvision's segmentation reference, `ConvertCocoPolysToMask`), drawn from the
 //! polygons and crowd RLEs of every annotation ([`raster`]). An image with no annotation has
 //! no boxes.
 //!
@@ -37,7 +37,7 @@ pub const MAX_ANNOTATION_BYTES: u64 = 4 << 30;
 pub const MAX_MASK_PIXELS: u64 = 1 << 28;
 /// Most runs one RLE may have.
 const MAX_RLE_RUNS: usize = 1 << 24;
-/// The label of pixels where instances of different categories overlap.
+/// The label of pixels where annotations overlap.
 pub const OVERLAP_LABEL: u16 = 255;
 
 #[derive(Deserialize)]
@@ -210,6 +210,9 @@ fn draw_mask(entry: &Entry, out: &mut Vec<u8>) -> std::result::Result<(), String
     let (w, h) = (entry.width as usize, entry.height as usize);
     let mut labels = vec![0u16; w * h];
     let mut cover = vec![false; w * h];
+    // Pixels an earlier annotation covers: a second one makes them OVERLAP_LABEL, whatever the
+    // categories, as torchvision's reference does (`target[masks.sum(0) > 1] = 255`).
+    let mut taken = vec![false; w * h];
     for (n, a) in entry.annotations.iter().enumerate() {
         cover.fill(false);
         let what = |e: String| format!("annotation {n} (category {}): {e}", a.category_id);
@@ -242,13 +245,10 @@ fn draw_mask(entry: &Entry, out: &mut Vec<u8>) -> std::result::Result<(), String
                 ))
             }
         }
-        for (l, &c) in labels.iter_mut().zip(&cover) {
+        for ((l, t), &c) in labels.iter_mut().zip(&mut taken).zip(&cover) {
             if c {
-                *l = match *l {
-                    0 => a.category_id,
-                    prev if prev == a.category_id => prev,
-                    _ => OVERLAP_LABEL,
-                };
+                *l = if *t { OVERLAP_LABEL } else { a.category_id };
+                *t = true;
             }
         }
     }

@@ -692,9 +692,18 @@ mod tests {
         let valid = shard(4);
         let whole = readable_prefix("mem.tar", &valid[..], 1 << 20);
         assert!(whole.1.is_none() && whole.0.len() == 4, "{whole:?}");
-        let keys = |n: usize| whole.0[..n].iter().map(|s| s.key.clone()).collect::<Vec<_>>();
+        let keys = |n: usize| {
+            whole.0[..n]
+                .iter()
+                .map(|s| s.key.clone())
+                .collect::<Vec<_>>()
+        };
         for (sample, ext, kept) in [(2, "jpg", 2), (2, "cls", 2), (3, "jpg", 3)] {
-            let member = whole.0[sample].members.iter().find(|m| m.ext == ext).unwrap();
+            let member = whole.0[sample]
+                .members
+                .iter()
+                .find(|m| m.ext == ext)
+                .unwrap();
             // Cut where the member's data starts: its header is whole, its data missing.
             let cut = &valid[..member.offset as usize];
             let (samples, error) = readable_prefix("mem.tar", cut, 1 << 20);
