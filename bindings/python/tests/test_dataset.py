@@ -258,3 +258,91 @@ def test_encoded_jpegs_give_the_pixels_of_image_folder(tmp_path):
     for (a, la), (b, lb) in zip(direct, through):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(la, lb)
+
+
+def test_getitem_runs_one_call_at_a_time_so_a_lazily_opened_file_is_safe(tmp_path):
+    """torch's worker processes each have their own copy of a dataset; a dataset written for
+    them may open a file on first use and seek in it. stoker's worker threads share one object,
+    so its calls take turns, even where they release the GIL (the file read, the sleep)."""
+    import threading
+    import time
+
+    path = tmp_path / "records.bin"
+    np.arange(400, dtype=np.float32).repeat(16).tofile(path)
+
+    class Records:
+        def __init__(self):
+            self.f = None
+            self.inside = 0
+            self.most = 0
+            self.count = threading.Lock()
+
+        def __len__(self):
+            return 400
+
+        def __getitem__(self, i):
+            with self.count:
+                self.inside += 1
+                self.most = max(self.most, self.inside)
+            if self.f is None:
+                self.f = open(path, "rb", buffering=0)
+            self.f.seek(i * 64)
+            time.sleep(0.0002)
+            record = np.frombuffer(self.f.read(64), np.float32).copy()
+            with self.count:
+                self.inside -= 1
+            return record, i
+
+    dataset = Records()
+    with stoker.Loader(dataset, batch_size=20, shuffle=True, seed=3, num_workers=4) as loader:
+        for batch in loader:
+            np.testing.assert_array_equal(batch["data"][:, 0], batch["label"])
+    assert dataset.most == 1
+    dataset.f.close()
+
+
+def test_scalars_batch_to_one_value_a_sample_as_in_torch():
+    class Scalars:
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return {"x": np.float32(i) / 2, "target": np.int64(i), "n": i}
+
+    (batch,) = list(stoker.Loader(Scalars(), batch_size=6))
+    assert [batch[k].shape for k in ("x", "target", "n")] == [(6,), (6,), (6,)]
+    np.testing.assert_array_equal(batch["x"], np.arange(6, dtype=np.float32) / 2)
+
+
+def test_a_failing_len_is_raised_not_taken_for_an_empty_dataset():
+    class Broken:
+        def __len__(self):
+            raise RuntimeError("index file missing")
+
+        def __getitem__(self, i):
+            return np.zeros(1, np.float32)
+
+    with pytest.raises(RuntimeError, match="index file missing"):
+        stoker.Loader(Broken(), batch_size=2)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_ctrl_c_in_getitem_interrupts_the_loop(on_error):
+    """With num_workers=0 `__getitem__` runs on the calling thread, inside the library's call:
+    a KeyboardInterrupt there cannot pass through it, and used to come out as a CallbackError
+    (or, under skip, be swallowed)."""
+
+    class Interrupted:
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            if i == 13:
+                raise KeyboardInterrupt
+            return np.full(2, i, np.float32)
+
+    loader = stoker.Loader(Interrupted(), batch_size=4, num_workers=0, on_error=on_error)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in loader:
+            pass
+    loader.close()

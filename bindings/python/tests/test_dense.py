@@ -688,3 +688,41 @@ def test_box_format_option_is_the_format_of_boxes_named_without_a_suffix():
         np.testing.assert_array_equal(a, b)
     with pytest.raises(stoker.InvalidArgumentError, match="not a box format"):
         run("boxes", box_format="ltrb")
+
+
+def test_a_python_dataset_of_pictures_of_varying_size_moves_its_masks_with_them():
+    """A segmentation dataset written for torch (VOC's, COCO's): PIL pictures of varying size
+    with an [H, W] integer mask each. The picture's red and green channels are its x and y, the
+    mask's label y * W + x, so each output pixel's mask says where it came from and the image
+    there must hold about that place, under one draw of crop and flip."""
+    Image = pytest.importorskip("PIL.Image")
+    sizes = [(40, 52), (61, 35), (48, 48), (33, 70)]
+
+    class Pictures:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            h, w = sizes[i % 4]
+            y, x = np.mgrid[:h, :w]
+            rgb = np.stack([x, y, np.full_like(x, i)], axis=-1).astype(np.uint8)
+            return {"image": Image.fromarray(rgb), "mask": (y * w + x).astype(np.int32)}
+
+    loader = stoker.Loader(
+        Pictures(), batch_size=4, shuffle=True, seed=2, num_workers=2,
+        transform="fields(image=image, mask=mask) | random_resized_crop(24) | hflip",
+    )
+    flips = 0
+    for batch in loader:
+        images, masks = np.array(batch["image"]).astype(int), np.array(batch["mask"])
+        assert images.shape == (4, 3, 24, 24) and masks.shape == (4, 24, 24)
+        for image, mask in zip(images, masks):
+            h, w = sizes[image[2, 0, 0] % 4]
+            y, x = mask // w, mask % w
+            assert (y < h).all()
+            flips += x[0, 0] > x[0, -1]
+            # Bilinear (image) and nearest (mask) samples of one crop lie within half an input
+            # step of each other (under 3 pixels for these crops), plus a level of rounding.
+            assert np.abs(image[0] - x).max() <= 3 and np.abs(image[1] - y).max() <= 3
+    loader.close()
+    assert 0 < flips < 8, "hflip drew both ways"

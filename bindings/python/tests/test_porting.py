@@ -292,3 +292,44 @@ def test_guide_section_runs(title, train_folder):
         close = getattr(getattr(loader, "loader", None), "close", None)
         if close is not None:
             close()
+
+
+def test_an_image_folder_edited_or_read_its_own_way_is_read_through_getitem(photo_folder, caplog):
+    """Sample i is what `dataset[i]` gives on either path: a file list edited after the scan,
+    or a subclass with its own `__getitem__` or `__len__`, is not the folder the library would
+    list."""
+    datasets = torchvision_datasets()
+
+    class Shifted(datasets.ImageFolder):
+        def __getitem__(self, i):
+            image, target = super().__getitem__(i)
+            return image, target + 100
+
+    class Shorter(datasets.ImageFolder):
+        def __len__(self):
+            return 4
+
+    def every_other(d):
+        d.samples = d.imgs = d.samples[::2]
+        d.targets = [t for _, t in d.samples]
+
+    def reversed_(d):
+        d.samples = d.imgs = d.samples[::-1]
+
+    for make, edit, why in [
+        (Shifted, None, "its own __getitem__"),
+        (Shorter, None, "its own __len__"),
+        (datasets.ImageFolder, every_other, "image files"),
+        (datasets.ImageFolder, reversed_, "torchvision's order"),
+    ]:
+        dataset = make(str(photo_folder))
+        if edit is not None:
+            edit(dataset)
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="stoker"):
+            loader = stoker.Loader(dataset, batch_size=2, transform="resize(8, 8)")
+        assert any(why in r.getMessage() for r in caplog.records), caplog.text
+        assert "source" not in loader.options
+        with loader:
+            labels = np.concatenate([b["label"] for b in first_epoch(loader)]).tolist()
+        assert labels == [dataset[i][1] for i in range(len(dataset))], make.__name__

@@ -179,8 +179,19 @@ def test_dataloader_refuses_what_it_cannot_map_and_says_what_to_use(npy_data):
         def __len__(self):
             return 3
 
+    class Reversed(torch.utils.data.SequentialSampler):
+        def __iter__(self):
+            return iter(range(len(self.data_source) - 1, -1, -1))
+
+    class Buckets(torch.utils.data.BatchSampler):
+        def __iter__(self):
+            return iter([[3, 2, 1], [0, 4, 5]])
+
     for kwargs, match in [
         ({"sampler": Custom()}, "as a sequence"),
+        # A subclass of torch's that draws its own order is a custom sampler too.
+        ({"sampler": Reversed(data)}, "own __iter__"),
+        ({"batch_sampler": Buckets(range(6), 3, False)}, "own __iter__"),
         ({"collate_fn": lambda batch: batch}, "collates in the library"),
         ({"batch_size": None}, "batch_size=1"),
         ({"sampler": [1, 2], "shuffle": True}, "mutually exclusive"),
@@ -250,3 +261,59 @@ def test_pin_memory_is_what_torch_calls_pinned(npy_data):
     on_device = host.cuda(non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(on_device.cpu(), host)
+
+
+def test_dataloader_samplers_other_than_distributed_read_everything_under_a_launcher(
+    npy_data, monkeypatch
+):
+    """Under torchrun, torch's DataLoader with a SequentialSampler (or any but a
+    DistributedSampler) gives every rank the whole dataset: a rank-0 evaluation loop, say."""
+    from stoker.torch import DataLoader
+    from torch.utils.data import RandomSampler, SequentialSampler
+
+    data_path, labels_path, data, labels = npy_data
+    for key, value in [("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1"),
+                       ("LOCAL_WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", "x")]:
+        monkeypatch.setenv(key, value)
+    src = f"npy:{data_path}"
+    for sampler in [SequentialSampler(data), RandomSampler(data), list(range(len(data)))]:
+        loader = DataLoader(src, labels=f"npy:{labels_path}", batch_size=16, sampler=sampler)
+        assert sorted(int(i) for _, y in loader for i in y) == sorted(labels.tolist()), sampler
+        assert loader.sampler is sampler
+    # Without a sampler the launcher's rank reads its share, as documented.
+    loader = DataLoader(src, labels=f"npy:{labels_path}", batch_size=16)
+    assert len([i for _, y in loader for i in y]) == (len(data) + 1) // 2
+
+
+def test_dataloader_break_reads_no_further_and_one_iteration_runs_at_a_time():
+    from stoker.torch import DataLoader
+
+    class Counted:
+        def __init__(self):
+            self.calls = 0
+
+        def __len__(self):
+            return 2000
+
+        def __getitem__(self, i):
+            self.calls += 1
+            return np.full(2, i, np.float32), i
+
+    dataset = Counted()
+    loader = DataLoader(dataset, batch_size=10, num_workers=2, prefetch_factor=2)
+    assert loader.dataset is dataset and loader.num_workers == 2
+    for step, _ in enumerate(loader):
+        if step == 2:
+            break
+    # The next `for` starts the next epoch without reading the rest of this one.
+    _, labels = next(iter(loader))
+    assert labels.tolist() == list(range(10))
+    assert dataset.calls < 300, dataset.calls
+    assert loader.loader.epoch == 1
+
+    # A second iterator ends the first, which says so rather than share its batches.
+    outer = iter(loader)
+    next(outer)
+    next(iter(loader))
+    with pytest.raises(RuntimeError, match="another iteration"):
+        next(outer)

@@ -20,10 +20,13 @@ every sample must have sample 0's shape. A PIL image costs one copy into a NumPy
 keeps RGB pixels 4 bytes apart, so there is no packed view of them); the library then copies it
 into its worker's buffer, as it does any tensor.
 
-stoker calls ``__getitem__`` from its worker threads, which take turns on the GIL: decoding and
-transforms still run in parallel inside stoker, but the Python part of reading does not. An
-exception in ``__getitem__`` fails the batch with a ``CallbackError`` naming the index and the
-exception (or, under ``on_error="skip"``, replaces the sample and is counted).
+stoker calls ``__getitem__`` from its worker threads, one call at a time: a dataset written for
+torch's worker processes (each with its own copy, so never two calls at once) may keep state
+between calls, such as a file it opens on first use and seeks in. Decoding and transforms still
+run in parallel inside stoker; the Python part of reading does not, even where it releases the
+GIL (file reads, Pillow's decode). An exception in ``__getitem__`` fails the batch with a
+``CallbackError`` naming the index and the exception (or, under ``on_error="skip"``, replaces
+the sample and is counted); ``KeyboardInterrupt`` is raised again from the loader.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import sys
+import threading
 from typing import Any, Iterable
 
 import numpy as np
@@ -47,10 +51,14 @@ _STOKER_DTYPE = {
     np.dtype(np.float32): _ffi.DTYPE_F32,
 }
 
-# The datasets the library holds, by the `user` key it passes back; an entry lives until the
-# library calls drop (when the last loader or options object using it is freed).
-_datasets: dict[int, Any] = {}
+# The datasets the library holds, by the `user` key it passes back, each with the lock its
+# `__getitem__` calls take turns on; an entry lives until the library calls drop (when the last
+# loader or options object using it is freed).
+_datasets: dict[int, tuple[Any, threading.Lock]] = {}
 _keys = itertools.count(1)
+# A KeyboardInterrupt (or SystemExit) raised in `__getitem__`: it cannot pass through the
+# library, which fails the sample instead; the loader raises it again when the library returns.
+interrupted: BaseException | None = None
 
 
 def _fields(item: Any) -> Iterable[tuple[str, Any]]:
@@ -93,7 +101,11 @@ def _put(sample: int, item: Any) -> None:
         elif name == "label" and isinstance(value, (int, np.integer)):
             check(_ffi.lib.stoker_sample_put_label(sample, int(value)))
         else:
-            array = np.ascontiguousarray(value)
+            # np.ascontiguousarray would make a 0-d value 1-d: a scalar stays one, so that a
+            # batch of them is [B], as torch's collate makes it.
+            array = np.asarray(value)
+            if array.ndim:
+                array = np.ascontiguousarray(array)
             dtype = _STOKER_DTYPE.get(array.dtype)
             if dtype is None:
                 raise TypeError(
@@ -110,19 +122,34 @@ def _put(sample: int, item: Any) -> None:
 
 def _len(user: int) -> int:
     try:
-        return len(_datasets[user])
-    except Exception:  # nothing can be raised through C; an empty source is reported instead
+        return len(_datasets[user][0])
+    except Exception:  # nothing can be raised through C (set_source raised it already)
         return 0
 
 
 def _read(user: int, index: int, sample: int) -> int:
+    global interrupted
     try:
-        _put(sample, _datasets[user][index])
+        dataset, lock = _datasets[user]
+        with lock:
+            item = dataset[index]
+        _put(sample, item)
         return 0
     except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            interrupted = e
         message = f"dataset[{index}] raised {type(e).__name__}: {e}"
         _ffi.lib.stoker_sample_fail(sample, message.encode("utf-8", "replace"))
         return 1
+
+
+def raise_interrupt() -> None:
+    """Raises the ``KeyboardInterrupt`` (or ``SystemExit``) a ``__getitem__`` call met since the
+    last call, if one did."""
+    global interrupted
+    e, interrupted = interrupted, None
+    if e is not None:
+        raise e
 
 
 def _drop(user: int) -> None:
@@ -134,9 +161,11 @@ _LEN, _READ, _DROP = _ffi.LenFn(_len), _ffi.ReadFn(_read), _ffi.DropFn(_drop)
 
 
 def set_source(options: int, dataset: Any) -> None:
-    """Makes ``dataset`` the source of the ``stoker_options*`` ``options``."""
+    """Makes ``dataset`` the source of the ``stoker_options*`` ``options``. Raises what
+    ``len(dataset)`` raises."""
+    len(dataset)  # the library would take a failing __len__ for an empty dataset
     key = next(_keys)
-    _datasets[key] = dataset
+    _datasets[key] = (dataset, threading.Lock())
     callbacks = _ffi.SourceCallbacks(key, _LEN, _READ, _DROP)
     # From here the library owns the entry: it calls drop on failure too.
     check(_ffi.lib.stoker_options_set_source_callbacks(options, ctypes.byref(callbacks)))

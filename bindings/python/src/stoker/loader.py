@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 from . import _ffi
 from .batch import Batch
-from .dataset import set_source
+from .dataset import raise_interrupt, set_source
 from .errors import ClosedError, InternalError, check
 from .iterable import is_iterable_source, set_iterable
 from .vision import native_source
@@ -234,6 +234,8 @@ class Loader:
     """
 
     _ptr = None  # so that __del__ of a half-constructed loader has nothing to free
+    # Bound at class creation so that __del__ still works while the interpreter shuts down.
+    _free = _ffi.lib.stoker_loader_free
 
     def __init__(
         self,
@@ -296,11 +298,17 @@ class Loader:
             ptr = self._handle()
             epoch = _ffi.lib.stoker_loader_epoch(ptr)
             out = ctypes.c_void_p()
-            if check(_ffi.lib.stoker_loader_next(ptr, ctypes.byref(out))) == _ffi.END_OF_EPOCH:
+            status = _ffi.lib.stoker_loader_next(ptr, ctypes.byref(out))
+            # Held before anything can raise, so that a batch is freed with it.
+            batch = Batch(out.value, epoch) if out.value else None
+            # Ctrl-C in a dataset's __getitem__ (num_workers=0 runs it on this thread) failed
+            # its sample in the library; it interrupts the caller, as in torch.
+            raise_interrupt()
+            if check(status) == _ffi.END_OF_EPOCH:
                 return None
-            if not out.value:
+            if batch is None:
                 raise InternalError("stoker_loader_next reported a batch without one")
-            return Batch(out.value, epoch)
+            return batch
 
     def __iter__(self) -> Iterator[Batch]:
         while (batch := self.next_batch()) is not None:
@@ -402,7 +410,7 @@ class Loader:
     def __del__(self) -> None:
         ptr, self._ptr = self._ptr, None
         if ptr:
-            _ffi.lib.stoker_loader_free(ptr)
+            self._free(ptr)
 
     def __repr__(self) -> str:
         state = "closed" if not self._ptr else f"epoch={self.epoch}"

@@ -15,7 +15,9 @@ verbatim; each one is mapped to stoker's options or refused with a message sayin
   ``num_replicas``, ``rank``, ``shuffle``, ``seed``, ``drop_last``; ``RandomSampler``,
   ``SubsetRandomSampler``, ``WeightedRandomSampler(replacement=True)``, ``SequentialSampler``,
   ``BatchSampler``), and a sequence of indices is the order of every epoch; a custom sampler
-  object is refused (stoker draws the order in the library);
+  object, or a subclass of torch's with its own ``__iter__``, is refused (stoker draws the
+  order in the library); any sampler but ``DistributedSampler`` reads the whole dataset on every
+  rank, as in torch;
 * ``timeout`` (seconds) is ``timeout_ms``, refused with ``num_workers=0`` (where torch ignores it:
   the batch is built on the calling thread); ``generator`` seeds the order in a one-process job;
 * ``collate_fn`` other than torch's default is refused (batches are collated in the library);
@@ -66,10 +68,18 @@ def _indices(name: str, seq: Any) -> list[int]:
     return out
 
 
+def _is(obj: Any, cls: type) -> bool:
+    """Whether ``obj`` is a ``cls`` whose order is ``cls``'s own: a subclass that draws its
+    own (its ``__iter__``) cannot be read as ``cls``'s options."""
+    return isinstance(obj, cls) and type(obj).__iter__ is cls.__iter__
+
+
 def _sampler_options(sampler: Any) -> dict[str, Any]:
-    """stoker options equivalent to a torch sampler object or an index sequence."""
+    """stoker options equivalent to a torch sampler object or an index sequence. A sampler
+    that is not a DistributedSampler reads the whole dataset on every rank, as in torch."""
     kind = type(sampler).__name__
-    if isinstance(sampler, tud.distributed.DistributedSampler):
+    whole = {"world_size": 1, "rank": 0}
+    if _is(sampler, tud.distributed.DistributedSampler):
         return {
             "world_size": sampler.num_replicas,
             "rank": sampler.rank,
@@ -78,21 +88,21 @@ def _sampler_options(sampler: Any) -> dict[str, Any]:
             "shard_drop_last": sampler.drop_last,
             "_epoch": getattr(sampler, "epoch", 0),
         }
-    if isinstance(sampler, tud.SequentialSampler):
-        return {}
-    if isinstance(sampler, tud.RandomSampler):
-        out: dict[str, Any] = {"shuffle": True, "replacement": sampler.replacement}
+    if _is(sampler, tud.SequentialSampler):
+        return whole
+    if _is(sampler, tud.RandomSampler):
+        out: dict[str, Any] = {"shuffle": True, "replacement": sampler.replacement, **whole}
         if sampler._num_samples is not None:
             out["num_samples"] = sampler._num_samples
         if sampler.generator is not None:
             out["_generator"] = sampler.generator
         return out
-    if isinstance(sampler, tud.SubsetRandomSampler):
-        out = {"subset": _indices("sampler", sampler.indices)}
+    if _is(sampler, tud.SubsetRandomSampler):
+        out = {"subset": _indices("sampler", sampler.indices), **whole}
         if sampler.generator is not None:
             out["_generator"] = sampler.generator
         return out
-    if isinstance(sampler, tud.WeightedRandomSampler):
+    if _is(sampler, tud.WeightedRandomSampler):
         if not sampler.replacement:
             raise ValueError(
                 "WeightedRandomSampler(replacement=False) has no stoker option: pass "
@@ -101,6 +111,7 @@ def _sampler_options(sampler: Any) -> dict[str, Any]:
         out = {
             "weights": [float(w) for w in sampler.weights.tolist()],
             "num_samples": sampler.num_samples,
+            **whole,
         }
         if sampler.generator is not None:
             out["_generator"] = sampler.generator
@@ -108,9 +119,10 @@ def _sampler_options(sampler: Any) -> dict[str, Any]:
     if isinstance(sampler, (collections.abc.Sequence, range, torch.Tensor)) or (
         type(sampler).__module__ == "numpy" and getattr(sampler, "ndim", None) == 1
     ):
-        return {"indices": _indices("sampler", sampler)}
+        return {"indices": _indices("sampler", sampler), **whole}
     raise TypeError(
-        f"sampler={kind} cannot be mapped: stoker draws each epoch's order in the library. Pass "
+        f"sampler={kind} cannot be mapped: stoker draws each epoch's order in the library "
+        "(a subclass of torch's samplers with its own __iter__ included). Pass "
         "the indices as a sequence (the order of every epoch), one of torch's samplers, or "
         "stoker's options shuffle=, replacement=, num_samples=, weights=, subset="
     )
@@ -118,7 +130,7 @@ def _sampler_options(sampler: Any) -> dict[str, Any]:
 
 def _batch_sampler_options(batch_sampler: Any) -> dict[str, Any]:
     """stoker options (with batch_size and drop_last) equivalent to a batch sampler."""
-    if isinstance(batch_sampler, tud.BatchSampler):
+    if _is(batch_sampler, tud.BatchSampler):
         out = _sampler_options(batch_sampler.sampler)
         out.update(batch_size=batch_sampler.batch_size, drop_last=batch_sampler.drop_last)
         return out
@@ -136,10 +148,13 @@ def _batch_sampler_options(batch_sampler: Any) -> dict[str, Any]:
             "indices": [i for b in batches for i in b],
             "batch_size": size,
             "drop_last": False,
+            "world_size": 1,
+            "rank": 0,
         }
     raise TypeError(
         f"batch_sampler={type(batch_sampler).__name__} cannot be mapped: pass torch's "
-        "BatchSampler, a list of index lists of one length, or sampler= with batch_size="
+        "BatchSampler (not a subclass with its own __iter__), a list of index lists of one "
+        "length, or sampler= with batch_size="
     )
 
 
@@ -192,10 +207,9 @@ class DataLoader:
             raise ValueError(f"timeout option should be non-negative, not {timeout}")
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers option should be a non-negative integer, not {num_workers}")
-        # Moot with threads: workers share this process (no per-worker initialisation or
-        # start method), always persist, and draw no per-worker seeds; batches land in memory
-        # the device path page-locks itself.
-        del worker_init_fn, multiprocessing_context
+        # worker_init_fn and multiprocessing_context are moot with threads: workers share this
+        # process (no per-worker initialisation or start method), always persist, and draw no
+        # per-worker seeds. They are kept as attributes only.
 
         mapped: dict[str, Any] = {}
         if batch_sampler is not None:
@@ -245,10 +259,24 @@ class DataLoader:
                 draw.random_(generator=generator) if generator is not None else draw.random_()
                 mapped["seed"] = int(draw.item()) & (2**63 - 1)
 
+        # torch's attributes, as given (training scripts read `loader.dataset`,
+        # `loader.sampler.set_epoch`, `loader.batch_size`).
+        self.dataset = dataset
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
         self.batch_size = mapped.get("batch_size")
         self.drop_last = mapped.get("drop_last")
+        self.num_workers = num_workers
+        self.collate_fn = collate_fn
+        self.pin_memory = pin_memory
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.generator = generator
+        self.prefetch_factor = prefetch_factor
         self.persistent_workers = persistent_workers
         self.pin_memory_device = pin_memory_device
+        self.in_order = in_order
         self._loader = Loader(
             dataset,
             num_workers=num_workers,
@@ -259,17 +287,30 @@ class DataLoader:
             **mapped,
         )
         self._in_epoch = False
+        # Which iteration is the live one: a new `iter()` ends the one before.
+        self._iteration = 0
         if sampler_epoch:
             self.set_epoch(sampler_epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        """One whole epoch, like torch: an epoch left unfinished (``break``) is drained first,
-        so every ``for`` starts at the beginning of an epoch (``set_epoch`` skips the drain)."""
+        """One whole epoch, like torch: an epoch left unfinished (``break``) is not read further,
+        so every ``for`` starts at the beginning of the next epoch. One iteration at a time: a
+        new ``iter()`` ends the one before, whose next step raises ``RuntimeError``."""
         if self._in_epoch:
-            for _ in self._loader:
-                pass
+            self._loader.set_epoch(self._loader.epoch + 1)
+        self._iteration += 1
+        iteration = self._iteration
         self._in_epoch = True
-        for batch in self._loader:
+        while True:
+            if self._iteration != iteration:
+                raise RuntimeError(
+                    "this DataLoader started another iteration (iter() again) before this one "
+                    "ended; stoker's DataLoader runs one at a time over one set of threads: "
+                    "make a second DataLoader to read two at once"
+                )
+            batch = self._loader.next_batch()
+            if batch is None:
+                break
             yield tuple(batch.torch().values())
         self._in_epoch = False
 

@@ -54,6 +54,13 @@ def _why_not_native(dataset: Any, datasets: Any) -> str | None:
     for attr in ("transform", "target_transform", "transforms"):
         if getattr(dataset, attr, None) is not None:
             return f"{attr} is set (a Python callable; pass transform=None and a stoker transform=)"
+    # A DatasetFolder subclass that reads its samples its own way (another label, another
+    # image): the library would not call it. (Another VisionDataset defines both of its own;
+    # its file list and loader are what is compared.)
+    if isinstance(dataset, datasets.DatasetFolder):
+        for method in ("__getitem__", "__len__"):
+            if getattr(type(dataset), method) is not getattr(datasets.DatasetFolder, method):
+                return f"its class defines its own {method}, which the library would not call"
     samples = getattr(dataset, "samples", None)
     if samples is None:
         samples = getattr(dataset, "imgs", None)
@@ -73,20 +80,37 @@ def _why_not_native(dataset: Any, datasets: Any) -> str | None:
         return "its class_to_idx is not the classes' sorted order"
     if _same_files_as_image_folder(dataset, datasets):
         # torchvision's own scan with extensions that include stoker's: the lists are equal when
-        # every file found has one of stoker's extensions (checked below).
+        # every file found has one of stoker's extensions (checked below), unless the list was
+        # edited since. Then it is no longer the folder's files in the scan's order, or has
+        # fewer (both checked below, without the per-file work of a second scan).
         expected = None
     else:
         expected = folder.make_dataset(root, class_to_idx, extensions=_IMAGE_EXTENSIONS)
     seen = set()
+    previous = None
     for i, sample in enumerate(samples):
         path, target = sample
         if not path.lower().endswith(_IMAGE_EXTENSIONS):
             return f"sample {i} ({path}) is not a .jpg, .jpeg or .png file"
+        # The scan's order: by class, then folder, then name; every file once.
+        key = (target, os.path.dirname(path), os.path.basename(path))
+        if previous is not None and key <= previous:
+            return f"its samples are not the image files under {root} in torchvision's order"
+        previous = key
         seen.add(target)
     if len(seen) != len(class_dirs):
         return "a class has no image (image_folder refuses empty classes)"
     if expected is not None and [tuple(s) for s in samples] != expected:
         return f"its samples are not the image files under {root} in torchvision's order"
+    if expected is None:
+        count = sum(
+            name.lower().endswith(_IMAGE_EXTENSIONS)
+            for c in class_dirs
+            for _, _, names in os.walk(os.path.join(root, c), followlinks=True)
+            for name in names
+        )
+        if len(samples) != count:
+            return f"it has {len(samples)} samples where {root} has {count} image files"
     return None
 
 

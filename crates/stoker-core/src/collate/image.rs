@@ -158,16 +158,20 @@ pub(super) fn write_mask(
             width: width as usize,
             height: height as usize,
         },
-        None => {
-            read_header(
-                image,
-                stages.max_pixels,
-                stages.jpeg_decoder,
-                &mut pixels.decode,
-            )
-            .map_err(|e| format!("image `{image_name}`: {e}"))?
-            .dims
-        }
+        None => match raw_pixels(image, stages.max_pixels) {
+            // A callback's image of varying size, beside its raw-mask record.
+            Some(raw) => raw.map_err(|e| format!("image `{image_name}`: {e}"))?.0,
+            None => {
+                read_header(
+                    image,
+                    stages.max_pixels,
+                    stages.jpeg_decoder,
+                    &mut pixels.decode,
+                )
+                .map_err(|e| format!("image `{image_name}`: {e}"))?
+                .dims
+            }
+        },
     };
     let (dims, labels) = decode_mask(encoded, stages.max_pixels, &mut pixels.mask)?;
     if dims != image_dims {

@@ -7,6 +7,9 @@
 //! mask, and is refused in words rather than guessed at. The png crate reads the file: it hands
 //! out palette indices and 16-bit samples as stored, where zune-png (the RGB path's decoder)
 //! always expands a palette into colours.
+//!
+//! A callback source's `[H, W]` integer mask of varying size arrives as a raw-mask record
+//! ([`MASK_MAGIC`]): its labels as given, no PNG.
 
 use std::io::Cursor;
 
@@ -14,6 +17,7 @@ use png::{BitDepth, ColorType, Decoder, Limits, Transformations};
 
 use super::{check_size, Dims};
 use crate::dtype::DType;
+use crate::source::pixels::{MASK_MAGIC, RAW_HEADER_BYTES};
 
 /// Bytes the png crate may allocate beyond the pixels themselves (ancillary chunks: a palette,
 /// text, ICC profiles), whatever the file says.
@@ -39,6 +43,12 @@ pub fn decode_mask(
     max_pixels: u64,
     bufs: &mut MaskBuffers,
 ) -> Result<(Dims, DType), String> {
+    if let Some(record) = raw_mask(encoded, max_pixels) {
+        let (dims, label, labels) = record?;
+        bufs.labels.clear();
+        bufs.labels.extend_from_slice(labels);
+        return Ok((dims, label));
+    }
     if !encoded.starts_with(b"\x89PNG\r\n\x1a\n") {
         return Err(
             "a mask must be a PNG (8- or 16-bit grayscale, or palette); this is not a PNG \
@@ -129,4 +139,40 @@ pub fn decode_mask(
         ));
     }
     Ok((Dims { width, height }, dtype))
+}
+
+/// A raw-mask record's size, label type and labels.
+type RawMask<'a> = (Dims, DType, &'a [u8]);
+
+/// The size, label type and labels of a raw-mask record, or `None` if `bytes` is not one. A
+/// record whose header disagrees with its length, or that is over `max_pixels`, is an error.
+fn raw_mask(bytes: &[u8], max_pixels: u64) -> Option<Result<RawMask<'_>, String>> {
+    if !bytes.starts_with(&MASK_MAGIC) {
+        return None;
+    }
+    let word = |at: usize| -> u32 {
+        bytes
+            .get(at..at + 4)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u32::from_le_bytes)
+    };
+    let (width, height) = (word(4) as usize, word(8) as usize);
+    Some((|| {
+        let label = match word(12) {
+            1 => DType::U8,
+            8 => DType::I64,
+            other => return Err(format!("corrupt raw-mask record: {other} bytes a label")),
+        };
+        // check_size counts 3 bytes a pixel.
+        let pixels = check_size(width, height, max_pixels)? / 3;
+        let labels = bytes.get(RAW_HEADER_BYTES..).unwrap_or(&[]);
+        if labels.len() != pixels * label.size() {
+            return Err(format!(
+                "corrupt raw-mask record: {width}x{height} {label} labels need {} bytes, it has {}",
+                pixels * label.size(),
+                labels.len()
+            ));
+        }
+        Ok((Dims { width, height }, label, labels))
+    })())
 }

@@ -460,8 +460,11 @@ pub fn decode_rgb_with(
     decode(encoded, &header, None, bufs).map(|d| d.dims)
 }
 
-/// Reads only the header: the image's size, without decoding pixels.
+/// Reads only the header: the image's size, without decoding pixels (a raw-pixel record's too).
 pub fn dimensions(encoded: &[u8]) -> Result<Dims, String> {
+    if let Some(raw) = raw_pixels(encoded, u64::MAX) {
+        return raw.map(|(dims, _)| dims);
+    }
     let format = Format::sniff(encoded).ok_or("not a JPEG or PNG image")?;
     guarded(format, || match format {
         Format::Jpeg => zune::jpeg_dimensions(encoded),

@@ -388,8 +388,9 @@ impl LoaderOptions {
 
 impl LoaderOptions {
     /// What the fields of a callback or iterable source may be: ragged under `pad`, and
-    /// image-shaped uint8 tensors of varying size when the transform fixes the output size
-    /// (a pipeline for encoded images, whose size varies too, can be built).
+    /// image-shaped uint8 tensors (with the mask of `fields(mask=)`) of varying size when the
+    /// transform fixes the output size (a pipeline for encoded images, whose size varies too,
+    /// can be built).
     fn field_rules(&self) -> FieldRules {
         // A bad spec is reported when the loader builds its pipelines; here it only names no
         // fields.
@@ -397,6 +398,8 @@ impl LoaderOptions {
             .transform
             .as_deref()
             .and_then(|spec| roles(spec).ok().flatten());
+        let image = roles.as_ref().and_then(|r| r.image.clone());
+        let mask = roles.as_ref().and_then(|r| r.mask.clone());
         let fixed = roles
             .map(|r| r.image.into_iter().chain(r.mask).collect())
             .unwrap_or_default();
@@ -406,6 +409,8 @@ impl LoaderOptions {
             images_vary: self.transform.is_some()
                 && Pipeline::new(self.transform.as_deref(), self.dtype, self.layout).is_ok(),
             fixed,
+            image,
+            mask,
         }
     }
 

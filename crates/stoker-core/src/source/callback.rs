@@ -12,11 +12,14 @@
 //! in size, and the transform brings each to one. Such a field is then written as a raw-pixel
 //! record ([`super::pixels::RAW_MAGIC`]: the size, then packed RGB8) and declared an encoded
 //! image, so collate plans and transforms each sample from its own size, as it does a JPEG's; the
-//! shape check applies to the transform's output.
+//! shape check applies to the transform's output. The `[H, W]` integer mask that
+//! `fields(mask=)` moves with such an image varies with it: it is written as a raw-mask record
+//! ([`super::pixels::MASK_MAGIC`]) and read as a PNG mask is, its size checked against the
+//! image's per sample.
 
 use std::sync::Arc;
 
-use super::pixels::{image_dims, raw_header, InputLayout};
+use super::pixels::{image_dims, mask_header, raw_header, InputLayout};
 use super::{FieldKind, FieldSpec, Sample, Source, MAX_FIELDS};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -39,9 +42,29 @@ pub struct FieldRules {
     pub input_layout: Option<InputLayout>,
     /// The transform fixes the output size, so image-shaped uint8 tensors may vary in size.
     pub images_vary: bool,
-    /// Fields the transform's `fields(image=, mask=)` moves with one draw, planned on one size
-    /// known in advance: tensors of one shape, never varying-size images or ragged.
+    /// Fields the transform's `fields(image=, mask=)` moves with one draw: never ragged, and of
+    /// one shape unless images vary (RGB uint8 images, and the mask beside them).
     pub fixed: Vec<String>,
+    /// The field `fields(image=)` names (`None`: the source's one image field).
+    pub image: Option<String>,
+    /// The field `fields(mask=)` names: where images vary and the image came first as one of
+    /// varying size, an `[H, W]` integer tensor that varies in size with it.
+    pub mask: Option<String>,
+}
+
+/// How a field is written into a sample when not as given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Record {
+    /// RGB uint8 images of varying size, given in this layout: raw-pixel records.
+    Pixels(InputLayout),
+    /// The `[H, W]` integer mask of `fields(mask=)`, varying in size with its image: raw-mask
+    /// records.
+    Mask,
+}
+
+/// The integer types a mask's labels may be given in.
+fn is_label_dtype(dtype: DType) -> bool {
+    matches!(dtype, DType::U8 | DType::U16 | DType::I32 | DType::I64)
 }
 
 /// The fields a stream's first sample declared, and how later samples are held to them.
@@ -49,9 +72,9 @@ pub struct FieldRules {
 pub struct DeclaredFields {
     rules: FieldRules,
     specs: Vec<FieldSpec>,
-    /// Per field: the layout its image-shaped tensors are given in, for a field of varying-size
-    /// images (written as raw-pixel records); `None` for any other field.
-    pixels: Vec<Option<InputLayout>>,
+    /// Per field: how it is written, for a field of varying-size images or their mask; `None`
+    /// for any other field.
+    records: Vec<Option<Record>>,
 }
 
 impl DeclaredFields {
@@ -68,9 +91,9 @@ impl DeclaredFields {
         &self.specs
     }
 
-    fn push(&mut self, spec: FieldSpec, pixels: Option<InputLayout>) {
+    fn push(&mut self, spec: FieldSpec, record: Option<Record>) {
         self.specs.push(spec);
-        self.pixels.push(pixels);
+        self.records.push(record);
     }
 }
 
@@ -271,7 +294,7 @@ impl<'a> SampleWriter<'a> {
 
     /// Declares (sample 0) or checks (later samples) field `name` — an encoded image when
     /// `dtype` is `None`, else a tensor of `shape` — then copies its bytes (an image of a
-    /// varying-size image field as a raw-pixel record).
+    /// varying-size image field as a raw-pixel record, its mask as a raw-mask record).
     fn put(
         &mut self,
         name: &str,
@@ -279,7 +302,7 @@ impl<'a> SampleWriter<'a> {
         shape: &[usize],
         data: &[u8],
     ) -> std::result::Result<(), String> {
-        let (index, pixels) = match &mut self.mode {
+        let (index, record) = match &mut self.mode {
             Mode::Probe { fields } => {
                 if fields.specs.iter().any(|f| f.name == name) {
                     return self.fail(format!("field `{name}` given twice"));
@@ -289,46 +312,100 @@ impl<'a> SampleWriter<'a> {
                 }
                 let rules = &fields.rules;
                 let fixed = rules.fixed.iter().any(|f| f == name);
-                let image = match dtype {
-                    Some(DType::U8) if rules.images_vary && !fixed => {
+                // The image of `fields(image=, mask=)` and its mask vary in size together or
+                // not at all: the mask does if the image came first as images of varying size,
+                // the image does unless its mask came first as a tensor of one size.
+                let is_image = |f: &str| rules.image.as_deref().is_none_or(|i| i == f);
+                let mask_fixed = rules
+                    .mask
+                    .as_deref()
+                    .and_then(|m| fields.specs.iter().position(|f| f.name == m))
+                    .is_some_and(|m| fields.records[m].is_none());
+                let image_varies = fields
+                    .specs
+                    .iter()
+                    .zip(&fields.records)
+                    .any(|(f, r)| matches!(r, Some(Record::Pixels(_))) && is_image(&f.name));
+                let record = match dtype {
+                    Some(dtype) if rules.mask.as_deref() == Some(name) => {
+                        (image_varies && is_label_dtype(dtype) && shape.len() == 2)
+                            .then_some(Record::Mask)
+                    }
+                    Some(DType::U8) if rules.images_vary && !(is_image(name) && mask_fixed) => {
                         image_dims(shape, rules.input_layout)
+                            .map(|(_, _, layout)| Record::Pixels(layout))
                     }
                     _ => None,
                 };
-                let (spec, pixels) = match (dtype, image) {
-                    (None, _) => (FieldSpec::encoded_image(name), None),
-                    (Some(_), Some((_, _, layout))) => {
-                        (FieldSpec::encoded_image(name), Some(layout))
-                    }
+                let spec = match (dtype, record) {
+                    (None, _) | (Some(_), Some(_)) => FieldSpec::encoded_image(name),
                     (Some(dtype), None) if rules.pad && !shape.is_empty() && !fixed => {
-                        (FieldSpec::ragged(name, dtype, &shape[1..]), None)
+                        FieldSpec::ragged(name, dtype, &shape[1..])
                     }
-                    (Some(dtype), None) => (FieldSpec::tensor(name, dtype, shape), None),
+                    (Some(dtype), None) => FieldSpec::tensor(name, dtype, shape),
                 };
-                fields.push(spec, pixels);
-                (fields.specs.len() - 1, pixels)
+                fields.push(spec, record);
+                (fields.specs.len() - 1, record)
             }
             Mode::Check { fields } => {
                 let Some(index) = fields.specs.iter().position(|f| f.name == name) else {
                     return self.fail(format!("field `{name}` was not in sample 0"));
                 };
-                let pixels = fields.pixels[index];
-                let reason = match pixels {
-                    Some(layout) => pixel_mismatch(name, layout, dtype, shape),
+                let record = fields.records[index];
+                let reason = match record {
+                    Some(Record::Pixels(layout)) => pixel_mismatch(name, layout, dtype, shape),
+                    Some(Record::Mask) => mask_mismatch(name, dtype, shape),
                     None => mismatch(name, &fields.specs[index].kind, dtype, shape, &fields.rules),
                 };
                 if let Some(reason) = reason {
                     return self.fail(reason);
                 }
-                (index, pixels)
+                (index, record)
             }
         };
         if self.ranges[index].is_some() {
             return self.fail(format!("field `{name}` given twice"));
         }
         let start = self.buf.len();
-        match pixels.and_then(|layout| image_dims(shape, Some(layout))) {
-            Some((height, width, layout)) => {
+        let pixels = match record {
+            Some(Record::Pixels(layout)) => image_dims(shape, Some(layout)),
+            _ => None,
+        };
+        match (record, pixels, dtype) {
+            (Some(Record::Mask), _, Some(dtype)) => {
+                let &[height, width] = shape else {
+                    return self.fail(format!("field `{name}`: a mask is [H, W], not {shape:?}"));
+                };
+                let (Ok(w), Ok(h)) = (u32::try_from(width), u32::try_from(height)) else {
+                    return self.fail(format!(
+                        "field `{name}`: a {width}x{height} mask is too large"
+                    ));
+                };
+                // uint8 labels as given; wider ones as int64, the type PNG masks of 16 bits
+                // are read into.
+                let label = if dtype == DType::U8 {
+                    DType::U8
+                } else {
+                    DType::I64
+                };
+                self.buf.extend_from_slice(&mask_header(w, h, label));
+                match dtype {
+                    DType::U8 | DType::I64 => self.buf.extend_from_slice(data),
+                    DType::U16 => {
+                        self.buf.extend(data.chunks_exact(2).flat_map(|v| {
+                            i64::from(u16::from_ne_bytes([v[0], v[1]])).to_ne_bytes()
+                        }))
+                    }
+                    DType::I32 => self.buf.extend(data.chunks_exact(4).flat_map(|v| {
+                        i64::from(i32::from_ne_bytes([v[0], v[1], v[2], v[3]])).to_ne_bytes()
+                    })),
+                    other => {
+                        return self
+                            .fail(format!("field `{name}`: {other} labels are not integers"))
+                    }
+                }
+            }
+            (_, Some((height, width, layout)), _) => {
                 let (Ok(w), Ok(h)) = (u32::try_from(width), u32::try_from(height)) else {
                     return self.fail(format!(
                         "field `{name}`: a {width}x{height} image is too large"
@@ -345,7 +422,7 @@ impl<'a> SampleWriter<'a> {
                     }
                 }
             }
-            None => self.buf.extend_from_slice(data),
+            _ => self.buf.extend_from_slice(data),
         }
         self.ranges[index] = Some((start, self.buf.len() - start));
         Ok(())
@@ -368,6 +445,18 @@ fn pixel_mismatch(
         Some(DType::U8) if image_dims(shape, Some(layout)).is_some() => None,
         Some(dtype) => Some(format!(
             "field `{name}` is {dtype} {shape:?} but sample 0 had a uint8 {want} image"
+        )),
+        None => Some(format!("field `{name}` changed kind since sample 0")),
+    }
+}
+
+/// Why a put of `dtype`/`shape` does not fit a varying-size mask, if it does not.
+fn mask_mismatch(name: &str, dtype: Option<DType>, shape: &[usize]) -> Option<String> {
+    match dtype {
+        Some(dtype) if is_label_dtype(dtype) && shape.len() == 2 => None,
+        Some(dtype) => Some(format!(
+            "field `{name}` is {dtype} {shape:?} but the mask is an [H, W] tensor of integer \
+             labels (uint8, uint16, int32 or int64)"
         )),
         None => Some(format!("field `{name}` changed kind since sample 0")),
     }

@@ -1,7 +1,8 @@
 //! How a source holds an image that needs no decoding: an image-shaped tensor field (its
 //! layout, option `input_layout`: RGB uint8 as the RGB8 pipeline takes it, or any channel count
 //! of uint8/uint16/float16/bfloat16/float32 as the dense pipeline does), and the raw-pixel record (packed RGB8 behind a small header)
-//! that the packed format's raw mode and the callback sources write and `decode` reads back.
+//! that the packed format's raw mode and the callback sources write and `decode` reads back, and
+//! the raw-mask record a callback's mask of varying size is written as.
 
 use super::{FieldKind, FieldSpec};
 use crate::dtype::DType;
@@ -113,6 +114,22 @@ pub fn raw_header(width: u32, height: u32) -> [u8; RAW_HEADER_BYTES] {
     b[4..8].copy_from_slice(&width.to_le_bytes());
     b[8..12].copy_from_slice(&height.to_le_bytes());
     b[12..16].copy_from_slice(&3u32.to_le_bytes());
+    b
+}
+
+/// The first bytes of a raw-mask record, a callback's `[H, W]` integer mask of varying size
+/// (read by `decode::mask`): `b"STKM"`, then width, height and the bytes per label (1: uint8 labels;
+/// 8: native-endian int64) as little-endian u32, then the labels row by row.
+pub const MASK_MAGIC: [u8; 4] = *b"STKM";
+
+/// The header of a raw-mask record of a `width × height` mask of `label` (uint8 or int64)
+/// labels.
+pub fn mask_header(width: u32, height: u32, label: DType) -> [u8; RAW_HEADER_BYTES] {
+    let mut b = [0u8; RAW_HEADER_BYTES];
+    b[0..4].copy_from_slice(&MASK_MAGIC);
+    b[4..8].copy_from_slice(&width.to_le_bytes());
+    b[8..12].copy_from_slice(&height.to_le_bytes());
+    b[12..16].copy_from_slice(&(label.size() as u32).to_le_bytes());
     b
 }
 

@@ -473,3 +473,117 @@ fn callback_images_of_varying_size_without_a_sizing_transform_say_what_fixes_it(
         );
     }
 }
+
+/// A callback source of `n` samples as a segmentation and detection dataset written in Python
+/// gives them: field `data` an `[H, W, 3]` uint8 image, `mask` an `[H, W]` int32 mask of the
+/// same size (each pixel's label a function of its place), `boxes` `[k, 4]` float32 and
+/// `labels` `[k]` int64. `size(i)` is sample `i`'s height and width, `content(i)` which
+/// sample's pixels and boxes it holds.
+fn dense_callback(
+    n: usize,
+    size: impl Fn(usize) -> (usize, usize) + Send + Sync + 'static,
+    content: impl Fn(usize) -> usize + Send + Sync + 'static,
+) -> SourceSpec {
+    use stoker_core::source::ReadFn;
+    let read: Arc<ReadFn> = Arc::new(move |i, w| {
+        let (h, wd) = size(i);
+        let c = content(i);
+        w.put_tensor("data", DType::U8, &[h, wd, 3], &image(h, wd, c))?;
+        let mask: Vec<u8> = (0..h * wd)
+            .flat_map(|p| ((p * 13 + c) as i32 % 97).to_ne_bytes())
+            .collect();
+        w.put_tensor("mask", DType::I32, &[h, wd], &mask)?;
+        let k = c % 3 + 1;
+        let boxes: Vec<u8> = (0..k)
+            .flat_map(|b| {
+                let (x, y) = ((b % wd) as f32, (b % h) as f32);
+                [x, y, x + 2.0, y + 1.5]
+            })
+            .flat_map(f32::to_ne_bytes)
+            .collect();
+        w.put_tensor("boxes", DType::F32, &[k, 4], &boxes)?;
+        let labels: Vec<u8> = (0..k as i64).flat_map(i64::to_ne_bytes).collect();
+        w.put_tensor("labels", DType::I64, &[k], &labels)
+    });
+    SourceSpec::Callback { len: n, read }
+}
+
+/// Images of varying size from a callback carry their mask and boxes under one draw: sample `i`
+/// comes out as it does from a source whose every sample has sample `i`'s size and content
+/// (whose images are tensors of one known size), the mask and boxes exactly, the image within
+/// a level (the RGB pipeline against the plane-by-plane one).
+#[test]
+fn callback_images_of_varying_size_carry_their_masks_and_boxes() {
+    let spec = "fields(image=data, mask=mask, boxes=boxes, labels=labels) \
+                | random_resized_crop(6, scale=0.3:1) | hflip";
+    let options = |source: SourceSpec| {
+        let mut o = LoaderOptions::new().with_source(source);
+        o.set("ragged", "offsets").unwrap();
+        o.set("seed", "7").unwrap();
+        o.set("transform", spec).unwrap();
+        o
+    };
+    let sizes = |i: usize| [(9, 12), (14, 7), (11, 11), (8, 16)][i % 4];
+    let mut varying = with_options(options(dense_callback(N, sizes, |i| i)), &[]).unwrap();
+    let b = varying.next().unwrap().unwrap();
+    let field = |b: &Batch, name: &str| b.field_by_name(name).unwrap().data.unwrap().to_vec();
+    let offsets = |b: &Batch| -> Vec<i64> {
+        field(b, "boxes_offsets")
+            .chunks_exact(8)
+            .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let (image, mask, boxes) = (field(&b, "data"), field(&b, "mask"), field(&b, "boxes"));
+    assert_eq!(b.field_by_name("mask").unwrap().dtype, DType::I64);
+    let at = offsets(&b);
+    for i in 0..N {
+        let fixed = dense_callback(N, move |_| sizes(i), move |_| i);
+        let mut alike = with_options(options(fixed), &[]).unwrap();
+        let r = alike.next().unwrap().unwrap();
+        let (px, plane) = (6 * 6 * 3, 6 * 6 * 8);
+        let want = field(&r, "data");
+        let got = &image[i * px..(i + 1) * px];
+        let worst = got
+            .iter()
+            .zip(&want[i * px..(i + 1) * px])
+            .map(|(a, b)| a.abs_diff(*b))
+            .max();
+        assert!(worst <= Some(1), "sample {i}: image off by {worst:?}");
+        assert_eq!(
+            &mask[i * plane..(i + 1) * plane],
+            &field(&r, "mask")[i * plane..(i + 1) * plane],
+            "sample {i}: mask"
+        );
+        let theirs = offsets(&r);
+        let rows = |o: &[i64], i: usize| o[i] as usize * 16..o[i + 1] as usize * 16;
+        assert_eq!(
+            &boxes[rows(&at, i)],
+            &field(&r, "boxes")[rows(&theirs, i)],
+            "sample {i}: boxes"
+        );
+    }
+}
+
+/// A mask that is not `[H, W]` integer labels is refused with the sample and the field named.
+#[test]
+fn a_varying_size_mask_of_floats_is_refused_naming_the_field() {
+    use stoker_core::source::ReadFn;
+    let read: Arc<ReadFn> = Arc::new(|i, w| {
+        let (h, wd) = size_of(i);
+        w.put_tensor("data", DType::U8, &[h, wd, 3], &image(h, wd, i))?;
+        if i == 2 {
+            w.put_tensor("mask", DType::F32, &[h, wd], &vec![0; h * wd * 4])
+        } else {
+            w.put_tensor("mask", DType::U8, &[h, wd], &vec![1; h * wd])
+        }
+    });
+    let mut o = LoaderOptions::new().with_source(SourceSpec::Callback { len: 4, read });
+    o.set("batch_size", "4").unwrap();
+    o.set("transform", "fields(image=data, mask=mask) | resize(4, 4)")
+        .unwrap();
+    let e = Loader::new(&o).unwrap().next().unwrap_err().to_string();
+    assert!(
+        e.contains("sample 2") && e.contains("field `mask` is float32") && e.contains("[H, W]"),
+        "{e}"
+    );
+}
