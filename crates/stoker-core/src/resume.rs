@@ -317,13 +317,13 @@ impl Fingerprint {
         let mut diffs = Vec::new();
         if saved.source != self.source || saved.source_len != self.source_len {
             diffs.push(format!(
-                "the source ({} samples there; here {} samples: {})",
+                "source ({} samples there; here {} samples: {})",
                 saved.source_len, self.source_len, here.source
             ));
         }
         if saved.sampler != self.sampler {
             diffs.push(format!(
-                "the sampler settings (shuffle, replacement, num_samples, weights, subset, \
+                "sampler settings (shuffle, replacement, num_samples, weights, subset, \
                  indices or shard_drop_last; here {})",
                 here.sampler
             ));
@@ -371,14 +371,14 @@ impl Fingerprint {
         }
         if saved.transform != self.transform {
             diffs.push(format!(
-                "the transform, dtype or layout (here {})",
+                "transform, dtype or layout (here {})",
                 here.transform
             ));
         }
         (!diffs.is_empty()).then(|| {
             format!(
-                "was saved by a loader with a different {}: resume with the options it was \
-                 saved with",
+                "was saved by a loader that differs in its {}: resume with the options it \
+                 was saved with",
                 diffs.join(", ")
             )
         })
@@ -585,7 +585,7 @@ mod tests {
         let m = fp().mismatch(&saved, &here).unwrap();
         assert!(m.contains("batch_size (16 there, 8 here)"), "{m}");
         assert!(
-            m.contains("the source (99 samples there; here 100 samples: npy x.npy)"),
+            m.contains("its source (99 samples there; here 100 samples: npy x.npy)"),
             "{m}"
         );
         assert!(!m.contains("sampler"), "{m}");

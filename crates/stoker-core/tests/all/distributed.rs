@@ -229,9 +229,9 @@ fn resume_fingerprint_mismatches_name_what_differs() {
         (
             31,
             kv.to_vec(),
-            "the source (30 samples there; here 31 samples",
+            "its source (30 samples there; here 31 samples",
         ),
-        (30, vec![("batch_size", "4")], "the sampler settings"),
+        (30, vec![("batch_size", "4")], "its sampler settings"),
         (
             30,
             vec![
@@ -270,7 +270,7 @@ fn resume_fingerprint_mismatches_name_what_differs() {
     o.set("resume_state", &state).unwrap();
     let e = Loader::new(&o).err().unwrap().to_string();
     assert!(
-        e.contains("the source (30 samples there; here 30 samples"),
+        e.contains("its source (30 samples there; here 30 samples"),
         "{e}"
     );
 }

@@ -430,7 +430,7 @@ fn augmentation_does_not_depend_on_the_number_of_ranks() {
     .err()
     .unwrap()
     .to_string();
-    assert!(e.contains("the transform, dtype or layout"), "{e}");
+    assert!(e.contains("its transform, dtype or layout"), "{e}");
     fs::remove_dir_all(root).unwrap();
 }
 

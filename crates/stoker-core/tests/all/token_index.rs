@@ -147,6 +147,33 @@ fn a_changed_dataset_is_indexed_again() {
         samples(&spec, Packing::Pad),
         fresh("token-cache-stale-b", &[moved], Packing::Pad)
     );
+
+    // The same sizes, mtimes, header and tail: two documents at the start swap lengths, in an
+    // index longer than the tail hashed. The inode and ctime tell them apart (`utime` sets
+    // mtime back, never ctime).
+    let mut lengths = vec![2, 6];
+    lengths.extend([4; 3000]);
+    write_megatron(&prefix, 8, &docs(&lengths, 10));
+    samples(&spec, Packing::Pad);
+    let before: Vec<_> = [&idx, &bin]
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().modified().unwrap())
+        .collect();
+    lengths.swap(0, 1);
+    let swapped = docs(&lengths, 10);
+    write_megatron(&prefix, 8, &swapped);
+    for (p, t) in [&idx, &bin].iter().zip(&before) {
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(*t)
+            .unwrap();
+    }
+    assert_eq!(
+        samples(&spec, Packing::Pad),
+        fresh("token-cache-stale-c", &[swapped], Packing::Pad)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -144,3 +144,41 @@ fn a_sidecar_that_disagrees_is_an_error_naming_both_files() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `stoker pack` of a flat file whose documents `eos_token` ends (nanoGPT's layout): packing
+/// reads every token anyway, so it finds the documents there and writes them as the sidecar,
+/// which opening alone cannot. The packed file then gives the samples of a Megatron dataset of
+/// the same documents, the end-of-document token ending each but the last.
+#[test]
+fn a_flat_file_ended_by_eos_token_packs_with_its_documents_as_the_sidecar() {
+    let dir = tmp("token-lengths-eos-pack");
+    let eos = 9;
+    let documents = vec![
+        vec![1, 2, eos],
+        vec![eos],
+        vec![3, 4, 5, 6, 7, 8, 10, 11, eos],
+        vec![12, 13],
+    ];
+    write_raw(&dir.join("text.bin"), &documents);
+    let spec = TokenSpec::Flat(dir.join("text.bin").display().to_string());
+    let config = TokenConfig {
+        eos: Some(eos as u64),
+        ..flat_config(Packing::Concat)
+    };
+    let source = TokenSource::open(&spec, &config).unwrap();
+    let out = dir.join("packed.npy");
+    let report = source.write_flat(&out, &mut |_| {}).unwrap();
+    assert_eq!((report.documents, report.tokens), (4, 15));
+    let packed = TokenSpec::Flat(out.display().to_string());
+    for packing in [Packing::Pad, Packing::Concat] {
+        assert_eq!(
+            flat_samples(&packed, packing),
+            fresh(
+                &format!("token-lengths-eos-pack-{packing:?}"),
+                std::slice::from_ref(&documents),
+                packing
+            ),
+            "{packing:?}"
+        );
+    }
+}

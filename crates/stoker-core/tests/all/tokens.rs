@@ -697,6 +697,34 @@ fn bad_files_are_errors_at_open_naming_the_file() {
     .unwrap()
     .to_string();
     assert!(e.contains("odd.bin") && e.contains("whole number"), "{e}");
+
+    // An epoch without one global batch is refused, not delivered as no batch at all (a loop
+    // counted in steps would spin through empty epochs).
+    let total: usize = docs.iter().map(Vec::len).sum();
+    let too_long = (total + 1).to_string();
+    let e = open(&[("seq_len", &too_long)]).expect("no sample of that seq_len");
+    assert!(e.contains("seq_len") && e.contains("no sample"), "{e}");
+    let e = open(&[("global_batch_size", "1000")]).expect("fewer samples than a batch");
+    assert!(
+        e.contains("global_batch_size") && e.contains("fewer than one global batch of 1000"),
+        "{e}"
+    );
+    // An eos_token the file's type cannot hold would end no document.
+    std::fs::write(dir.join("u16.bin"), [1u8, 0, 2, 0, 9, 0]).unwrap();
+    let flat = format!("tokens:{}", dir.join("u16.bin").display());
+    let e = Loader::new(&opts(&[
+        ("source", &flat),
+        ("seq_len", "1"),
+        ("token_dtype", "uint16"),
+        ("eos_token", "128001"),
+    ]))
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("eos_token") && e.contains("128001 cannot occur") && e.contains("u16.bin"),
+        "{e}"
+    );
 }
 
 /// Megatron's greedy apportioning, written out again for the test: sample `k` goes to the
@@ -813,7 +841,7 @@ fn a_blend_apportions_greedily_and_wraps_a_short_dataset_in_new_orders() {
     ]))
     .expect_err("a changed blend resumes")
     .to_string();
-    assert!(e.contains("the source"), "{e}");
+    assert!(e.contains("its source"), "{e}");
 }
 
 /// One sample under `token_packing=pad`, as the reference builds it from a document: its

@@ -15,18 +15,21 @@
 //! file and ranks opening the same dataset at once each leave a whole, identical file.
 //!
 //! It is used only if its magic, version and kind match, its key matches — the absolute path's
-//! hash, the size and mtime of each file it was built from, and a hash of the files' headers —
+//! hash, the size, mtime and a hash of the inode and ctime of each file it was built from (an
+//! mtime set back with `utime` does not hide a rewrite: ctime is the kernel's), and a hash of
+//! the files' headers —
 //! and both CRCs are right; the caller then bounds every count by the data's sizes. Anything
 //! else (stale, corrupt, another version) is ignored and the tables are built again.
 //!
-//! ## Format, version 1 (all integers little-endian)
+//! ## Format, version 2 (all integers little-endian)
 //!
 //! ```text
 //!   0  magic        8  b"STKTOKIX"
-//!   8  version      u32 = 1
+//!   8  version      u32 = 2
 //!  12  kind         u32 (1: a Megatron index; 2: a flat file's document lengths)
 //!  16  path hash    u64 (FNV-1a of the absolute path of the first file)
-//!  24  file 0       u64 size, i64 mtime seconds, u32 mtime nanoseconds, u32 0
+//!  24  file 0       u64 size, i64 mtime seconds, u32 mtime nanoseconds, u32 change (the low
+//!                   32 bits of FNV-1a of the inode, ctime seconds and nanoseconds)
 //!  48  file 1       the same (zeros when there is one file)
 //!  72  header hash  u64 (FNV-1a of the files' headers, as the kind defines them)
 //!  80  table sizes  3 × u64 (entries of each table; 0 for a table not stored)
@@ -44,7 +47,7 @@ use crate::hash::Fnv;
 use crate::source::mapped::Mapping;
 
 const MAGIC: &[u8; 8] = b"STKTOKIX";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Bytes of the fixed header; the tables start here (a multiple of 8, so they are aligned in a
 /// page-aligned mapping).
 const HEADER: usize = 112;
@@ -57,14 +60,22 @@ pub(super) struct FileStamp {
     pub size: u64,
     pub mtime_s: i64,
     pub mtime_ns: u32,
+    /// A hash of the inode and ctime: a file rewritten in place or replaced, whatever mtime it
+    /// was given.
+    pub change: u32,
 }
 
 impl FileStamp {
     pub fn of(meta: &fs::Metadata) -> FileStamp {
+        let mut change = Fnv::new();
+        change.bytes(&meta.ino().to_le_bytes());
+        change.bytes(&meta.ctime().to_le_bytes());
+        change.bytes(&meta.ctime_nsec().to_le_bytes());
         FileStamp {
             size: meta.len(),
             mtime_s: meta.mtime(),
             mtime_ns: meta.mtime_nsec().clamp(0, 999_999_999) as u32,
+            change: change.finish() as u32,
         }
     }
 }
@@ -204,7 +215,7 @@ fn encode(key: &CacheKey, tables: [&[u64]; TABLES]) -> Vec<u8> {
         out.extend_from_slice(&f.size.to_le_bytes());
         out.extend_from_slice(&f.mtime_s.to_le_bytes());
         out.extend_from_slice(&f.mtime_ns.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&f.change.to_le_bytes());
     }
     out.extend_from_slice(&key.header.to_le_bytes());
     for t in &tables {
@@ -264,9 +275,10 @@ fn check_header(
             size: u64_at(b, at),
             mtime_s: u64_at(b, at + 8) as i64,
             mtime_ns: u32_at(b, at + 16),
+            change: u32_at(b, at + 20),
         };
         if stored != *f {
-            return Err("stale: a file's size or mtime changed");
+            return Err("stale: a file's size, mtime, inode or ctime changed");
         }
     }
     if u64_at(b, 72) != key.header {
@@ -329,6 +341,7 @@ mod tests {
                     size: 100,
                     mtime_s: 1_700_000_000,
                     mtime_ns: 5,
+                    change: 7,
                 },
                 FileStamp::default(),
             ],
@@ -366,6 +379,9 @@ mod tests {
         fs::write(&saved, &good).unwrap();
         let mut other = k.clone();
         other.files[0].mtime_ns += 1;
+        assert!(places.load(&other).is_none());
+        let mut other = k.clone();
+        other.files[0].change += 1;
         assert!(places.load(&other).is_none());
         let mut other = k.clone();
         other.header += 1;

@@ -133,7 +133,7 @@ impl FlatPart {
         } else {
             None
         };
-        Ok(FlatPart {
+        let part = FlatPart {
             path: path.to_owned(),
             map,
             token,
@@ -141,7 +141,20 @@ impl FlatPart {
             tokens,
             eos,
             docs,
-        })
+        };
+        if let Some(eos) = eos.filter(|&eos| eos >= part.id_bound()) {
+            return Err(Error::option(
+                "eos_token",
+                format!(
+                    "{eos} cannot occur in {}, whose tokens are {} (below {}): no document \
+                     would end",
+                    path.display(),
+                    token.name(),
+                    part.id_bound()
+                ),
+            ));
+        }
+        Ok(part)
     }
 
     fn bytes(&self, from: u64, to: u64) -> &[u8] {
@@ -208,6 +221,20 @@ impl Part for FlatPart {
                 lengths::sidecar_of(&self.path).display()
             )),
         }
+    }
+
+    fn each_document(&self, each: &mut dyn FnMut(u64, u64)) -> std::result::Result<(), String> {
+        if self.docs.is_some() || self.eos.is_none() {
+            return super::each_indexed_document(self, each);
+        }
+        // The documents eos_token ends: each from the token after the last end.
+        let mut start = 0;
+        self.doc_starts(0, self.tokens, &mut |next| {
+            each(start, next);
+            start = next;
+        });
+        each(start, self.tokens);
+        Ok(())
     }
 
     fn document(&self, d: u64) -> (u64, u64) {

@@ -162,6 +162,12 @@ pub(crate) trait Part: Send + Sync {
     fn documents(&self) -> std::result::Result<u64, String>;
     /// Tokens `[start, end)` of document `d` (`d < documents()`).
     fn document(&self, d: u64) -> (u64, u64);
+    /// Calls `each` with every document's tokens `[start, end)`, in order: from the index, or
+    /// where only the tokens say where documents end, by reading them all (`stoker pack` reads
+    /// every token anyway).
+    fn each_document(&self, each: &mut dyn FnMut(u64, u64)) -> std::result::Result<(), String> {
+        each_indexed_document(self, each)
+    }
     /// Where token `t` is, for messages.
     fn describe(&self, t: u64) -> String;
     /// What it is, wherever it is mounted (name, counts, type).
@@ -188,6 +194,18 @@ pub(crate) trait Part: Send + Sync {
     fn check_vocab(&self, vocab: u64) -> Result<()> {
         check_vocab(self, vocab)
     }
+}
+
+/// [`Part::each_document`] from the part's index of documents.
+fn each_indexed_document<P: Part + ?Sized>(
+    part: &P,
+    each: &mut dyn FnMut(u64, u64),
+) -> std::result::Result<(), String> {
+    for d in 0..part.documents()? {
+        let (start, end) = part.document(d);
+        each(start, end);
+    }
+    Ok(())
 }
 
 /// A token source: the stream of its files' tokens cut into windows (see the module docs).

@@ -61,13 +61,14 @@ impl TokenSource {
         } else {
             DType::I32
         };
-        // Each part's documents, as ranges of its tokens, from the indexes alone.
+        // Each part's documents, as ranges of its tokens: from the indexes, or read from a flat
+        // file's tokens where eos_token ends them.
         let mut documents = Vec::new();
         for (p, part) in self.parts.iter().enumerate() {
-            let n = part.documents().map_err(|why| {
-                Error::InvalidArgument(format!("{}: {why}", part.path().display()))
-            })?;
-            documents.extend((0..n).map(|d| (p, part.document(d))));
+            part.each_document(&mut |start, end| documents.push((p, (start, end))))
+                .map_err(|why| {
+                    Error::InvalidArgument(format!("{}: {why}", part.path().display()))
+                })?;
         }
         let mut held = 0u64;
         if let Some(enough) = documents.iter().position(|(_, (a, b))| {
