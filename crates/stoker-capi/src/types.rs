@@ -166,7 +166,7 @@ pub struct stoker_stats {
     pub batches: u64,
     /// Delivered, replacements included.
     pub samples: u64,
-    /// Bad samples replaced under on_error=skip.
+    /// Bad samples replaced under on_error=skip; a replacement that is bad too counts again.
     pub samples_skipped: u64,
     /// Time the consumer spent blocked in next().
     pub wait_ns_total: u64,

@@ -33,7 +33,7 @@ pub struct Stats {
     pub batches: u64,
     /// Samples delivered, replacements included.
     pub samples: u64,
-    /// Bad samples replaced under `on_error=skip`.
+    /// Bad samples replaced under `on_error=skip`; a replacement that is bad too counts again.
     pub samples_skipped: u64,
     /// Time the consumer spent blocked in `next()`, in nanoseconds.
     pub wait_ns_total: u64,

@@ -30,7 +30,8 @@ class Stats:
     samples: int
     """Samples in those batches."""
     samples_skipped: int
-    """Samples replaced under ``on_error="skip"``."""
+    """Bad samples replaced under ``on_error="skip"``; a replacement that is bad too counts
+    again."""
     wait_ns_total: int
     """Total time the consumer waited for batches."""
     wait_ns_p50: int

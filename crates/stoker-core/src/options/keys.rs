@@ -327,7 +327,7 @@ keys {
         values "`auto`, `zune`, `turbo`, `gpu`",
         default "`auto` (or `STOKER_JPEG_DECODER`)",
         example "zune",
-        meaning "`turbo`: libjpeg-turbo decodes only the rows and columns a crop reads, shrinking in the DCT domain when the crop is at least twice the output; `zune`: zune-jpeg (pure Rust) decodes whole images; `auto`: `turbo` when it was built with SIMD, else `zune`; `gpu` (device=cuda): the device decodes the JPEGs with nvJPEG, loaded at run time (`gpu_decode_share` of them, all by default), the rest as `auto`. CMYK/YCCK JPEGs always go to zune-jpeg; stats count each path (`decoded_*`)";
+        meaning "`turbo`: libjpeg-turbo decodes only the rows and columns a crop reads, shrinking in the DCT domain (by 1/2, 1/4 or 1/8) while the crop stays at least 6 times the output, so that the resample after it still shrinks by 3 or more; `zune`: zune-jpeg (pure Rust) decodes whole images; `auto`: `turbo` when it was built with SIMD, else `zune`; `gpu` (device=cuda): the device decodes the JPEGs with nvJPEG, loaded at run time (`gpu_decode_share` of them, all by default), the rest as `auto`. CMYK/YCCK JPEGs always go to zune-jpeg; stats count each path (`decoded_*`)";
     /// The share of samples whose JPEGs the device decodes; `None`: `auto`.
     gpu_decode_share: Option<f64> = None;
         parse |key, v| parse_share(key, v);
