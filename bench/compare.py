@@ -62,7 +62,8 @@ Porting (--porting): torchvision's ImageFolder in torch DataLoader (PIL, torchvi
 transforms, 2 worker processes) against the same dataset object handed to
 stoker.torch.DataLoader with the stoker transform: ImageFolder(root) with no transform, which
 stoker reads natively (image_folder); the same ImageFolder's __getitem__ behind a plain wrapper
-(PIL images decoded in Python, stoker's transform: the callback path); and ImageFolder with its
+(PIL images decoded in Python, stoker's transform: the callback path), the same with
+concurrent_getitem=True (the calls overlap where Pillow releases the GIL); and ImageFolder with its
 torchvision transforms left in place (everything in Python, under one GIL). Same photos, batches
 and transform as the images workload, one run of ROUNDS interleaved rounds (best kept).
 
@@ -298,6 +299,7 @@ PORTING_RUNS = [
     PORTING_TORCH,
     "stoker.torch, ImageFolder (native)",
     "stoker.torch, ImageFolder PIL callback",
+    "stoker.torch, PIL callback, concurrent",
     "stoker.torch, ImageFolder + T transforms",
 ]
 
@@ -327,6 +329,10 @@ def porting_stoker(kind: str):
             dataset = ImageFolder(str(IMAGES))
         elif kind == "callback":
             dataset = PlainDataset(ImageFolder(str(IMAGES)))
+        elif kind == "concurrent":
+            # ImageFolder opens each file in its own call: safe to call from several threads.
+            dataset = PlainDataset(ImageFolder(str(IMAGES)))
+            options["concurrent_getitem"] = True
         else:
             dataset, options = ImageFolder(str(IMAGES), transform=torch_transform()), {}
         loader = stoker.torch.DataLoader(
@@ -549,7 +555,8 @@ CHILDREN = {
     ("porting", PORTING_TORCH): torch_pil_images,
     ("porting", PORTING_RUNS[1]): lambda: porting_stoker("native"),
     ("porting", PORTING_RUNS[2]): lambda: porting_stoker("callback"),
-    ("porting", PORTING_RUNS[3]): lambda: porting_stoker("torchvision"),
+    ("porting", PORTING_RUNS[3]): lambda: porting_stoker("concurrent"),
+    ("porting", PORTING_RUNS[4]): lambda: porting_stoker("torchvision"),
     ("augment", "stoker"): lambda: stoker_images(spec=AUG_SPEC, epochs=AUG_EPOCHS),
     ("augment", "torchvision decode_jpeg + v2"): lambda: torchvision_v2_images(augment=True),
 }

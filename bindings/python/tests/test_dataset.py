@@ -346,3 +346,39 @@ def test_ctrl_c_in_getitem_interrupts_the_loop(on_error):
         for _ in loader:
             pass
     loader.close()
+
+
+def test_concurrent_getitem_lets_a_thread_safe_dataset_overlap():
+    """A dataset that declares itself safe to call from several threads has its calls overlap
+    where they release the GIL; the batches are the same."""
+    import threading
+    import time
+
+    class Sleepy:
+        def __init__(self):
+            self.inside = 0
+            self.most = 0
+            self.count = threading.Lock()
+
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            with self.count:
+                self.inside += 1
+                self.most = max(self.most, self.inside)
+            time.sleep(0.002)
+            with self.count:
+                self.inside -= 1
+            return np.full(3, i, np.float32), i
+
+    batches = {}
+    for concurrent in (False, True):
+        dataset = Sleepy()
+        with stoker.Loader(dataset, batch_size=8, num_workers=4,
+                           concurrent_getitem=concurrent) as loader:
+            batches[concurrent] = [b["label"].tolist() for b in loader]
+        assert (dataset.most > 1) == concurrent, dataset.most
+    assert batches[False] == batches[True]
+    with pytest.raises(TypeError, match="map-style"):
+        stoker.Loader(iter([]), concurrent_getitem=True)

@@ -24,13 +24,16 @@ stoker calls ``__getitem__`` from its worker threads, one call at a time: a data
 torch's worker processes (each with its own copy, so never two calls at once) may keep state
 between calls, such as a file it opens on first use and seeks in. Decoding and transforms still
 run in parallel inside stoker; the Python part of reading does not, even where it releases the
-GIL (file reads, Pillow's decode). An exception in ``__getitem__`` fails the batch with a
+GIL (file reads, Pillow's decode). A dataset safe to call from several threads at once (one that
+opens its files in each call, as torchvision's folder datasets do) says so with the loader's
+``concurrent_getitem=True``: its calls then overlap wherever they release the GIL. An exception in ``__getitem__`` fails the batch with a
 ``CallbackError`` naming the index and the exception (or, under ``on_error="skip"``, replaces
 the sample and is counted); ``KeyboardInterrupt`` is raised again from the loader.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import sys
@@ -52,9 +55,9 @@ _STOKER_DTYPE = {
 }
 
 # The datasets the library holds, by the `user` key it passes back, each with the lock its
-# `__getitem__` calls take turns on; an entry lives until the library calls drop (when the last
-# loader or options object using it is freed).
-_datasets: dict[int, tuple[Any, threading.Lock]] = {}
+# `__getitem__` calls take turns on (none under concurrent_getitem); an entry lives until the
+# library calls drop (when the last loader or options object using it is freed).
+_datasets: dict[int, tuple[Any, contextlib.AbstractContextManager[Any]]] = {}
 _keys = itertools.count(1)
 # A KeyboardInterrupt (or SystemExit) raised in `__getitem__`: it cannot pass through the
 # library, which fails the sample instead; the loader raises it again when the library returns.
@@ -160,12 +163,12 @@ def _drop(user: int) -> None:
 _LEN, _READ, _DROP = _ffi.LenFn(_len), _ffi.ReadFn(_read), _ffi.DropFn(_drop)
 
 
-def set_source(options: int, dataset: Any) -> None:
-    """Makes ``dataset`` the source of the ``stoker_options*`` ``options``. Raises what
-    ``len(dataset)`` raises."""
+def set_source(options: int, dataset: Any, concurrent: bool = False) -> None:
+    """Makes ``dataset`` the source of the ``stoker_options*`` ``options``; ``concurrent``: its
+    ``__getitem__`` may run on several threads at once. Raises what ``len(dataset)`` raises."""
     len(dataset)  # the library would take a failing __len__ for an empty dataset
     key = next(_keys)
-    _datasets[key] = (dataset, threading.Lock())
+    _datasets[key] = (dataset, contextlib.nullcontext() if concurrent else threading.Lock())
     callbacks = _ffi.SourceCallbacks(key, _LEN, _READ, _DROP)
     # From here the library owns the entry: it calls drop on failure too.
     check(_ffi.lib.stoker_options_set_source_callbacks(options, ctypes.byref(callbacks)))

@@ -159,7 +159,7 @@ def option_value(value: Any) -> str:
     return str(value)
 
 
-def _new_loader(options: dict[str, str], dataset: Any = None) -> int:
+def _new_loader(options: dict[str, str], dataset: Any = None, concurrent: bool = False) -> int:
     opts = _ffi.lib.stoker_options_new()
     if not opts:
         raise MemoryError("stoker_options_new returned NULL")
@@ -168,7 +168,7 @@ def _new_loader(options: dict[str, str], dataset: Any = None) -> int:
             if is_iterable_source(dataset):
                 set_iterable(opts, dataset)
             else:
-                set_source(opts, dataset)
+                set_source(opts, dataset, concurrent)
         for key, value in options.items():
             check(_ffi.lib.stoker_options_set(opts, key.encode(), value.encode()))
         out = ctypes.c_void_p()
@@ -216,7 +216,10 @@ class Loader:
     ``ImageFolder`` without Python transforms is read as ``image_folder:ROOT`` (see
     ``stoker.vision``); ``None`` with a ``blend=`` of token sources. Every keyword is an option key of the C ABI (the table in
     ``docs/options.md``, and ``include/stoker.h``); ``None`` leaves the library's default.
-    Options the library rejects raise ``InvalidArgumentError`` naming the key.
+    Options the library rejects raise ``InvalidArgumentError`` naming the key. One keyword is
+    this package's: ``concurrent_getitem=True`` lets a dataset's ``__getitem__`` run on several
+    worker threads at once (see ``stoker.dataset``); leave it off unless the dataset is safe to
+    call so.
 
     ``for batch in loader:`` runs to the end of the current epoch; the next ``for`` continues
     with the next epoch (or with the rest of the epoch, after a ``break``). Batches and the
@@ -246,6 +249,7 @@ class Loader:
         shuffle: bool | None = None,
         transform: str | None = None,
         num_workers: int | str | None = None,
+        concurrent_getitem: bool = False,
         **options: Any,
     ):
         # A torchvision folder dataset the library can read itself (see stoker.vision).
@@ -261,7 +265,10 @@ class Loader:
                 f"(__len__ and __getitem__) or an iterable one (__iter__ and no __len__), "
                 f"not {type(source).__name__}"
             )
+        if concurrent_getitem and not map_style:
+            raise TypeError("concurrent_getitem applies to a map-style dataset (__getitem__)")
         self._dataset = None if is_spec else source
+        self._concurrent = bool(concurrent_getitem)
         options.update(
             source=source if is_spec else None,
             batch_size=batch_size,
@@ -276,7 +283,7 @@ class Loader:
         # can wake a next() waiting under `_lock`, and stats() can read meanwhile.
         self._lock = threading.Lock()
         self._ptr_lock = threading.Lock()
-        self._ptr = _new_loader(self._options, self._dataset)
+        self._ptr = _new_loader(self._options, self._dataset, self._concurrent)
         _loaders.add(self)
         if self._dataset is not None:
             _python_source_loaders.add(self)
@@ -382,7 +389,7 @@ class Loader:
         """Continues exactly where the saved loader stopped: rebuilds this loader with the same
         options plus ``resume_state``."""
         options = dict(self._options, resume_state=state_dict["state"])
-        new = _new_loader(options, self._dataset)
+        new = _new_loader(options, self._dataset, self._concurrent)
         with self._lock, self._ptr_lock:
             old, self._ptr, self._options = self._ptr, new, options
             _ffi.lib.stoker_loader_free(old)
