@@ -71,7 +71,8 @@ def _indices(name: str, seq: Any) -> list[int]:
 def _is(obj: Any, cls: type) -> bool:
     """Whether ``obj`` is a ``cls`` whose order is ``cls``'s own: a subclass that draws its
     own (its ``__iter__``) cannot be read as ``cls``'s options."""
-    return isinstance(obj, cls) and type(obj).__iter__ is cls.__iter__
+    own = getattr(type(obj), "__iter__", None)
+    return isinstance(obj, cls) and own is getattr(cls, "__iter__", None)
 
 
 def _sampler_options(sampler: Any) -> dict[str, Any]:
