@@ -194,10 +194,11 @@ impl<R: Read> Read for Metered<R> {
 /// `base` is the byte offset in the shard where `stream` starts (a reader that seeked to a
 /// sample's first header); every offset reported counts from the start of the shard.
 ///
-/// On damage, the sample being gathered is emitted before the error unless the damage is in one
-/// of its own members: a sample is otherwise emitted only when the next one starts, and the
-/// last whole sample before the damage would be lost with it. The damage may have taken members
-/// of that sample that came after it; a wanted one missing is then that sample's own error.
+/// On damage in a member of another sample (its header read whole, so its name is known), the
+/// sample being gathered is whole: it is emitted before the error. A sample is otherwise
+/// emitted only when the next one starts, and the last whole sample before such damage would be
+/// lost with it. Damage in a header, or a stream that stops at a member's end, may have taken
+/// members of the sample being gathered: it is dropped with the damage.
 fn parse(
     shard: &Arc<str>,
     stream: impl Read,
@@ -206,7 +207,7 @@ fn parse(
     emit: &mut dyn FnMut(StreamSample) -> bool,
 ) -> Result<bool> {
     let mut grouper = Grouper::new();
-    let mut damaged = None;
+    let mut damaged = Damage::Unknown;
     let outcome = parse_members(
         shard,
         stream,
@@ -217,13 +218,21 @@ fn parse(
         emit,
     );
     if outcome.is_err() {
-        if let Some(group) = grouper.finish() {
-            if damaged.as_deref() != Some(group.key.as_str()) {
+        if let (Some(group), Damage::Member(key)) = (grouper.finish(), damaged) {
+            if key != group.key {
                 emit(sample(shard, group, options));
             }
         }
     }
     outcome
+}
+
+/// Where a read failed, as far as the sample it belongs to is known.
+enum Damage {
+    /// In a member of the sample with this key, whose header was read whole.
+    Member(String),
+    /// In a header, or at the end of the stream: whose member it is is not known.
+    Unknown,
 }
 
 /// A gathered group as a sample: its wanted members.
@@ -245,22 +254,21 @@ fn sample(shard: &Arc<str>, group: Group<StreamMember>, options: &ReadOptions) -
     }
 }
 
-/// [`parse`]'s reading. On error, `grouper` holds the sample being gathered and `damaged` the key
-/// of the member the damage is in (`None` where that is not known: a header).
+/// [`parse`]'s reading. On error, `grouper` holds the sample being gathered and `damaged` says
+/// whose member the damage is in.
 fn parse_members(
     shard: &Arc<str>,
     stream: impl Read,
     base: u64,
     options: &ReadOptions,
     grouper: &mut Grouper<StreamMember>,
-    damaged: &mut Option<String>,
+    damaged: &mut Damage,
     emit: &mut dyn FnMut(StreamSample) -> bool,
 ) -> Result<bool> {
     let fail = |reason: String| Error::format(&**shard, reason);
-    let key_of = |name: &Option<String>| {
-        name.as_deref()
-            .and_then(split_key)
-            .map(|(key, _)| key.to_owned())
+    let member_of = |name: &Option<String>| match name.as_deref().and_then(split_key) {
+        Some((key, _)) => Damage::Member(key.to_owned()),
+        None => Damage::Unknown,
     };
     let meter = Rc::new(Meter {
         pos: Cell::new(base),
@@ -286,7 +294,7 @@ fn parse_members(
         let mut entry = entry.map_err(|e| {
             let pos = meter.pos.get();
             let cut = meter.eof.get() && pos < data_end;
-            *damaged = if cut { key_of(&prev) } else { None };
+            *damaged = if cut { member_of(&prev) } else { Damage::Unknown };
             fail(if cut {
                 cut_short(prev.as_deref().unwrap_or("?"), data_at, data_end, pos)
             } else if meter.eof.get() {
@@ -306,7 +314,7 @@ fn parse_members(
         data_at = base + entry.raw_file_position();
         let size = entry.size();
         let name_bytes = entry.path_bytes();
-        *damaged = None;
+        *damaged = Damage::Unknown;
         let name = std::str::from_utf8(&name_bytes)
             .map_err(|_| {
                 fail(format!(
@@ -316,7 +324,7 @@ fn parse_members(
             })?
             .to_owned();
         prev = Some(name.clone());
-        *damaged = key_of(&prev);
+        *damaged = member_of(&prev);
         data_end = data_at
             .checked_add(size)
             .ok_or_else(|| fail(format!("member `{name}`: size overflow")))?;
@@ -386,7 +394,7 @@ fn parse_members(
     // The crate stops at EOF or at a zero block; only the zero block is a complete shard.
     let pos = meter.pos.get();
     if pos < data_end {
-        *damaged = key_of(&prev);
+        *damaged = member_of(&prev);
         return Err(fail(cut_short(
             prev.as_deref().unwrap_or("?"),
             data_at,
@@ -395,7 +403,7 @@ fn parse_members(
         )));
     }
     if pos < end.saturating_add(BLOCK) {
-        *damaged = None;
+        *damaged = Damage::Unknown;
         return Err(fail(format!(
             "truncated: no end-of-archive block at byte offset {end} {} (the stream has {pos} bytes)",
             after(&prev)
@@ -572,7 +580,7 @@ fn pump(shard: Arc<str>, reader: impl Read, base: u64, options: ReadOptions, tx:
 /// The samples of a damaged shard up to the damage, as the scan would list them, and the error
 /// that stopped the read (`None` if the shard reads to its end). Every member is read (copied)
 /// to learn its size: this is for the rare damaged shard under `on_error=skip`, not for every
-/// shard. The sample the damage is in is not listed.
+/// shard. The sample the damage may be in is not listed (see [`parse`]).
 pub(super) fn readable_prefix(
     shard: &str,
     reader: impl Read,
@@ -684,9 +692,9 @@ mod tests {
         );
     }
 
-    /// A shard cut inside a member keeps every whole sample before the damage, the last one
-    /// included (it used to be emitted only when a next sample started), and drops the sample
-    /// the damage is in.
+    /// A shard cut inside a member's data keeps every whole sample before the damage, the last
+    /// one included (it used to be emitted only when a next sample started), and drops the
+    /// sample the damage is in.
     #[test]
     fn a_damaged_shard_keeps_every_whole_sample_before_the_damage() {
         let valid = shard(4);
@@ -714,6 +722,14 @@ mod tests {
             // damaged one, its jpg kept nowhere. Sample 3's jpg cut: 0 to 2 are whole.
             assert_eq!(got, keys(kept), "cut in sample {sample}'s {ext}");
         }
+        // Cut inside the header of sample 3's jpg: whose member that is cannot be known, so
+        // sample 2, being gathered, goes with the damage.
+        let jpg = whole.0[3].members.iter().find(|m| m.ext == "jpg").unwrap();
+        let (samples, error) =
+            readable_prefix("mem.tar", &valid[..jpg.offset as usize - 400], 1 << 20);
+        assert!(error.is_some());
+        let got: Vec<_> = samples.iter().map(|s| s.key.clone()).collect();
+        assert_eq!(got, keys(2));
     }
 
     /// Streaming and the indexed scan agree on every input: both fail, or both give the same
