@@ -84,9 +84,16 @@ def test_exception_in_getitem_is_a_callback_error_naming_index_and_cause():
             return super().__getitem__(i)
 
     loader = stoker.Loader(Broken(), batch_size=8, num_workers=2)
-    with pytest.raises(stoker.CallbackError, match=r"dataset\[13\].*thirteen"):
+    with pytest.raises(stoker.CallbackError, match=r"dataset\[13\].*thirteen") as caught:
         for _ in loader:
             pass
+    # The dataset's own exception is the cause, with the traceback of its __getitem__, as
+    # torch's DataLoader shows the worker's.
+    cause = caught.value.__cause__
+    assert isinstance(cause, KeyError) and cause.args == ("sample thirteen is missing",)
+    import traceback
+
+    assert "__getitem__" in "".join(traceback.format_tb(cause.__traceback__))
 
 
 def test_skip_replaces_failing_samples_and_counts_them():

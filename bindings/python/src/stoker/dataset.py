@@ -27,12 +27,14 @@ run in parallel inside stoker; the Python part of reading does not, even where i
 GIL (file reads, Pillow's decode). A dataset safe to call from several threads at once (one that
 opens its files in each call, as torchvision's folder datasets do) says so with the loader's
 ``concurrent_getitem=True``: its calls then overlap wherever they release the GIL. An exception in ``__getitem__`` fails the batch with a
-``CallbackError`` naming the index and the exception (or, under ``on_error="skip"``, replaces
-the sample and is counted); ``KeyboardInterrupt`` is raised again from the loader.
+``CallbackError`` naming the index and the exception, which is its ``__cause__`` (traceback
+included), or, under ``on_error="skip"``, replaces the sample and is counted;
+``KeyboardInterrupt`` is raised again from the loader.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import itertools
@@ -62,6 +64,12 @@ _keys = itertools.count(1)
 # A KeyboardInterrupt (or SystemExit) raised in `__getitem__`: it cannot pass through the
 # library, which fails the sample instead; the loader raises it again when the library returns.
 interrupted: BaseException | None = None
+# The exceptions `__getitem__` raised, by the message the library was given: the loader chains
+# one to the CallbackError that carries its message. Bounded, since under on_error="skip" none
+# is asked for.
+_failures: collections.OrderedDict[str, BaseException] = collections.OrderedDict()
+_failures_lock = threading.Lock()
+_MAX_FAILURES = 64
 
 
 def _fields(item: Any) -> Iterable[tuple[str, Any]]:
@@ -142,6 +150,10 @@ def _read(user: int, index: int, sample: int) -> int:
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             interrupted = e
         message = f"dataset[{index}] raised {type(e).__name__}: {e}"
+        with _failures_lock:
+            _failures[message] = e
+            while len(_failures) > _MAX_FAILURES:
+                _failures.popitem(last=False)
         _ffi.lib.stoker_sample_fail(sample, message.encode("utf-8", "replace"))
         return 1
 
@@ -153,6 +165,16 @@ def raise_interrupt() -> None:
     e, interrupted = interrupted, None
     if e is not None:
         raise e
+
+
+def failure_in(text: str) -> BaseException | None:
+    """The exception of a ``__getitem__`` call whose message ``text`` (a ``CallbackError``'s)
+    holds, if one is remembered; it is forgotten then."""
+    with _failures_lock:
+        for message in reversed(_failures):
+            if message in text:
+                return _failures.pop(message)
+    return None
 
 
 def _drop(user: int) -> None:

@@ -12,8 +12,8 @@ from typing import Any, Iterator
 
 from . import _ffi
 from .batch import Batch
-from .dataset import raise_interrupt, set_source
-from .errors import ClosedError, InternalError, check
+from .dataset import failure_in, raise_interrupt, set_source
+from .errors import CallbackError, ClosedError, InternalError, check
 from .iterable import is_iterable_source, set_iterable
 from .vision import native_source
 
@@ -312,8 +312,15 @@ class Loader:
             # Ctrl-C in a dataset's __getitem__ (num_workers=0 runs it on this thread) failed
             # its sample in the library; it interrupts the caller, as in torch.
             raise_interrupt()
-            if check(status) == _ffi.END_OF_EPOCH:
-                return None
+            try:
+                if check(status) == _ffi.END_OF_EPOCH:
+                    return None
+            except CallbackError as e:
+                # The dataset's own exception, with its traceback, as the cause.
+                cause = failure_in(str(e))
+                if cause is None:
+                    raise
+                raise e from cause
             if batch is None:
                 raise InternalError("stoker_loader_next reported a batch without one")
             return batch
