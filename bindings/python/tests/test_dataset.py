@@ -267,11 +267,30 @@ def test_encoded_jpegs_give_the_pixels_of_image_folder(tmp_path):
         np.testing.assert_array_equal(la, lb)
 
 
+class CallsInside:
+    """Counts the `with` blocks in progress at once, and the most there were."""
+
+    def __init__(self):
+        import threading
+
+        self.inside = 0
+        self.most = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        with self._lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self.inside -= 1
+
+
 def test_getitem_runs_one_call_at_a_time_so_a_lazily_opened_file_is_safe(tmp_path):
     """torch's worker processes each have their own copy of a dataset; a dataset written for
     them may open a file on first use and seek in it. stoker's worker threads share one object,
     so its calls take turns, even where they release the GIL (the file read, the sleep)."""
-    import threading
     import time
 
     path = tmp_path / "records.bin"
@@ -280,31 +299,24 @@ def test_getitem_runs_one_call_at_a_time_so_a_lazily_opened_file_is_safe(tmp_pat
     class Records:
         def __init__(self):
             self.f = None
-            self.inside = 0
-            self.most = 0
-            self.count = threading.Lock()
+            self.calls = CallsInside()
 
         def __len__(self):
             return 400
 
         def __getitem__(self, i):
-            with self.count:
-                self.inside += 1
-                self.most = max(self.most, self.inside)
-            if self.f is None:
-                self.f = open(path, "rb", buffering=0)
-            self.f.seek(i * 64)
-            time.sleep(0.0002)
-            record = np.frombuffer(self.f.read(64), np.float32).copy()
-            with self.count:
-                self.inside -= 1
-            return record, i
+            with self.calls:
+                if self.f is None:
+                    self.f = open(path, "rb", buffering=0)
+                self.f.seek(i * 64)
+                time.sleep(0.0002)
+                return np.frombuffer(self.f.read(64), np.float32).copy(), i
 
     dataset = Records()
     with stoker.Loader(dataset, batch_size=20, shuffle=True, seed=3, num_workers=4) as loader:
         for batch in loader:
             np.testing.assert_array_equal(batch["data"][:, 0], batch["label"])
-    assert dataset.most == 1
+    assert dataset.calls.most == 1
     dataset.f.close()
 
 
@@ -358,26 +370,19 @@ def test_ctrl_c_in_getitem_interrupts_the_loop(on_error):
 def test_concurrent_getitem_lets_a_thread_safe_dataset_overlap():
     """A dataset that declares itself safe to call from several threads has its calls overlap
     where they release the GIL; the batches are the same."""
-    import threading
     import time
 
     class Sleepy:
         def __init__(self):
-            self.inside = 0
-            self.most = 0
-            self.count = threading.Lock()
+            self.calls = CallsInside()
 
         def __len__(self):
             return 64
 
         def __getitem__(self, i):
-            with self.count:
-                self.inside += 1
-                self.most = max(self.most, self.inside)
-            time.sleep(0.002)
-            with self.count:
-                self.inside -= 1
-            return np.full(3, i, np.float32), i
+            with self.calls:
+                time.sleep(0.002)
+                return np.full(3, i, np.float32), i
 
     batches = {}
     for concurrent in (False, True):
@@ -385,7 +390,7 @@ def test_concurrent_getitem_lets_a_thread_safe_dataset_overlap():
         with stoker.Loader(dataset, batch_size=8, num_workers=4,
                            concurrent_getitem=concurrent) as loader:
             batches[concurrent] = [b["label"].tolist() for b in loader]
-        assert (dataset.most > 1) == concurrent, dataset.most
+        assert (dataset.calls.most > 1) == concurrent, dataset.calls.most
     assert batches[False] == batches[True]
     with pytest.raises(TypeError, match="map-style"):
         stoker.Loader(iter([]), concurrent_getitem=True)

@@ -26,10 +26,11 @@ between calls, such as a file it opens on first use and seeks in. Decoding and t
 run in parallel inside stoker; the Python part of reading does not, even where it releases the
 GIL (file reads, Pillow's decode). A dataset safe to call from several threads at once (one that
 opens its files in each call, as torchvision's folder datasets do) says so with the loader's
-``concurrent_getitem=True``: its calls then overlap wherever they release the GIL. An exception in ``__getitem__`` fails the batch with a
-``CallbackError`` naming the index and the exception, which is its ``__cause__`` (traceback
-included), or, under ``on_error="skip"``, replaces the sample and is counted;
-``KeyboardInterrupt`` is raised again from the loader.
+``concurrent_getitem=True``: its calls then overlap wherever they release the GIL.
+
+An exception in ``__getitem__`` fails the batch with a ``CallbackError`` naming the index and the
+exception, which is its ``__cause__`` (traceback included), or, under ``on_error="skip"``,
+replaces the sample and is counted; ``KeyboardInterrupt`` is raised again from the loader.
 """
 
 from __future__ import annotations

@@ -81,36 +81,43 @@ def _why_not_native(dataset: Any, datasets: Any) -> str | None:
     if _same_files_as_image_folder(dataset, datasets):
         # torchvision's own scan with extensions that include stoker's: the lists are equal when
         # every file found has one of stoker's extensions (checked below), unless the list was
-        # edited since. Then it is no longer the folder's files in the scan's order, or has
-        # fewer (both checked below, without the per-file work of a second scan).
+        # edited since (checked by _edited).
         expected = None
     else:
         expected = folder.make_dataset(root, class_to_idx, extensions=_IMAGE_EXTENSIONS)
     seen = set()
-    previous = None
     for i, sample in enumerate(samples):
         path, target = sample
         if not path.lower().endswith(_IMAGE_EXTENSIONS):
             return f"sample {i} ({path}) is not a .jpg, .jpeg or .png file"
-        # The scan's order: by class, then folder, then name; every file once.
-        key = (target, os.path.dirname(path), os.path.basename(path))
-        if previous is not None and key <= previous:
-            return f"its samples are not the image files under {root} in torchvision's order"
-        previous = key
         seen.add(target)
     if len(seen) != len(class_dirs):
         return "a class has no image (image_folder refuses empty classes)"
     if expected is not None and [tuple(s) for s in samples] != expected:
         return f"its samples are not the image files under {root} in torchvision's order"
     if expected is None:
-        count = sum(
-            name.lower().endswith(_IMAGE_EXTENSIONS)
-            for c in class_dirs
-            for _, _, names in os.walk(os.path.join(root, c), followlinks=True)
-            for name in names
-        )
-        if len(samples) != count:
-            return f"it has {len(samples)} samples where {root} has {count} image files"
+        return _edited(samples, root, class_dirs)
+    return None
+
+
+def _edited(samples: Any, root: str, class_dirs: list[str]) -> str | None:
+    """Why ``samples``, found by torchvision's own scan, are no longer what it found, or ``None``:
+    they must be in the scan's order (class, then folder, then name), each file once, and as many
+    as the folder's image files (one directory walk, without a second scan's per-file work)."""
+    previous = None
+    for path, target in samples:
+        key = (target, os.path.dirname(path), os.path.basename(path))
+        if previous is not None and key <= previous:
+            return f"its samples are not the image files under {root} in torchvision's order"
+        previous = key
+    count = sum(
+        name.lower().endswith(_IMAGE_EXTENSIONS)
+        for c in class_dirs
+        for _, _, names in os.walk(os.path.join(root, c), followlinks=True)
+        for name in names
+    )
+    if len(samples) != count:
+        return f"it has {len(samples)} samples where {root} has {count} image files"
     return None
 
 

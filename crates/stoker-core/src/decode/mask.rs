@@ -15,7 +15,7 @@ use std::io::Cursor;
 
 use png::{BitDepth, ColorType, Decoder, Limits, Transformations};
 
-use super::{check_size, Dims};
+use super::{check_size, record_word, Dims};
 use crate::dtype::DType;
 use crate::source::pixels::{MASK_MAGIC, RAW_HEADER_BYTES};
 
@@ -150,12 +150,7 @@ fn raw_mask(bytes: &[u8], max_pixels: u64) -> Option<Result<RawMask<'_>, String>
     if !bytes.starts_with(&MASK_MAGIC) {
         return None;
     }
-    let word = |at: usize| -> u32 {
-        bytes
-            .get(at..at + 4)
-            .and_then(|b| b.try_into().ok())
-            .map_or(0, u32::from_le_bytes)
-    };
+    let word = |at| record_word(bytes, at);
     let (width, height) = (word(4) as usize, word(8) as usize);
     Some((|| {
         let label = match word(12) {

@@ -69,18 +69,22 @@ impl Format {
     }
 }
 
+/// The little-endian u32 at byte `at` of a raw record's header (raw-pixel or raw-mask); 0 where
+/// the record is too short to hold it, which the record's checks then refuse.
+pub(crate) fn record_word(bytes: &[u8], at: usize) -> u32 {
+    bytes
+        .get(at..at + 4)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+
 /// The size and pixels of a raw-pixel record, or `None` if `bytes` is not one. A record whose
 /// header disagrees with its length, or that is over `max_pixels`, is an error.
 pub fn raw_pixels(bytes: &[u8], max_pixels: u64) -> Option<Result<(Dims, &[u8]), String>> {
     if !bytes.starts_with(&RAW_MAGIC) {
         return None;
     }
-    let word = |at: usize| -> u32 {
-        bytes
-            .get(at..at + 4)
-            .and_then(|b| b.try_into().ok())
-            .map_or(0, u32::from_le_bytes)
-    };
+    let word = |at| record_word(bytes, at);
     let (width, height, channels) = (word(4) as usize, word(8) as usize, word(12));
     Some((|| {
         if bytes.len() < RAW_HEADER_BYTES || channels != 3 {

@@ -109,13 +109,29 @@ fn a_second_open_loads_the_cached_tables_and_gives_the_same_samples() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Writes `documents` as the Megatron dataset at `prefix` over the one there, then sets both
+/// files' mtimes back to what they were, as `utime` (or a copy keeping times) can.
+fn rewrite_keeping_mtimes(prefix: &Path, documents: &[Vec<i64>]) {
+    let files = ["idx", "bin"].map(|ext| PathBuf::from(format!("{}.{ext}", prefix.display())));
+    let before = files
+        .clone()
+        .map(|p| std::fs::metadata(p).unwrap().modified().unwrap());
+    write_megatron(prefix, 8, documents);
+    for (p, t) in files.iter().zip(before) {
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    }
+}
+
 #[test]
 fn a_changed_dataset_is_indexed_again() {
     let dir = tmp("token-cache-stale");
     let prefix = dir.join("data");
     let spec = TokenSpec::Megatron(prefix.display().to_string());
-    let idx = PathBuf::from(format!("{}.idx", prefix.display()));
-    let bin = PathBuf::from(format!("{}.bin", prefix.display()));
 
     // A different size (more tokens, a newer mtime).
     write_megatron(&prefix, 8, &docs(&[4, 4, 4], 10));
@@ -129,20 +145,8 @@ fn a_changed_dataset_is_indexed_again() {
 
     // The same sizes and mtimes, another index: documents of other lengths. The header hash
     // (the index's header and tail) tells them apart.
-    let before: Vec<_> = [&idx, &bin]
-        .iter()
-        .map(|p| std::fs::metadata(p).unwrap().modified().unwrap())
-        .collect();
     let moved = docs(&[8, 4, 4, 4], 10);
-    write_megatron(&prefix, 8, &moved);
-    for (p, t) in [&idx, &bin].iter().zip(&before) {
-        std::fs::File::options()
-            .write(true)
-            .open(p)
-            .unwrap()
-            .set_modified(*t)
-            .unwrap();
-    }
+    rewrite_keeping_mtimes(&prefix, &moved);
     assert_eq!(
         samples(&spec, Packing::Pad),
         fresh("token-cache-stale-b", &[moved], Packing::Pad)
@@ -155,21 +159,9 @@ fn a_changed_dataset_is_indexed_again() {
     lengths.extend([4; 3000]);
     write_megatron(&prefix, 8, &docs(&lengths, 10));
     samples(&spec, Packing::Pad);
-    let before: Vec<_> = [&idx, &bin]
-        .iter()
-        .map(|p| std::fs::metadata(p).unwrap().modified().unwrap())
-        .collect();
     lengths.swap(0, 1);
     let swapped = docs(&lengths, 10);
-    write_megatron(&prefix, 8, &swapped);
-    for (p, t) in [&idx, &bin].iter().zip(&before) {
-        std::fs::File::options()
-            .write(true)
-            .open(p)
-            .unwrap()
-            .set_modified(*t)
-            .unwrap();
-    }
+    rewrite_keeping_mtimes(&prefix, &swapped);
     assert_eq!(
         samples(&spec, Packing::Pad),
         fresh("token-cache-stale-c", &[swapped], Packing::Pad)
