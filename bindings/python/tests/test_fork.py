@@ -109,7 +109,9 @@ class Gated:
 
 def test_a_parent_thread_waiting_in_next_at_the_fork_does_not_block_the_child():
     ds = Gated()
-    loader = stoker.Loader(ds, batch_size=8, num_workers=2)
+    # concurrent_getitem: sample 20's wait must not hold up the other worker's calls (by default
+    # they take turns), or batch 1 may never arrive and the wait below never ends.
+    loader = stoker.Loader(ds, batch_size=8, num_workers=2, concurrent_getitem=True)
     parent_pid = multiprocessing.current_process().pid
     seen = []
 
