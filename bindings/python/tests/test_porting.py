@@ -106,6 +106,17 @@ def test_pil_images_of_other_modes_are_converted_to_rgb():
     np.testing.assert_array_equal(batch["image"][1], expected(1, picture(1), spec, 8))
 
 
+@pytest.mark.parametrize("layout", [None, "nchw", "nhwc"])
+def test_layout_alone_arranges_pixel_images_of_one_size(layout):
+    """Without image options, pixels come as the dataset gave them; ``layout`` said outright
+    arranges them, as it does decoded images."""
+    dataset = [(picture(0), i) for i in range(4)]
+    with stoker.Loader(dataset, batch_size=4, layout=layout) as loader:
+        images = first_epoch(loader)[0]["data"]
+    hwc = np.stack([picture(0)] * 4)
+    np.testing.assert_array_equal(images, hwc.transpose(0, 3, 1, 2) if layout == "nchw" else hwc)
+
+
 @pytest.mark.parametrize("transform", [None, "hflip"])
 def test_varying_sizes_without_a_sizing_transform_say_which_op_fixes_it(transform):
     with stoker.Loader(Pictures(6, "pil"), batch_size=3, transform=transform) as loader:

@@ -291,7 +291,13 @@ impl HostLoader {
                 sampler: Fnv::of_debug(&(sampler.kind(), sampler.deal().drop_last)),
                 batch_size: options.batch_size,
                 drop_last: options.drop_last,
-                transform: Fnv::of_debug(&(&options.transform, options.dtype, options.layout)),
+                // NCHW whether said or not, so that states saved before `layout` could be unset
+                // still resume.
+                transform: Fnv::of_debug(&(
+                    &options.transform,
+                    options.dtype,
+                    options.image_layout(),
+                )),
                 tokens: tokens_print,
             },
             fingerprint_text: FingerprintText {
@@ -303,7 +309,7 @@ impl HostLoader {
                     options
                         .dtype
                         .map_or("default".to_owned(), |d| d.to_string()),
-                    options.layout
+                    options.image_layout()
                 ),
                 tokens: tokens.as_ref().map_or(String::new(), |c| {
                     format!(

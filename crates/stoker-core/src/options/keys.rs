@@ -230,12 +230,13 @@ keys {
         default "float32 after normalize, else uint8",
         example "bfloat16",
         meaning "image output element type (other tensors are delivered as stored; image-shaped uint8, uint16, float16, bfloat16 and float32 tensors are images, see `input_layout`; `uint16` only for uint16 tensor images)";
-    layout: Layout = Layout::Nchw;
-        parse |key, v| v.parse().map_err(|e| Error::option(key, e));
+    /// `None`: not set (NCHW, but an image-shaped tensor field is then delivered as stored).
+    layout: Option<Layout> = None;
+        parse |key, v| v.parse().map(Some).map_err(|e| Error::option(key, e));
         values "`nchw`, `nhwc`",
         default "nchw",
         example "nhwc",
-        meaning "image batch layout";
+        meaning "image batch layout (an image-shaped tensor field that no `transform`, `dtype` or `layout` is given for is delivered as stored)";
     /// How image-shaped tensor fields are stored (`None`: from their shape).
     input_layout: Option<InputLayout> = None;
         parse |key, v| parse_input_layout(key, v).map(Some);

@@ -327,7 +327,7 @@ mod tests {
         assert_eq!(o.num_workers, Some(3));
         assert_eq!(o.in_flight_cap(), 12);
         assert_eq!(o.dtype, Some(crate::dtype::DType::BF16));
-        assert_eq!(o.layout, crate::dtype::Layout::Nhwc);
+        assert_eq!(o.layout, Some(crate::dtype::Layout::Nhwc));
         assert_eq!(o.device(), Device::Cuda(1));
         assert_eq!(o.pad, Some(-1.0));
         assert_eq!(o.transform.as_deref(), Some("hflip"), "values are trimmed");

@@ -407,11 +407,17 @@ impl LoaderOptions {
             pad: self.ragged_allowed(),
             input_layout: self.input_layout,
             images_vary: self.transform.is_some()
-                && Pipeline::new(self.transform.as_deref(), self.dtype, self.layout).is_ok(),
+                && Pipeline::new(self.transform.as_deref(), self.dtype, self.image_layout())
+                    .is_ok(),
             fixed,
             image,
             mask,
         }
+    }
+
+    /// The image batch layout: NCHW unless `layout` says otherwise.
+    pub(crate) fn image_layout(&self) -> Layout {
+        self.layout.unwrap_or(Layout::Nchw)
     }
 
     /// The image stages (decode limits and transform) for a source of `fields`: `None` for a
@@ -433,16 +439,15 @@ impl LoaderOptions {
                         .is_some_and(|r| r.mask.as_ref() == Some(&f.name))
             })
             .count();
-        let wants_pixels = options.transform.is_some()
-            || options.dtype.is_some()
-            || options.layout != Layout::Nchw;
+        let wants_pixels =
+            options.transform.is_some() || options.dtype.is_some() || options.layout.is_some();
         if !has_images && (tensor_images == 0 || !wants_pixels) {
             // Tensors are delivered as stored unless an image-shaped uint8 field is asked to be
             // transformed: a conversion here would be a second copy a caller should see.
             for (key, set) in [
                 ("transform", options.transform.is_some()),
                 ("dtype", options.dtype.is_some()),
-                ("layout", options.layout != Layout::Nchw),
+                ("layout", options.layout.is_some()),
             ] {
                 if set {
                     return Err(Error::option(
@@ -465,8 +470,12 @@ impl LoaderOptions {
         // Encoded images vary in size, so their pipeline must fix it; image-shaped tensors get a
         // pipeline each, built by collate for their known size (which checks the spec too).
         let pipeline = if has_images {
-            let p = Pipeline::new(options.transform.as_deref(), options.dtype, options.layout)
-                .map_err(|reason| Error::option("transform", reason))?;
+            let p = Pipeline::new(
+                options.transform.as_deref(),
+                options.dtype,
+                options.image_layout(),
+            )
+            .map_err(|reason| Error::option("transform", reason))?;
             Some(Arc::new(p))
         } else {
             None
@@ -492,7 +501,7 @@ impl LoaderOptions {
             pipeline,
             transform: options.transform.clone(),
             dtype: options.dtype,
-            layout: options.layout,
+            layout: options.image_layout(),
             roles,
         }))
     }

@@ -2,8 +2,9 @@
 //! `npy` members, packed tensor fields, in-memory sources — go through `transform`, `dtype` and
 //! `layout` as decoded images do. Their size is known, so the spec need not fix it: `dtype`
 //! alone converts, `layout` alone transposes, and operations such as `color_jitter` may come
-//! first. A spec that cannot fit the tensors is refused at construction, naming the field. A
-//! callback source's images may vary in size when the transform fixes the output size.
+//! first; `layout=nchw` said outright transposes an `[H, W, 3]` tensor, which no image option
+//! leaves as stored. A spec that cannot fit the tensors is refused at construction, naming the
+//! field. A callback source's images may vary in size when the transform fixes the output size.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -124,8 +125,19 @@ fn dtype_alone_converts_and_layout_alone_transposes_without_a_transform() {
     assert_eq!((dtype, shape), (DType::U8, vec![N, H, W, 3]));
     assert_eq!(bytes, hwc);
 
-    // float16 too, from an hwc file to nchw.
+    // layout=nchw said outright transposes an hwc file, which no image option leaves as stored.
     let hwc_source = npy(&dir, "hwc.npy", &[N, H, W, 3], &hwc);
+    let (dtype, shape, bytes) = first(&mut loader(&hwc_source, &[]).unwrap(), "data");
+    assert_eq!((dtype, shape), (DType::U8, vec![N, H, W, 3]));
+    assert_eq!(bytes, hwc);
+    let (dtype, shape, bytes) = first(
+        &mut loader(&hwc_source, &[("layout", "nchw")]).unwrap(),
+        "data",
+    );
+    assert_eq!((dtype, shape), (DType::U8, vec![N, 3, H, W]));
+    assert_eq!(bytes, to_chw(&hwc));
+
+    // float16 too, from an hwc file to nchw.
     let (dtype, shape, bytes) = first(
         &mut loader(&hwc_source, &[("dtype", "float16")]).unwrap(),
         "data",
