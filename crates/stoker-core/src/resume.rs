@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
-use crate::source::tokens::Packing;
+use crate::source::tokens::{Packing, SAMPLE_SETTINGS};
 
 /// What a resume state depends on, hashed where the value is large. Two loaders with the same
 /// fingerprint (and seed) have the same global order and the same batches.
@@ -57,8 +57,11 @@ pub struct TokensPrint {
     pub global_batch_size: usize,
     /// Hash of the other settings that change samples (`document_boundaries`,
     /// `token_output_dtype`, `token_dtype`, `eos_token`, `vocab_size`, and under `pad`,
-    /// `pad_token`).
+    /// `pad_token`): [`TokenConfig::settings_hash`](crate::source::tokens::TokenConfig).
     pub settings: u64,
+    /// Those settings by key, in words, so that a resume names the one that changed; empty in
+    /// a state saved before they were written out.
+    pub named: Vec<(String, String)>,
     /// `token_packing`: written as `token_packing=pad` when not `concat`, so that states of
     /// concatenated streams read as before, and named on its own when it changes (it changes
     /// what a sample is, not just its tokens).
@@ -221,6 +224,10 @@ impl ResumeState {
                             seq_len: count("seq_len")?,
                             global_batch_size: count("global_batch_size")?,
                             settings: hash("tokens")?,
+                            named: SAMPLE_SETTINGS
+                                .iter()
+                                .filter_map(|&k| Some((k.to_owned(), (*fields.get(k)?).to_owned())))
+                                .collect(),
                             packing: match fields.get("token_packing") {
                                 None | Some(&"concat") => Packing::Concat,
                                 Some(&"pad") => Packing::Pad,
@@ -303,6 +310,11 @@ impl std::fmt::Display for ResumeState {
                 .and_then(|()| match t.packing {
                     Packing::Concat => Ok(()),
                     other => write!(f, ";token_packing={}", other.name()),
+                })
+                .and_then(|()| {
+                    t.named
+                        .iter()
+                        .try_for_each(|(key, value)| write!(f, ";{key}={value}"))
                 }),
                 None => Ok(()),
             }),
@@ -350,7 +362,20 @@ impl Fingerprint {
                     ));
                 }
                 if there.settings != here_t.settings {
-                    diffs.push(format!("token settings (here {})", here.tokens));
+                    let named: Vec<String> = here_t
+                        .named
+                        .iter()
+                        .filter_map(|(key, value)| {
+                            let (_, was) = there.named.iter().find(|(k, _)| k == key)?;
+                            (was != value).then(|| format!("{key} ({was} there, {value} here)"))
+                        })
+                        .collect();
+                    if named.is_empty() {
+                        // A state saved before the settings were written out holds their hash.
+                        diffs.push(format!("token settings (here {})", here.tokens));
+                    } else {
+                        diffs.extend(named);
+                    }
                 }
             }
             (None, None) => {}
@@ -453,6 +478,7 @@ mod tests {
                 seq_len: 2048,
                 global_batch_size: 48,
                 settings: 0x5,
+                named: vec![],
                 packing: Packing::Concat,
             }),
             ..fp()
@@ -479,16 +505,69 @@ mod tests {
                 seq_len: 1024,
                 global_batch_size: 96,
                 settings: 0x5,
+                named: vec![],
                 packing: Packing::Concat,
             }),
             ..fp()
         };
         let m = here.mismatch(&tokens, &FingerprintText::default()).unwrap();
         assert!(m.contains("seq_len (2048 there, 1024 here)"), "{m}");
+        assert!(!m.contains("token settings"), "{m}");
         assert!(m.contains("global_batch_size (48 there, 96 here)"), "{m}");
         assert!(
             !m.contains("batch_size (8"),
             "the micro-batch may change: {m}"
+        );
+    }
+
+    #[test]
+    fn token_settings_are_written_out_and_each_changed_one_is_named() {
+        let print = |settings, eos: &str| Fingerprint {
+            tokens: Some(TokensPrint {
+                seq_len: 8,
+                global_batch_size: 4,
+                settings,
+                named: vec![
+                    ("document_boundaries".into(), "ignore".into()),
+                    ("eos_token".into(), eos.into()),
+                ],
+                packing: Packing::Concat,
+            }),
+            ..fp()
+        };
+        let saved = ResumeState {
+            seed: 1,
+            epoch: 0,
+            at: Position::Global {
+                consumed: 4,
+                world_size: 2,
+                fingerprint: print(0x9, "none"),
+            },
+            ahead: vec![],
+        };
+        let text = saved.to_string();
+        assert!(
+            text.ends_with(";tokens=0000000000000009;document_boundaries=ignore;eos_token=none"),
+            "{text}"
+        );
+        let Position::Global { fingerprint, .. } = ResumeState::parse(&text).unwrap().at else {
+            panic!("{text}");
+        };
+        let here = FingerprintText {
+            tokens: "document_boundaries=ignore, eos_token=2".into(),
+            ..FingerprintText::default()
+        };
+        let m = print(0xa, "2").mismatch(&fingerprint, &here).unwrap();
+        assert!(m.contains("its eos_token (none there, 2 here):"), "{m}");
+        // A state from before the settings were written out has only their hash.
+        let old = text.replace(";document_boundaries=ignore;eos_token=none", "");
+        let Position::Global { fingerprint, .. } = ResumeState::parse(&old).unwrap().at else {
+            panic!("{old}");
+        };
+        let m = print(0xa, "2").mismatch(&fingerprint, &here).unwrap();
+        assert!(
+            m.contains("token settings (here document_boundaries=ignore, eos_token=2)"),
+            "{m}"
         );
     }
 
@@ -499,6 +578,7 @@ mod tests {
                 seq_len: 8,
                 global_batch_size: 4,
                 settings: 0x9,
+                named: vec![],
                 packing,
             }),
             ..fp()

@@ -33,7 +33,6 @@ use crate::options::{LoaderOptions, OpenedSource};
 use crate::pool::{Builder, Done, Pool, Task, Work, WorkerCtx};
 use crate::resume::{Fingerprint, FingerprintText, Position, ResumeState, TokensPrint};
 use crate::sampler::{batches_for, BatchPlan, Sampler};
-use crate::source::tokens::Packing;
 use crate::source::Source;
 use crate::stats::StatsRecorder;
 
@@ -218,22 +217,21 @@ impl HostBatches for HostLoader {
 impl HostLoader {
     pub(super) fn new(options: &LoaderOptions, launch: Launch, mode: Mode) -> Result<HostLoader> {
         let resolved = Resolved::new(options, launch, mode)?;
-        let opened = options.open_source(&resolved.launch, options.seed, 0, None, 0)?;
+        let resume = options
+            .resume_state
+            .as_deref()
+            .map(ResumeState::parse)
+            .transpose()?;
+        // A resumed job continues with the seed it was saved with, whatever `seed` says: the
+        // source (a blend's passes) is opened with it too.
+        let seed = resume.as_ref().map_or(options.seed, |state| state.seed);
+        let opened = options.open_source(&resolved.launch, seed, 0, None, 0)?;
         let OpenedSource::Indexed(source) = opened.source else {
             return Err(Error::Internal(
                 "the host scheduler was given a stream".into(),
             ));
         };
 
-        let mut seed = options.seed;
-        let resume = options
-            .resume_state
-            .as_deref()
-            .map(ResumeState::parse)
-            .transpose()?;
-        if let Some(state) = &resume {
-            seed = state.seed;
-        }
         let launch = resolved.launch;
         let kind = options.sampler_kind_for(&*source)?;
         let mut sampler = Sampler::dealt(kind, source.len(), seed, options.deal(&launch))?;
@@ -254,25 +252,12 @@ impl HostLoader {
             (Some(config), Some(global)) => Some(TokensPrint {
                 seq_len: config.seq_len,
                 global_batch_size: global.size,
-                // The concatenated stream's hash is as before `token_packing` existed, so its
-                // saved states still resume; `pad_token` matters under `pad` only.
-                settings: match config.packing {
-                    Packing::Concat => Fnv::of_debug(&(
-                        config.boundaries,
-                        config.output,
-                        config.raw,
-                        config.eos,
-                        config.vocab_size,
-                    )),
-                    Packing::Pad => Fnv::of_debug(&(
-                        config.boundaries,
-                        config.output,
-                        config.raw,
-                        config.eos,
-                        config.vocab_size,
-                        config.pad_token,
-                    )),
-                },
+                settings: config.settings_hash(),
+                named: config
+                    .sample_settings()
+                    .into_iter()
+                    .map(|(key, value)| (key.to_owned(), value))
+                    .collect(),
                 packing: config.packing,
             }),
             _ => None,
@@ -312,19 +297,15 @@ impl HostLoader {
                     options.image_layout()
                 ),
                 tokens: tokens.as_ref().map_or(String::new(), |c| {
-                    format!(
-                        "document_boundaries={:?}, token_output_dtype={}, token_dtype={:?}, \
-                         eos_token={:?}, vocab_size={:?}, token_packing={}, pad_token={}, \
-                         text_column={}",
-                        c.boundaries,
-                        c.output,
-                        c.raw,
-                        c.eos,
-                        c.vocab_size,
-                        c.packing.name(),
-                        c.pad_token,
-                        c.text_column
-                    )
+                    let settings = c.sample_settings().into_iter();
+                    settings
+                        .map(|(key, value)| format!("{key}={value}"))
+                        .chain([
+                            format!("token_packing={}", c.packing.name()),
+                            format!("text_column={}", c.text_column),
+                        ])
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 }),
             },
         };

@@ -64,6 +64,7 @@ use std::path::PathBuf;
 use super::{FieldSpec, Sample, Source};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::hash::Fnv;
 use crate::source::remote::{RemoteConfig, ShardHolder};
 use crate::source::shards::expand_shards;
 
@@ -97,6 +98,26 @@ impl Packing {
     }
 }
 
+impl Boundaries {
+    /// The option's spelling.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Boundaries::Ignore => "ignore",
+            Boundaries::Reset => "reset",
+        }
+    }
+}
+
+/// The option keys [`TokenConfig::sample_settings`] names, in its order.
+pub const SAMPLE_SETTINGS: [&str; 6] = [
+    "document_boundaries",
+    "token_output_dtype",
+    "token_dtype",
+    "eos_token",
+    "vocab_size",
+    "pad_token",
+];
+
 /// How a token source cuts and delivers samples (the options `seq_len`, `document_boundaries`,
 /// `token_output_dtype`, `token_dtype`, `eos_token`, `vocab_size`, `token_packing`,
 /// `pad_token`).
@@ -123,6 +144,53 @@ pub struct TokenConfig {
     pub packing: Packing,
     /// The token padding a short document under [`Packing::Pad`].
     pub pad_token: i64,
+}
+
+impl TokenConfig {
+    /// The settings besides `seq_len`, `token_packing` and the files that change a sample's
+    /// tokens, by option key ([`SAMPLE_SETTINGS`]), in the option's spelling (`none` when
+    /// unset); `pad_token` only under [`Packing::Pad`]. A resume names each that differs.
+    pub fn sample_settings(&self) -> Vec<(&'static str, String)> {
+        let or_none = |v: Option<u64>| v.map_or("none".to_owned(), |v| v.to_string());
+        let mut out = vec![
+            (SAMPLE_SETTINGS[0], self.boundaries.name().to_owned()),
+            (SAMPLE_SETTINGS[1], self.output.name().to_owned()),
+            (
+                SAMPLE_SETTINGS[2],
+                self.raw.map_or("none".to_owned(), |t| t.name().to_owned()),
+            ),
+            (SAMPLE_SETTINGS[3], or_none(self.eos)),
+            (SAMPLE_SETTINGS[4], or_none(self.vocab_size)),
+        ];
+        if self.packing == Packing::Pad {
+            out.push((SAMPLE_SETTINGS[5], self.pad_token.to_string()));
+        }
+        out
+    }
+
+    /// A hash of [`TokenConfig::sample_settings`]' values, as resume states have held it
+    /// since before the settings were written out (so those states still resume): under
+    /// `concat` as before `token_packing` existed.
+    pub fn settings_hash(&self) -> u64 {
+        let common = (
+            self.boundaries,
+            self.output,
+            self.raw,
+            self.eos,
+            self.vocab_size,
+        );
+        match self.packing {
+            Packing::Concat => Fnv::of_debug(&common),
+            Packing::Pad => Fnv::of_debug(&(
+                common.0,
+                common.1,
+                common.2,
+                common.3,
+                common.4,
+                self.pad_token,
+            )),
+        }
+    }
 }
 
 /// Which files hold the tokens.
