@@ -18,6 +18,33 @@ impl Args {
             .map(|(_, v)| v.as_str())
     }
 
+    /// These arguments with the positional ones from index `first` on named `names` in turn,
+    /// as Python binds torchvision's `ColorJitter(0.4, 0.4)`; more positional arguments than
+    /// that, or a name given both ways, is an error.
+    pub(super) fn bound(&self, first: usize, names: &[&str]) -> Result<Args, String> {
+        let most = first + names.len();
+        if self.positional.len() > most {
+            return Err(format!(
+                "takes at most {most} positional argument(s), got {}",
+                self.positional.len()
+            ));
+        }
+        let mut out = Args {
+            positional: Vec::new(),
+            named: self.named.clone(),
+        };
+        for (i, value) in self.positional.iter().enumerate() {
+            match i.checked_sub(first).map(|k| names[k]) {
+                Some(name) if self.named(name).is_some() => {
+                    return Err(format!("`{name}` is given both by position and by name"));
+                }
+                Some(name) => out.named.push((name.to_owned(), value.clone())),
+                None => out.positional.push(value.clone()),
+            }
+        }
+        Ok(out)
+    }
+
     pub(super) fn check(&self, max_positional: usize, keys: &[&str]) -> Result<(), String> {
         if self.positional.len() > max_positional {
             return Err(format!(

@@ -501,7 +501,9 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
             })
         }
         "color_jitter" => {
-            args.check(0, &["brightness", "contrast", "saturation", "hue"])?;
+            let keys = ["brightness", "contrast", "saturation", "hue"];
+            let args = &args.bound(0, &keys)?;
+            args.check(0, &keys)?;
             let factor = |key: &str| -> Result<Option<(f64, f64)>, String> {
                 let Some(v) = args.named(key) else {
                     return Ok(None);
@@ -556,6 +558,7 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
             })
         }
         "gaussian_blur" => {
+            let args = &args.bound(1, &["sigma"])?;
             args.check(1, &["sigma"])?;
             let kernel = match args.positional.as_slice() {
                 [k] => match k.parse::<usize>() {
@@ -592,6 +595,7 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
             })
         }
         "affine" => {
+            let args = &args.bound(0, &["degrees", "translate", "scale", "shear"])?;
             args.check(0, &["degrees", "translate", "scale", "shear", "fill"])?;
             let degrees = match args.named("degrees") {
                 Some(d) => angle_range(d, "degrees")?,
@@ -621,6 +625,7 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
             })
         }
         "rand_augment" => {
+            let args = &args.bound(0, &["num_ops", "magnitude"])?;
             args.check(0, &["num_ops", "magnitude"])?;
             let num_ops = match args.named("num_ops") {
                 None => 2,
@@ -655,6 +660,7 @@ fn parse_op(name: &str, args: &Args) -> Result<Op, String> {
             }
         }
         "random_erasing" => {
+            let args = &args.bound(1, &["scale", "ratio", "value"])?;
             args.check(1, &["p", "scale", "ratio", "value"])?;
             let p = probability(args, 0.5)?;
             let scale = match args.named("scale") {

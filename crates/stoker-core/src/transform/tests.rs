@@ -124,6 +124,48 @@ fn every_op_of_the_spec_language_parses() {
     }
 }
 
+/// Arguments torchvision's classes take by position may be given by position, in its order.
+#[test]
+fn arguments_bind_by_position_in_torchvisions_order() {
+    for (positional, named) in [
+        (
+            "color_jitter(0.4, 0.3, 0.2, 0.1)",
+            "color_jitter(brightness=0.4, contrast=0.3, saturation=0.2, hue=0.1)",
+        ),
+        (
+            "color_jitter(0.4, hue=0.1)",
+            "color_jitter(brightness=0.4, hue=0.1)",
+        ),
+        (
+            "gaussian_blur(5, 0.5:1.5)",
+            "gaussian_blur(5, sigma=0.5:1.5)",
+        ),
+        (
+            "affine(10, 0.1:0.2, 0.9:1.1, 5)",
+            "affine(degrees=10, translate=0.1:0.2, scale=0.9:1.1, shear=5)",
+        ),
+        ("rand_augment(3, 7)", "rand_augment(num_ops=3, magnitude=7)"),
+        (
+            "random_erasing(0.3, 0.1:0.2)",
+            "random_erasing(p=0.3, scale=0.1:0.2)",
+        ),
+    ] {
+        assert_eq!(parse(positional), parse(named), "{positional}");
+        assert!(parse(named).is_ok(), "{named}");
+    }
+    for (bad, needle) in [
+        (
+            "color_jitter(0.4, brightness=0.2)",
+            "`brightness` is given both",
+        ),
+        ("color_jitter(1, 1, 1, 0.1, 1)", "at most 4 positional"),
+        ("gaussian_blur(3, 0.5, sigma=1)", "`sigma` is given both"),
+    ] {
+        let err = parse(bad).unwrap_err();
+        assert!(err.contains(needle), "{bad}: {err}");
+    }
+}
+
 /// Random specs built from the grammar's characters never panic the parser.
 #[test]
 fn parser_survives_random_specs() {
