@@ -50,7 +50,7 @@ def test_consumer_without_versioned_dlpack_is_refused(make_loader):
         batch.dlpack("data").__dlpack__()
 
 
-def test_dataloader_adapter_yields_tensor_tuples(npy_data):
+def test_dataloader_adapter_yields_tensor_lists(npy_data):
     from stoker.torch import DataLoader
 
     data_path, labels_path, data, labels = npy_data
@@ -203,6 +203,76 @@ def test_dataloader_refuses_what_it_cannot_map_and_says_what_to_use(npy_data):
     ]:
         with pytest.raises((TypeError, ValueError), match=match):
             DataLoader(src, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"batch_size": "4"}, {"batch_size": 0}, {"batch_size": True}, {"drop_last": 1}]
+)
+def test_dataloader_refuses_the_batch_arguments_torch_refuses_in_its_words(kwargs):
+    from stoker.torch import DataLoader
+
+    with pytest.raises(ValueError) as theirs:
+        torch.utils.data.DataLoader(range(8), **kwargs)
+    with pytest.raises(ValueError) as ours:
+        DataLoader(range(8), **kwargs)
+    assert str(ours.value) == str(theirs.value)
+
+
+class Items:
+    """A map-style dataset whose items are of one ``form``: one array, an ``(x, label)`` pair
+    or a dict."""
+
+    def __init__(self, form):
+        self.form = form
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        x = np.arange(3, dtype=np.float32) + i
+        return {"single": x, "pair": (x, i), "mapping": {"x": x, "y": i}}[self.form]
+
+
+def same_batches(ours, theirs):
+    """Batches of one structure (tensor, list or dict of tensors) and equal tensors."""
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert type(a) is type(b), (type(a), type(b))
+        if isinstance(b, dict):
+            assert list(a) == list(b)
+            a, b = list(a.values()), list(b.values())
+        elif isinstance(b, torch.Tensor):
+            a, b = [a], [b]
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype and torch.equal(x, y), (x, y)
+
+
+@pytest.mark.parametrize("form", ["single", "pair", "mapping"])
+def test_dataloader_batches_come_in_the_form_torch_collates_the_items_into(form):
+    """A dataset of dicts gives dicts, one of single arrays gives tensors, one of pairs gives
+    lists: what torch's DataLoader yields for the same dataset, whatever num_workers."""
+    from stoker.torch import DataLoader
+
+    theirs = list(torch.utils.data.DataLoader(Items(form), batch_size=4))
+    for workers in [0, 2]:
+        same_batches(list(DataLoader(Items(form), batch_size=4, num_workers=workers)), theirs)
+
+
+def test_an_iterable_dataset_with_a_len_is_read_as_the_stream_it_is():
+    """torch takes an IterableDataset's __len__ as a hint and iterates it; so does stoker,
+    rather than calling the __getitem__ it does not have."""
+    from stoker.torch import DataLoader
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __len__(self):
+            return 6
+
+        def __iter__(self):
+            return iter(Items("pair")[i] for i in range(6))
+
+    theirs = list(torch.utils.data.DataLoader(Stream(), batch_size=4))
+    same_batches(list(DataLoader(Stream(), batch_size=4, num_workers=2)), theirs)
 
 
 def test_dataloader_never_draws_per_rank_seeds(npy_data):

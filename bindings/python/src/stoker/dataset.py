@@ -58,9 +58,10 @@ _STOKER_DTYPE = {
 }
 
 # The datasets the library holds, by the `user` key it passes back, each with the lock its
-# `__getitem__` calls take turns on (none under concurrent_getitem); an entry lives until the
-# library calls drop (when the last loader or options object using it is freed).
-_datasets: dict[int, tuple[Any, contextlib.AbstractContextManager[Any]]] = {}
+# `__getitem__` calls take turns on (none under concurrent_getitem) and the form of its items;
+# an entry lives until the library calls drop (when the last loader or options object using it
+# is freed).
+_datasets: dict[int, tuple[Any, contextlib.AbstractContextManager[Any], ItemForm]] = {}
 _keys = itertools.count(1)
 # A KeyboardInterrupt (or SystemExit) raised in `__getitem__`: it cannot pass through the
 # library, which fails the sample instead; the loader raises it again when the library returns.
@@ -73,10 +74,32 @@ _failures_lock = threading.Lock()
 _MAX_FAILURES = 64
 
 
-def _fields(item: Any) -> Iterable[tuple[str, Any]]:
+def _form(item: Any) -> str:
     if isinstance(item, dict):
-        return item.items()
+        return "mapping"
     if isinstance(item, tuple) and len(item) == 2:
+        return "pair"
+    return "single"
+
+
+class ItemForm:
+    """The form of a Python source's items, as its first item read shows it: ``"mapping"`` (a
+    dict), ``"pair"`` (``(x, label)``) or ``"single"``; ``None`` until one is read.
+    ``stoker.torch`` gives each batch this form, as torch's ``default_collate`` does."""
+
+    kind: str | None = None
+
+    def see(self, item: Any) -> None:
+        if self.kind is None:
+            self.kind = _form(item)
+
+
+def _fields(item: Any) -> Iterable[tuple[str, Any]]:
+    form = _form(item)
+    if form == "mapping":
+        mapping: dict[str, Any] = item
+        return mapping.items()
+    if form == "pair":
         x, label = item
         return [(_unnamed(x), x), ("label", label)]
     return [(_unnamed(item), item)]
@@ -101,7 +124,8 @@ def _pixels(image: Any) -> np.ndarray:
     return np.asarray(image)
 
 
-def _put(sample: int, item: Any) -> None:
+def _put(sample: int, item: Any, form: ItemForm) -> None:
+    form.see(item)
     for name, value in _fields(item):
         if _is_pil(value):
             value = _pixels(value)
@@ -142,10 +166,10 @@ def _len(user: int) -> int:
 def _read(user: int, index: int, sample: int) -> int:
     global interrupted
     try:
-        dataset, lock = _datasets[user]
+        dataset, lock, form = _datasets[user]
         with lock:
             item = dataset[index]
-        _put(sample, item)
+        _put(sample, item, form)
         return 0
     except BaseException as e:
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -186,12 +210,14 @@ def _drop(user: int) -> None:
 _LEN, _READ, _DROP = _ffi.LenFn(_len), _ffi.ReadFn(_read), _ffi.DropFn(_drop)
 
 
-def set_source(options: int, dataset: Any, concurrent: bool = False) -> None:
+def set_source(options: int, dataset: Any, concurrent: bool, form: ItemForm) -> None:
     """Makes ``dataset`` the source of the ``stoker_options*`` ``options``; ``concurrent``: its
-    ``__getitem__`` may run on several threads at once. Raises what ``len(dataset)`` raises."""
+    ``__getitem__`` may run on several threads at once; ``form`` learns the form of its items.
+    Raises what ``len(dataset)`` raises."""
     len(dataset)  # the library would take a failing __len__ for an empty dataset
     key = next(_keys)
-    _datasets[key] = (dataset, contextlib.nullcontext() if concurrent else threading.Lock())
+    lock = contextlib.nullcontext() if concurrent else threading.Lock()
+    _datasets[key] = (dataset, lock, form)
     callbacks = _ffi.SourceCallbacks(key, _LEN, _READ, _DROP)
     # From here the library owns the entry: it calls drop on failure too.
     check(_ffi.lib.stoker_options_set_source_callbacks(options, ctypes.byref(callbacks)))

@@ -1,5 +1,6 @@
-"""A Python iterable dataset (``__iter__`` and no ``__len__``, like torch's ``IterableDataset``)
-as a stoker source, through the C ABI's ``stoker_iterable_callbacks``.
+"""A Python iterable dataset (torch's ``IterableDataset``, whose ``__len__`` if any is a hint as in
+torch, or any object with ``__iter__`` and no ``__len__``) as a stoker source, through the C
+ABI's ``stoker_iterable_callbacks``.
 
 stoker calls ``iter(dataset)`` once per rank and epoch and reads the iterator to its end (the
 epoch's end). Inside ``__iter__``, and while its iterator runs, ``stoker.stream_info()`` says
@@ -26,11 +27,12 @@ import ctypes
 import dataclasses
 import itertools
 import os
+import sys
 import threading
 from typing import Any
 
 from . import _ffi
-from .dataset import _put
+from .dataset import ItemForm, _put
 from .errors import check
 
 
@@ -55,10 +57,10 @@ def stream_info() -> StreamInfo | None:
     return getattr(_local, "info", None)
 
 
-# Sources the library holds, by the `user` key it passes back (removed when it calls drop), and
-# open streams by their handle (removed on close).
-_sources: dict[int, Any] = {}
-_streams: dict[int, tuple[Any, StreamInfo]] = {}
+# Sources the library holds, with the form of their items, by the `user` key it passes back
+# (removed when it calls drop), and open streams by their handle (removed on close).
+_sources: dict[int, tuple[Any, ItemForm]] = {}
+_streams: dict[int, tuple[Any, StreamInfo, ItemForm]] = {}
 _keys = itertools.count(1)
 _lock = threading.Lock()
 
@@ -84,13 +86,14 @@ def _open(user: int, info_p: Any, resume: bytes | None, out: Any) -> int:
             **{f.name: int(getattr(raw, f.name)) for f in dataclasses.fields(StreamInfo)}
         )
         _local.info = info
+        dataset, form = _sources[user]
         try:
-            iterator = iter(_sources[user])
+            iterator = iter(dataset)
         finally:
             _local.info = None
         with _lock:
             key = next(_keys)
-            _streams[key] = (iterator, info)
+            _streams[key] = (iterator, info, form)
         out[0] = key
         return 0
     except BaseException as e:  # nothing can be raised through C
@@ -103,7 +106,7 @@ def _next(user: int, stream: int, sample: int) -> int:
     if entry is None:
         _ffi.lib.stoker_sample_fail(sample, b"next() on a stream that is not open")
         return 2
-    iterator, info = entry
+    iterator, info, form = entry
     _local.info = info
     try:
         item = next(iterator)
@@ -116,7 +119,7 @@ def _next(user: int, stream: int, sample: int) -> int:
     finally:
         _local.info = None
     try:
-        _put(sample, item)
+        _put(sample, item, form)
         return 0
     except BaseException as e:
         _ffi.lib.stoker_sample_fail(sample, _message("an item", e))
@@ -148,14 +151,19 @@ _OPEN, _NEXT, _CLOSE, _DROP = (
 
 
 def is_iterable_source(obj: Any) -> bool:
-    """An object with ``__iter__`` and no ``__len__`` (torch's ``IterableDataset`` shape)."""
+    """A torch ``IterableDataset`` (whose ``__len__``, if it has one, is a hint, as in torch), or
+    an object with ``__iter__`` and no ``__len__``."""
+    data = sys.modules.get("torch.utils.data")  # no torch import for a job without it
+    if data is not None and isinstance(obj, data.IterableDataset):
+        return True
     return hasattr(obj, "__iter__") and not hasattr(obj, "__len__")
 
 
-def set_iterable(options: int, dataset: Any) -> None:
-    """Makes the iterable ``dataset`` the source of the ``stoker_options*`` ``options``."""
+def set_iterable(options: int, dataset: Any, form: ItemForm) -> None:
+    """Makes the iterable ``dataset`` the source of the ``stoker_options*`` ``options``;
+    ``form`` learns the form of its items."""
     key = next(_keys)
-    _sources[key] = dataset
+    _sources[key] = (dataset, form)
     callbacks = _ffi.IterableCallbacks(key, _OPEN, _NEXT, _CLOSE, _DROP, _ffi.SaveStateFn())
     # From here the library owns the entry: it calls drop on failure too.
     check(_ffi.lib.stoker_options_set_iterable_callbacks(options, ctypes.byref(callbacks)))

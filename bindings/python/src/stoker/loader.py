@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 from . import _ffi
 from .batch import Batch
-from .dataset import failure_in, raise_interrupt, set_source
+from .dataset import ItemForm, failure_in, raise_interrupt, set_source
 from .errors import CallbackError, ClosedError, InternalError, check
 from .iterable import is_iterable_source, set_iterable
 from .vision import native_source
@@ -159,16 +159,18 @@ def option_value(value: Any) -> str:
     return str(value)
 
 
-def _new_loader(options: dict[str, str], dataset: Any = None, concurrent: bool = False) -> int:
+def _new_loader(
+    options: dict[str, str], dataset: Any, concurrent: bool, form: ItemForm
+) -> int:
     opts = _ffi.lib.stoker_options_new()
     if not opts:
         raise MemoryError("stoker_options_new returned NULL")
     try:
         if dataset is not None:
             if is_iterable_source(dataset):
-                set_iterable(opts, dataset)
+                set_iterable(opts, dataset, form)
             else:
-                set_source(opts, dataset, concurrent)
+                set_source(opts, dataset, concurrent, form)
         for key, value in options.items():
             check(_ffi.lib.stoker_options_set(opts, key.encode(), value.encode()))
         out = ctypes.c_void_p()
@@ -212,9 +214,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class Loader:
     """A stoker loader. ``source`` is a source spec (``"npy:PATH"``, ``"image_folder:ROOT"``,
     ``"tar:train-{000..146}.tar"``), a map-style Python dataset (see ``stoker.dataset``) or an
-    iterable one, with ``__iter__`` and no ``__len__`` (see ``stoker.iterable``); a torchvision
-    ``ImageFolder`` without Python transforms is read as ``image_folder:ROOT`` (see
-    ``stoker.vision``); ``None`` with a ``blend=`` of token sources. Every keyword is an option key of the C ABI (the table in
+    iterable one, a torch ``IterableDataset`` or any object with ``__iter__`` and no
+    ``__len__`` (see ``stoker.iterable``); a torchvision ``ImageFolder`` without Python
+    transforms is read as ``image_folder:ROOT`` (see ``stoker.vision``); ``None`` with a
+    ``blend=`` of token sources. Every keyword is an option key of the C ABI (the table in
     ``docs/options.md``, and ``include/stoker.h``); ``None`` leaves the library's default.
     Options the library rejects raise ``InvalidArgumentError`` naming the key. One keyword is
     this package's: ``concurrent_getitem=True`` lets a dataset's ``__getitem__`` run on several
@@ -258,7 +261,11 @@ class Loader:
         is_spec = isinstance(source, (str, os.PathLike)) or (
             source is None and options.get("blend") is not None
         )
-        map_style = hasattr(source, "__len__") and hasattr(source, "__getitem__")
+        map_style = (
+            not is_iterable_source(source)
+            and hasattr(source, "__len__")
+            and hasattr(source, "__getitem__")
+        )
         if not is_spec and not map_style and not is_iterable_source(source):
             raise TypeError(
                 f"source must be a spec such as 'npy:PATH', a map-style dataset "
@@ -269,6 +276,9 @@ class Loader:
             raise TypeError("concurrent_getitem applies to a map-style dataset (__getitem__)")
         self._dataset = None if is_spec else source
         self._concurrent = bool(concurrent_getitem)
+        # The form of a Python source's items, learnt from the first one read (stoker.torch
+        # collates into it).
+        self._item_form = ItemForm()
         options.update(
             source=source if is_spec else None,
             batch_size=batch_size,
@@ -283,7 +293,7 @@ class Loader:
         # can wake a next() waiting under `_lock`, and stats() can read meanwhile.
         self._lock = threading.Lock()
         self._ptr_lock = threading.Lock()
-        self._ptr = _new_loader(self._options, self._dataset, self._concurrent)
+        self._ptr = _new_loader(self._options, self._dataset, self._concurrent, self._item_form)
         _loaders.add(self)
         if self._dataset is not None:
             _python_source_loaders.add(self)
@@ -396,7 +406,7 @@ class Loader:
         """Continues exactly where the saved loader stopped: rebuilds this loader with the same
         options plus ``resume_state``."""
         options = dict(self._options, resume_state=state_dict["state"])
-        new = _new_loader(options, self._dataset, self._concurrent)
+        new = _new_loader(options, self._dataset, self._concurrent, self._item_form)
         with self._lock, self._ptr_lock:
             old, self._ptr, self._options = self._ptr, new, options
             _ffi.lib.stoker_loader_free(old)

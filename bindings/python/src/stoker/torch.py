@@ -159,9 +159,23 @@ def _batch_sampler_options(batch_sampler: Any) -> dict[str, Any]:
     )
 
 
+def _collated(fields: dict[str, torch.Tensor], form: str | None) -> Any:
+    """A batch's tensors in the form torch's ``default_collate`` gives a batch of items of
+    ``form`` (see ``stoker.dataset.ItemForm``): a dict for dict items, the tensor for items of
+    one value, else a list in field order (as for ``(x, label)`` tuples)."""
+    if form == "mapping":
+        return fields
+    values = list(fields.values())
+    if form == "single" and len(values) == 1:
+        return values[0]
+    return values
+
+
 class DataLoader:
-    """Yields one tuple of tensors per batch, in the source's field order: ``(images, labels)``
-    for ``image_folder``, ``(data, labels)`` for ``npy`` with ``labels=``.
+    """Yields each batch as torch's ``default_collate`` would collate the dataset's items: a
+    dict of tensors for a dataset of dicts, one tensor for a dataset of single values, else a
+    list of tensors in the source's field order: ``[images, labels]`` for ``image_folder`` or
+    a dataset of ``(image, label)`` pairs, ``[data, labels]`` for ``npy`` with ``labels=``.
 
     The parameters are torch's ``DataLoader``'s (see the module docstring for how each maps),
     then the ``DistributedSampler`` spellings ``num_replicas``, ``rank``, ``seed`` and
@@ -225,6 +239,16 @@ class DataLoader:
                 raise ValueError(
                     "batch_size=None (unbatched samples) is not supported: stoker always "
                     "batches; use batch_size=1 and take element [0]"
+                )
+            # torch's BatchSampler checks, so that what torch refuses is refused here too.
+            if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+                raise ValueError(
+                    "batch_size should be a positive integer value, but got "
+                    f"batch_size={batch_size}"
+                )
+            if not isinstance(drop_last, bool):
+                raise ValueError(
+                    f"drop_last should be a boolean value, but got drop_last={drop_last}"
                 )
             if sampler is not None:
                 if shuffle:
@@ -293,7 +317,7 @@ class DataLoader:
         if sampler_epoch:
             self.set_epoch(sampler_epoch)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+    def __iter__(self) -> Iterator[Any]:
         """One whole epoch, like torch: an epoch left unfinished (``break``) is not read further,
         so every ``for`` starts at the beginning of the next epoch. One iteration at a time: a
         new ``iter()`` ends the one before, whose next step raises ``RuntimeError``."""
@@ -312,7 +336,7 @@ class DataLoader:
             batch = self._loader.next_batch()
             if batch is None:
                 break
-            yield tuple(batch.torch().values())
+            yield _collated(batch.torch(), self._loader._item_form.kind)
         self._in_epoch = False
 
     def __len__(self) -> int:
