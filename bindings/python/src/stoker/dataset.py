@@ -24,9 +24,10 @@ stoker calls ``__getitem__`` from its worker threads, one call at a time: a data
 torch's worker processes (each with its own copy, so never two calls at once) may keep state
 between calls, such as a file it opens on first use and seeks in. Decoding and transforms still
 run in parallel inside stoker; the Python part of reading does not, even where it releases the
-GIL (file reads, Pillow's decode). A dataset safe to call from several threads at once (one that
-opens its files in each call, as torchvision's folder datasets do) says so with the loader's
-``concurrent_getitem=True``: its calls then overlap wherever they release the GIL.
+GIL (file reads, Pillow's decode), so a call that waits (a network read, a slow disk) holds up
+every worker's next read for as long. A dataset safe to call from several threads at once (one
+that opens its files in each call, as torchvision's folder datasets do) says so with the
+loader's ``concurrent_getitem=True``: its calls then overlap wherever they release the GIL.
 
 An exception in ``__getitem__`` fails the batch with a ``CallbackError`` naming the index and the
 exception, which is its ``__cause__`` (traceback included), or, under ``on_error="skip"``,

@@ -683,9 +683,11 @@ fn bad_files_are_errors_at_open_naming_the_file() {
     let largest = docs.concat().into_iter().max().unwrap();
     let vocab = largest.to_string();
     let e = open(&[("vocab_size", &vocab)]).expect("a token id at vocab_size");
+    let path = bin_path.display().to_string();
     assert!(
-        e.contains(&bin_path.display().to_string()) && e.contains(&format!("token {largest}")),
-        "{e}"
+        e.contains(&format!("{path}: token {largest} at sequence "))
+            && e.matches(&path).count() == 1,
+        "the file once, then the place in it: {e}"
     );
     let vocab = (largest + 1).to_string();
     assert_eq!(open(&[("vocab_size", &vocab)]), None);

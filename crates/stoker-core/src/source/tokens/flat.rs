@@ -254,8 +254,8 @@ impl Part for FlatPart {
         }
     }
 
-    fn describe(&self, t: u64) -> String {
-        format!("{} token {t}", self.path.display())
+    fn place(&self, t: u64) -> String {
+        format!("token {t}")
     }
 
     fn identity(&self) -> String {

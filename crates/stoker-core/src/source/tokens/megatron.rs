@@ -500,12 +500,8 @@ impl Part for MegatronPart {
         (start, self.doc_start(d as usize + 1).max(start))
     }
 
-    fn describe(&self, t: u64) -> String {
-        format!(
-            "{}.bin sequence {}",
-            self.prefix.display(),
-            self.sequence_of(t)
-        )
+    fn place(&self, t: u64) -> String {
+        format!("sequence {}", self.sequence_of(t))
     }
 
     fn identity(&self) -> String {

@@ -236,8 +236,13 @@ pub(crate) trait Part: Send + Sync {
     fn each_document(&self, each: &mut dyn FnMut(u64, u64)) -> std::result::Result<(), String> {
         each_indexed_document(self, each)
     }
-    /// Where token `t` is, for messages.
-    fn describe(&self, t: u64) -> String;
+    /// Where token `t` is in its file, for messages that name the file already
+    /// (`token 12`, `sequence 3`).
+    fn place(&self, t: u64) -> String;
+    /// Where token `t` is, file included, for messages.
+    fn describe(&self, t: u64) -> String {
+        format!("{} {}", self.path().display(), self.place(t))
+    }
     /// What it is, wherever it is mounted (name, counts, type).
     fn identity(&self) -> String;
     /// The file errors about its tokens name.
@@ -720,7 +725,7 @@ fn check_vocab(part: &(impl Part + ?Sized), vocab: u64) -> Result<()> {
                     part.path(),
                     format!(
                         "token {v} at {} is outside vocab_size {vocab} (ids must be in 0..{vocab})",
-                        part.describe(at)
+                        part.place(at)
                     ),
                 ));
             }

@@ -157,7 +157,7 @@ impl TokenSource {
                     fits.map_err(|_| {
                         Error::format(
                             part.path(),
-                            format!("token {v} at {} does not fit {dtype}", part.describe(at)),
+                            format!("token {v} at {} does not fit {dtype}", part.place(at)),
                         )
                     })?;
                     at += 1;

@@ -505,9 +505,9 @@ impl Part for ParquetPart {
         (start, at(d + 1).unwrap_or(end).max(start))
     }
 
-    fn describe(&self, t: u64) -> String {
+    fn place(&self, t: u64) -> String {
         let row = self.starts.as_slice().partition_point(|&s| s <= t) - 1;
-        format!("{} row {row} token {t}", self.path.display())
+        format!("row {row} token {t}")
     }
 
     fn identity(&self) -> String {
