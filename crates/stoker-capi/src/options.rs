@@ -31,7 +31,7 @@ pub extern "C" fn stoker_options_new() -> *mut stoker_options {
 /// | `drop_last` | bool | false | `true` | drop the incomplete final batch |
 /// | `num_workers` | integer 0..=1024, `auto` | `auto` | `3` | worker threads (`auto`: the cores of this process's affinity mask divided by the ranks on this node, at least 1; 0: the calling thread) |
 /// | `prefetch_factor` | integer 1..=1024 | 2 | `4` | batches in flight = max(1, num_workers) × prefetch_factor |
-/// | `in_order` | bool | true | `false` | false lets ready batches overtake (never across epochs) |
+/// | `in_order` | bool | true | `false` | false lets ready batches overtake (never across epochs); each rank's saved state is then its own (it names the rank) and resumes that rank only |
 /// | `rank` | integer, `auto` (`env` is an alias) | `auto` | `1` | this process's rank: the epoch's global order is padded by repeating its head and rank r takes `order[r::world_size]`; `auto`: from torchrun, Slurm, Open MPI or PMI variables, else 0 |
 /// | `world_size` | integer ≥ 1, `auto` (`env` is an alias) | `auto` | `4` | number of ranks (`auto`: from the launcher's variables, else 1); every sampler is dealt to ranks, each getting the same number of batches |
 /// | `shard_drop_last` | bool | false | `true` | distributed: drop the tail instead of padding every rank to the same length |

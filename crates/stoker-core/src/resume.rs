@@ -88,6 +88,10 @@ pub enum Position {
         world_size: usize,
         /// What the order and the batches depended on.
         fingerprint: Fingerprint,
+        /// With `in_order=false`, the rank that saved it: the state is then that rank's own
+        /// (where its in-order delivery stood, and the batches it delivered ahead), and resumes
+        /// that rank at the same world size only. `None`: the same state on every rank.
+        rank: Option<usize>,
     },
     /// `mode=stream`: batches of the epoch this rank delivered in order out of its own stream,
     /// the world size (a stream resumes at the same world size only), the batches per epoch
@@ -236,6 +240,10 @@ impl ResumeState {
                         }),
                     },
                 },
+                rank: match fields.get("rank") {
+                    None => None,
+                    Some(_) => Some(count("rank")?),
+                },
             }
         };
         Ok(ResumeState {
@@ -287,6 +295,7 @@ impl std::fmt::Display for ResumeState {
                 consumed,
                 world_size,
                 fingerprint: fp,
+                rank,
             } => write!(
                 f,
                 "{V2};seed={};epoch={};consumed={consumed};world_size={world_size};ahead={ahead};\
@@ -316,6 +325,10 @@ impl std::fmt::Display for ResumeState {
                         .iter()
                         .try_for_each(|(key, value)| write!(f, ";{key}={value}"))
                 }),
+                None => Ok(()),
+            })
+            .and_then(|()| match rank {
+                Some(rank) => write!(f, ";rank={rank}"),
                 None => Ok(()),
             }),
         }
@@ -460,6 +473,7 @@ mod tests {
                 consumed: 48,
                 world_size: 3,
                 fingerprint: fp(),
+                rank: None,
             },
             ahead: vec![1, 3],
         };
@@ -490,6 +504,7 @@ mod tests {
                 consumed: 96,
                 world_size: 8,
                 fingerprint: tokens.clone(),
+                rank: None,
             },
             ahead: vec![],
         };
@@ -542,6 +557,7 @@ mod tests {
                 consumed: 4,
                 world_size: 2,
                 fingerprint: print(0x9, "none"),
+                rank: None,
             },
             ahead: vec![],
         };
@@ -590,6 +606,7 @@ mod tests {
                 consumed: 4,
                 world_size: 2,
                 fingerprint,
+                rank: None,
             },
             ahead: vec![],
         };

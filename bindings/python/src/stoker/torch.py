@@ -355,7 +355,8 @@ class DataLoader:
         return self._loader
 
     def state_dict(self) -> dict[str, str]:
-        """The job's position: the same on every rank, resumable at any world size."""
+        """The job's position: the same on every rank, resumable at any world size (with
+        ``in_order=False``, each rank's own, resumable by that rank at the same world size)."""
         return self._loader.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, str]) -> None:

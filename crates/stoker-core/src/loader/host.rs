@@ -106,6 +106,9 @@ pub(super) struct Schedule {
     /// `allow_config_change` of a token stream: a state saved under other settings resumes,
     /// its count carried over.
     pub(super) allow_config_change: bool,
+    /// `in_order=false`: ranks may deliver batches out of order, so each rank's state is its
+    /// own and names the rank.
+    pub(super) per_rank: bool,
 }
 
 impl Schedule {
@@ -146,6 +149,7 @@ impl Schedule {
                 consumed,
                 world_size: deal.world_size,
                 fingerprint: self.fingerprint.clone(),
+                rank: self.per_rank.then_some(deal.rank),
             },
             ahead: cursor.ahead.iter().map(|p| p - base).collect(),
         }
@@ -270,6 +274,7 @@ impl HostLoader {
             batch_size: options.batch_size,
             drop_last: options.drop_last,
             allow_config_change: options.allow_config_change,
+            per_rank: !options.in_order,
             fingerprint: Fingerprint {
                 source: Fnv::of_debug(&source.identity()),
                 source_len: source.len(),
@@ -388,7 +393,21 @@ impl HostLoader {
                 consumed,
                 world_size,
                 fingerprint,
+                rank,
             } => {
+                let deal = self.sampler.deal();
+                if let Some(saved) = rank {
+                    if (saved, world_size) != (deal.rank, deal.world_size) {
+                        return bad(format!(
+                            "was saved by rank {saved} of {world_size} with in_order=false, which \
+                             makes a state that rank's own (where its delivery stood, and the \
+                             batches it delivered out of order); resume each rank from the state \
+                             it saved (this is rank {} of {}), or save with in_order=true, whose \
+                             state is the same on every rank",
+                            deal.rank, deal.world_size
+                        ));
+                    }
+                }
                 let len = self.schedule.global_len;
                 let mut consumed = consumed;
                 let mut ahead = state.ahead;

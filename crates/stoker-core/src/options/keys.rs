@@ -159,7 +159,7 @@ keys {
         values "bool",
         default "true",
         example "false",
-        meaning "false lets ready batches overtake (never across epochs)";
+        meaning "false lets ready batches overtake (never across epochs); each rank's saved state is then its own (it names the rank) and resumes that rank only";
     /// `None` is `auto`: from the launcher's variables (see [`crate::launch`]).
     rank: Option<usize> = None;
         parse |key, v| parse_auto(key, v, 0, 1 << 20);

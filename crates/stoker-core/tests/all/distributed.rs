@@ -208,6 +208,58 @@ fn a_state_saved_after_a_resume_resumes_again() {
     assert_eq!(multiset(seen), multiset(order), "each sample exactly once");
 }
 
+/// With `in_order=false` a rank may have delivered batches out of order, so each rank saves
+/// its own state, which names the rank: each rank resumes from its own, and a rank given
+/// another's (the habit of checkpointing rank 0's only) is refused, where it lost samples.
+#[test]
+fn an_out_of_order_state_is_its_ranks_own_and_resumes_that_rank_only() {
+    let kv = [
+        ("batch_size", "4"),
+        ("shuffle", "true"),
+        ("in_order", "false"),
+        ("num_workers", "2"),
+    ];
+    let mut states = Vec::new();
+    let mut seen = Vec::new();
+    for r in 0..2 {
+        let mut l = rank_loader(30, &kv, r, 2);
+        for _ in 0..2 {
+            seen.extend(ids(&l.next().unwrap().expect("mid-epoch")));
+        }
+        let state = l.save_state();
+        assert!(state.ends_with(&format!(";rank={r}")), "{state}");
+        states.push(state);
+    }
+    let resumed = |state: &str, rank: usize, world: usize| {
+        let (r, w) = (rank.to_string(), world.to_string());
+        let mut o = options(counting_source(30), &kv);
+        for (k, v) in [
+            ("rank", r.as_str()),
+            ("world_size", &w),
+            ("resume_state", state),
+        ] {
+            o.set(k, v).unwrap();
+        }
+        Loader::new(&o)
+    };
+    for (r, state) in states.iter().enumerate() {
+        seen.extend(rest(&mut resumed(state, r, 2).unwrap()).concat());
+    }
+    assert_eq!(
+        multiset(seen),
+        multiset(0..30),
+        "each rank from its own state"
+    );
+    for (rank, world) in [(1, 2), (0, 3)] {
+        let e = resumed(&states[0], rank, world).err().unwrap().to_string();
+        assert!(
+            e.contains("saved by rank 0 of 2 with in_order=false")
+                && e.contains(&format!("this is rank {rank} of {world}")),
+            "{e}"
+        );
+    }
+}
+
 #[test]
 fn resume_fingerprint_mismatches_name_what_differs() {
     let kv = [("batch_size", "4"), ("shuffle", "true")];
