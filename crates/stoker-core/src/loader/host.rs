@@ -32,7 +32,7 @@ use crate::launch::Launch;
 use crate::options::{LoaderOptions, OpenedSource};
 use crate::pool::{Builder, Done, Pool, Task, Work, WorkerCtx};
 use crate::resume::{Fingerprint, FingerprintText, Position, ResumeState, TokensPrint};
-use crate::sampler::{batches_for, BatchPlan, Sampler};
+use crate::sampler::{batches_for, BatchPlan, Sampler, SamplerKind};
 use crate::source::Source;
 use crate::stats::StatsRecorder;
 
@@ -378,6 +378,21 @@ impl HostLoader {
                     return bad(format!(
                         "saved by a loader with {batches_per_epoch} batches per epoch at position {position}, but this loader has {} batches per epoch: the source, sampler, batch_size, drop_last or world_size differ",
                         self.batches_per_epoch
+                    ));
+                }
+                // Orders are drawn from keys mixed as stoker 0.1's were not (its nearby keys
+                // collided), so only an order without draws continues as it was.
+                if !matches!(
+                    self.sampler.kind(),
+                    SamplerKind::Sequential | SamplerKind::Indices { .. }
+                ) {
+                    return bad(format!(
+                        "was saved by stoker 0.1 (stoker-state-v1), whose random orders this \
+                         version draws differently (0.1 mixed the seed, epoch and index into \
+                         too few bits, so nearby keys drew the same order): the rest of epoch \
+                         {} cannot be replayed as it was; start that epoch again instead \
+                         (set_epoch({}) without resume_state)",
+                        state.epoch, state.epoch
                     ));
                 }
                 self.start = 0;

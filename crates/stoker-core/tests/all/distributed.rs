@@ -327,19 +327,28 @@ fn resume_fingerprint_mismatches_name_what_differs() {
     );
 }
 
+/// stoker 0.1's states: an order without draws resumes at the same world size; a drawn one
+/// cannot be replayed (0.1 mixed its keys differently), which the error says with what to do.
 #[test]
 fn first_format_states_still_resume_at_the_same_world_size() {
-    let kv = [("batch_size", "4"), ("shuffle", "true"), ("seed", "7")];
+    let v1 = "stoker-state-v1;seed=7;epoch=0;position=3;ahead=;batches=8";
+    let kv = [("batch_size", "4"), ("seed", "7")];
     let mut full = Loader::new(&options(counting_source(30), &kv)).unwrap();
     let uninterrupted = rest(&mut full);
     let mut o = options(counting_source(30), &kv);
-    o.set(
-        "resume_state",
-        "stoker-state-v1;seed=7;epoch=0;position=3;ahead=;batches=8",
-    )
-    .unwrap();
+    o.set("resume_state", v1).unwrap();
     let mut l = Loader::new(&o).unwrap();
     assert_eq!(rest(&mut l), uninterrupted[3..]);
+    let mut o = options(
+        counting_source(30),
+        &[("batch_size", "4"), ("shuffle", "true"), ("seed", "7")],
+    );
+    o.set("resume_state", v1).unwrap();
+    let e = Loader::new(&o).err().unwrap().to_string();
+    assert!(
+        e.contains("saved by stoker 0.1") && e.contains("set_epoch(0) without resume_state"),
+        "{e}"
+    );
     let mut o = options(counting_source(30), &[("batch_size", "3")]);
     o.set(
         "resume_state",

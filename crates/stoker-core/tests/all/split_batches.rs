@@ -382,12 +382,13 @@ fn replacements_in_a_split_batch_are_the_ones_a_whole_build_makes() {
         drop(l); // joins the workers (their counters are final) and writes the trace
         let s = handle.snapshot();
 
-        // Counts: every slot filled, four replacements an epoch.
-        assert_eq!(
-            (s.batches, s.samples, s.samples_skipped),
-            (6, 40, 8),
-            "{w}: {s:?}"
-        );
+        // Counts: every slot filled; four bad files an epoch, each replaced (a replacement
+        // drawn bad is replaced again and counted too), the same for every num_workers.
+        assert_eq!((s.batches, s.samples), (6, 40), "{w}: {s:?}");
+        assert!(s.samples_skipped >= 8, "{w}: {s:?}");
+        if let Some(first) = stats.first() {
+            assert_eq!(s.samples_skipped, first.samples_skipped, "{w}");
+        }
         // Busy time split by worker, and the stages inside it.
         assert_eq!(s.worker_busy_ns.len(), w.parse::<usize>().unwrap().max(1));
         assert_eq!(s.worker_busy_ns.iter().sum::<u64>(), s.busy_ns);

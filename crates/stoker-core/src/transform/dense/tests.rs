@@ -418,6 +418,7 @@ fn a_uint16_image_equals_the_float32_path_rounded_once_and_keeps_its_range() {
             )
             .unwrap();
             assert_eq!(p.shape(), f.shape());
+            let (mut big, mut all) = (0, 0);
             for index in 0..4 {
                 let got = u16s(&run(&p, &u16_bytes, index));
                 let want: Vec<u16> = f32s(&run(&f, &f32_bytes, index))
@@ -425,9 +426,11 @@ fn a_uint16_image_equals_the_float32_path_rounded_once_and_keeps_its_range() {
                     .map(|&v| round_ties_even(f64::from(v)).clamp(0.0, 65535.0) as u16)
                     .collect();
                 assert_eq!(got, want, "`{spec}` {layout:?}, sample {index}");
-                let big = got.iter().filter(|&&v| v > 255).count();
-                assert!(big > got.len() / 4, "`{spec}`: values above 255 survive");
+                big += got.iter().filter(|&&v| v > 255).count();
+                all += got.len();
             }
+            // Over the draws: a crop may fall mostly on the padding.
+            assert!(big > all / 4, "`{spec}`: values above 255 survive");
         }
     }
     // A whole-pixel crop and a flip copy the stored values exactly.
