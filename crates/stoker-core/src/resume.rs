@@ -340,10 +340,17 @@ impl Fingerprint {
     /// `here` describes this loader's source, sampler and transform for the message.
     pub fn mismatch(&self, saved: &Fingerprint, here: &FingerprintText) -> Option<String> {
         let mut diffs = Vec::new();
-        if saved.source != self.source || saved.source_len != self.source_len {
+        if saved.source_len != self.source_len {
             diffs.push(format!(
                 "source ({} samples there; here {} samples: {})",
                 saved.source_len, self.source_len, here.source
+            ));
+        } else if saved.source != self.source {
+            // The state holds the identity's hash only: what differs cannot be said.
+            diffs.push(format!(
+                "source (of as many samples, {}, but other files, fields or labels there; \
+                 here: {})",
+                self.source_len, here.source
             ));
         }
         if saved.sampler != self.sampler {

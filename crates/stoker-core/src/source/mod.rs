@@ -80,6 +80,27 @@ pub struct FieldSpec {
     pub kind: FieldKind,
 }
 
+/// `data uint8 [3, 32, 32]`, `tokens int32 [*, 4]` (ragged), `image encoded image`.
+impl std::fmt::Display for FieldSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            FieldKind::Tensor { dtype, shape } => write!(f, "{} {dtype} {shape:?}", self.name),
+            FieldKind::Ragged { dtype, inner_shape } => {
+                write!(f, "{} {dtype} [*", self.name)?;
+                inner_shape.iter().try_for_each(|d| write!(f, ", {d}"))?;
+                f.write_str("]")
+            }
+            FieldKind::EncodedImage => write!(f, "{} encoded image", self.name),
+        }
+    }
+}
+
+/// `fields` in words, for messages and identities: `data uint8 [3, 32, 32], label int64 []`.
+pub fn fields_text(fields: &[FieldSpec]) -> String {
+    let words: Vec<String> = fields.iter().map(FieldSpec::to_string).collect();
+    words.join(", ")
+}
+
 impl FieldSpec {
     /// A [`FieldKind::Tensor`] field of this element type and per-sample shape.
     pub fn tensor(name: &str, dtype: DType, shape: &[usize]) -> FieldSpec {
@@ -190,7 +211,7 @@ pub trait Source: Send + Sync {
     /// wherever it is mounted, different for different data. The default is the length and the
     /// fields; sources that can tell more (file names, a listing) say it.
     fn identity(&self) -> String {
-        format!("{} samples of {:?}", self.len(), self.fields())
+        format!("{} samples of {}", self.len(), fields_text(self.fields()))
     }
 
     /// The data page each sample starts in (non-decreasing), for `order=quasi_random`; `None`

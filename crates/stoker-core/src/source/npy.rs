@@ -4,9 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use super::mapped::Mapping;
-use super::{open_file, FieldSpec, Sample, Source};
+use super::{fields_text, open_file, FieldSpec, Sample, Source};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::hash::Fnv;
 
 /// A C-order `.npy` array mapped read-only.
 pub struct NpyArray {
@@ -265,6 +266,8 @@ pub struct NpySource {
     data: NpyArray,
     /// Labels as native-endian int64 bytes, 8 per sample.
     labels: Option<Vec<u8>>,
+    /// The labels' file, for the identity.
+    labels_path: Option<PathBuf>,
     fields: Vec<FieldSpec>,
 }
 
@@ -272,6 +275,7 @@ impl NpySource {
     /// Maps the `.npy` at `path` as field `data` and, with `labels`, a `.npy` of one integer per
     /// row as int64 field `label`.
     pub fn open(path: &Path, labels: Option<&Path>) -> Result<NpySource> {
+        let labels_path = labels;
         let data = NpyArray::open(path)?;
         let mut fields = vec![FieldSpec::tensor("data", data.dtype(), &data.shape()[1..])];
         let labels = match labels {
@@ -297,6 +301,7 @@ impl NpySource {
         Ok(NpySource {
             data,
             labels,
+            labels_path: labels_path.map(Path::to_path_buf),
             fields,
         })
     }
@@ -316,14 +321,26 @@ impl Source for NpySource {
     }
 
     fn identity(&self) -> String {
-        // The file name, not the directory: the same data may be mounted elsewhere on resume.
-        let name = self.data.path().file_name().unwrap_or_default();
+        // File names, not directories: the same data may be mounted elsewhere on resume.
+        let name = |path: &Path| {
+            path.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
+        };
+        // The labels are in memory and small: their values, not only their file's name, so
+        // that a job resumed with other labels is told.
+        let labels = match (&self.labels_path, &self.labels) {
+            (Some(path), Some(labels)) => {
+                format!(", labels from {} ({:016x})", name(path), Fnv::of(labels))
+            }
+            _ => String::new(),
+        };
         format!(
-            "npy {} of {} rows, {:?}, labels: {}",
-            name.to_string_lossy(),
+            "npy {} of {} rows: {}{labels}",
+            name(self.data.path()),
             self.len(),
-            self.fields,
-            self.labels.is_some()
+            fields_text(&self.fields)
         )
     }
 

@@ -322,9 +322,56 @@ fn resume_fingerprint_mismatches_name_what_differs() {
     o.set("resume_state", &state).unwrap();
     let e = Loader::new(&o).err().unwrap().to_string();
     assert!(
-        e.contains("its source (30 samples there; here 30 samples"),
+        e.contains("its source (of as many samples, 30, but other files, fields or labels")
+            && e.contains("here: 30 samples of y uint8 []"),
         "{e}"
     );
+}
+
+/// An npy source's labels are part of its identity, by their values: resuming with another
+/// labels file (or the same file rewritten) is refused, where it trained on the wrong labels.
+#[test]
+fn a_resume_with_other_labels_is_refused() {
+    let dir = crate::support::files::tmp("resume-labels");
+    let data: Vec<u8> = (0..20).collect();
+    stoker_core::source::write_npy(&dir.join("x.npy"), stoker_core::DType::U8, &[20], &data)
+        .unwrap();
+    let labels = |name: &str, values: Vec<i64>| {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let path = dir.join(name);
+        stoker_core::source::write_npy(&path, stoker_core::DType::I64, &[20], &bytes).unwrap();
+        format!("npy:{}", path.display())
+    };
+    let (y, reversed) = (
+        labels("y.npy", (0..20).collect()),
+        labels("z.npy", (0..20).rev().collect()),
+    );
+    let source = format!("npy:{}", dir.join("x.npy").display());
+    let loader = |labels: &str, state: Option<&str>| {
+        let mut o = LoaderOptions::new();
+        for (k, v) in [
+            ("source", source.as_str()),
+            ("labels", labels),
+            ("batch_size", "4"),
+        ] {
+            o.set(k, v).unwrap();
+        }
+        if let Some(state) = state {
+            o.set("resume_state", state).unwrap();
+        }
+        Loader::new(&o)
+    };
+    let mut l = loader(&y, None).unwrap();
+    l.next().unwrap();
+    let state = l.save_state();
+    assert!(loader(&y, Some(&state)).is_ok());
+    let e = loader(&reversed, Some(&state)).err().unwrap().to_string();
+    assert!(e.contains("labels from z.npy"), "{e}");
+    // The same file name, other values.
+    let rewritten = labels("y.npy", (0..20).map(|v| v % 3).collect());
+    assert_eq!(rewritten, y);
+    let e = loader(&y, Some(&state)).err().unwrap().to_string();
+    assert!(e.contains("other files, fields or labels"), "{e}");
 }
 
 /// stoker 0.1's states: an order without draws resumes at the same world size; a drawn one
