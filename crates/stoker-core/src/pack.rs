@@ -187,6 +187,11 @@ pub fn pack(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<PackReport> {
     options.check()?;
+    if out.as_os_str().is_empty() {
+        return Err(Error::InvalidArgument(
+            "pack: the output path is empty".into(),
+        ));
+    }
     let fields = packed_fields(source)?;
     keeps_dense_fields(&fields, options)?;
     let schema = encode_schema(&fields);
@@ -195,10 +200,11 @@ pub fn pack(
     // Slice i is [i·len/of, (i+1)·len/of): contiguous, disjoint, covering, in order.
     let bound = |i: usize| (i as u128 * len as u128 / of as u128) as usize;
     let range = bound(slice)..bound(slice + 1);
-    let total = range.len() as u64;
     let directory = options.writes_directory();
     if directory {
         std::fs::create_dir_all(out).map_err(|e| Error::os(out, e))?;
+        // Until this slice finishes, it has no record: a merge refuses it.
+        remove_if_present(&out.join(slice_record_name(slice, of)))?;
     }
     let shard_path = |k: usize| {
         if directory {
@@ -207,6 +213,51 @@ pub fn pack(
             out.to_owned()
         }
     };
+    let written = write_shards(
+        source,
+        &fields,
+        &schema,
+        options,
+        range,
+        &shard_path,
+        progress,
+    )
+    .and_then(|report| {
+        if directory {
+            remove_stale_shards(out, slice, of, report.files.len())?;
+            write_slice_record(out, slice, of, &report)?;
+        }
+        Ok(report)
+    });
+    let mut report = match written {
+        Ok(report) => report,
+        Err(e) => {
+            // The shards this slice finished are not a dataset: a merge would index them as
+            // if they were the whole slice.
+            if directory {
+                let _ = remove_stale_shards(out, slice, of, 0);
+            }
+            return Err(e);
+        }
+    };
+    if directory && of == 1 {
+        report.index = Some(merge(out)?);
+    }
+    Ok(report)
+}
+
+/// Writes samples `range` of `source` into shard files at `shard_path(0)`, `shard_path(1)`, …
+/// (one file unless `options.shard_size` splits them).
+fn write_shards(
+    source: &dyn Source,
+    fields: &[PackedField],
+    schema: &[u8],
+    options: &PackOptions,
+    range: std::ops::Range<usize>,
+    shard_path: &(dyn Fn(usize) -> PathBuf + Sync),
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<PackReport> {
+    let total = range.len() as u64;
     let done = AtomicU64::new(0);
     let mut report = PackReport {
         samples: 0,
@@ -214,7 +265,7 @@ pub fn pack(
         files: Vec::new(),
         index: None,
     };
-    let mut shard = ShardWriter::create(shard_path(0), &schema, fields.len(), options.page_size)?;
+    let mut shard = ShardWriter::create(shard_path(0), schema, fields.len(), options.page_size)?;
     let starts: Vec<usize> = range.clone().step_by(CHUNK).collect();
     crate::fork::parallel(|| -> Result<()> {
         for start in starts {
@@ -222,7 +273,7 @@ pub fn pack(
             let records: Vec<Result<Record>> = (start..end)
                 .into_par_iter()
                 .map_init(Buffers::default, |bufs, index| {
-                    let record = encode_sample(source, index, &fields, options, bufs);
+                    let record = encode_sample(source, index, fields, options, bufs);
                     progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
                     record
                 })
@@ -234,7 +285,7 @@ pub fn pack(
                         let next = shard_path(report.files.len() + 1);
                         let finished = std::mem::replace(
                             &mut shard,
-                            ShardWriter::create(next, &schema, fields.len(), options.page_size)?,
+                            ShardWriter::create(next, schema, fields.len(), options.page_size)?,
                         );
                         finish_into(finished, &mut report)?;
                     }
@@ -245,13 +296,47 @@ pub fn pack(
         Ok(())
     })??;
     finish_into(shard, &mut report)?;
-    if directory {
-        remove_stale_shards(out, slice, of, report.files.len())?;
-    }
-    if directory && of == 1 {
-        report.index = Some(merge(out)?);
-    }
     Ok(report)
+}
+
+/// The name of the record slice `i` of `n` writes when all its shards are: `part-I-of-N.done`.
+fn slice_record_name(i: usize, n: usize) -> String {
+    format!("part-{i:05}-of-{n:05}.done")
+}
+
+/// Records that slice `i` of `n` wrote `report`'s shards, whole (written beside, renamed).
+fn write_slice_record(dir: &Path, i: usize, n: usize, report: &PackReport) -> Result<()> {
+    let path = dir.join(slice_record_name(i, n));
+    let tmp = dir.join(format!(".{}.tmp", slice_record_name(i, n)));
+    let text = format!(
+        "shards={}\nsamples={}\n",
+        report.files.len(),
+        report.samples
+    );
+    std::fs::write(&tmp, text).map_err(|e| Error::os(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| Error::os(&path, e))
+}
+
+/// How many shards slice `i` of `n` finished, from its record; `None` without one.
+fn slice_shards(dir: &Path, i: usize, n: usize) -> Result<Option<usize>> {
+    let path = dir.join(slice_record_name(i, n));
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::os(&path, e)),
+    };
+    text.lines()
+        .find_map(|line| line.strip_prefix("shards="))
+        .and_then(|count| count.parse().ok())
+        .map(Some)
+        .ok_or_else(|| Error::format(&path, "has no `shards=N` line"))
+}
+
+fn remove_if_present(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::os(path, e)),
+        _ => Ok(()),
+    }
 }
 
 fn finish_into(shard: ShardWriter, report: &mut PackReport) -> Result<()> {
@@ -331,6 +416,30 @@ pub fn merge(dir: &Path) -> Result<PathBuf> {
             "{}: slices {missing:?} of {n} are missing; pack them (--shard-index I --num-shards {n}) before merging",
             dir.display()
         )));
+    }
+    // Each slice's shards are the ones its record counts: a slice whose pack failed or was
+    // killed has shards but no record, and indexing them would drop the rest of it silently.
+    for i in 0..n {
+        let have = found.iter().filter(|((j, _, _), _)| *j == i).count();
+        match slice_shards(dir, i, n)? {
+            Some(count) if count == have => {}
+            Some(count) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: slice {i} of {n} wrote {count} shards, but {have} are here; pack it \
+                     again (--shard-index {i} --num-shards {n}) before merging",
+                    dir.display()
+                )))
+            }
+            None => {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: slice {i} of {n} did not finish (it has no {}: its pack failed or was \
+                     stopped, or an older stoker wrote it); pack it again (--shard-index {i} \
+                     --num-shards {n}) before merging",
+                    dir.display(),
+                    slice_record_name(i, n)
+                )))
+            }
+        }
     }
     let opened: Vec<Result<(IndexEntry, Vec<PackedField>)>> = crate::fork::parallel(|| {
         found
@@ -623,7 +732,13 @@ impl ShardWriter {
     fn create(path: PathBuf, schema: &[u8], fields: usize, page_size: u32) -> Result<ShardWriter> {
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         let tmp = path.with_file_name(format!(".{name}.tmp"));
-        let file = File::create(&tmp).map_err(|e| Error::os(&tmp, e))?;
+        // Named by the file asked for: the temporary one is ours.
+        let file = File::create(&tmp).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                Error::io(&path, "cannot be created: its directory does not exist")
+            }
+            _ => Error::os(&path, e),
+        })?;
         let mut file = BufWriter::with_capacity(1 << 20, file);
         let data_offset = align_up((HEADER_BYTES + schema.len()) as u64, page_size as u64);
         // The header is written last, when the table is known; the gap up to the data region

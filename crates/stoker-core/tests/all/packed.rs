@@ -371,6 +371,78 @@ fn packing_is_deterministic_and_slices_merge_into_the_same_dataset() {
     assert!(e.contains("[0, 2]") && e.contains("missing"), "{e}");
 }
 
+/// A slice whose pack fails leaves none of its shards, and one whose pack was stopped (its
+/// shards there, its record not) is refused by a merge: indexing its shards read 20 samples of
+/// 46 as if they were the dataset.
+#[test]
+fn a_merge_refuses_a_slice_that_did_not_finish() {
+    let dir = tmp("unfinished");
+    let mut images: Vec<Vec<u8>> = (0..24).map(|i| jpeg(24, 20, i)).collect();
+    images[20] = b"not an image".to_vec();
+    let bad: Arc<dyn Source> = Arc::new(
+        MemorySource::new()
+            .with_encoded_images("image", images)
+            .unwrap(),
+    );
+    let opts = |slice| PackOptions {
+        shard_size: Some(2000),
+        slice: Some((slice, 2)),
+        ..small_pages()
+    };
+    let out = dir.join("sliced");
+    pack(&*bad, &out, &opts(0), &no_progress).unwrap();
+    let e = pack(&*bad, &out, &opts(1), &no_progress).err().unwrap();
+    assert!(e.to_string().contains("sample 20"), "{e}");
+    let left: Vec<String> = fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("part-00001"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the failed slice's shards are gone: {left:?}"
+    );
+    let e = merge(&out).err().unwrap().to_string();
+    assert!(e.contains("[1]") && e.contains("missing"), "{e}");
+
+    // Stopped after its shards were written, before its record: the shards are not the slice.
+    let good = dataset(24);
+    let out = dir.join("stopped");
+    for slice in 0..2 {
+        pack(&*good, &out, &opts(slice), &no_progress).unwrap();
+    }
+    fs::remove_file(out.join("part-00001-of-00002.done")).unwrap();
+    let e = merge(&out).err().unwrap().to_string();
+    assert!(
+        e.contains("slice 1 of 2 did not finish") && e.contains("--shard-index 1 --num-shards 2"),
+        "{e}"
+    );
+    // A shard lost since: the record says how many there were.
+    pack(&*good, &out, &opts(1), &no_progress).unwrap();
+    merge(&out).unwrap();
+    fs::remove_file(out.join("part-00000-of-00002-00001.stkpack")).unwrap();
+    let e = merge(&out).err().unwrap().to_string();
+    assert!(
+        e.contains("slice 0 of 2 wrote") && e.contains("are here"),
+        "{e}"
+    );
+
+    // The output path's directory must exist, and is named, not the temporary file.
+    let e = pack(
+        &*good,
+        &dir.join("no/such/d.stkpack"),
+        &small_pages(),
+        &no_progress,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("no/such/d.stkpack: cannot be created: its directory does not exist"),
+        "{e}"
+    );
+}
+
 /// Packs a small dataset and returns the file.
 fn packed_file(dir: &Path) -> PathBuf {
     let out = dir.join("d.stkpack");
