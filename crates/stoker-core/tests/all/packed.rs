@@ -725,6 +725,21 @@ fn a_bad_source_sample_fails_the_pack_naming_it_and_leaves_no_file() {
         left.is_empty(),
         "nothing written, no temporary file: {left:?}"
     );
+
+    // A truncated JPEG is kept without a decode in jpeg mode: the reader's check runs at pack.
+    let whole = jpeg(20, 20, 7);
+    let cut = whole[..whole.len() - 30].to_vec();
+    let src = MemorySource::new()
+        .with_encoded_images("image", vec![whole, cut])
+        .unwrap();
+    let e = pack(&src, &dir.join("t.stkpack"), &small_pages(), &no_progress)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("sample 1") && e.contains("truncated JPEG"),
+        "{e}"
+    );
 }
 
 #[test]
