@@ -4,7 +4,8 @@ the same decoded uint8 image, within the tolerance stated per op; and the drawn 
 torchvision's distributions.
 
 Tolerances (uint8 levels): flips, crops with padding, grayscale, erasing, posterize, solarize,
-invert, equalize: exact. Colour ops (float32 arithmetic, truncated): at most 1 level.
+invert, equalize: exact. Colour ops (float32 arithmetic, truncated): at most 1 level each, so
+colour jitter's four in a row at most 2, on a few values.
 Gaussian blur (separable here, 2-D in torchvision): at most 1. Bilinear rotate/affine: at most 2.
 Nearest-neighbour warps of the AutoAugment family: a pixel whose source coordinate lies on a
 rounding boundary may pick the neighbour, so 99% of values within 2 levels.
@@ -88,7 +89,10 @@ def test_color_jitter_matches():
         for i in p["order"]:
             key = ["brightness", "contrast", "saturation", "hue"][i]
             ref = fns[i](ref, p[key])
-        assert max_diff(out, hwc(ref)) <= 1, p
+        # Each adjustment is within 1 level, so four in a row may differ by 2, rarely (one
+        # value of 9,216 in 3 draws of 200).
+        diff = np.abs(out.astype(np.int32) - hwc(ref).astype(np.int32))
+        assert diff.max() <= 2 and (diff > 1).sum() <= 2, p
 
 
 def test_random_photometric_distort_matches():
