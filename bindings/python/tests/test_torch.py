@@ -163,6 +163,14 @@ def test_dataloader_maps_torchs_samplers_and_index_sequences(npy_data):
     assert via_sampler.loader.epoch == 2
     assert [y.tolist() for _, y in via_sampler] == [y.tolist() for _, y in via_args]
     assert len(via_sampler) == 5  # ceil(103 / 3) = 35 samples per rank, in batches of 8
+    # A sampler over a dataset of another length deals other indices in torch: refused.
+    dataset = Items("pair")
+    for sampler in [DistributedSampler(range(4), num_replicas=2, rank=0),
+                    SequentialSampler(range(9))]:
+        with pytest.raises(ValueError, match="dataset of (4|9) samples, but the loader's has 6"):
+            DataLoader(dataset, sampler=sampler)
+    with pytest.raises(ValueError, match="of 9 samples, but the loader's has 6"):
+        DataLoader(dataset, batch_sampler=BatchSampler(SequentialSampler(range(9)), 2, False))
 
 
 def test_dataloader_refuses_what_it_cannot_map_and_says_what_to_use(npy_data):
@@ -314,6 +322,27 @@ def test_dataloader_set_epoch_and_resume(npy_data):
     assert head + [y.tolist() for _, y in resumed] == epochs[1]
 
 
+def test_a_state_saved_after_a_break_resumes_where_the_next_for_begins(npy_data):
+    """A `for` left by `break` abandons its epoch (as torch's does); a state saved then resumes
+    at the next epoch's start, where the next `for` begins, not in the abandoned epoch."""
+    from stoker.torch import DataLoader
+
+    data_path, labels_path, _, _ = npy_data
+    make = lambda: DataLoader(f"npy:{data_path}", labels=f"npy:{labels_path}", shuffle=True,
+                              seed=4, batch_size=16)
+    reference = make()
+    epochs = [[y.tolist() for _, y in reference] for _ in range(3)]
+    loader = make()
+    for step, _ in enumerate(loader):
+        if step == 2:
+            break
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    for after_break in [resumed, loader]:
+        assert [[y.tolist() for _, y in after_break] for _ in range(2)] == epochs[1:]
+
+
 def test_pin_memory_is_what_torch_calls_pinned(npy_data):
     """With a CUDA driver, pin_memory=True registers batch memory with it: torch sees the tensors
     as pinned and `.cuda(non_blocking=True)` copies asynchronously, as from torch's own
@@ -379,7 +408,8 @@ def test_dataloader_break_reads_no_further_and_one_iteration_runs_at_a_time():
     _, labels = next(iter(loader))
     assert labels.tolist() == list(range(10))
     assert dataset.calls < 300, dataset.calls
-    assert loader.loader.epoch == 1
+    # That iterator, dropped, abandoned epoch 1 in turn: the next batch is epoch 2's first.
+    assert loader.loader.epoch == 2
 
     # A second iterator ends the first, which says so rather than share its batches.
     outer = iter(loader)

@@ -521,6 +521,26 @@ fn tokens_order_writes_the_global_order_the_loaders_deal() {
         "{}",
         text(&missing.stderr)
     );
+    // Settings a loader refuses (no sample of seq_len 1000) write no order.
+    let none = dir.join("none.npy");
+    let none_s = none.display().to_string();
+    let refused = stoker(&[
+        "tokens",
+        "order",
+        &source,
+        "--out",
+        &none_s,
+        "--set",
+        "seq_len=1000",
+        "--set",
+        "token_dtype=uint16",
+    ]);
+    assert!(!refused.status.success() && !none.exists());
+    assert!(
+        text(&refused.stderr).contains("no sample of seq_len 1000"),
+        "{}",
+        text(&refused.stderr)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

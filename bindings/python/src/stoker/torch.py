@@ -43,12 +43,14 @@ augmentation is a ``transform`` spec run inside stoker, not Python callables. A 
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import operator
 from typing import Any, Iterator
 
 import torch
 import torch.utils.data as tud
 
+from .errors import ClosedError, UnsupportedError
 from .loader import Loader, launch
 
 def _indices(name: str, seq: Any) -> list[int]:
@@ -127,6 +129,23 @@ def _sampler_options(sampler: Any) -> dict[str, Any]:
         "the indices as a sequence (the order of every epoch), one of torch's samplers, or "
         "stoker's options shuffle=, replacement=, num_samples=, weights=, subset="
     )
+
+
+def _check_sampler_dataset(sampler: Any, dataset: Any) -> None:
+    """Refuses a sampler made over a dataset of another length than the loader's: torch deals
+    that dataset's indices (`range(len(sampler.dataset))`), which stoker's options cannot say."""
+    of = getattr(sampler, "dataset", None)
+    if of is None:
+        of = getattr(sampler, "data_source", None)
+    if of is None or isinstance(dataset, (str, bytes)) or not hasattr(dataset, "__len__"):
+        return
+    theirs, ours = len(of), len(dataset)
+    if theirs != ours:
+        raise ValueError(
+            f"sampler={type(sampler).__name__} was made over a dataset of {theirs} samples, but "
+            f"the loader's has {ours}: torch would deal indices 0..{theirs - 1} of it. Give "
+            "both the same dataset, or restrict the loader's with subset= or indices="
+        )
 
 
 def _batch_sampler_options(batch_sampler: Any) -> dict[str, Any]:
@@ -233,6 +252,7 @@ class DataLoader:
                     "batch_sampler option is mutually exclusive with batch_size, shuffle, "
                     "sampler, and drop_last"
                 )
+            _check_sampler_dataset(getattr(batch_sampler, "sampler", None), dataset)
             mapped = _batch_sampler_options(batch_sampler)
         else:
             if batch_size is None:
@@ -253,6 +273,7 @@ class DataLoader:
             if sampler is not None:
                 if shuffle:
                     raise ValueError("sampler option is mutually exclusive with shuffle")
+                _check_sampler_dataset(sampler, dataset)
                 mapped = _sampler_options(sampler)
             mapped.setdefault("batch_size", batch_size)
             mapped.setdefault("drop_last", drop_last)
@@ -319,24 +340,36 @@ class DataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         """One whole epoch, like torch: an epoch left unfinished (``break``) is not read further,
-        so every ``for`` starts at the beginning of the next epoch. One iteration at a time: a
+        so every ``for`` starts at the beginning of the next epoch, and a ``state_dict()`` saved
+        after the ``break`` resumes there. One iteration at a time: a
         new ``iter()`` ends the one before, whose next step raises ``RuntimeError``."""
         if self._in_epoch:
             self._loader.set_epoch(self._loader.epoch + 1)
         self._iteration += 1
         iteration = self._iteration
         self._in_epoch = True
-        while True:
-            if self._iteration != iteration:
-                raise RuntimeError(
-                    "this DataLoader started another iteration (iter() again) before this one "
-                    "ended; stoker's DataLoader runs one at a time over one set of threads: "
-                    "make a second DataLoader to read two at once"
-                )
-            batch = self._loader.next_batch()
-            if batch is None:
-                break
-            yield _collated(batch.torch(), self._loader._item_form.kind)
+        try:
+            while True:
+                if self._iteration != iteration:
+                    raise RuntimeError(
+                        "this DataLoader started another iteration (iter() again) before this "
+                        "one ended; stoker's DataLoader runs one at a time over one set of "
+                        "threads: make a second DataLoader to read two at once"
+                    )
+                batch = self._loader.next_batch()
+                if batch is None:
+                    break
+                yield _collated(batch.torch(), self._loader._item_form.kind)
+        except GeneratorExit:
+            # The `for` was left (break, return, an exception in its body): the epoch is
+            # abandoned now, so that a state saved before the next `for` resumes at the next
+            # epoch's start, where that `for` would have begun.
+            if self._iteration == iteration and self._in_epoch:
+                self._in_epoch = False
+                # A closed loader (or one in a forked child) has no position to move.
+                with contextlib.suppress(ClosedError, UnsupportedError):
+                    self._loader.set_epoch(self._loader.epoch + 1)
+            raise
         self._in_epoch = False
 
     def __len__(self) -> int:

@@ -250,7 +250,7 @@ impl HostLoader {
                 .global_batch_size
                 .unwrap_or(options.batch_size * launch.world_size);
             sampler = sampler.in_global_batches(global, options.batch_size)?;
-            check_a_global_batch(options, &*source, sampler.global_len(), global)?;
+            options.check_a_global_batch(&*source, sampler.global_len(), global)?;
         }
         let tokens_print = match (&tokens, sampler.global_batches()) {
             (Some(config), Some(global)) => Some(TokensPrint {
@@ -760,43 +760,4 @@ fn sampler_text(sampler: &Sampler) -> String {
         SamplerKind::Distributed { .. } => "distributed".to_owned(),
     };
     format!("{order}, shard_drop_last={}", sampler.deal().drop_last)
-}
-
-/// `Err` unless an epoch of token source `source` holds at least one global batch (of `global`
-/// samples; `epoch_len` samples an epoch): a loader that delivers no batch would make a
-/// training loop counted in steps spin through empty epochs. (An empty map-style dataset is
-/// let through, as torch's sequential sampler lets it.)
-fn check_a_global_batch(
-    options: &LoaderOptions,
-    source: &dyn Source,
-    epoch_len: usize,
-    global: usize,
-) -> Result<()> {
-    let seq_len = options.seq_len().unwrap_or(0);
-    if source.is_empty() {
-        return Err(Error::option(
-            "seq_len",
-            format!(
-                "{}: no sample of seq_len {seq_len} (the source holds fewer tokens, or documents \
-                 of none under token_packing=pad)",
-                source.identity()
-            ),
-        ));
-    }
-    if epoch_len < global {
-        let key = if options.global_batch_size.is_some() {
-            "global_batch_size"
-        } else {
-            "batch_size"
-        };
-        return Err(Error::option(
-            key,
-            format!(
-                "an epoch has {epoch_len} samples of seq_len {seq_len}, fewer than one global \
-                 batch of {global}: it would deliver no batch; make the global batch smaller \
-                 or seq_len shorter"
-            ),
-        ));
-    }
-    Ok(())
 }

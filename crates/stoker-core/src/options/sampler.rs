@@ -33,7 +33,48 @@ impl LoaderOptions {
         // One process taking whole global batches: the union of every rank's slices.
         let sampler = Sampler::dealt(kind, source.len(), self.seed, RankShare::SINGLE)?
             .in_global_batches(global, global)?;
+        // What a loader of these options refuses, the order of its epochs is refused for.
+        self.check_a_global_batch(&*source, sampler.global_len(), global)?;
         Ok(sampler.epoch_indices(epoch))
+    }
+
+    /// `Err` unless an epoch of token source `source` holds at least one global batch (of
+    /// `global` samples; `epoch_len` samples an epoch): a loader that delivers no batch would
+    /// make a training loop counted in steps spin through empty epochs. (An empty map-style
+    /// dataset is let through, as torch's sequential sampler lets it.)
+    pub(crate) fn check_a_global_batch(
+        &self,
+        source: &dyn Source,
+        epoch_len: usize,
+        global: usize,
+    ) -> Result<()> {
+        let seq_len = self.seq_len().unwrap_or(0);
+        if source.is_empty() {
+            return Err(Error::option(
+                "seq_len",
+                format!(
+                    "{}: no sample of seq_len {seq_len} (the source holds fewer tokens, or \
+                     documents of none under token_packing=pad)",
+                    source.identity()
+                ),
+            ));
+        }
+        if epoch_len < global {
+            let key = if self.global_batch_size.is_some() {
+                "global_batch_size"
+            } else {
+                "batch_size"
+            };
+            return Err(Error::option(
+                key,
+                format!(
+                    "an epoch has {epoch_len} samples of seq_len {seq_len}, fewer than one global \
+                     batch of {global}: it would deliver no batch; make the global batch smaller \
+                     or seq_len shorter"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The sampler of `source` these options select ([`sampler_kind`](Self::sampler_kind)),
