@@ -81,12 +81,20 @@ int main(void) {
   /* Woken by the close, not by the source, which is still stalled. */
   CHECK(waited < 5.0);
 
-  /* Every later call says closed; closing again is closing once; stats still answer. */
+  /* Every later call says closed; closing again is closing once; the calls that read the
+   * loader still answer, so a watchdog can checkpoint where it stood. */
   CHECK_STATUS(stoker_loader_next(l, &b), STOKER_ERR_CLOSED);
   CHECK_STATUS(stoker_loader_set_epoch(l, 2), STOKER_ERR_CLOSED);
   CHECK_STATUS(stoker_loader_close(l), STOKER_OK);
   stoker_stats stats = {.size = sizeof stats};
   CHECK_STATUS(stoker_loader_stats(l, &stats), STOKER_OK);
+  char state[512];
+  size_t needed = 0;
+  CHECK_STATUS(stoker_loader_save_state(l, state, sizeof state, &needed), STOKER_OK);
+  CHECK(strncmp(state, "stoker-state-v2;", 16) == 0);
+  uint64_t busy[8];
+  size_t workers = 0;
+  CHECK_STATUS(stoker_loader_worker_busy_ns(l, busy, 8, &workers), STOKER_OK);
 
   /* Free joins the workers once the stalled read returns. */
   g_open(&g);

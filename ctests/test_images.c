@@ -187,13 +187,17 @@ int main(int argc, char **argv) {
   CHECK(stats.samples_skipped == 2);
   stoker_loader_free(l);
 
-  /* A malformed transform is an invalid option naming the key. */
+  /* A malformed transform is an invalid option naming the key, when it is set. */
   o = stoker_options_new();
-  CHECK_STATUS(stoker_options_set(o, "transform", "random_resized_crop(oops"), STOKER_OK);
+  CHECK_STATUS(stoker_options_set(o, "transform", "random_resized_crop(oops"), STOKER_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("transform");
+  CHECK_ERROR_HAS("missing closing parenthesis");
   char source[600];
   snprintf(source, sizeof source, "image_folder:%s", good.dir);
   CHECK_STATUS(stoker_options_set(o, "source", source), STOKER_OK);
   stoker_loader *none = NULL;
+  /* What depends on the source is checked when the loader is made: this one has no images. */
+  CHECK_STATUS(stoker_options_set(o, "transform", "fields(image=nothing) | resize(8, 8)"), STOKER_OK);
   CHECK_STATUS(stoker_loader_new(o, &none), STOKER_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("transform");
   CHECK(none == NULL);
@@ -230,8 +234,8 @@ int main(int argc, char **argv) {
   }
   o = stoker_options_new();
   CHECK_STATUS(stoker_options_set(o, "source", source), STOKER_OK);
-  CHECK_STATUS(stoker_options_set(o, "transform", "center_crop(32) | rand_augment(magnitude=40)"), STOKER_OK);
-  CHECK_STATUS(stoker_loader_new(o, &none), STOKER_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(stoker_options_set(o, "transform", "center_crop(32) | rand_augment(magnitude=40)"),
+               STOKER_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("rand_augment");
   CHECK_ERROR_HAS("magnitude");
   stoker_options_free(o);

@@ -774,7 +774,9 @@ enum stoker_status stoker_loader_set_epoch(struct stoker_loader *l, uint64_t epo
 /**
  * Closes the loader from any thread: a `stoker_loader_next` waiting for a batch in another
  * thread returns `STOKER_ERR_CLOSED` at once, and so does every later call on the loader
- * (except `stoker_loader_stats` and `stoker_loader_free`). Closing twice is closing once.
+ * except those that read it (`stoker_loader_stats`, `stoker_loader_worker_busy_ns`,
+ * `stoker_loader_save_state`: a watchdog that closes a stalled loader can still checkpoint
+ * where it stood) and `stoker_loader_free`. Closing twice is closing once.
  * Freeing stays with the thread that drives the loader, after its `next` has returned: call
  * `stoker_loader_free` as usual (it joins the worker threads; one stuck in a stalled read is
  * joined once that read returns). With `num_workers=0` the batch is built by the calling thread

@@ -68,6 +68,22 @@ impl DType {
         }
     }
 
+    /// Whether `value` is one of this type's values (an integer in range for the integer
+    /// types, finite and in range for the floating ones): what [`DType::encode`] stores exactly
+    /// (floats rounded to the nearest).
+    pub fn holds(self, value: f64) -> bool {
+        let int = |min: f64, max: f64| value.fract() == 0.0 && (min..=max).contains(&value);
+        match self {
+            DType::U8 => int(0.0, u8::MAX as f64),
+            DType::U16 => int(0.0, u16::MAX as f64),
+            DType::I32 => int(i32::MIN as f64, i32::MAX as f64),
+            DType::I64 => int(i64::MIN as f64, i64::MAX as f64),
+            DType::F16 => value.abs() <= f64::from(half::f16::MAX),
+            DType::BF16 => value.abs() <= f64::from(half::bf16::MAX),
+            DType::F32 => value.abs() <= f64::from(f32::MAX),
+        }
+    }
+
     /// Writes `value` converted to this type into `out` (exactly `self.size()` bytes), native
     /// endian. Integers saturate; used for pad values, so speed does not matter.
     pub fn encode(self, value: f64, out: &mut [u8]) {

@@ -128,7 +128,8 @@ impl Sampler {
         seed: u64,
         deal: RankShare,
     ) -> Result<Sampler> {
-        let bad = |reason: String| Err(Error::option("sampler", reason));
+        // Each refusal names the option that chose it.
+        let bad = |key: &str, reason: String| Err(Error::option(key, reason));
         let (kind, deal) = match kind {
             SamplerKind::Distributed {
                 rank,
@@ -153,13 +154,16 @@ impl Sampler {
             other => (other, deal),
         };
         if deal.world_size == 0 {
-            return bad("world_size must be >= 1".into());
+            return bad("world_size", "world_size must be >= 1".into());
         }
         if deal.rank >= deal.world_size {
-            return bad(format!(
-                "rank {} is out of range for world_size {} (need 0 <= rank < world_size)",
-                deal.rank, deal.world_size
-            ));
+            return bad(
+                "rank",
+                format!(
+                    "rank {} is out of range for world_size {} (need 0 <= rank < world_size)",
+                    deal.rank, deal.world_size
+                ),
+            );
         }
         let mut cumulative = Vec::new();
         match &kind {
@@ -169,17 +173,26 @@ impl Sampler {
                 num_samples,
             } => {
                 if *num_samples == Some(0) {
-                    return bad("num_samples must be a positive integer".into());
+                    return bad(
+                        "num_samples",
+                        "num_samples must be a positive integer".into(),
+                    );
                 }
                 if *replacement && dataset_len == 0 {
-                    return bad("cannot sample with replacement from an empty dataset".into());
+                    return bad(
+                        "replacement",
+                        "cannot sample with replacement from an empty dataset".into(),
+                    );
                 }
             }
             SamplerKind::SubsetRandom { indices } => {
                 if let Some(&i) = indices.iter().find(|&&i| i >= dataset_len) {
-                    return bad(format!(
+                    return bad(
+                        "subset",
+                        format!(
                         "subset index {i} is out of range for a dataset of {dataset_len} samples"
-                    ));
+                    ),
+                    );
                 }
             }
             SamplerKind::WeightedRandom {
@@ -188,29 +201,36 @@ impl Sampler {
                 replacement,
             } => {
                 if weights.len() != dataset_len {
-                    return bad(format!(
-                        "{} weights given for a dataset of {dataset_len} samples",
-                        weights.len()
-                    ));
+                    return bad(
+                        "weights",
+                        format!(
+                            "{} weights given for a dataset of {dataset_len} samples",
+                            weights.len()
+                        ),
+                    );
                 }
                 if let Some((i, w)) = weights
                     .iter()
                     .enumerate()
                     .find(|(_, w)| !w.is_finite() || **w < 0.0)
                 {
-                    return bad(format!(
-                        "weight {i} is {w}; weights must be finite and >= 0"
-                    ));
+                    return bad(
+                        "weights",
+                        format!("weight {i} is {w}; weights must be finite and >= 0"),
+                    );
                 }
                 let positive = weights.iter().filter(|w| **w > 0.0).count();
                 if positive == 0 {
-                    return bad("weights sum to zero".into());
+                    return bad("weights", "weights sum to zero".into());
                 }
                 if *num_samples == 0 {
-                    return bad("num_samples must be a positive integer".into());
+                    return bad(
+                        "num_samples",
+                        "num_samples must be a positive integer".into(),
+                    );
                 }
                 if !replacement && *num_samples > positive {
-                    return bad(format!(
+                    return bad("num_samples", format!(
                         "cannot draw {num_samples} samples without replacement: only {positive} have a positive weight"
                     ));
                 }
@@ -225,20 +245,24 @@ impl Sampler {
             }
             SamplerKind::Indices { indices } => {
                 if let Some(&i) = indices.iter().find(|&&i| i >= dataset_len) {
-                    return bad(format!(
-                        "index {i} is out of range for a dataset of {dataset_len} samples"
-                    ));
+                    return bad(
+                        "indices",
+                        format!("index {i} is out of range for a dataset of {dataset_len} samples"),
+                    );
                 }
             }
             SamplerKind::QuasiRandom { pages, window } => {
                 if pages.len() != dataset_len || *window == 0 {
-                    return bad(format!(
+                    return bad("order", format!(
                         "quasi_random: {} page numbers (window {window}) for a dataset of {dataset_len} samples",
                         pages.len()
                     ));
                 }
                 if pages.windows(2).any(|w| w[0] > w[1]) {
-                    return bad("quasi_random: page numbers must not decrease".into());
+                    return bad(
+                        "order",
+                        "quasi_random: page numbers must not decrease".into(),
+                    );
                 }
             }
             SamplerKind::Distributed { .. } => {

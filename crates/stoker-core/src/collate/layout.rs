@@ -145,6 +145,9 @@ impl Output {
                 // Raw bytes (a tar `txt` or `json` member, say) have an obvious pad, 0;
                 // any other ragged tensor needs the caller to choose one.
                 let raw_bytes = *dtype == DType::U8 && inner_shape.is_empty();
+                // A pad chosen for other fields (-1 for token ids, say) that raw bytes cannot
+                // hold leaves them their own, 0.
+                let pad = pad.filter(|&v| !raw_bytes || dtype.holds(v));
                 let pad = pad.or(raw_bytes.then_some(0.0)).ok_or_else(|| {
                     Error::option(
                         "pad",
@@ -155,6 +158,17 @@ impl Output {
                         ),
                     )
                 })?;
+                if !dtype.holds(pad) {
+                    return Err(Error::option(
+                        "pad",
+                        format!(
+                            "pad={pad} is not a {dtype} value, and field `{}` is {dtype}: it \
+                             would be padded with another value (a sentinel such as -1 with \
+                             0); choose a pad the field's type holds",
+                            spec.name
+                        ),
+                    ));
+                }
                 let mut bytes = vec![0u8; dtype.size()];
                 dtype.encode(pad, &mut bytes);
                 Output::Ragged {

@@ -115,6 +115,34 @@ pub struct Collator {
     gpu: Option<gpu_decode::GpuRoute>,
 }
 
+/// `Err` if a field the batch adds for a ragged one (`<name>_lengths` padded, `<name>_offsets`
+/// flat) is a field of the source too (or an empty name): a batch would hold two fields of
+/// one name, and a reader by name would get the other.
+fn added_fields_are_free(names: &[String], outputs: &[Output]) -> Result<()> {
+    if let Some(at) = names.iter().position(String::is_empty) {
+        return Err(Error::InvalidArgument(format!(
+            "the source's field {at} has an empty name"
+        )));
+    }
+    for (name, out) in names.iter().zip(outputs) {
+        let (added, key) = match out {
+            Output::Ragged { pad: Some(_), .. } => (format!("{name}_lengths"), "pad"),
+            Output::Ragged { pad: None, .. } => (format!("{name}_offsets"), "ragged"),
+            _ => continue,
+        };
+        if names.contains(&added) {
+            return Err(Error::option(
+                key,
+                format!(
+                    "the batch adds field `{added}` for the varying-length field `{name}`, and \
+                     the source has a field of that name too: rename it"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Collator {
     /// `ragged` is how ragged fields are batched: padded with a value (required if the source
     /// has any, except raw-bytes fields, which pad with 0; an `Option<f64>` converts), or flat
@@ -146,6 +174,7 @@ impl Collator {
             .map(|spec| Output::for_field(spec, ragged, image.as_ref(), mix.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let names: Vec<String> = fields.iter().map(|spec| spec.name.clone()).collect();
+        added_fields_are_free(&names, &outputs)?;
         let moving = match image.as_deref() {
             Some(ImageStages {
                 roles: Some(roles),

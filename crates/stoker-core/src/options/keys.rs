@@ -219,7 +219,7 @@ keys {
         meaning "these indices in this order every epoch (a torch `sampler=` given as a sequence)";
     /// Image transform pipeline spec, e.g. `random_resized_crop(224) | hflip | normalize(imagenet)`.
     transform: Option<String> = None;
-        parse |_, v| Ok(non_empty(v).map(str::to_owned));
+        parse |key, v| parse_transform(key, v);
         values "e.g. `random_resized_crop(224) \\| hflip \\| normalize(imagenet)`",
         default "none",
         example "random_resized_crop(224) | hflip",

@@ -395,3 +395,14 @@ pub(super) fn parse_columns(v: &str) -> Result<Vec<(String, String)>> {
     }
     Ok(out)
 }
+
+/// A transform spec, checked as far as it can be alone (its operations and their arguments);
+/// what depends on the source (sizes, fields, channel counts) is checked when a loader is made.
+pub(super) fn parse_transform(key: &str, v: &str) -> Result<Option<String>> {
+    match non_empty(v) {
+        None => Ok(None),
+        Some(spec) => crate::transform::parse(spec)
+            .map(|_| Some(spec.to_owned()))
+            .map_err(|e| Error::option(key, e)),
+    }
+}

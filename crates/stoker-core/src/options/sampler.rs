@@ -129,8 +129,8 @@ impl LoaderOptions {
         .count();
         if chosen > 1 {
             return Err(Error::option(
-                "sampler",
-                "weights, subset and indices each select a sampler; set only one",
+                "weights",
+                "weights, subset and indices each select a sampler; set only one of them",
             ));
         }
         if self.indices.is_some() && (self.shuffle || self.replacement) {

@@ -552,6 +552,75 @@ fn ragged_fields_are_padded_with_lengths() {
     );
 }
 
+/// A pad value the field's type cannot hold is refused, naming both (-1 was stored as 0 in a
+/// uint8 field, 1e10 as 2147483647 in an int32 one); raw bytes keep their own pad, 0.
+#[test]
+fn a_pad_the_fields_type_cannot_hold_is_refused() {
+    let pairs: Vec<Vec<u8>> = (0..4u8).map(|i| vec![7; 2 * i as usize]).collect();
+    let ints: Vec<Vec<u8>> = (0..4i32)
+        .map(|i| (0..i).flat_map(|v| v.to_ne_bytes()).collect())
+        .collect();
+    for (dtype, inner, rows, pad) in [
+        (DType::U8, vec![2], pairs.clone(), "-1"),
+        (DType::I32, vec![], ints.clone(), "1e10"),
+        (DType::I32, vec![], ints, "1.5"),
+    ] {
+        let src: Arc<dyn Source> = Arc::new(
+            MemorySource::new()
+                .with_ragged("seq", dtype, &inner, rows)
+                .unwrap(),
+        );
+        let e = Loader::new(&options(src, &[("batch_size", "2"), ("pad", pad)]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(&format!("pad={}", pad.parse::<f64>().unwrap()))
+                && e.contains(&format!("field `seq` is {dtype}")),
+            "{e}"
+        );
+    }
+    let bytes: Vec<Vec<u8>> = (0..4u8).map(|i| vec![7; i as usize]).collect();
+    let src: Arc<dyn Source> = Arc::new(
+        MemorySource::new()
+            .with_ragged("txt", DType::U8, &[], bytes)
+            .unwrap(),
+    );
+    let mut l = Loader::new(&options(src, &[("batch_size", "4"), ("pad", "-1")])).unwrap();
+    let b = l.next().unwrap().unwrap();
+    assert_eq!(
+        b.field_by_name("txt").unwrap().data.unwrap()[..3],
+        [0, 0, 0]
+    );
+}
+
+/// The field a ragged one adds (`seq_lengths` padded, `seq_offsets` flat) may not be a field of
+/// the source too: a batch held both, and a reader by name got the source's.
+#[test]
+fn a_field_named_like_the_one_the_batch_adds_is_refused() {
+    let rows: Vec<Vec<u8>> = (0..4u8).map(|i| vec![7; i as usize]).collect();
+    for (added, kv) in [
+        ("seq_lengths", ("pad", "0")),
+        ("seq_offsets", ("ragged", "offsets")),
+    ] {
+        let src: Arc<dyn Source> = Arc::new(
+            MemorySource::new()
+                .with_ragged("seq", DType::U8, &[], rows.clone())
+                .unwrap()
+                .with_tensor(added, DType::I64, &[], vec![0; 32])
+                .unwrap(),
+        );
+        let e = Loader::new(&options(src, &[("batch_size", "2"), kv]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(&format!("adds field `{added}`")) && e.contains(kv.0),
+            "{e}"
+        );
+    }
+}
+
 #[test]
 fn distributed_ranks_split_the_epoch() {
     let mut all = Vec::new();
