@@ -97,9 +97,9 @@ pub(crate) fn run(args: &PackArgs) -> Result<(), String> {
         // The template is a constant; should indicatif ever reject it, the default bar still
         // shows progress.
         let style = ProgressStyle::with_template(
-            "stoker pack [{bar:30}] {pos}/{len} samples  {per_sec}  ETA {eta}",
+            "stoker pack [{bar:30}] {pos}/{len} samples  {rate}  ETA {eta}",
         )
-        .map(|s| s.progress_chars("#>."))
+        .map(|s| s.progress_chars("#>.").with_key("rate", whole_rate))
         .unwrap_or_else(|_| ProgressStyle::default_bar());
         ProgressBar::new(0).with_style(style)
     });
@@ -150,9 +150,9 @@ fn pack_tokens(src: &str, out: &Path, set: &[(String, String)]) -> Result<(), St
     let total = source.total_tokens();
     let bar = std::io::stderr().is_terminal().then(|| {
         let style = ProgressStyle::with_template(
-            "stoker pack [{bar:30}] {pos}/{len} tokens  {per_sec}  ETA {eta}",
+            "stoker pack [{bar:30}] {pos}/{len} tokens  {rate}  ETA {eta}",
         )
-        .map(|s| s.progress_chars("#>."))
+        .map(|s| s.progress_chars("#>.").with_key("rate", whole_rate))
         .unwrap_or_else(|_| ProgressStyle::default_bar());
         ProgressBar::new(total).with_style(style)
     });
@@ -179,4 +179,9 @@ fn pack_tokens(src: &str, out: &Path, set: &[(String, String)]) -> Result<(), St
         report.path.display()
     );
     Ok(())
+}
+
+/// The bar's rate as a whole number per second (indicatif's `{per_sec}` shows four decimals).
+fn whole_rate(state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write) {
+    let _ = write!(w, "{:.0}/s", state.per_sec());
 }

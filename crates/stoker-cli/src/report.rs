@@ -96,9 +96,14 @@ pub(crate) fn ms(ns: u64) -> f64 {
 }
 
 pub(crate) fn print_stats(s: &Stats) {
+    // Replacements happen under on_error=skip only: a count of none is not said.
+    let replaced = match s.samples_skipped {
+        0 => String::new(),
+        n => format!(" ({n} bad ones replaced under on_error=skip)"),
+    };
     println!(
-        "delivered      {} batches, {} samples ({} replaced under on_error=skip)",
-        s.batches, s.samples, s.samples_skipped
+        "delivered      {} batches, {} samples{replaced}",
+        s.batches, s.samples
     );
     println!(
         "throughput     {:.0} samples/s over {:.2} s",

@@ -162,8 +162,8 @@ fn demo_output_is_plain_when_not_on_a_terminal() {
     );
     assert!(stdout.contains("stoker demo: 4 images from"), "{stdout}");
     assert!(
-        stdout.contains("delivered      4 batches, 8 samples"),
-        "{stdout}"
+        stdout.contains("delivered      4 batches, 8 samples\n"),
+        "no replacement, none said: {stdout}"
     );
 }
 
@@ -568,6 +568,15 @@ fn doctor_diagnoses_a_blend_given_in_place_of_the_source() {
     let report = json_of(&run);
     assert!(positive(&report, "pipeline_samples_per_s") > 0.0);
     assert!(report["stages"]["io"]["us_per_sample"].as_f64().unwrap() > 0.0);
+    // A timeline that cannot be written is said before the measurement, not after it.
+    let svg = dir.join("no/such/dir/t.svg").display().to_string();
+    let bad = stoker(&["doctor", &format!("tokens:{file}"), "--timeline", &svg]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        text(&bad.stderr).contains(&format!("--timeline {svg}: cannot write it")),
+        "{}",
+        text(&bad.stderr)
+    );
     // Neither a source nor a blend: the loader's own message.
     let none = stoker(&["doctor", "--set", "seq_len=4"]);
     assert_eq!(none.status.code(), Some(1));

@@ -49,10 +49,13 @@ impl MemoryBudget {
             }
             return Ok(MemoryBudget::Percent(p));
         }
-        let bytes: ByteSize = v.parse().map_err(|e| {
+        let bytes: ByteSize = v.parse().map_err(|_| {
             Error::option(
                 key,
-                format!("`{v}` is not a size such as 8GiB, 500MB or 25%: {e}"),
+                format!(
+                    "`{v}` is not a size such as 8GiB, 500MB or 25% ({}, or a percentage)",
+                    crate::options::SIZE_WORDS
+                ),
             )
         })?;
         if bytes.as_u64() == 0 {

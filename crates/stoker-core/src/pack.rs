@@ -148,8 +148,14 @@ impl PackOptions {
         if !self.page_size.is_power_of_two() || self.page_size < 4096 {
             return Err(Error::option("page_size", "must be a power of two ≥ 4096"));
         }
+        if let Some((_, 0)) = self.slice {
+            return Err(Error::option(
+                "num_shards",
+                "0: a pack is cut into at least 1 slice",
+            ));
+        }
         if let Some((i, n)) = self.slice {
-            if n == 0 || i >= n {
+            if i >= n {
                 return Err(Error::option(
                     "shard_index",
                     format!("shard index {i} is out of range for {n} shards"),
@@ -483,6 +489,12 @@ fn keeps_dense_fields(fields: &[PackedField], options: &PackOptions) -> Result<(
         .filter(|f| f.kind == PackedKind::Image)
         .map(|f| f.name.as_str())
         .collect();
+    if images.is_empty() && options.max_side.is_some() {
+        return Err(Error::option(
+            "max_side",
+            "shrinks images, and this source has none (its tensors are packed as they are)",
+        ));
+    }
     let boxes = fields
         .iter()
         .find(|f| f.kind == PackedKind::Ragged && f.dtype == DType::F32 && f.dims == [4]);
@@ -914,10 +926,15 @@ pub fn pack_spec(
 
 /// A byte size as people write it (`512MiB`, `2GB`, `1000000`), for `shard_size`.
 pub fn parse_size(key: &str, v: &str) -> Result<u64> {
-    let bytes: bytesize::ByteSize = v
-        .trim()
-        .parse()
-        .map_err(|e| Error::option(key, format!("`{v}` is not a size such as 512MiB: {e}")))?;
+    let bytes: bytesize::ByteSize = v.trim().parse().map_err(|_| {
+        Error::option(
+            key,
+            format!(
+                "`{v}` is not a size such as 512MiB ({})",
+                crate::options::SIZE_WORDS
+            ),
+        )
+    })?;
     if bytes.as_u64() == 0 {
         return Err(Error::option(key, "must be more than 0 bytes"));
     }

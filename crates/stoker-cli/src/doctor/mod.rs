@@ -75,7 +75,8 @@ pub(crate) struct DoctorArgs {
     /// SVG picture.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) timeline: Option<PathBuf>,
-    /// Samples measured in each run.
+    /// Samples measured at least in each run (a run also lasts at least half a second, so fast
+    /// sources measure more).
     #[arg(long, value_name = "N", default_value_t = 512)]
     pub(crate) samples: usize,
 }
@@ -106,6 +107,10 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
             args.step_ms
         ));
     }
+    if let Some(path) = &args.timeline {
+        writable(path)
+            .map_err(|e| format!("--timeline {}: cannot write it: {e}", path.display()))?;
+    }
     let config = Config {
         step: Duration::from_secs_f64(args.step_ms / 1000.0),
         samples: args.samples.max(1),
@@ -133,6 +138,20 @@ pub(crate) fn run(args: &DoctorArgs) -> Result<(), String> {
         if !args.json {
             println!("timeline: {}", path.display());
         }
+    }
+    Ok(())
+}
+
+/// `Err` unless a file can be written at `path`, checked before the measurement so that a bad
+/// path does not throw its report away; leaves no file that was not there.
+fn writable(path: &std::path::Path) -> std::io::Result<()> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)?;
+    if !existed {
+        std::fs::remove_file(path)?;
     }
     Ok(())
 }

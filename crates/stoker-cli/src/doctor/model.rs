@@ -327,9 +327,10 @@ pub(super) fn analyse(
                 advice.push(Advice {
                     set: format!("num_workers={enough}"),
                     why: format!(
-                        "the loader keeps up (readiness {:.0}%): the training step is the bottleneck; {enough} workers suffice and leave {} cores to the trainer",
+                        "the loader keeps up (readiness {:.0}%): the training step is the bottleneck; {} suffice and leave {} to the trainer",
                         pipeline.readiness * 100.0,
-                        w - enough
+                        counted(enough, "worker"),
+                        counted(w - enough, "core")
                     ),
                     change: Change::Set("num_workers", enough.to_string()),
                 });
@@ -596,6 +597,15 @@ pub(super) fn analyse(
         prediction_measured_on: None,
         advice,
         step,
+    }
+}
+
+/// `1 worker`, `3 workers`.
+fn counted(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
     }
 }
 

@@ -42,8 +42,11 @@ impl Layout {
         let expected = header.table_offset.checked_add(table_len);
         if expected != Some(size) {
             return Err(match expected {
+                // The checksum that would tell a corrupt header from a short file covers the
+                // table, which a wrong size puts elsewhere: both are said.
                 Some(e) if e > size => format!(
-                    "truncated: the header says the file has {e} bytes ({} samples), it has {size}",
+                    "truncated, or its header corrupt: the header says the file has {e} bytes \
+                     ({} samples), it has {size}",
                     header.num_samples
                 ),
                 Some(e) => format!(
