@@ -34,6 +34,18 @@ static int32_t ds_read(void *user, uint64_t index, stoker_sample *s) {
   return stoker_sample_put_label(s, (int64_t)index * 7) == STOKER_OK ? 0 : 1;
 }
 
+/* A read that calls into its own loader (num_workers=0: on the thread inside next): the inner
+ * call is refused instead of recursing without end, and the read fails its sample with it. */
+static stoker_loader *g_self;
+static stoker_status g_inner = STOKER_OK;
+static int32_t reentrant_read(void *user, uint64_t index, stoker_sample *s) {
+  if (g_self == NULL) return ds_read(user, index, s); /* the loader reads a sample to start */
+  stoker_batch *b = NULL;
+  g_inner = stoker_loader_next(g_self, &b);
+  stoker_sample_fail(s, t_last_error());
+  return 1;
+}
+
 static stoker_loader *make(dataset *d, const char *workers, const char *on_error) {
   stoker_source_callbacks cb = {d, ds_len, ds_read, ds_drop};
   stoker_options *o = stoker_options_new();
@@ -148,5 +160,18 @@ int main(void) {
   CHECK(stats.samples_skipped == 1);
   stoker_loader_free(ls);
   CHECK(atomic_load(&df.drops) == 1 && atomic_load(&ds.drops) == 1);
+
+  dataset dr = {4, 0, -1, NULL};
+  stoker_source_callbacks rcb = {&dr, ds_len, reentrant_read, ds_drop};
+  stoker_options *ro = stoker_options_new();
+  CHECK_STATUS(stoker_options_set_source_callbacks(ro, &rcb), STOKER_OK);
+  CHECK_STATUS(stoker_options_set(ro, "num_workers", "0"), STOKER_OK);
+  CHECK_STATUS(stoker_loader_new(ro, &g_self), STOKER_OK);
+  stoker_options_free(ro);
+  stoker_batch *rb = NULL;
+  CHECK_STATUS(stoker_loader_next(g_self, &rb), STOKER_ERR_CALLBACK);
+  CHECK(g_inner == STOKER_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_HAS("in use by another call");
+  stoker_loader_free(g_self);
   return t_finish("test_callbacks");
 }

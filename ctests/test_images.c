@@ -184,7 +184,8 @@ int main(int argc, char **argv) {
   memset(&stats, 0, sizeof stats);
   stats.size = sizeof stats;
   CHECK_STATUS(stoker_loader_stats(l, &stats), STOKER_OK);
-  CHECK(stats.samples_skipped == 2);
+  /* Both bad files, and a replacement drawn bad is replaced and counted again. */
+  CHECK(stats.samples_skipped >= 2);
   stoker_loader_free(l);
 
   /* A malformed transform is an invalid option naming the key, when it is set. */
@@ -197,7 +198,7 @@ int main(int argc, char **argv) {
   CHECK_STATUS(stoker_options_set(o, "source", source), STOKER_OK);
   stoker_loader *none = NULL;
   /* What depends on the source is checked when the loader is made: this one has no images. */
-  CHECK_STATUS(stoker_options_set(o, "transform", "fields(image=nothing) | resize(8, 8)"), STOKER_OK);
+  CHECK_STATUS(stoker_options_set(o, "transform", "fields(image=nothing, mask=also) | resize(8, 8)"), STOKER_OK);
   CHECK_STATUS(stoker_loader_new(o, &none), STOKER_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_HAS("transform");
   CHECK(none == NULL);

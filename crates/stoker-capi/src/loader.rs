@@ -10,6 +10,24 @@ use crate::ffi::{free_raw, into_raw, invalid_argument};
 use crate::types::SharedBatch;
 use crate::types::{stoker_batch, stoker_loader, stoker_options, stoker_stats, stoker_status};
 
+/// The `Loader` for the rest of this call, or an `INVALID_ARGUMENT` return (0 where a value is
+/// returned) when another call holds it: a loader is driven by one call at a time.
+macro_rules! drive {
+    ($l:expr) => {
+        match $l.drive() {
+            Some(driven) => driven,
+            None => {
+                return invalid_argument(
+                    FFI_FN,
+                    "the loader is in use by another call (on another thread, or a source \
+                     callback calling into its own loader); a loader is driven by one call \
+                     at a time",
+                )
+            }
+        }
+    };
+}
+
 /// Starts a loader (and its worker threads) from options; the options may be freed afterwards.
 /// On failure `*out` is NULL. With `device=cuda[:N]` this loads the CUDA driver and fails with
 /// `STOKER_ERR_UNSUPPORTED`, saying why, when there is no driver or no such device.
@@ -57,10 +75,7 @@ pub extern "C" fn stoker_loader_next(
     ffi_boundary!(stoker_loader_next => {
         clear_out!(out);
         let l = try_ref!(l);
-        // SAFETY: the C contract lets one thread at a time drive a loader, so no other reference
-        // to the `Loader` exists now; `stoker_loader_stats` reads only fields outside the cell.
-        let loader = unsafe { &mut *l.loader.get() };
-        match loader.next() {
+        match drive!(l).loader().next() {
             Ok(Some(batch)) => {
                 let handle = stoker_batch {
                     shared: Arc::new(SharedBatch::new(batch)),
@@ -83,14 +98,12 @@ pub extern "C" fn stoker_loader_batches_per_epoch(l: *const stoker_loader) -> i6
     })
 }
 
-/// The epoch the next batch belongs to (0 for NULL).
+/// The epoch the next batch belongs to (0 for NULL, or while another call drives the loader).
 #[no_mangle]
 pub extern "C" fn stoker_loader_epoch(l: *const stoker_loader) -> u64 {
     ffi_boundary!(stoker_loader_epoch => {
         let l = try_ref!(l);
-        // SAFETY: not called while another thread is inside `stoker_loader_next` (one thread at a
-        // time drives a loader), so only shared references to the `Loader` exist.
-        unsafe { &*l.loader.get() }.epoch()
+        drive!(l).loader().epoch()
     })
 }
 
@@ -103,10 +116,7 @@ pub extern "C" fn stoker_loader_epoch(l: *const stoker_loader) -> u64 {
 pub extern "C" fn stoker_loader_set_epoch(l: *mut stoker_loader, epoch: u64) -> stoker_status {
     ffi_boundary!(stoker_loader_set_epoch => {
         let l = try_ref!(l);
-        // SAFETY: the C contract lets one thread at a time drive a loader, so no other reference
-        // to the `Loader` exists now.
-        let loader = unsafe { &mut *l.loader.get() };
-        match loader.set_epoch(epoch) {
+        match drive!(l).loader().set_epoch(epoch) {
             Ok(()) => stoker_status::STOKER_OK,
             Err(e) => fail(&e),
         }
@@ -274,9 +284,7 @@ pub extern "C" fn stoker_loader_save_state(
     ffi_boundary!(stoker_loader_save_state => {
         non_null!(needed);
         let l = try_ref!(l);
-        // SAFETY: not called while another thread is inside `stoker_loader_next` (one thread at a
-        // time drives a loader), so only shared references to the `Loader` exist.
-        let state = unsafe { &*l.loader.get() }.save_state();
+        let state = drive!(l).loader().save_state();
         let size = state.len() + 1;
         // SAFETY: `needed` is non-NULL (checked above) and writable by the C contract.
         unsafe { needed.write(size) };

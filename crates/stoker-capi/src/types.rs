@@ -3,6 +3,7 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use stoker_core::{Batch, Closer, DType, ErrorKind, Loader, LoaderOptions, StatsHandle};
@@ -301,15 +302,22 @@ pub struct stoker_options {
     pub(crate) inner: LoaderOptions,
 }
 
-/// A loader (opaque). Driven by one thread at a time; `stoker_loader_stats` and
-/// `stoker_loader_close` may be called from any thread.
+/// A loader (opaque). Driven by one call at a time: a call made while another is under way (on
+/// another thread, or from a source callback into its own loader) fails with
+/// `STOKER_ERR_INVALID_ARGUMENT`; `stoker_loader_stats` and `stoker_loader_close` may be called
+/// from any thread at any time.
 // The fields `stoker_loader_stats` and `stoker_loader_close` use sit outside the `UnsafeCell`
 // that the driving thread borrows mutably, so they never create a reference to the `Loader`.
 pub struct stoker_loader {
     pub(crate) stats: StatsHandle,
     pub(crate) closer: Closer,
     pub(crate) batches_per_epoch: i64,
-    pub(crate) loader: UnsafeCell<Loader>,
+    /// Set while a call holds the `Loader` ([`stoker_loader::drive`]).
+    driven: AtomicBool,
+    /// The process that made the loader: in a child forked from it, a call the parent had
+    /// under way at the fork holds nothing (its thread was not copied).
+    made_by: u32,
+    loader: UnsafeCell<Loader>,
 }
 
 impl stoker_loader {
@@ -319,8 +327,41 @@ impl stoker_loader {
             stats: loader.stats_handle(),
             closer: loader.closer(),
             batches_per_epoch: loader.batches_per_epoch_i64(),
+            driven: AtomicBool::new(false),
+            made_by: std::process::id(),
             loader: UnsafeCell::new(loader),
         }
+    }
+
+    /// The `Loader`, for the length of one call, or `None` when another call holds it: the C
+    /// contract's "one thread at a time" checked, since a second thread (or a source callback
+    /// calling into its own loader) would otherwise race on it, or recurse without end.
+    pub(crate) fn drive(&self) -> Option<Driven<'_>> {
+        let taken = self
+            .driven
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok();
+        // In a forked child the holder is a parent's thread, which does not exist here: the
+        // call goes on, to the loader's own answer there (`STOKER_ERR_UNSUPPORTED`).
+        (taken || std::process::id() != self.made_by).then_some(Driven(self))
+    }
+}
+
+/// A call's hold on a loader ([`stoker_loader::drive`]); released when dropped.
+pub(crate) struct Driven<'a>(&'a stoker_loader);
+
+impl Driven<'_> {
+    pub(crate) fn loader(&mut self) -> &mut Loader {
+        // SAFETY: `driven` was swapped from false to true for this value and is cleared only
+        // when it drops, so no other reference to the `Loader` exists while it lives; the
+        // fields other threads read (`stats`, `closer`) are outside the cell.
+        unsafe { &mut *self.0.loader.get() }
+    }
+}
+
+impl Drop for Driven<'_> {
+    fn drop(&mut self) {
+        self.0.driven.store(false, Ordering::Release);
     }
 }
 

@@ -354,8 +354,10 @@ class Loader:
 
     @property
     def epoch(self) -> int:
-        """The epoch the next batch belongs to."""
-        return int(_ffi.lib.stoker_loader_epoch(self._handle()))
+        """The epoch the next batch belongs to (waits for a ``next_batch`` under way on another
+        thread: the library answers one call at a time)."""
+        with self._lock:
+            return int(_ffi.lib.stoker_loader_epoch(self._handle()))
 
     def stats(self) -> Stats:
         """A snapshot of the loader's statistics; callable at any time, from any thread, also
