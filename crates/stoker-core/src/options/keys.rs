@@ -292,7 +292,7 @@ keys {
         values "a string from `save_state`",
         default "none",
         example "stoker-state-v1;seed=3;epoch=1;position=2;ahead=4;batches=6",
-        meaning "continue exactly where a saved job stopped, at any world size (a streaming loader's state: at the same world size only, by replay); an error names what differs if the source, sampler, batch_size, drop_last or transform changed";
+        meaning "continue exactly where a saved job stopped, at any world size (a streaming loader's state: at the same world size only, by replay), with the seed it was saved with (whatever `seed` says); an error names what differs if the source, sampler, batch_size, drop_last or transform changed";
     /// Pad value for ragged fields.
     pad: Option<f64> = None;
         parse |key, v| parse_finite(key, v).map(Some);

@@ -371,6 +371,9 @@ mod tests {
             ("prefetch_factor", "0", "out of range"),
             ("weights", "1,-2", "not a finite weight"),
             ("subset", "1,x", "not an index"),
+            ("indices", "0..0", "selects no sample"),
+            ("subset", "4..4, 7..7", "selects no sample"),
+            ("transform", "resize(0)", "not a size"),
             ("pad", "nan", "not a finite number"),
             ("resume_state", "garbage", "resume_state"),
         ] {
@@ -380,6 +383,9 @@ mod tests {
             assert!(msg.contains(needle), "{k}={v}: {msg}");
         }
         assert_eq!(o.batch_size, 1, "a failed set leaves the old value");
+        // Booleans in any case, as Python's str(True) writes them.
+        o.set("shuffle", "True").unwrap();
+        assert!(o.shuffle);
     }
 
     #[test]

@@ -220,7 +220,8 @@ pub(super) fn parse_share(key: &str, v: &str) -> Result<Option<f64>> {
 }
 
 pub(super) fn parse_bool(key: &str, v: &str) -> Result<bool> {
-    match v {
+    // In any case: Python's `str(True)` is `True`.
+    match v.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
         _ => Err(Error::option(
@@ -292,6 +293,12 @@ pub(super) fn parse_indices(key: &str, v: &str) -> Result<Vec<Range<usize>>> {
             let i: usize = part.parse().map_err(|_| bad())?;
             out.push(i..i.saturating_add(1));
         }
+    }
+    if out.iter().all(Range::is_empty) {
+        return Err(Error::option(
+            key,
+            format!("`{v}` selects no sample: every epoch would deliver nothing"),
+        ));
     }
     Ok(out)
 }
