@@ -22,6 +22,10 @@ use bytesize::ByteSize;
 
 use crate::error::{Error, Result};
 
+/// How a byte size is written, for messages (bytesize's own names its internals: "couldn't
+/// parse ... into a known SI unit").
+pub(crate) const SIZE_WORDS: &str = "a number and B, KB, MB, GB, TB, KiB, MiB, GiB or TiB";
+
 /// `memory_budget` as given.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum MemoryBudget {
@@ -54,7 +58,7 @@ impl MemoryBudget {
                 key,
                 format!(
                     "`{v}` is not a size such as 8GiB, 500MB or 25% ({}, or a percentage)",
-                    crate::options::SIZE_WORDS
+                    SIZE_WORDS
                 ),
             )
         })?;

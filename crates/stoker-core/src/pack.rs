@@ -931,7 +931,7 @@ pub fn parse_size(key: &str, v: &str) -> Result<u64> {
             key,
             format!(
                 "`{v}` is not a size such as 512MiB ({})",
-                crate::options::SIZE_WORDS
+                crate::memory::SIZE_WORDS
             ),
         )
     })?;

@@ -17,7 +17,6 @@ mod sampler;
 
 pub use keys::{LoaderOptions, OptionDoc, OPTIONS};
 pub(crate) use open::OpenedSource;
-pub(crate) use parse::SIZE_WORDS;
 
 use crate::error::{Error, Result};
 use crate::launch::{usable_cores, Launch, RankShare};

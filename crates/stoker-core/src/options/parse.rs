@@ -364,16 +364,15 @@ pub(super) fn parse_on_error(key: &str, v: &str) -> Result<OnError> {
     }
 }
 
-/// How a byte size is written, for messages (bytesize's own names its internals: "couldn't
-/// parse ... into a known SI unit").
-pub(crate) const SIZE_WORDS: &str = "a number and B, KB, MB, GB, TB, KiB, MiB, GiB or TiB";
-
 /// Bytes as `500GB` or `64GiB`.
 pub(super) fn parse_size(key: &str, v: &str) -> Result<u64> {
     let bytes: bytesize::ByteSize = v.parse().map_err(|_| {
         Error::option(
             key,
-            format!("`{v}` is not a size such as 500GB or 64GiB ({SIZE_WORDS})"),
+            format!(
+                "`{v}` is not a size such as 500GB or 64GiB ({})",
+                crate::memory::SIZE_WORDS
+            ),
         )
     })?;
     Ok(bytes.as_u64())
