@@ -204,7 +204,7 @@ def _after_fork_in_child() -> None:
     # at the moment of the fork (one waiting in next_batch, say), and would never release them
     # here; the locks are made anew so that the child's calls reach the library and its error.
     for loader in list(_loaders):
-        loader._lock = threading.Lock()
+        loader._lock = threading.RLock()
         loader._ptr_lock = threading.Lock()
 
 
@@ -288,10 +288,12 @@ class Loader:
         )
         self._options = {k: option_value(v) for k, v in options.items() if v is not None}
         # The C loader is driven by one thread at a time; `_lock` makes concurrent Python
-        # callers take turns instead of racing (ctypes releases the GIL inside next()).
+        # callers take turns instead of racing (ctypes releases the GIL inside next()). It is
+        # re-entrant: a garbage collection on the thread holding it (between library calls) may
+        # finalize a stoker.torch iterator, whose cleanup moves the epoch.
         # `_ptr_lock` only guards the pointer's lifetime, so that close() from another thread
         # can wake a next() waiting under `_lock`, and stats() can read meanwhile.
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._ptr_lock = threading.Lock()
         self._ptr = _new_loader(self._options, self._dataset, self._concurrent, self._item_form)
         _loaders.add(self)
