@@ -10,8 +10,9 @@
 //!
 //! The state also carries a fingerprint of what the order and the batches depend on (the source,
 //! the sampler, `batch_size`, `drop_last`, the transform); resuming with any of them changed is an
-//! error naming it. States of the first format (`stoker-state-v1`: a batch position, checked by
-//! the batch count only) are still read, for the same world size.
+//! error naming it. States of the first format (`stoker-state-v1`, stoker 0.1's: a batch position,
+//! checked by the batch count only) are still read, for the same world size and an order without
+//! draws (0.1 mixed the random key differently).
 //!
 //! A streaming loader (`mode=stream`: tar shards with `shuffle_buffer ≥ 1`, an iterable source)
 //! has no global order: each rank reads its own stream. Its state is this rank's batch position
