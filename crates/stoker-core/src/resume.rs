@@ -472,6 +472,21 @@ mod tests {
         }
     }
 
+    /// A state of 4 entries consumed by 2 ranks under `fingerprint`.
+    fn global_state(fingerprint: Fingerprint) -> ResumeState {
+        ResumeState {
+            seed: 1,
+            epoch: 0,
+            at: Position::Global {
+                consumed: 4,
+                world_size: 2,
+                fingerprint,
+                rank: None,
+            },
+            ahead: vec![],
+        }
+    }
+
     #[test]
     fn v2_round_trips() {
         let s = ResumeState {
@@ -558,17 +573,7 @@ mod tests {
             }),
             ..fp()
         };
-        let saved = ResumeState {
-            seed: 1,
-            epoch: 0,
-            at: Position::Global {
-                consumed: 4,
-                world_size: 2,
-                fingerprint: print(0x9, "none"),
-                rank: None,
-            },
-            ahead: vec![],
-        };
+        let saved = global_state(print(0x9, "none"));
         let text = saved.to_string();
         assert!(
             text.ends_with(";tokens=0000000000000009;document_boundaries=ignore;eos_token=none"),
@@ -607,18 +612,7 @@ mod tests {
             }),
             ..fp()
         };
-        let state = |fingerprint| ResumeState {
-            seed: 1,
-            epoch: 0,
-            at: Position::Global {
-                consumed: 4,
-                world_size: 2,
-                fingerprint,
-                rank: None,
-            },
-            ahead: vec![],
-        };
-        let padded = state(print(Packing::Pad));
+        let padded = global_state(print(Packing::Pad));
         let text = padded.to_string();
         assert!(
             text.ends_with(";tokens=0000000000000009;token_packing=pad"),
@@ -626,11 +620,11 @@ mod tests {
         );
         assert_eq!(ResumeState::parse(&text).unwrap(), padded);
         // A concatenated stream's state is as it was before the key existed.
-        let concat = state(print(Packing::Concat)).to_string();
+        let concat = global_state(print(Packing::Concat)).to_string();
         assert!(concat.ends_with(";tokens=0000000000000009"), "{concat}");
         assert_eq!(
             ResumeState::parse(&concat).unwrap(),
-            state(print(Packing::Concat))
+            global_state(print(Packing::Concat))
         );
         let m = print(Packing::Concat)
             .mismatch(&print(Packing::Pad), &FingerprintText::default())

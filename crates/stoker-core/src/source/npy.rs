@@ -260,14 +260,24 @@ fn dict_value<'t>(text: &'t str, key: &str) -> Option<&'t str> {
     None
 }
 
+/// A file's name, not its directory, for identities: the same data may be mounted elsewhere
+/// on resume.
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// An npy array as a source with field `data` (row `i`) and, given a labels array, `label`
 /// (int64).
 pub struct NpySource {
     data: NpyArray,
     /// Labels as native-endian int64 bytes, 8 per sample.
     labels: Option<Vec<u8>>,
-    /// The labels' file, for the identity.
-    labels_path: Option<PathBuf>,
+    /// The labels in the identity: their file's name and a hash of their values (computed once,
+    /// so that a job resumed with other labels is told).
+    labels_identity: Option<String>,
     fields: Vec<FieldSpec>,
 }
 
@@ -275,9 +285,9 @@ impl NpySource {
     /// Maps the `.npy` at `path` as field `data` and, with `labels`, a `.npy` of one integer per
     /// row as int64 field `label`.
     pub fn open(path: &Path, labels: Option<&Path>) -> Result<NpySource> {
-        let labels_path = labels;
         let data = NpyArray::open(path)?;
         let mut fields = vec![FieldSpec::tensor("data", data.dtype(), &data.shape()[1..])];
+        let labels_path = labels;
         let labels = match labels {
             None => None,
             Some(lpath) => {
@@ -295,13 +305,21 @@ impl NpySource {
                     ));
                 }
                 fields.push(FieldSpec::tensor("label", DType::I64, &[]));
-                Some(arr.to_i64()?.iter().flat_map(|v| v.to_ne_bytes()).collect())
+                Some(
+                    arr.to_i64()?
+                        .iter()
+                        .flat_map(|v| v.to_ne_bytes())
+                        .collect::<Vec<u8>>(),
+                )
             }
         };
+        let labels_identity = labels.as_deref().zip(labels_path).map(|(values, path)| {
+            format!("labels from {} ({:016x})", file_name(path), Fnv::of(values))
+        });
         Ok(NpySource {
             data,
             labels,
-            labels_path: labels_path.map(Path::to_path_buf),
+            labels_identity,
             fields,
         })
     }
@@ -321,24 +339,13 @@ impl Source for NpySource {
     }
 
     fn identity(&self) -> String {
-        // File names, not directories: the same data may be mounted elsewhere on resume.
-        let name = |path: &Path| {
-            path.file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned()
-        };
-        // The labels are in memory and small: their values, not only their file's name, so
-        // that a job resumed with other labels is told.
-        let labels = match (&self.labels_path, &self.labels) {
-            (Some(path), Some(labels)) => {
-                format!(", labels from {} ({:016x})", name(path), Fnv::of(labels))
-            }
-            _ => String::new(),
-        };
+        let labels = self
+            .labels_identity
+            .as_ref()
+            .map_or(String::new(), |l| format!(", {l}"));
         format!(
             "npy {} of {} rows: {}{labels}",
-            name(self.data.path()),
+            file_name(self.data.path()),
             self.len(),
             fields_text(&self.fields)
         )

@@ -15,6 +15,14 @@ use stoker_core::{Batch, DType, Error, Loader, LoaderOptions, SourceSpec};
 
 use crate::support::files::tmp;
 
+/// The names of the files in `dir`.
+fn file_names(dir: &Path) -> Vec<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
 /// A `w × h` JPEG of a smooth pattern that differs per `seed`.
 fn jpeg(w: u16, h: u16, seed: usize) -> Vec<u8> {
     let mut px = Vec::with_capacity(w as usize * h as usize * 3);
@@ -393,9 +401,8 @@ fn a_merge_refuses_a_slice_that_did_not_finish() {
     pack(&*bad, &out, &opts(0), &no_progress).unwrap();
     let e = pack(&*bad, &out, &opts(1), &no_progress).err().unwrap();
     assert!(e.to_string().contains("sample 20"), "{e}");
-    let left: Vec<String> = fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+    let left: Vec<String> = file_names(&out)
+        .into_iter()
         .filter(|name| name.starts_with("part-00001"))
         .collect();
     assert!(
@@ -716,11 +723,7 @@ fn a_bad_source_sample_fails_the_pack_naming_it_and_leaves_no_file() {
         e.contains("sample 290") && e.contains("field `image`"),
         "{e}"
     );
-    let left: Vec<_> = fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
+    let left = file_names(&dir);
     assert!(
         left.is_empty(),
         "nothing written, no temporary file: {left:?}"
@@ -759,10 +762,9 @@ fn repacking_a_directory_with_fewer_shards_removes_the_stale_ones() {
     };
     let second = pack(&*src, &out, &one, &no_progress).unwrap();
     assert_eq!(second.files.len(), 1);
-    let shards = fs::read_dir(&out)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".stkpack"))
+    let shards = file_names(&out)
+        .iter()
+        .filter(|name| name.ends_with(".stkpack"))
         .count();
     assert_eq!(shards, 1);
     let packed = PackedSource::open(out.to_str().unwrap()).unwrap();
