@@ -20,7 +20,8 @@ use fast_image_resize::{FilterType, Resizer};
 use rayon::prelude::*;
 
 use crate::decode::{
-    decode_rgb, dimensions, jpeg_has_eoi, raw_pixels, DecodeBuffers, Dims, Format, MAX_IMAGE_PIXELS,
+    decode_rgb, dimensions, jpeg_is_whole, raw_pixels, DecodeBuffers, Dims, Format,
+    MAX_IMAGE_PIXELS,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -651,8 +652,8 @@ fn encode_image(
         };
         // Kept without a decode, so the reader's check of a whole stream runs here: a
         // truncated file is named now, not as a packed sample mid-training.
-        if mode == ImageMode::Jpeg && !jpeg_has_eoi(src) {
-            return Err("truncated JPEG: no end-of-image marker after the image data".into());
+        if mode == ImageMode::Jpeg {
+            jpeg_is_whole(src)?;
         }
         out.extend_from_slice(src);
         return Ok((dims.width as u32, dims.height as u32, mode));

@@ -389,9 +389,7 @@ pub fn decode(
         Kind::Turbo => guarded(Format::Jpeg, || {
             // libjpeg-turbo warns about a truncated stream and fills the rest with grey;
             // Pillow (and the zune path) report it.
-            if !jpeg_has_eoi(encoded) {
-                return Err("truncated JPEG: no end-of-image marker after the image data".into());
-            }
+            jpeg_is_whole(encoded)?;
             let rgb = &mut bufs.rgb;
             let region = with_turbo(&mut bufs.turbo, |t| {
                 t.decompress(
@@ -547,6 +545,16 @@ pub(crate) fn device_jpeg(data: &[u8]) -> Option<Dims> {
     let width = u16::from_be_bytes([frame[3], frame[4]]) as usize;
     (precision == 8 && matches!(components, 1 | 3) && width > 0 && height > 0 && jpeg_has_eoi(data))
         .then_some(Dims { width, height })
+}
+
+/// `Err` saying the stream is truncated unless it is whole ([`jpeg_has_eoi`]): decoders fill
+/// a truncated stream's missing part with grey, where Pillow reports it.
+pub(crate) fn jpeg_is_whole(data: &[u8]) -> Result<(), String> {
+    if jpeg_has_eoi(data) {
+        Ok(())
+    } else {
+        Err("truncated JPEG: no end-of-image marker after the image data".into())
+    }
 }
 
 /// Whether an EOI marker (`FF D9`) follows the first scan. Entropy-coded data cannot contain it

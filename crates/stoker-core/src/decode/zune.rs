@@ -8,7 +8,7 @@ use zune_jpeg::JpegDecoder;
 use zune_png::PngDecoder;
 
 use super::{
-    check_size, jpeg_has_eoi, size_mismatch, walk_jpeg_header, DecodeBuffers, Dims, MAX_SIDE,
+    check_size, jpeg_is_whole, size_mismatch, walk_jpeg_header, DecodeBuffers, Dims, MAX_SIDE,
 };
 
 fn options() -> DecoderOptions {
@@ -102,9 +102,7 @@ pub(super) fn decode_jpeg(
     }
     // zune-jpeg fills the missing part of a truncated stream with grey; libjpeg-turbo (Pillow)
     // reports it. A complete JPEG has an EOI marker after its first scan.
-    if !jpeg_has_eoi(encoded) {
-        return Err("truncated JPEG: no end-of-image marker after the image data".into());
-    }
+    jpeg_is_whole(encoded)?;
     bufs.rgb.resize(len, 0);
     d.decode_into(&mut bufs.rgb).map_err(|e| jpeg_error(&e))?;
     Ok(())
